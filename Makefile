@@ -1,0 +1,42 @@
+# Development set-up and everyday commands. Needs only python3 (3.11+) and make.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# Every distribution of this repository, installed editable; versions move in lockstep.
+DISTRIBUTIONS := -e .[test] \
+	-e adapters/llama_cpp -e adapters/ollama -e adapters/vllm \
+	-e executors/process -e executors/container
+
+.PHONY: install serve test test-fast lint format docs clean
+
+$(VENV)/.installed: pyproject.toml adapters/*/pyproject.toml executors/*/pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet $(DISTRIBUTIONS)
+	touch $@
+
+install: $(VENV)/.installed  ## create .venv and install every distribution editable
+
+serve: install  ## run the controller with embedded defaults
+	$(BIN)/ficc serve
+
+test: install  ## the whole test suite, slow tests included (what CI runs)
+	$(BIN)/python -m pytest -q
+
+test-fast: install  ## everyday loop: skip tests marked slow
+	$(BIN)/python -m pytest -q -m "not slow"
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: install
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+docs: install  ## regenerate the generated sections of docs/
+	$(BIN)/python -m ficc_core.docs_hooks
+	$(BIN)/python -m ficc_core.docs_config
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info */*/*.egg-info

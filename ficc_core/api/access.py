@@ -1,0 +1,52 @@
+"""The route-scope table: the one place every route declares who may call it.
+
+Keys are Quart endpoint names. ``create_app`` refuses to start if a route is
+missing here, and ``tests/test_route_scopes.py`` walks every registered route to
+prove each refuses a request without a credential (401) and a credential that
+lacks any one of its scopes (403).
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from ..auth import scopes as s
+
+
+@attrs.frozen
+class Access:
+    """Who may call a route: anyone, any authenticated principal, or holders of scopes."""
+
+    public: bool = False
+    scopes: frozenset[str] = frozenset()
+
+
+PUBLIC = Access(public=True)
+AUTHENTICATED = Access()
+
+
+def needs(*scopes: str) -> Access:
+    """Access for principals holding every one of ``scopes``."""
+    return Access(scopes=frozenset(scopes))
+
+
+ROUTE_ACCESS: dict[str, Access] = {
+    # system
+    "health": PUBLIC,
+    "metrics": PUBLIC,
+    "whoami": AUTHENTICATED,
+    # browser sessions
+    "session_login": PUBLIC,
+    "session_logout": AUTHENTICATED,
+    # installation administration
+    "projects_list": needs(s.ADMIN),
+    "projects_create": needs(s.ADMIN),
+    "users_list": needs(s.ADMIN),
+    "users_create": needs(s.ADMIN),
+    "users_set_membership": needs(s.ADMIN),
+    # project credentials
+    "tokens_list": needs(s.TOKENS_MANAGE),
+    "tokens_create": needs(s.TOKENS_MANAGE),
+    "tokens_get": needs(s.TOKENS_MANAGE),
+    "tokens_revoke": needs(s.TOKENS_MANAGE),
+}

@@ -1,0 +1,192 @@
+"""The Quart (quart-trio) application: authentication, the error envelope, metrics."""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import secrets
+import time
+from typing import TYPE_CHECKING, Any
+
+from quart import Response, g, request
+from quart_trio import QuartTrio
+from werkzeug.exceptions import HTTPException
+
+from ..auth import Principal
+from ..auth import secrets as sec
+from ..errors import FiccError, Forbidden, Unauthenticated
+from . import routes_admin, routes_system, routes_tokens
+from .access import ROUTE_ACCESS, Access
+
+if TYPE_CHECKING:
+    from ..service import Service
+
+log = logging.getLogger("ficc.api")
+
+SESSION_COOKIE = "ficc_session"
+CSRF_COOKIE = "ficc_csrf"
+CSRF_HEADER = "X-CSRF-Token"
+_SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+_HTTP_CODES = {
+    400: "bad_request",
+    404: "not_found",
+    405: "method_not_allowed",
+    408: "request_timeout",
+    413: "payload_too_large",
+    415: "unsupported_media_type",
+}
+
+
+def error_response(error: FiccError) -> Response:
+    """Render ``error`` as the one JSON error envelope."""
+    response = Response(
+        _json_bytes(error.envelope()), status=error.status, content_type="application/json"
+    )
+    for name, value in error.headers.items():
+        response.headers[name] = value
+    return response
+
+
+def _json_bytes(document: Any) -> bytes:
+    return json.dumps(document, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def _http_error(exc: HTTPException) -> FiccError:
+    status = exc.code or 500
+    code = _HTTP_CODES.get(status, "http_error")
+    if status == 404:
+        message = f"no route matches {request.method} {request.path}"
+    elif status == 405:
+        allowed = sorted(getattr(exc, "valid_methods", None) or [])
+        message = f"{request.path} does not accept {request.method}; use {', '.join(allowed)}"
+        return FiccError(
+            message,
+            code=code,
+            status=status,
+            details={"allowed": allowed},
+            headers={"Allow": ", ".join(allowed)},
+        )
+    elif status == 413:
+        message = "the request body is larger than this service accepts"
+    else:
+        message = exc.description or exc.name
+    return FiccError(message, code=code, status=status)
+
+
+def current_principal() -> Principal:
+    """Return the principal the current request was authenticated as."""
+    return g.principal
+
+
+def _authenticate_session_csrf(principal: Principal) -> None:
+    if request.method in _SAFE_METHODS:
+        return
+    presented = request.headers.get(CSRF_HEADER, "")
+    if not presented or not hmac.compare_digest(
+        sec.hash_secret(presented), principal.csrf_hash or ""
+    ):
+        raise Forbidden(
+            f"a request authenticated by the session cookie must carry the {CSRF_HEADER} "
+            "header returned at login",
+            code="csrf_failed",
+        )
+
+
+def create_app(service: Service) -> QuartTrio:
+    """Build the HTTP application around ``service``."""
+    app = QuartTrio("ficc_core", static_folder=None)
+    app.config["MAX_CONTENT_LENGTH"] = service.config.max_body_bytes
+    app.config["PROVIDE_AUTOMATIC_OPTIONS"] = False
+    app.extensions["ficc"] = service
+
+    routes_system.register(app, service)
+    routes_admin.register(app, service)
+    routes_tokens.register(app, service)
+
+    missing = sorted(
+        rule.endpoint for rule in app.url_map.iter_rules() if rule.endpoint not in ROUTE_ACCESS
+    )
+    if missing:
+        raise RuntimeError(f"routes without an entry in the route-scope table: {missing}")
+
+    @app.before_request
+    async def authenticate() -> None:
+        g.started = time.perf_counter()
+        rule = request.url_rule
+        if rule is None:
+            return  # routing raises 404/405 next, without authentication
+        access: Access = ROUTE_ACCESS[rule.endpoint]
+        if access.public:
+            return
+        principal = await _principal(service)
+        g.principal = principal
+        missing = sorted(access.scopes - principal.scopes)
+        if missing:
+            raise Forbidden(
+                f"this credential lacks the scope(s) {', '.join(missing)} that "
+                f"{request.method} {rule.rule} requires",
+                code="missing_scope",
+                details={"required": sorted(access.scopes), "missing": missing},
+            )
+
+    @app.after_request
+    async def record(response: Response) -> Response:
+        rule = request.url_rule
+        route = rule.rule if rule is not None else "unmatched"
+        service.metrics.http_requests.labels(route, request.method, str(response.status_code)).inc()
+        started = g.get("started")
+        if started is not None:
+            service.metrics.http_duration.labels(route).observe(time.perf_counter() - started)
+        response.headers.setdefault("Cache-Control", "no-store")
+        return response
+
+    @app.errorhandler(FiccError)
+    async def ficc_error(error: FiccError) -> Response:
+        if error.status >= 500:
+            log.error("%s: %s", error.code, error.message)
+        response = error_response(error)
+        if error.status == 401:
+            response.headers["WWW-Authenticate"] = 'Bearer realm="ficc"'
+        return response
+
+    @app.errorhandler(HTTPException)
+    async def http_error(exc: HTTPException) -> Response:
+        return error_response(_http_error(exc))
+
+    @app.errorhandler(Exception)
+    async def unexpected(exc: Exception) -> Response:
+        reference = secrets.token_hex(6)
+        log.exception(
+            "unexpected error (reference %s) on %s %s", reference, request.method, request.path
+        )
+        return error_response(
+            FiccError(
+                f"an internal error occurred; the operator can find it in the log under "
+                f"reference {reference}",
+                details={"reference": reference},
+            )
+        )
+
+    return app
+
+
+async def _principal(service: Service) -> Principal:
+    authorization = request.headers.get("Authorization")
+    if authorization is not None:
+        scheme, _, token = authorization.partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise Unauthenticated(
+                "the Authorization header must be 'Bearer <token>'", code="invalid_credential"
+            )
+        return await service.auth.authenticate_bearer(token.strip())
+    cookie = request.cookies.get(SESSION_COOKIE)
+    if cookie:
+        principal = await service.auth.authenticate_session(cookie)
+        _authenticate_session_csrf(principal)
+        return principal
+    raise Unauthenticated(
+        "this route needs a credential: send 'Authorization: Bearer <token>' or log in",
+        code="unauthenticated",
+    )

@@ -1,0 +1,77 @@
+"""Reading request bodies: bounded, JSON objects only, structured by the one converter."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, TypeVar
+
+import attrs
+from quart import request
+
+from ..errors import FiccError, InvalidRequest, PayloadTooLarge
+from ..schema import structure
+from ..schema._convert import FieldError
+
+T = TypeVar("T")
+
+
+async def read_body(limit: int) -> bytes:
+    """Return the request body, refusing more than ``limit`` bytes before buffering it all."""
+    declared = request.content_length
+    if declared is not None and declared > limit:
+        raise PayloadTooLarge(
+            f"the request body is {declared} bytes; this route accepts at most {limit}",
+            details={"limit": limit, "size": declared},
+        )
+    received = bytearray()
+    async for chunk in request.body:
+        received.extend(chunk)
+        if len(received) > limit:
+            raise PayloadTooLarge(
+                f"the request body is larger than this route accepts ({limit} bytes)",
+                details={"limit": limit},
+            )
+    return bytes(received)
+
+
+def _json_content_type() -> bool:
+    mimetype = request.mimetype or ""
+    return mimetype in ("", "application/json") or mimetype.endswith("+json")
+
+
+async def read_json(cls: type[T], limit: int) -> T:
+    """Parse the body as a JSON object and structure it as ``cls`` (an attrs class)."""
+    if not _json_content_type():
+        raise FiccError(
+            f"this route takes application/json, not {request.mimetype}",
+            code="unsupported_media_type",
+            status=415,
+        )
+    raw = await read_body(limit)
+    if not raw.strip():
+        raise InvalidRequest("the request body is empty; send a JSON object", code="invalid_json")
+    try:
+        data: Any = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+        raise InvalidRequest(
+            f"the request body is not valid JSON: {exc}", code="invalid_json"
+        ) from None
+    if not isinstance(data, dict):
+        raise InvalidRequest(
+            "the request body must be a JSON object",
+            details={"errors": [{"path": "$", "message": "expected object"}]},
+        )
+    return structure(data, cls)
+
+
+def _name(value: str) -> None:
+    if not value or len(value) > 64 or not all(ch.isalnum() or ch in "._-" for ch in value):
+        raise ValueError("use 1 to 64 letters, digits, '.', '_' or '-'")
+
+
+def name_validator(_instance: Any, attribute: attrs.Attribute, value: str) -> None:
+    """attrs validator for resource names (projects, users, credentials)."""
+    try:
+        _name(value)
+    except ValueError as exc:
+        raise FieldError(attribute.name, str(exc)) from None

@@ -1,0 +1,74 @@
+"""Installation administration: projects and users (scope ``admin``)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import attrs
+from quart import Response, jsonify
+
+from .bodies import name_validator, read_json
+
+if TYPE_CHECKING:
+    from quart_trio import QuartTrio
+
+    from ..service import Service
+
+
+@attrs.frozen
+class ProjectBody:
+    """``POST /api/v1/projects``."""
+
+    name: str = attrs.field(validator=name_validator)
+
+
+@attrs.frozen
+class UserBody:
+    """``POST /api/v1/users``: ``projects`` maps a project name or id to the user's scopes."""
+
+    username: str = attrs.field(validator=name_validator)
+    password: str
+    admin: bool = False
+    projects: dict[str, list[str]] = attrs.Factory(dict)
+
+
+@attrs.frozen
+class MembershipBody:
+    """``PUT /api/v1/users/{id}/projects/{project}``: the user's scopes there (empty removes)."""
+
+    scopes: list[str]
+
+
+def register(app: QuartTrio, service: Service) -> None:
+    """Add the administration routes to ``app``."""
+    limit = service.config.max_body_bytes
+
+    @app.get("/api/v1/projects", endpoint="projects_list")
+    async def projects_list() -> Response:
+        return jsonify({"projects": await service.auth.list_projects()})
+
+    @app.post("/api/v1/projects", endpoint="projects_create")
+    async def projects_create() -> tuple[Response, int]:
+        body = await read_json(ProjectBody, limit)
+        return jsonify(await service.auth.create_project(body.name)), 201
+
+    @app.get("/api/v1/users", endpoint="users_list")
+    async def users_list() -> Response:
+        return jsonify({"users": await service.auth.list_users()})
+
+    @app.post("/api/v1/users", endpoint="users_create")
+    async def users_create() -> tuple[Response, int]:
+        body = await read_json(UserBody, limit)
+        user = await service.auth.create_user(
+            body.username,
+            body.password,
+            admin=body.admin,
+            projects={ref: frozenset(scopes) for ref, scopes in body.projects.items()},
+        )
+        return jsonify(user), 201
+
+    @app.put("/api/v1/users/<user_id>/projects/<project>", endpoint="users_set_membership")
+    async def users_set_membership(user_id: str, project: str) -> Response:
+        body = await read_json(MembershipBody, limit)
+        user = await service.auth.set_membership(user_id, project, frozenset(body.scopes))
+        return jsonify(user)

@@ -1,0 +1,84 @@
+"""Health, metrics, whoami and browser sessions."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import attrs
+from quart import Response, g, jsonify
+
+from .._version import __version__
+from .bodies import read_json
+
+if TYPE_CHECKING:
+    from quart_trio import QuartTrio
+
+    from ..service import Service
+
+
+@attrs.frozen
+class LoginBody:
+    """``POST /api/v1/session``: a user's password and the project the session works in."""
+
+    username: str
+    password: str
+    project: str
+
+
+def register(app: QuartTrio, service: Service) -> None:
+    """Add the system routes to ``app``."""
+    from .app import CSRF_COOKIE, SESSION_COOKIE
+
+    secure = service.config.secure_cookies or service.config.tls
+
+    @app.get("/api/v1/health", endpoint="health")
+    async def health() -> Response:
+        return jsonify({"status": "ok", "version": __version__})
+
+    @app.get("/metrics", endpoint="metrics")
+    async def metrics() -> Response:
+        body, content_type = service.metrics.render()
+        return Response(body, content_type=content_type)
+
+    @app.get("/api/v1/whoami", endpoint="whoami")
+    async def whoami() -> Response:
+        return jsonify(g.principal.describe())
+
+    @app.post("/api/v1/session", endpoint="session_login")
+    async def login() -> tuple[Response, int]:
+        body = await read_json(LoginBody, service.config.max_body_bytes)
+        principal, cookie, csrf = await service.auth.login(
+            body.username, body.password, body.project
+        )
+        response = jsonify({"principal": principal.describe(), "csrf_token": csrf})
+        lifetime = int(service.config.session_lifetime)
+        response.set_cookie(
+            SESSION_COOKIE,
+            cookie,
+            max_age=lifetime,
+            httponly=True,
+            samesite="Strict",
+            secure=secure,
+            path="/",
+        )
+        # Readable by the page's script so it can echo it in the X-CSRF-Token header.
+        response.set_cookie(
+            CSRF_COOKIE,
+            csrf,
+            max_age=lifetime,
+            httponly=False,
+            samesite="Strict",
+            secure=secure,
+            path="/",
+        )
+        return response, 201
+
+    @app.delete("/api/v1/session", endpoint="session_logout")
+    async def logout() -> Response:
+        principal = g.principal
+        if principal.kind == "session":
+            await service.auth.logout(principal.id)
+        response = jsonify({"logged_out": principal.kind == "session"})
+        response.delete_cookie(SESSION_COOKIE, path="/")
+        response.delete_cookie(CSRF_COOKIE, path="/")
+        return response

@@ -1,0 +1,60 @@
+"""Bearer credentials of the caller's project (scope ``tokens:manage``)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import attrs
+from quart import Response, g, jsonify
+
+from ..schema._convert import FieldError
+from .bodies import name_validator, read_json
+
+if TYPE_CHECKING:
+    from quart_trio import QuartTrio
+
+    from ..service import Service
+
+
+def _positive(_instance: object, attribute: attrs.Attribute, value: float | None) -> None:
+    if value is not None and not value > 0:
+        raise FieldError(attribute.name, "must be a positive number of seconds")
+
+
+@attrs.frozen
+class TokenBody:
+    """``POST /api/v1/tokens``: a named credential with scopes and an optional lifetime (s)."""
+
+    name: str = attrs.field(validator=name_validator)
+    scopes: list[str]
+    lifetime: float | None = attrs.field(default=None, validator=_positive)
+
+
+def register(app: QuartTrio, service: Service) -> None:
+    """Add the credential routes to ``app``."""
+
+    @app.get("/api/v1/tokens", endpoint="tokens_list")
+    async def tokens_list() -> Response:
+        return jsonify({"tokens": await service.auth.list_credentials(g.principal.project_id)})
+
+    @app.post("/api/v1/tokens", endpoint="tokens_create")
+    async def tokens_create() -> tuple[Response, int]:
+        body = await read_json(TokenBody, service.config.max_body_bytes)
+        principal = g.principal
+        record, token = await service.auth.create_credential(
+            principal.project_id,
+            name=body.name,
+            scopes=frozenset(body.scopes),
+            user_id=principal.user_id,
+            lifetime=body.lifetime,
+            issuer=principal,
+        )
+        return jsonify({"credential": record, "token": token}), 201
+
+    @app.get("/api/v1/tokens/<token_id>", endpoint="tokens_get")
+    async def tokens_get(token_id: str) -> Response:
+        return jsonify(await service.auth.get_credential(g.principal.project_id, token_id))
+
+    @app.delete("/api/v1/tokens/<token_id>", endpoint="tokens_revoke")
+    async def tokens_revoke(token_id: str) -> Response:
+        return jsonify(await service.auth.revoke_credential(g.principal.project_id, token_id))

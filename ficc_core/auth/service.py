@@ -1,0 +1,484 @@
+"""Projects, users, bearer credentials and browser sessions.
+
+A bearer credential belongs to exactly one project and carries its own scopes.
+A browser session belongs to a user and to the one project chosen at login; its
+scopes are the user's scopes in that project (every scope for an administrator).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, Literal
+
+import attrs
+import trio
+
+from ..errors import Conflict, Forbidden, InvalidRequest, NotFound, Unauthenticated
+from ..store import Store, Transaction
+from . import secrets as sec
+from .scopes import ADMIN, ALL_SCOPES, PROJECT_SCOPES, check_scopes
+
+SESSION_PREFIX = "fs_"
+
+
+@attrs.frozen
+class Principal:
+    """Who is making a request, in which project, with which scopes."""
+
+    kind: Literal["credential", "session"]
+    id: str
+    project_id: str
+    project_name: str
+    scopes: frozenset[str]
+    user_id: str | None = None
+    username: str | None = None
+    is_admin: bool = False
+    expires_at: float | None = None
+    csrf_hash: str | None = attrs.field(default=None, repr=False)
+
+    def describe(self) -> dict[str, Any]:
+        """Return the public description of this principal (``GET /whoami``)."""
+        return {
+            "kind": self.kind,
+            "id": self.id,
+            "user": None
+            if self.user_id is None
+            else {"id": self.user_id, "username": self.username, "admin": self.is_admin},
+            "project": {"id": self.project_id, "name": self.project_name},
+            "scopes": sorted(self.scopes),
+            "expires_at": self.expires_at,
+        }
+
+
+def _project_row(tx: Transaction, ref: str) -> dict[str, Any]:
+    row = tx.fetch_one("SELECT * FROM projects WHERE id = ? OR name = ?", (ref, ref))
+    if row is None:
+        raise NotFound(f"no project {ref!r}", code="project_not_found", details={"project": ref})
+    return row
+
+
+def _credential_view(row: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "id": row["id"],
+        "name": row["name"],
+        "project_id": row["project_id"],
+        "user_id": row["user_id"],
+        "scopes": json.loads(row["scopes"]),
+        "created_at": row["created_at"],
+        "expires_at": row["expires_at"],
+        "revoked_at": row["revoked_at"],
+    }
+
+
+def _user_view(row: dict[str, Any], memberships: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "id": row["id"],
+        "username": row["username"],
+        "admin": bool(row["is_admin"]),
+        "created_at": row["created_at"],
+        "projects": [
+            {"project_id": m["project_id"], "scopes": json.loads(m["scopes"])} for m in memberships
+        ],
+    }
+
+
+class AuthService:
+    """Authentication and the records behind it, all through the :class:`Store`."""
+
+    def __init__(self, store: Store, *, session_lifetime: float = 12 * 3600.0) -> None:
+        self.store = store
+        self.session_lifetime = session_lifetime
+        self._password_limiter = trio.CapacityLimiter(2)
+
+    # -- projects -------------------------------------------------------------
+
+    async def create_project(self, name: str) -> dict[str, Any]:
+        """Create a project; a taken name is a conflict."""
+        record = {"id": sec.new_id(), "name": name, "created_at": time.time()}
+
+        def insert(tx: Transaction) -> dict[str, Any]:
+            if tx.fetch_one("SELECT id FROM projects WHERE name = ?", (name,)):
+                raise Conflict(
+                    f"a project named {name!r} already exists",
+                    code="project_exists",
+                    details={"name": name},
+                )
+            tx.execute(
+                "INSERT INTO projects (id, name, created_at) VALUES (?, ?, ?)",
+                (record["id"], name, record["created_at"]),
+            )
+            return record
+
+        return await self.store.write(insert)
+
+    async def list_projects(self) -> list[dict[str, Any]]:
+        """Return every project, oldest first."""
+        return await self.store.read(
+            lambda tx: tx.fetch_all("SELECT * FROM projects ORDER BY created_at, name")
+        )
+
+    async def get_project(self, ref: str) -> dict[str, Any]:
+        """Return a project by id or name."""
+        return await self.store.read(lambda tx: _project_row(tx, ref))
+
+    # -- users ----------------------------------------------------------------
+
+    async def create_user(
+        self,
+        username: str,
+        password: str,
+        *,
+        admin: bool = False,
+        projects: dict[str, frozenset[str]] | None = None,
+    ) -> dict[str, Any]:
+        """Create a user with an argon2 password hash and project memberships."""
+        if len(password) < 8:
+            raise InvalidRequest(
+                "a password needs at least 8 characters",
+                details={"errors": [{"path": "$.password", "message": "too short"}]},
+            )
+        grants = {ref: check_scopes(scopes) - {ADMIN} for ref, scopes in (projects or {}).items()}
+        password_hash = await sec.hash_password(password, self._password_limiter)
+        user_id, now = sec.new_id(), time.time()
+
+        def insert(tx: Transaction) -> dict[str, Any]:
+            if tx.fetch_one("SELECT id FROM users WHERE username = ?", (username,)):
+                raise Conflict(
+                    f"a user named {username!r} already exists",
+                    code="user_exists",
+                    details={"username": username},
+                )
+            tx.execute(
+                "INSERT INTO users (id, username, password_hash, is_admin, created_at)"
+                " VALUES (?, ?, ?, ?, ?)",
+                (user_id, username, password_hash, int(admin), now),
+            )
+            for ref, scopes in grants.items():
+                project = _project_row(tx, ref)
+                tx.execute(
+                    "INSERT INTO memberships (user_id, project_id, scopes) VALUES (?, ?, ?)",
+                    (user_id, project["id"], json.dumps(sorted(scopes))),
+                )
+            return self._user(tx, user_id)
+
+        return await self.store.write(insert)
+
+    @staticmethod
+    def _user(tx: Transaction, user_id: str) -> dict[str, Any]:
+        row = tx.fetch_one("SELECT * FROM users WHERE id = ?", (user_id,))
+        if row is None:
+            raise NotFound(f"no user {user_id!r}", code="user_not_found")
+        memberships = tx.fetch_all(
+            "SELECT project_id, scopes FROM memberships WHERE user_id = ? ORDER BY project_id",
+            (user_id,),
+        )
+        return _user_view(row, memberships)
+
+    async def list_users(self) -> list[dict[str, Any]]:
+        """Return every user with their memberships (never a password hash)."""
+
+        def read(tx: Transaction) -> list[dict[str, Any]]:
+            ids = tx.fetch_all("SELECT id FROM users ORDER BY created_at, username")
+            return [self._user(tx, row["id"]) for row in ids]
+
+        return await self.store.read(read)
+
+    async def set_membership(
+        self, user_id: str, project_ref: str, scopes: frozenset[str]
+    ) -> dict[str, Any]:
+        """Set a user's scopes in a project (an empty set removes the membership)."""
+        scopes = check_scopes(scopes) - {ADMIN}
+
+        def write(tx: Transaction) -> dict[str, Any]:
+            self._user(tx, user_id)
+            project = _project_row(tx, project_ref)
+            tx.execute(
+                "DELETE FROM memberships WHERE user_id = ? AND project_id = ?",
+                (user_id, project["id"]),
+            )
+            if scopes:
+                tx.execute(
+                    "INSERT INTO memberships (user_id, project_id, scopes) VALUES (?, ?, ?)",
+                    (user_id, project["id"], json.dumps(sorted(scopes))),
+                )
+            return self._user(tx, user_id)
+
+        return await self.store.write(write)
+
+    async def has_users(self) -> bool:
+        """Whether any user exists (first-run bootstrap checks this)."""
+        return await self.store.read(
+            lambda tx: tx.fetch_one("SELECT 1 AS found FROM users LIMIT 1") is not None
+        )
+
+    # -- bearer credentials ---------------------------------------------------
+
+    async def create_credential(
+        self,
+        project_ref: str,
+        *,
+        name: str,
+        scopes: frozenset[str],
+        user_id: str | None = None,
+        lifetime: float | None = None,
+        issuer: Principal | None = None,
+    ) -> tuple[dict[str, Any], str]:
+        """Create a credential; return its record and the token, which is shown only once.
+
+        When ``issuer`` is given, the new credential may carry only scopes the
+        issuer holds, and only in the issuer's own project.
+        """
+        scopes = check_scopes(scopes)
+        if not scopes:
+            raise InvalidRequest(
+                "a credential needs at least one scope",
+                details={"errors": [{"path": "$.scopes", "message": "empty"}]},
+            )
+        if issuer is not None:
+            beyond = sorted(scopes - issuer.scopes)
+            if beyond:
+                raise Forbidden(
+                    f"you cannot grant scopes you do not hold: {', '.join(beyond)}",
+                    code="scope_escalation",
+                    details={"scopes": beyond},
+                )
+        if lifetime is not None and lifetime <= 0:
+            raise InvalidRequest(
+                "a credential lifetime must be positive",
+                details={"errors": [{"path": "$.lifetime", "message": "must be positive"}]},
+            )
+        credential_id, secret, now = sec.new_id(), sec.new_secret(), time.time()
+        expires_at = None if lifetime is None else now + lifetime
+
+        def insert(tx: Transaction) -> dict[str, Any]:
+            project = _project_row(tx, project_ref)
+            tx.execute(
+                "INSERT INTO credentials (id, secret_hash, project_id, user_id, name, scopes,"
+                " created_at, expires_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    credential_id,
+                    sec.hash_secret(secret),
+                    project["id"],
+                    user_id,
+                    name,
+                    json.dumps(sorted(scopes)),
+                    now,
+                    expires_at,
+                ),
+            )
+            row = tx.fetch_one("SELECT * FROM credentials WHERE id = ?", (credential_id,))
+            return _credential_view(row)
+
+        record = await self.store.write(insert)
+        return record, sec.make_token(credential_id, secret)
+
+    async def list_credentials(self, project_id: str) -> list[dict[str, Any]]:
+        """Return the project's credentials (never their secrets)."""
+        rows = await self.store.read(
+            lambda tx: tx.fetch_all(
+                "SELECT * FROM credentials WHERE project_id = ? ORDER BY created_at, id",
+                (project_id,),
+            )
+        )
+        return [_credential_view(row) for row in rows]
+
+    async def get_credential(self, project_id: str, credential_id: str) -> dict[str, Any]:
+        """Return one credential of the project; another project's is not found."""
+        row = await self.store.read(
+            lambda tx: tx.fetch_one(
+                "SELECT * FROM credentials WHERE id = ? AND project_id = ?",
+                (credential_id, project_id),
+            )
+        )
+        if row is None:
+            raise NotFound(
+                f"no credential {credential_id!r} in this project",
+                code="credential_not_found",
+                details={"id": credential_id},
+            )
+        return _credential_view(row)
+
+    async def revoke_credential(self, project_id: str | None, credential_id: str) -> dict[str, Any]:
+        """Revoke a credential (of ``project_id``, or any project when it is ``None``)."""
+        now = time.time()
+
+        def write(tx: Transaction) -> dict[str, Any]:
+            row = tx.fetch_one("SELECT * FROM credentials WHERE id = ?", (credential_id,))
+            if row is None or (project_id is not None and row["project_id"] != project_id):
+                raise NotFound(
+                    f"no credential {credential_id!r} in this project",
+                    code="credential_not_found",
+                    details={"id": credential_id},
+                )
+            if row["revoked_at"] is None:
+                tx.execute(
+                    "UPDATE credentials SET revoked_at = ? WHERE id = ?", (now, credential_id)
+                )
+            return _credential_view(
+                tx.fetch_one("SELECT * FROM credentials WHERE id = ?", (credential_id,))
+            )
+
+        return await self.store.write(write)
+
+    async def authenticate_bearer(self, token: str) -> Principal:
+        """Return the principal of a bearer token, or raise :class:`Unauthenticated`."""
+        parts = sec.split_token(token)
+        if parts is None:
+            raise Unauthenticated(
+                "the bearer token is not a FICC credential", code="invalid_credential"
+            )
+        credential_id, secret = parts
+
+        def read(tx: Transaction) -> dict[str, Any] | None:
+            return tx.fetch_one(
+                "SELECT c.*, p.name AS project_name, u.username, u.is_admin"
+                " FROM credentials c JOIN projects p ON p.id = c.project_id"
+                " LEFT JOIN users u ON u.id = c.user_id WHERE c.id = ?",
+                (credential_id,),
+            )
+
+        row = await self.store.read(read)
+        if row is None or not sec.secret_matches(secret, row["secret_hash"]):
+            raise Unauthenticated("the bearer credential is not valid", code="invalid_credential")
+        if row["revoked_at"] is not None:
+            raise Unauthenticated(
+                "the bearer credential has been revoked", code="credential_revoked"
+            )
+        if row["expires_at"] is not None and row["expires_at"] <= time.time():
+            raise Unauthenticated("the bearer credential has expired", code="credential_expired")
+        return Principal(
+            kind="credential",
+            id=row["id"],
+            project_id=row["project_id"],
+            project_name=row["project_name"],
+            scopes=frozenset(json.loads(row["scopes"])),
+            user_id=row["user_id"],
+            username=row["username"],
+            is_admin=bool(row["is_admin"]),
+            expires_at=row["expires_at"],
+        )
+
+    # -- browser sessions -----------------------------------------------------
+
+    async def login(
+        self, username: str, password: str, project_ref: str
+    ) -> tuple[Principal, str, str]:
+        """Check a password and open a session in one project.
+
+        Return the principal, the session cookie value and the CSRF token.
+        """
+        row = await self.store.read(
+            lambda tx: tx.fetch_one("SELECT * FROM users WHERE username = ?", (username,))
+        )
+        stored = row["password_hash"] if row else None
+        if not await sec.verify_password(password, stored, self._password_limiter):
+            raise Unauthenticated("the username or password is wrong", code="invalid_login")
+        session_id, secret, csrf = sec.new_id(), sec.new_secret(), sec.new_secret()
+        now = time.time()
+        expires_at = now + self.session_lifetime
+
+        def write(tx: Transaction) -> None:
+            project = _project_row(tx, project_ref)
+            if not row["is_admin"] and not tx.fetch_one(
+                "SELECT 1 AS found FROM memberships WHERE user_id = ? AND project_id = ?",
+                (row["id"], project["id"]),
+            ):
+                raise Forbidden(
+                    f"user {username!r} is not a member of project {project['name']!r}",
+                    code="not_a_member",
+                    details={"project": project["name"]},
+                )
+            tx.execute("DELETE FROM sessions WHERE expires_at <= ?", (now,))
+            tx.execute(
+                "INSERT INTO sessions (id, secret_hash, csrf_hash, user_id, project_id,"
+                " created_at, expires_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (
+                    session_id,
+                    sec.hash_secret(secret),
+                    sec.hash_secret(csrf),
+                    row["id"],
+                    project["id"],
+                    now,
+                    expires_at,
+                ),
+            )
+
+        await self.store.write(write)
+        cookie = sec.make_token(session_id, secret, SESSION_PREFIX)
+        return await self.authenticate_session(cookie), cookie, csrf
+
+    async def authenticate_session(self, cookie: str) -> Principal:
+        """Return the principal of a session cookie, or raise :class:`Unauthenticated`."""
+        parts = sec.split_token(cookie, SESSION_PREFIX)
+        if parts is None:
+            raise Unauthenticated("the session cookie is not valid", code="invalid_session")
+        session_id, secret = parts
+
+        def read(tx: Transaction) -> tuple[dict[str, Any] | None, list[str]]:
+            row = tx.fetch_one(
+                "SELECT s.*, p.name AS project_name, u.username, u.is_admin"
+                " FROM sessions s JOIN projects p ON p.id = s.project_id"
+                " JOIN users u ON u.id = s.user_id WHERE s.id = ?",
+                (session_id,),
+            )
+            if row is None:
+                return None, []
+            membership = tx.fetch_one(
+                "SELECT scopes FROM memberships WHERE user_id = ? AND project_id = ?",
+                (row["user_id"], row["project_id"]),
+            )
+            return row, json.loads(membership["scopes"]) if membership else []
+
+        row, scopes = await self.store.read(read)
+        if row is None or not sec.secret_matches(secret, row["secret_hash"]):
+            raise Unauthenticated("the session is not valid; log in again", code="invalid_session")
+        if row["expires_at"] <= time.time():
+            raise Unauthenticated("the session has expired; log in again", code="session_expired")
+        is_admin = bool(row["is_admin"])
+        return Principal(
+            kind="session",
+            id=row["id"],
+            project_id=row["project_id"],
+            project_name=row["project_name"],
+            scopes=frozenset(ALL_SCOPES if is_admin else scopes),
+            user_id=row["user_id"],
+            username=row["username"],
+            is_admin=is_admin,
+            expires_at=row["expires_at"],
+            csrf_hash=row["csrf_hash"],
+        )
+
+    async def logout(self, session_id: str) -> None:
+        """End a session."""
+        await self.store.write(
+            lambda tx: tx.execute("DELETE FROM sessions WHERE id = ?", (session_id,))
+        )
+
+    # -- first run --------------------------------------------------------------
+
+    async def bootstrap(self) -> dict[str, str] | None:
+        """On an empty store, create the ``default`` project, an ``admin`` user and token.
+
+        Return the generated password and token (to print once), or ``None`` when
+        users already exist.
+        """
+        if await self.has_users():
+            return None
+        try:
+            project = await self.get_project("default")
+        except NotFound:
+            project = await self.create_project("default")
+        password = sec.new_secret()[:24]
+        user = await self.create_user(
+            "admin", password, admin=True, projects={project["id"]: frozenset(PROJECT_SCOPES)}
+        )
+        _, token = await self.create_credential(
+            project["id"], name="bootstrap", scopes=frozenset(ALL_SCOPES), user_id=user["id"]
+        )
+        return {
+            "project": project["name"],
+            "username": "admin",
+            "password": password,
+            "token": token,
+        }

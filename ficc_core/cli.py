@@ -1,0 +1,308 @@
+"""The ``ficc`` command line.
+
+Settings come from embedded defaults, then the TOML file named by ``--config`` (or
+``FICC_CONFIG``), then ``FICC_*`` environment variables, then flags.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+import attrs
+import click
+import trio
+
+from ._version import __version__
+from .auth import ALL_SCOPES, PROJECT_SCOPES
+from .config import Config, env_name, load_config, parse_duration, render_reference
+from .errors import FiccError
+from .service import Service, open_service
+
+_FLAG_TYPES = {"int": int, "bool": bool, "path": click.Path(path_type=Path), "str": str}
+
+
+def _config_options(exclude: tuple[str, ...] = ()):
+    """Decorate a command with one flag per :class:`Config` setting, help from its metadata."""
+
+    def decorate(command):
+        for field in reversed(attrs.fields(Config)):
+            if field.name in exclude:
+                continue
+            flag = "--" + field.name.replace("_", "-")
+            help_text = f"{field.metadata['help']} [env: {env_name(field)}]"
+            if field.metadata["kind"] == "bool":
+                command = click.option(
+                    f"{flag}/--no-{flag[2:]}", field.name, default=None, help=help_text
+                )(command)
+            else:
+                command = click.option(
+                    flag,
+                    field.name,
+                    type=_FLAG_TYPES.get(field.metadata["kind"], str),
+                    default=None,
+                    help=help_text,
+                )(command)
+        return command
+
+    return decorate
+
+
+def _load(ctx: click.Context, overrides: dict[str, Any]) -> Config:
+    try:
+        return load_config(ctx.obj["config_path"], overrides={**ctx.obj["overrides"], **overrides})
+    except FiccError as exc:
+        raise click.ClickException(exc.message) from None
+
+
+def _run(fn, *args: Any) -> Any:
+    try:
+        return trio.run(fn, *args)
+    except FiccError as exc:
+        raise click.ClickException(f"{exc.message} [{exc.code}]") from None
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="ficc")
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="TOML configuration file (keys are the setting names). [env: FICC_CONFIG]",
+)
+@click.option(
+    "--data-dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=None,
+    help="Directory for the database and blobs. [env: FICC_DATA_DIR]",
+)
+@click.pass_context
+def cli(ctx: click.Context, config_path: Path | None, data_dir: Path | None) -> None:
+    """FICC Inference: a control plane for self-hosted LLM inference."""
+    ctx.obj = {"config_path": config_path, "overrides": {"data_dir": data_dir}}
+
+
+@cli.command()
+@_config_options(exclude=("data_dir",))
+@click.pass_context
+def serve(ctx: click.Context, **flags: Any) -> None:
+    """Run the controller: the HTTP API on hypercorn, until SIGINT or SIGTERM.
+
+    On first start with an empty data directory it creates the project 'default',
+    the administrator 'admin' and an admin bearer token, and prints them once.
+    """
+    config = _load(ctx, flags)
+    logging.basicConfig(
+        level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    _run(_serve, config)
+
+
+async def _serve(config: Config) -> None:
+    from .server import run_until_signalled
+
+    async with open_service(config) as service:
+        first_run = await service.auth.bootstrap()
+
+        def ready(urls: list[str]) -> None:
+            _print_ready(service, urls, first_run)
+
+        await run_until_signalled(service, on_ready=ready)
+    click.echo("ficc: stopped", err=True)
+
+
+def _print_ready(service: Service, urls: list[str], first_run: dict[str, str] | None) -> None:
+    url = urls[0] if urls else "?"
+    lines = [
+        f"FICC {__version__} listening on {', '.join(urls)}",
+        f"  data directory: {service.config.data_dir}",
+    ]
+    if first_run:
+        lines += [
+            f"  first run: created project {first_run['project']!r} and administrator "
+            f"{first_run['username']!r}; these are shown only once:",
+            f"    admin password: {first_run['password']}",
+            f"    admin token:    {first_run['token']}",
+            f"  try: curl -H 'Authorization: Bearer {first_run['token']}' {url}/api/v1/whoami",
+        ]
+    else:
+        lines += [
+            "  authenticate with 'Authorization: Bearer <token>'; to issue a token run:",
+            "    ficc admin create-token --project default --all-scopes",
+        ]
+    click.echo("\n".join(lines), nl=True)
+    sys.stdout.flush()
+
+
+def _register_plugins_command() -> None:
+    from .cli_plugins import plugins_command
+
+    cli.add_command(plugins_command, "plugins")
+
+
+_register_plugins_command()
+
+
+@cli.command("config")
+@click.option("--reference", is_flag=True, help="Print the table of every setting instead.")
+@click.pass_context
+def config_command(ctx: click.Context, reference: bool) -> None:
+    """Print the effective configuration as JSON (after file, environment and flags)."""
+    if reference:
+        click.echo(render_reference(), nl=False)
+        return
+    config = _load(ctx, {})
+    document = {
+        field.name: (str(value) if isinstance(value, Path) else value)
+        for field in attrs.fields(Config)
+        for value in [getattr(config, field.name)]
+    }
+    click.echo(json.dumps(document, indent=2, sort_keys=True))
+
+
+# -- administration ----------------------------------------------------------------
+
+
+@cli.group()
+def admin() -> None:
+    """Administer projects, users and credentials directly in the data directory.
+
+    These commands open the database themselves, so they work with or without a
+    running `ficc serve` (SQLite WAL allows both).
+    """
+
+
+async def _with_service(config: Config, fn) -> Any:
+    async with open_service(config) as service:
+        return await fn(service)
+
+
+def _echo_json(document: Any) -> None:
+    click.echo(json.dumps(document, indent=2, sort_keys=True))
+
+
+@admin.command("create-project")
+@click.argument("name")
+@click.pass_context
+def create_project(ctx: click.Context, name: str) -> None:
+    """Create a project NAME."""
+    config = _load(ctx, {})
+    _echo_json(_run(_with_service, config, lambda s: s.auth.create_project(name)))
+
+
+@admin.command("list-projects")
+@click.pass_context
+def list_projects(ctx: click.Context) -> None:
+    """List every project."""
+    config = _load(ctx, {})
+    _echo_json(_run(_with_service, config, lambda s: s.auth.list_projects()))
+
+
+@admin.command("create-user")
+@click.argument("username")
+@click.option("--admin", "is_admin", is_flag=True, help="Administrator of the installation.")
+@click.option("--project", "projects", multiple=True, help="Project (name or id) to join; repeat.")
+@click.option(
+    "--scope",
+    "scopes",
+    multiple=True,
+    type=click.Choice(PROJECT_SCOPES),
+    help="Scope in each --project; repeat. Default: every project scope.",
+)
+@click.option("--password-stdin", is_flag=True, help="Read the password from standard input.")
+@click.pass_context
+def create_user(
+    ctx: click.Context,
+    username: str,
+    is_admin: bool,
+    projects: tuple[str, ...],
+    scopes: tuple[str, ...],
+    password_stdin: bool,
+) -> None:
+    """Create user USERNAME; without --password-stdin a password is generated and printed."""
+    from .auth.secrets import new_secret
+
+    config = _load(ctx, {})
+    password = sys.stdin.readline().rstrip("\n") if password_stdin else new_secret()[:24]
+    grant = frozenset(scopes or PROJECT_SCOPES)
+    user = _run(
+        _with_service,
+        config,
+        lambda s: s.auth.create_user(
+            username, password, admin=is_admin, projects={p: grant for p in projects}
+        ),
+    )
+    _echo_json(user)
+    if not password_stdin:
+        click.echo(f"password (shown once): {password}")
+
+
+@admin.command("create-token")
+@click.option("--project", required=True, help="Project (name or id) the credential belongs to.")
+@click.option("--name", default="cli", show_default=True, help="A label for the credential.")
+@click.option(
+    "--scope",
+    "scopes",
+    multiple=True,
+    type=click.Choice(ALL_SCOPES),
+    help="Scope to grant; repeat.",
+)
+@click.option("--all-scopes", is_flag=True, help="Grant every scope, admin included.")
+@click.option("--expires-in", default=None, help="Lifetime, e.g. 3600, 12h, 30d. Default: none.")
+@click.pass_context
+def create_token(
+    ctx: click.Context,
+    project: str,
+    name: str,
+    scopes: tuple[str, ...],
+    all_scopes: bool,
+    expires_in: str | None,
+) -> None:
+    """Create a bearer credential and print its token (shown only once)."""
+    config = _load(ctx, {})
+    granted = frozenset(ALL_SCOPES if all_scopes else scopes)
+    if not granted:
+        raise click.UsageError("give --scope at least once, or --all-scopes")
+    try:
+        lifetime = parse_duration(expires_in) if expires_in is not None else None
+    except FiccError as exc:
+        raise click.BadParameter(exc.message, param_hint="--expires-in") from None
+    record, token = _run(
+        _with_service,
+        config,
+        lambda s: s.auth.create_credential(project, name=name, scopes=granted, lifetime=lifetime),
+    )
+    _echo_json(record)
+    click.echo(f"token (shown once): {token}")
+
+
+@admin.command("list-tokens")
+@click.option("--project", required=True, help="Project (name or id).")
+@click.pass_context
+def list_tokens(ctx: click.Context, project: str) -> None:
+    """List a project's credentials (never their secrets)."""
+    config = _load(ctx, {})
+
+    async def read(service: Service) -> Any:
+        found = await service.auth.get_project(project)
+        return await service.auth.list_credentials(found["id"])
+
+    _echo_json(_run(_with_service, config, read))
+
+
+@admin.command("revoke-token")
+@click.argument("credential_id")
+@click.pass_context
+def revoke_token(ctx: click.Context, credential_id: str) -> None:
+    """Revoke the credential CREDENTIAL_ID."""
+    config = _load(ctx, {})
+    _echo_json(_run(_with_service, config, lambda s: s.auth.revoke_credential(None, credential_id)))
+
+
+def main() -> None:
+    """Entry point of the ``ficc`` script."""
+    cli(prog_name="ficc")

@@ -1,0 +1,215 @@
+"""Configuration: embedded defaults, a TOML file, ``FICC_*`` variables, then flags.
+
+Each later source overrides the earlier ones. Every setting is a field of
+:class:`Config` whose ``help`` metadata is the one description of it: the CLI's
+``--help``, ``ficc config`` and ``docs/configuration.md`` are all rendered from it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from .errors import ConfigError
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
+
+
+def parse_duration(text: str | float | int) -> float:
+    """Return seconds for ``"90"``, ``"250ms"``, ``"15m"``, ``"12h"``, ``"30d"`` or a number."""
+    if isinstance(text, bool):
+        raise ConfigError(f"expected a duration, got {text!r}")
+    if isinstance(text, int | float):
+        seconds = float(text)
+    else:
+        match = _DURATION.match(text)
+        if not match:
+            raise ConfigError(
+                f"{text!r} is not a duration; write seconds or e.g. 250ms, 15m, 12h, 30d"
+            )
+        seconds = float(match.group(1)) * _UNITS[match.group(2)]
+    if seconds < 0:
+        raise ConfigError(f"a duration cannot be negative: {text!r}")
+    return seconds
+
+
+def default_data_dir() -> Path:
+    """Return the default data directory: ``$XDG_DATA_HOME/ficc`` or ``~/.local/share/ficc``."""
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "ficc"
+
+
+def _setting(default: Any, help: str, *, kind: str, **kwargs: Any) -> Any:
+    return attrs.field(default=default, metadata={"help": help, "kind": kind}, **kwargs)
+
+
+@attrs.frozen
+class Config:
+    """Every setting of a FICC controller, with its embedded default."""
+
+    data_dir: Path = _setting(
+        attrs.Factory(default_data_dir),
+        "Directory for the SQLite database and the blob store.",
+        kind="path",
+        converter=Path,
+    )
+    host: str = _setting("127.0.0.1", "Address the HTTP service binds to.", kind="str")
+    port: int = _setting(8484, "TCP port of the HTTP service; 0 lets the OS choose.", kind="int")
+    max_body_bytes: int = _setting(
+        1 << 20, "Largest JSON request body accepted, in bytes.", kind="int"
+    )
+    session_lifetime: float = _setting(
+        12 * 3600.0, "How long a browser session lasts after login (duration).", kind="duration"
+    )
+    secure_cookies: bool = _setting(
+        False,
+        "Mark session cookies Secure (only sent over HTTPS). Always on when TLS is configured.",
+        kind="bool",
+    )
+    tls_certfile: Path | None = _setting(
+        None,
+        "PEM certificate chain; with tls_keyfile, the service speaks HTTPS.",
+        kind="path",
+        converter=attrs.converters.optional(Path),
+    )
+    tls_keyfile: Path | None = _setting(
+        None,
+        "PEM private key for tls_certfile.",
+        kind="path",
+        converter=attrs.converters.optional(Path),
+    )
+    shutdown_grace: float = _setting(
+        10.0,
+        "On SIGINT/SIGTERM, how long in-flight requests may finish before they are cut (duration).",
+        kind="duration",
+    )
+    log_level: str = _setting(
+        "info",
+        "Logging level: debug, info, warning or error.",
+        kind="str",
+        validator=attrs.validators.in_(("debug", "info", "warning", "error")),
+    )
+    store_read_threads: int = _setting(
+        4,
+        "SQLite reader connections, each used from a worker thread off the event loop.",
+        kind="int",
+        validator=attrs.validators.ge(1),
+    )
+
+    @property
+    def database_path(self) -> Path:
+        """The SQLite database file inside :attr:`data_dir`."""
+        return self.data_dir / "ficc.sqlite3"
+
+    @property
+    def tls(self) -> bool:
+        """Whether the service speaks HTTPS."""
+        return self.tls_certfile is not None and self.tls_keyfile is not None
+
+
+def env_name(field: attrs.Attribute) -> str:
+    """Return the environment variable that sets ``field``."""
+    return "FICC_" + field.name.upper()
+
+
+def _coerce(field: attrs.Attribute, value: Any, source: str) -> Any:
+    kind = field.metadata["kind"]
+    try:
+        if kind == "duration":
+            return parse_duration(value)
+        if kind == "int":
+            if isinstance(value, bool) or not isinstance(value, int | str):
+                raise ValueError
+            return int(value)
+        if kind == "bool":
+            if isinstance(value, bool):
+                return value
+            lowered = str(value).strip().lower()
+            if lowered in {"1", "true", "yes", "on"}:
+                return True
+            if lowered in {"0", "false", "no", "off", ""}:
+                return False
+            raise ValueError
+        if kind == "path" and isinstance(value, str | os.PathLike):
+            return Path(os.path.expanduser(value))
+        if kind == "str":
+            if not isinstance(value, str):
+                raise ValueError
+            return value
+    except (ValueError, ConfigError):
+        pass
+    raise ConfigError(
+        f"{source}: {field.name} must be a {kind}, got {value!r}",
+        details={"setting": field.name, "source": source},
+    )
+
+
+def load_config(
+    path: Path | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> Config:
+    """Build a :class:`Config` from defaults, ``path`` (TOML), ``environ``, then ``overrides``.
+
+    ``overrides`` holds values from command-line flags; ``None`` values are ignored.
+    Unknown keys in the file are refused, naming the key.
+    """
+    environ = os.environ if environ is None else environ
+    fields = {field.name: field for field in attrs.fields(Config)}
+    values: dict[str, Any] = {}
+    if path is None and environ.get("FICC_CONFIG"):
+        path = Path(environ["FICC_CONFIG"])
+    if path is not None:
+        try:
+            document = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ConfigError(f"configuration file {path} does not exist") from None
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"configuration file {path} is not valid TOML: {exc}") from None
+        unknown = sorted(set(document) - set(fields))
+        if unknown:
+            raise ConfigError(
+                f"{path}: unknown setting(s) {', '.join(unknown)}; see docs/configuration.md",
+                details={"unknown": unknown},
+            )
+        for name, value in document.items():
+            values[name] = _coerce(fields[name], value, str(path))
+    for name, field in fields.items():
+        variable = env_name(field)
+        if variable in environ:
+            values[name] = _coerce(field, environ[variable], variable)
+    for name, value in (overrides or {}).items():
+        if value is not None:
+            values[name] = _coerce(fields[name], value, f"--{name.replace('_', '-')}")
+    try:
+        return Config(**values)
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"invalid configuration: {exc}") from None
+
+
+def render_reference() -> str:
+    """Render the configuration reference table (kept in ``docs/configuration.md``)."""
+    lines = [
+        "| Setting | Environment | Type | Default | Meaning |",
+        "|---|---|---|---|---|",
+    ]
+    for field in attrs.fields(Config):
+        if isinstance(field.default, attrs.Factory):  # type: ignore[arg-type]
+            default = "`$XDG_DATA_HOME/ficc` or `~/.local/share/ficc`"
+        elif field.default is None:
+            default = "unset"
+        else:
+            default = f"`{field.default}`"
+        lines.append(
+            f"| `{field.name}` | `{env_name(field)}` | {field.metadata['kind']} | {default} "
+            f"| {field.metadata['help']} |"
+        )
+    return "\n".join(lines) + "\n"

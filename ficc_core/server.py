@@ -1,0 +1,75 @@
+"""Serving the HTTP application with hypercorn's trio worker inside our own nursery."""
+
+from __future__ import annotations
+
+import logging
+import signal
+from collections.abc import Awaitable, Callable
+
+import trio
+from hypercorn.config import Config as HypercornConfig
+from hypercorn.trio import serve as hypercorn_serve
+
+from .api.app import create_app
+from .service import Service
+
+log = logging.getLogger("ficc.server")
+
+
+def _hypercorn_config(service: Service) -> HypercornConfig:
+    config = service.config
+    hc = HypercornConfig()
+    host = f"[{config.host}]" if ":" in config.host else config.host
+    hc.bind = [f"{host}:{config.port}"]
+    hc.graceful_timeout = config.shutdown_grace
+    hc.accesslog = None
+    hc.errorlog = logging.getLogger("hypercorn.error")
+    if config.tls:
+        hc.certfile = str(config.tls_certfile)
+        hc.keyfile = str(config.tls_keyfile)
+    return hc
+
+
+async def serve_http(
+    service: Service,
+    *,
+    shutdown_trigger: Callable[[], Awaitable[None]],
+    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve the API until ``shutdown_trigger`` returns; report the bound URLs when ready."""
+    app = create_app(service)
+    await hypercorn_serve(
+        app,
+        _hypercorn_config(service),
+        shutdown_trigger=shutdown_trigger,
+        task_status=task_status,
+    )
+
+
+async def run_until_signalled(
+    service: Service,
+    *,
+    on_ready: Callable[[list[str]], None],
+    signals: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM),
+) -> None:
+    """Serve until SIGINT or SIGTERM, then shut down gracefully within the configured grace."""
+    stop = trio.Event()
+    with trio.open_signal_receiver(*signals) as received:
+        async with trio.open_nursery() as nursery:
+
+            async def watch_signals() -> None:
+                async for signum in received:
+                    log.info("received %s; shutting down", signal.Signals(signum).name)
+                    stop.set()
+                    return
+
+            nursery.start_soon(watch_signals)
+            urls = await nursery.start(
+                lambda task_status: serve_http(
+                    service, shutdown_trigger=stop.wait, task_status=task_status
+                )
+            )
+            on_ready(urls)
+            await stop.wait()
+            # hypercorn drains within graceful_timeout; this is the hard deadline on top.
+            nursery.cancel_scope.deadline = trio.current_time() + service.config.shutdown_grace + 1

@@ -1,0 +1,48 @@
+"""The one storage interface.
+
+Everything durable goes through a :class:`Store`. Callers hand it a plain
+function that receives a :class:`Transaction`; the store runs that function in a
+worker thread (never on the trio event loop) inside one transaction: all of it
+commits, or none of it does. SQL is written with ``?`` placeholders and the
+portable subset of SQL, so a second backend (PostgreSQL) can follow.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol, TypeVar
+
+T = TypeVar("T")
+
+Row = dict[str, Any]
+
+
+class Transaction(Protocol):
+    """One open transaction; only valid inside the function the store runs."""
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
+        """Run a statement; return the number of rows it changed."""
+
+    def fetch_one(self, sql: str, params: Sequence[Any] = ()) -> Row | None:
+        """Run a query; return its first row as a dict, or ``None``."""
+
+    def fetch_all(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
+        """Run a query; return every row as a dict."""
+
+
+class Store(Protocol):
+    """Transactional storage; every call runs off the event loop."""
+
+    async def read(self, fn: Callable[[Transaction], T]) -> T:
+        """Run ``fn`` in a read-only transaction and return its result."""
+
+    async def write(self, fn: Callable[[Transaction], T]) -> T:
+        """Run ``fn`` in a write transaction (all or nothing) and return its result."""
+
+    async def aclose(self) -> None:
+        """Close every connection."""
+
+
+from .sqlite import SQLiteStore, open_sqlite_store  # noqa: E402
+
+__all__ = ["Row", "SQLiteStore", "Store", "Transaction", "open_sqlite_store"]

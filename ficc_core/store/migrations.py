@@ -1,0 +1,51 @@
+"""Schema migrations, applied in order on start; ``PRAGMA user_version`` records the last.
+
+Append a new tuple of statements for every change; never edit a released one.
+"""
+
+from __future__ import annotations
+
+MIGRATIONS: list[tuple[str, ...]] = [
+    # 1: projects, users, memberships, bearer credentials, browser sessions.
+    (
+        """CREATE TABLE projects (
+            id TEXT PRIMARY KEY,
+            name TEXT NOT NULL UNIQUE,
+            created_at REAL NOT NULL
+        )""",
+        """CREATE TABLE users (
+            id TEXT PRIMARY KEY,
+            username TEXT NOT NULL UNIQUE,
+            password_hash TEXT NOT NULL,
+            is_admin INTEGER NOT NULL DEFAULT 0,
+            created_at REAL NOT NULL
+        )""",
+        """CREATE TABLE memberships (
+            user_id TEXT NOT NULL REFERENCES users(id) ON DELETE CASCADE,
+            project_id TEXT NOT NULL REFERENCES projects(id) ON DELETE CASCADE,
+            scopes TEXT NOT NULL,
+            PRIMARY KEY (user_id, project_id)
+        )""",
+        """CREATE TABLE credentials (
+            id TEXT PRIMARY KEY,
+            secret_hash TEXT NOT NULL,
+            project_id TEXT NOT NULL REFERENCES projects(id) ON DELETE CASCADE,
+            user_id TEXT REFERENCES users(id) ON DELETE CASCADE,
+            name TEXT NOT NULL,
+            scopes TEXT NOT NULL,
+            created_at REAL NOT NULL,
+            expires_at REAL,
+            revoked_at REAL
+        )""",
+        "CREATE INDEX credentials_project ON credentials(project_id)",
+        """CREATE TABLE sessions (
+            id TEXT PRIMARY KEY,
+            secret_hash TEXT NOT NULL,
+            csrf_hash TEXT NOT NULL,
+            user_id TEXT NOT NULL REFERENCES users(id) ON DELETE CASCADE,
+            project_id TEXT NOT NULL REFERENCES projects(id) ON DELETE CASCADE,
+            created_at REAL NOT NULL,
+            expires_at REAL NOT NULL
+        )""",
+    ),
+]

@@ -1,0 +1,149 @@
+"""SQLite (WAL) store: the embedded default.
+
+One writer connection serialised by a limiter of one, and a few reader
+connections; every call runs in a worker thread through ``trio.to_thread``.
+Writes use ``BEGIN IMMEDIATE`` so two writers never interleave, and commit with
+``synchronous=FULL`` so a committed row (a durable offset, say) survives power loss.
+"""
+
+from __future__ import annotations
+
+import queue
+import sqlite3
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import trio
+
+from ..errors import StoreError
+from .migrations import MIGRATIONS
+
+T = TypeVar("T")
+
+
+class _SQLiteTransaction:
+    __slots__ = ("_conn",)
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
+        return self._conn.execute(sql, params).rowcount
+
+    def fetch_one(self, sql: str, params: Sequence[Any] = ()) -> dict[str, Any] | None:
+        row = self._conn.execute(sql, params).fetchone()
+        return dict(row) if row is not None else None
+
+    def fetch_all(self, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
+        return [dict(row) for row in self._conn.execute(sql, params).fetchall()]
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=10.0)
+    conn.row_factory = sqlite3.Row
+    conn.execute("PRAGMA foreign_keys = ON")
+    conn.execute("PRAGMA busy_timeout = 10000")
+    conn.execute("PRAGMA synchronous = FULL")
+    return conn
+
+
+def _run_in_transaction(conn: sqlite3.Connection, begin: str, fn: Callable[[Any], T]) -> T:
+    conn.execute(begin)
+    try:
+        result = fn(_SQLiteTransaction(conn))
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+    return result
+
+
+def migrate(conn: sqlite3.Connection) -> int:
+    """Bring the schema to the newest version; return that version."""
+    newest = len(MIGRATIONS)
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        current = conn.execute("PRAGMA user_version").fetchone()[0]
+        if current > newest:
+            raise StoreError(
+                f"the database is at schema version {current}, newer than this FICC "
+                f"understands ({newest}); upgrade FICC or use another data directory",
+                details={"schema_version": current, "supported": newest},
+            )
+        for version in range(current + 1, newest + 1):
+            for statement in MIGRATIONS[version - 1]:
+                conn.execute(statement)
+            conn.execute(f"PRAGMA user_version = {version}")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+    return newest
+
+
+class SQLiteStore:
+    """The :class:`~ficc_core.store.Store` backed by one SQLite file in WAL mode."""
+
+    def __init__(self, path: Path, *, readers: int = 4) -> None:
+        self.path = Path(path)
+        self._writer: sqlite3.Connection | None = None
+        self._readers: queue.SimpleQueue[sqlite3.Connection] = queue.SimpleQueue()
+        self._reader_count = readers
+        self._write_limiter = trio.CapacityLimiter(1)
+        self._read_limiter = trio.CapacityLimiter(readers)
+        self.schema_version = 0
+
+    def open_sync(self) -> None:
+        """Open the connections and run migrations (blocking; call from a thread)."""
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            writer = _connect(self.path)
+            mode = writer.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            if mode.lower() != "wal":
+                raise StoreError(f"SQLite refused WAL mode for {self.path} (got {mode})")
+            self.schema_version = migrate(writer)
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot open the database {self.path}: {exc}") from None
+        self._writer = writer
+        for _ in range(self._reader_count):
+            self._readers.put(_connect(self.path))
+
+    async def read(self, fn: Callable[[_SQLiteTransaction], T]) -> T:
+        def run() -> T:
+            conn = self._readers.get()
+            try:
+                return _run_in_transaction(conn, "BEGIN", fn)
+            finally:
+                self._readers.put(conn)
+
+        return await trio.to_thread.run_sync(run, limiter=self._read_limiter)
+
+    async def write(self, fn: Callable[[_SQLiteTransaction], T]) -> T:
+        writer = self._writer
+        if writer is None:
+            raise StoreError("the store is closed")
+        return await trio.to_thread.run_sync(
+            _run_in_transaction, writer, "BEGIN IMMEDIATE", fn, limiter=self._write_limiter
+        )
+
+    async def aclose(self) -> None:
+        def close() -> None:
+            if self._writer is not None:
+                self._writer.close()
+                self._writer = None
+            while True:
+                try:
+                    self._readers.get_nowait().close()
+                except queue.Empty:
+                    break
+
+        async with self._write_limiter:
+            await trio.to_thread.run_sync(close)
+
+
+async def open_sqlite_store(path: Path, *, readers: int = 4) -> SQLiteStore:
+    """Open (creating and migrating if needed) the SQLite store at ``path``."""
+    store = SQLiteStore(path, readers=readers)
+    await trio.to_thread.run_sync(store.open_sync)
+    return store

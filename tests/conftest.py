@@ -1,0 +1,114 @@
+"""Shared fixtures: a real controller on a real SQLite file in a temporary directory."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+import trio
+
+from ficc_core.api.app import create_app
+from ficc_core.auth import ALL_SCOPES
+from ficc_core.config import Config, load_config
+from ficc_core.service import Service, open_service
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> Config:
+    return load_config(overrides={"data_dir": str(tmp_path / "data")}, environ={})
+
+
+@pytest.fixture
+async def service(config: Config) -> AsyncIterator[Service]:
+    with trio.fail_after(30):
+        async with open_service(config) as opened:
+            yield opened
+
+
+@pytest.fixture
+async def bootstrap(service: Service) -> dict[str, str]:
+    created = await service.auth.bootstrap()
+    assert created is not None
+    return created
+
+
+@pytest.fixture
+def app(service: Service):
+    return create_app(service)
+
+
+@pytest.fixture
+def client(app):
+    return app.test_client()
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+async def issue_token(
+    service: Service, project: str = "default", scopes=ALL_SCOPES, **kwargs
+) -> str:
+    """Create a credential directly through the auth service and return its token."""
+    _, token = await service.auth.create_credential(
+        project, name=kwargs.pop("name", "test"), scopes=frozenset(scopes), **kwargs
+    )
+    return token
+
+
+class LiveServer:
+    """A real controller served by hypercorn on 127.0.0.1 (OS-chosen port) in a thread."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.url = ""
+        self.bootstrap: dict[str, str] = {}
+        self._ready = threading.Event()
+        self._token: trio.lowlevel.TrioToken | None = None
+        self._stop: trio.Event | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._main, daemon=True)
+
+    def _main(self) -> None:
+        try:
+            trio.run(self._serve)
+        except BaseException as exc:
+            self._error = exc
+            self._ready.set()
+
+    async def _serve(self) -> None:
+        from ficc_core.server import serve_http
+
+        self._token = trio.lowlevel.current_trio_token()
+        self._stop = trio.Event()
+        async with open_service(self.config) as service:
+            self.bootstrap = await service.auth.bootstrap() or {}
+            async with trio.open_nursery() as nursery:
+                urls = await nursery.start(
+                    lambda task_status: serve_http(
+                        service, shutdown_trigger=self._stop.wait, task_status=task_status
+                    )
+                )
+                self.url = urls[0]
+                self._ready.set()
+
+    def __enter__(self) -> LiveServer:
+        self._thread.start()
+        if not self._ready.wait(30) or self._error is not None:
+            raise RuntimeError(f"the live server did not start: {self._error!r}")
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        trio.from_thread.run_sync(self._stop.set, trio_token=self._token)
+        self._thread.join(30)
+        assert not self._thread.is_alive(), "the live server did not stop"
+
+
+@pytest.fixture(scope="module")
+def live_server(tmp_path_factory) -> Iterator[LiveServer]:
+    data = tmp_path_factory.mktemp("live")
+    config = load_config(overrides={"data_dir": str(data), "port": 0}, environ={})
+    with LiveServer(config) as server:
+        yield server

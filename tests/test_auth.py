@@ -1,0 +1,197 @@
+"""Authentication over the real app and store: credentials, sessions, CSRF, projects."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import trio
+
+from ficc_core.auth import PROJECT_SCOPES
+
+from .conftest import bearer, issue_token
+
+
+async def test_whoami_reports_principal_project_and_scopes(client, service, bootstrap):
+    token = await issue_token(service, scopes=["models:read", "inference:read"], name="reader")
+    response = await client.get("/api/v1/whoami", headers=bearer(token))
+    assert response.status_code == 200
+    body = await response.get_json()
+    assert body["kind"] == "credential"
+    assert body["project"]["name"] == "default"
+    assert body["scopes"] == ["inference:read", "models:read"]
+
+
+async def test_secrets_are_stored_hashed_never_in_clear(service, bootstrap, config):
+    token = await issue_token(service, scopes=["models:read"])
+    secret = token.split(".", 1)[1]
+    conn = sqlite3.connect(config.database_path)
+    dump = "\n".join(conn.iterdump())
+    conn.close()
+    assert secret not in dump
+    assert bootstrap["password"] not in dump
+    assert "$argon2id$" in dump
+
+
+async def test_revoked_and_expired_credentials_are_refused(client, service, bootstrap):
+    admin = bearer(bootstrap["token"])
+    created = await client.post(
+        "/api/v1/tokens", headers=admin, json={"name": "short", "scopes": ["models:read"]}
+    )
+    body = await created.get_json()
+    assert (await client.get("/api/v1/whoami", headers=bearer(body["token"]))).status_code == 200
+    revoked = await client.delete(f"/api/v1/tokens/{body['credential']['id']}", headers=admin)
+    assert (await revoked.get_json())["revoked_at"] is not None
+    response = await client.get("/api/v1/whoami", headers=bearer(body["token"]))
+    assert response.status_code == 401
+    assert (await response.get_json())["error"]["code"] == "credential_revoked"
+
+    expiring = await issue_token(service, scopes=["models:read"], lifetime=0.05)
+    await trio.sleep(0.1)
+    response = await client.get("/api/v1/whoami", headers=bearer(expiring))
+    assert (await response.get_json())["error"]["code"] == "credential_expired"
+
+
+async def test_malformed_and_forged_bearer_tokens_are_401(client, bootstrap):
+    forged = bootstrap["token"][:-4] + "AAAA"
+    for header in ("Bearer nonsense", "Basic abc", "Bearer ", f"Bearer {forged}"):
+        response = await client.get("/api/v1/whoami", headers={"Authorization": header})
+        assert response.status_code == 401, header
+        assert response.headers["WWW-Authenticate"].startswith("Bearer")
+
+
+async def test_a_credential_cannot_grant_scopes_it_does_not_hold(client, service, bootstrap):
+    token = await issue_token(service, scopes=["tokens:manage", "models:read"])
+    response = await client.post(
+        "/api/v1/tokens",
+        headers=bearer(token),
+        json={"name": "wider", "scopes": ["models:read", "models:manage"]},
+    )
+    assert response.status_code == 403
+    error = (await response.get_json())["error"]
+    assert error["code"] == "scope_escalation"
+    assert error["details"]["scopes"] == ["models:manage"]
+
+
+async def test_another_projects_credential_is_not_found(client, service, bootstrap):
+    await service.auth.create_project("other")
+    theirs, _ = await service.auth.create_credential(
+        "other", name="theirs", scopes=frozenset({"models:read"})
+    )
+    mine = bearer(await issue_token(service, scopes=["tokens:manage"]))
+    for method in ("get", "delete"):
+        response = await getattr(client, method)(f"/api/v1/tokens/{theirs['id']}", headers=mine)
+        assert response.status_code == 404
+        assert (await response.get_json())["error"]["code"] == "credential_not_found"
+    listed = await (await client.get("/api/v1/tokens", headers=mine)).get_json()
+    assert theirs["id"] not in {t["id"] for t in listed["tokens"]}
+    assert (await service.auth.get_credential(theirs["project_id"], theirs["id"]))[
+        "revoked_at"
+    ] is None
+
+
+async def _login(client, username, password, project="default"):
+    response = await client.post(
+        "/api/v1/session", json={"username": username, "password": password, "project": project}
+    )
+    return response
+
+
+async def test_login_sets_an_httponly_samesite_cookie_and_returns_a_csrf_token(client, bootstrap):
+    response = await _login(client, "admin", bootstrap["password"])
+    assert response.status_code == 201
+    cookies = response.headers.getlist("Set-Cookie")
+    session = next(c for c in cookies if c.startswith("ficc_session="))
+    assert "HttpOnly" in session and "SameSite=Strict" in session
+    body = await response.get_json()
+    assert body["csrf_token"]
+    assert body["principal"]["kind"] == "session"
+    whoami = await client.get("/api/v1/whoami")
+    assert (await whoami.get_json())["kind"] == "session"
+
+
+async def test_cookie_writes_need_the_csrf_token_bearer_writes_do_not(client, bootstrap):
+    csrf = (await (await _login(client, "admin", bootstrap["password"])).get_json())["csrf_token"]
+    body = {"name": "from-browser", "scopes": ["models:read"]}
+    refused = await client.post("/api/v1/tokens", json=body)
+    assert refused.status_code == 403
+    assert (await refused.get_json())["error"]["code"] == "csrf_failed"
+    wrong = await client.post("/api/v1/tokens", json=body, headers={"X-CSRF-Token": "nope"})
+    assert wrong.status_code == 403
+    accepted = await client.post("/api/v1/tokens", json=body, headers={"X-CSRF-Token": csrf})
+    assert accepted.status_code == 201
+    # Reads by cookie need no CSRF token.
+    assert (await client.get("/api/v1/tokens")).status_code == 200
+    # A Bearer write never needs one, even with a session cookie present.
+    bearer_write = await client.post(
+        "/api/v1/tokens", json={**body, "name": "b"}, headers=bearer(bootstrap["token"])
+    )
+    assert bearer_write.status_code == 201
+
+
+async def test_logout_ends_the_session(client, bootstrap):
+    csrf = (await (await _login(client, "admin", bootstrap["password"])).get_json())["csrf_token"]
+    assert (await client.delete("/api/v1/session")).status_code == 403  # CSRF applies
+    response = await client.delete("/api/v1/session", headers={"X-CSRF-Token": csrf})
+    assert (await response.get_json()) == {"logged_out": True}
+    assert (await client.get("/api/v1/whoami")).status_code == 401
+
+
+async def test_wrong_password_unknown_user_and_non_member_are_refused(client, service, bootstrap):
+    assert (await _login(client, "admin", "wrong-password")).status_code == 401
+    assert (await _login(client, "nobody", "whatever-pass")).status_code == 401
+    await service.auth.create_project("other")
+    await service.auth.create_user("alice", "alice-password", projects={"other": {"models:read"}})
+    response = await _login(client, "alice", "alice-password", project="default")
+    assert response.status_code == 403
+    assert (await response.get_json())["error"]["code"] == "not_a_member"
+
+
+async def test_a_session_works_in_the_project_chosen_at_login(client, service, bootstrap):
+    await service.auth.create_project("other")
+    await service.auth.create_user(
+        "alice", "alice-password", projects={"other": {"models:read", "tokens:manage"}}
+    )
+    body = await (await _login(client, "alice", "alice-password", project="other")).get_json()
+    assert body["principal"]["project"]["name"] == "other"
+    assert body["principal"]["scopes"] == ["models:read", "tokens:manage"]
+    created = await client.post(
+        "/api/v1/tokens",
+        json={"name": "alices", "scopes": ["models:read"]},
+        headers={"X-CSRF-Token": body["csrf_token"]},
+    )
+    credential = (await created.get_json())["credential"]
+    other = await service.auth.get_project("other")
+    assert credential["project_id"] == other["id"]
+
+
+async def test_admin_routes_manage_projects_users_and_memberships(client, bootstrap):
+    admin = bearer(bootstrap["token"])
+    project = await client.post("/api/v1/projects", headers=admin, json={"name": "team-a"})
+    assert project.status_code == 201
+    taken = await client.post("/api/v1/projects", headers=admin, json={"name": "team-a"})
+    assert taken.status_code == 409
+    assert (await taken.get_json())["error"]["code"] == "project_exists"
+    user = await client.post(
+        "/api/v1/users",
+        headers=admin,
+        json={
+            "username": "bob",
+            "password": "bob-password",
+            "projects": {"team-a": ["models:read"]},
+        },
+    )
+    assert user.status_code == 201
+    user_id = (await user.get_json())["id"]
+    granted = await client.put(
+        f"/api/v1/users/{user_id}/projects/team-a",
+        headers=admin,
+        json={"scopes": list(PROJECT_SCOPES)},
+    )
+    assert sorted((await granted.get_json())["projects"][0]["scopes"]) == sorted(PROJECT_SCOPES)
+    listed = await (await client.get("/api/v1/users", headers=admin)).get_json()
+    assert {u["username"] for u in listed["users"]} == {"admin", "bob"}
+    assert all("password" not in str(u) for u in listed["users"])
+
+
+async def test_bootstrap_happens_once(service, bootstrap):
+    assert await service.auth.bootstrap() is None
