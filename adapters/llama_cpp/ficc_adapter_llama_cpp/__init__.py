@@ -1,0 +1,1 @@
+"""The FICC Inference engine adapter for llama.cpp's `llama-server`."""

@@ -1,0 +1,1 @@
+"""The FICC Inference engine adapter for vLLM."""

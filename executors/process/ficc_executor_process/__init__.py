@@ -1,0 +1,1 @@
+"""The FICC Inference executor provider that runs engines as host processes."""

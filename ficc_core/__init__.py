@@ -1,0 +1,116 @@
+"""FICC Inference: the public plugin API.
+
+Plugins import only the names listed in ``__all__`` from this package::
+
+    from ficc_core import API_VERSION, Job, hookimpl
+
+Every name is resolved on first use, so ``import ficc_core`` stays cheap: it loads
+neither pluggy nor the data model until a plugin or the control plane asks for them.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from ._version import __version__ as __version__
+
+# Public name -> the module that defines it.
+_EXPORTS: dict[str, str] = {
+    # The plugin contract.
+    "API_VERSION": "ficc_core.hookspecs",
+    "hookimpl": "ficc_core.plugins",
+    "Adapter": "ficc_core.plugins",
+    "AdapterRegistry": "ficc_core.plugins",
+    "ExecutorProvider": "ficc_core.plugins",
+    "ExecutorRegistry": "ficc_core.plugins",
+    "PluginError": "ficc_core.errors",
+    # The data model adapters and executor providers exchange with core.
+    "Specification": "ficc_core.schema",
+    "Runtime": "ficc_core.schema",
+    "Placement": "ficc_core.schema",
+    "ResourceLimits": "ficc_core.schema",
+    "GpuRequest": "ficc_core.schema",
+    "ModelManifest": "ficc_core.schema",
+    "ModelFile": "ficc_core.schema",
+    "ModelSource": "ficc_core.schema",
+    "Workload": "ficc_core.schema",
+    "EndpointContract": "ficc_core.schema",
+    "ReadinessProbe": "ficc_core.schema",
+    "JobInput": "ficc_core.schema",
+    "Job": "ficc_core.schema",
+    "Fence": "ficc_core.schema",
+    "ExecutorSnapshot": "ficc_core.schema",
+    "NodeResources": "ficc_core.schema",
+    "GpuDevice": "ficc_core.schema",
+    "InstalledRuntime": "ficc_core.schema",
+    "ProviderInfo": "ficc_core.schema",
+}
+
+__all__ = [
+    "API_VERSION",
+    "Adapter",
+    "AdapterRegistry",
+    "EndpointContract",
+    "ExecutorProvider",
+    "ExecutorRegistry",
+    "ExecutorSnapshot",
+    "Fence",
+    "GpuDevice",
+    "GpuRequest",
+    "InstalledRuntime",
+    "Job",
+    "JobInput",
+    "ModelFile",
+    "ModelManifest",
+    "ModelSource",
+    "NodeResources",
+    "Placement",
+    "PluginError",
+    "ProviderInfo",
+    "ReadinessProbe",
+    "ResourceLimits",
+    "Runtime",
+    "Specification",
+    "Workload",
+    "hookimpl",
+]
+
+if TYPE_CHECKING:
+    from .errors import PluginError
+    from .hookspecs import API_VERSION
+    from .plugins import Adapter, AdapterRegistry, ExecutorProvider, ExecutorRegistry, hookimpl
+    from .schema import (
+        EndpointContract,
+        ExecutorSnapshot,
+        Fence,
+        GpuDevice,
+        GpuRequest,
+        InstalledRuntime,
+        Job,
+        JobInput,
+        ModelFile,
+        ModelManifest,
+        ModelSource,
+        NodeResources,
+        Placement,
+        ProviderInfo,
+        ReadinessProbe,
+        ResourceLimits,
+        Runtime,
+        Specification,
+        Workload,
+    )
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'ficc_core' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -1,0 +1,557 @@
+"""Discover, check and register FICC plugins.
+
+``build_plugin_manager()`` builds a fresh plugin set every time it is called (there
+is no module-level manager): it loads each entry point of the group
+``ficc.inference`` on its own, so a plugin that fails is refused alone, with an
+error naming its distribution, and every other plugin keeps working. A plugin is
+refused when:
+
+- its import raises;
+- it does not declare ``API_VERSION = 1``;
+- pluggy rejects one of its hook implementations, or it implements a hook that
+  has no specification (``check_pending()``);
+- one of its registration hooks raises, for instance because ``registry.add()``
+  refused one of its adapters. Nothing that plugin registered is kept.
+
+Setting ``FICC_DISABLE_PLUGIN_AUTOLOAD`` to any non-empty value turns entry-point
+loading off; plugins passed explicitly as ``extra_plugins`` still register.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable, Iterator
+from importlib import metadata
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
+
+import attrs
+import pluggy
+
+from . import hookspecs
+from .errors import PluginError
+from .hookspecs import API_VERSION
+
+if TYPE_CHECKING:
+    from .schema import Job
+
+__all__ = [
+    "DISABLE_AUTOLOAD_ENV",
+    "ENTRY_POINT_GROUP",
+    "Adapter",
+    "AdapterRegistry",
+    "ExecutorProvider",
+    "ExecutorRegistry",
+    "PluginOrigin",
+    "PluginRecord",
+    "PluginSet",
+    "build_plugin_manager",
+    "hookimpl",
+]
+
+#: The entry-point group FICC loads plugins from.
+ENTRY_POINT_GROUP = "ficc.inference"
+#: Any non-empty value turns entry-point autoloading off.
+DISABLE_AUTOLOAD_ENV = "FICC_DISABLE_PLUGIN_AUTOLOAD"
+
+#: Marks a function of a plugin as the implementation of the hook of the same name.
+hookimpl = pluggy.HookimplMarker("ficc")
+
+Kind = Literal["adapter", "executor", "plugin"]
+Status = Literal["loaded", "refused"]
+
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+_MISSING: Any = object()
+
+
+class Adapter(Protocol):
+    """What an adapter factory returns: a pure translator from a specification to a job."""
+
+    API_VERSION: int
+
+    def job(
+        self,
+        specification: Any,
+        model_record: Any,
+        placement: Any,
+        immutable_input_references: Any,
+    ) -> Job:
+        """Translate one replica of a service specification into the job an executor runs."""
+        ...
+
+
+class ExecutorProvider(Protocol):
+    """What an executor provider class declares; the node agent instantiates it."""
+
+    API_VERSION: ClassVar[int]
+
+
+@attrs.frozen
+class PluginOrigin:
+    """Where a plugin came from: its name and, when installed, its distribution."""
+
+    plugin: str
+    distribution: str | None = None
+    version: str | None = None
+
+    def describe(self) -> str:
+        """Return the phrase that names this plugin in messages."""
+        if self.distribution is None:
+            return f"plugin {self.plugin!r} (registered directly, not from a distribution)"
+        release = (
+            self.distribution if self.version is None else f"{self.distribution} {self.version}"
+        )
+        return f"plugin {self.plugin!r} from distribution {release!r}"
+
+
+@attrs.frozen
+class PluginRecord:
+    """One line of the plugin report: something that loaded, or was refused and why."""
+
+    #: The adapter or executor name; for kind "plugin", the plugin (entry point) name.
+    name: str
+    #: "adapter" or "executor" for what a plugin registered; "plugin" for a plugin as a
+    #: whole (refused, or loaded without registering anything).
+    kind: Kind
+    #: The plugin (entry point) name; None for a registry used outside any plugin.
+    plugin: str | None
+    #: The distribution and version the plugin was installed from, when known.
+    distribution: str | None
+    version: str | None
+    #: The API_VERSION declared, when it is an integer.
+    api_version: int | None
+    status: Status
+    #: Why it was refused: a sentence that names the plugin and its distribution.
+    reason: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the record as plain JSON-ready data."""
+        return attrs.asdict(self)
+
+
+@attrs.frozen
+class _Entry:
+    name: str
+    value: Any
+    origin: PluginOrigin | None
+    api_version: int
+
+
+class _RegistryRefusal(PluginError):
+    """A ``PluginError`` raised by ``registry.add()``; its message already names the plugin."""
+
+
+def _api_version_of(obj: object) -> Any:
+    try:
+        return getattr(obj, "API_VERSION", _MISSING)
+    except Exception:
+        return _MISSING
+
+
+def _api_version_problem(value: Any) -> str | None:
+    """Return why ``value`` is not an acceptable API_VERSION, or None when it is."""
+    if value is _MISSING:
+        return f"does not declare API_VERSION; this FICC supports API_VERSION {API_VERSION}"
+    if type(value) is not int or value != API_VERSION:
+        return f"declares API_VERSION {value!r}; this FICC supports API_VERSION {API_VERSION}"
+    return None
+
+
+def _reported_api_version(value: Any) -> int | None:
+    return value if type(value) is int else None
+
+
+class _Registry:
+    """The shared part of the adapter and executor registries."""
+
+    kind: ClassVar[Literal["adapter", "executor"]]
+    noun: ClassVar[str]
+
+    def __init__(self) -> None:
+        self._entries: dict[str, _Entry] = {}
+        self._origin: PluginOrigin | None = None
+        self._pending: dict[str, _Entry] | None = None
+        self._pending_refusals: list[PluginRecord] = []
+        self._refusals: list[PluginRecord] = []
+
+    def add(self, name: str, factory: Any) -> None:
+        """Check the object ``factory`` stands for and register it under ``name``.
+
+        Raise ``PluginError``, naming the registering plugin's distribution, when
+        the name is taken or the object does not meet the plugin contract.
+        """
+        try:
+            entry = self._check(name, factory)
+        except _RegistryRefusal as refusal:
+            record = PluginRecord(
+                name=str(name),
+                kind=self.kind,
+                plugin=self._origin.plugin if self._origin else None,
+                distribution=self._origin.distribution if self._origin else None,
+                version=self._origin.version if self._origin else None,
+                api_version=refusal.details.get("api_version"),
+                status="refused",
+                reason=refusal.message,
+            )
+            if self._pending is None:
+                self._refusals.append(record)
+            else:
+                self._pending_refusals.append(record)
+            raise
+        if self._pending is None:
+            self._entries[name] = entry
+        else:
+            self._pending[name] = entry
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._entries
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self._entries))
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def origin(self, name: str) -> PluginOrigin | None:
+        """Return the plugin that registered ``name`` (None when added directly)."""
+        return self._entries[name].origin
+
+    def refusals(self) -> list[PluginRecord]:
+        """Return the refusals of ``add()`` calls made outside any plugin."""
+        return list(self._refusals)
+
+    def _check(self, name: Any, factory: Any) -> _Entry:
+        raise NotImplementedError
+
+    def _refuse(self, name: Any, problem: str, **details: Any) -> _RegistryRefusal:
+        if self._origin is None:
+            message = f"{self.noun} {name!r} {problem}"
+        else:
+            message = f"{self._origin.describe()} registers {self.noun} {name!r}, which {problem}"
+        distribution = self._origin.distribution if self._origin else None
+        return _RegistryRefusal(
+            message,
+            distribution=distribution,
+            details={
+                "plugin": self._origin.plugin if self._origin else None,
+                "kind": self.kind,
+                "name": name if isinstance(name, str) else repr(name),
+                **details,
+            },
+        )
+
+    def _check_name(self, name: Any) -> None:
+        if not isinstance(name, str) or not _NAME.fullmatch(name):
+            raise self._refuse(
+                name,
+                "is not a valid name: use 1 to 64 letters, digits, '_', '.' or '-', "
+                "starting with a letter or digit",
+            )
+        holder = self._entries.get(name) or (self._pending or {}).get(name)
+        if holder is not None:
+            by = holder.origin.describe() if holder.origin else "a direct registration"
+            raise self._refuse(name, f"is already registered by {by}")
+
+    def _check_api_version(self, name: str, value: Any) -> None:
+        problem = _api_version_problem(value)
+        if problem is not None:
+            raise self._refuse(name, problem, api_version=_reported_api_version(value))
+
+    # The loader wraps each plugin's registration hooks in a transaction, so that a
+    # refused plugin leaves nothing behind.
+    def _begin(self, origin: PluginOrigin) -> None:
+        self._origin = origin
+        self._pending = {}
+        self._pending_refusals = []
+
+    def _finish(self, *, keep: bool) -> tuple[list[_Entry], list[PluginRecord]]:
+        pending, refusals = self._pending or {}, self._pending_refusals
+        self._origin, self._pending, self._pending_refusals = None, None, []
+        if not keep:
+            return [], []
+        self._entries.update(pending)
+        return list(pending.values()), refusals
+
+
+class AdapterRegistry(_Registry):
+    """The engine adapters, by engine name: ``registry.add(name, factory)``.
+
+    The factory is called once, at registration, with no arguments; the adapter it
+    returns must declare ``API_VERSION = 1`` and have a callable ``job``.
+    """
+
+    kind = "adapter"
+    noun = "adapter"
+
+    def __getitem__(self, name: str) -> Adapter:
+        """Return the adapter registered as ``name`` (KeyError when there is none)."""
+        return self._entries[name].value
+
+    def _check(self, name: Any, factory: Any) -> _Entry:
+        self._check_name(name)
+        if not callable(factory):
+            raise self._refuse(name, f"is not callable: a factory is expected, got {factory!r}")
+        try:
+            adapter = factory()
+        except Exception as exc:
+            raise self._refuse(
+                name, f"could not be created: its factory raised {type(exc).__name__}: {exc}"
+            ) from exc
+        api_version = _api_version_of(adapter)
+        self._check_api_version(name, api_version)
+        if not callable(getattr(adapter, "job", None)):
+            raise self._refuse(
+                name,
+                "has no callable job(specification, model_record, placement, "
+                "immutable_input_references)",
+                api_version=api_version,
+            )
+        return _Entry(name, adapter, self._origin, api_version)
+
+
+class ExecutorRegistry(_Registry):
+    """The executor provider classes, by name: ``registry.add(name, provider_class)``.
+
+    Classes are not instantiated here: the node agent does that later, with its
+    node's configuration. Each must declare the class attribute ``API_VERSION = 1``.
+    """
+
+    kind = "executor"
+    noun = "executor provider"
+
+    def __getitem__(self, name: str) -> type[ExecutorProvider]:
+        """Return the provider class registered as ``name`` (KeyError when there is none)."""
+        return self._entries[name].value
+
+    def _check(self, name: Any, factory: Any) -> _Entry:
+        self._check_name(name)
+        if not isinstance(factory, type):
+            raise self._refuse(
+                name,
+                "is not a class: register the provider class itself, which the agent "
+                f"instantiates with its node configuration (got {factory!r})",
+            )
+        api_version = _api_version_of(factory)
+        self._check_api_version(name, api_version)
+        return _Entry(name, factory, self._origin, api_version)
+
+
+@attrs.frozen(eq=False)
+class PluginSet:
+    """The outcome of loading plugins: the manager, both registries and the report."""
+
+    manager: pluggy.PluginManager
+    adapters: AdapterRegistry
+    executors: ExecutorRegistry
+    report: tuple[PluginRecord, ...]
+    autoload: bool
+
+    @property
+    def refused(self) -> tuple[PluginRecord, ...]:
+        """Return the records of everything that was refused."""
+        return tuple(record for record in self.report if record.status == "refused")
+
+
+def autoload_enabled() -> bool:
+    """Return whether entry-point autoloading is on (``FICC_DISABLE_PLUGIN_AUTOLOAD`` unset)."""
+    return not os.environ.get(DISABLE_AUTOLOAD_ENV)
+
+
+def build_plugin_manager(
+    *, autoload: bool | None = None, extra_plugins: Iterable[object] = ()
+) -> PluginSet:
+    """Build a fresh plugin manager, load every plugin, and report what happened.
+
+    :param autoload:
+        Whether to load the entry points of the group ``ficc.inference``. None
+        (the default) means: unless ``FICC_DISABLE_PLUGIN_AUTOLOAD`` is set.
+    :param extra_plugins:
+        Plugin objects to register after the entry points (modules, classes or
+        instances), checked exactly like installed ones. Tests use these.
+    """
+    if autoload is None:
+        autoload = autoload_enabled()
+    loader = _Loader()
+    if autoload:
+        for entry_point in _entry_points():
+            loader.load_entry_point(entry_point)
+    for plugin in extra_plugins:
+        loader.add(plugin, PluginOrigin(_plugin_name(plugin)))
+    return PluginSet(
+        manager=loader.manager,
+        adapters=loader.adapters,
+        executors=loader.executors,
+        report=tuple(loader.records),
+        autoload=autoload,
+    )
+
+
+def _entry_points() -> list[metadata.EntryPoint]:
+    found = metadata.entry_points(group=ENTRY_POINT_GROUP)
+    return sorted(found, key=lambda ep: (_distribution_of(ep)[0] or "", ep.name))
+
+
+def _distribution_of(entry_point: metadata.EntryPoint) -> tuple[str | None, str | None]:
+    dist = getattr(entry_point, "dist", None)
+    if dist is None:
+        return None, None
+    return dist.name, dist.version
+
+
+def _plugin_name(plugin: object) -> str:
+    name = getattr(plugin, "__name__", None)
+    if isinstance(name, str):
+        return name
+    return f"{type(plugin).__name__}@{id(plugin):x}"
+
+
+class _Loader:
+    """Registers plugins one at a time into one pluggy manager, recording each outcome."""
+
+    def __init__(self) -> None:
+        self.manager = pluggy.PluginManager("ficc")
+        self.manager.add_hookspecs(hookspecs)
+        self.adapters = AdapterRegistry()
+        self.executors = ExecutorRegistry()
+        self.records: list[PluginRecord] = []
+        self._origins: dict[str, PluginOrigin] = {}
+
+    def load_entry_point(self, entry_point: metadata.EntryPoint) -> None:
+        distribution, version = _distribution_of(entry_point)
+        origin = PluginOrigin(entry_point.name, distribution, version)
+        try:
+            plugin = entry_point.load()
+        except Exception as exc:
+            self._refuse(
+                origin,
+                f"{origin.describe()} could not be imported "
+                f"({entry_point.value}): {type(exc).__name__}: {exc}",
+            )
+            return
+        self.add(plugin, origin)
+
+    def add(self, plugin: object, origin: PluginOrigin) -> None:
+        who = origin.describe()
+        api_version = _api_version_of(plugin)
+        problem = _api_version_problem(api_version)
+        if problem is not None:
+            self._refuse(origin, f"{who} {problem}", _reported_api_version(api_version))
+            return
+        if not self._register(plugin, origin):
+            return
+        # check_pending() can only fail on the newest plugin: every earlier one passed.
+        try:
+            self.manager.check_pending()
+        except pluggy.PluginValidationError:
+            unknown = ", ".join(self._unknown_hooks(plugin))
+            self._unregister(plugin, origin)
+            known = ", ".join(sorted(self._known_hooks()))
+            self._refuse(
+                origin,
+                f"{who} implements {unknown}, which API_VERSION {API_VERSION} does not "
+                f"specify (its hooks are: {known})",
+                api_version,
+            )
+            return
+        self._run_registration(plugin, origin)
+
+    def _register(self, plugin: object, origin: PluginOrigin) -> bool:
+        who = origin.describe()
+        taken = self._origins.get(origin.plugin)
+        if taken is not None:
+            self._refuse(
+                origin, f"{who} has the same name as {taken.describe()}, which was loaded first"
+            )
+            return False
+        if self.manager.is_registered(plugin):
+            other = self._origins[self.manager.get_name(plugin)]
+            self._refuse(origin, f"{who} is the same object as {other.describe()}")
+            return False
+        try:
+            self.manager.register(plugin, name=origin.plugin)
+        except pluggy.PluginValidationError as exc:
+            self._refuse(origin, f"{who} has an invalid hook implementation: {exc}")
+            return False
+        self._origins[origin.plugin] = origin
+        return True
+
+    def _unregister(self, plugin: object, origin: PluginOrigin) -> None:
+        self.manager.unregister(plugin)
+        del self._origins[origin.plugin]
+
+    def _known_hooks(self) -> list[str]:
+        return [
+            name
+            for name, caller in vars(self.manager.hook).items()
+            if not name.startswith("_") and caller.has_spec()
+        ]
+
+    def _unknown_hooks(self, plugin: object) -> list[str]:
+        unknown = []
+        for name, caller in vars(self.manager.hook).items():
+            if name.startswith("_") or caller.has_spec():
+                continue
+            if any(
+                impl.plugin is plugin and not impl.optionalhook for impl in caller.get_hookimpls()
+            ):
+                unknown.append(name)
+        return sorted(unknown)
+
+    def _run_registration(self, plugin: object, origin: PluginOrigin) -> None:
+        registries: list[tuple[str, _Registry]] = [
+            ("ficc_register_adapters", self.adapters),
+            ("ficc_register_executor_providers", self.executors),
+        ]
+        others = [other for other in self.manager.get_plugins() if other is not plugin]
+        for _hook, registry in registries:
+            registry._begin(origin)
+        try:
+            for hook, registry in registries:
+                self.manager.subset_hook_caller(hook, remove_plugins=others)(registry=registry)
+        except Exception as exc:
+            for _hook, registry in registries:
+                registry._finish(keep=False)
+            self._unregister(plugin, origin)
+            if isinstance(exc, _RegistryRefusal):
+                reason = exc.message
+            else:
+                reason = f"{origin.describe()} failed in {hook}: {type(exc).__name__}: {exc}"
+            self._refuse(origin, reason, API_VERSION)
+            return
+        records: list[PluginRecord] = []
+        for _hook, registry in registries:
+            entries, refusals = registry._finish(keep=True)
+            records.extend(_loaded(entry, registry.kind, origin) for entry in entries)
+            records.extend(refusals)
+        if not records:
+            records.append(
+                _loaded(_Entry(origin.plugin, plugin, origin, API_VERSION), "plugin", origin)
+            )
+        self.records.extend(records)
+
+    def _refuse(self, origin: PluginOrigin, reason: str, api_version: int | None = None) -> None:
+        self.records.append(
+            PluginRecord(
+                name=origin.plugin,
+                kind="plugin",
+                plugin=origin.plugin,
+                distribution=origin.distribution,
+                version=origin.version,
+                api_version=api_version,
+                status="refused",
+                reason=reason,
+            )
+        )
+
+
+def _loaded(entry: _Entry, kind: Kind, origin: PluginOrigin) -> PluginRecord:
+    return PluginRecord(
+        name=entry.name,
+        kind=kind,
+        plugin=origin.plugin,
+        distribution=origin.distribution,
+        version=origin.version,
+        api_version=entry.api_version,
+        status="loaded",
+        reason=None,
+    )
