@@ -45,6 +45,8 @@ _EXPORTS: dict[str, str] = {
     "GpuDevice": "ficc_core.schema",
     "InstalledRuntime": "ficc_core.schema",
     "ProviderInfo": "ficc_core.schema",
+    # Raised by a validator to refuse one field, so the error path names it.
+    "FieldError": "ficc_core.schema",
 }
 
 __all__ = [
@@ -56,6 +58,7 @@ __all__ = [
     "ExecutorRegistry",
     "ExecutorSnapshot",
     "Fence",
+    "FieldError",
     "GpuDevice",
     "GpuRequest",
     "InstalledRuntime",

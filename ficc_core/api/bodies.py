@@ -9,8 +9,7 @@ import attrs
 from quart import request
 
 from ..errors import FiccError, InvalidRequest, PayloadTooLarge
-from ..schema import structure
-from ..schema._convert import FieldError
+from ..schema import FieldError, structure
 
 T = TypeVar("T")
 

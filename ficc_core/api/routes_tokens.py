@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 import attrs
 from quart import Response, g, jsonify
 
-from ..schema._convert import FieldError
+from ..schema import FieldError
 from .bodies import name_validator, read_json
 
 if TYPE_CHECKING:

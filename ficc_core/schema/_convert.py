@@ -159,6 +159,9 @@ class FieldError(ValueError):
         self.field = field
         self.message = message
 
+    def __str__(self) -> str:
+        return f"{self.field}: {self.message}"
+
 
 # attrs' own validators start their messages with the quoted field name.
 _ATTRS_MESSAGE = re.compile(r"^'([A-Za-z_][A-Za-z0-9_]*)' ")

@@ -1,0 +1,157 @@
+"""Model registry manifests: the immutable description of a model's files.
+
+A :class:`ModelManifest` lists every file of a model by relative path, size and
+sha256. The registry stores it once per project; registering an equal manifest
+again is idempotent, which :meth:`ModelManifest.digest` makes cheap to check.
+"""
+
+import re
+from typing import Any, Literal
+
+import attrs
+
+from ._convert import FieldError
+from ._convert import digest as _digest
+from .spec import _as_tuple, _integer, _items, _matches, _one_of, _optional, _shown, _text
+
+SHA256_PATTERN = re.compile(r"[0-9a-f]{64}")
+
+#: The layouts a manifest can describe.
+ModelFormat = Literal["gguf", "hf-directory"]
+
+
+def _relative_path(_instance: Any, attribute: "attrs.Attribute[Any]", value: Any) -> None:
+    def refuse(reason: str) -> None:
+        raise FieldError(attribute.name, f"{reason}, got {_shown(value)}")
+
+    if not isinstance(value, str) or not value:
+        refuse("must be a non-empty relative path")
+    if "\x00" in value:
+        refuse("must not contain NUL")
+    if "\\" in value:
+        refuse('must use "/" between segments, not "\\"')
+    if value.startswith("/"):
+        refuse("must be relative, not absolute")
+    for segment in value.split("/"):
+        if segment == "":
+            refuse('must not have empty segments ("//" or a trailing "/")')
+        if segment in (".", ".."):
+            refuse('must not contain "." or ".." segments')
+
+
+def _https(_instance: Any, attribute: "attrs.Attribute[Any]", value: Any) -> None:
+    if value is None:
+        return
+    _text(4096)(_instance, attribute, value)
+    if not value.startswith("https://") or len(value) == len("https://"):
+        raise FieldError(
+            attribute.name, f"must be an https:// URL (plain HTTP is refused), got {_shown(value)}"
+        )
+
+
+@attrs.frozen(kw_only=True)
+class ModelSource:
+    """Where a model came from on a public hub, for provenance.
+
+    :ivar repository: the hub repository, such as ``HuggingFaceTB/SmolLM2-135M-Instruct``.
+    :ivar revision: the commit or tag the files were taken from.
+    """
+
+    repository: str = attrs.field(validator=_text())
+    revision: str = attrs.field(validator=_text())
+
+
+@attrs.frozen(kw_only=True)
+class ModelFile:
+    """One file of a model, verified by size and sha256 before it is published.
+
+    :ivar path: relative POSIX path inside the model (``"model.gguf"``,
+        ``"tokenizer/vocab.json"``): not absolute, no empty, ``.`` or ``..``
+        segments, no backslashes, no NUL.
+    :ivar size: the exact size in bytes (0 or more).
+    :ivar sha256: 64 lowercase hexadecimal digits (no ``sha256:`` prefix).
+    :ivar url: where acquisition downloads it from; ``https://`` only. Absent for
+        files that arrive by upload.
+    """
+
+    path: str = attrs.field(validator=_relative_path)
+    size: int = attrs.field(validator=_integer(minimum=0))
+    sha256: str = attrs.field(validator=_matches(SHA256_PATTERN, "64 lowercase hexadecimal digits"))
+    url: str | None = attrs.field(default=None, validator=_https)
+
+
+def _files(instance: Any, attribute: "attrs.Attribute[Any]", files: Any) -> None:
+    _items(ModelFile, non_empty=True, noun="file")(instance, attribute, files)
+    seen: set[str] = set()
+    for index, file in enumerate(files):
+        if file.path in seen:
+            raise FieldError(
+                f"files[{index}].path", f"repeats {_shown(file.path)}; list each file once"
+            )
+        seen.add(file.path)
+    if instance.format == "gguf":
+        weights = [file.path for file in files if file.path.endswith(".gguf")]
+        if len(weights) != 1:
+            raise FieldError(
+                "files",
+                f'must hold exactly one ".gguf" file for format "gguf", found {len(weights)}',
+            )
+    elif "config.json" not in seen:
+        raise FieldError(
+            "files", 'must include "config.json" at the top level for format "hf-directory"'
+        )
+
+
+@attrs.frozen(kw_only=True)
+class ModelManifest:
+    """The immutable description of a model in the registry.
+
+    :ivar name: a display name for operators (not an identifier; any text).
+    :ivar format: ``"gguf"`` (exactly one ``.gguf`` file, which llama.cpp and Ollama
+        load) or ``"hf-directory"`` (a Hugging Face directory with ``config.json``,
+        which vLLM loads).
+    :ivar licence: the model's licence as its publisher names it, if known.
+    :ivar source: the hub repository and revision it came from, if any.
+    :ivar files: every file, at least one, each path once.
+    """
+
+    name: str = attrs.field(validator=_text())
+    format: ModelFormat = attrs.field(validator=_one_of("gguf", "hf-directory"))
+    files: tuple[ModelFile, ...] = attrs.field(converter=_as_tuple, validator=_files)
+    licence: str | None = attrs.field(default=None, validator=_optional(_text()))
+    source: ModelSource | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.instance_of(ModelSource))
+    )
+
+    @classmethod
+    def gguf(
+        cls,
+        name: str,
+        file: ModelFile,
+        *,
+        licence: str | None = None,
+        source: ModelSource | None = None,
+    ) -> "ModelManifest":
+        """Describe a single-file GGUF model."""
+        return cls(name=name, format="gguf", files=(file,), licence=licence, source=source)
+
+    @classmethod
+    def hf_directory(
+        cls,
+        name: str,
+        files: "tuple[ModelFile, ...] | list[ModelFile]",
+        *,
+        licence: str | None = None,
+        source: ModelSource | None = None,
+    ) -> "ModelManifest":
+        """Describe a Hugging Face-format directory (it must include ``config.json``)."""
+        return cls(name=name, format="hf-directory", files=files, licence=licence, source=source)
+
+    @property
+    def size(self) -> int:
+        """The total size of every file, in bytes."""
+        return sum(file.size for file in self.files)
+
+    def digest(self) -> str:
+        """Return ``sha256:<hex>`` of the canonical JSON: equal manifests, equal digests."""
+        return _digest(self)

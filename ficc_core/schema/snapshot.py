@@ -1,0 +1,152 @@
+"""What an executor advertises about its node: providers, resources, runtimes.
+
+The controller places replicas only where a snapshot shows the resources and the
+installed runtime. ``endpoint_version`` came later: older executors leave it out,
+which keeps them working for ordinary jobs but refuses them for inference.
+"""
+
+import re
+from typing import Any
+
+import attrs
+
+from ._convert import FieldError
+from .spec import (
+    _as_dict,
+    _as_float,
+    _as_tuple,
+    _digest_string,
+    _identifier,
+    _integer,
+    _items,
+    _node_id,
+    _number,
+    _optional,
+    _shown,
+    _text,
+)
+
+LABEL_NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,62}")
+
+#: The endpoint contract version this controller speaks.
+ENDPOINT_VERSION = 1
+
+
+@attrs.frozen(kw_only=True)
+class ProviderInfo:
+    """An executor provider loaded on the node.
+
+    :ivar name: the provider's name (``process``, ``container``, ...).
+    :ivar package_digest: ``sha256:<hex>`` of the provider's package.
+    """
+
+    name: str = attrs.field(validator=_identifier)
+    package_digest: str = attrs.field(validator=_digest_string)
+
+
+@attrs.frozen(kw_only=True)
+class GpuDevice:
+    """One GPU on the node.
+
+    :ivar index: the device index placements refer to (0 or more).
+    :ivar name: the device's model name, as the driver reports it.
+    :ivar memory_bytes: its total memory in bytes (0 or more).
+    """
+
+    index: int = attrs.field(validator=_integer(minimum=0))
+    name: str = attrs.field(validator=_text())
+    memory_bytes: int = attrs.field(validator=_integer(minimum=0))
+
+
+def _distinct_devices(_instance: Any, attribute: "attrs.Attribute[Any]", value: Any) -> None:
+    _items(GpuDevice)(_instance, attribute, value)
+    seen: set[int] = set()
+    for position, device in enumerate(value):
+        if device.index in seen:
+            raise FieldError(
+                f"{attribute.name}[{position}].index", f"repeats GPU index {device.index}"
+            )
+        seen.add(device.index)
+
+
+@attrs.frozen(kw_only=True)
+class NodeResources:
+    """The capacity a node offers to workloads.
+
+    :ivar cpus: CPU cores available (0 or more).
+    :ivar memory_bytes: memory available, in bytes (0 or more).
+    :ivar disk_free_bytes: free disk under the executor's data directory (0 or more).
+    :ivar gpus: the GPUs present, each index once.
+    """
+
+    cpus: float = attrs.field(converter=_as_float, validator=_number(at_least=0))
+    memory_bytes: int = attrs.field(validator=_integer(minimum=0))
+    disk_free_bytes: int = attrs.field(validator=_integer(minimum=0))
+    gpus: tuple[GpuDevice, ...] = attrs.field(
+        default=(), converter=_as_tuple, validator=_distinct_devices
+    )
+
+
+@attrs.frozen(kw_only=True)
+class InstalledRuntime:
+    """A runtime image installed on the node, which a specification's runtime must match.
+
+    :ivar name: the runtime's name (``llama_server``, ...).
+    :ivar executor_provider: the provider that runs it.
+    :ivar package_digest: ``sha256:<hex>`` of that provider's package.
+    :ivar image_digest: ``sha256:<hex>`` of the runtime image.
+    """
+
+    name: str = attrs.field(validator=_identifier)
+    executor_provider: str = attrs.field(validator=_identifier)
+    package_digest: str = attrs.field(validator=_digest_string)
+    image_digest: str = attrs.field(validator=_digest_string)
+
+
+def _labels(_instance: Any, attribute: "attrs.Attribute[Any]", value: Any) -> None:
+    for name, text in value.items():
+        if not isinstance(name, str) or not LABEL_NAME_PATTERN.fullmatch(name):
+            raise FieldError(
+                f"{attribute.name}[{name!r}]",
+                'is not a label name: use up to 63 letters, digits, ".", "_", "/" or "-"',
+            )
+        if not isinstance(text, str) or len(text) > 256 or re.search(r"[\x00-\x1f\x7f]", text):
+            raise FieldError(
+                f"{attribute.name}[{name!r}]",
+                f"must be a string of at most 256 characters without control characters, "
+                f"got {_shown(text)}",
+            )
+
+
+@attrs.frozen(kw_only=True)
+class ExecutorSnapshot:
+    """What one executor advertises about its node.
+
+    :ivar node_id: the node's ID.
+    :ivar providers: the executor providers loaded there.
+    :ivar resources: the capacity it offers.
+    :ivar runtimes: the runtime images installed there.
+    :ivar labels: free-form facts for operators (``zone``, ``gpu.vendor``, ...).
+    :ivar endpoint_version: the endpoint contract version it implements; older
+        executors leave it out (and it is left out of the canonical JSON then).
+    """
+
+    node_id: str = attrs.field(validator=_node_id)
+    providers: tuple[ProviderInfo, ...] = attrs.field(
+        converter=_as_tuple, validator=_items(ProviderInfo)
+    )
+    resources: NodeResources = attrs.field(validator=attrs.validators.instance_of(NodeResources))
+    runtimes: tuple[InstalledRuntime, ...] = attrs.field(
+        default=(), converter=_as_tuple, validator=_items(InstalledRuntime)
+    )
+    labels: dict[str, str] = attrs.field(
+        factory=dict, converter=_as_dict, validator=_labels, hash=False
+    )
+    endpoint_version: int | None = attrs.field(
+        default=None, validator=_optional(_integer(minimum=1))
+    )
+
+    @property
+    def supports_inference(self) -> bool:
+        """Whether inference replicas may be placed here (endpoint version 1 only)."""
+        return self.endpoint_version == ENDPOINT_VERSION

@@ -1,0 +1,331 @@
+"""The inference service specification: runtime, placements and resource limits.
+
+A :class:`Specification` is what an operator declares for one managed inference
+service. It names an installed executor :class:`Runtime` and one or more explicit
+:class:`Placement` objects (a node and the :class:`ResourceLimits` reserved there).
+
+This module also holds the small validators and converters the other schema
+modules share. They raise :class:`~ficc_core.schema._convert.FieldError`, so a
+refusal made while structuring JSON is reported at the field's own path.
+"""
+
+import json
+import math
+import re
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import attrs
+
+from ._convert import FieldError
+from ._convert import digest as _digest
+
+# -- Checks shared by the schema modules --------------------------------------------
+
+DIGEST_PATTERN = re.compile(r"sha256:[0-9a-f]{64}")
+IDENTIFIER_PATTERN = re.compile(r"[a-z][a-z0-9_.-]{0,63}")
+NODE_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
+ALIAS_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,63}")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+_Validator = Callable[[Any, "attrs.Attribute[Any]", Any], None]
+
+
+def _shown(value: Any) -> str:
+    """``value`` as a client wrote it (JSON), shortened for an error message."""
+    try:
+        text = json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _as_tuple(value: Any) -> tuple[Any, ...]:
+    # A string is iterable but never a list of items; a set has no stable order.
+    if isinstance(value, str | bytes | Mapping | set | frozenset) or not isinstance(
+        value, Iterable
+    ):
+        raise TypeError(f"expected a list or tuple, got {type(value).__name__}")
+    return tuple(value)
+
+
+def _as_sorted_set(value: Any) -> tuple[str, ...]:
+    """Canonicalise a set of names: any iterable of strings, sorted, duplicates dropped."""
+    if isinstance(value, str | bytes | Mapping) or not isinstance(value, Iterable):
+        raise TypeError(f"expected a collection of strings, got {type(value).__name__}")
+    items = tuple(value)
+    for item in items:
+        if not isinstance(item, str):
+            raise TypeError(f"expected strings, got {type(item).__name__}")
+    return tuple(sorted(set(items)))
+
+
+def _as_dict(value: Any) -> dict[Any, Any]:
+    if not isinstance(value, Mapping):
+        raise TypeError(f"expected a mapping, got {type(value).__name__}")
+    return dict(value)
+
+
+def _as_float(value: Any) -> float:
+    # Canonical JSON must not depend on whether a caller wrote 600 or 600.0.
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"expected a number, got {type(value).__name__}")
+    return float(value)
+
+
+def _as_optional_float(value: Any) -> float | None:
+    return None if value is None else _as_float(value)
+
+
+def _optional(validator: _Validator) -> _Validator:
+    def check(instance: Any, attribute: "attrs.Attribute[Any]", value: Any) -> None:
+        if value is not None:
+            validator(instance, attribute, value)
+
+    return check
+
+
+def _text(max_length: int = 256) -> _Validator:
+    """A non-empty string of at most ``max_length`` characters without control characters."""
+
+    def check(_instance: Any, attribute: "attrs.Attribute[Any]", value: Any) -> None:
+        if not isinstance(value, str):
+            raise FieldError(attribute.name, f"must be a string, got {_shown(value)}")
+        if not value:
+            raise FieldError(attribute.name, "must not be empty")
+        if len(value) > max_length:
+            raise FieldError(attribute.name, f"must be at most {max_length} characters long")
+        if _CONTROL.search(value):
+            raise FieldError(attribute.name, "must not contain control characters")
+
+    return check
+
+
+def _matches(pattern: re.Pattern[str], description: str) -> _Validator:
+    def check(_instance: Any, attribute: "attrs.Attribute[Any]", value: Any) -> None:
+        if not isinstance(value, str) or not pattern.fullmatch(value):
+            raise FieldError(attribute.name, f"must be {description}, got {_shown(value)}")
+
+    return check
+
+
+def _one_of(*allowed: str) -> _Validator:
+    names = ", ".join(f'"{name}"' for name in allowed)
+
+    def check(_instance: Any, attribute: "attrs.Attribute[Any]", value: Any) -> None:
+        if value not in allowed or not isinstance(value, str):
+            raise FieldError(attribute.name, f"must be one of {names}, got {_shown(value)}")
+
+    return check
+
+
+_digest_string = _matches(
+    DIGEST_PATTERN, 'a digest: "sha256:" followed by 64 lowercase hexadecimal digits'
+)
+_identifier = _matches(
+    IDENTIFIER_PATTERN,
+    'an identifier: a lowercase letter, then up to 63 lowercase letters, digits, ".", "_" or "-"',
+)
+_node_id = _matches(
+    NODE_ID_PATTERN,
+    'a node ID: a letter or digit, then up to 62 letters, digits, ".", "_" or "-"',
+)
+
+
+def _integer(minimum: int | None = None, maximum: int | None = None) -> _Validator:
+    def check(_instance: Any, attribute: "attrs.Attribute[Any]", value: Any) -> None:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise FieldError(attribute.name, f"must be an integer, got {_shown(value)}")
+        if minimum is not None and value < minimum:
+            raise FieldError(attribute.name, f"must be at least {minimum}, got {value}")
+        if maximum is not None and value > maximum:
+            raise FieldError(attribute.name, f"must be at most {maximum}, got {value}")
+
+    return check
+
+
+def _number(*, above: float | None = None, at_least: float | None = None) -> _Validator:
+    def check(_instance: Any, attribute: "attrs.Attribute[Any]", value: Any) -> None:
+        if not isinstance(value, float) or not math.isfinite(value):
+            raise FieldError(attribute.name, f"must be a finite number, got {_shown(value)}")
+        if above is not None and not value > above:
+            raise FieldError(attribute.name, f"must be greater than {above:g}, got {value:g}")
+        if at_least is not None and value < at_least:
+            raise FieldError(attribute.name, f"must be at least {at_least:g}, got {value:g}")
+
+    return check
+
+
+def _items(kind: type, *, non_empty: bool = False, noun: str = "") -> _Validator:
+    """Each item of a tuple is a ``kind``; with ``non_empty``, there is at least one ``noun``."""
+
+    def check(_instance: Any, attribute: "attrs.Attribute[Any]", value: Any) -> None:
+        if non_empty and not value:
+            raise FieldError(attribute.name, f"must list at least one {noun or kind.__name__}")
+        for index, item in enumerate(value):
+            if not isinstance(item, kind):
+                raise FieldError(
+                    f"{attribute.name}[{index}]",
+                    f"must be a {kind.__name__}, got {_shown(item)}",
+                )
+
+    return check
+
+
+# -- The specification ------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class GpuRequest:
+    """One GPU reserved for a placement.
+
+    :ivar index: the device index on the node, as the executor snapshot reports it (0 or more).
+    :ivar memory_bytes: device memory reserved on that GPU, in bytes (more than 0).
+    """
+
+    index: int = attrs.field(validator=_integer(minimum=0))
+    memory_bytes: int = attrs.field(validator=_integer(minimum=1))
+
+
+def _distinct_gpus(_instance: Any, attribute: "attrs.Attribute[Any]", value: Any) -> None:
+    seen: set[int] = set()
+    for position, gpu in enumerate(value):
+        if gpu.index in seen:
+            raise FieldError(
+                f"{attribute.name}[{position}].index",
+                f"reserves GPU {gpu.index} twice; list each GPU once",
+            )
+        seen.add(gpu.index)
+
+
+@attrs.frozen(kw_only=True)
+class ResourceLimits:
+    """The resources an executor reserves and enforces for one replica.
+
+    :ivar cpus: CPU cores, fractional allowed (more than 0).
+    :ivar memory_bytes: memory limit in bytes (more than 0).
+    :ivar gpus: the GPUs reserved, each at most once; empty for a CPU-only replica.
+    :ivar pids: optional limit on the number of processes (1 or more).
+    :ivar open_files: optional limit on open file descriptors (1 or more).
+    """
+
+    cpus: float = attrs.field(converter=_as_float, validator=_number(above=0))
+    memory_bytes: int = attrs.field(validator=_integer(minimum=1))
+    gpus: tuple[GpuRequest, ...] = attrs.field(
+        default=(), converter=_as_tuple, validator=[_items(GpuRequest), _distinct_gpus]
+    )
+    pids: int | None = attrs.field(default=None, validator=_optional(_integer(minimum=1)))
+    open_files: int | None = attrs.field(default=None, validator=_optional(_integer(minimum=1)))
+
+
+@attrs.frozen(kw_only=True)
+class Placement:
+    """One replica of a service: the node it runs on and the resources it reserves there.
+
+    :ivar node_id: the executor node's ID (a letter or digit, then up to 62 letters,
+        digits, ``.``, ``_`` or ``-``).
+    :ivar limits: the resources reserved and enforced on that node.
+    """
+
+    node_id: str = attrs.field(validator=_node_id)
+    limits: ResourceLimits = attrs.field(validator=attrs.validators.instance_of(ResourceLimits))
+
+
+@attrs.frozen(kw_only=True)
+class Runtime:
+    """An installed, immutable executor runtime, bound by digests.
+
+    :ivar executor_provider: the executor provider that runs it (``process``, ``container``).
+    :ivar package_digest: ``sha256:<hex>`` of the executor provider's package.
+    :ivar image_digest: ``sha256:<hex>`` of the runtime image holding the engine executable.
+    :ivar isolation: the isolation the provider applies (an identifier such as ``container``).
+    :ivar network: the network the engine may use; ``"none"`` (the default) for every
+        managed inference service.
+    """
+
+    executor_provider: str = attrs.field(validator=_identifier)
+    package_digest: str = attrs.field(validator=_digest_string)
+    image_digest: str = attrs.field(validator=_digest_string)
+    isolation: str = attrs.field(validator=_identifier)
+    network: str = attrs.field(default="none", validator=_identifier)
+
+
+def _no_network(_instance: Any, _attribute: "attrs.Attribute[Any]", runtime: Runtime) -> None:
+    if runtime.network != "none":
+        raise FieldError(
+            "runtime.network",
+            f'must be "none" for a managed inference service, got {_shown(runtime.network)}; '
+            "engines never get network access",
+        )
+
+
+def _tensor_split(_instance: Any, attribute: "attrs.Attribute[Any]", value: Any) -> None:
+    if value is None:
+        return
+    if not value:
+        raise FieldError(attribute.name, "must list at least one share, or be left out")
+    for index, share in enumerate(value):
+        if not math.isfinite(share) or share < 0:
+            raise FieldError(
+                f"{attribute.name}[{index}]",
+                f"must be a finite number of at least 0, got {share:g}",
+            )
+    if not any(value):
+        raise FieldError(attribute.name, "must give at least one GPU a share above 0")
+
+
+def _as_optional_floats(value: Any) -> tuple[float, ...] | None:
+    return None if value is None else tuple(_as_float(share) for share in _as_tuple(value))
+
+
+@attrs.frozen(kw_only=True)
+class Specification:
+    """What an operator declares for one managed inference service.
+
+    :ivar alias: the service's name, also the model name clients send (1 to 64
+        characters: a letter or digit, then letters, digits, ``.``, ``_``, ``:`` or ``-``).
+    :ivar model_id: the registered model the service serves.
+    :ivar engine: the engine adapter that translates this specification into a job
+        (``llama_cpp``, ``ollama``, ``vllm`` or an installed third-party adapter).
+    :ivar runtime: the installed executor runtime; its network must be ``"none"``.
+    :ivar image_executable: the engine executable inside the runtime image.
+    :ivar context: the context window in tokens (more than 0).
+    :ivar concurrency: requests one replica serves at once (1 or more).
+    :ivar placements: one or more explicit placements, one per replica.
+    :ivar gpu_layers: layers to offload to GPUs (0 or more); absent means the engine's
+        default. Use a number at least the model's layer count to offload every layer.
+    :ivar tensor_split: the share of the model each GPU holds, in GPU order (each 0 or
+        more, at least one above 0); absent means the engine decides.
+    :ivar parallelism: tensor-parallel degree for engines that support it (1 or more).
+    :ivar request_deadline: seconds one inference request may take before it is
+        cancelled (more than 0); absent means no deadline beyond the client's.
+    """
+
+    alias: str = attrs.field(
+        validator=_matches(
+            ALIAS_PATTERN,
+            'an alias of 1 to 64 characters: a letter or digit, then letters, digits, ".", '
+            '"_", ":" or "-"',
+        )
+    )
+    model_id: str = attrs.field(validator=_text())
+    engine: str = attrs.field(validator=_identifier)
+    runtime: Runtime = attrs.field(validator=[attrs.validators.instance_of(Runtime), _no_network])
+    image_executable: str = attrs.field(validator=_text(4096))
+    context: int = attrs.field(validator=_integer(minimum=1))
+    concurrency: int = attrs.field(validator=_integer(minimum=1))
+    placements: tuple[Placement, ...] = attrs.field(
+        converter=_as_tuple, validator=_items(Placement, non_empty=True, noun="placement")
+    )
+    gpu_layers: int | None = attrs.field(default=None, validator=_optional(_integer(minimum=0)))
+    tensor_split: tuple[float, ...] | None = attrs.field(
+        default=None, converter=_as_optional_floats, validator=_tensor_split
+    )
+    parallelism: int | None = attrs.field(default=None, validator=_optional(_integer(minimum=1)))
+    request_deadline: float | None = attrs.field(
+        default=None, converter=_as_optional_float, validator=_optional(_number(above=0))
+    )
+
+    def digest(self) -> str:
+        """Return ``sha256:<hex>`` of this specification's canonical JSON."""
+        return _digest(self)
