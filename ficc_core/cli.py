@@ -105,7 +105,7 @@ def serve(ctx: click.Context, **flags: Any) -> None:
 async def _serve(config: Config) -> None:
     from .server import run_until_signalled
 
-    async with open_service(config) as service:
+    async with open_service(config, background=True) as service:
         first_run = await service.auth.bootstrap()
 
         def ready(urls: list[str]) -> None:

@@ -103,6 +103,48 @@ class Config:
         validator=attrs.validators.ge(1),
     )
 
+    hub_url: str = _setting(
+        "https://huggingface.co",
+        "Base URL of the model hub for hub previews (a mirror works; Hugging Face API shapes).",
+        kind="str",
+    )
+    ca_bundle: Path | None = _setting(
+        None,
+        "PEM bundle of CAs trusted for acquisitions and hub previews (default: certifi's).",
+        kind="path",
+        converter=attrs.converters.optional(Path),
+    )
+    allow_private_addresses: bool = _setting(
+        False,
+        "Allow acquisitions, redirects and hub previews to reach loopback and private addresses.",
+        kind="bool",
+    )
+    acquisition_concurrency: int = _setting(
+        2,
+        "How many file acquisitions download at once.",
+        kind="int",
+        validator=attrs.validators.ge(1),
+    )
+    connect_timeout: float = _setting(
+        15.0, "Connect timeout for acquisitions and hub requests (duration).", kind="duration"
+    )
+    read_timeout: float = _setting(
+        60.0,
+        "Longest wait for the next bytes of a download or hub response (duration).",
+        kind="duration",
+    )
+    max_redirects: int = _setting(
+        5,
+        "Redirects followed per request; each target is re-checked (HTTPS, address).",
+        kind="int",
+        validator=attrs.validators.ge(0),
+    )
+
+    @property
+    def blobs_path(self) -> Path:
+        """The content-addressed blob store inside :attr:`data_dir`."""
+        return self.data_dir / "blobs"
+
     @property
     def database_path(self) -> Path:
         """The SQLite database file inside :attr:`data_dir`."""

@@ -1,4 +1,4 @@
-"""The controller as one object: configuration, store, authentication, metrics.
+"""The controller as one object: configuration, store, authentication, models, metrics.
 
 The HTTP routes, the CLI and (later) federation transports all work through a
 :class:`Service`; nothing reaches the store around it.
@@ -8,13 +8,22 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any
 
 import attrs
+import trio
 
 from .auth import AuthService
 from .config import Config
 from .metrics import Metrics
+from .models.acquire import Acquirer
+from .models.blobs import BlobStore
+from .models.fetch import FetchPolicy, make_client
+from .models.registry import ModelRegistry
 from .store import Store, open_sqlite_store
+
+if TYPE_CHECKING:
+    from .models.hub import HubPreview
 
 
 @attrs.define
@@ -24,19 +33,67 @@ class Service:
     config: Config
     store: Store
     auth: AuthService
+    blobs: BlobStore
+    models: ModelRegistry
     metrics: Metrics
+
+    @property
+    def fetch_policy(self) -> FetchPolicy:
+        """What outbound HTTPS requests may do."""
+        return FetchPolicy.from_config(self.config)
+
+    async def hub_preview(
+        self, repository: str, revision: str, *, filename: str | None, licence: str | None
+    ) -> list[HubPreview]:
+        """Resolve a public hub repository's GGUF files into manifests, reading headers only."""
+        from .models.hub import hub_preview
+
+        policy = self.fetch_policy
+        async with make_client(policy) as client:
+            return await hub_preview(
+                client,
+                policy,
+                self.config.hub_url,
+                repository,
+                revision,
+                filename=filename,
+                licence=licence,
+            )
 
 
 @asynccontextmanager
-async def open_service(config: Config) -> AsyncIterator[Service]:
-    """Open the store (running migrations) and yield the :class:`Service`; close on exit."""
+async def open_service(config: Config, *, background: bool = False) -> AsyncIterator[Service]:
+    """Open the store (running migrations) and yield the :class:`Service`; close on exit.
+
+    With ``background``, the controller's own tasks run too (acquisitions resume);
+    ``ficc serve`` asks for them, one-shot admin commands do not.
+    """
     store = await open_sqlite_store(config.database_path, readers=config.store_read_threads)
     try:
-        yield Service(
+        blobs = await trio.to_thread.run_sync(BlobStore, config.blobs_path, store)
+        acquirer = Acquirer(
+            store,
+            blobs,
+            FetchPolicy.from_config(config),
+            concurrency=config.acquisition_concurrency,
+        )
+        service = Service(
             config=config,
             store=store,
             auth=AuthService(store, session_lifetime=config.session_lifetime),
+            blobs=blobs,
+            models=ModelRegistry(store, blobs, acquirer),
             metrics=Metrics(),
         )
+        if not background:
+            yield service
+            return
+        async with trio.open_nursery() as nursery:
+            await nursery.start(acquirer.run)
+            yield service
+            nursery.cancel_scope.cancel()
     finally:
         await store.aclose()
+
+
+__all__: list[Any] = ["Service", "open_service"]

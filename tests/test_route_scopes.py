@@ -12,7 +12,8 @@ from .conftest import bearer, issue_token
 
 def _routes(app):
     for rule in app.url_map.iter_rules():
-        path = re.sub(r"<(?:[^:>]+:)?([^>]+)>", r"placeholder-\1", rule.rule)
+        path = re.sub(r"<int:[^>]+>", "0", rule.rule)
+        path = re.sub(r"<(?:[^:>]+:)?([^>]+)>", r"placeholder-\1", path)
         for method in sorted(rule.methods - {"HEAD", "OPTIONS"}):
             yield rule, method, path
 

@@ -49,4 +49,14 @@ ROUTE_ACCESS: dict[str, Access] = {
     "tokens_create": needs(s.TOKENS_MANAGE),
     "tokens_get": needs(s.TOKENS_MANAGE),
     "tokens_revoke": needs(s.TOKENS_MANAGE),
+    # the model registry
+    "models_list": needs(s.MODELS_READ),
+    "models_get": needs(s.MODELS_READ),
+    "models_register": needs(s.MODELS_MANAGE),
+    "models_acquire": needs(s.MODELS_MANAGE),
+    "models_pause": needs(s.MODELS_MANAGE),
+    "models_upload_chunk": needs(s.MODELS_MANAGE),
+    "models_upload_bytes": needs(s.MODELS_MANAGE),
+    "models_hub_preview": needs(s.MODELS_MANAGE),
+    "models_delete": needs(s.MODELS_MANAGE),
 }

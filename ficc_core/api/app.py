@@ -16,7 +16,8 @@ from werkzeug.exceptions import HTTPException
 from ..auth import Principal
 from ..auth import secrets as sec
 from ..errors import FiccError, Forbidden, Unauthenticated
-from . import routes_admin, routes_system, routes_tokens
+from ..models.registry import MAX_BYTES_CHUNK
+from . import routes_admin, routes_models, routes_system, routes_tokens
 from .access import ROUTE_ACCESS, Access
 
 if TYPE_CHECKING:
@@ -97,13 +98,15 @@ def _authenticate_session_csrf(principal: Principal) -> None:
 def create_app(service: Service) -> QuartTrio:
     """Build the HTTP application around ``service``."""
     app = QuartTrio("ficc_core", static_folder=None)
-    app.config["MAX_CONTENT_LENGTH"] = service.config.max_body_bytes
+    # Routes bound their own bodies (read_json, read_body); this is the outer bound.
+    app.config["MAX_CONTENT_LENGTH"] = max(service.config.max_body_bytes, MAX_BYTES_CHUNK)
     app.config["PROVIDE_AUTOMATIC_OPTIONS"] = False
     app.extensions["ficc"] = service
 
     routes_system.register(app, service)
     routes_admin.register(app, service)
     routes_tokens.register(app, service)
+    routes_models.register(app, service)
 
     missing = sorted(
         rule.endpoint for rule in app.url_map.iter_rules() if rule.endpoint not in ROUTE_ACCESS

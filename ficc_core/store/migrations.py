@@ -48,4 +48,40 @@ MIGRATIONS: list[tuple[str, ...]] = [
             expires_at REAL NOT NULL
         )""",
     ),
+    # 2: the model registry: manifests, their files, shared blobs, acquisitions.
+    (
+        """CREATE TABLE models (
+            id TEXT PRIMARY KEY,
+            project_id TEXT NOT NULL REFERENCES projects(id) ON DELETE CASCADE,
+            name TEXT NOT NULL,
+            manifest TEXT NOT NULL,
+            digest TEXT NOT NULL,
+            created_at REAL NOT NULL,
+            UNIQUE (project_id, name)
+        )""",
+        """CREATE TABLE model_files (
+            model_id TEXT NOT NULL REFERENCES models(id) ON DELETE CASCADE,
+            idx INTEGER NOT NULL,
+            path TEXT NOT NULL,
+            size INTEGER NOT NULL,
+            sha256 TEXT NOT NULL,
+            url TEXT,
+            PRIMARY KEY (model_id, idx)
+        )""",
+        "CREATE INDEX model_files_sha256 ON model_files(sha256)",
+        """CREATE TABLE blobs (
+            sha256 TEXT PRIMARY KEY,
+            size INTEGER NOT NULL,
+            state TEXT NOT NULL,
+            durable_offset INTEGER NOT NULL DEFAULT 0,
+            reason TEXT,
+            updated_at REAL NOT NULL
+        )""",
+        """CREATE TABLE acquisitions (
+            model_id TEXT PRIMARY KEY REFERENCES models(id) ON DELETE CASCADE,
+            state TEXT NOT NULL,
+            reason TEXT,
+            updated_at REAL NOT NULL
+        )""",
+    ),
 ]

@@ -1,0 +1,147 @@
+"""``/api/v1/models``: the model registry (scopes ``models:read`` and ``models:manage``)."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from typing import TYPE_CHECKING
+
+import attrs
+from quart import Response, g, jsonify, request
+
+from ..errors import FiccError, InvalidRequest
+from ..models.registry import MAX_BYTES_CHUNK, MAX_JSON_CHUNK
+from ..schema import FieldError, ModelManifest
+from .bodies import read_body, read_json
+
+if TYPE_CHECKING:
+    from quart_trio import QuartTrio
+
+    from ..service import Service
+
+# Base64 of 1 MiB plus room for the JSON around it.
+_JSON_CHUNK_BODY = (MAX_JSON_CHUNK + 2) // 3 * 4 + 1024
+
+
+def _non_negative(_instance: object, attribute: attrs.Attribute, value: int) -> None:
+    if value < 0:
+        raise FieldError(attribute.name, "must be 0 or more")
+
+
+@attrs.frozen
+class ChunkBody:
+    """``POST /models/{id}/files/{index}``: ``data`` is canonical base64 of at most 1 MiB."""
+
+    offset: int = attrs.field(validator=_non_negative)
+    data: str
+
+
+@attrs.frozen
+class HubPreviewBody:
+    """``POST /models/hub-preview``."""
+
+    repository: str
+    revision: str = "main"
+    filename: str | None = None
+    licence: str | None = None
+
+
+def decode_canonical_base64(text: str) -> bytes:
+    """Decode standard, padded base64 with no whitespace; refuse every other spelling."""
+    try:
+        data = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        data = None
+    if data is None or base64.b64encode(data).decode("ascii") != text:
+        raise InvalidRequest(
+            "data must be canonical base64: standard alphabet, '=' padding, no whitespace, "
+            "and no non-zero padding bits",
+            code="invalid_base64",
+            details={"errors": [{"path": "$.data", "message": "not canonical base64"}]},
+        )
+    if len(data) > MAX_JSON_CHUNK:
+        raise FiccError(
+            f"a chunk decodes to {len(data)} bytes; at most {MAX_JSON_CHUNK} are accepted",
+            code="payload_too_large",
+            status=413,
+            details={"limit": MAX_JSON_CHUNK},
+        )
+    return data
+
+
+def _offset_param() -> int:
+    raw = request.args.get("offset")
+    if raw is None or not raw.isdigit() or (len(raw) > 1 and raw.startswith("0")):
+        raise InvalidRequest(
+            "the query parameter offset must be a non-negative integer",
+            details={"errors": [{"path": "offset", "message": "expected a non-negative integer"}]},
+        )
+    return int(raw)
+
+
+def register(app: QuartTrio, service: Service) -> None:
+    """Add the model registry routes to ``app``."""
+    models = service.models
+    limit = service.config.max_body_bytes
+
+    @app.get("/api/v1/models", endpoint="models_list")
+    async def models_list() -> Response:
+        return jsonify({"models": await models.list(g.principal.project_id)})
+
+    @app.get("/api/v1/models/<model_id>", endpoint="models_get")
+    async def models_get(model_id: str) -> Response:
+        return jsonify(await models.get(g.principal.project_id, model_id))
+
+    @app.post("/api/v1/models", endpoint="models_register")
+    async def models_register() -> tuple[Response, int]:
+        manifest = await read_json(ModelManifest, limit)
+        model, created = await models.register(g.principal.project_id, manifest)
+        return jsonify(model), 201 if created else 200
+
+    @app.post("/api/v1/models/<model_id>/acquire", endpoint="models_acquire")
+    async def models_acquire(model_id: str) -> tuple[Response, int]:
+        return jsonify(await models.acquire(g.principal.project_id, model_id)), 202
+
+    @app.post("/api/v1/models/<model_id>/pause", endpoint="models_pause")
+    async def models_pause(model_id: str) -> Response:
+        return jsonify(await models.pause(g.principal.project_id, model_id))
+
+    @app.post("/api/v1/models/<model_id>/files/<int:index>", endpoint="models_upload_chunk")
+    async def models_upload_chunk(model_id: str, index: int) -> Response:
+        body = await read_json(ChunkBody, _JSON_CHUNK_BODY)
+        data = decode_canonical_base64(body.data)
+        return jsonify(
+            await models.upload(g.principal.project_id, model_id, index, body.offset, data)
+        )
+
+    @app.post("/api/v1/models/<model_id>/files/<int:index>/bytes", endpoint="models_upload_bytes")
+    async def models_upload_bytes(model_id: str, index: int) -> Response:
+        if request.mimetype != "application/octet-stream":
+            raise FiccError(
+                "this route takes application/octet-stream",
+                code="unsupported_media_type",
+                status=415,
+            )
+        offset = _offset_param()
+        async with models.upload_slot():
+            data = await read_body(MAX_BYTES_CHUNK)
+            return jsonify(
+                await models.upload(g.principal.project_id, model_id, index, offset, data)
+            )
+
+    @app.post("/api/v1/models/hub-preview", endpoint="models_hub_preview")
+    async def models_hub_preview() -> Response:
+        body = await read_json(HubPreviewBody, limit)
+        previews = await service.hub_preview(
+            body.repository, body.revision, filename=body.filename, licence=body.licence
+        )
+        return jsonify({"previews": [preview.to_json() for preview in previews]})
+
+    @app.delete("/api/v1/models/<model_id>", endpoint="models_delete")
+    async def models_delete(model_id: str) -> Response:
+        evict = request.args.get("evict", "false").lower()
+        if evict not in ("true", "false", "1", "0"):
+            raise InvalidRequest("evict must be true or false", code="invalid_request")
+        return jsonify(
+            await models.delete(g.principal.project_id, model_id, evict=evict in ("true", "1"))
+        )

@@ -1,0 +1,1 @@
+"""The model registry: manifests, blobs, acquisition, uploads, hub previews."""

@@ -1,0 +1,301 @@
+"""Resumable HTTPS acquisition of a model's files into the blob store.
+
+One task per model runs while its acquisition is ``running``; a limiter bounds
+how many files download at once. Each file resumes from its blob's durable
+offset with a ``Range`` request (a server that ignores ``Range`` has the bytes we
+already hold skipped, not rewritten), never writes past the declared size, and is
+published only after off-thread verification. Transient faults (a dropped
+connection, a timeout) retry with capped backoff from the durable offset;
+anything else marks the acquisition failed with the reason. Pausing cancels the
+network read but never an admitted write: the write completes, its offset is
+kept, and ``acquire`` later resumes from it. Acquisitions that were running when
+the controller stopped resume when it starts.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import trio
+
+from ..errors import FiccError
+from ..store import Store, Transaction
+from .blobs import BlobStore, DigestMismatch
+from .fetch import FetchError, FetchPolicy, make_client, open_response
+
+log = logging.getLogger("ficc.models.acquire")
+
+RUNNING, PAUSED, DONE, FAILED = "running", "paused", "done", "failed"
+
+#: Bytes gathered before one fsynced write; bounds what a crash can lose.
+FLUSH_BYTES = 4 << 20
+_CONTENT_RANGE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")
+_TRANSIENT_CODES = frozenset({"fetch_timeout", "fetch_failed", "connection_dropped", "server_busy"})
+
+
+class AcquisitionFailed(FiccError):
+    """A file cannot be acquired; the reason is permanent (retrying will not help)."""
+
+    status = 502
+    code = "acquisition_failed"
+
+
+class _Transient(FiccError):
+    code = "connection_dropped"
+
+
+async def set_acquisition(
+    store: Store, model_id: str, state: str, reason: str | None = None
+) -> None:
+    """Record the acquisition state of a model."""
+
+    def write(tx: Transaction) -> None:
+        tx.execute(
+            "INSERT INTO acquisitions (model_id, state, reason, updated_at) VALUES (?, ?, ?, ?)"
+            " ON CONFLICT (model_id) DO UPDATE SET state = excluded.state,"
+            " reason = excluded.reason, updated_at = excluded.updated_at",
+            (model_id, state, reason, time.time()),
+        )
+
+    await store.write(write)
+
+
+class Acquirer:
+    """Runs acquisitions in its own nursery; start it with ``await nursery.start(acquirer.run)``."""
+
+    def __init__(
+        self,
+        store: Store,
+        blobs: BlobStore,
+        policy: FetchPolicy,
+        *,
+        concurrency: int = 2,
+        retries: int = 5,
+        backoff: float = 0.5,
+        max_backoff: float = 8.0,
+    ) -> None:
+        self.store = store
+        self.blobs = blobs
+        self.policy = policy
+        self.retries = retries
+        self.backoff = backoff
+        self.max_backoff = max_backoff
+        self._limiter = trio.CapacityLimiter(concurrency)
+        self._nursery: trio.Nursery | None = None
+        self._client: httpx.AsyncClient | None = None
+        self._tasks: dict[str, trio.CancelScope] = {}
+        self._finished: dict[str, trio.Event] = {}
+        #: Called with (sha256, durable_offset) after each durable write, for progress.
+        self.on_progress: Callable[[str, int], None] | None = None
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Own the acquisition tasks; resume those left running by a previous controller."""
+        async with make_client(self.policy) as client, trio.open_nursery() as nursery:
+            self._client, self._nursery = client, nursery
+            rows = await self.store.read(
+                lambda tx: tx.fetch_all(
+                    "SELECT model_id FROM acquisitions WHERE state = ?", (RUNNING,)
+                )
+            )
+            for row in rows:
+                log.info("resuming the acquisition of model %s", row["model_id"])
+                self._spawn(row["model_id"])
+            task_status.started()
+            try:
+                await trio.sleep_forever()
+            finally:
+                self._nursery = None
+
+    def running(self, model_id: str) -> bool:
+        """Whether an acquisition task for ``model_id`` is alive."""
+        return model_id in self._tasks
+
+    async def start(self, model_id: str) -> None:
+        """Mark the acquisition running and start its task (no-op if already running)."""
+        if self._nursery is None:
+            raise FiccError("the acquirer is not running", code="acquirer_stopped", status=503)
+        await set_acquisition(self.store, model_id, RUNNING)
+        if model_id not in self._tasks:
+            self._spawn(model_id)
+
+    async def pause(self, model_id: str) -> None:
+        """Stop the acquisition after any admitted write completes; keep its offsets."""
+        await set_acquisition(self.store, model_id, PAUSED)
+        await self._stop_task(model_id)
+
+    async def forget(self, model_id: str) -> None:
+        """Stop the acquisition task (before its model is deleted)."""
+        await self._stop_task(model_id)
+
+    async def _stop_task(self, model_id: str) -> None:
+        scope = self._tasks.get(model_id)
+        if scope is not None:
+            scope.cancel()
+            await self._finished[model_id].wait()
+
+    async def wait(self, model_id: str) -> None:
+        """Wait until the acquisition task of ``model_id`` (if any) has ended."""
+        event = self._finished.get(model_id)
+        if event is not None:
+            await event.wait()
+
+    def _spawn(self, model_id: str) -> None:
+        assert self._nursery is not None
+        scope = trio.CancelScope()
+        self._tasks[model_id] = scope
+        self._finished[model_id] = trio.Event()
+        self._nursery.start_soon(self._acquire_model, model_id, scope)
+
+    async def _acquire_model(self, model_id: str, scope: trio.CancelScope) -> None:
+        try:
+            with scope:
+                files = await self.store.read(
+                    lambda tx: tx.fetch_all(
+                        "SELECT f.idx, f.path, f.url, b.sha256, b.size, b.state"
+                        " FROM model_files f JOIN blobs b ON b.sha256 = f.sha256"
+                        " WHERE f.model_id = ? ORDER BY f.idx",
+                        (model_id,),
+                    )
+                )
+                failures: list[str] = []
+
+                async def one(file: dict[str, Any]) -> None:
+                    try:
+                        async with self._limiter:
+                            await self._acquire_file(file)
+                    except FiccError as exc:
+                        failures.append(f"{file['path']}: {exc.message}")
+
+                async with trio.open_nursery() as nursery:
+                    for file in files:
+                        if file["state"] != "verified" and file["url"]:
+                            nursery.start_soon(one, file)
+                with trio.CancelScope(shield=True):
+                    if failures:
+                        await set_acquisition(self.store, model_id, FAILED, "; ".join(failures))
+                    else:
+                        await set_acquisition(self.store, model_id, DONE)
+        finally:
+            self._tasks.pop(model_id, None)
+            self._finished.pop(model_id).set()
+
+    async def _acquire_file(self, file: dict[str, Any]) -> None:
+        sha256, url = file["sha256"], file["url"]
+        delay = self.backoff
+        for attempt in range(self.retries + 1):
+            try:
+                async with self.blobs.lock(sha256):
+                    await self._fetch_into_blob(sha256, url)
+                return
+            except DigestMismatch as exc:
+                raise AcquisitionFailed(exc.message) from None
+            except (FetchError, _Transient) as exc:
+                if exc.code not in _TRANSIENT_CODES or attempt == self.retries:
+                    with trio.CancelScope(shield=True):
+                        await self.blobs.mark_failed(
+                            sha256, exc.message, discard=exc.code == "longer_than_declared"
+                        )
+                    raise AcquisitionFailed(exc.message, code=exc.code) from None
+                log.info("acquiring %s: %s; retrying in %.1fs", sha256[:12], exc.message, delay)
+            await trio.sleep(delay)
+            delay = min(delay * 2, self.max_backoff)
+
+    async def _fetch_into_blob(self, sha256: str, url: str) -> None:
+        status = await self.blobs.status(sha256)
+        if status.verified:
+            return
+        if status.durable_offset == status.size:
+            # A full-length partial left by an interruption: verify before asking for more.
+            await self.blobs.verify_and_publish(sha256)
+            return
+        offset = status.durable_offset
+        headers = {"Range": f"bytes={offset}-"} if offset else {}
+        assert self._client is not None
+        async with open_response(self._client, url, self.policy, headers=headers) as response:
+            skip = self._check_response(response, offset, status.size)
+            await self._stream(response, sha256, offset, status.size, skip)
+        await self.blobs.verify_and_publish(sha256)
+
+    @staticmethod
+    def _check_response(response: httpx.Response, offset: int, size: int) -> int:
+        """Return how many leading body bytes to skip; refuse unusable responses."""
+        if response.status_code == 206:
+            match = _CONTENT_RANGE.match(response.headers.get("Content-Range", ""))
+            if not match or int(match.group(1)) != offset:
+                raise FetchError(
+                    f"the server answered a range from byte {offset} with "
+                    f"{response.headers.get('Content-Range')!r}",
+                    code="bad_range",
+                )
+            return 0
+        if response.status_code == 200:
+            declared = response.headers.get("Content-Length")
+            if declared is not None and declared.isdigit() and int(declared) > size:
+                raise FetchError(
+                    f"the server's body is {declared} bytes, longer than the declared size {size}",
+                    code="longer_than_declared",
+                )
+            return offset  # Range ignored: skip what we already hold.
+        if response.status_code in (429, 502, 503, 504):
+            raise FetchError(f"the server answered {response.status_code}", code="server_busy")
+        raise FetchError(
+            f"the server answered {response.status_code} {response.reason_phrase}",
+            code="http_error",
+            details={"status": response.status_code},
+        )
+
+    async def _stream(
+        self,
+        response: httpx.Response,
+        sha256: str,
+        offset: int,
+        size: int,
+        skip: int,
+    ) -> int:
+        """Write the body at ``offset`` in fsynced batches; return the final durable offset."""
+        pending = bytearray()
+
+        async def flush() -> None:
+            nonlocal offset
+            if pending:
+                # An admitted write always completes, even while pausing.
+                with trio.CancelScope(shield=True):
+                    await self.blobs.write(sha256, offset, bytes(pending))
+                offset += len(pending)
+                pending.clear()
+                if self.on_progress is not None:
+                    self.on_progress(sha256, offset)
+
+        try:
+            async for chunk in response.aiter_raw():
+                if skip:
+                    dropped = min(skip, len(chunk))
+                    chunk, skip = chunk[dropped:], skip - dropped
+                if offset + len(pending) + len(chunk) > size:
+                    raise FetchError(
+                        f"the server sent more than the declared size of {size} bytes",
+                        code="longer_than_declared",
+                    )
+                pending.extend(chunk)
+                if len(pending) >= FLUSH_BYTES:
+                    await flush()
+        except httpx.TimeoutException:
+            await flush()
+            raise FetchError(
+                "the server stopped sending (read timeout)", code="fetch_timeout"
+            ) from None
+        except (httpx.RemoteProtocolError, httpx.ReadError) as exc:
+            await flush()
+            raise _Transient(f"the connection dropped: {exc}") from None
+        except trio.Cancelled:
+            await flush()
+            raise
+        await flush()
+        if offset != size:
+            raise _Transient(f"the body ended at byte {offset} of {size}")
+        return offset
