@@ -125,6 +125,12 @@ class Config:
         kind="int",
         validator=attrs.validators.ge(1),
     )
+    acquisition_retries: int = _setting(
+        5,
+        "Retries of a file after a dropped connection or timeout, with backoff from 0.5 s to 8 s.",
+        kind="int",
+        validator=attrs.validators.ge(0),
+    )
     connect_timeout: float = _setting(
         15.0, "Connect timeout for acquisitions and hub requests (duration).", kind="duration"
     )

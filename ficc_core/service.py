@@ -76,6 +76,7 @@ async def open_service(config: Config, *, background: bool = False) -> AsyncIter
             blobs,
             FetchPolicy.from_config(config),
             concurrency=config.acquisition_concurrency,
+            retries=config.acquisition_retries,
         )
         service = Service(
             config=config,

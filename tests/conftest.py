@@ -8,11 +8,14 @@ from pathlib import Path
 
 import pytest
 import trio
+import trustme
 
 from ficc_core.api.app import create_app
 from ficc_core.auth import ALL_SCOPES
 from ficc_core.config import Config, load_config
 from ficc_core.service import Service, open_service
+
+from .httpsd import open_https_server, write_ca_bundle
 
 
 @pytest.fixture
@@ -42,6 +45,22 @@ def app(service: Service):
 @pytest.fixture
 def client(app):
     return app.test_client()
+
+
+@pytest.fixture
+def ca() -> trustme.CA:
+    return trustme.CA()
+
+
+@pytest.fixture
+def ca_bundle(tmp_path, ca) -> Path:
+    return write_ca_bundle(tmp_path, ca)
+
+
+@pytest.fixture
+async def https_server(ca):
+    async with open_https_server(ca) as server:
+        yield server
 
 
 def bearer(token: str) -> dict[str, str]:

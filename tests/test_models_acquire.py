@@ -1,0 +1,302 @@
+"""Acquisition over real HTTPS on loopback (trustme certificates), with faults injected."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+import trio
+
+from ficc_core.api.app import create_app
+from ficc_core.config import load_config
+from ficc_core.service import open_service
+
+from .conftest import bearer
+from .httpsd import Redirect, ServedFile
+from .models_support import blob_files, gguf_manifest, random_bytes, sha256_of, smollm2_path
+
+MiB = 1 << 20
+
+
+@pytest.fixture
+async def controller(tmp_path, ca_bundle):
+    """A controller whose acquirer runs, trusting the test CA and allowing loopback."""
+
+    async def open_with(**settings):
+        config = load_config(
+            overrides={
+                "data_dir": str(tmp_path / "data"),
+                "ca_bundle": str(ca_bundle),
+                "allow_private_addresses": True,
+                "read_timeout": "2s",
+                "acquisition_retries": 2,
+                **settings,
+            },
+            environ={},
+        )
+        return open_service(config, background=True)
+
+    return open_with
+
+
+class Api:
+    def __init__(self, service, token):
+        self.client = create_app(service).test_client()
+        self.headers = bearer(token)
+        self.service = service
+
+    async def register(self, body) -> dict:
+        response = await self.client.post("/api/v1/models", headers=self.headers, json=body)
+        assert response.status_code in (200, 201), await response.get_json()
+        return await response.get_json()
+
+    async def post(self, path: str):
+        return await self.client.post(path, headers=self.headers)
+
+    async def model(self, model_id: str) -> dict:
+        return await (
+            await self.client.get(f"/api/v1/models/{model_id}", headers=self.headers)
+        ).get_json()
+
+    async def acquire_and_wait(self, model_id: str, until=("verified", "failed")) -> dict:
+        response = await self.post(f"/api/v1/models/{model_id}/acquire")
+        assert response.status_code == 202, await response.get_json()
+        return await self.wait_until(model_id, lambda model: model["state"] in until)
+
+    async def wait_until(self, model_id: str, predicate) -> dict:
+        """Poll the API (as a client would) until ``predicate(model)`` holds."""
+        with trio.fail_after(60):
+            while not predicate(model := await self.model(model_id)):  # noqa: ASYNC110
+                await trio.sleep(0.05)
+        return model
+
+
+async def _api(service) -> Api:
+    created = await service.auth.bootstrap()
+    return Api(service, created["token"])
+
+
+async def test_acquires_the_real_smollm2_gguf_and_publishes_it_once(controller, https_server):
+    path = smollm2_path()
+    https_server.add("/smollm2.gguf", ServedFile(path))
+    content_sha = sha256_of(path)
+    async with await controller() as service:
+        api = await _api(service)
+        body = {
+            "name": "smollm2",
+            "format": "gguf",
+            "files": [
+                {
+                    "path": "smollm2.gguf",
+                    "size": path.stat().st_size,
+                    "sha256": content_sha,
+                    "url": https_server.url("/smollm2.gguf"),
+                }
+            ],
+        }
+        model = await api.register(body)
+        done = await api.acquire_and_wait(model["id"])
+        assert done["state"] == "verified", done
+        assert done["files"][0]["verified_bytes"] == path.stat().st_size
+        assert done["acquisition"]["state"] == "done"
+        published = service.config.blobs_path / "sha256" / content_sha
+        assert sha256_of(published) == content_sha
+        assert blob_files(service.config.data_dir) == {"sha256": [content_sha], "partial": []}
+    assert https_server.bytes_served["/smollm2.gguf"] == path.stat().st_size
+    assert len(https_server.requests) == 1
+
+
+async def test_a_dropped_connection_resumes_with_range_without_refetching(controller, https_server):
+    content = random_bytes(10 * MiB + 12345, seed=1)
+    https_server.add("/m.gguf", ServedFile(content, drop_after=6 * MiB + 7))
+    async with await controller() as service:
+        api = await _api(service)
+        model = await api.register(gguf_manifest("m", content, url=https_server.url("/m.gguf")))
+        done = await api.acquire_and_wait(model["id"])
+    assert done["state"] == "verified", done
+    first, second = https_server.requests
+    assert "range" not in first.headers
+    resumed_from = int(second.headers["range"].removeprefix("bytes=").removesuffix("-"))
+    assert resumed_from == 6 * MiB + 7  # every byte received before the drop was kept
+    assert https_server.bytes_served["/m.gguf"] < len(content) + MiB
+
+
+async def test_a_server_that_ignores_range_is_skipped_not_rewritten(controller, https_server):
+    content = random_bytes(6 * MiB, seed=2)
+    https_server.add("/m.gguf", ServedFile(content, drop_after=5 * MiB, honour_range=False))
+    async with await controller() as service:
+        api = await _api(service)
+        model = await api.register(gguf_manifest("m", content, url=https_server.url("/m.gguf")))
+        done = await api.acquire_and_wait(model["id"])
+        published = service.config.blobs_path / "sha256" / hashlib.sha256(content).hexdigest()
+        assert published.read_bytes() == content
+    assert done["state"] == "verified", done
+    assert "range" in https_server.requests[1].headers
+
+
+@pytest.mark.parametrize(
+    ("served", "reason"),
+    [
+        (dict(corrupt=True), "hashes to sha256"),
+        (dict(extra=b"surplus"), "longer than the declared size"),
+        (dict(status=404), "404"),
+    ],
+)
+async def test_bad_content_publishes_nothing_and_says_why(controller, https_server, served, reason):
+    content = random_bytes(2 * MiB, seed=3)
+    https_server.add("/m.gguf", ServedFile(content, **served))
+    async with await controller() as service:
+        api = await _api(service)
+        model = await api.register(gguf_manifest("m", content, url=https_server.url("/m.gguf")))
+        done = await api.acquire_and_wait(model["id"])
+        assert done["state"] == "failed"
+        assert reason in done["files"][0]["reason"], done
+        assert reason in done["acquisition"]["reason"]
+        assert blob_files(service.config.data_dir)["sha256"] == []
+        partial = (
+            service.config.blobs_path / "partial" / f"{hashlib.sha256(content).hexdigest()}.part"
+        )
+        assert not partial.exists() or partial.stat().st_size <= len(content)
+
+
+async def test_plain_http_urls_are_refused_at_registration(controller):
+    async with await controller() as service:
+        api = await _api(service)
+        response = await api.client.post(
+            "/api/v1/models",
+            headers=api.headers,
+            json=gguf_manifest("m", b"x", url="http://127.0.0.1:1/m.gguf"),
+        )
+        assert response.status_code == 400
+        errors = (await response.get_json())["error"]["details"]["errors"]
+        assert errors[0]["path"] == "$.files[0].url"
+
+
+@pytest.mark.parametrize(
+    ("routes", "reason"),
+    [
+        ({"/m.gguf": Redirect("http://127.0.0.1:9/m.gguf")}, "only https:// URLs"),
+        ({"/m.gguf": Redirect("/loop"), "/loop": Redirect("/m.gguf")}, "redirect loop"),
+    ],
+)
+async def test_redirects_are_rechecked(controller, https_server, routes, reason):
+    for path, route in routes.items():
+        https_server.add(path, route)
+    async with await controller() as service:
+        api = await _api(service)
+        model = await api.register(gguf_manifest("m", b"abc", url=https_server.url("/m.gguf")))
+        done = await api.acquire_and_wait(model["id"])
+    assert done["state"] == "failed"
+    assert reason in done["files"][0]["reason"]
+
+
+async def test_a_redirect_to_https_is_followed(controller, https_server):
+    content = random_bytes(1000, seed=4)
+    https_server.add("/m.gguf", Redirect("/cdn/m.gguf"))
+    https_server.add("/cdn/m.gguf", ServedFile(content))
+    async with await controller() as service:
+        api = await _api(service)
+        model = await api.register(gguf_manifest("m", content, url=https_server.url("/m.gguf")))
+        assert (await api.acquire_and_wait(model["id"]))["state"] == "verified"
+
+
+async def test_loopback_is_refused_unless_the_operator_allows_it(controller, https_server):
+    https_server.add("/m.gguf", ServedFile(b"abc"))
+    async with await controller(allow_private_addresses=False) as service:
+        api = await _api(service)
+        model = await api.register(gguf_manifest("m", b"abc", url=https_server.url("/m.gguf")))
+        done = await api.acquire_and_wait(model["id"])
+    assert done["state"] == "failed"
+    assert "non-public address" in done["files"][0]["reason"]
+    assert https_server.requests == []
+
+
+async def test_a_stalled_server_times_out_after_bounded_retries(controller, https_server):
+    https_server.add("/m.gguf", ServedFile(random_bytes(1000), stall=True))
+    async with await controller(read_timeout="300ms", acquisition_retries=1) as service:
+        api = await _api(service)
+        model = await api.register(
+            gguf_manifest("m", random_bytes(1000), url=https_server.url("/m.gguf"))
+        )
+        done = await api.acquire_and_wait(model["id"])
+    assert done["state"] == "failed"
+    assert "timeout" in done["files"][0]["reason"]
+    assert len(https_server.requests) == 2
+
+
+async def test_pause_keeps_the_offset_and_acquire_resumes_from_it(controller, https_server):
+    content = random_bytes(12 * MiB, seed=5)
+    https_server.add("/m.gguf", ServedFile(content, chunk_delay=0.002))
+    async with await controller() as service:
+        api = await _api(service)
+        model = await api.register(gguf_manifest("m", content, url=https_server.url("/m.gguf")))
+        assert (await api.post(f"/api/v1/models/{model['id']}/acquire")).status_code == 202
+        await api.wait_until(model["id"], lambda m: m["received_bytes"] >= 4 * MiB)
+        paused = await api.post(f"/api/v1/models/{model['id']}/pause")
+        assert paused.status_code == 200
+        body = await paused.get_json()
+        assert body["state"] == "paused" and body["files"][0]["state"] == "paused"
+        kept = body["received_bytes"]
+        assert 0 < kept < len(content)
+        await trio.sleep(0.3)
+        assert (await api.model(model["id"]))["received_bytes"] == kept
+        again = await api.post(f"/api/v1/models/{model['id']}/pause")
+        assert again.status_code == 409
+        https_server.routes["/m.gguf"] = ServedFile(content)
+        done = await api.acquire_and_wait(model["id"])
+    assert done["state"] == "verified"
+    assert https_server.requests[-1].headers["range"] == f"bytes={kept}-"
+
+
+async def test_acquisitions_are_bounded_in_concurrency(controller, https_server):
+    contents = [random_bytes(4 * MiB, seed=10 + i) for i in range(2)]
+    for i, content in enumerate(contents):
+        https_server.add(f"/{i}.bin", ServedFile(content, chunk_delay=0.01))
+    body = {
+        "name": "two",
+        "format": "hf-directory",
+        "files": [
+            {
+                "path": "config.json",
+                "size": len(contents[0]),
+                "sha256": hashlib.sha256(contents[0]).hexdigest(),
+                "url": https_server.url("/0.bin"),
+            },
+            {
+                "path": "w.safetensors",
+                "size": len(contents[1]),
+                "sha256": hashlib.sha256(contents[1]).hexdigest(),
+                "url": https_server.url("/1.bin"),
+            },
+        ],
+    }
+    async with await controller(acquisition_concurrency=1) as service:
+        api = await _api(service)
+        model = await api.register(body)
+        await api.post(f"/api/v1/models/{model['id']}/acquire")
+        await trio.sleep(0.3)
+        assert len(https_server.requests) == 1
+        await api.wait_until(model["id"], lambda m: m["state"] == "verified")
+    assert len(https_server.requests) == 2
+
+
+async def test_verification_hashes_in_a_worker_thread(controller, https_server, monkeypatch):
+    import threading
+
+    from ficc_core.models import blobs
+
+    threads = []
+    original = blobs.sha256_file
+
+    def recording(*args, **kwargs):
+        threads.append(threading.get_ident())
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(blobs, "sha256_file", recording)
+    content = random_bytes(3 * MiB, seed=6)
+    https_server.add("/m.gguf", ServedFile(content))
+    async with await controller() as service:
+        api = await _api(service)
+        model = await api.register(gguf_manifest("m", content, url=https_server.url("/m.gguf")))
+        assert (await api.acquire_and_wait(model["id"]))["state"] == "verified"
+    assert threads and threading.get_ident() not in threads
