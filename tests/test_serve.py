@@ -2,56 +2,14 @@
 
 from __future__ import annotations
 
-import os
 import re
 import signal
-import subprocess
-import sys
-from pathlib import Path
 
 import httpx
 import pytest
 import trio
 
-FICC = [sys.executable, "-m", "ficc_core"]
-
-
-class ServeProcess:
-    def __init__(self, data_dir: Path, *extra: str) -> None:
-        env = {**os.environ, "FICC_DATA_DIR": str(data_dir), "PYTHONUNBUFFERED": "1"}
-        env.pop("FICC_CONFIG", None)
-        self.proc = subprocess.Popen(
-            [*FICC, "serve", "--port", "0", *extra],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
-        self.lines: list[str] = []
-
-    async def wait_ready(self) -> str:
-        def read_until_listening() -> str:
-            for line in self.proc.stdout:
-                self.lines.append(line)
-                match = re.search(r"listening on (http://\S+)", line)
-                if match:
-                    return match.group(1)
-            raise AssertionError("ficc serve exited: " + self.proc.stderr.read())
-
-        with trio.fail_after(60):
-            url = await trio.to_thread.run_sync(read_until_listening, abandon_on_cancel=True)
-        return url
-
-    def read_rest(self) -> str:
-        # Not communicate(timeout=...): it reads the raw pipe and skips buffered text.
-        self.proc.wait(timeout=30)
-        self.lines.append(self.proc.stdout.read())
-        return "".join(self.lines)
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
+from .serve_support import FICC, ServeProcess
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])

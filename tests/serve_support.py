@@ -1,0 +1,67 @@
+"""Running `ficc serve` as a real subprocess in tests."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import trio
+
+FICC = [sys.executable, "-m", "ficc_core"]
+
+
+class ServeProcess:
+    def __init__(self, data_dir: Path, *extra: str, config: Path | None = None) -> None:
+        env = {**os.environ, "FICC_DATA_DIR": str(data_dir), "PYTHONUNBUFFERED": "1"}
+        env.pop("FICC_CONFIG", None)
+        if config is not None:
+            env["FICC_CONFIG"] = str(config)
+        self.proc = subprocess.Popen(
+            [*FICC, "serve", "--port", "0", *extra],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        self.lines: list[str] = []
+
+    async def wait_ready(self) -> str:
+        def read_until_listening() -> str:
+            for line in self.proc.stdout:
+                self.lines.append(line)
+                match = re.search(r"listening on (http://\S+)", line)
+                if match:
+                    return match.group(1)
+            raise AssertionError("ficc serve exited: " + self.proc.stderr.read())
+
+        with trio.fail_after(60):
+            url = await trio.to_thread.run_sync(read_until_listening, abandon_on_cancel=True)
+        return url
+
+    async def admin_token(self) -> str:
+        """Read the first-run block after the listening line and return the admin token."""
+
+        def read_until_token() -> str:
+            for line in self.proc.stdout:
+                self.lines.append(line)
+                match = re.search(r"admin token:\s+(\S+)", line)
+                if match:
+                    return match.group(1)
+            raise AssertionError("no admin token printed: " + "".join(self.lines))
+
+        with trio.fail_after(30):
+            return await trio.to_thread.run_sync(read_until_token, abandon_on_cancel=True)
+
+    def read_rest(self) -> str:
+        # Not communicate(timeout=...): it reads the raw pipe and skips buffered text.
+        self.proc.wait(timeout=30)
+        self.lines.append(self.proc.stdout.read())
+        return "".join(self.lines)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
