@@ -138,13 +138,15 @@ def _print_ready(service: Service, urls: list[str], first_run: dict[str, str] | 
     sys.stdout.flush()
 
 
-def _register_plugins_command() -> None:
+def _register_subcommands() -> None:
+    from .cli_models import models
     from .cli_plugins import plugins_command
 
     cli.add_command(plugins_command, "plugins")
+    cli.add_command(models, "models")
 
 
-_register_plugins_command()
+_register_subcommands()
 
 
 @cli.command("config")
