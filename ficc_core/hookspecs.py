@@ -78,7 +78,11 @@ def ficc_register_executor_providers(registry: ExecutorRegistry) -> None:
     the provider class itself, with a class attribute ``API_VERSION = 1``; it is
     not instantiated here. A node agent instantiates it later with its node's
     configuration. A provider owns engine processes or containers, their
-    resource limits, sockets and logs, and the fenced endpoint action.
+    resource limits, sockets and logs, and the fenced endpoint action; its
+    instances implement the typed protocol ``ficc_core.ExecutorProvider``
+    (``run``, ``snapshot``, ``launch``, ``status``, ``stop``, ``logs``,
+    ``open``, ``read``, ``cancel``, ...) and should pass the executor
+    conformance kit in ``ficc_core.testing.executor_kit``.
 
     ``registry.add`` raises ``ficc_core.PluginError`` when the name is already
     taken, when the factory is not a class, or when it does not declare

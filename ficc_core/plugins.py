@@ -30,6 +30,7 @@ import pluggy
 
 from . import hookspecs
 from .errors import PluginError
+from .executor.protocol import ExecutorProvider
 from .hookspecs import API_VERSION
 
 if TYPE_CHECKING:
@@ -78,12 +79,6 @@ class Adapter(Protocol):
     ) -> Job:
         """Translate one replica of a service specification into the job an executor runs."""
         ...
-
-
-class ExecutorProvider(Protocol):
-    """What an executor provider class declares; the node agent instantiates it."""
-
-    API_VERSION: ClassVar[int]
 
 
 @attrs.frozen

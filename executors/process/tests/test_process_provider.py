@@ -1,0 +1,206 @@
+"""What the process provider does beyond the kit: sandbox details, snapshot, crash recovery."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import trio
+from ficc_executor_process.provider import ProcessProvider
+
+from ficc_core import IsolationUnavailable, JobInput, ResourceLimits
+from ficc_core.executor import BoundedLog
+from ficc_core.testing import executor_kit as kit
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+async def test_the_engine_sees_only_the_jobs_environment_and_a_private_directory(provider):
+    job = kit.standin_job(env={"ENGINE_OPTION": "1"})
+    with trio.fail_after(30):
+        async with kit.launched(provider, job) as fence:
+            _, answer = await kit.request_json(provider, fence, "GET", "/env")
+    # Python itself adds LC_CTYPE when it starts under the C locale (PEP 538).
+    seen = set(answer["env"]) - {"LC_CTYPE"}
+    assert seen == {"ENGINE_OPTION", "FICC_ENDPOINT_SOCKET", "FICC_ATTEMPT_DIR"}
+    assert answer["cwd"].startswith(str(provider.attempts_dir))
+    assert answer["cwd"].endswith("/work")
+
+
+async def test_inputs_are_read_only_and_the_working_directory_is_writable(provider, tmp_path):
+    (tmp_path / "model.gguf").write_bytes(b"weights")
+    job = kit.standin_job(inputs=(JobInput(id="model", path=str(tmp_path)),))
+    with trio.fail_after(30):
+        async with kit.launched(provider, job) as fence:
+            _, env = await kit.request_json(provider, fence, "GET", "/env")
+            _, on_input = await kit.request_json(
+                provider, fence, "POST", "/write", {"path": str(tmp_path / "new")}
+            )
+            _, in_work = await kit.request_json(
+                provider, fence, "POST", "/write", {"path": env["cwd"] + "/scratch"}
+            )
+    assert "Read-only file system" in on_input["result"]
+    assert in_work["result"] == "written"
+    assert not (tmp_path / "new").exists()
+    # The host still sees the input writable: only the engine's mount namespace changed.
+    (tmp_path / "host-can-write").write_text("x")
+
+
+async def test_snapshot_offers_inference_when_isolation_works(provider):
+    snapshot = await provider.snapshot()
+    assert snapshot.endpoint_version == 1
+    assert snapshot.supports_inference
+    assert snapshot.labels["isolation.network"] == "netns"
+    assert [p.name for p in snapshot.providers] == ["process"]
+    assert snapshot.resources.cpus >= 1
+
+
+async def test_without_network_isolation_the_snapshot_says_so_and_launch_is_refused(
+    state_dir, monkeypatch
+):
+    async def no_namespaces(self):
+        return "unshare(CLONE_NEWNET): Operation not permitted"
+
+    # The one fake: this host can create namespaces, so the probe's answer is replaced.
+    monkeypatch.setattr(ProcessProvider, "_probe_isolation", no_namespaces)
+    provider = ProcessProvider(state_dir=state_dir)
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(provider.run)
+            snapshot = await provider.snapshot()
+            with pytest.raises(IsolationUnavailable) as refused:
+                await provider.launch(kit.standin_job(), kit.new_fence())
+            nursery.cancel_scope.cancel()
+    assert snapshot.endpoint_version is None
+    assert not snapshot.supports_inference
+    assert snapshot.labels["isolation.network"] == "unavailable"
+    assert refused.value.code == "isolation_unavailable"
+    assert "Operation not permitted" in refused.value.message
+    assert not list(provider.attempts_dir.iterdir())
+
+
+async def test_stopping_the_provider_leaves_no_engine_or_child_behind(state_dir):
+    provider = ProcessProvider(state_dir=state_dir, default_grace=1.0)
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(provider.run)
+            fence = kit.new_fence()
+            await provider.launch(
+                kit.standin_job(), fence, limits=ResourceLimits(cpus=1, memory_bytes=2**30)
+            )
+            await provider.wait_ready(fence)
+            _, env = await kit.request_json(provider, fence, "GET", "/env")
+            _, child = await kit.request_json(provider, fence, "POST", "/spawn", {})
+            assert _alive(env["pid"]) and _alive(child["pid"])
+            nursery.cancel_scope.cancel()
+    assert not _alive(env["pid"])
+    # The child left the process group (setsid) but not the cgroup.
+    assert not _alive(child["pid"])
+
+
+async def test_a_restarted_provider_removes_what_a_killed_one_left(state_dir):
+    options = json.dumps({"state_dir": str(state_dir)})
+    command = [
+        sys.executable, "-m", "ficc_core.testing.provider_host",
+        "--provider", "ficc_executor_process.provider:ProcessProvider",
+        "--options", options,
+    ]  # fmt: skip
+    host = await trio.lowlevel.open_process(command, stdout=subprocess.PIPE, start_new_session=True)
+    pids: list[int] = []
+    try:
+        line = b""
+        with trio.fail_after(60):
+            while not line.endswith(b"\n"):
+                data = await host.stdout.receive_some(4096)
+                assert data, "the provider host exited before its engine was ready"
+                line += data
+        report = json.loads(line)
+        pids = [report["engine_pid"], report["child_pid"]]
+        host.send_signal(signal.SIGKILL)
+        with trio.fail_after(10):
+            await host.wait()
+        assert all(_alive(pid) for pid in pids), "the engine should outlive its killed provider"
+        provider = ProcessProvider(state_dir=state_dir)
+        with trio.fail_after(30):
+            async with trio.open_nursery() as nursery:
+                await nursery.start(provider.run)
+                assert not any(_alive(pid) for pid in pids)
+                assert not list(provider.attempts_dir.iterdir())
+                nursery.cancel_scope.cancel()
+    finally:
+        host.kill()
+        with trio.CancelScope(shield=True):
+            await host.wait()
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+async def test_too_many_streams_are_refused_and_idle_streams_expire(state_dir):
+    provider = ProcessProvider(state_dir=state_dir, max_streams=2, stream_idle_timeout=0.5)
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(provider.run)
+            async with kit.launched(provider, kit.standin_job()) as fence:
+                await provider.open(fence, "a", "GET", "/slow", {}, b"")
+                await provider.open(fence, "b", "GET", "/slow", {}, b"")
+                with pytest.raises(Exception) as refused:
+                    await provider.open(fence, "c", "GET", "/slow", {}, b"")
+                assert refused.value.code == "too_many_streams"
+                await trio.sleep(1.0)
+                with pytest.raises(Exception) as expired:
+                    await provider.read(fence, "a")
+                assert expired.value.code == "unknown_stream"
+                await provider.open(fence, "c", "GET", "/health", {}, b"")
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_log_never_holds_more_than_its_bound(tmp_path):
+    log = BoundedLog(tmp_path, max_bytes=10_000)
+    with trio.fail_after(30):
+        for number in range(2_000):
+            await log.write(f"line {number}\n".encode())
+    sizes = sum(p.stat().st_size for p in tmp_path.iterdir())
+    assert sizes <= 10_000
+    assert (await log.tail(1)) == ["line 1999"]
+
+
+async def test_without_cgroups_the_engine_is_still_isolated_and_never_orphaned(state_dir):
+    provider = ProcessProvider(state_dir=state_dir, use_cgroups=False, default_grace=1.0)
+    limits = ResourceLimits(cpus=1, memory_bytes=2**30, open_files=256)
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(provider.run)
+            snapshot = await provider.snapshot()
+            await kit.check_network_isolation(provider)
+            await kit.check_clean_stop(provider)
+            fence = kit.new_fence()
+            await provider.launch(kit.standin_job(ignore_sigterm=True), fence, limits=limits)
+            await provider.wait_ready(fence)
+            _, env = await kit.request_json(provider, fence, "GET", "/env")
+            limits_file = await trio.to_thread.run_sync(
+                Path(f"/proc/{env['pid']}/limits").read_text
+            )
+            nursery.cancel_scope.cancel()
+    assert snapshot.labels["limits.memory"] == "rlimit-as"
+    assert snapshot.labels["limits.cpu"] == "affinity"
+    assert "Max address space" in limits_file and str(2**30) in limits_file
+    assert any(
+        line.startswith("Max open files") and " 256 " in line for line in limits_file.splitlines()
+    )
+    # It ignored SIGTERM, so the provider's shutdown had to SIGKILL it after the grace.
+    assert not _alive(env["pid"])
+    assert not list(provider.attempts_dir.iterdir())

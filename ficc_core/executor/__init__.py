@@ -1,0 +1,73 @@
+"""What executor providers share: the provider protocol, errors, the endpoint action, logs.
+
+Providers (``ficc-executor-process``, ``ficc-executor-container`` and third-party
+ones) import these names from ``ficc_core``.
+"""
+
+from .base import ExecutorAttempt, SupervisingProvider, attempt_key
+from .endpoint import (
+    ALLOWED_REQUEST_HEADERS,
+    CHUNK_SIZE,
+    QUEUE_CHUNKS,
+    EndpointStreams,
+    check_fence,
+)
+from .errors import (
+    AttemptExists,
+    EngineUnavailable,
+    ExecutorError,
+    ImageDigestMismatch,
+    InputNotAdmitted,
+    IsolationUnavailable,
+    LaunchFailed,
+    PathNotAdmitted,
+    StaleFence,
+    StreamExists,
+    TooManyStreams,
+    UnknownAttempt,
+    UnknownStream,
+)
+from .logs import BoundedLog
+from .protocol import ExecutorProvider
+from .types import (
+    AttemptState,
+    AttemptStatus,
+    BodyChunk,
+    EndOfStream,
+    ReadEvent,
+    ResponseHead,
+    StreamFailed,
+)
+
+__all__ = [
+    "ALLOWED_REQUEST_HEADERS",
+    "CHUNK_SIZE",
+    "QUEUE_CHUNKS",
+    "AttemptExists",
+    "AttemptState",
+    "AttemptStatus",
+    "BodyChunk",
+    "BoundedLog",
+    "EndOfStream",
+    "EndpointStreams",
+    "EngineUnavailable",
+    "ExecutorAttempt",
+    "ExecutorError",
+    "ExecutorProvider",
+    "ImageDigestMismatch",
+    "InputNotAdmitted",
+    "IsolationUnavailable",
+    "LaunchFailed",
+    "PathNotAdmitted",
+    "ReadEvent",
+    "ResponseHead",
+    "StaleFence",
+    "StreamExists",
+    "StreamFailed",
+    "SupervisingProvider",
+    "TooManyStreams",
+    "UnknownAttempt",
+    "UnknownStream",
+    "attempt_key",
+    "check_fence",
+]

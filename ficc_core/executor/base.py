@@ -1,0 +1,498 @@
+"""The machinery both built-in providers share: attempts, readiness, logs, stop.
+
+A concrete provider subclasses :class:`SupervisingProvider` and supplies how to
+start an engine (``_start``), signal it (``_signal``), explain its exit
+(``_exit_reason``), release what it held (``_release``) and find what a crashed
+run left behind (``_recover``). Everything else — fences, the endpoint action,
+readiness probing, the bounded log, SIGTERM/grace/SIGKILL — is here, once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+from collections.abc import AsyncIterator, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+import attrs
+import trio
+
+from .endpoint import EndpointStreams, check_fence
+from .errors import AttemptExists, EngineUnavailable, LaunchFailed
+from .logs import BoundedLog
+from .netns import open_tcp_in_netns
+from .types import AttemptState, AttemptStatus, ReadEvent
+
+if TYPE_CHECKING:
+    from ..schema import Fence, Job, ResourceLimits, Runtime
+
+__all__ = ["EngineProcess", "ExecutorAttempt", "SupervisingProvider", "attempt_key"]
+
+#: The longest Unix socket path Linux accepts (sun_path is 108 bytes with the NUL).
+MAX_SOCKET_PATH = 107
+RECORD = "attempt.json"
+
+
+def attempt_key(attempt_id: str) -> str:
+    """A short, file-name-safe key for an attempt ID (deterministic, collision-resistant)."""
+    return "a" + hashlib.sha256(attempt_id.encode()).hexdigest()[:20]
+
+
+class EngineProcess(Protocol):
+    """What ``_start`` returns: a running child whose output is the engine's log."""
+
+    stdout: trio.abc.ReceiveStream | None
+
+    async def wait(self) -> int:
+        """Wait for the child to end; return its exit status (negative for a signal)."""
+        ...
+
+
+@attrs.define(eq=False)
+class ExecutorAttempt:
+    """One launched job, as its provider tracks it."""
+
+    fence: Fence
+    job: Job
+    key: str
+    directory: Path
+    socket_path: Path
+    log: BoundedLog
+    limits: ResourceLimits | None
+    state: AttemptState = "starting"
+    exit_code: int | None = None
+    signal: int | None = None
+    reason: str | None = None
+    message: str | None = None
+    stop_requested: bool = False
+    process: Any = None
+    extra: dict[str, Any] = attrs.field(factory=dict)
+    ready: trio.Event = attrs.field(factory=trio.Event)
+    done: trio.Event = attrs.field(factory=trio.Event)
+
+    @property
+    def workdir(self) -> Path:
+        """The engine's private working directory."""
+        return self.directory / "work"
+
+    def settle(self) -> None:
+        """Wake everyone waiting for readiness: the attempt is ready or over."""
+        self.ready.set()
+
+
+class SupervisingProvider:
+    """Shared implementation of :class:`~ficc_core.executor.ExecutorProvider`.
+
+    :param state_dir: where attempt directories and records live; keep it short,
+        since the engine's socket path must fit in 107 bytes.
+    :param node_id: the node ID the snapshot reports.
+    :param log_max_bytes: the bound on each attempt's log.
+    :param max_streams: open endpoint streams allowed per attempt.
+    :param stream_idle_timeout: seconds an unread stream stays open.
+    :param default_grace: seconds between SIGTERM and SIGKILL when the provider shuts down.
+    """
+
+    API_VERSION: ClassVar[int] = 1
+    name: ClassVar[str] = "base"
+
+    def __init__(
+        self,
+        *,
+        state_dir: str | os.PathLike[str],
+        node_id: str = "local",
+        log_max_bytes: int = 4 * 1024 * 1024,
+        max_streams: int = 16,
+        stream_idle_timeout: float = 60.0,
+        default_grace: float = 5.0,
+    ) -> None:
+        self.state_dir = Path(state_dir).absolute()
+        self.node_id = node_id
+        self.log_max_bytes = log_max_bytes
+        self.default_grace = default_grace
+        self.streams = EndpointStreams(max_streams=max_streams, idle_timeout=stream_idle_timeout)
+        self._attempts: dict[str, ExecutorAttempt] = {}
+        self._nursery: trio.Nursery | None = None
+
+    @property
+    def attempts_dir(self) -> Path:
+        """The directory holding one sub-directory (and record) per attempt."""
+        return self.state_dir / "attempts"
+
+    # -- lifecycle -----------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Clean up leftovers of an earlier run, report started, serve until cancelled."""
+        await trio.to_thread.run_sync(lambda: self.attempts_dir.mkdir(parents=True, exist_ok=True))
+        await self._recover()
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                await nursery.start(self.streams.run)
+                task_status.started()
+                await trio.sleep_forever()
+        finally:
+            self._nursery = None
+            with trio.CancelScope(shield=True):
+                await self._shutdown()
+                await self._close()
+
+    async def _shutdown(self) -> None:
+        # Each supervisor stops its own engine when cancelled; this catches any engine
+        # whose supervisor never started.
+        for attempt in list(self._attempts.values()):
+            if attempt.process is None or attempt.done.is_set():
+                continue
+            await self._stop_engine(attempt, self.default_grace)
+            await self._release(attempt)
+        for attempt in list(self._attempts.values()):
+            await trio.to_thread.run_sync(self._remove_record, attempt.directory)
+
+    async def _stop_engine(self, attempt: ExecutorAttempt, grace: float) -> None:
+        """SIGTERM, up to ``grace`` seconds, SIGKILL; wait (bounded) until the child is gone."""
+        attempt.stop_requested = True
+        if attempt.state in ("starting", "ready"):
+            attempt.state, attempt.reason = "stopped", "provider_stopped"
+            attempt.message = "the provider shut down and stopped the engine"
+        await self._signal(attempt, signal.SIGTERM)
+        with trio.move_on_after(grace):
+            await attempt.process.wait()
+        await self._signal(attempt, signal.SIGKILL)
+        with trio.move_on_after(10):
+            await attempt.process.wait()
+
+    # -- the protocol ----------------------------------------------------------------
+
+    async def launch(
+        self,
+        job: Job,
+        fence: Fence,
+        *,
+        limits: ResourceLimits | None = None,
+        runtime: Runtime | None = None,
+    ) -> AttemptStatus:
+        """Start ``job`` as attempt ``fence``; return at once with state ``starting``."""
+        if self._nursery is None:
+            raise LaunchFailed(f"the {self.name} provider is not running; start its run() first")
+        if fence.attempt_id in self._attempts:
+            raise AttemptExists(
+                f"attempt {fence.attempt_id!r} was already launched here",
+                details={"attempt_id": fence.attempt_id},
+            )
+        await self._check_launch(job, limits, runtime)
+        key = attempt_key(fence.attempt_id)
+        directory = self.attempts_dir / key
+        socket_path = self._socket_dir(directory) / job.endpoint.socket
+        if len(os.fsencode(socket_path)) > MAX_SOCKET_PATH:
+            raise LaunchFailed(
+                f"the engine socket path {socket_path} is longer than {MAX_SOCKET_PATH} bytes; "
+                "configure a shorter state directory",
+                details={"socket_path": str(socket_path)},
+            )
+        attempt = ExecutorAttempt(
+            fence=fence,
+            job=job,
+            key=key,
+            directory=directory,
+            socket_path=socket_path,
+            log=BoundedLog(directory, max_bytes=self.log_max_bytes),
+            limits=limits,
+        )
+        await trio.to_thread.run_sync(self._prepare_directory, attempt)
+        self._attempts[fence.attempt_id] = attempt
+        try:
+            attempt.process = await self._start(attempt, limits, runtime)
+        except BaseException:
+            del self._attempts[fence.attempt_id]
+            with trio.CancelScope(shield=True):
+                await self._release(attempt)
+                await trio.to_thread.run_sync(self._remove_record, directory)
+            raise
+        self.streams.attach(
+            fence,
+            job.endpoint,
+            lambda: self._connect(attempt),
+            {item.id: item.path for item in job.inputs},
+        )
+        self._nursery.start_soon(self._supervise, attempt)
+        return self._status(attempt)
+
+    async def status(self, fence: Fence) -> AttemptStatus:
+        """Return where the attempt stands (with the log tail once it has ended)."""
+        attempt = self._attempt(fence)
+        return await self._status_with_tail(attempt)
+
+    async def wait_ready(self, fence: Fence) -> AttemptStatus:
+        """Wait until the attempt is ready or over; return its status."""
+        attempt = self._attempt(fence)
+        await attempt.ready.wait()
+        return await self._status_with_tail(attempt)
+
+    async def wait_ended(self, fence: Fence) -> AttemptStatus:
+        """Wait until the attempt is over; return its final status."""
+        attempt = self._attempt(fence)
+        await attempt.done.wait()
+        return await self._status_with_tail(attempt)
+
+    async def stop(self, fence: Fence, grace: float = 10.0) -> AttemptStatus:
+        """SIGTERM the engine (its whole group), wait ``grace`` seconds, then SIGKILL."""
+        attempt = self._attempt(fence)
+        if not attempt.done.is_set():
+            attempt.stop_requested = True
+            await self._signal(attempt, signal.SIGTERM)
+            with trio.move_on_after(grace):
+                await attempt.done.wait()
+            if not attempt.done.is_set():
+                await self._signal(attempt, signal.SIGKILL)
+                await attempt.done.wait()
+        return await self._status_with_tail(attempt)
+
+    async def logs(self, fence: Fence, tail: int = 100) -> list[str]:
+        """Return the last ``tail`` lines of the attempt's log."""
+        return await self._attempt(fence).log.tail(tail)
+
+    async def follow_logs(self, fence: Fence) -> AsyncIterator[str]:
+        """Yield every log line from the start, then new ones, until the attempt ends."""
+        attempt = self._attempt(fence)
+        async for line in attempt.log.follow():
+            yield line
+
+    async def open(
+        self,
+        fence: Fence,
+        stream_id: str,
+        method: str,
+        path: str,
+        headers: Sequence[tuple[str, str]] | Mapping[str, str],
+        body: bytes,
+        *,
+        input_id: str | None = None,
+    ) -> None:
+        """Send one request to the engine through its endpoint contract.
+
+        With ``input_id``, the executor streams that admitted input file as the body.
+        """
+        attempt = self._attempt(fence)
+        if attempt.state != "ready":
+            raise EngineUnavailable(
+                f"attempt {fence.attempt_id!r} is {attempt.state}, not ready",
+                details={"state": attempt.state},
+            )
+        await self.streams.open(fence, stream_id, method, path, headers, body, input_id=input_id)
+
+    async def read(self, fence: Fence, stream_id: str) -> ReadEvent:
+        """Return the stream's next event."""
+        self._attempt(fence)
+        return await self.streams.read(fence, stream_id)
+
+    async def cancel(self, fence: Fence, stream_id: str) -> None:
+        """Close the stream's engine connection at once."""
+        self._attempt(fence)
+        await self.streams.cancel(fence, stream_id)
+
+    # -- supervision -------------------------------------------------------------------
+
+    def _attempt(self, fence: Fence) -> ExecutorAttempt:
+        check_fence({k: a.fence for k, a in self._attempts.items()}, fence)
+        return self._attempts[fence.attempt_id]
+
+    def _status(self, attempt: ExecutorAttempt, tail: Sequence[str] = ()) -> AttemptStatus:
+        return AttemptStatus(
+            attempt_id=attempt.fence.attempt_id,
+            state=attempt.state,
+            exit_code=attempt.exit_code,
+            signal=attempt.signal,
+            reason=attempt.reason,
+            message=attempt.message,
+            log_tail=tuple(tail),
+        )
+
+    async def _status_with_tail(self, attempt: ExecutorAttempt) -> AttemptStatus:
+        ended = attempt.done.is_set() or attempt.state not in ("starting", "ready")
+        tail = await attempt.log.tail(20) if ended else []
+        return self._status(attempt, tail)
+
+    async def _supervise(self, attempt: ExecutorAttempt) -> None:
+        process = attempt.process
+        try:
+            pumped = trio.Event()
+            probing = trio.CancelScope()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._pump_log, attempt, process.stdout, pumped)
+                nursery.start_soon(self._probe_readiness, attempt, probing)
+                returncode = await process.wait()
+                probing.cancel()
+                # Whatever the engine left in its group or cgroup goes now, so the log
+                # pipe reaches end-of-file.
+                await self._signal(attempt, signal.SIGKILL)
+                with trio.move_on_after(5):
+                    await pumped.wait()
+                nursery.cancel_scope.cancel()
+            await self._conclude(attempt, returncode)
+        finally:
+            with trio.CancelScope(shield=True):
+                if getattr(process, "returncode", 0) is None:
+                    # Cancelled while the engine runs: the provider is shutting down.
+                    await self._stop_engine(attempt, self.default_grace)
+                self.streams.detach(attempt.fence.attempt_id)
+                try:
+                    await self._release(attempt)
+                    await trio.to_thread.run_sync(self._write_record, attempt, {"ended": True})
+                finally:
+                    attempt.log.close()
+                    attempt.settle()
+                    attempt.done.set()
+
+    async def _conclude(self, attempt: ExecutorAttempt, returncode: int) -> None:
+        attempt.exit_code = returncode if returncode >= 0 else None
+        attempt.signal = -returncode if returncode < 0 else None
+        if attempt.state == "failed":
+            return
+        special = await self._exit_reason(attempt, returncode)
+        if special is not None:
+            attempt.state, attempt.reason, attempt.message = "exited", special[0], special[1]
+        elif attempt.stop_requested:
+            attempt.state, attempt.reason = "stopped", "stopped"
+            attempt.message = "the engine was stopped"
+        else:
+            attempt.state = "exited"
+            attempt.reason = "killed" if attempt.signal else "exited"
+            how = f"signal {attempt.signal}" if attempt.signal else f"status {returncode}"
+            attempt.message = f"the engine exited with {how}; see the log tail"
+
+    async def _pump_log(
+        self, attempt: ExecutorAttempt, output: trio.abc.ReceiveStream | None, pumped: trio.Event
+    ) -> None:
+        try:
+            if output is None:
+                return
+            async with output:
+                while True:
+                    data = await output.receive_some(65536)
+                    if not data:
+                        return
+                    await attempt.log.write(data)
+        finally:
+            pumped.set()
+
+    async def _probe_readiness(self, attempt: ExecutorAttempt, scope: trio.CancelScope) -> None:
+        with scope:
+            await self._probe_until_ready(attempt)
+
+    async def _probe_until_ready(self, attempt: ExecutorAttempt) -> None:
+        probe = attempt.job.readiness
+        with trio.move_on_after(probe.timeout):
+            while True:
+                with trio.move_on_after(max(probe.interval, 2.0)):
+                    try:
+                        status, _ = await self.streams.request(
+                            attempt.fence.attempt_id, "GET", probe.path
+                        )
+                    except (EngineUnavailable, OSError, trio.BrokenResourceError):
+                        status = 0
+                    if status == 200:
+                        attempt.state = "ready"
+                        attempt.settle()
+                        return
+                await trio.sleep(probe.interval)
+        attempt.state, attempt.reason = "failed", "readiness_timeout"
+        attempt.message = (
+            f"the engine did not answer 200 on {probe.path} within {probe.timeout:g} s; "
+            "it was stopped"
+        )
+        attempt.settle()
+        await self._signal(attempt, signal.SIGTERM)
+        await trio.sleep(self.default_grace)
+        await self._signal(attempt, signal.SIGKILL)
+
+    # -- attempt directory and record -------------------------------------------------------
+
+    def _socket_dir(self, directory: Path) -> Path:
+        return directory / "sock"
+
+    def _prepare_directory(self, attempt: ExecutorAttempt) -> None:
+        if attempt.directory.exists():
+            shutil.rmtree(attempt.directory)
+        attempt.directory.mkdir(mode=0o700, parents=True)
+        attempt.workdir.mkdir(mode=0o700)
+        attempt.socket_path.parent.mkdir(mode=0o700, exist_ok=True)
+        self._write_record(attempt, {})
+
+    def _write_record(self, attempt: ExecutorAttempt, changes: Mapping[str, Any]) -> None:
+        path = attempt.directory / RECORD
+        try:
+            record = json.loads(path.read_text())
+        except (FileNotFoundError, ValueError):
+            record = {
+                "attempt_id": attempt.fence.attempt_id,
+                "generation": attempt.fence.generation,
+                "plan_digest": attempt.fence.plan_digest,
+                "provider": self.name,
+            }
+        record.update(changes)
+        temporary = path.with_suffix(".tmp")
+        temporary.write_text(json.dumps(record, sort_keys=True))
+        os.replace(temporary, path)
+
+    def _remove_record(self, directory: Path) -> None:
+        shutil.rmtree(directory, ignore_errors=True)
+
+    def _records(self) -> list[tuple[Path, dict[str, Any]]]:
+        """Every attempt directory with its record (``{}`` when the record is unreadable)."""
+        found = []
+        if not self.attempts_dir.exists():
+            return found
+        for directory in sorted(self.attempts_dir.iterdir()):
+            try:
+                record = json.loads((directory / RECORD).read_text())
+            except (OSError, ValueError):
+                record = {}
+            found.append((directory, record))
+        return found
+
+    # -- what a concrete provider supplies ---------------------------------------------------
+
+    async def _connect(self, attempt: ExecutorAttempt) -> trio.abc.Stream:
+        endpoint = attempt.job.endpoint
+        if endpoint.transport == "unix":
+            return await trio.open_unix_socket(str(attempt.socket_path))
+        netns = await self._netns_path(attempt)
+        if netns is None or attempt.done.is_set():
+            raise OSError(f"attempt {attempt.fence.attempt_id!r} has no running engine")
+        assert endpoint.port is not None
+        return await open_tcp_in_netns(netns, endpoint.port)
+
+    async def _netns_path(self, attempt: ExecutorAttempt) -> str | None:
+        """The engine's network namespace (``/proc/<pid>/ns/net``), for the TCP transport."""
+        return None
+
+    async def _check_launch(
+        self, job: Job, limits: ResourceLimits | None, runtime: Runtime | None
+    ) -> None:
+        """Refuse what this provider cannot run safely (raise an ExecutorError)."""
+
+    async def _start(
+        self, attempt: ExecutorAttempt, limits: ResourceLimits | None, runtime: Runtime | None
+    ) -> EngineProcess:
+        raise NotImplementedError
+
+    async def _signal(self, attempt: ExecutorAttempt, signum: int) -> None:
+        raise NotImplementedError
+
+    async def _exit_reason(
+        self, attempt: ExecutorAttempt, returncode: int
+    ) -> tuple[str, str] | None:
+        """Return (reason, message) for a special ending, such as a memory-limit kill."""
+        return None
+
+    async def _release(self, attempt: ExecutorAttempt) -> None:
+        """Free what the attempt held (cgroups, container) once it has ended."""
+
+    async def _recover(self) -> None:
+        """Find what an earlier run left behind and remove it, before serving."""
+
+    async def _close(self) -> None:
+        """Free what the provider itself held, after every attempt has stopped."""

@@ -1,0 +1,498 @@
+"""The fenced endpoint action providers share: bounded HTTP/1.1 streams to an engine.
+
+A gateway never connects to an engine itself. It calls ``open`` with a fence, a
+stream ID and one request, then ``read`` until the end. :class:`EndpointStreams`
+implements that for every provider: it checks the fence and the job's endpoint
+contract, passes only allow-listed headers, speaks HTTP/1.1 (h11) to the engine's
+socket and hands the response back as a :class:`ResponseHead`, body chunks of at
+most 64 KiB, then :class:`EndOfStream` or :class:`StreamFailed`.
+
+Each stream holds at most four events. While they are unread, the task that
+reads from the engine does not read, so the engine's writes block in the kernel:
+real backpressure, bounded memory. ``cancel`` closes the engine connection before
+it returns. Streams per attempt are bounded and a stream nobody reads for
+``idle_timeout`` seconds is closed.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import stat
+from collections import deque
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import h11
+import trio
+
+from .errors import (
+    EngineUnavailable,
+    InputNotAdmitted,
+    PathNotAdmitted,
+    StaleFence,
+    StreamExists,
+    TooManyStreams,
+    UnknownAttempt,
+    UnknownStream,
+)
+from .types import BodyChunk, EndOfStream, ReadEvent, ResponseHead, StreamFailed
+
+if TYPE_CHECKING:
+    from ..schema import EndpointContract, Fence
+
+__all__ = [
+    "ALLOWED_REQUEST_HEADERS",
+    "CHUNK_SIZE",
+    "QUEUE_CHUNKS",
+    "EndpointStreams",
+    "check_fence",
+]
+
+#: The largest body chunk ``read`` returns.
+CHUNK_SIZE = 64 * 1024
+#: The most events one stream holds before the engine feels backpressure.
+QUEUE_CHUNKS = 4
+#: The only request headers that reach an engine (lower case). Credentials,
+#: cookies, hosts and hop-by-hop headers never do.
+ALLOWED_REQUEST_HEADERS = frozenset({"accept", "content-type", "x-request-id"})
+#: The methods the endpoint action sends.
+ALLOWED_METHODS = frozenset({"GET", "POST"})
+_HOP_BY_HOP = frozenset(
+    {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "content-length"}
+)
+_STREAM_ID_MAX = 128
+
+Connector = Callable[[], Awaitable[trio.abc.Stream]]
+
+
+def check_fence(known: Mapping[str, Fence], fence: Fence) -> None:
+    """Raise :class:`UnknownAttempt` or :class:`StaleFence` unless ``fence`` is current."""
+    current = known.get(fence.attempt_id)
+    if current is None:
+        raise UnknownAttempt(
+            f"no attempt {fence.attempt_id!r} runs on this executor",
+            details={"attempt_id": fence.attempt_id},
+        )
+    if current != fence:
+        raise StaleFence(
+            f"the fence for attempt {fence.attempt_id!r} is stale: it carries generation "
+            f"{fence.generation} and plan {fence.plan_digest}, the attempt runs generation "
+            f"{current.generation} and plan {current.plan_digest}",
+            details={
+                "attempt_id": fence.attempt_id,
+                "generation": fence.generation,
+                "current_generation": current.generation,
+            },
+        )
+
+
+@attrs.define(eq=False)
+class _Stream:
+    id: str
+    scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
+    events: deque[ReadEvent] = attrs.field(factory=deque)
+    readers: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
+    room: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
+    finished: trio.Event = attrs.field(factory=trio.Event)
+    last_read: float = attrs.field(factory=trio.current_time)
+    closed: bool = False
+
+    def push(self, event: ReadEvent) -> None:
+        self.events.append(event)
+        self.readers.unpark_all()
+
+    async def put(self, event: ReadEvent) -> None:
+        while len(self.events) >= QUEUE_CHUNKS:
+            await self.room.park()
+        if not self.closed:
+            self.push(event)
+
+    async def wait_room(self) -> None:
+        while len(self.events) >= QUEUE_CHUNKS:
+            await self.room.park()
+
+
+@attrs.define(eq=False)
+class _Attempt:
+    fence: Fence
+    contract: EndpointContract
+    connect: Connector
+    inputs: dict[str, str] = attrs.field(factory=dict)
+    streams: dict[str, _Stream] = attrs.field(factory=dict)
+
+
+class EndpointStreams:
+    """The endpoint action of one executor: fenced, bounded streams to its engines.
+
+    Start it with ``await nursery.start(streams.run)``; a provider then calls
+    :meth:`attach` for each attempt whose engine is reachable and :meth:`detach`
+    when the attempt ends.
+
+    :param max_streams: open streams allowed per attempt.
+    :param idle_timeout: seconds a stream may go without a ``read`` before it is closed.
+    :param max_body: the largest request body ``open`` accepts, in bytes.
+    """
+
+    def __init__(
+        self,
+        *,
+        max_streams: int = 16,
+        idle_timeout: float = 60.0,
+        max_body: int = 16 * 1024 * 1024,
+    ) -> None:
+        self.max_streams = max_streams
+        self.idle_timeout = idle_timeout
+        self.max_body = max_body
+        self._attempts: dict[str, _Attempt] = {}
+        self._nursery: trio.Nursery | None = None
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Own the stream tasks and expire idle streams until cancelled."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            nursery.start_soon(self._expire_idle)
+            task_status.started()
+            try:
+                await trio.sleep_forever()
+            finally:
+                self._nursery = None
+                nursery.cancel_scope.cancel()
+
+    def attach(
+        self,
+        fence: Fence,
+        contract: EndpointContract,
+        connect: Connector,
+        inputs: Mapping[str, str] | None = None,
+    ) -> None:
+        """Make the engine of the attempt ``fence`` names reachable through the action.
+
+        :param inputs: the job's admitted inputs, ID -> host path; only these can be
+            streamed to the engine as a request body (``open(..., input_id=...)``).
+        """
+        self._attempts[fence.attempt_id] = _Attempt(fence, contract, connect, dict(inputs or {}))
+
+    def detach(self, attempt_id: str) -> None:
+        """Close every stream of the attempt and forget it."""
+        attempt = self._attempts.pop(attempt_id, None)
+        if attempt is None:
+            return
+        for stream in list(attempt.streams.values()):
+            self._close(
+                attempt, stream, StreamFailed(code="attempt_ended", message="the attempt ended")
+            )
+
+    def held(self, fence: Fence, stream_id: str) -> int:
+        """Return how many events the stream holds now (never more than four)."""
+        return len(self._stream(fence, stream_id)[1].events)
+
+    async def open(
+        self,
+        fence: Fence,
+        stream_id: str,
+        method: str,
+        path: str,
+        headers: Sequence[tuple[str, str]] | Mapping[str, str],
+        body: bytes = b"",
+        *,
+        input_id: str | None = None,
+    ) -> None:
+        """Check the request and start sending it to the engine as stream ``stream_id``.
+
+        With ``input_id``, the body is that admitted input's file, streamed by the
+        executor itself (the engine's native model-blob upload route); ``body``
+        must then be empty. Any other ID, or an input that is not a regular file,
+        is refused with ``input_not_admitted``.
+        """
+        attempt = self._attempt(fence)
+        if not isinstance(stream_id, str) or not 0 < len(stream_id) <= _STREAM_ID_MAX:
+            raise UnknownStream(
+                "a stream ID is 1 to 128 characters", details={"stream_id": stream_id}
+            )
+        method = method.upper()
+        route = path.split("?", 1)[0]
+        if method not in ALLOWED_METHODS:
+            raise PathNotAdmitted(
+                f"method {method} is not admitted; the endpoint action sends GET and POST",
+                details={"method": method, "path": route},
+            )
+        if not attempt.contract.admits(route):
+            raise PathNotAdmitted(
+                f"path {route!r} is not in the job's endpoint contract "
+                f"(admitted: {', '.join(attempt.contract.paths)})",
+                details={"path": route, "admitted": list(attempt.contract.paths)},
+            )
+        if len(body) > self.max_body:
+            raise PathNotAdmitted(
+                f"the request body has {len(body)} bytes; at most {self.max_body} are admitted",
+                code="payload_too_large",
+                status=413,
+            )
+        upload: tuple[str, int] | None = None
+        if input_id is not None:
+            upload = await self._admitted_input(attempt, input_id, method, body)
+        if stream_id in attempt.streams:
+            raise StreamExists(
+                f"stream {stream_id!r} is already open on attempt {fence.attempt_id!r}",
+                details={"stream_id": stream_id},
+            )
+        if len(attempt.streams) >= self.max_streams:
+            raise TooManyStreams(
+                f"attempt {fence.attempt_id!r} already has {self.max_streams} open streams; "
+                "read one to its end or cancel it first",
+                details={"max_streams": self.max_streams},
+            )
+        if self._nursery is None:
+            raise EngineUnavailable("the executor's endpoint action is not running")
+        pairs = headers.items() if isinstance(headers, Mapping) else headers
+        passed = [
+            (name.lower(), value)
+            for name, value in pairs
+            if name.lower() in ALLOWED_REQUEST_HEADERS
+        ]
+        stream = _Stream(stream_id)
+        attempt.streams[stream_id] = stream
+        self._nursery.start_soon(
+            self._pump, attempt, stream, method, path, passed, bytes(body), upload
+        )
+
+    async def _admitted_input(
+        self, attempt: _Attempt, input_id: str, method: str, body: bytes
+    ) -> tuple[str, int]:
+        source = attempt.inputs.get(input_id)
+        if source is None:
+            raise InputNotAdmitted(
+                f"input {input_id!r} is not one of this job's inputs "
+                f"(admitted: {', '.join(sorted(attempt.inputs)) or 'none'})",
+                details={"input_id": input_id},
+            )
+        if method != "POST" or body:
+            raise InputNotAdmitted(
+                "an input is uploaded with POST and an empty body; the executor streams it",
+                details={"input_id": input_id},
+            )
+        try:
+            info = await trio.to_thread.run_sync(os.stat, source)
+        except OSError as exc:
+            raise InputNotAdmitted(
+                f"input {input_id!r} cannot be read: {exc.strerror}", details={"input_id": input_id}
+            ) from None
+        if not stat.S_ISREG(info.st_mode):
+            raise InputNotAdmitted(
+                f"input {input_id!r} is a directory, not a file; only files can be uploaded",
+                details={"input_id": input_id},
+            )
+        return source, info.st_size
+
+    async def read(self, fence: Fence, stream_id: str) -> ReadEvent:
+        """Return the next event: the head, a chunk of at most 64 KiB, then the end or an error."""
+        attempt, stream = self._stream(fence, stream_id)
+        stream.last_read = math.inf  # a waiting reader is not idle
+        try:
+            while not stream.events:
+                await stream.readers.park()
+        finally:
+            stream.last_read = trio.current_time()
+        event = stream.events.popleft()
+        stream.room.unpark_all()
+        if isinstance(event, EndOfStream | StreamFailed):
+            attempt.streams.pop(stream_id, None)
+        return event
+
+    async def cancel(self, fence: Fence, stream_id: str) -> None:
+        """Close the stream's engine connection now; later reads raise :class:`UnknownStream`."""
+        attempt, stream = self._stream(fence, stream_id)
+        self._close(
+            attempt, stream, StreamFailed(code="cancelled", message="the stream was cancelled")
+        )
+        await stream.finished.wait()
+
+    async def request(
+        self, attempt_id: str, method: str, path: str, *, limit: int = 65536
+    ) -> tuple[int, bytes]:
+        """Send one request outside the contract (the executor's own readiness probe)."""
+        attempt = self._attempts.get(attempt_id)
+        if attempt is None:
+            raise EngineUnavailable(f"attempt {attempt_id!r} is not reachable")
+        try:
+            sock = await attempt.connect()
+        except OSError as exc:
+            raise EngineUnavailable(f"the engine refused the connection: {exc}") from None
+        async with sock:
+            conn = h11.Connection(h11.CLIENT)
+            await sock.send_all(_request_bytes(conn, method, path, [], b""))
+            status, body = 0, b""
+            while True:
+                event = conn.next_event()
+                if event is h11.NEED_DATA:
+                    conn.receive_data(await sock.receive_some(CHUNK_SIZE))
+                elif isinstance(event, h11.Response):
+                    status = event.status_code
+                elif isinstance(event, h11.Data):
+                    body = (body + bytes(event.data))[:limit]
+                elif isinstance(event, h11.EndOfMessage | h11.ConnectionClosed):
+                    return status, body
+
+    def _attempt(self, fence: Fence) -> _Attempt:
+        check_fence({k: a.fence for k, a in self._attempts.items()}, fence)
+        return self._attempts[fence.attempt_id]
+
+    def _stream(self, fence: Fence, stream_id: str) -> tuple[_Attempt, _Stream]:
+        attempt = self._attempt(fence)
+        stream = attempt.streams.get(stream_id)
+        if stream is None:
+            raise UnknownStream(
+                f"stream {stream_id!r} is not open on attempt {fence.attempt_id!r} "
+                "(it ended, was cancelled or expired)",
+                details={"stream_id": stream_id},
+            )
+        return attempt, stream
+
+    def _close(self, attempt: _Attempt, stream: _Stream, event: StreamFailed) -> None:
+        attempt.streams.pop(stream.id, None)
+        stream.closed = True
+        stream.scope.cancel()
+        stream.events.clear()
+        stream.push(event)
+        stream.room.unpark_all()
+
+    async def _expire_idle(self) -> None:
+        while True:
+            await trio.sleep(max(self.idle_timeout / 4, 0.01))
+            deadline = trio.current_time() - self.idle_timeout
+            for attempt in list(self._attempts.values()):
+                for stream in list(attempt.streams.values()):
+                    if stream.last_read < deadline:
+                        self._close(
+                            attempt,
+                            stream,
+                            StreamFailed(code="idle_timeout", message="nobody read the stream"),
+                        )
+
+    async def _pump(
+        self,
+        attempt: _Attempt,
+        stream: _Stream,
+        method: str,
+        target: str,
+        headers: list[tuple[str, str]],
+        body: bytes,
+        upload: tuple[str, int] | None,
+    ) -> None:
+        failure: StreamFailed | None = None
+        try:
+            with stream.scope:
+                failure = await self._exchange(
+                    attempt, stream, method, target, headers, body, upload
+                )
+        finally:
+            if failure is not None and not stream.closed:
+                stream.push(failure)
+            stream.finished.set()
+
+    async def _exchange(
+        self,
+        attempt: _Attempt,
+        stream: _Stream,
+        method: str,
+        target: str,
+        headers: list[tuple[str, str]],
+        body: bytes,
+        upload: tuple[str, int] | None = None,
+    ) -> StreamFailed | None:
+        try:
+            sock = await attempt.connect()
+        except OSError as exc:
+            return StreamFailed(
+                code="engine_unavailable", message=f"cannot reach the engine: {exc}"
+            )
+        async with sock:
+            conn = h11.Connection(h11.CLIENT)
+            try:
+                if upload is None:
+                    await sock.send_all(_request_bytes(conn, method, target, headers, body))
+                else:
+                    await _send_file(conn, sock, method, target, headers, *upload)
+                while True:
+                    event = conn.next_event()
+                    if event is h11.NEED_DATA:
+                        # Backpressure: read nothing more while the reader is behind.
+                        await stream.wait_room()
+                        conn.receive_data(await sock.receive_some(CHUNK_SIZE))
+                    elif isinstance(event, h11.Response):
+                        await stream.put(
+                            ResponseHead(status=event.status_code, headers=_response_headers(event))
+                        )
+                    elif isinstance(event, h11.Data):
+                        data = bytes(event.data)
+                        for start in range(0, len(data), CHUNK_SIZE):
+                            await stream.put(BodyChunk(data[start : start + CHUNK_SIZE]))
+                    elif isinstance(event, h11.EndOfMessage):
+                        await stream.put(EndOfStream())
+                        return None
+                    else:
+                        return StreamFailed(
+                            code="engine_closed", message="the engine closed the connection early"
+                        )
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+                return StreamFailed(
+                    code="engine_closed", message=f"the engine connection broke: {exc}"
+                )
+            except h11.ProtocolError as exc:
+                return StreamFailed(
+                    code="bad_response", message=f"the engine sent invalid HTTP: {exc}"
+                )
+
+
+def _request_bytes(
+    conn: h11.Connection, method: str, target: str, headers: list[tuple[str, str]], body: bytes
+) -> bytes:
+    all_headers = [
+        ("host", "engine"),
+        ("connection", "close"),
+        ("content-length", str(len(body))),
+        *headers,
+    ]
+    data = conn.send(h11.Request(method=method, target=target, headers=all_headers)) or b""
+    if body:
+        data += conn.send(h11.Data(data=body)) or b""
+    data += conn.send(h11.EndOfMessage()) or b""
+    return data
+
+
+async def _send_file(
+    conn: h11.Connection,
+    sock: trio.abc.Stream,
+    method: str,
+    target: str,
+    headers: list[tuple[str, str]],
+    path: str,
+    size: int,
+) -> None:
+    all_headers = [
+        ("host", "engine"),
+        ("connection", "close"),
+        ("content-length", str(size)),
+        *[(name, value) for name, value in headers if name != "content-type"],
+        ("content-type", "application/octet-stream"),
+    ]
+    await sock.send_all(conn.send(h11.Request(method=method, target=target, headers=all_headers)))
+    sent = 0
+    async with await trio.open_file(path, "rb") as file:
+        while sent < size:
+            data = await file.read(min(CHUNK_SIZE, size - sent))
+            if not data:
+                raise OSError(f"input {path} shrank while it was being sent")
+            sent += len(data)
+            await sock.send_all(conn.send(h11.Data(data=data)))
+    await sock.send_all(conn.send(h11.EndOfMessage()))
+
+
+def _response_headers(response: Any) -> tuple[tuple[str, str], ...]:
+    return tuple(
+        (name.decode("latin-1"), value.decode("latin-1"))
+        for name, value in response.headers
+        if name.decode("latin-1").lower() not in _HOP_BY_HOP
+    )

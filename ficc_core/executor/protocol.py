@@ -1,0 +1,105 @@
+"""The typed protocol every executor provider implements.
+
+Hooks only register provider *classes* (``ficc_register_executor_providers``); a
+node agent instantiates one with its configuration, starts it with
+``await nursery.start(provider.run)`` and then awaits the methods below. Every
+call that concerns an attempt carries its :class:`~ficc_core.schema.Fence`: an
+unknown attempt ID raises :class:`UnknownAttempt`, a known ID with another
+generation or plan digest raises :class:`StaleFence`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import TYPE_CHECKING, ClassVar, Protocol, runtime_checkable
+
+import trio
+
+from .types import AttemptStatus, ReadEvent
+
+if TYPE_CHECKING:
+    from ..schema import ExecutorSnapshot, Fence, Job, ResourceLimits, Runtime
+
+__all__ = ["ExecutorProvider"]
+
+
+@runtime_checkable
+class ExecutorProvider(Protocol):
+    """What an executor provider class declares and what its instances do."""
+
+    #: Must be 1, the plugin API version.
+    API_VERSION: ClassVar[int]
+    #: The executor name runtimes bind (``process``, ``container``, ...).
+    name: ClassVar[str]
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Clean up what an earlier run left, report started, then serve until cancelled.
+
+        Cancelling it stops every attempt it launched (no orphans).
+        """
+        ...
+
+    async def snapshot(self) -> ExecutorSnapshot:
+        """Describe the node: resources, installed runtimes, isolation, endpoint version."""
+        ...
+
+    async def launch(
+        self,
+        job: Job,
+        fence: Fence,
+        *,
+        limits: ResourceLimits | None = None,
+        runtime: Runtime | None = None,
+    ) -> AttemptStatus:
+        """Start ``job`` as the attempt ``fence`` names, isolated and limited.
+
+        Returns at once with state ``starting``; readiness is probed in the background.
+        Raises :class:`IsolationUnavailable` when network isolation cannot be ensured.
+        """
+        ...
+
+    async def status(self, fence: Fence) -> AttemptStatus:
+        """Return where the attempt stands."""
+        ...
+
+    async def wait_ready(self, fence: Fence) -> AttemptStatus:
+        """Wait until the attempt is ready or has ended; return its status."""
+        ...
+
+    async def stop(self, fence: Fence, grace: float = 10.0) -> AttemptStatus:
+        """Stop the attempt: SIGTERM (or equivalent), ``grace`` seconds, then kill."""
+        ...
+
+    async def logs(self, fence: Fence, tail: int = 100) -> list[str]:
+        """Return the last ``tail`` lines of the attempt's bounded log."""
+        ...
+
+    def follow_logs(self, fence: Fence) -> AsyncIterator[str]:
+        """Yield the attempt's log lines as they are written, until it ends."""
+        ...
+
+    async def open(
+        self,
+        fence: Fence,
+        stream_id: str,
+        method: str,
+        path: str,
+        headers: Sequence[tuple[str, str]] | Mapping[str, str],
+        body: bytes,
+        *,
+        input_id: str | None = None,
+    ) -> None:
+        """Send one request to the engine through the endpoint contract.
+
+        With ``input_id`` (and an empty ``body``), the executor streams that admitted
+        input's file as the body: the engine's native model-blob upload route.
+        """
+        ...
+
+    async def read(self, fence: Fence, stream_id: str) -> ReadEvent:
+        """Return the stream's next event: the head, a body chunk, then the end or an error."""
+        ...
+
+    async def cancel(self, fence: Fence, stream_id: str) -> None:
+        """Close the stream's engine connection at once."""
+        ...

@@ -1,0 +1,81 @@
+"""The values executor providers return: attempt status and endpoint read events."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import attrs
+
+__all__ = [
+    "AttemptState",
+    "AttemptStatus",
+    "BodyChunk",
+    "EndOfStream",
+    "ReadEvent",
+    "ResponseHead",
+    "StreamFailed",
+]
+
+#: ``starting`` until the readiness probe answers 200, then ``ready``; ``exited`` when the
+#: engine ended by itself (or was killed by a limit); ``stopped`` after ``stop()``;
+#: ``failed`` when it never became ready (start-up timeout, refused launch).
+AttemptState = Literal["starting", "ready", "exited", "stopped", "failed"]
+
+
+@attrs.frozen(kw_only=True)
+class AttemptStatus:
+    """Where one attempt stands.
+
+    :ivar attempt_id: the attempt's ID (from its fence).
+    :ivar state: see :data:`AttemptState`.
+    :ivar exit_code: the engine's exit status once it ended by itself, else None.
+    :ivar signal: the signal number that ended it, when one did.
+    :ivar reason: a machine word for why it ended: ``memory_limit``, ``exited``,
+        ``killed``, ``readiness_timeout``, ``stopped``, ``provider_restarted``; None while it runs.
+    :ivar message: a sentence a person can act on, when it ended.
+    :ivar log_tail: the last lines of its log, when it ended.
+    """
+
+    attempt_id: str
+    state: AttemptState
+    exit_code: int | None = None
+    signal: int | None = None
+    reason: str | None = None
+    message: str | None = None
+    log_tail: tuple[str, ...] = ()
+
+    @property
+    def running(self) -> bool:
+        """Whether the engine is still starting or ready."""
+        return self.state in ("starting", "ready")
+
+
+@attrs.frozen(kw_only=True)
+class ResponseHead:
+    """The first event of a stream: the engine's status and response headers."""
+
+    status: int
+    headers: tuple[tuple[str, str], ...]
+
+
+@attrs.frozen
+class BodyChunk:
+    """Part of the response body, at most 64 KiB."""
+
+    data: bytes
+
+
+@attrs.frozen
+class EndOfStream:
+    """The response body is complete; the stream is closed."""
+
+
+@attrs.frozen(kw_only=True)
+class StreamFailed:
+    """The stream ended with an error (engine gone, idle expiry, bad response)."""
+
+    code: str
+    message: str
+
+
+ReadEvent = ResponseHead | BodyChunk | EndOfStream | StreamFailed

@@ -1,0 +1,535 @@
+"""The executor conformance kit: async checks a provider's own tests call.
+
+In the manner of trio's ``check_one_way_stream``, each check takes a *running*
+provider (``await nursery.start(provider.run)``), launches the stand-in engine
+(:mod:`ficc_core.testing.standin_engine`) through it and asserts what the
+executor contract promises, observing it from the engine's side::
+
+    from ficc_core.testing import executor_kit
+
+    async def test_my_provider_conforms(my_provider):
+        await executor_kit.check_executor_provider(my_provider)
+
+Every check stops what it launched, even when it fails. A provider whose engines
+need something more than the host's Python to run the stand-in (a container
+image, mounts) passes its own ``job_factory``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from ..errors import FiccError
+from ..executor import (
+    CHUNK_SIZE,
+    QUEUE_CHUNKS,
+    AttemptStatus,
+    BodyChunk,
+    EndOfStream,
+    ExecutorProvider,
+    ResponseHead,
+    StreamFailed,
+)
+from ..schema import EndpointContract, Fence, Job, JobInput, ReadinessProbe, ResourceLimits
+from .standin_engine import ROUTES
+
+__all__ = [
+    "JobFactory",
+    "check_cancel",
+    "check_clean_stop",
+    "check_endpoint_backpressure",
+    "check_executor_provider",
+    "check_exit_reported",
+    "check_fences_and_contract",
+    "check_input_upload",
+    "check_limits",
+    "check_logs",
+    "check_network_isolation",
+    "check_readiness",
+    "check_tcp_transport",
+    "launched",
+    "new_fence",
+    "request_json",
+    "standin_job",
+]
+
+JobFactory = Callable[..., Job]
+
+
+def standin_job(
+    *,
+    ready_after: float = 0.0,
+    ignore_sigterm: bool = False,
+    exit_after: float | None = None,
+    readiness_timeout: float = 30.0,
+    inputs: tuple[JobInput, ...] = (),
+    python: str = sys.executable,
+    env: dict[str, str] | None = None,
+    port: int | None = None,
+) -> Job:
+    """A job that runs the stand-in engine with the given Python (default: this one).
+
+    With ``port``, the engine listens on ``127.0.0.1:port`` in its own network
+    namespace and the endpoint contract uses the TCP transport.
+    """
+    argv = [python, "-m", "ficc_core.testing.standin_engine"]
+    if port is None:
+        argv += ["--socket", "{endpoint_socket}"]
+        endpoint = EndpointContract.unix(ROUTES)
+    else:
+        argv += ["--port", str(port)]
+        endpoint = EndpointContract.tcp(port, ROUTES)
+    argv += ["--ready-after", str(ready_after)]
+    if ignore_sigterm:
+        argv.append("--ignore-sigterm")
+    if exit_after is not None:
+        argv += ["--exit-after", str(exit_after)]
+    return Job(
+        argv=argv,
+        env=env or {},
+        inputs=inputs,
+        endpoint=endpoint,
+        readiness=ReadinessProbe(path="/health", timeout=readiness_timeout, interval=0.1),
+        capabilities=("chat",),
+    )
+
+
+def new_fence(generation: int = 1) -> Fence:
+    """A fresh fence with a random attempt ID."""
+    return Fence(
+        attempt_id=f"kit-{uuid.uuid4().hex[:12]}",
+        generation=generation,
+        plan_digest="sha256:" + "ab" * 32,
+    )
+
+
+@asynccontextmanager
+async def launched(
+    provider: ExecutorProvider,
+    job: Job,
+    *,
+    limits: ResourceLimits | None = None,
+    wait_ready: bool = True,
+) -> AsyncIterator[Fence]:
+    """Launch ``job``, wait until it is ready (asserting it is), and always stop it."""
+    fence = new_fence()
+    status = await provider.launch(job, fence, limits=limits)
+    assert status.state == "starting", status
+    try:
+        if wait_ready:
+            status = await provider.wait_ready(fence)
+            assert status.state == "ready", status
+        yield fence
+    finally:
+        with trio.CancelScope(shield=True), trio.move_on_after(30):
+            await provider.stop(fence, grace=2.0)
+
+
+async def request_json(
+    provider: ExecutorProvider, fence: Fence, method: str, path: str, payload: Any = None
+) -> tuple[int, Any]:
+    """Send one request through the endpoint action and decode its JSON answer."""
+    stream_id = uuid.uuid4().hex
+    body = b"" if payload is None else json.dumps(payload).encode()
+    headers = {"content-type": "application/json"}
+    await provider.open(fence, stream_id, method, path, headers, body)
+    status, data = 0, b""
+    while True:
+        event = await provider.read(fence, stream_id)
+        if isinstance(event, ResponseHead):
+            status = event.status
+        elif isinstance(event, BodyChunk):
+            data += event.data
+        elif isinstance(event, EndOfStream):
+            return status, json.loads(data) if data else None
+        else:
+            raise AssertionError(f"{method} {path} failed: {event}")
+
+
+async def _wait_ended(provider: ExecutorProvider, fence: Fence, seconds: float) -> AttemptStatus:
+    with trio.fail_after(seconds):
+        while True:
+            status = await provider.status(fence)
+            if not status.running:
+                return status
+            await trio.sleep(0.05)
+
+
+def _job(job_factory: JobFactory | None, **options: Any) -> Job:
+    return (job_factory or standin_job)(**options)
+
+
+# -- the checks ------------------------------------------------------------------------------
+
+
+async def check_readiness(
+    provider: ExecutorProvider, *, job_factory: JobFactory | None = None
+) -> None:
+    """An attempt is ``starting`` until its probe answers 200; a silent one fails on time."""
+    job = _job(job_factory, ready_after=1.0)
+    fence = new_fence()
+    begin = trio.current_time()
+    assert (await provider.launch(job, fence)).state == "starting"
+    try:
+        status = await provider.wait_ready(fence)
+        assert status.state == "ready", status
+        assert trio.current_time() - begin >= 1.0
+    finally:
+        with trio.CancelScope(shield=True):
+            await provider.stop(fence, grace=2.0)
+    job = _job(job_factory, ready_after=3600.0, readiness_timeout=1.0)
+    fence = new_fence()
+    await provider.launch(job, fence)
+    try:
+        status = await provider.wait_ready(fence)
+        assert status.state == "failed", status
+        assert status.reason == "readiness_timeout", status
+        assert "/health" in (status.message or "")
+        status = await _wait_ended(provider, fence, 30)
+        assert status.state == "failed"
+    finally:
+        with trio.CancelScope(shield=True):
+            await provider.stop(fence, grace=2.0)
+
+
+async def check_exit_reported(
+    provider: ExecutorProvider, *, job_factory: JobFactory | None = None
+) -> None:
+    """An engine that exits on its own is reported with its status and log tail."""
+    async with launched(provider, _job(job_factory, exit_after=0.5)) as fence:
+        status = await _wait_ended(provider, fence, 30)
+        assert status.state == "exited", status
+        assert status.exit_code == 3, status
+        assert status.reason == "exited", status
+        assert any("listening" in line for line in status.log_tail), status.log_tail
+
+
+async def check_network_isolation(
+    provider: ExecutorProvider, *, job_factory: JobFactory | None = None
+) -> None:
+    """From inside the engine, the host's loopback listener and other addresses are unreachable."""
+    accepted = 0
+
+    async def count(stream: trio.SocketStream) -> None:
+        nonlocal accepted
+        accepted += 1
+        await stream.aclose()
+
+    async with trio.open_nursery() as nursery:
+        [listener] = await nursery.start(partial(trio.serve_tcp, count, 0, host="127.0.0.1"))
+        port = listener.socket.getsockname()[1]
+        async with launched(provider, _job(job_factory)) as fence:
+            targets = [["127.0.0.1", port], ["localhost", port], ["1.1.1.1", 443], ["10.0.0.1", 80]]
+            status, answer = await request_json(
+                provider, fence, "POST", "/connect", {"targets": targets}
+            )
+            assert status == 200
+            for target, result in zip(targets, answer["results"], strict=True):
+                assert result != "connected", f"the engine reached {target}"
+        nursery.cancel_scope.cancel()
+    assert accepted == 0, "the host's loopback listener accepted a connection from the engine"
+
+
+async def check_limits(
+    provider: ExecutorProvider,
+    *,
+    job_factory: JobFactory | None = None,
+    cpu_quota: bool = True,
+) -> None:
+    """Exceeding the memory limit kills the engine with reason ``memory_limit``; CPU is capped."""
+    limits = ResourceLimits(cpus=0.25, memory_bytes=256 * 1024 * 1024, pids=64)
+    if cpu_quota:
+        async with launched(provider, _job(job_factory), limits=limits) as fence:
+            status, answer = await request_json(provider, fence, "POST", "/burn", {"seconds": 1.0})
+            assert status == 200
+            # A quarter of one CPU for one second, with slack for the scheduler's period.
+            assert answer["cpu_seconds"] < 0.5, answer
+    async with launched(provider, _job(job_factory), limits=limits) as fence:
+        stream_id = uuid.uuid4().hex
+        body = json.dumps({"bytes": 1024 * 1024 * 1024}).encode()
+        await provider.open(fence, stream_id, "POST", "/alloc", {}, body)
+        with trio.fail_after(30):
+            event = await provider.read(fence, stream_id)
+        assert isinstance(event, StreamFailed | EndOfStream) or (
+            isinstance(event, ResponseHead) and event.status >= 500
+        ), event
+        status = await _wait_ended(provider, fence, 30)
+        assert status.state == "exited", status
+        assert status.reason == "memory_limit", status
+        assert "memory limit" in (status.message or ""), status
+
+
+async def check_endpoint_backpressure(
+    provider: ExecutorProvider, *, job_factory: JobFactory | None = None
+) -> None:
+    """A reader that does not read holds at most four chunks and blocks the engine's writes.
+
+    Chunks are never larger than 64 KiB, and cancelling a blocked stream is seen
+    by the engine at once.
+    """
+    async with launched(provider, _job(job_factory)) as fence:
+        stream_id = "backpressure"
+        await provider.open(fence, stream_id, "GET", "/stream", {}, b"")
+        head = await provider.read(fence, stream_id)
+        assert isinstance(head, ResponseHead) and head.status == 200, head
+        written = await _settled_stream_bytes(provider, fence)
+        # Four queued chunks plus what the kernel buffers: bounded, and no longer growing.
+        assert written < 8 * 1024 * 1024, written
+        held = getattr(getattr(provider, "streams", None), "held", None)
+        if held is not None:
+            assert held(fence, stream_id) <= QUEUE_CHUNKS
+        for _ in range(QUEUE_CHUNKS * 4):
+            event = await provider.read(fence, stream_id)
+            assert isinstance(event, BodyChunk), event
+            assert 0 < len(event.data) <= CHUNK_SIZE
+        # Reading let the engine write again.
+        assert await _settled_stream_bytes(provider, fence) > written
+        await _assert_cancel_seen(provider, fence, stream_id, within=0.1)
+
+
+async def _settled_stream_bytes(provider: ExecutorProvider, fence: Fence) -> int:
+    previous = -1
+    with trio.fail_after(20):
+        while True:
+            await trio.sleep(0.3)
+            _, stats = await request_json(provider, fence, "GET", "/stats")
+            if stats["stream_bytes"] == previous and previous > 0:
+                return previous
+            previous = stats["stream_bytes"]
+
+
+async def _assert_cancel_seen(
+    provider: ExecutorProvider, fence: Fence, stream_id: str, *, within: float
+) -> float:
+    _, before = await request_json(provider, fence, "GET", "/stats")
+    begin = time.time()
+    await provider.cancel(fence, stream_id)
+    with trio.fail_after(10):
+        while True:
+            _, stats = await request_json(provider, fence, "GET", "/stats")
+            if stats["disconnects"] > before["disconnects"]:
+                break
+            await trio.sleep(0.01)
+    latency = stats["last_disconnect_at"] - begin
+    assert latency <= within, f"the engine saw the cancel after {latency * 1000:.0f} ms"
+    try:
+        await provider.read(fence, stream_id)
+    except FiccError as exc:
+        assert exc.code == "unknown_stream", exc.code
+    else:
+        raise AssertionError("a cancelled stream can still be read")
+    return latency
+
+
+async def check_cancel(
+    provider: ExecutorProvider, *, job_factory: JobFactory | None = None, within: float = 0.1
+) -> float:
+    """``cancel`` closes the engine connection: the engine sees it within ``within`` seconds."""
+    async with launched(provider, _job(job_factory)) as fence:
+        await provider.open(fence, "slow", "GET", "/slow", {}, b"")
+        assert isinstance(await provider.read(fence, "slow"), ResponseHead)
+        assert isinstance(await provider.read(fence, "slow"), BodyChunk)
+        return await _assert_cancel_seen(provider, fence, "slow", within=within)
+
+
+async def _refused(code: str, operation: Any) -> None:
+    try:
+        await operation
+    except FiccError as exc:
+        assert exc.code == code, f"expected {code}, got {exc.code}: {exc.message}"
+    else:
+        raise AssertionError(f"expected a refusal with code {code}")
+
+
+async def check_fences_and_contract(
+    provider: ExecutorProvider, *, job_factory: JobFactory | None = None
+) -> None:
+    """Stale and unknown fences, paths outside the contract and extra headers are refused."""
+    async with launched(provider, _job(job_factory)) as fence:
+        stale = Fence(
+            attempt_id=fence.attempt_id,
+            generation=fence.generation + 1,
+            plan_digest=fence.plan_digest,
+        )
+        other_plan = Fence(
+            attempt_id=fence.attempt_id,
+            generation=fence.generation,
+            plan_digest="sha256:" + "cd" * 32,
+        )
+        unknown = new_fence()
+        await provider.open(fence, "s1", "GET", "/slow", {}, b"")
+        await _refused("stale_fence", provider.read(stale, "s1"))
+        await _refused("stale_fence", provider.read(other_plan, "s1"))
+        await _refused("stale_fence", provider.open(stale, "s2", "GET", "/health", {}, b""))
+        await _refused("stale_fence", provider.cancel(stale, "s1"))
+        await _refused("stale_fence", provider.status(stale))
+        await _refused("unknown_attempt", provider.read(unknown, "s1"))
+        await _refused("unknown_stream", provider.read(fence, "never-opened"))
+        await _refused("path_not_admitted", provider.open(fence, "s3", "GET", "/admin", {}, b""))
+        await _refused("path_not_admitted", provider.open(fence, "s4", "GET", "/../etc", {}, b""))
+        await _refused(
+            "path_not_admitted", provider.open(fence, "s5", "DELETE", "/health", {}, b"")
+        )
+        await provider.cancel(fence, "s1")
+        headers = {
+            "Authorization": "Bearer secret",
+            "Cookie": "session=1",
+            "X-Forwarded-For": "10.0.0.1",
+            "Content-Type": "application/json",
+            "X-Request-Id": "r-1",
+        }
+        await provider.open(fence, "echo", "POST", "/echo", headers, b"{}")
+        data = b""
+        while not isinstance(event := await provider.read(fence, "echo"), EndOfStream):
+            assert not isinstance(event, StreamFailed), event
+            if isinstance(event, BodyChunk):
+                data += event.data
+        seen = json.loads(data)["headers"]
+        assert "authorization" not in seen and "cookie" not in seen
+        assert "x-forwarded-for" not in seen
+        assert seen["x-request-id"] == "r-1"
+
+
+async def check_input_upload(
+    provider: ExecutorProvider, *, job_factory: JobFactory | None = None
+) -> None:
+    """Only an admitted input *file* can be streamed to the engine, by the executor itself."""
+    folder = Path(await trio.to_thread.run_sync(lambda: tempfile.mkdtemp(prefix="ficc-kit-")))
+    try:
+        blob = folder / "model.gguf"
+        content = os.urandom(300_000)
+        await trio.to_thread.run_sync(blob.write_bytes, content)
+        inputs = (JobInput(id="model", path=str(blob)), JobInput(id="folder", path=str(folder)))
+        async with launched(provider, _job(job_factory, inputs=inputs)) as fence:
+            await provider.open(fence, "up", "POST", "/echo", {}, b"", input_id="model")
+            data = b""
+            while not isinstance(event := await provider.read(fence, "up"), EndOfStream):
+                assert not isinstance(event, StreamFailed), event
+                if isinstance(event, BodyChunk):
+                    data += event.data
+            refusals = [
+                ("POST", "other", b""),
+                ("POST", "folder", b""),
+                ("POST", "model", b"extra"),
+                ("GET", "model", b""),
+            ]
+            for method, input_id, body in refusals:
+                await _refused(
+                    "input_not_admitted",
+                    provider.open(fence, "x", method, "/echo", {}, body, input_id=input_id),
+                )
+    finally:
+        await trio.to_thread.run_sync(shutil.rmtree, folder, True)
+    answer = json.loads(data)
+    assert answer["body_length"] == len(content)
+    assert answer["body_sha256"] == hashlib.sha256(content).hexdigest()
+    assert answer["headers"]["content-type"] == "application/octet-stream"
+
+
+async def check_tcp_transport(
+    provider: ExecutorProvider, *, job_factory: JobFactory | None = None
+) -> None:
+    """An engine on ``127.0.0.1:<port>`` in its own namespace is reachable only via the action.
+
+    Two attempts use the same port at once (each namespace has its own loopback),
+    and neither can reach the host's loopback listener.
+    """
+    accepted = 0
+
+    async def count(stream: trio.SocketStream) -> None:
+        nonlocal accepted
+        accepted += 1
+        await stream.aclose()
+
+    async with trio.open_nursery() as nursery:
+        [listener] = await nursery.start(partial(trio.serve_tcp, count, 0, host="127.0.0.1"))
+        port = listener.socket.getsockname()[1]
+        job = _job(job_factory, port=port)
+        async with launched(provider, job) as first, launched(provider, job) as second:
+            # Both answer, on the same port number, at the same time.
+            assert (await request_json(provider, first, "GET", "/health"))[0] == 200
+            assert (await request_json(provider, second, "GET", "/health"))[0] == 200
+            status, answer = await request_json(
+                provider, first, "POST", "/connect", {"targets": [["127.0.0.1", 1]]}
+            )
+            assert status == 200 and answer["results"][0] != "connected"
+            stream_id = uuid.uuid4().hex
+            await provider.open(first, stream_id, "GET", "/stream", {}, b"")
+            assert isinstance(await provider.read(first, stream_id), ResponseHead)
+            chunk = await provider.read(first, stream_id)
+            assert isinstance(chunk, BodyChunk) and len(chunk.data) <= CHUNK_SIZE
+            await provider.cancel(first, stream_id)
+        nursery.cancel_scope.cancel()
+    # The engines listened on the same port number as the host listener, in their own
+    # namespaces: the readiness probes and requests above never reached the host's.
+    assert accepted == 0
+
+
+async def check_logs(provider: ExecutorProvider, *, job_factory: JobFactory | None = None) -> None:
+    """The engine's output is in its log: tail gives the last lines, follow streams them."""
+    async with launched(provider, _job(job_factory)) as fence:
+        await request_json(provider, fence, "POST", "/log", {"lines": 50})
+        with trio.fail_after(10):
+            while True:
+                tail = await provider.logs(fence, tail=20)
+                if "standin log line 49" in tail:
+                    break
+                await trio.sleep(0.05)
+        assert len(await provider.logs(fence, tail=5)) == 5
+        followed: list[str] = []
+        with trio.fail_after(10):
+            async for line in provider.follow_logs(fence):
+                followed.append(line)
+                if line == "standin log line 49":
+                    break
+        assert any("listening" in line for line in followed)
+
+
+async def check_clean_stop(
+    provider: ExecutorProvider, *, job_factory: JobFactory | None = None
+) -> None:
+    """``stop`` ends the engine (SIGTERM, then SIGKILL after the grace) and closes its endpoint."""
+    async with launched(provider, _job(job_factory)) as fence:
+        status = await provider.stop(fence, grace=5.0)
+        assert status.state == "stopped", status
+        await _refused("engine_unavailable", provider.open(fence, "x", "GET", "/health", {}, b""))
+    async with launched(provider, _job(job_factory, ignore_sigterm=True)) as fence:
+        begin = trio.current_time()
+        status = await provider.stop(fence, grace=1.0)
+        assert status.state == "stopped", status
+        assert 1.0 <= trio.current_time() - begin < 15
+        assert any("ignoring SIGTERM" in line for line in status.log_tail), status.log_tail
+
+
+async def check_executor_provider(
+    provider: ExecutorProvider,
+    *,
+    job_factory: JobFactory | None = None,
+    cpu_quota: bool = True,
+) -> None:
+    """Run every check of the kit against one running provider."""
+    await check_readiness(provider, job_factory=job_factory)
+    await check_exit_reported(provider, job_factory=job_factory)
+    await check_network_isolation(provider, job_factory=job_factory)
+    await check_fences_and_contract(provider, job_factory=job_factory)
+    await check_endpoint_backpressure(provider, job_factory=job_factory)
+    await check_cancel(provider, job_factory=job_factory)
+    await check_input_upload(provider, job_factory=job_factory)
+    await check_logs(provider, job_factory=job_factory)
+    await check_tcp_transport(provider, job_factory=job_factory)
+    await check_clean_stop(provider, job_factory=job_factory)
+    await check_limits(provider, job_factory=job_factory, cpu_quota=cpu_quota)

@@ -1,0 +1,110 @@
+"""The shared executor pieces in ficc_core: the protocol, fences, errors, the endpoint action."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from functools import partial
+from pathlib import Path
+
+import pytest
+import trio
+from ficc_executor_container.provider import ContainerProvider
+from ficc_executor_process.provider import ProcessProvider
+
+import ficc_core
+from ficc_core import (
+    BodyChunk,
+    EndOfStream,
+    EndpointContract,
+    EndpointStreams,
+    ExecutorError,
+    ExecutorProvider,
+    Fence,
+    ResponseHead,
+    StaleFence,
+    UnknownAttempt,
+    check_fence,
+)
+
+
+def _fence(generation: int = 1, attempt_id: str = "a-1") -> Fence:
+    return Fence(attempt_id=attempt_id, generation=generation, plan_digest="sha256:" + "ab" * 32)
+
+
+@pytest.mark.parametrize("provider_class", [ProcessProvider, ContainerProvider])
+def test_built_in_providers_implement_the_protocol(provider_class, tmp_path):
+    assert isinstance(provider_class(state_dir=tmp_path), ExecutorProvider)
+    assert provider_class.API_VERSION == 1
+
+
+def test_every_executor_error_has_its_own_code():
+    classes = [
+        getattr(ficc_core, name)
+        for name in ficc_core.__all__
+        if isinstance(getattr(ficc_core, name), type)
+        and issubclass(getattr(ficc_core, name), ExecutorError)
+    ]
+    codes = [cls.code for cls in classes]
+    assert len(classes) >= 12
+    assert len(codes) == len(set(codes))
+    assert {"stale_fence", "unknown_attempt", "path_not_admitted", "isolation_unavailable"} <= set(
+        codes
+    )
+
+
+def test_a_fence_must_match_generation_and_plan():
+    known = {"a-1": _fence()}
+    check_fence(known, _fence())
+    with pytest.raises(StaleFence):
+        check_fence(known, _fence(generation=2))
+    with pytest.raises(UnknownAttempt):
+        check_fence(known, _fence(attempt_id="a-2"))
+
+
+async def _one_big_response(stream: trio.SocketStream) -> None:
+    # A minimal engine: read the request head, answer with one 1 MiB body.
+    request = b""
+    while b"\r\n\r\n" not in request:
+        request += await stream.receive_some(65536)
+    body = b"y" * (1024 * 1024)
+    head = (
+        b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n"
+        b"Content-Type: text/plain\r\nX-Engine: 1\r\n\r\n" % len(body)
+    )
+    await stream.send_all(head + body)
+    await stream.aclose()
+
+
+async def test_a_large_body_comes_back_in_chunks_of_at_most_64_kib():
+    directory = Path(tempfile.mkdtemp(prefix="fe-", dir="/tmp"))
+    path = str(directory / "engine.sock")
+    listener_socket = trio.socket.socket(trio.socket.AF_UNIX, trio.socket.SOCK_STREAM)
+    await listener_socket.bind(path)
+    listener_socket.listen()
+    listener = trio.SocketListener(listener_socket)
+    streams = EndpointStreams()
+    fence = _fence()
+    try:
+        with trio.fail_after(30):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(trio.serve_listeners, _one_big_response, [listener])
+                await nursery.start(streams.run)
+                streams.attach(
+                    fence, EndpointContract.unix(["/big"]), partial(trio.open_unix_socket, path)
+                )
+                await streams.open(fence, "s", "GET", "/big", {"Authorization": "Bearer x"}, b"")
+                head = await streams.read(fence, "s")
+                sizes = []
+                while not isinstance(event := await streams.read(fence, "s"), EndOfStream):
+                    assert isinstance(event, BodyChunk), event
+                    assert streams.held(fence, "s") <= 4
+                    sizes.append(len(event.data))
+                nursery.cancel_scope.cancel()
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    assert isinstance(head, ResponseHead) and head.status == 200
+    names = {name.lower() for name, _ in head.headers}
+    assert "x-engine" in names and "content-length" not in names and "connection" not in names
+    assert sum(sizes) == 1024 * 1024
+    assert max(sizes) <= 64 * 1024
