@@ -1,0 +1,242 @@
+"""Model registry benchmark: acquisition vs curl, verification vs sha256sum, loop stalls.
+
+Run from the repository root::
+
+    .venv/bin/python bench/models_bench.py            # 1 GiB file, 3 runs, median
+    .venv/bin/python bench/models_bench.py --size-mib 256 --runs 1
+
+Every figure is measured against its baseline in the same run, on the same file
+and the same local HTTPS server (the test suite's h11-over-TLS server on
+loopback, trustme certificates), and reported as a ratio. The table is printed
+and written into docs/performance.md between the ``models`` markers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import trio
+import trustme
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from ficc_core.api.app import create_app  # noqa: E402
+from ficc_core.config import load_config  # noqa: E402
+from ficc_core.models.blobs import sha256_file  # noqa: E402
+from ficc_core.service import open_service  # noqa: E402
+from tests.httpsd import ServedFile, open_https_server, write_ca_bundle  # noqa: E402
+
+MiB = 1 << 20
+DOC = ROOT / "docs" / "performance.md"
+START, END = "<!-- bench:models:start -->", "<!-- bench:models:end -->"
+
+
+def make_file(path: Path, size: int) -> str:
+    """Write ``size`` pseudo-random bytes (incompressible) and return their sha256."""
+    digest = hashlib.sha256()
+    block = os.urandom(4 * MiB)
+    with path.open("wb") as handle:
+        written = 0
+        while written < size:
+            piece = block[: min(len(block), size - written)]
+            handle.write(piece)
+            digest.update(piece)
+            written += len(piece)
+    return digest.hexdigest()
+
+
+async def curl_download(url: str, ca: Path, out: Path) -> float:
+    """Seconds for curl to download ``url`` over HTTPS to ``out``."""
+    started = time.perf_counter()
+    await trio.run_process(
+        ["curl", "--silent", "--show-error", "--fail", "--cacert", str(ca), "-o", str(out), url]
+    )
+    return time.perf_counter() - started
+
+
+async def ficc_acquire(
+    url: str, ca: Path, data_dir: Path, sha: str, size: int
+) -> tuple[float, float]:
+    """Seconds until FICC has every byte durable, and until the blob is verified and published."""
+    config = load_config(
+        overrides={
+            "data_dir": str(data_dir),
+            "ca_bundle": str(ca),
+            "allow_private_addresses": True,
+        },
+        environ={},
+    )
+    async with open_service(config, background=True) as service:
+        token = (await service.auth.bootstrap())["token"]
+        client = create_app(service).test_client()
+        headers = {"Authorization": f"Bearer {token}"}
+        body = {
+            "name": "bench",
+            "format": "gguf",
+            "files": [{"path": "bench.gguf", "size": size, "sha256": sha, "url": url}],
+        }
+        model = await (await client.post("/api/v1/models", headers=headers, json=body)).get_json()
+        received_at = None
+        started = time.perf_counter()
+        await client.post(f"/api/v1/models/{model['id']}/acquire", headers=headers)
+        while True:
+            state = await service.blobs.status(sha)
+            if received_at is None and state.durable_offset == size:
+                received_at = time.perf_counter() - started
+            if state.verified:
+                return received_at or time.perf_counter() - started, time.perf_counter() - started
+            if state.state == "failed":
+                raise RuntimeError(state.reason)
+            await trio.sleep(0.05)
+
+
+def sha256sum(path: Path) -> float:
+    started = time.perf_counter()
+    subprocess.run(["sha256sum", str(path)], check=True, capture_output=True)
+    return time.perf_counter() - started
+
+
+async def verify_with_stall_probe(path: Path, size: int) -> tuple[float, float]:
+    """Hash ``path`` the way the blob store does (worker thread) while probing the loop.
+
+    Returns (seconds to hash, longest event-loop stall seen in seconds).
+    """
+    worst = 0.0
+    done = trio.Event()
+
+    async def probe() -> None:
+        nonlocal worst
+        while not done.is_set():
+            before = time.perf_counter()
+            await trio.sleep(0.001)
+            worst = max(worst, time.perf_counter() - before - 0.001)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(probe)
+        started = time.perf_counter()
+        await trio.to_thread.run_sync(sha256_file, path, size)
+        elapsed = time.perf_counter() - started
+        done.set()
+    return elapsed, worst
+
+
+async def serve_file(source: Path, work: Path) -> None:
+    """``--serve``: serve ``source`` over HTTPS until killed; print the URL and CA bundle."""
+    ca = trustme.CA()
+    bundle = write_ca_bundle(work, ca)
+    async with open_https_server(ca) as server:
+        server.add("/bench.bin", ServedFile(source))
+        print(server.url("/bench.bin"), bundle, flush=True)
+        await trio.sleep_forever()
+
+
+async def measure(work: Path, url: str, bundle: Path, sha: str, size: int) -> dict[str, float]:
+    """Every figure of one run against one served file."""
+    source = work / "source.bin"
+    figures: dict[str, float] = {}
+    figures["curl_s"] = await curl_download(url, bundle, work / "curl.out")
+    received, verified = await ficc_acquire(url, bundle, work / "data", sha, size)
+    figures["ficc_download_s"] = received
+    figures["ficc_total_s"] = verified
+    figures["sha256sum_s"] = await trio.to_thread.run_sync(sha256sum, source)
+    figures["curl_plus_sha256sum_s"] = figures["curl_s"] + figures["sha256sum_s"]
+    figures["ficc_hash_s"], figures["stall_s"] = await verify_with_stall_probe(source, size)
+    return figures
+
+
+def one_run(size: int, work: Path) -> dict[str, float]:
+    """Make a file, serve it from another process, and measure against it."""
+    source = work / "source.bin"
+    sha = make_file(source, size)
+    # The server runs in its own process so neither client shares its event loop.
+    server = subprocess.Popen(
+        [sys.executable, __file__, "--serve", str(source), str(work)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        url, bundle = server.stdout.readline().split()
+        return trio.run(measure, work, url, Path(bundle), sha, size)
+    finally:
+        server.kill()
+        server.wait()
+
+
+def render(size: int, runs: list[dict[str, float]]) -> str:
+    med = {key: statistics.median(run[key] for run in runs) for key in runs[0]}
+    mib = size / MiB
+    rows = [
+        ("Acquisition, download only", med["ficc_download_s"], med["curl_s"], "curl"),
+        (
+            "Acquisition, download + verify + publish",
+            med["ficc_total_s"],
+            med["curl_plus_sha256sum_s"],
+            "curl + sha256sum",
+        ),
+        ("Verification (sha256 of the file)", med["ficc_hash_s"], med["sha256sum_s"], "sha256sum"),
+    ]
+    lines = [
+        f"File: {mib:.0f} MiB of random bytes; local HTTPS server on loopback; "
+        f"median of {len(runs)} run(s); machine: {os.cpu_count()} cores.",
+        "",
+        "| Figure | FICC | Baseline | FICC MiB/s | Baseline MiB/s | Ratio (FICC / baseline) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, ours, theirs, baseline in rows:
+        lines.append(
+            f"| {name} | {ours:.2f} s | {theirs:.2f} s ({baseline}) | {mib / ours:.0f} | "
+            f"{mib / theirs:.0f} | {theirs / ours:.2f} |"
+        )
+    lines += [
+        "",
+        f"Longest event-loop stall while the {mib:.0f} MiB file was hashed in a worker thread: "
+        f"**{med['stall_s'] * 1000:.1f} ms** (a task sleeping 1 ms in a loop measured the excess).",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def write_doc(table: str) -> None:
+    text = DOC.read_text(encoding="utf-8") if DOC.exists() else "# Performance\n"
+    if START not in text:
+        text += f"\n## Model registry\n\n{START}\n{END}\n"
+    head, _, rest = text.partition(START)
+    _, _, tail = rest.partition(END)
+    DOC.write_text(f"{head}{START}\n{table}{END}{tail}", encoding="utf-8")
+
+
+def main() -> None:
+    if sys.argv[1:2] == ["--serve"]:
+        trio.run(serve_file, Path(sys.argv[2]), Path(sys.argv[3]))
+        return
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size-mib", type=int, default=1024)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--no-write", action="store_true", help="Print only; leave docs alone.")
+    args = parser.parse_args()
+    size = args.size_mib * MiB
+    runs = []
+    for index in range(args.runs):
+        with tempfile.TemporaryDirectory(prefix="ficc-bench-") as work:
+            figures = one_run(size, Path(work))
+        print(
+            f"run {index + 1}: " + ", ".join(f"{k}={v:.3f}" for k, v in figures.items()),
+            file=sys.stderr,
+        )
+        runs.append(figures)
+    table = render(size, runs)
+    print(table)
+    if not args.no_write:
+        write_doc(table)
+
+
+if __name__ == "__main__":
+    main()
