@@ -113,7 +113,11 @@ class ContainerProvider(SupervisingProvider):
 
     async def _engine(self, *args: str, check: bool = False) -> subprocess.CompletedProcess[bytes]:
         return await trio.run_process(
-            [*self.command, *args], capture_stdout=True, capture_stderr=True, check=check
+            [*self.command, *args],
+            capture_stdout=True,
+            capture_stderr=True,
+            check=check,
+            cwd=self.state_dir,
         )
 
     # -- start-up ---------------------------------------------------------------------
@@ -293,6 +297,9 @@ class ContainerProvider(SupervisingProvider):
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                # conmon writes marker files (an "oom" file on a memory kill) into its
+                # working directory: keep them in our state directory.
+                cwd=self.state_dir,
             )
         except OSError as exc:
             raise LaunchFailed(f"cannot run {self.command[0]}: {exc}") from None
