@@ -7,7 +7,7 @@ compare or fence them with :func:`canonical_json` and :func:`digest`.
 
 from ._convert import FieldError, SchemaError, canonical_json, digest, structure, unstructure
 from .job import EndpointContract, Fence, Job, JobInput, ReadinessProbe
-from .models import ModelFile, ModelManifest, ModelSource
+from .models import ModelFile, ModelManifest, ModelMetadata, ModelRecord, ModelSource
 from .snapshot import ExecutorSnapshot, GpuDevice, InstalledRuntime, NodeResources, ProviderInfo
 from .spec import GpuRequest, Placement, ResourceLimits, Runtime, Specification
 from .workload import Workload
@@ -24,6 +24,8 @@ __all__ = [
     "JobInput",
     "ModelFile",
     "ModelManifest",
+    "ModelMetadata",
+    "ModelRecord",
     "ModelSource",
     "NodeResources",
     "Placement",

@@ -155,3 +155,35 @@ class ModelManifest:
     def digest(self) -> str:
         """Return ``sha256:<hex>`` of the canonical JSON: equal manifests, equal digests."""
         return _digest(self)
+
+
+@attrs.frozen(kw_only=True)
+class ModelMetadata:
+    """What is known of a model's semantics, read from its files (a GGUF header, say).
+
+    Adapters use it to decide capabilities (``embedding``) and defaults
+    (``context_length``); every field is optional because not every format says.
+    """
+
+    architecture: str | None = attrs.field(default=None, validator=_optional(_text()))
+    context_length: int | None = attrs.field(default=None, validator=_optional(_integer(1)))
+    parameter_count: int | None = attrs.field(default=None, validator=_optional(_integer(0)))
+    quantisation: str | None = attrs.field(default=None, validator=_optional(_text()))
+    chat_template: bool = False
+    embedding: bool = False
+
+
+@attrs.frozen(kw_only=True)
+class ModelRecord:
+    """The model an adapter translates for: what the registry holds, at one revision.
+
+    :ivar id: the registry's model id.
+    :ivar revision: the manifest digest; a workload records it as ``model_revision``.
+    :ivar manifest: the immutable manifest (files, format, licence, source).
+    :ivar metadata: what the files say about the model, when known.
+    """
+
+    id: str = attrs.field(validator=_text())
+    revision: str = attrs.field(validator=_text())
+    manifest: ModelManifest
+    metadata: ModelMetadata = attrs.field(factory=ModelMetadata)
