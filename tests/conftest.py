@@ -16,6 +16,7 @@ from ficc_core.config import Config, load_config
 from ficc_core.service import Service, open_service
 
 from .httpsd import open_https_server, write_ca_bundle
+from .serve_support import ServeProcess
 
 
 @pytest.fixture
@@ -61,6 +62,23 @@ def ca_bundle(tmp_path, ca) -> Path:
 async def https_server(ca):
     async with open_https_server(ca) as server:
         yield server
+
+
+@pytest.fixture
+async def serve_process(tmp_path, ca_bundle):
+    """A real `ficc serve` subprocess trusting the test CA and allowing loopback fetches.
+
+    Yields ``(url, admin_token)``; the process is stopped afterwards.
+    """
+    config = tmp_path / "ficc.toml"
+    config.write_text(f'ca_bundle = "{ca_bundle}"\nallow_private_addresses = true\n')
+    server = ServeProcess(tmp_path / "data", config=config)
+    try:
+        url = await server.wait_ready()
+        yield url, await server.admin_token()
+    finally:
+        server.proc.terminate()
+        server.kill()
 
 
 def bearer(token: str) -> dict[str, str]:

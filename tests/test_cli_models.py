@@ -13,7 +13,6 @@ import trio
 from .conftest import bearer
 from .httpsd import ServedFile
 from .models_support import gguf_manifest, random_bytes
-from .serve_support import ServeProcess
 
 MiB = 1 << 20
 
@@ -30,72 +29,54 @@ async def ficc(*args: str, env_extra: dict[str, str]) -> trio.CompletedProcess:
         )
 
 
-async def test_register_upload_show_list_delete_through_the_cli(tmp_path, ca_bundle):
-    config = tmp_path / "ficc.toml"
-    config.write_text(f'ca_bundle = "{ca_bundle}"\nallow_private_addresses = true\n')
-    server = ServeProcess(tmp_path / "data", config=config)
-    try:
-        url = await server.wait_ready()
-        token = await server.admin_token()
-        env = {"FICC_URL": url, "FICC_TOKEN": token}
-        local = tmp_path / "tiny.gguf"
-        content = random_bytes(3 * MiB + 5, seed=31)
-        local.write_bytes(content)
+async def test_register_upload_show_list_delete_through_the_cli(tmp_path, serve_process):
+    url, token = serve_process
+    env = {"FICC_URL": url, "FICC_TOKEN": token}
+    local = tmp_path / "tiny.gguf"
+    content = random_bytes(3 * MiB + 5, seed=31)
+    local.write_bytes(content)
 
-        registered = await ficc("models", "register", "--gguf", str(local), env_extra=env)
-        assert registered.returncode == 0, registered.stderr
-        model = json.loads(registered.stdout)
-        assert model["files"][0]["sha256"] == hashlib.sha256(content).hexdigest()
+    registered = await ficc("models", "register", "--gguf", str(local), env_extra=env)
+    assert registered.returncode == 0, registered.stderr
+    model = json.loads(registered.stdout)
+    assert model["files"][0]["sha256"] == hashlib.sha256(content).hexdigest()
 
-        # An earlier, interrupted upload left 1 MiB on the server.
-        async with httpx.AsyncClient(base_url=url, headers=bearer(token)) as http:
-            first = await http.post(
-                f"/api/v1/models/{model['id']}/files/0/bytes?offset=0",
-                content=content[:MiB],
-                headers={"Content-Type": "application/octet-stream"},
-            )
-            assert first.json()["received_bytes"] == MiB
-        uploaded = await ficc("models", "upload", model["id"], str(local), env_extra=env)
-        assert uploaded.returncode == 0, uploaded.stderr
-        assert b"tiny.gguf: verified" in uploaded.stdout
-        assert b"%" in uploaded.stderr  # the progress bar
+    # An earlier, interrupted upload left 1 MiB on the server.
+    async with httpx.AsyncClient(base_url=url, headers=bearer(token)) as http:
+        first = await http.post(
+            f"/api/v1/models/{model['id']}/files/0/bytes?offset=0",
+            content=content[:MiB],
+            headers={"Content-Type": "application/octet-stream"},
+        )
+        assert first.json()["received_bytes"] == MiB
+    uploaded = await ficc("models", "upload", model["id"], str(local), env_extra=env)
+    assert uploaded.returncode == 0, uploaded.stderr
+    assert b"tiny.gguf: verified" in uploaded.stdout
+    assert b"%" in uploaded.stderr  # the progress bar
 
-        shown = json.loads((await ficc("models", "show", model["id"], env_extra=env)).stdout)
-        assert shown["state"] == "verified"
-        listed = (await ficc("models", "list", env_extra=env)).stdout.decode()
-        assert model["id"] in listed and "verified" in listed
+    shown = json.loads((await ficc("models", "show", model["id"], env_extra=env)).stdout)
+    assert shown["state"] == "verified"
+    listed = (await ficc("models", "list", env_extra=env)).stdout.decode()
+    assert model["id"] in listed and "verified" in listed
 
-        deleted = await ficc("models", "delete", model["id"], "--evict", env_extra=env)
-        assert json.loads(deleted.stdout)["evicted"] == [hashlib.sha256(content).hexdigest()]
-        missing = await ficc("models", "show", model["id"], env_extra=env)
-        assert missing.returncode != 0
-        assert b"[model_not_found]" in missing.stderr
-    finally:
-        server.proc.terminate()
-        server.kill()
+    deleted = await ficc("models", "delete", model["id"], "--evict", env_extra=env)
+    assert json.loads(deleted.stdout)["evicted"] == [hashlib.sha256(content).hexdigest()]
+    missing = await ficc("models", "show", model["id"], env_extra=env)
+    assert missing.returncode != 0
+    assert b"[model_not_found]" in missing.stderr
 
 
-async def test_acquire_wait_follows_progress_to_verified(tmp_path, ca_bundle, https_server):
+async def test_acquire_wait_follows_progress_to_verified(tmp_path, serve_process, https_server):
     content = random_bytes(6 * MiB, seed=32)
     https_server.add("/m.gguf", ServedFile(content, chunk_delay=0.002))
-    config = tmp_path / "ficc.toml"
-    config.write_text(f'ca_bundle = "{ca_bundle}"\nallow_private_addresses = true\n')
-    server = ServeProcess(tmp_path / "data", config=config)
-    try:
-        url = await server.wait_ready()
-        token = await server.admin_token()
-        env = {"FICC_URL": url, "FICC_TOKEN": token}
-        manifest = tmp_path / "m.json"
-        manifest.write_text(
-            json.dumps(gguf_manifest("m", content, url=https_server.url("/m.gguf")))
-        )
-        model = json.loads((await ficc("models", "register", str(manifest), env_extra=env)).stdout)
-        result = await ficc(
-            "models", "acquire", model["id"], "--wait", "--interval", "0.1", env_extra=env
-        )
-        assert result.returncode == 0, result.stderr
-        assert b"m: verified" in result.stdout
-        assert b"MiB/s" in result.stderr
-    finally:
-        server.proc.terminate()
-        server.kill()
+    url, token = serve_process
+    env = {"FICC_URL": url, "FICC_TOKEN": token}
+    manifest = tmp_path / "m.json"
+    manifest.write_text(json.dumps(gguf_manifest("m", content, url=https_server.url("/m.gguf"))))
+    model = json.loads((await ficc("models", "register", str(manifest), env_extra=env)).stdout)
+    result = await ficc(
+        "models", "acquire", model["id"], "--wait", "--interval", "0.1", env_extra=env
+    )
+    assert result.returncode == 0, result.stderr
+    assert b"m: verified" in result.stdout
+    assert b"MiB/s" in result.stderr
