@@ -39,6 +39,9 @@ _EXPORTS: dict[str, str] = {
     "EndpointStreams": "ficc_core.executor",
     "BoundedLog": "ficc_core.executor",
     "check_fence": "ficc_core.executor",
+    "measure_resources": "ficc_core.executor",
+    "package_digest": "ficc_core.executor",
+    "total_memory": "ficc_core.executor",
     "CHUNK_SIZE": "ficc_core.executor",
     "QUEUE_CHUNKS": "ficc_core.executor",
     "ALLOWED_REQUEST_HEADERS": "ficc_core.executor",
@@ -70,6 +73,7 @@ _EXPORTS: dict[str, str] = {
     "EndpointContract": "ficc_core.schema",
     "ReadinessProbe": "ficc_core.schema",
     "JobInput": "ficc_core.schema",
+    "BootstrapRequest": "ficc_core.schema",
     "Job": "ficc_core.schema",
     "Fence": "ficc_core.schema",
     "ExecutorSnapshot": "ficc_core.schema",
@@ -92,6 +96,7 @@ __all__ = [
     "AttemptState",
     "AttemptStatus",
     "BodyChunk",
+    "BootstrapRequest",
     "BoundedLog",
     "EndOfStream",
     "EndpointContract",
@@ -140,6 +145,9 @@ __all__ = [
     "attempt_key",
     "check_fence",
     "hookimpl",
+    "measure_resources",
+    "package_digest",
+    "total_memory",
 ]
 
 if TYPE_CHECKING:
@@ -175,10 +183,14 @@ if TYPE_CHECKING:
         UnknownStream,
         attempt_key,
         check_fence,
+        measure_resources,
+        package_digest,
+        total_memory,
     )
     from .hookspecs import API_VERSION
     from .plugins import Adapter, AdapterRegistry, ExecutorRegistry, hookimpl
     from .schema import (
+        BootstrapRequest,
         EndpointContract,
         ExecutorSnapshot,
         Fence,

@@ -28,6 +28,7 @@ from .errors import (
     UnknownStream,
 )
 from .logs import BoundedLog
+from .node import measure_resources, package_digest, total_memory
 from .protocol import ExecutorProvider
 from .types import (
     AttemptState,
@@ -70,4 +71,7 @@ __all__ = [
     "UnknownStream",
     "attempt_key",
     "check_fence",
+    "measure_resources",
+    "package_digest",
+    "total_memory",
 ]

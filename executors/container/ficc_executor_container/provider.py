@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import os
 import resource
-import shutil
 import signal
 import subprocess
 from collections.abc import Mapping, Sequence
@@ -31,11 +30,12 @@ from ficc_core import (
     IsolationUnavailable,
     Job,
     LaunchFailed,
-    NodeResources,
     ProviderInfo,
     ResourceLimits,
     Runtime,
     SupervisingProvider,
+    measure_resources,
+    package_digest,
 )
 
 #: Where the attempt's socket directory and working directory appear in the container.
@@ -45,14 +45,6 @@ SOCKET_ENV = "FICC_ENDPOINT_SOCKET"
 ATTEMPT_DIR_ENV = "FICC_ATTEMPT_DIR"
 SOCKET_PLACEHOLDER = "{endpoint_socket}"
 V1_MEMORY = Path("/sys/fs/cgroup/memory")
-
-
-def package_digest() -> str:
-    """``sha256:<hex>`` over this package's Python sources (name and content, sorted)."""
-    digest = hashlib.sha256()
-    for path in sorted(Path(__file__).parent.glob("*.py")):
-        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
-    return "sha256:" + digest.hexdigest()
 
 
 def default_ulimits() -> tuple[str, ...]:
@@ -170,7 +162,7 @@ class ContainerProvider(SupervisingProvider):
                         InstalledRuntime(
                             name=runtime_name,
                             executor_provider=self.name,
-                            package_digest=package_digest(),
+                            package_digest=package_digest(Path(__file__).parent),
                             image_digest=image,
                         )
                     )
@@ -187,15 +179,12 @@ class ContainerProvider(SupervisingProvider):
         if not available:
             labels["isolation.problem"] = (self.unavailable or "")[:256]
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        pages = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
         return ExecutorSnapshot(
             node_id=self.node_id,
-            providers=[ProviderInfo(name=self.name, package_digest=package_digest())],
-            resources=NodeResources(
-                cpus=len(os.sched_getaffinity(0)),
-                memory_bytes=pages,
-                disk_free_bytes=shutil.disk_usage(self.state_dir).free,
-            ),
+            providers=[
+                ProviderInfo(name=self.name, package_digest=package_digest(Path(__file__).parent))
+            ],
+            resources=measure_resources(self.state_dir),
             runtimes=runtimes,
             labels=labels,
             endpoint_version=1 if available else None,

@@ -31,11 +31,12 @@ from ficc_core import (
     IsolationUnavailable,
     Job,
     LaunchFailed,
-    NodeResources,
     ProviderInfo,
     ResourceLimits,
     Runtime,
     SupervisingProvider,
+    measure_resources,
+    package_digest,
 )
 
 from . import cgroups
@@ -48,14 +49,6 @@ SOCKET_ENV = "FICC_ENDPOINT_SOCKET"
 ATTEMPT_DIR_ENV = "FICC_ATTEMPT_DIR"
 #: ``{endpoint_socket}`` in an argv element is replaced by the socket's path.
 SOCKET_PLACEHOLDER = "{endpoint_socket}"
-
-
-def package_digest() -> str:
-    """``sha256:<hex>`` over this package's Python sources (name and content, sorted)."""
-    digest = hashlib.sha256()
-    for path in sorted(Path(__file__).parent.glob("*.py")):
-        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
-    return "sha256:" + digest.hexdigest()
 
 
 class ProcessProvider(SupervisingProvider):
@@ -149,12 +142,10 @@ class ProcessProvider(SupervisingProvider):
         self.state_dir.mkdir(parents=True, exist_ok=True)
         return ExecutorSnapshot(
             node_id=self.node_id,
-            providers=[ProviderInfo(name=self.name, package_digest=package_digest())],
-            resources=NodeResources(
-                cpus=len(os.sched_getaffinity(0)),
-                memory_bytes=_total_memory(),
-                disk_free_bytes=shutil.disk_usage(self.state_dir).free,
-            ),
+            providers=[
+                ProviderInfo(name=self.name, package_digest=package_digest(Path(__file__).parent))
+            ],
+            resources=measure_resources(self.state_dir),
             labels=labels,
             endpoint_version=1 if isolated else None,
         )
@@ -310,13 +301,3 @@ def _start_time(pid: int) -> int | None:
     if fields[0] == "Z":
         return None
     return int(fields[19])
-
-
-def _total_memory() -> int:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError):
-        pass
-    return 0
