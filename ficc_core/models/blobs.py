@@ -244,7 +244,13 @@ class BlobStore:
 
         The caller holds :meth:`lock`. On a mismatch the partial file is discarded,
         the blob is marked failed with the reason, and :class:`DigestMismatch` is raised.
+        Once started, verification finishes even if the caller is cancelled (a pause,
+        a client hanging up), so a blob is never left half-way between states.
         """
+        with trio.CancelScope(shield=True):
+            return await self._verify_and_publish(sha256)
+
+    async def _verify_and_publish(self, sha256: str) -> BlobStatus:
         current = await self.status(sha256)
         if current.verified:
             return current
