@@ -5,11 +5,13 @@ BIN := $(VENV)/bin
 # Every distribution of this repository, installed editable; versions move in lockstep.
 DISTRIBUTIONS := -e .[test] \
 	-e adapters/llama_cpp -e adapters/ollama -e adapters/vllm \
-	-e executors/process -e executors/container
+	-e executors/process -e executors/container \
+	-e runtimes/llama_server -e plugins-example
 
 .PHONY: install serve test test-fast lint format docs clean
 
-$(VENV)/.installed: pyproject.toml adapters/*/pyproject.toml executors/*/pyproject.toml Makefile
+$(VENV)/.installed: pyproject.toml adapters/*/pyproject.toml executors/*/pyproject.toml \
+		runtimes/*/pyproject.toml plugins-example/pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet $(DISTRIBUTIONS)
@@ -41,4 +43,4 @@ docs: install  ## regenerate the generated sections of docs/
 	$(BIN)/python -m ficc_core.docs_config
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info */*/*.egg-info
+	rm -rf $(VENV) build dist *.egg-info */*/*.egg-info plugins-example/*.egg-info

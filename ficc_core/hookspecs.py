@@ -55,7 +55,8 @@ def ficc_register_adapters(registry: AdapterRegistry) -> None:
     object with ``API_VERSION = 1`` and a method
     ``job(specification, model_record, placement, immutable_input_references)``
     that returns a ``ficc_core.Job``. Adapters are pure translators: they do no
-    I/O and never start processes, so the factory must be cheap.
+    I/O and never start processes, so the factory must be cheap. An adapter
+    should pass the adapter conformance kit, ``ficc_core.testing.check_adapter``.
 
     ``registry.add`` raises ``ficc_core.PluginError`` when the name is already
     taken, when the adapter does not declare ``API_VERSION = 1``, or when it has

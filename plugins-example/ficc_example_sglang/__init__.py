@@ -1,0 +1,5 @@
+"""An example third-party FICC Inference engine adapter for SGLang."""
+
+from .adapter import SGLangAdapter, TranslationError
+
+__all__ = ["SGLangAdapter", "TranslationError"]
