@@ -4,12 +4,14 @@ import attrs
 import pytest
 
 from ficc_core.schema import (
+    BootstrapRequest,
     EndpointContract,
     Fence,
     Job,
     JobInput,
     ReadinessProbe,
     SchemaError,
+    canonical_json,
     structure,
     unstructure,
 )
@@ -232,3 +234,87 @@ def test_fence_refuses_generation_zero():
 def test_fence_refuses_a_malformed_plan_digest():
     document = {"attempt_id": "a", "generation": 1, "plan_digest": "1" * 64}
     assert _refusal(document, Fence)["path"] == "$.plan_digest"
+
+
+# -- bootstrap requests ------------------------------------------------------------------
+
+BLOB = "/api/blobs/sha256:" + "1" * 64
+INPUT = {"id": "model", "path": "/models/m.gguf", "digest": D1}
+BOOTSTRAPPED = {
+    "argv": ["ollama", "serve"],
+    "endpoint": {"paths": [BLOB, "/api/create", "/v1/chat/completions"]},
+    "inputs": [INPUT],
+    "bootstrap": [
+        {"path": BLOB, "input_id": "model", "expect": [201]},
+        {"path": "/api/create", "body": {"model": "m", "files": {"m.gguf": D1}}},
+    ],
+}
+
+
+def test_a_job_without_bootstrap_keeps_its_canonical_json_and_digest():
+    job = structure(JOB, Job)
+    assert job.bootstrap is None
+    assert canonical_json(job) == (
+        b'{"argv":["llama-server"],"capabilities":[],"endpoint":{"paths":'
+        b'["/v1/chat/completions"],"socket":"engine.sock","transport":"unix","version":1},'
+        b'"env":{},"inputs":[],"readiness":{"interval":0.5,"path":"/health","timeout":600.0}}'
+    )
+    assert job.digest() == "sha256:8e9a7fd60fc270c302df36413b055a61a623902e4c471f2aa4fa971c301f6334"
+
+
+def test_an_empty_bootstrap_is_the_same_as_none():
+    job = structure({**JOB, "bootstrap": []}, Job)
+    assert job.bootstrap is None
+    assert job.digest() == structure(JOB, Job).digest()
+
+
+def test_bootstrap_requests_keep_their_order_and_round_trip():
+    job = structure(BOOTSTRAPPED, Job)
+    assert [request.path for request in job.bootstrap] == [BLOB, "/api/create"]
+    assert job.bootstrap[0] == BootstrapRequest(path=BLOB, input_id="model", expect=(201,))
+    assert job.bootstrap[1].method == "POST" and job.bootstrap[1].expect == (200,)
+    assert structure(unstructure(job), Job) == job
+
+
+def test_bootstrap_changes_the_job_digest():
+    job = structure(BOOTSTRAPPED, Job)
+    assert job.digest() != attrs.evolve(job, bootstrap=job.bootstrap[:1]).digest()
+
+
+def test_bootstrap_path_must_be_admitted_by_the_endpoint_contract():
+    document = {**BOOTSTRAPPED, "bootstrap": [{"path": "/api/pull", "body": {}}]}
+    assert _refusal(document)["path"] == "$.bootstrap[0].path"
+
+
+def test_bootstrap_input_must_be_one_of_the_jobs_inputs():
+    document = {**BOOTSTRAPPED, "bootstrap": [{"path": BLOB, "input_id": "other"}]}
+    assert _refusal(document)["path"] == "$.bootstrap[0].input_id"
+
+
+def test_bootstrap_input_and_body_are_exclusive():
+    error = _refusal({"path": BLOB, "input_id": "model", "body": {}}, BootstrapRequest)
+    assert error["path"] == "$.input_id"
+
+
+def test_bootstrap_input_is_uploaded_with_post_only():
+    error = _refusal({"path": BLOB, "input_id": "model", "method": "GET"}, BootstrapRequest)
+    assert error["path"] == "$.input_id"
+
+
+def test_bootstrap_refuses_other_methods():
+    assert _refusal({"path": BLOB, "method": "DELETE"}, BootstrapRequest)["path"] == "$.method"
+
+
+def test_bootstrap_expects_success_statuses_only():
+    assert _refusal({"path": BLOB, "expect": [404]}, BootstrapRequest)["path"] == "$.expect[0]"
+    assert _refusal({"path": BLOB, "expect": []}, BootstrapRequest)["path"] == "$.expect"
+
+
+def test_bootstrap_body_is_a_bounded_json_object_or_array():
+    assert _refusal({"path": BLOB, "body": "text"}, BootstrapRequest)["path"] == "$.body"
+    huge = {"x": "y" * (70 * 1024)}
+    assert _refusal({"path": BLOB, "body": huge}, BootstrapRequest)["path"] == "$.body"
+
+
+def test_bootstrap_path_is_a_plain_request_path():
+    assert _refusal({"path": "/api/create?x=1"}, BootstrapRequest)["path"] == "$.path"

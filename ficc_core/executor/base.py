@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 import attrs
 import trio
 
+from .bootstrap import BootstrapFailed, run_bootstrap
 from .endpoint import EndpointStreams, check_fence
 from .errors import AttemptExists, EngineUnavailable, LaunchFailed
 from .logs import BoundedLog
@@ -384,6 +385,7 @@ class SupervisingProvider:
 
     async def _probe_until_ready(self, attempt: ExecutorAttempt) -> None:
         probe = attempt.job.readiness
+        status = 0
         with trio.move_on_after(probe.timeout):
             while True:
                 with trio.move_on_after(max(probe.interval, 2.0)):
@@ -393,16 +395,31 @@ class SupervisingProvider:
                         )
                     except (EngineUnavailable, OSError, trio.BrokenResourceError):
                         status = 0
-                    if status == 200:
-                        attempt.state = "ready"
-                        attempt.settle()
-                        return
+                if status == 200:
+                    break
                 await trio.sleep(probe.interval)
-        attempt.state, attempt.reason = "failed", "readiness_timeout"
-        attempt.message = (
+        if status == 200:
+            if attempt.job.bootstrap:
+                try:
+                    await run_bootstrap(
+                        self.streams, attempt.fence.attempt_id, attempt.job.bootstrap
+                    )
+                except BootstrapFailed as exc:
+                    await self._fail(attempt, "bootstrap_failed", f"{exc.message}; it was stopped")
+                    return
+            attempt.state = "ready"
+            attempt.settle()
+            return
+        await self._fail(
+            attempt,
+            "readiness_timeout",
             f"the engine did not answer 200 on {probe.path} within {probe.timeout:g} s; "
-            "it was stopped"
+            "it was stopped",
         )
+
+    async def _fail(self, attempt: ExecutorAttempt, reason: str, message: str) -> None:
+        """Mark the attempt failed before it was ready, and stop its engine."""
+        attempt.state, attempt.reason, attempt.message = "failed", reason, message
         attempt.settle()
         await self._signal(attempt, signal.SIGTERM)
         await trio.sleep(self.default_grace)

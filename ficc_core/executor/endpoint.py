@@ -310,19 +310,37 @@ class EndpointStreams:
         await stream.finished.wait()
 
     async def request(
-        self, attempt_id: str, method: str, path: str, *, limit: int = 65536
+        self,
+        attempt_id: str,
+        method: str,
+        path: str,
+        *,
+        limit: int = 65536,
+        body: bytes = b"",
+        content_type: str | None = None,
+        input_id: str | None = None,
     ) -> tuple[int, bytes]:
-        """Send one request outside the contract (the executor's own readiness probe)."""
+        """Send one request outside the gateway's streams (readiness probe, bootstrap).
+
+        With ``input_id``, the body is that admitted input's file, streamed from disk.
+        """
         attempt = self._attempts.get(attempt_id)
         if attempt is None:
             raise EngineUnavailable(f"attempt {attempt_id!r} is not reachable")
+        upload = None
+        if input_id is not None:
+            upload = await self._admitted_input(attempt, input_id, method, body)
+        headers = [] if content_type is None else [("content-type", content_type)]
         try:
             sock = await attempt.connect()
         except OSError as exc:
             raise EngineUnavailable(f"the engine refused the connection: {exc}") from None
         async with sock:
             conn = h11.Connection(h11.CLIENT)
-            await sock.send_all(_request_bytes(conn, method, path, [], b""))
+            if upload is None:
+                await sock.send_all(_request_bytes(conn, method, path, headers, body))
+            else:
+                await _send_file(conn, sock, method, path, headers, *upload)
             status, body = 0, b""
             while True:
                 event = conn.next_event()

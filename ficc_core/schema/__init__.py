@@ -6,13 +6,14 @@ compare or fence them with :func:`canonical_json` and :func:`digest`.
 """
 
 from ._convert import FieldError, SchemaError, canonical_json, digest, structure, unstructure
-from .job import EndpointContract, Fence, Job, JobInput, ReadinessProbe
+from .job import BootstrapRequest, EndpointContract, Fence, Job, JobInput, ReadinessProbe
 from .models import ModelFile, ModelManifest, ModelMetadata, ModelRecord, ModelSource
 from .snapshot import ExecutorSnapshot, GpuDevice, InstalledRuntime, NodeResources, ProviderInfo
 from .spec import GpuRequest, Placement, ResourceLimits, Runtime, Specification
 from .workload import Workload
 
 __all__ = [
+    "BootstrapRequest",
     "EndpointContract",
     "ExecutorSnapshot",
     "Fence",

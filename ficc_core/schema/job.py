@@ -6,6 +6,7 @@ executor exposes, a :class:`ReadinessProbe` and the engine's capabilities. The
 executor owns the process, its limits and its socket; the job only describes them.
 """
 
+import json
 import re
 from typing import Any, Literal
 
@@ -192,6 +193,99 @@ class JobInput:
     digest: str | None = attrs.field(default=None, validator=_optional(_digest_string))
 
 
+#: The largest JSON body a bootstrap request may carry, in bytes of canonical JSON.
+MAX_BOOTSTRAP_BODY = 64 * 1024
+
+
+def _json_body(_instance: Any, attribute: "attrs.Attribute[Any]", value: Any) -> None:
+    if value is None:
+        return
+    if not isinstance(value, dict | list):
+        raise FieldError(attribute.name, f"must be a JSON object or array, got {_shown(value)}")
+    try:
+        encoded = json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise FieldError(attribute.name, f"must be plain JSON: {exc}") from None
+    if len(encoded) > MAX_BOOTSTRAP_BODY:
+        raise FieldError(
+            attribute.name, f"has {len(encoded)} bytes of JSON; at most {MAX_BOOTSTRAP_BODY}"
+        )
+
+
+def _statuses(_instance: Any, attribute: "attrs.Attribute[Any]", value: Any) -> None:
+    _items(int, non_empty=True, noun="status code")(_instance, attribute, value)
+    for index, status in enumerate(value):
+        if isinstance(status, bool) or not 200 <= status <= 299:
+            raise FieldError(
+                f"{attribute.name}[{index}]",
+                f"must be a success status (200 to 299), got {_shown(status)}",
+            )
+
+
+def _one_body(instance: Any, attribute: "attrs.Attribute[Any]", value: Any) -> None:
+    if value is None:
+        return
+    _matches(NODE_ID_PATTERN, "an input ID")(instance, attribute, value)
+    if instance.body is not None:
+        raise FieldError(attribute.name, "and body are exclusive: the input is the body")
+    if instance.method != "POST":
+        raise FieldError(attribute.name, "is uploaded with POST only")
+
+
+@attrs.frozen(kw_only=True)
+class BootstrapRequest:
+    """One request the executor sends after readiness and before it reports the attempt ready.
+
+    Engines such as Ollama start empty and are given their model through their own
+    API; a job lists those requests, in order, in :attr:`Job.bootstrap`. The
+    executor sends each one to the engine (never the gateway), and a status outside
+    ``expect`` fails the attempt.
+
+    :ivar path: the request path; the job's endpoint contract must admit it.
+    :ivar method: ``"POST"`` (default) or ``"GET"``.
+    :ivar body: a JSON object or array sent as ``application/json``; absent for none.
+    :ivar input_id: an admitted input of the job whose *file* the executor streams as
+        the body (``application/octet-stream``): the only way an input reaches an
+        engine's native blob upload route. Exclusive with ``body``; POST only.
+    :ivar expect: the success statuses that let the bootstrap go on (default ``200``).
+    :ivar timeout: seconds the request may take, upload included (default 600).
+    """
+
+    path: str = attrs.field(validator=_request_path)
+    method: Literal["GET", "POST"] = attrs.field(default="POST", validator=_one_of("GET", "POST"))
+    body: Any = attrs.field(default=None, validator=_json_body, hash=False)
+    input_id: str | None = attrs.field(default=None, validator=_one_body)
+    expect: tuple[int, ...] = attrs.field(default=(200,), converter=_as_tuple, validator=_statuses)
+    timeout: float = attrs.field(default=600.0, converter=_as_float, validator=_number(above=0))
+
+
+def _as_bootstrap(value: Any) -> tuple[BootstrapRequest, ...] | None:
+    # Absent and empty are the same: None is left out of the canonical JSON, so a
+    # job without bootstrap requests keeps the digest it had before they existed.
+    if value is None:
+        return None
+    value = _as_tuple(value)
+    return value or None
+
+
+def _bootstrap(instance: Any, attribute: "attrs.Attribute[Any]", value: Any) -> None:
+    if value is None:
+        return
+    _items(BootstrapRequest)(instance, attribute, value)
+    inputs = {item.id for item in instance.inputs}
+    for index, request in enumerate(value):
+        if not instance.endpoint.admits(request.path):
+            raise FieldError(
+                f"{attribute.name}[{index}].path",
+                f"{_shown(request.path)} is not admitted by the job's endpoint contract",
+            )
+        if request.input_id is not None and request.input_id not in inputs:
+            raise FieldError(
+                f"{attribute.name}[{index}].input_id",
+                f"{_shown(request.input_id)} is not one of the job's inputs",
+            )
+
+
 def _env(_instance: Any, attribute: "attrs.Attribute[Any]", value: Any) -> None:
     for name, setting in value.items():
         if not isinstance(name, str) or not ENV_NAME_PATTERN.fullmatch(name):
@@ -245,6 +339,10 @@ class Job:
         600 s start-up timeout, probing every 0.5 s).
     :ivar capabilities: what the engine serves (``chat``, ``embeddings``, ``streaming``,
         ``tools``, ...); stored sorted and without duplicates.
+    :ivar bootstrap: requests the executor sends, in order, once the readiness probe
+        passes and before the attempt is reported ready (see :class:`BootstrapRequest`).
+        Absent (and left out of the canonical JSON, so digests of jobs without it do
+        not change) when the engine needs none; an empty list means absent.
     """
 
     argv: tuple[str, ...] = attrs.field(converter=_as_tuple, validator=_argv)
@@ -260,6 +358,10 @@ class Job:
     )
     capabilities: tuple[str, ...] = attrs.field(
         default=(), converter=_as_sorted_set, validator=_capabilities
+    )
+    # Added for bootstrapping engines; None is omitted from the canonical JSON.
+    bootstrap: tuple[BootstrapRequest, ...] | None = attrs.field(
+        default=None, converter=_as_bootstrap, validator=_bootstrap
     )
 
     def digest(self) -> str:

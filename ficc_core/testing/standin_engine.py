@@ -18,6 +18,10 @@ Its routes exist to make an executor's behaviour observable from the engine's si
 - ``POST /write``: ``{"path": p}``; tries to create ``p``, reports what happened.
 - ``GET /env``: the engine's environment, working directory and PID.
 - ``POST /spawn``: starts a child that sleeps in a new session; reports its PID.
+- ``POST /blobs/<sha256 hex>``: a model-blob upload route: 201 when the body's
+  sha256 is the one in the path, 400 otherwise; recorded in ``/received``.
+- ``POST /setup``: records its JSON body in ``/received`` (a bootstrap step).
+- ``GET /received``: the uploads and setups so far, in order, as JSON.
 """
 
 from __future__ import annotations
@@ -52,7 +56,11 @@ ROUTES = (
     "/write",
     "/env",
     "/spawn",
+    "/setup",
+    "/received",
 )
+#: The prefix of the blob upload route (the full path ends with the sha256 in hex).
+BLOBS = "/blobs/"
 
 _stats_lock = threading.Lock()
 _stats: dict[str, Any] = {
@@ -61,6 +69,7 @@ _stats: dict[str, Any] = {
     "last_disconnect_at": None,
     "streams_open": 0,
 }
+_received: list[dict[str, Any]] = []
 _started = time.monotonic()
 _ready_after = 0.0
 
@@ -126,6 +135,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         elif route == "/stats":
             with _stats_lock:
                 self._json(200, dict(_stats, pid=os.getpid()))
+        elif route == "/received":
+            with _stats_lock:
+                self._json(200, list(_received))
         else:
             self._json(404, {"error": "not found"})
 
@@ -147,7 +159,21 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 },
             )
             return
+        if route.startswith(BLOBS):
+            expected, actual = route[len(BLOBS) :], hashlib.sha256(raw).hexdigest()
+            with _stats_lock:
+                _received.append({"path": route, "length": len(raw), "sha256": actual})
+            if actual == expected:
+                self._json(201, {"sha256": actual})
+            else:
+                self._json(400, {"error": f"digest mismatch: the body's sha256 is {actual}"})
+            return
         body = json.loads(raw) if raw else {}
+        if route == "/setup":
+            with _stats_lock:
+                _received.append({"path": route, "body": body})
+            self._json(200, {"status": "set up"})
+            return
         if route == "/connect":
             self._json(200, {"results": [_try_connect(h, p) for h, p in body["targets"]]})
         elif route == "/burn":

@@ -1,0 +1,140 @@
+"""Specifications, model records and inputs for the ollama adapter's tests.
+
+Tests run with ``--import-mode=importlib``, so a sibling module cannot be imported by
+name: the ``cases`` fixture hands this module to a test instead.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+import trio
+
+from ficc_core import (
+    GpuRequest,
+    JobInput,
+    ModelFile,
+    ModelManifest,
+    ModelMetadata,
+    ModelRecord,
+    Placement,
+    ResourceLimits,
+    Runtime,
+    Specification,
+)
+
+SHA = "ab" * 32
+DIGEST = "sha256:" + SHA
+BLOB_PATH = "/var/lib/ficc/blobs/sha256/" + SHA
+_PINNED = "sha256:" + "0" * 64
+
+
+def model_record(
+    *,
+    path: str = "SmolLM2-135M-Instruct.Q4_1.gguf",
+    sha256: str = SHA,
+    embedding: bool = False,
+    chat_template: bool = True,
+    hf_directory: bool = False,
+) -> ModelRecord:
+    """A registered model: one GGUF file, or a Hugging Face directory."""
+    if hf_directory:
+        manifest = ModelManifest.hf_directory(
+            "Small model",
+            [
+                ModelFile(path="config.json", size=10, sha256="1" * 64),
+                ModelFile(path="model.safetensors", size=1024, sha256="2" * 64),
+            ],
+        )
+    else:
+        manifest = ModelManifest.gguf("Small model", ModelFile(path=path, size=1024, sha256=sha256))
+    return ModelRecord(
+        id="model-1",
+        revision=manifest.digest(),
+        manifest=manifest,
+        metadata=ModelMetadata(
+            architecture="llama",
+            context_length=8192,
+            chat_template=chat_template,
+            embedding=embedding,
+        ),
+    )
+
+
+def model_input(path: str = BLOB_PATH, digest: str | None = DIGEST) -> JobInput:
+    """The admitted GGUF file of :func:`model_record`."""
+    return JobInput(id="model", path=path, digest=digest)
+
+
+def placement(*, cpus: float = 4.0, gpus: tuple[int, ...] = ()) -> Placement:
+    """One node, with one GPU reservation per entry of ``gpus`` (its memory in bytes)."""
+    return Placement(
+        node_id="node-1",
+        limits=ResourceLimits(
+            cpus=cpus,
+            memory_bytes=8 * 1024**3,
+            gpus=[GpuRequest(index=i, memory_bytes=size) for i, size in enumerate(gpus)],
+        ),
+    )
+
+
+def specification(
+    *,
+    executable: str = "/usr/bin/ollama",
+    alias: str = "smollm2",
+    context: int = 4096,
+    concurrency: int = 2,
+    where: Placement | None = None,
+    **options: object,
+) -> Specification:
+    """A one-replica ollama service of :func:`model_record`."""
+    return Specification(
+        alias=alias,
+        model_id="model-1",
+        engine="ollama",
+        runtime=Runtime(
+            executor_provider="process",
+            package_digest=_PINNED,
+            image_digest=_PINNED,
+            isolation="process",
+        ),
+        image_executable=executable,
+        context=context,
+        concurrency=concurrency,
+        placements=[where or placement()],
+        **options,
+    )
+
+
+@pytest.fixture
+def cases() -> ModuleType:
+    """This module: builders for specifications, model records, placements and inputs."""
+    return sys.modules[__name__]
+
+
+@pytest.fixture
+def state_dir() -> Iterator[Path]:
+    """A short state directory: the provider's socket paths must fit in 107 bytes."""
+    path = Path(tempfile.mkdtemp(prefix="fo-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+async def provider(state_dir: Path) -> AsyncIterator[Any]:
+    """A running process provider (engines in their own network namespace)."""
+    from ficc_executor_process.provider import ProcessProvider
+
+    provider = ProcessProvider(state_dir=state_dir, stream_idle_timeout=60.0, default_grace=5.0)
+    async with trio.open_nursery() as nursery:
+        with trio.fail_after(30):
+            await nursery.start(provider.run)
+        yield provider
+        nursery.cancel_scope.cancel()

@@ -1,0 +1,139 @@
+"""Specifications, model records and inputs for the vllm adapter's tests.
+
+Tests run with ``--import-mode=importlib``, so a sibling module cannot be imported by
+name: the ``cases`` fixture hands this module to a test instead.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+import trio
+
+from ficc_core import (
+    GpuRequest,
+    JobInput,
+    ModelFile,
+    ModelManifest,
+    ModelMetadata,
+    ModelRecord,
+    Placement,
+    ResourceLimits,
+    Runtime,
+    Specification,
+)
+
+GIB = 1024**3
+MODEL_DIR = "/var/lib/ficc/models/smollm2-135m-instruct"
+_PINNED = "sha256:" + "0" * 64
+
+
+def model_record(*, weights: int = 2 * GIB, embedding: bool = False, gguf: bool = False):
+    """A registered Hugging Face directory (``weights`` bytes of safetensors), or a GGUF."""
+    if gguf:
+        manifest = ModelManifest.gguf(
+            "Small model", ModelFile(path="model.gguf", size=1024, sha256="1" * 64)
+        )
+    else:
+        manifest = ModelManifest.hf_directory(
+            "Small model",
+            [
+                ModelFile(path="config.json", size=700, sha256="1" * 64),
+                ModelFile(path="tokenizer.json", size=2_000_000, sha256="2" * 64),
+                ModelFile(
+                    path="model-00001-of-00002.safetensors", size=weights // 2, sha256="3" * 64
+                ),
+                ModelFile(
+                    path="model-00002-of-00002.safetensors",
+                    size=weights - weights // 2,
+                    sha256="4" * 64,
+                ),
+            ],
+        )
+    return ModelRecord(
+        id="model-1",
+        revision=manifest.digest(),
+        manifest=manifest,
+        metadata=ModelMetadata(architecture="llama", context_length=8192, embedding=embedding),
+    )
+
+
+def model_input(path: str = MODEL_DIR) -> JobInput:
+    """The admitted model directory."""
+    return JobInput(id="model", path=path)
+
+
+def placement(
+    *, cpus: float = 8.0, memory: int = 16 * GIB, gpus: tuple[int, ...] = ()
+) -> Placement:
+    """One node, with one GPU reservation per entry of ``gpus`` (its memory in bytes)."""
+    return Placement(
+        node_id="node-1",
+        limits=ResourceLimits(
+            cpus=cpus,
+            memory_bytes=memory,
+            gpus=[GpuRequest(index=i, memory_bytes=size) for i, size in enumerate(gpus)],
+        ),
+    )
+
+
+def specification(
+    *,
+    executable: str = "/opt/vllm/bin/vllm",
+    alias: str = "smollm2",
+    context: int = 4096,
+    concurrency: int = 8,
+    where: Placement | None = None,
+    **options: object,
+) -> Specification:
+    """A one-replica vllm service of :func:`model_record`."""
+    return Specification(
+        alias=alias,
+        model_id="model-1",
+        engine="vllm",
+        runtime=Runtime(
+            executor_provider="process",
+            package_digest=_PINNED,
+            image_digest=_PINNED,
+            isolation="process",
+        ),
+        image_executable=executable,
+        context=context,
+        concurrency=concurrency,
+        placements=[where or placement()],
+        **options,
+    )
+
+
+@pytest.fixture
+def cases() -> ModuleType:
+    """This module: builders for specifications, model records, placements and inputs."""
+    return sys.modules[__name__]
+
+
+@pytest.fixture
+def state_dir() -> Iterator[Path]:
+    """A short state directory: the provider's socket paths must fit in 107 bytes."""
+    path = Path(tempfile.mkdtemp(prefix="fv-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+async def provider(state_dir: Path) -> AsyncIterator[Any]:
+    """A running process provider (engines in their own network namespace)."""
+    from ficc_executor_process.provider import ProcessProvider
+
+    provider = ProcessProvider(state_dir=state_dir, stream_idle_timeout=120.0, default_grace=15.0)
+    async with trio.open_nursery() as nursery:
+        with trio.fail_after(30):
+            await nursery.start(provider.run)
+        yield provider
+        nursery.cancel_scope.cancel()

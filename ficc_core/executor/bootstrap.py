@@ -1,0 +1,86 @@
+"""The job's bootstrap requests: what the executor sends after readiness, before "ready".
+
+Some engines start empty and are handed their model through their own API
+(Ollama: upload the weights to ``/api/blobs/sha256:<digest>``, then ``/api/create``).
+A job lists those requests in :attr:`~ficc_core.Job.bootstrap`; the executor sends
+them, in order, once the readiness probe passes. Only the executor sends them,
+and only the job's admitted inputs can be streamed as a body, so no client ever
+chooses which host file reaches an engine. The first request that fails, times
+out or answers a status outside its ``expect`` list fails the attempt.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING
+
+import h11
+import trio
+
+from .errors import ExecutorError
+
+if TYPE_CHECKING:
+    from ..schema import BootstrapRequest
+    from .endpoint import EndpointStreams
+
+__all__ = ["BootstrapFailed", "run_bootstrap"]
+
+#: How much of a refusing answer's body goes into the failure message.
+_ANSWER_SHOWN = 300
+
+
+class BootstrapFailed(ExecutorError):
+    """A bootstrap request failed; the message names the request and what happened."""
+
+    status = 502
+    code = "bootstrap_failed"
+
+
+def describe(index: int, request: BootstrapRequest) -> str:
+    """``bootstrap request 2 (POST /api/create)``, for messages."""
+    return f"bootstrap request {index + 1} ({request.method} {request.path})"
+
+
+async def run_bootstrap(
+    streams: EndpointStreams, attempt_id: str, requests: tuple[BootstrapRequest, ...]
+) -> None:
+    """Send ``requests`` to the attempt's engine in order; raise :class:`BootstrapFailed`."""
+    for index, request in enumerate(requests):
+        what = describe(index, request)
+        body = b""
+        content_type = None
+        if request.body is not None:
+            body = json.dumps(request.body, separators=(",", ":")).encode()
+            content_type = "application/json"
+        status, answer = 0, b""
+        with trio.move_on_after(request.timeout) as scope:
+            try:
+                status, answer = await streams.request(
+                    attempt_id,
+                    request.method,
+                    request.path,
+                    body=body,
+                    content_type=content_type,
+                    input_id=request.input_id,
+                    limit=4096,
+                )
+            except (ExecutorError, OSError, trio.BrokenResourceError, h11.ProtocolError) as exc:
+                raise BootstrapFailed(
+                    f"{what} failed: {exc}", details=_details(index, request)
+                ) from None
+        if scope.cancelled_caught:
+            raise BootstrapFailed(
+                f"{what} did not answer within {request.timeout:g} s",
+                details=_details(index, request),
+            )
+        if status not in request.expect:
+            shown = answer[:_ANSWER_SHOWN].decode("utf-8", "replace").strip()
+            expected = ", ".join(str(code) for code in request.expect)
+            raise BootstrapFailed(
+                f"{what} answered {status}, expected {expected}" + (f": {shown}" if shown else ""),
+                details={**_details(index, request), "status": status},
+            )
+
+
+def _details(index: int, request: BootstrapRequest) -> dict[str, object]:
+    return {"index": index, "method": request.method, "path": request.path}
