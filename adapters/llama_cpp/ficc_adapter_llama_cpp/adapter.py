@@ -1,28 +1,189 @@
-"""The llama_cpp adapter: a service specification in, a job out."""
+"""The llama_cpp adapter: a service specification in, a ``llama-server`` job out.
+
+The job is the real ``llama-server`` command line (llama.cpp ``tools/server``), so
+it runs unchanged with a ``llama-server`` binary on a GPU node or with the
+``ficc-llama-server`` runtime, which accepts exactly these flags. The translation
+is pure: no I/O, no processes, the same job for the same arguments.
+
+Flag mapping (checked against llama.cpp's ``tools/server/README.md``):
+
+=====================  ===========================================================
+``--model``            the one admitted GGUF input's path
+``--host``             ``{endpoint_socket}``: a path ending in ``.sock`` makes
+                       llama-server listen on that Unix socket
+``--ctx-size``         ``context * concurrency``: without a unified KV cache
+                       llama.cpp divides the pool evenly across the slots
+``--parallel``         ``concurrency`` (one slot per concurrent request)
+``--threads``          ``ceil(placement cpus)``, at least 1
+``--n-gpu-layers``     ``gpu_layers``; ``0`` on a placement without GPUs
+``--tensor-split``     ``tensor_split``, one share per reserved GPU
+``--alias``            the specification's ``alias`` (the model name clients send)
+``--embedding``        when the model is an embedding model
+``--metrics``          always: Prometheus ``/metrics``
+``--no-webui``         always: the engine serves the API only
+=====================  ===========================================================
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import math
+from typing import Any
 
-if TYPE_CHECKING:
-    from ficc_core import Job, Placement, Specification
+from ficc_core import (
+    EndpointContract,
+    FieldError,
+    Job,
+    JobInput,
+    ModelRecord,
+    Placement,
+    ReadinessProbe,
+    Specification,
+)
+
+#: The argv element the executor replaces with the engine's Unix socket path.
+ENDPOINT_SOCKET = "{endpoint_socket}"
+#: The socket's name in the attempt directory; llama-server needs the ``.sock`` suffix.
+SOCKET_NAME = "engine.sock"
+
+HEALTH_PATH = "/health"
+CHAT_PATH = "/v1/chat/completions"
+EMBEDDINGS_PATH = "/v1/embeddings"
+#: Admitted whatever the model serves: readiness, the model list and metrics.
+COMMON_PATHS = (HEALTH_PATH, "/metrics", "/v1/models")
+
+
+class LlamaCppUnsupported(FieldError):
+    """The specification asks for something llama.cpp cannot do; ``field`` names what to change."""
+
+
+def capabilities(model_record: ModelRecord) -> tuple[str, ...]:
+    """What a llama_cpp service of ``model_record`` serves.
+
+    A chat model serves chat with streaming (SSE); an embedding model is run with
+    ``--embedding`` and serves embeddings only. Tools are not claimed: function
+    calling depends on the model's chat template and on ``--jinja``, which older
+    llama-server releases do not enable by default.
+    """
+    if model_record.metadata.embedding:
+        return ("embeddings",)
+    return ("chat", "streaming")
+
+
+def _format_share(share: float) -> str:
+    # 3.0 -> "3", 0.25 -> "0.25": the shortest exact form, so equal specs give equal argv.
+    return str(int(share)) if share.is_integer() else repr(share)
+
+
+def _model_input(model_record: ModelRecord, references: Any) -> JobInput:
+    references = tuple(references)
+    if model_record.manifest.format != "gguf":
+        raise LlamaCppUnsupported(
+            "model_id",
+            f"llama.cpp loads GGUF models; model {model_record.id!r} is "
+            f"{model_record.manifest.format!r}",
+        )
+    if len(references) != 1 or not isinstance(references[0], JobInput):
+        raise LlamaCppUnsupported(
+            "immutable_input_references",
+            f"a GGUF model needs exactly one file input, got {len(references)}",
+        )
+    [reference] = references
+    [weights] = [file for file in model_record.manifest.files if file.path.endswith(".gguf")]
+    expected = "sha256:" + weights.sha256
+    if reference.digest is not None and reference.digest != expected:
+        raise LlamaCppUnsupported(
+            "immutable_input_references",
+            f"input {reference.id!r} has digest {reference.digest}, but the model's "
+            f"{weights.path} is {expected}",
+        )
+    return reference
+
+
+def _gpu_flags(specification: Specification, placement: Placement) -> list[str]:
+    gpus = len(placement.limits.gpus)
+    if gpus == 0:
+        if specification.gpu_layers:
+            raise LlamaCppUnsupported(
+                "gpu_layers",
+                f"offloads {specification.gpu_layers} layers, but the placement on "
+                f"{placement.node_id!r} reserves no GPU",
+            )
+        if specification.tensor_split is not None:
+            raise LlamaCppUnsupported(
+                "tensor_split", f"the placement on {placement.node_id!r} reserves no GPU"
+            )
+        # Explicit, so a GPU build of llama-server never offloads to an unreserved GPU.
+        return ["--n-gpu-layers", "0"]
+    flags = []
+    if specification.gpu_layers is not None:
+        flags += ["--n-gpu-layers", str(specification.gpu_layers)]
+    if specification.tensor_split is not None:
+        if len(specification.tensor_split) > gpus:
+            raise LlamaCppUnsupported(
+                "tensor_split",
+                f"lists {len(specification.tensor_split)} shares, but the placement on "
+                f"{placement.node_id!r} reserves {gpus} GPU(s)",
+            )
+        shares = ",".join(_format_share(share) for share in specification.tensor_split)
+        flags += ["--tensor-split", shares]
+    return flags
 
 
 class LlamaCppAdapter:
-    """Translate a service specification into a job for llama.cpp's `llama-server`."""
+    """Translate a service specification into a job for llama.cpp's ``llama-server``."""
 
     API_VERSION = 1
     name = "llama_cpp"
 
+    def capabilities(self, model_record: ModelRecord) -> tuple[str, ...]:
+        """What a service of ``model_record`` gets from this engine (see :func:`capabilities`)."""
+        return capabilities(model_record)
+
     def job(
         self,
         specification: Specification,
-        model_record: object,
+        model_record: ModelRecord,
         placement: Placement,
-        immutable_input_references: object,
+        immutable_input_references: tuple[JobInput, ...],
     ) -> Job:
-        """Return the job that runs one replica of ``specification`` on ``placement``."""
-        raise NotImplementedError(
-            f"the {self.name!r} adapter is registered, but its translation of a "
-            "specification into a job lands with the adapters issue"
+        """Return the job that runs one replica of ``specification`` on ``placement``.
+
+        :raises LlamaCppUnsupported: the model is not one GGUF file input, or the
+            specification asks for GPUs or tensor parallelism the placement or
+            llama.cpp cannot give.
+        """
+        model = _model_input(model_record, immutable_input_references)
+        if specification.parallelism not in (None, 1):
+            raise LlamaCppUnsupported(
+                "parallelism",
+                f"llama.cpp has no tensor-parallel degree (got {specification.parallelism}); "
+                "use tensor_split to spread layers across GPUs",
+            )
+        served = capabilities(model_record)
+        embedding = "embeddings" in served
+        threads = max(1, math.ceil(placement.limits.cpus))
+        argv = [
+            specification.image_executable,
+            "--model", model.path,
+            "--host", ENDPOINT_SOCKET,
+            "--ctx-size", str(specification.context * specification.concurrency),
+            "--parallel", str(specification.concurrency),
+            "--threads", str(threads),
+            *_gpu_flags(specification, placement),
+            "--alias", specification.alias,
+        ]  # fmt: skip
+        if embedding:
+            argv.append("--embedding")
+        argv += ["--metrics", "--no-webui"]
+        paths = [*COMMON_PATHS]
+        if "chat" in served:
+            paths.append(CHAT_PATH)
+        if embedding:
+            paths.append(EMBEDDINGS_PATH)
+        return Job(
+            argv=argv,
+            inputs=(model,),
+            endpoint=EndpointContract.unix(paths, socket=SOCKET_NAME),
+            readiness=ReadinessProbe(path=HEALTH_PATH),
+            capabilities=served,
         )

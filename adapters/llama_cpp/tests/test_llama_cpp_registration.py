@@ -2,7 +2,6 @@
 
 from importlib import metadata
 
-import pytest
 from ficc_adapter_llama_cpp.adapter import LlamaCppAdapter
 
 from ficc_core import API_VERSION
@@ -19,9 +18,7 @@ def test_llama_cpp_adapter_is_discovered_through_its_entry_point():
     assert isinstance(plugin_set.adapters["llama_cpp"], LlamaCppAdapter)
 
 
-def test_llama_cpp_adapter_declares_the_plugin_api_and_defers_translation():
+def test_llama_cpp_adapter_declares_the_plugin_api():
     adapter = build_plugin_manager(autoload=True).adapters["llama_cpp"]
     assert adapter.API_VERSION == 1
     assert adapter.name == "llama_cpp"
-    with pytest.raises(NotImplementedError, match="adapters issue"):
-        adapter.job(None, None, None, ())
