@@ -7,11 +7,10 @@ import shutil
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import gguf
 import pytest
-import trio
-from ficc_executor_process.provider import ProcessProvider
 
 
 @pytest.fixture(scope="session")
@@ -66,18 +65,9 @@ def smollm2_embedding_gguf(smollm2_gguf: Path) -> Iterator[Path]:
 
 
 @pytest.fixture
-def state_dir() -> Iterator[Path]:
-    # Short, so the engine's socket path fits in 107 bytes.
-    path = Path(tempfile.mkdtemp(prefix="fl-", dir="/tmp"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+async def provider() -> AsyncIterator[Any]:
+    """A running process provider (engines in their own network namespace)."""
+    from ficc_executor_process.testing import running_process_provider
 
-
-@pytest.fixture
-async def provider(state_dir: Path) -> AsyncIterator[ProcessProvider]:
-    provider = ProcessProvider(state_dir=state_dir, stream_idle_timeout=30.0, default_grace=5.0)
-    async with trio.open_nursery() as nursery:
-        with trio.fail_after(30):
-            await nursery.start(provider.run)
+    async with running_process_provider(stream_idle_timeout=60.0) as provider:
         yield provider
-        nursery.cancel_scope.cancel()

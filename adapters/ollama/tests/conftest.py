@@ -6,16 +6,12 @@ name: the ``cases`` fixture hands this module to a test instead.
 
 from __future__ import annotations
 
-import shutil
 import sys
-import tempfile
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
+from collections.abc import AsyncIterator
 from types import ModuleType
 from typing import Any
 
 import pytest
-import trio
 
 from ficc_core import (
     GpuRequest,
@@ -120,21 +116,9 @@ def cases() -> ModuleType:
 
 
 @pytest.fixture
-def state_dir() -> Iterator[Path]:
-    """A short state directory: the provider's socket paths must fit in 107 bytes."""
-    path = Path(tempfile.mkdtemp(prefix="fo-", dir="/tmp"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest.fixture
-async def provider(state_dir: Path) -> AsyncIterator[Any]:
+async def provider() -> AsyncIterator[Any]:
     """A running process provider (engines in their own network namespace)."""
-    from ficc_executor_process.provider import ProcessProvider
+    from ficc_executor_process.testing import running_process_provider
 
-    provider = ProcessProvider(state_dir=state_dir, stream_idle_timeout=60.0, default_grace=5.0)
-    async with trio.open_nursery() as nursery:
-        with trio.fail_after(30):
-            await nursery.start(provider.run)
+    async with running_process_provider(stream_idle_timeout=60.0) as provider:
         yield provider
-        nursery.cancel_scope.cancel()

@@ -2,28 +2,21 @@
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
-import trio
 from ficc_executor_process.provider import ProcessProvider
+from ficc_executor_process.testing import running_process_provider, short_state_dir
 
 
 @pytest.fixture
 def state_dir() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="fp-", dir="/tmp"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+    with short_state_dir() as path:
+        yield path
 
 
 @pytest.fixture
 async def provider(state_dir: Path) -> AsyncIterator[ProcessProvider]:
-    provider = ProcessProvider(state_dir=state_dir, stream_idle_timeout=30.0, default_grace=2.0)
-    async with trio.open_nursery() as nursery:
-        with trio.fail_after(30):
-            await nursery.start(provider.run)
+    async with running_process_provider(state_dir, default_grace=2.0) as provider:
         yield provider
-        nursery.cancel_scope.cancel()
