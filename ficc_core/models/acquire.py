@@ -17,7 +17,6 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -90,8 +89,6 @@ class Acquirer:
         self._client: httpx.AsyncClient | None = None
         self._tasks: dict[str, trio.CancelScope] = {}
         self._finished: dict[str, trio.Event] = {}
-        #: Called with (sha256, durable_offset) after each durable write, for progress.
-        self.on_progress: Callable[[str, int], None] | None = None
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Own the acquisition tasks; resume those left running by a previous controller."""
@@ -257,20 +254,58 @@ class Acquirer:
         size: int,
         skip: int,
     ) -> int:
-        """Write the body at ``offset`` in fsynced batches; return the final durable offset."""
+        """Write the body at ``offset`` in fsynced batches; return the final durable offset.
+
+        A writer task writes one batch while the next is being received (a one-slot
+        channel between them bounds memory to about two batches). Neither task lets
+        an exception escape the nursery: the first failure is kept and raised after
+        it, so callers see the error itself, never a group.
+        """
+        send, receive = trio.open_memory_channel[bytes](1)
+        failures: list[FiccError] = []
+        durable = offset
+
+        async def write_batches() -> None:
+            nonlocal durable
+            async with receive:
+                async for batch in receive:
+                    try:
+                        # An admitted write always completes, even while pausing.
+                        with trio.CancelScope(shield=True):
+                            await self.blobs.write(sha256, durable, batch)
+                    except FiccError as exc:
+                        failures.append(exc)
+                    except OSError as exc:
+                        failures.append(FiccError(f"writing failed: {exc}", code="write_failed"))
+                    else:
+                        durable += len(batch)
+                        continue
+                    nursery.cancel_scope.cancel()
+                    return
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(write_batches)
+            async with send:
+                try:
+                    received = await self._receive(response, send, offset, size, skip)
+                except FiccError as exc:
+                    failures.append(exc)
+        if failures:
+            raise failures[0]
+        if received != size:
+            raise _Transient(f"the body ended at byte {received} of {size}")
+        return durable
+
+    @staticmethod
+    async def _receive(
+        response: httpx.Response,
+        send: trio.MemorySendChannel[bytes],
+        offset: int,
+        size: int,
+        skip: int,
+    ) -> int:
+        """Pass the body on in batches of FLUSH_BYTES; return the end offset received."""
         pending = bytearray()
-
-        async def flush() -> None:
-            nonlocal offset
-            if pending:
-                # An admitted write always completes, even while pausing.
-                with trio.CancelScope(shield=True):
-                    await self.blobs.write(sha256, offset, bytes(pending))
-                offset += len(pending)
-                pending.clear()
-                if self.on_progress is not None:
-                    self.on_progress(sha256, offset)
-
         try:
             async for chunk in response.aiter_raw():
                 if skip:
@@ -283,19 +318,27 @@ class Acquirer:
                     )
                 pending.extend(chunk)
                 if len(pending) >= FLUSH_BYTES:
-                    await flush()
+                    await send.send(bytes(pending))
+                    offset += len(pending)
+                    pending.clear()
         except httpx.TimeoutException:
-            await flush()
-            raise FetchError(
+            error: FiccError = FetchError(
                 "the server stopped sending (read timeout)", code="fetch_timeout"
-            ) from None
+            )
         except (httpx.RemoteProtocolError, httpx.ReadError) as exc:
-            await flush()
-            raise _Transient(f"the connection dropped: {exc}") from None
-        except trio.Cancelled:
-            await flush()
-            raise
-        await flush()
-        if offset != size:
-            raise _Transient(f"the body ended at byte {offset} of {size}")
+            error = _Transient(f"the connection dropped: {exc}")
+        else:
+            error = None
+        finally:
+            # What arrived is kept, on success, on failure and while pausing, unless
+            # the writer is gone (it failed, or a pause cancelled it between writes).
+            if pending:
+                with trio.CancelScope(shield=True):
+                    try:
+                        await send.send(bytes(pending))
+                        offset += len(pending)
+                    except trio.BrokenResourceError:
+                        pass
+        if error is not None:
+            raise error
         return offset
