@@ -103,6 +103,7 @@ def serve(ctx: click.Context, **flags: Any) -> None:
 
 
 async def _serve(config: Config) -> None:
+    from .agent.embedded import run_embedded_agent
     from .server import run_until_signalled
 
     async with open_service(config, background=True) as service:
@@ -111,8 +112,115 @@ async def _serve(config: Config) -> None:
         def ready(urls: list[str]) -> None:
             _print_ready(service, urls, first_run)
 
-        await run_until_signalled(service, on_ready=ready)
+        async with trio.open_nursery() as nursery:
+            if config.embedded_agent:
+                await nursery.start(run_embedded_agent, service)
+            await run_until_signalled(service, on_ready=ready)
+            nursery.cancel_scope.cancel()
     click.echo("ficc: stopped", err=True)
+
+
+_AGENT_DIR_HELP = "Agent state directory (keep it short). [env: FICC_AGENT_DIR]"
+_AGENT_CONFIG_HELP = (
+    "TOML file with the node's labels and installed runtimes. [env: FICC_AGENT_CONFIG]"
+)
+
+
+@cli.command()
+@click.option(
+    "--controller",
+    required=True,
+    envvar="FICC_CONTROLLER",
+    help="The controller's URL (http:// or https://). [env: FICC_CONTROLLER]",
+)
+@click.option(
+    "--credential",
+    required=True,
+    envvar="FICC_NODE_CREDENTIAL",
+    help="The node credential from 'ficc admin add-node'. [env: FICC_NODE_CREDENTIAL]",
+)
+@click.option(
+    "--provider",
+    "providers",
+    multiple=True,
+    default=("process",),
+    show_default=True,
+    help="Executor provider to load; repeat.",
+)
+@click.option("--agent-dir", type=click.Path(path_type=Path), default=None, help=_AGENT_DIR_HELP)
+@click.option(
+    "--agent-config", type=click.Path(path_type=Path), default=None, help=_AGENT_CONFIG_HELP
+)
+@click.option(
+    "--ca-bundle",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="PEM bundle of CAs trusted for an https controller (default: the system's).",
+)
+@click.option("--log-level", default=None, help="debug, info, warning or error.")
+@click.pass_context
+def executor(
+    ctx: click.Context,
+    controller: str,
+    credential: str,
+    providers: tuple[str, ...],
+    **flags: Any,
+) -> None:
+    """Run a node agent that dials out to CONTROLLER and runs what it is told, fenced.
+
+    It authenticates with a node credential, reports its snapshot (providers,
+    measured resources, checked runtimes), holds leases, and reconnects with
+    backoff until SIGINT or SIGTERM.
+    """
+    config = _load(ctx, flags)
+    logging.basicConfig(
+        level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    _run(_executor, config, controller, credential, providers)
+
+
+_AGENT_DIR_HELP = "Agent state directory (keep it short). [env: FICC_AGENT_DIR]"
+_AGENT_CONFIG_HELP = (
+    "TOML file with the node's labels and installed runtimes. [env: FICC_AGENT_CONFIG]"
+)
+
+
+async def _executor(
+    config: Config, controller: str, credential: str, providers: tuple[str, ...]
+) -> None:
+    import signal
+    import ssl
+
+    from .agent.embedded import agent_from_config
+    from .agent.remote import RemoteAgent
+
+    context = None
+    if config.ca_bundle is not None and controller.startswith("https"):
+        context = ssl.create_default_context(cafile=str(config.ca_bundle))
+
+    def connected(node_id: str) -> None:
+        click.echo(f"ficc executor: connected to {controller} as node {node_id}")
+        sys.stdout.flush()
+
+    remote = RemoteAgent(
+        controller,
+        credential,
+        lambda node_id: agent_from_config(config, node_id=node_id, providers=providers),
+        ssl_context=context,
+        on_connected=connected,
+    )
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as received:
+        async with trio.open_nursery() as nursery:
+
+            async def stop_on_signal() -> None:
+                async for _ in received:
+                    nursery.cancel_scope.cancel()
+                    return
+
+            nursery.start_soon(stop_on_signal)
+            await remote.run()
+            nursery.cancel_scope.cancel()
+    click.echo("ficc executor: stopped", err=True)
 
 
 def _print_ready(service: Service, urls: list[str], first_run: dict[str, str] | None) -> None:
@@ -303,6 +411,48 @@ def revoke_token(ctx: click.Context, credential_id: str) -> None:
     """Revoke the credential CREDENTIAL_ID."""
     config = _load(ctx, {})
     _echo_json(_run(_with_service, config, lambda s: s.auth.revoke_credential(None, credential_id)))
+
+
+@admin.command("add-node")
+@click.argument("name")
+@click.option(
+    "--label", "labels", multiple=True, help="A label KEY=VALUE recorded with the node; repeat."
+)
+@click.pass_context
+def add_node(ctx: click.Context, name: str, labels: tuple[str, ...]) -> None:
+    """Register contributor node NAME and print its node credential (shown only once).
+
+    The credential can do nothing but connect as this node ('ficc executor').
+    """
+    config = _load(ctx, {})
+    parsed = {}
+    for label in labels:
+        key, equals, value = label.partition("=")
+        if not equals or not key:
+            raise click.BadParameter(f"{label!r} is not KEY=VALUE", param_hint="--label")
+        parsed[key] = value
+    record, token = _run(
+        _with_service, config, lambda s: s.contributors.add_node(name, labels=parsed)
+    )
+    _echo_json(record)
+    click.echo(f"node credential (shown once): {token}")
+
+
+@admin.command("revoke-node")
+@click.argument("node_id")
+@click.pass_context
+def revoke_node(ctx: click.Context, node_id: str) -> None:
+    """Revoke node NODE_ID's credential; its attempts become unknown."""
+    config = _load(ctx, {})
+    _echo_json(_run(_with_service, config, lambda s: s.contributors.revoke_node(node_id)))
+
+
+@admin.command("list-nodes")
+@click.pass_context
+def list_nodes(ctx: click.Context) -> None:
+    """List contributor nodes with their states (as GET /api/v1/contributors shows them)."""
+    config = _load(ctx, {})
+    _echo_json(_run(_with_service, config, lambda s: s.contributors.list()))
 
 
 def main() -> None:

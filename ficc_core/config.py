@@ -146,6 +146,50 @@ class Config:
         validator=attrs.validators.ge(0),
     )
 
+    embedded_agent: bool = _setting(
+        True,
+        "Run a local executor agent (process provider) inside 'ficc serve' as node node_name.",
+        kind="bool",
+    )
+    node_name: str = _setting(
+        "local",
+        "Node ID of the embedded agent, as placements and /contributors name it.",
+        kind="str",
+    )
+    agent_config: Path | None = _setting(
+        None,
+        "TOML file declaring an agent's labels and installed runtimes (see docs/agents.md).",
+        kind="path",
+        converter=attrs.converters.optional(Path),
+    )
+    agent_dir: Path | None = _setting(
+        None,
+        "Agent state directory (attempt records, engine sockets; keep it short). "
+        "Default: data_dir/agent.",
+        kind="path",
+        converter=attrs.converters.optional(Path),
+    )
+    heartbeat_interval: float = _setting(
+        2.0,
+        "How often an agent reports its snapshot and attempts to the controller (duration).",
+        kind="duration",
+    )
+    unreachable_after: float = _setting(
+        15.0,
+        "A node unheard this long is unreachable: it gets no new work (duration).",
+        kind="duration",
+    )
+    lost_after: float = _setting(
+        60.0,
+        "A node unheard this long is lost: its attempts become unknown (duration).",
+        kind="duration",
+    )
+    lease_duration: float = _setting(
+        30.0,
+        "How long an attempt may run without a lease renewal before its agent stops it (duration).",
+        kind="duration",
+    )
+
     @property
     def blobs_path(self) -> Path:
         """The content-addressed blob store inside :attr:`data_dir`."""
@@ -155,6 +199,11 @@ class Config:
     def database_path(self) -> Path:
         """The SQLite database file inside :attr:`data_dir`."""
         return self.data_dir / "ficc.sqlite3"
+
+    @property
+    def agent_path(self) -> Path:
+        """The embedded agent's state directory (:attr:`agent_dir`, else inside data_dir)."""
+        return self.agent_dir if self.agent_dir is not None else self.data_dir / "agent"
 
     @property
     def tls(self) -> bool:

@@ -15,6 +15,7 @@ import trio
 
 from .auth import AuthService
 from .config import Config
+from .contributors import NodeRegistry
 from .metrics import Metrics
 from .models.acquire import Acquirer
 from .models.blobs import BlobStore
@@ -36,6 +37,7 @@ class Service:
     blobs: BlobStore
     models: ModelRegistry
     metrics: Metrics
+    contributors: NodeRegistry
 
     @property
     def fetch_policy(self) -> FetchPolicy:
@@ -65,7 +67,8 @@ class Service:
 async def open_service(config: Config, *, background: bool = False) -> AsyncIterator[Service]:
     """Open the store (running migrations) and yield the :class:`Service`; close on exit.
 
-    With ``background``, the controller's own tasks run too (acquisitions resume);
+    With ``background``, the controller's own tasks run too (acquisitions resume,
+    node states follow heartbeats);
     ``ficc serve`` asks for them, one-shot admin commands do not.
     """
     store = await open_sqlite_store(config.database_path, readers=config.store_read_threads)
@@ -85,12 +88,18 @@ async def open_service(config: Config, *, background: bool = False) -> AsyncIter
             blobs=blobs,
             models=ModelRegistry(store, blobs, acquirer),
             metrics=Metrics(),
+            contributors=NodeRegistry(
+                store,
+                unreachable_after=config.unreachable_after,
+                lost_after=config.lost_after,
+            ),
         )
         if not background:
             yield service
             return
         async with trio.open_nursery() as nursery:
             await nursery.start(acquirer.run)
+            await nursery.start(service.contributors.run)
             yield service
             nursery.cancel_scope.cancel()
     finally:

@@ -15,14 +15,20 @@ from ..auth import scopes as s
 
 @attrs.frozen
 class Access:
-    """Who may call a route: anyone, any authenticated principal, or holders of scopes."""
+    """Who may call a route: anyone, any authenticated principal, or holders of scopes.
+
+    ``node`` routes skip bearer authentication: their handler accepts a node
+    credential and nothing else (every other credential gets 401).
+    """
 
     public: bool = False
     scopes: frozenset[str] = frozenset()
+    node: bool = False
 
 
 PUBLIC = Access(public=True)
 AUTHENTICATED = Access()
+NODE = Access(public=True, node=True)
 
 
 def needs(*scopes: str) -> Access:
@@ -59,4 +65,9 @@ ROUTE_ACCESS: dict[str, Access] = {
     "models_upload_bytes": needs(s.MODELS_MANAGE),
     "models_hub_preview": needs(s.MODELS_MANAGE),
     "models_delete": needs(s.MODELS_MANAGE),
+    # contributor nodes
+    "contributors_list": needs(s.CONTRIBUTORS_READ),
+    "contributors_get": needs(s.CONTRIBUTORS_READ),
+    # The WebSocket remote agents dial: a node credential, checked in its handler.
+    "contributors_connect": NODE,
 }

@@ -15,9 +15,10 @@ from werkzeug.exceptions import HTTPException
 
 from ..auth import Principal
 from ..auth import secrets as sec
+from ..contributors import is_node_token
 from ..errors import FiccError, Forbidden, Unauthenticated
 from ..models.registry import MAX_BYTES_CHUNK
-from . import routes_admin, routes_models, routes_system, routes_tokens
+from . import routes_admin, routes_contributors, routes_models, routes_system, routes_tokens
 from .access import ROUTE_ACCESS, Access
 
 if TYPE_CHECKING:
@@ -107,6 +108,7 @@ def create_app(service: Service) -> QuartTrio:
     routes_admin.register(app, service)
     routes_tokens.register(app, service)
     routes_models.register(app, service)
+    routes_contributors.register(app, service)
 
     missing = sorted(
         rule.endpoint for rule in app.url_map.iter_rules() if rule.endpoint not in ROUTE_ACCESS
@@ -182,6 +184,13 @@ async def _principal(service: Service) -> Principal:
         if scheme.lower() != "bearer" or not token.strip():
             raise Unauthenticated(
                 "the Authorization header must be 'Bearer <token>'", code="invalid_credential"
+            )
+        if is_node_token(token.strip()):
+            # A node credential connects its node and does nothing else.
+            raise Forbidden(
+                "a node credential can only connect its node to /api/v1/contributors/connect; "
+                "use a project credential for management routes",
+                code="node_credential_refused",
             )
         return await service.auth.authenticate_bearer(token.strip())
     cookie = request.cookies.get(SESSION_COOKIE)

@@ -84,4 +84,30 @@ MIGRATIONS: list[tuple[str, ...]] = [
             updated_at REAL NOT NULL
         )""",
     ),
+    # 3: contributor nodes (each with its own node credential) and the attempts they report.
+    (
+        """CREATE TABLE nodes (
+            id TEXT PRIMARY KEY,
+            name TEXT NOT NULL UNIQUE,
+            labels TEXT NOT NULL DEFAULT '{}',
+            credential_id TEXT NOT NULL UNIQUE,
+            secret_hash TEXT NOT NULL,
+            state TEXT NOT NULL,
+            connection_id TEXT,
+            last_heartbeat REAL,
+            snapshot TEXT,
+            created_at REAL NOT NULL,
+            revoked_at REAL
+        )""",
+        """CREATE TABLE node_attempts (
+            node_id TEXT NOT NULL REFERENCES nodes(id) ON DELETE CASCADE,
+            attempt_id TEXT NOT NULL,
+            generation INTEGER NOT NULL,
+            plan_digest TEXT NOT NULL,
+            provider TEXT NOT NULL,
+            state TEXT NOT NULL,
+            updated_at REAL NOT NULL,
+            PRIMARY KEY (node_id, attempt_id)
+        )""",
+    ),
 ]

@@ -1,0 +1,330 @@
+"""The node agent: executor providers behind one interface, a snapshot, fenced attempts, leases.
+
+The embedded agent (inside ``ficc serve``) and the remote one (``ficc executor``)
+are this same class; only the transport that calls it differs.
+
+Every attempt the agent runs holds a lease. The controller renews leases from a
+task of its own (never from a request path, so slow endpoint reads cannot starve
+it); when a lease runs out without renewal the agent stops that attempt itself,
+so a partitioned node never keeps serving a generation the controller has moved
+on from.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import trio
+
+from ..executor.endpoint import check_fence
+from ..executor.errors import ExecutorError, LaunchFailed
+from ..executor.node import measure_resources
+from ..schema import ExecutorSnapshot, GpuDevice, NodeResources
+from ..schema.snapshot import ENDPOINT_VERSION
+from .gpus import query_gpus
+from .runtimes import AgentSettings, RuntimeCheck, check_runtime
+
+if TYPE_CHECKING:
+    from ..executor.protocol import ExecutorProvider
+    from ..executor.types import AttemptStatus, ReadEvent
+    from ..plugins import ExecutorRegistry
+    from ..schema import Fence, Job, ResourceLimits, Runtime
+
+log = logging.getLogger("ficc.agent")
+
+#: How long a lease lasts when the controller does not say.
+DEFAULT_LEASE = 30.0
+
+
+@attrs.define(eq=False)
+class Lease:
+    """One running attempt the agent holds, and until when (trio clock) it may run."""
+
+    provider: str
+    fence: Fence
+    deadline: float
+    expiring: bool = False
+
+
+class Agent:
+    """Run what a controller asks on this node, through the loaded executor providers.
+
+    :param node_id: the node's ID, reported in the snapshot.
+    :param providers: provider instances by name (not yet started; :meth:`run` starts them).
+    :param state_dir: the agent's directory; free disk is measured here.
+    :param settings: labels and declared runtimes.
+    :param lease_duration: seconds an attempt may run past its last renewal.
+    :param stop_grace: seconds between SIGTERM and SIGKILL when a lease expires.
+    :param gpu_query: how GPUs are found (``nvidia-smi`` by default; tests pass a fake).
+    """
+
+    def __init__(
+        self,
+        *,
+        node_id: str,
+        providers: Mapping[str, ExecutorProvider],
+        state_dir: str | os.PathLike[str],
+        settings: AgentSettings | None = None,
+        lease_duration: float = DEFAULT_LEASE,
+        stop_grace: float = 10.0,
+        gpu_query: Callable[[], Awaitable[tuple[GpuDevice, ...]]] = query_gpus,
+    ) -> None:
+        if not providers:
+            raise LaunchFailed("an agent needs at least one executor provider")
+        self.node_id = node_id
+        self.providers = dict(providers)
+        self.state_dir = Path(state_dir)
+        self.settings = settings or AgentSettings()
+        self.lease_duration = lease_duration
+        self.stop_grace = stop_grace
+        self._gpu_query = gpu_query
+        self._gpus: tuple[GpuDevice, ...] | None = None
+        self._leases: dict[str, Lease] = {}
+        self._changed = trio.Event()
+        self._started = False
+        #: Attempt IDs the agent stopped because their lease expired, oldest first.
+        self.expired: list[str] = []
+        #: Declared runtimes the last snapshot refused, by name, with the reason.
+        self.runtime_problems: dict[str, str] = {}
+
+    @classmethod
+    def from_plugins(
+        cls,
+        executors: ExecutorRegistry,
+        *,
+        names: Sequence[str],
+        state_dir: str | os.PathLike[str],
+        node_id: str,
+        **options: Any,
+    ) -> Agent:
+        """Instantiate the named provider classes, each with a state directory of its own.
+
+        A name that no plugin registered raises :class:`LaunchFailed`, naming it.
+        """
+        providers = {}
+        for name in names:
+            try:
+                provider_class = executors[name]
+            except KeyError:
+                raise LaunchFailed(
+                    f"no executor provider {name!r} is installed; see 'ficc plugins'",
+                    details={"provider": name},
+                ) from None
+            providers[name] = provider_class(state_dir=Path(state_dir) / name[:8], node_id=node_id)
+        return cls(node_id=node_id, providers=providers, state_dir=state_dir, **options)
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Start every provider and the lease watcher; serve until cancelled.
+
+        Cancelling it stops every attempt (each provider stops its own engines).
+        """
+        await trio.to_thread.run_sync(lambda: self.state_dir.mkdir(parents=True, exist_ok=True))
+        async with trio.open_nursery() as nursery:
+            for provider in self.providers.values():
+                await nursery.start(provider.run)
+            nursery.start_soon(self._expire_leases)
+            self._started = True
+            try:
+                task_status.started()
+                await trio.sleep_forever()
+            finally:
+                self._started = False
+
+    # -- snapshot ----------------------------------------------------------------------------
+
+    async def gpus(self) -> tuple[GpuDevice, ...]:
+        """The node's GPUs, asked once (they do not change while the agent runs)."""
+        if self._gpus is None:
+            self._gpus = await self._gpu_query()
+        return self._gpus
+
+    async def snapshot(self) -> ExecutorSnapshot:
+        """Describe this node: providers, measured resources, checked runtimes, labels."""
+        provider_snapshots = [await provider.snapshot() for provider in self.providers.values()]
+        infos = [info for snap in provider_snapshots for info in snap.providers]
+        package_digests = {info.name: info.package_digest for info in infos}
+        measured = await trio.to_thread.run_sync(measure_resources, self.state_dir)
+        resources = NodeResources(
+            cpus=measured.cpus,
+            memory_bytes=measured.memory_bytes,
+            disk_free_bytes=measured.disk_free_bytes,
+            gpus=await self.gpus(),
+        )
+        checks: list[RuntimeCheck] = [
+            await check_runtime(declared, package_digests) for declared in self.settings.runtimes
+        ]
+        self.runtime_problems = {
+            check.declared.name: check.problem for check in checks if check.problem is not None
+        }
+        labels: dict[str, str] = {}
+        for snap in provider_snapshots:
+            labels.update(snap.labels)
+        for name, problem in self.runtime_problems.items():
+            labels[f"runtime/{name}"[:63]] = f"refused: {problem}"[:256]
+        labels.update(self.settings.labels)
+        # One provider without the endpoint contract is enough to refuse inference here.
+        versions = {snap.endpoint_version for snap in provider_snapshots}
+        return ExecutorSnapshot(
+            node_id=self.node_id,
+            providers=infos,
+            resources=resources,
+            runtimes=[check.installed for check in checks if check.installed is not None],
+            labels=labels,
+            endpoint_version=ENDPOINT_VERSION if versions == {ENDPOINT_VERSION} else None,
+        )
+
+    # -- attempts ----------------------------------------------------------------------------
+
+    async def launch(
+        self,
+        provider: str,
+        job: Job,
+        fence: Fence,
+        *,
+        limits: ResourceLimits | None = None,
+        runtime: Runtime | None = None,
+        lease: float | None = None,
+    ) -> AttemptStatus:
+        """Launch ``job`` as attempt ``fence`` on ``provider``, holding a fresh lease."""
+        if provider not in self.providers:
+            raise LaunchFailed(
+                f"no executor provider {provider!r} on node {self.node_id!r}",
+                details={"provider": provider, "loaded": sorted(self.providers)},
+            )
+        status = await self.providers[provider].launch(job, fence, limits=limits, runtime=runtime)
+        self._leases[fence.attempt_id] = Lease(
+            provider, fence, trio.current_time() + (lease or self.lease_duration)
+        )
+        self._wake()
+        return status
+
+    def renew(
+        self, attempt_ids: Iterable[str] | None = None, duration: float | None = None
+    ) -> list[str]:
+        """Extend the leases of ``attempt_ids`` (every lease when None); return those renewed.
+
+        A lease already expiring is not revived: its attempt is being stopped.
+        """
+        deadline = trio.current_time() + (duration or self.lease_duration)
+        ids = list(self._leases) if attempt_ids is None else list(attempt_ids)
+        renewed = []
+        for attempt_id in ids:
+            lease = self._leases.get(attempt_id)
+            if lease is not None and not lease.expiring:
+                lease.deadline = max(lease.deadline, deadline)
+                renewed.append(attempt_id)
+        self._wake()
+        return renewed
+
+    def leases(self) -> list[Lease]:
+        """The attempts the agent holds, in launch order."""
+        return list(self._leases.values())
+
+    async def stop(self, fence: Fence, grace: float | None = None) -> AttemptStatus:
+        """Stop the attempt and drop its lease."""
+        lease = self._lease(fence)
+        try:
+            return await self.providers[lease.provider].stop(
+                fence, self.stop_grace if grace is None else grace
+            )
+        finally:
+            self._leases.pop(fence.attempt_id, None)
+            self._wake()
+
+    async def status(self, fence: Fence) -> AttemptStatus:
+        """Where the attempt stands, as its provider reports it."""
+        return await self.providers[self._lease(fence).provider].status(fence)
+
+    async def report(self) -> list[dict[str, Any]]:
+        """Every held attempt with its fence, state and remaining lease (for heartbeats)."""
+        now = trio.current_time()
+        found = []
+        for lease in self.leases():
+            try:
+                state = (await self.providers[lease.provider].status(lease.fence)).state
+            except ExecutorError:
+                state = "unknown"
+            found.append(
+                {
+                    "attempt_id": lease.fence.attempt_id,
+                    "generation": lease.fence.generation,
+                    "plan_digest": lease.fence.plan_digest,
+                    "provider": lease.provider,
+                    "state": state,
+                    "lease_remaining": max(0.0, lease.deadline - now),
+                }
+            )
+        return found
+
+    # -- the endpoint action (no lease work happens here) ----------------------------------
+
+    async def open(
+        self,
+        fence: Fence,
+        stream_id: str,
+        method: str,
+        path: str,
+        headers: Sequence[tuple[str, str]] | Mapping[str, str],
+        body: bytes,
+        *,
+        input_id: str | None = None,
+    ) -> None:
+        """Open an endpoint stream on the attempt's provider."""
+        provider = self.providers[self._lease(fence).provider]
+        await provider.open(fence, stream_id, method, path, headers, body, input_id=input_id)
+
+    async def read(self, fence: Fence, stream_id: str) -> ReadEvent:
+        """Read the stream's next event."""
+        return await self.providers[self._lease(fence).provider].read(fence, stream_id)
+
+    async def cancel(self, fence: Fence, stream_id: str) -> None:
+        """Close the stream at once."""
+        await self.providers[self._lease(fence).provider].cancel(fence, stream_id)
+
+    # -- leases ---------------------------------------------------------------------------------
+
+    def _lease(self, fence: Fence) -> Lease:
+        check_fence({key: lease.fence for key, lease in self._leases.items()}, fence)
+        return self._leases[fence.attempt_id]
+
+    def _wake(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    async def _expire_leases(self) -> None:
+        async with trio.open_nursery() as nursery:
+            while True:
+                changed = self._changed
+                now = trio.current_time()
+                for lease in list(self._leases.values()):
+                    if not lease.expiring and lease.deadline <= now:
+                        lease.expiring = True
+                        nursery.start_soon(self._stop_expired, lease)
+                upcoming = [lease.deadline for lease in self._leases.values() if not lease.expiring]
+                with trio.move_on_at(min(upcoming, default=math.inf)):
+                    await changed.wait()
+
+    async def _stop_expired(self, lease: Lease) -> None:
+        attempt_id = lease.fence.attempt_id
+        log.warning(
+            "the lease of attempt %s (generation %s) expired without renewal; stopping it",
+            attempt_id,
+            lease.fence.generation,
+        )
+        try:
+            await self.providers[lease.provider].stop(lease.fence, self.stop_grace)
+        except ExecutorError as exc:
+            log.info("attempt %s was already gone: %s", attempt_id, exc.message)
+        finally:
+            if self._leases.get(attempt_id) is lease:
+                del self._leases[attempt_id]
+            self.expired.append(attempt_id)
+            self._wake()

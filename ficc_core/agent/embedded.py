@@ -1,0 +1,92 @@
+"""The embedded agent: ``ficc serve`` runs a local node in its own nursery, no network between.
+
+It is the same :class:`Agent` the remote ``ficc executor`` runs; only the
+transport differs: heartbeats go straight into the controller's node registry,
+and the controller's lease renewals are a task of their own in this process.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import trio
+
+from ..contributors.link import LocalNodeLink
+from ..errors import FiccError
+from ..plugins import build_plugin_manager
+from .agent import Agent
+from .runtimes import AgentSettings
+
+if TYPE_CHECKING:
+    from ..config import Config
+    from ..service import Service
+
+log = logging.getLogger("ficc.agent")
+
+#: The providers an embedded agent loads (when installed).
+EMBEDDED_PROVIDERS = ("process",)
+
+
+def agent_from_config(
+    config: Config, *, node_id: str, providers: Sequence[str] = EMBEDDED_PROVIDERS
+) -> Agent:
+    """Build an agent with the installed providers, its settings file and lease duration."""
+    plugins = build_plugin_manager()
+    return Agent.from_plugins(
+        plugins.executors,
+        names=providers,
+        state_dir=config.agent_path,
+        node_id=node_id,
+        settings=AgentSettings.load(config.agent_config),
+        lease_duration=config.lease_duration,
+    )
+
+
+async def renew_leases(agent: Agent, lease_duration: float) -> None:
+    """The controller's side of leases for one node: renew every held lease, forever.
+
+    It is a task of its own so that nothing on a request path (an endpoint read,
+    a slow engine) can delay it.
+    """
+    while True:
+        agent.renew(duration=lease_duration)
+        await trio.sleep(lease_duration / 3)
+
+
+async def run_embedded_agent(
+    service: Service, *, task_status: trio.TaskStatus[Agent | None] = trio.TASK_STATUS_IGNORED
+) -> None:
+    """Run the local agent as node ``config.node_name`` until cancelled.
+
+    Reports ``None`` (and returns) when no executor provider is installed, so a
+    controller without one still serves its API.
+    """
+    config = service.config
+    node_id = config.node_name
+    try:
+        agent = agent_from_config(config, node_id=node_id)
+    except FiccError as exc:
+        log.warning("no embedded agent: %s", exc.message)
+        task_status.started(None)
+        return
+    await service.contributors.ensure_local_node(node_id)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(agent.run)
+        connection = await service.contributors.connect(
+            node_id, nursery.cancel_scope, LocalNodeLink(agent)
+        )
+        try:
+            await service.contributors.heartbeat(
+                node_id, connection, await agent.snapshot(), await agent.report()
+            )
+            nursery.start_soon(renew_leases, agent, config.lease_duration)
+            task_status.started(agent)
+            while True:
+                await trio.sleep(config.heartbeat_interval)
+                await service.contributors.heartbeat(
+                    node_id, connection, await agent.snapshot(), await agent.report()
+                )
+        finally:
+            service.contributors.disconnect(node_id, connection)

@@ -1,0 +1,152 @@
+"""Runtimes an operator declares installed on a node, and the agent's check of their digests.
+
+A declaration names the runtime, the provider that runs it, the image digest the
+operator expects and, for the process provider, the executable. The agent hashes
+the executable itself (off the event loop); a declaration whose file is missing
+or whose digest differs is left out of the snapshot and reported as a problem, so
+nothing is ever placed on an image other than the one a specification binds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+import trio
+
+from ..errors import ConfigError
+from ..schema import InstalledRuntime
+from ..schema.spec import DIGEST_PATTERN, NODE_ID_PATTERN
+
+_hash_limiter = trio.CapacityLimiter(2)
+
+
+@attrs.frozen(kw_only=True)
+class DeclaredRuntime:
+    """One runtime image the operator says is installed on this node.
+
+    :ivar name: the runtime's name (``llama_server``, ...).
+    :ivar provider: the executor provider that runs it (``process``, ``container``).
+    :ivar image_digest: the ``sha256:<hex>`` the operator expects.
+    :ivar executable: for the process provider, the file whose sha256 is the image digest.
+    """
+
+    name: str
+    provider: str
+    image_digest: str
+    executable: Path | None = attrs.field(default=None, converter=attrs.converters.optional(Path))
+
+
+@attrs.frozen(kw_only=True)
+class AgentSettings:
+    """What an agent's TOML file declares: labels and installed runtimes.
+
+    ``[labels]`` is a table of strings; each ``[[runtimes]]`` has ``name``,
+    ``provider``, ``image_digest`` and (process provider) ``executable``.
+    """
+
+    labels: dict[str, str] = attrs.Factory(dict)
+    runtimes: tuple[DeclaredRuntime, ...] = ()
+
+    @classmethod
+    def from_document(cls, document: Mapping[str, Any], source: str) -> AgentSettings:
+        """Build settings from a parsed TOML document, naming ``source`` in errors."""
+        unknown = sorted(set(document) - {"labels", "runtimes"})
+        if unknown:
+            raise ConfigError(f"{source}: unknown key(s) {', '.join(unknown)}")
+        labels = document.get("labels", {})
+        if not isinstance(labels, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in labels.items()
+        ):
+            raise ConfigError(f"{source}: labels must be a table of strings")
+        runtimes = []
+        for position, item in enumerate(document.get("runtimes", [])):
+            where = f"{source}: runtimes[{position}]"
+            if not isinstance(item, dict):
+                raise ConfigError(f"{where} must be a table")
+            extra = sorted(set(item) - {"name", "provider", "image_digest", "executable"})
+            if extra:
+                raise ConfigError(f"{where}: unknown key(s) {', '.join(extra)}")
+            for key in ("name", "provider", "image_digest"):
+                if not isinstance(item.get(key), str):
+                    raise ConfigError(f"{where}.{key} is required and must be a string")
+            if not NODE_ID_PATTERN.fullmatch(item["name"]):
+                raise ConfigError(f"{where}.name {item['name']!r} is not a runtime name")
+            if not DIGEST_PATTERN.fullmatch(item["image_digest"]):
+                raise ConfigError(
+                    f"{where}.image_digest must be sha256: followed by 64 lowercase hex digits"
+                )
+            runtimes.append(DeclaredRuntime(**item))
+        return cls(labels=dict(labels), runtimes=tuple(runtimes))
+
+    @classmethod
+    def load(cls, path: Path | None) -> AgentSettings:
+        """Read settings from a TOML file; no file means no labels and no runtimes."""
+        if path is None:
+            return cls()
+        try:
+            document = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ConfigError(f"agent configuration file {path} does not exist") from None
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"agent configuration file {path} is not valid TOML: {exc}") from None
+        return cls.from_document(document, str(path))
+
+
+def file_digest(path: Path) -> str:
+    """``sha256:<hex>`` of a file's content (blocking: call it from a worker thread)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(1 << 20):
+            digest.update(chunk)
+    return "sha256:" + digest.hexdigest()
+
+
+@attrs.frozen
+class RuntimeCheck:
+    """The outcome of checking one declaration: an installed runtime, or why not."""
+
+    declared: DeclaredRuntime
+    installed: InstalledRuntime | None
+    problem: str | None
+
+
+async def check_runtime(
+    declared: DeclaredRuntime, package_digests: Mapping[str, str]
+) -> RuntimeCheck:
+    """Check one declaration against the loaded providers and the file on disk."""
+
+    def refuse(problem: str) -> RuntimeCheck:
+        return RuntimeCheck(declared, None, problem)
+
+    package = package_digests.get(declared.provider)
+    if package is None:
+        return refuse(f"provider {declared.provider!r} is not loaded on this node")
+    if declared.executable is None:
+        if declared.provider == "process":
+            return refuse("a process runtime must name its executable")
+        # Other providers' images (container) are verified by the provider at launch.
+        actual = declared.image_digest
+    else:
+        try:
+            actual = await trio.to_thread.run_sync(
+                file_digest, declared.executable, limiter=_hash_limiter
+            )
+        except OSError as exc:
+            return refuse(f"cannot read {declared.executable}: {exc.strerror or exc}")
+        if actual != declared.image_digest:
+            return refuse(
+                f"{declared.executable} has digest {actual}, not the declared "
+                f"{declared.image_digest}"
+            )
+    installed = InstalledRuntime(
+        name=declared.name,
+        executor_provider=declared.provider,
+        package_digest=package,
+        image_digest=actual,
+    )
+    return RuntimeCheck(declared, installed, None)

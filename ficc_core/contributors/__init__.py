@@ -1,0 +1,11 @@
+"""Contributors: the nodes that run engines for the controller (embedded or remote)."""
+
+from .registry import (
+    NODE_STATES,
+    NODE_TOKEN_PREFIX,
+    ConnectionFenced,
+    NodeRegistry,
+    is_node_token,
+)
+
+__all__ = ["NODE_STATES", "NODE_TOKEN_PREFIX", "ConnectionFenced", "NodeRegistry", "is_node_token"]

@@ -1,0 +1,261 @@
+"""The node agent: snapshot, runtimes, fenced attempts and leases (real process provider)."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+import trio
+from ficc_executor_process.provider import ProcessProvider
+
+from ficc_core.agent import Agent, AgentSettings, DeclaredRuntime, file_digest, parse_nvidia_smi
+from ficc_core.errors import ConfigError
+from ficc_core.executor import BodyChunk, ResponseHead, UnknownAttempt
+from ficc_core.schema import GpuDevice
+from ficc_core.testing.executor_kit import new_fence, standin_job
+
+
+@pytest.fixture
+def state_dir() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="fa-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+async def _no_gpus() -> tuple[GpuDevice, ...]:
+    return ()
+
+
+def _agent(state_dir: Path, **options) -> Agent:
+    provider = ProcessProvider(state_dir=state_dir / "p", default_grace=1.0)
+    return Agent(
+        node_id="node-a",
+        providers={"process": provider},
+        state_dir=state_dir,
+        gpu_query=options.pop("gpu_query", _no_gpus),
+        stop_grace=1.0,
+        **options,
+    )
+
+
+@pytest.fixture
+async def running(state_dir: Path) -> AsyncIterator[Agent]:
+    agent = _agent(state_dir, lease_duration=3.0)
+    async with trio.open_nursery() as nursery:
+        with trio.fail_after(30):
+            await nursery.start(agent.run)
+        yield agent
+        nursery.cancel_scope.cancel()
+
+
+# -- nvidia-smi ---------------------------------------------------------------------------
+
+
+def test_nvidia_smi_lines_become_devices_with_memory_in_bytes():
+    text = "0, NVIDIA H200, 143771\n1, NVIDIA A100-SXM4-80GB, 81920\n"
+    assert parse_nvidia_smi(text) == (
+        GpuDevice(index=0, name="NVIDIA H200", memory_bytes=143771 * 1024 * 1024),
+        GpuDevice(index=1, name="NVIDIA A100-SXM4-80GB", memory_bytes=81920 * 1024 * 1024),
+    )
+
+
+def test_nvidia_smi_names_with_commas_keep_them():
+    (device,) = parse_nvidia_smi("3, Tesla, V100, 16384\n")
+    assert (device.index, device.name) == (3, "Tesla, V100")
+
+
+def test_nvidia_smi_noise_and_unreadable_lines_are_skipped():
+    text = (
+        "WARNING: infoROM is corrupted at gpu 0000:41:00.0\n"
+        "\n"
+        "0, NVIDIA L4, [N/A]\n"
+        "1, NVIDIA L4, 23034\n"
+        "1, NVIDIA L4, 23034\n"
+        "x, broken, 12\n"
+        "No devices were found\n"
+    )
+    assert [d.index for d in parse_nvidia_smi(text)] == [1]
+
+
+def test_nvidia_smi_empty_output_means_no_gpus():
+    assert parse_nvidia_smi("") == ()
+
+
+async def test_a_node_without_nvidia_smi_reports_no_gpus(monkeypatch):
+    from ficc_core.agent import query_gpus
+
+    with trio.fail_after(5):
+        assert await query_gpus("ficc-no-such-nvidia-smi") == ()
+
+
+# -- snapshot -----------------------------------------------------------------------------
+
+
+async def test_snapshot_reports_providers_measured_resources_and_endpoint_version(running):
+    with trio.fail_after(10):
+        snapshot = await running.snapshot()
+    assert snapshot.node_id == "node-a"
+    assert [p.name for p in snapshot.providers] == ["process"]
+    assert snapshot.providers[0].package_digest.startswith("sha256:")
+    assert snapshot.endpoint_version == 1
+    assert snapshot.resources.cpus >= 1
+    assert snapshot.resources.memory_bytes > 0
+    assert snapshot.resources.disk_free_bytes > 0
+    assert snapshot.resources.gpus == ()
+
+
+async def test_snapshot_carries_the_gpus_the_node_reports(state_dir):
+    async def two_gpus():
+        return parse_nvidia_smi("0, NVIDIA H200, 143771\n1, NVIDIA H200, 143771\n")
+
+    agent = _agent(state_dir, gpu_query=two_gpus)
+    async with trio.open_nursery() as nursery:
+        with trio.fail_after(30):
+            await nursery.start(agent.run)
+            snapshot = await agent.snapshot()
+        nursery.cancel_scope.cancel()
+    assert [gpu.index for gpu in snapshot.resources.gpus] == [0, 1]
+
+
+async def test_declared_runtimes_are_listed_with_the_digest_the_agent_computed(state_dir):
+    executable = state_dir / "llama-server"
+    executable.write_bytes(b"#!/bin/sh\necho engine\n")
+    right = file_digest(executable)
+    settings = AgentSettings(
+        labels={"zone": "lab"},
+        runtimes=(
+            DeclaredRuntime(
+                name="llama_server", provider="process", image_digest=right, executable=executable
+            ),
+            DeclaredRuntime(
+                name="tampered",
+                provider="process",
+                image_digest="sha256:" + "0" * 64,
+                executable=executable,
+            ),
+            DeclaredRuntime(
+                name="elsewhere",
+                provider="container",
+                image_digest="sha256:" + "1" * 64,
+            ),
+        ),
+    )
+    agent = _agent(state_dir, settings=settings)
+    async with trio.open_nursery() as nursery:
+        with trio.fail_after(30):
+            await nursery.start(agent.run)
+            snapshot = await agent.snapshot()
+        nursery.cancel_scope.cancel()
+    (installed,) = snapshot.runtimes
+    assert (installed.name, installed.image_digest) == ("llama_server", right)
+    assert installed.package_digest == snapshot.providers[0].package_digest
+    assert snapshot.labels["zone"] == "lab"
+    assert "not the declared" in agent.runtime_problems["tampered"]
+    assert "not loaded" in agent.runtime_problems["elsewhere"]
+    assert snapshot.labels["runtime/tampered"].startswith("refused:")
+
+
+def test_agent_settings_refuse_malformed_runtime_declarations():
+    with pytest.raises(ConfigError, match="image_digest"):
+        AgentSettings.from_document(
+            {"runtimes": [{"name": "x", "provider": "process", "image_digest": "md5:1"}]}, "t"
+        )
+    with pytest.raises(ConfigError, match="unknown key"):
+        AgentSettings.from_document({"runtime": []}, "t")
+
+
+def test_agent_settings_load_from_toml(tmp_path):
+    path = tmp_path / "agent.toml"
+    path.write_text(
+        '[labels]\nzone = "a"\n[[runtimes]]\nname = "llama_server"\nprovider = "process"\n'
+        f'image_digest = "sha256:{"a" * 64}"\nexecutable = "{sys.executable}"\n'
+    )
+    settings = AgentSettings.load(path)
+    assert settings.labels == {"zone": "a"}
+    assert settings.runtimes[0].executable == Path(sys.executable)
+
+
+# -- attempts and leases -------------------------------------------------------------------
+
+
+async def test_an_attempt_whose_lease_is_renewed_keeps_running(running):
+    fence = new_fence()
+    with trio.fail_after(30):
+        await running.launch("process", standin_job(), fence)
+        for _ in range(8):
+            await trio.sleep(0.5)
+            assert running.renew([fence.attempt_id]) == [fence.attempt_id]
+        assert (await running.status(fence)).running
+        await running.stop(fence, grace=1.0)
+    assert running.leases() == []
+
+
+async def test_an_attempt_whose_lease_expires_is_stopped_by_the_agent(running):
+    fence = new_fence()
+    with trio.fail_after(30):
+        await running.launch("process", standin_job(), fence, lease=1.0)
+        provider = running.providers["process"]
+        while fence.attempt_id not in running.expired:  # noqa: ASYNC110
+            await trio.sleep(0.1)
+        status = await provider.status(fence)
+    assert status.state == "stopped"
+    assert running.leases() == []
+    with pytest.raises(UnknownAttempt):
+        await running.status(fence)
+
+
+async def test_leases_keep_renewing_while_an_endpoint_read_is_held_open(running):
+    """A stalled reader of an engine's response never blocks lease renewal."""
+    fence = new_fence()
+    with trio.fail_after(30):
+        await running.launch("process", standin_job(), fence, lease=1.0)
+        await running.providers["process"].wait_ready(fence)
+        await running.open(fence, "s1", "GET", "/stream", {}, b"")
+        assert isinstance(await running.read(fence, "s1"), ResponseHead)
+
+        async def renew_from_its_own_task():
+            while True:
+                running.renew()
+                await trio.sleep(0.2)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(renew_from_its_own_task)
+            # The reader takes one chunk and then stalls for three lease lengths.
+            assert isinstance(await running.read(fence, "s1"), (BodyChunk, ResponseHead))
+            await trio.sleep(3.0)
+            assert running.expired == []
+            assert (await running.status(fence)).running
+            nursery.cancel_scope.cancel()
+        await running.cancel(fence, "s1")
+        await running.stop(fence, grace=1.0)
+
+
+async def test_a_fence_of_another_generation_is_refused(running):
+    fence = new_fence()
+    with trio.fail_after(30):
+        await running.launch("process", standin_job(), fence)
+        stale = type(fence)(
+            attempt_id=fence.attempt_id, generation=2, plan_digest=fence.plan_digest
+        )
+        from ficc_core.executor import StaleFence
+
+        with pytest.raises(StaleFence):
+            await running.stop(stale)
+        await running.stop(fence, grace=1.0)
+
+
+async def test_cancelling_the_agent_leaves_no_engine_running(state_dir):
+    agent = _agent(state_dir)
+    fence = new_fence()
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(agent.run)
+            await agent.launch("process", standin_job(), fence)
+            status = await agent.providers["process"].wait_ready(fence)
+            assert status.state == "ready"
+            nursery.cancel_scope.cancel()
+    assert not any((state_dir / "p" / "attempts").iterdir())

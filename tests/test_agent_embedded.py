@@ -1,0 +1,95 @@
+"""`ficc serve` runs a local agent: the node appears in /contributors with measured resources."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import tempfile
+from pathlib import Path
+
+import httpx
+import pytest
+import trio
+
+from ficc_core.agent.embedded import run_embedded_agent
+from ficc_core.config import load_config
+from ficc_core.service import open_service
+from ficc_core.testing.executor_kit import new_fence, standin_job
+
+from .serve_support import ServeProcess
+
+
+@pytest.fixture
+def agent_dir():
+    path = tempfile.mkdtemp(prefix="fe-", dir="/tmp")
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+async def _contributors(url: str, token: str) -> list[dict]:
+    async with httpx.AsyncClient(base_url=url, timeout=10) as http:
+        response = await http.get(
+            "/api/v1/contributors", headers={"Authorization": f"Bearer {token}"}
+        )
+        assert response.status_code == 200, response.text
+        return response.json()["contributors"]
+
+
+async def test_serve_lists_its_embedded_node_with_measured_resources(tmp_path, agent_dir):
+    server = ServeProcess(tmp_path / "data", "--agent-dir", agent_dir)
+    try:
+        url = await server.wait_ready()
+        token = await server.admin_token()
+        with trio.fail_after(30):
+            (node,) = await _contributors(url, token)
+        assert (node["id"], node["state"]) == ("local", "connected")
+        resources = node["snapshot"]["resources"]
+        assert resources["cpus"] == len(os.sched_getaffinity(0))
+        assert resources["memory_bytes"] > 0 and resources["disk_free_bytes"] > 0
+        assert [p["name"] for p in node["snapshot"]["providers"]] == ["process"]
+        server.proc.send_signal(signal.SIGTERM)
+        with trio.fail_after(30):
+            assert await trio.to_thread.run_sync(server.proc.wait) == 0
+    finally:
+        server.kill()
+
+
+async def test_serve_without_the_embedded_agent_lists_no_node(tmp_path):
+    server = ServeProcess(tmp_path / "data", "--no-embedded-agent")
+    try:
+        url = await server.wait_ready()
+        token = await server.admin_token()
+        with trio.fail_after(30):
+            assert await _contributors(url, token) == []
+    finally:
+        server.kill()
+
+
+async def test_the_embedded_agent_reports_its_attempts_and_renews_their_leases(tmp_path, agent_dir):
+    config = load_config(
+        overrides={
+            "data_dir": str(tmp_path / "data"),
+            "agent_dir": agent_dir,
+            "heartbeat_interval": "100ms",
+            "lease_duration": "1s",
+        },
+        environ={},
+    )
+    fence = new_fence()
+    with trio.fail_after(40):
+        async with open_service(config, background=True) as service:
+            async with trio.open_nursery() as nursery:
+                agent = await nursery.start(run_embedded_agent, service)
+                await agent.launch("process", standin_job(), fence)
+                await agent.providers["process"].wait_ready(fence)
+                # Three lease lengths later it still runs: the controller keeps renewing.
+                await trio.sleep(3)
+                assert agent.expired == []
+                node = await service.contributors.get("local")
+                assert node["state"] == "connected"
+                assert [(a["attempt_id"], a["state"]) for a in node["attempts"]] == [
+                    (fence.attempt_id, "ready")
+                ]
+                nursery.cancel_scope.cancel()
+    assert not any((Path(agent_dir) / "process" / "attempts").iterdir())
