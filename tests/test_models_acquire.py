@@ -61,7 +61,14 @@ class Api:
     async def acquire_and_wait(self, model_id: str, until=("verified", "failed")) -> dict:
         response = await self.post(f"/api/v1/models/{model_id}/acquire")
         assert response.status_code == 202, await response.get_json()
-        return await self.wait_until(model_id, lambda model: model["state"] in until)
+        # Finished means the file states are final and the acquisition task has recorded
+        # its own outcome (it does so just after the last file settles).
+        return await self.wait_until(
+            model_id,
+            lambda model: (
+                model["state"] in until and (model["acquisition"] or {}).get("state") != "running"
+            ),
+        )
 
     async def wait_until(self, model_id: str, predicate) -> dict:
         """Poll the API (as a client would) until ``predicate(model)`` holds."""
