@@ -43,19 +43,22 @@ class DeclaredRuntime:
 
 @attrs.frozen(kw_only=True)
 class AgentSettings:
-    """What an agent's TOML file declares: labels and installed runtimes.
+    """What an agent's TOML file declares: labels, installed runtimes, input staging.
 
     ``[labels]`` is a table of strings; each ``[[runtimes]]`` has ``name``,
-    ``provider``, ``image_digest`` and (process provider) ``executable``.
+    ``provider``, ``image_digest`` and (process provider) ``executable``;
+    ``[staging] shared_dirs`` lists read-only directories (a shared filer) that may
+    already hold model blobs named by their digest (see :mod:`.staging`).
     """
 
     labels: dict[str, str] = attrs.Factory(dict)
     runtimes: tuple[DeclaredRuntime, ...] = ()
+    staging_shared_dirs: tuple[Path, ...] = ()
 
     @classmethod
     def from_document(cls, document: Mapping[str, Any], source: str) -> AgentSettings:
         """Build settings from a parsed TOML document, naming ``source`` in errors."""
-        unknown = sorted(set(document) - {"labels", "runtimes"})
+        unknown = sorted(set(document) - {"labels", "runtimes", "staging"})
         if unknown:
             raise ConfigError(f"{source}: unknown key(s) {', '.join(unknown)}")
         labels = document.get("labels", {})
@@ -81,7 +84,22 @@ class AgentSettings:
                     f"{where}.image_digest must be sha256: followed by 64 lowercase hex digits"
                 )
             runtimes.append(DeclaredRuntime(**item))
-        return cls(labels=dict(labels), runtimes=tuple(runtimes))
+        staging = document.get("staging", {})
+        if not isinstance(staging, dict):
+            raise ConfigError(f"{source}: staging must be a table")
+        extra = sorted(set(staging) - {"shared_dirs"})
+        if extra:
+            raise ConfigError(f"{source}: staging: unknown key(s) {', '.join(extra)}")
+        shared = staging.get("shared_dirs", [])
+        if not isinstance(shared, list) or not all(
+            isinstance(d, str) and Path(d).is_absolute() for d in shared
+        ):
+            raise ConfigError(f"{source}: staging.shared_dirs must be a list of absolute paths")
+        return cls(
+            labels=dict(labels),
+            runtimes=tuple(runtimes),
+            staging_shared_dirs=tuple(Path(d) for d in shared),
+        )
 
     @classmethod
     def load(cls, path: Path | None) -> AgentSettings:

@@ -18,7 +18,8 @@ class Access:
     """Who may call a route: anyone, any authenticated principal, or holders of scopes.
 
     ``node`` routes skip bearer authentication: their handler accepts a node
-    credential and nothing else (every other credential gets 401).
+    credential and nothing else (every other credential gets 401). They are the
+    WebSocket agents dial and the blob download nodes stage inputs from.
     """
 
     public: bool = False
@@ -70,4 +71,6 @@ ROUTE_ACCESS: dict[str, Access] = {
     "contributors_get": needs(s.CONTRIBUTORS_READ),
     # The WebSocket remote agents dial: a node credential, checked in its handler.
     "contributors_connect": NODE,
+    # Verified model blobs, by digest, for nodes staging inputs: a node credential only.
+    "contributors_blob": NODE,
 }

@@ -186,9 +186,10 @@ async def _principal(service: Service) -> Principal:
                 "the Authorization header must be 'Bearer <token>'", code="invalid_credential"
             )
         if is_node_token(token.strip()):
-            # A node credential connects its node and does nothing else.
+            # A node credential connects its node and stages blobs, nothing else.
             raise Forbidden(
-                "a node credential can only connect its node to /api/v1/contributors/connect; "
+                "a node credential can only connect its node to /api/v1/contributors/connect "
+                "and download blobs from /api/v1/contributors/blobs/<sha256>; "
                 "use a project credential for management routes",
                 code="node_credential_refused",
             )

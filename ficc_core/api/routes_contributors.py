@@ -1,22 +1,90 @@
 """Contributor nodes: state, last heartbeat, snapshot and attempts (scope ``contributors:read``),
-and the WebSocket remote agents dial out to (authenticated by a node credential only).
+the WebSocket remote agents dial out to, and the blob download route nodes stage model
+inputs from (both authenticated by a node credential only).
 
 Nodes belong to the installation, not to a project: every project's readers see them.
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
-from quart import Response, jsonify, websocket
+import trio
+from quart import Response, jsonify, request, websocket
 
 from ..contributors.connection import serve_node_connection
-from ..errors import FiccError
+from ..errors import FiccError, NotFound
 
 if TYPE_CHECKING:
     from quart_trio import QuartTrio
 
     from ..service import Service
+
+
+#: Bytes read off the event loop per chunk of a blob download.
+BLOB_CHUNK = 1 << 20
+
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_RANGE = re.compile(r"bytes=(\d+)-")
+
+
+def _bearer_token(authorization: str) -> str:
+    scheme, _, token = authorization.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise FiccError(
+            "send 'Authorization: Bearer <node credential>'",
+            code="unauthenticated",
+            status=401,
+        )
+    return token.strip()
+
+
+def _range_start(header: str | None, size: int) -> int | None:
+    """The first byte a ``Range: bytes=N-`` header asks for; None without one.
+
+    Only a single open-ended range is served (what a resuming download sends);
+    a start at or past the end is 416.
+    """
+    if header is None:
+        return None
+    match = _RANGE.fullmatch(header.strip())
+    if match is None:
+        raise FiccError(
+            "only 'Range: bytes=<start>-' is supported",
+            code="range_not_satisfiable",
+            status=416,
+            headers={"Content-Range": f"bytes */{size}"},
+        )
+    start = int(match.group(1))
+    if start >= size:
+        raise FiccError(
+            f"the range starts at byte {start}; the blob has {size} bytes",
+            code="range_not_satisfiable",
+            status=416,
+            details={"size": size},
+            headers={"Content-Range": f"bytes */{size}"},
+        )
+    return start
+
+
+async def _read_from(path: Path, start: int, length: int) -> AsyncIterator[bytes]:
+    """Yield ``length`` bytes of ``path`` from ``start``, each chunk read in a worker thread."""
+    handle = await trio.open_file(path, "rb")
+    try:
+        await handle.seek(start)
+        remaining = length
+        while remaining > 0:
+            chunk = await handle.read(min(BLOB_CHUNK, remaining))
+            if not chunk:
+                return  # the file shrank under us: the client sees a short body
+            remaining -= len(chunk)
+            yield chunk
+    finally:
+        with trio.CancelScope(shield=True):
+            await handle.aclose()
 
 
 def register(app: QuartTrio, service: Service) -> None:
@@ -29,6 +97,50 @@ def register(app: QuartTrio, service: Service) -> None:
     @app.get("/api/v1/contributors/<node_id>", endpoint="contributors_get")
     async def contributors_get(node_id: str) -> Response:
         return jsonify(await service.contributors.get(node_id))
+
+    @app.get("/api/v1/contributors/blobs/<sha256>", endpoint="contributors_blob")
+    async def contributors_blob(sha256: str) -> Response:
+        # A node credential only (checked here, like the WebSocket): nodes stage the
+        # verified blobs models reference, by digest, resuming with Range.
+        await service.contributors.authenticate(
+            _bearer_token(request.headers.get("Authorization", ""))
+        )
+        unknown = NotFound(
+            f"no verified blob {sha256} is referenced by a model", code="blob_unknown"
+        )
+        if _SHA256.fullmatch(sha256) is None:
+            raise unknown
+
+        found = await service.store.read(
+            lambda tx: tx.fetch_one(
+                "SELECT b.state AS state FROM blobs b WHERE b.sha256 = ? AND EXISTS"
+                " (SELECT 1 FROM model_files f WHERE f.sha256 = b.sha256)",
+                (sha256,),
+            )
+        )
+        if found is None or found["state"] != "verified":
+            raise unknown
+        path = service.blobs.published_path(sha256)
+        try:
+            size = (await trio.Path(path).stat()).st_size
+        except FileNotFoundError:
+            raise unknown from None
+        start = _range_start(request.headers.get("Range"), size)
+        headers = {
+            "Accept-Ranges": "bytes",
+            "Content-Length": str(size - (start or 0)),
+            "ETag": f'"{sha256}"',
+        }
+        if start is not None:
+            headers["Content-Range"] = f"bytes {start}-{size - 1}/{size}"
+        response = Response(
+            _read_from(path, start or 0, size - (start or 0)),
+            status=206 if start is not None else 200,
+            headers=headers,
+            mimetype="application/octet-stream",
+        )
+        response.timeout = None  # a multi-GiB blob takes as long as it takes
+        return response
 
     @app.websocket("/api/v1/contributors/connect", endpoint="contributors_connect")
     async def contributors_connect() -> Response | None:
