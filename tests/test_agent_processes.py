@@ -273,3 +273,90 @@ async def test_a_frozen_controller_lets_the_leases_run_out_and_the_agent_stops_i
                 nursery.cancel_scope.cancel()
     finally:
         server.kill()
+
+
+def _engines_by_attempt(agent_dir: Path) -> dict[str, int]:
+    import json
+
+    found = {}
+    for record in agent_dir.glob("*/attempts/*/attempt.json"):
+        try:
+            document = json.loads(record.read_text())
+        except (OSError, ValueError):
+            continue
+        if document.get("pid"):
+            found[document["attempt_id"]] = document["pid"]
+    return found
+
+
+async def test_a_reconnecting_executor_keeps_wanted_engines_and_stops_given_up_ones(
+    tmp_path, agent_dir
+):
+    from ficc_core.testing.executor_kit import new_fence, standin_job
+
+    from .agent_support import open_controller
+
+    async def reconnected(service, previous: str):
+        while True:
+            result = service.contributors.reconciled.get("gpu-1")
+            if result is not None and result.connection_id != previous:
+                return result
+            await trio.sleep(0.05)
+
+    async def ready(service, attempt_id: str) -> None:
+        while True:
+            node = await service.contributors.get("gpu-1")
+            states = {a["attempt_id"]: a["state"] for a in node["attempts"]}
+            if states.get(attempt_id) == "ready":
+                return
+            await trio.sleep(0.05)
+
+    executor = None
+    try:
+        with trio.fail_after(90):
+            async with open_controller(tmp_path, heartbeat_interval="200ms") as (service, url):
+                registry = service.contributors
+                _, token = await registry.add_node("gpu-1")
+                executor = ExecutorProcess(url, token, agent_dir)
+                await executor.wait_connected()
+                first = await reconnected(service, "")
+                kept = new_fence()
+                await registry.launch("gpu-1", "process", standin_job(), kept)
+                await ready(service, kept.attempt_id)
+                engine = _engines_by_attempt(agent_dir)[kept.attempt_id]
+
+                # The connection drops; the agent reconnects and its engine is adopted.
+                registry._live["gpu-1"][1].cancel()
+                second = await reconnected(service, first.connection_id)
+                assert second.adopted == (kept.attempt_id,) and second.stop == ()
+                assert _engines_by_attempt(agent_dir) == {kept.attempt_id: engine}
+                assert _alive(engine)
+
+                # While it is cut off, the controller gives one attempt up.
+                dropped = new_fence()
+                await registry.launch("gpu-1", "process", standin_job(), dropped)
+                await ready(service, dropped.attempt_id)
+                dropped_engine = _engines_by_attempt(agent_dir)[dropped.attempt_id]
+                executor.proc.send_signal(signal.SIGSTOP)
+                try:
+                    registry._live["gpu-1"][1].cancel()
+                    while "gpu-1" in registry._live:  # noqa: ASYNC110
+                        await trio.sleep(0.05)
+                    assert await registry.give_up("gpu-1", dropped.attempt_id)
+                finally:
+                    executor.proc.send_signal(signal.SIGCONT)
+                third = await reconnected(service, second.connection_id)
+                assert third.adopted == (kept.attempt_id,)
+                assert [fence.attempt_id for fence in third.stop] == [dropped.attempt_id]
+                while _alive(dropped_engine):  # noqa: ASYNC110
+                    await trio.sleep(0.05)
+                # Only the adopted engine runs (a stopped attempt keeps its record and log).
+                running = [pid for pid in _engines_by_attempt(agent_dir).values() if _alive(pid)]
+                assert running == [engine]
+                node = await registry.get("gpu-1")
+                while [a["attempt_id"] for a in node["attempts"]] != [kept.attempt_id]:
+                    await trio.sleep(0.05)
+                    node = await registry.get("gpu-1")
+    finally:
+        if executor is not None:
+            executor.kill()

@@ -72,15 +72,23 @@ async def run_embedded_agent(
         task_status.started(None)
         return
     await service.contributors.ensure_local_node(node_id)
+    known = [
+        row["attempt_id"]
+        for row in await service.contributors.assignments(node_id)
+        if row["wanted"]
+    ]
     async with trio.open_nursery() as nursery:
         await nursery.start(agent.run)
         connection = await service.contributors.connect(
             node_id, nursery.cancel_scope, LocalNodeLink(agent)
         )
         try:
+            attempts = await agent.report()
             await service.contributors.heartbeat(
-                node_id, connection, await agent.snapshot(), await agent.report()
+                node_id, connection, await agent.snapshot(), attempts
             )
+            # A fresh agent runs nothing: what the controller wanted here is gone.
+            await service.contributors.reconcile(node_id, connection, attempts, known)
             nursery.start_soon(renew_leases, agent, config.lease_duration)
             task_status.started(agent)
             while True:

@@ -4,7 +4,8 @@ The agent connects (so it works behind NAT), over TLS when the controller URL is
 https, authenticated by its node credential. The controller names the node in
 its welcome; the agent then heartbeats its snapshot and attempts every
 ``heartbeat_interval`` seconds from one task and applies lease renewals as they
-arrive in another, so neither waits on the other. A dropped connection is
+arrive in another, so neither waits on the other; relayed endpoint streams
+(:mod:`~ficc_core.contributors.relay`) run in tasks of their own. A dropped connection is
 retried with exponential backoff (0.5 s doubling to 30 s, with jitter); a refused
 credential, or being fenced out by a newer connection of the same node, ends it.
 """
@@ -23,6 +24,7 @@ import trio
 from trio_websocket import ConnectionClosed, ConnectionRejected, HandshakeError, open_websocket_url
 
 from ..contributors.link import run_command
+from ..contributors.relay import RelayServer
 from ..errors import FiccError
 from ..schema import unstructure
 from .agent import Agent
@@ -91,6 +93,8 @@ class RemoteAgent:
         self.agent: Agent | None = None
         #: How many sessions the controller welcomed (reconnects show here).
         self.sessions = 0
+        #: The current session's relayed endpoint streams (None before the first).
+        self.relay: RelayServer | None = None
 
     async def run(self, *, task_status: trio.TaskStatus[Agent] = trio.TASK_STATUS_IGNORED) -> None:
         """Connect, and reconnect with backoff, until cancelled or refused.
@@ -190,12 +194,22 @@ class RemoteAgent:
                     session.cancel_scope.cancel()
 
             session.start_soon(heartbeat)
+            # Relayed endpoint streams: their own tasks, so nothing below waits on them.
+            relay = RelayServer(agent, ws.send_message)
+            self.relay = relay
+            await session.start(relay.run)
             try:
                 while True:
-                    message = _decode(await ws.get_message())
+                    raw = await ws.get_message()
+                    if isinstance(raw, bytes):
+                        relay.deliver_binary(raw)
+                        continue
+                    message = _decode(raw)
                     kind = message.get("type")
                     if kind == "renew":
                         agent.renew(duration=float(message["duration"]))
+                    elif kind == "relay":
+                        relay.deliver(message)
                     elif kind == "command":
                         session.start_soon(_reply, ws, agent, message)
                     elif kind == "fenced":

@@ -11,6 +11,8 @@ The wire is JSON text messages over any transport with ``send(str)`` and
 - controller → agent ``{"type": "command", "request_id", "op", ...}`` (see
   :mod:`~ficc_core.contributors.link`), answered by agent → controller
   ``{"type": "reply", "request_id", "ok", ...}``;
+- both ways ``{"type": "relay", ...}`` and binary frames: relayed endpoint streams
+  (see :mod:`~ficc_core.contributors.relay`);
 - controller → agent ``{"type": "fenced"}`` or ``{"type": "error", "code", "message"}``
   just before the controller closes the connection.
 """
@@ -19,15 +21,17 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 import trio
 
 from ..auth import secrets as sec
 from ..errors import FiccError, InvalidRequest
-from ..schema import ExecutorSnapshot, SchemaError, structure
-from .link import raise_for_reply
-from .registry import ConnectionFenced, NodeRegistry
+from ..schema import ExecutorSnapshot, Fence, SchemaError, structure, unstructure
+from .link import NodeLink, raise_for_reply
+from .registry import ConnectionFenced, NodeRegistry, Reconciliation
+from .relay import RelayEndpoint
 
 log = logging.getLogger("ficc.contributors")
 
@@ -38,8 +42,8 @@ MAX_MESSAGE = 1 << 20
 class MessageChannel(Protocol):
     """What a node connection runs over."""
 
-    async def send(self, data: str) -> None:
-        """Send one text message."""
+    async def send(self, data: str | bytes) -> None:
+        """Send one text (str) or binary (bytes) message."""
 
     async def receive(self) -> str | bytes:
         """Receive one message."""
@@ -53,6 +57,8 @@ class ConnectionLink:
         self.timeout = timeout
         self._pending: dict[str, list[Any]] = {}
         self._closed = False
+        #: The node's endpoint action, relayed over this connection.
+        self.endpoint = RelayEndpoint(channel.send)
 
     async def call(self, message: dict[str, Any]) -> dict[str, Any]:
         """Send one command and wait (bounded) for its reply."""
@@ -91,6 +97,7 @@ class ConnectionLink:
         self._closed = True
         for slot in self._pending.values():
             slot[0].set()
+        self.endpoint.close()
 
 
 class NodeGone(FiccError):
@@ -132,6 +139,9 @@ async def serve_node_connection(
 ) -> None:
     """Serve one authenticated node connection until it ends, is fenced out or fails."""
     link = ConnectionLink(channel)
+    # What the controller wanted before this connection: reconciled with the first report.
+    known = [row["attempt_id"] for row in await registry.assignments(node_id) if row["wanted"]]
+    reconciled = False
     async with trio.open_nursery() as nursery:
         connection_id = await registry.connect(node_id, nursery.cancel_scope, link)
         log.info("node %s connected (connection %s)", node_id, connection_id)
@@ -154,10 +164,14 @@ async def serve_node_connection(
                     await trio.sleep(lease_duration / 3)
 
             nursery.start_soon(renew)
+            await nursery.start(link.endpoint.run)
             while True:
                 raw = await channel.receive()
                 if len(raw) > MAX_MESSAGE:
                     raise InvalidRequest("the message is too large", code="bad_heartbeat")
+                if isinstance(raw, bytes):
+                    link.endpoint.deliver_binary(raw)
+                    continue
                 try:
                     message = json.loads(raw)
                 except ValueError:
@@ -167,15 +181,26 @@ async def serve_node_connection(
                 if message.get("type") == "reply":
                     link.deliver(message)
                     continue
+                if message.get("type") == "relay":
+                    try:
+                        link.endpoint.deliver(message)
+                    except (KeyError, TypeError, ValueError):
+                        log.warning("node %s sent a malformed relay message", node_id)
+                    continue
                 if message.get("type") != "heartbeat":
                     continue
                 try:
                     snapshot = structure(message.get("snapshot"), ExecutorSnapshot, what="snapshot")
                 except SchemaError as exc:
                     raise InvalidRequest(exc.message, code="bad_heartbeat") from None
-                await registry.heartbeat(
-                    node_id, connection_id, snapshot, _attempts(message.get("attempts", []))
-                )
+                attempts = _attempts(message.get("attempts", []))
+                await registry.heartbeat(node_id, connection_id, snapshot, attempts)
+                if not reconciled:
+                    reconciled = True
+                    result = await registry.reconcile(node_id, connection_id, attempts, known)
+                    _log_reconciliation(node_id, result)
+                    if result.stop:
+                        nursery.start_soon(_stop_unwanted, link, node_id, result.stop)
         except ConnectionFenced:
             pass  # said in the finally block below
         except FiccError as exc:
@@ -187,6 +212,31 @@ async def serve_node_connection(
                 await _last_word(channel, {"type": "fenced"})
             registry.disconnect(node_id, connection_id)
             nursery.cancel_scope.cancel()
+
+
+def _log_reconciliation(node_id: str, result: Reconciliation) -> None:
+    if result.adopted or result.stop or result.missing:
+        log.info(
+            "node %s reconnected: adopted %s, stopping %s, no longer running %s",
+            node_id,
+            list(result.adopted),
+            [fence.attempt_id for fence in result.stop],
+            list(result.missing),
+        )
+
+
+async def _stop_unwanted(link: NodeLink, node_id: str, fences: Sequence[Fence]) -> None:
+    """Stop, through the node, the attempts a reconciliation does not want."""
+    for fence in fences:
+        try:
+            await link.call({"op": "stop", "fence": unstructure(fence)})
+        except FiccError as exc:
+            log.warning(
+                "node %s: could not stop unwanted attempt %s: %s",
+                node_id,
+                fence.attempt_id,
+                exc.message,
+            )
 
 
 async def _last_word(channel: MessageChannel, message: dict[str, Any]) -> None:

@@ -9,6 +9,7 @@ WebSocket (:class:`~ficc_core.contributors.connection.ConnectionLink`).
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
@@ -17,11 +18,42 @@ from ..errors import FiccError
 
 if TYPE_CHECKING:
     from ..agent import Agent
-    from ..executor.types import AttemptStatus
+    from ..executor.types import AttemptStatus, ReadEvent
+    from ..schema import Fence
+
+
+class NodeEndpoint(Protocol):
+    """A node's endpoint action: the same ``open`` / ``read`` / ``cancel`` as a provider's.
+
+    The embedded agent is its own; a remote node's is relayed over its connection
+    (:class:`~ficc_core.contributors.relay.RelayEndpoint`).
+    """
+
+    async def open(
+        self,
+        fence: Fence,
+        stream_id: str,
+        method: str,
+        path: str,
+        headers: Sequence[tuple[str, str]] | Mapping[str, str],
+        body: bytes,
+        *,
+        input_id: str | None = None,
+    ) -> None:
+        """Open a stream to the attempt's engine."""
+
+    async def read(self, fence: Fence, stream_id: str) -> ReadEvent:
+        """The stream's next event."""
+
+    async def cancel(self, fence: Fence, stream_id: str) -> None:
+        """Close the stream."""
 
 
 class NodeLink(Protocol):
     """Carries one command to a node and returns its reply (raising the node's error)."""
+
+    #: The node's endpoint action.
+    endpoint: NodeEndpoint
 
     async def call(self, message: dict[str, Any]) -> dict[str, Any]:
         """Run ``message`` on the node; return the reply of a successful command."""
@@ -90,6 +122,8 @@ class LocalNodeLink:
 
     def __init__(self, agent: Agent) -> None:
         self.agent = agent
+        #: The endpoint action: the agent's own, called directly.
+        self.endpoint: NodeEndpoint = agent
 
     async def call(self, message: dict[str, Any]) -> dict[str, Any]:
         """Run ``message`` on the local agent."""

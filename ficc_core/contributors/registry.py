@@ -19,18 +19,19 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+import attrs
 import trio
 
 from ..auth import secrets as sec
 from ..errors import Conflict, FiccError, InvalidRequest, NotFound, Unauthenticated
-from ..schema import ExecutorSnapshot, canonical_json, structure, unstructure
+from ..schema import ExecutorSnapshot, Fence, canonical_json, structure, unstructure
 from ..schema.spec import NODE_ID_PATTERN
 from ..store import Store, Transaction
-from .link import NodeLink, status_from_wire
+from .link import NodeEndpoint, NodeLink, status_from_wire
 
 if TYPE_CHECKING:
     from ..executor.types import AttemptStatus
-    from ..schema import Fence, Job, ResourceLimits, Runtime
+    from ..schema import Job, ResourceLimits, Runtime
 
 #: Node credentials look like ``ficcnode_<credential id>.<secret>``; bearer tokens never do.
 NODE_TOKEN_PREFIX = "ficcnode_"
@@ -44,6 +45,24 @@ class ConnectionFenced(FiccError):
 
     status = 409
     code = "connection_fenced"
+
+
+@attrs.frozen
+class Reconciliation:
+    """What the controller decided when a node (re)connected and reported its attempts.
+
+    :ivar connection_id: the connection whose first report this was.
+    :ivar adopted: attempt IDs the controller still wants: kept, their leases renewed.
+    :ivar stop: fences the node runs that the controller does not want (unknown to
+        it, given up, or a stale generation): the connection stops them on the node.
+    :ivar missing: attempt IDs the controller wanted that the node no longer runs;
+        they are no longer wanted (reason ``not_reported``).
+    """
+
+    connection_id: str
+    adopted: tuple[str, ...] = ()
+    stop: tuple[Fence, ...] = ()
+    missing: tuple[str, ...] = ()
 
 
 def is_node_token(token: str) -> bool:
@@ -106,6 +125,8 @@ class NodeRegistry:
         self.clock = clock
         # Live connections in this process, so a newer one cancels the older at once.
         self._live: dict[str, tuple[str, trio.CancelScope, NodeLink | None]] = {}
+        #: The last reconciliation of each node, by node ID.
+        self.reconciled: dict[str, Reconciliation] = {}
 
     # -- registration ------------------------------------------------------------------------
 
@@ -370,7 +391,33 @@ class NodeRegistry:
             message["limits"] = unstructure(limits)
         if runtime is not None:
             message["runtime"] = unstructure(runtime)
-        return status_from_wire((await link.call(message))["status"])
+        await self._assign(node_id, fence, provider)
+        done = False
+        try:
+            reply = await link.call(message)
+            done = True
+        finally:
+            if not done:
+                with trio.CancelScope(shield=True):
+                    await self._unwant(node_id, fence.attempt_id, "launch_failed")
+        return status_from_wire(reply["status"])
+
+    def endpoint(self, node_id: str) -> NodeEndpoint:
+        """The endpoint action (``open`` / ``read`` / ``cancel``) of a connected node.
+
+        The same interface for the embedded agent (in-process) and a remote one
+        (relayed over its connection). Streams opened through it end with
+        ``StreamFailed(peer_lost)`` if that connection drops; ask again after a
+        reconnect. Raises ``node_unavailable`` when the node is not connected here.
+        """
+        live = self._live.get(node_id)
+        if live is None or live[2] is None:
+            raise Conflict(
+                f"node {node_id!r} is not connected to this controller",
+                code="node_unavailable",
+                details={"node": node_id},
+            )
+        return live[2].endpoint
 
     async def stop(self, node_id: str, fence: Fence, grace: float = 10.0) -> AttemptStatus:
         """Stop an attempt on a connected node."""
@@ -379,8 +426,115 @@ class NodeRegistry:
             raise Conflict(
                 f"node {node_id!r} is not connected", code="node_unavailable", details={}
             )
+        await self._unwant(node_id, fence.attempt_id, "stopped")
         reply = await link[2].call({"op": "stop", "fence": unstructure(fence), "grace": grace})
         return status_from_wire(reply["status"])
+
+    # -- what the controller wants each node to run ---------------------------------------------
+
+    async def _assign(self, node_id: str, fence: Fence, provider: str) -> None:
+        now = self.clock()
+        await self.store.write(
+            lambda tx: tx.execute(
+                "INSERT OR REPLACE INTO node_assignments (node_id, attempt_id, generation,"
+                " plan_digest, provider, wanted, reason, updated_at)"
+                " VALUES (?, ?, ?, ?, ?, 1, 'launched', ?)",
+                (node_id, fence.attempt_id, fence.generation, fence.plan_digest, provider, now),
+            )
+        )
+
+    async def _unwant(self, node_id: str, attempt_id: str, reason: str) -> bool:
+        now = self.clock()
+
+        def write(tx: Transaction) -> bool:
+            row = tx.fetch_one(
+                "SELECT wanted FROM node_assignments WHERE node_id = ? AND attempt_id = ?",
+                (node_id, attempt_id),
+            )
+            tx.execute(
+                "UPDATE node_assignments SET wanted = 0, reason = ?, updated_at = ?"
+                " WHERE node_id = ? AND attempt_id = ? AND wanted = 1",
+                (reason, now, node_id, attempt_id),
+            )
+            return row is not None
+
+        return await self.store.write(write)
+
+    async def assignments(self, node_id: str) -> list[dict[str, Any]]:
+        """The attempts the controller asked ``node_id`` to run, each with ``wanted`` and why."""
+        rows = await self.store.read(
+            lambda tx: tx.fetch_all(
+                "SELECT * FROM node_assignments WHERE node_id = ? ORDER BY attempt_id", (node_id,)
+            )
+        )
+        return [{**row, "wanted": bool(row["wanted"])} for row in rows]
+
+    async def give_up(self, node_id: str, attempt_id: str, *, reason: str = "given_up") -> bool:
+        """Record that the controller no longer wants the attempt; return whether it knew it.
+
+        Nothing is sent: a connected node's attempt is stopped with :meth:`stop`; a
+        disconnected node's is stopped when it reconnects and reports it.
+        """
+        return await self._unwant(node_id, attempt_id, reason)
+
+    async def reconcile(
+        self,
+        node_id: str,
+        connection_id: str,
+        reported: Sequence[dict[str, Any]],
+        known: Sequence[str] = (),
+    ) -> Reconciliation:
+        """Compare what a (re)connected node runs with what the controller wants.
+
+        An attempt the controller recorded and still wants, with the same generation
+        and plan digest, is adopted; any other reported attempt (unknown here, given
+        up, stopped, unknown after a loss, or a stale generation) is to be stopped.
+        ``known`` are the attempts wanted before this connection began: those the
+        node does not report are no longer wanted.
+        """
+        now = self.clock()
+
+        def write(tx: Transaction) -> Reconciliation:
+            rows = {
+                row["attempt_id"]: row
+                for row in tx.fetch_all(
+                    "SELECT * FROM node_assignments WHERE node_id = ?", (node_id,)
+                )
+            }
+            adopted, stop = [], []
+            for attempt in reported:
+                fence = Fence(
+                    attempt_id=attempt["attempt_id"],
+                    generation=attempt["generation"],
+                    plan_digest=attempt["plan_digest"],
+                )
+                row = rows.get(fence.attempt_id)
+                if (
+                    row is not None
+                    and row["wanted"]
+                    and (row["generation"], row["plan_digest"])
+                    == (fence.generation, fence.plan_digest)
+                ):
+                    adopted.append(fence.attempt_id)
+                else:
+                    stop.append(fence)
+            seen = {attempt["attempt_id"] for attempt in reported}
+            missing = [
+                attempt_id
+                for attempt_id in known
+                if attempt_id not in seen and attempt_id in rows and rows[attempt_id]["wanted"]
+            ]
+            for attempt_id in missing:
+                tx.execute(
+                    "UPDATE node_assignments SET wanted = 0, reason = 'not_reported',"
+                    " updated_at = ? WHERE node_id = ? AND attempt_id = ?",
+                    (now, node_id, attempt_id),
+                )
+            return Reconciliation(connection_id, tuple(adopted), tuple(stop), tuple(missing))
+
+        result = await self.store.write(write)
+        self.reconciled[node_id] = result
+        return result
 
     # -- states --------------------------------------------------------------------------------
 
@@ -390,6 +544,11 @@ class NodeRegistry:
             "UPDATE node_attempts SET state = 'unknown', updated_at = ?"
             f" WHERE node_id = ? AND state NOT IN ({placeholders})",
             (now, node_id, *sorted(ENDED_STATES)),
+        )
+        tx.execute(
+            "UPDATE node_assignments SET wanted = 0, reason = 'unknown', updated_at = ?"
+            " WHERE node_id = ? AND wanted = 1",
+            (now, node_id),
         )
 
     async def sweep(self) -> list[tuple[str, str]]:

@@ -110,4 +110,19 @@ MIGRATIONS: list[tuple[str, ...]] = [
             PRIMARY KEY (node_id, attempt_id)
         )""",
     ),
+    # 4: what the controller asked each node to run and whether it still wants it
+    # (reconciled against what a reconnecting agent reports).
+    (
+        """CREATE TABLE node_assignments (
+            node_id TEXT NOT NULL REFERENCES nodes(id) ON DELETE CASCADE,
+            attempt_id TEXT NOT NULL,
+            generation INTEGER NOT NULL,
+            plan_digest TEXT NOT NULL,
+            provider TEXT NOT NULL,
+            wanted INTEGER NOT NULL,
+            reason TEXT,
+            updated_at REAL NOT NULL,
+            PRIMARY KEY (node_id, attempt_id)
+        )""",
+    ),
 ]
