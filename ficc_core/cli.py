@@ -191,8 +191,10 @@ async def _executor(
     import signal
     import ssl
 
+    from .agent import Agent
     from .agent.embedded import agent_from_config
     from .agent.remote import RemoteAgent
+    from .agent.staging import stager_from_settings
 
     context = None
     if config.ca_bundle is not None and controller.startswith("https"):
@@ -202,12 +204,16 @@ async def _executor(
         click.echo(f"ficc executor: connected to {controller} as node {node_id}")
         sys.stdout.flush()
 
+    def make_agent(node_id: str) -> Agent:
+        agent = agent_from_config(config, node_id=node_id, providers=providers)
+        # Blob inputs this node lacks are fetched from the controller before a launch.
+        agent.stager = stager_from_settings(
+            config.agent_path, controller, credential, agent.settings, ssl_context=context
+        )
+        return agent
+
     remote = RemoteAgent(
-        controller,
-        credential,
-        lambda node_id: agent_from_config(config, node_id=node_id, providers=providers),
-        ssl_context=context,
-        on_connected=connected,
+        controller, credential, make_agent, ssl_context=context, on_connected=connected
     )
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as received:
         async with trio.open_nursery() as nursery:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import shutil
 import stat
 from collections import namedtuple
@@ -297,3 +298,63 @@ def test_the_cache_survives_a_removed_index(tmp_path):
     (tmp_path / "verified.json").write_text("{not json")
     assert stager._load_index() == {}
     shutil.rmtree(tmp_path)
+
+
+async def test_a_remote_launch_stages_the_blob_input_and_the_engine_reads_it(setup, tmp_path):
+    from ficc_executor_process.testing import running_process_provider, short_state_dir
+
+    from ficc_core.agent import Agent
+    from ficc_core.agent.remote import RemoteAgent
+    from ficc_core.executor import BodyChunk, EndOfStream, ResponseHead
+    from ficc_core.testing.executor_kit import new_fence, standin_job
+
+    service, url, admin, node = setup
+    with trio.fail_after(60):
+        content = random_bytes(2 * MiB + 3, seed=9)
+        digest = await _verified_model(url, admin, content)
+        with short_state_dir("fs-") as agent_dir:
+            async with running_process_provider(agent_dir / "p") as provider:
+
+                def make(node_id: str) -> Agent:
+                    agent = Agent(
+                        node_id=node_id, providers={"process": provider}, state_dir=agent_dir
+                    )
+                    agent.stager = Stager(agent_dir / "blobs", url, node)
+                    return agent
+
+                async with trio.open_nursery() as nursery:
+                    await nursery.start(RemoteAgent(url, node, make).run)
+                    while (await service.contributors.get("gpu-1"))["state"] != "connected":  # noqa: ASYNC110
+                        await trio.sleep(0.05)
+                    # The controller names the blob by digest; the path is the
+                    # controller's own and does not exist on the node.
+                    job = standin_job(
+                        inputs=(
+                            JobInput(
+                                id="model",
+                                path="/nonexistent/on/this/node.gguf",
+                                digest=f"sha256:{digest}",
+                            ),
+                        )
+                    )
+                    fence = new_fence()
+                    await service.contributors.launch(
+                        "gpu-1", "process", job, fence, blobs={f"sha256:{digest}": len(content)}
+                    )
+                    staged = agent_dir / "blobs" / "sha256" / digest
+                    assert staged.read_bytes() == content
+                    assert stat.S_IMODE(staged.stat().st_mode) == 0o444
+                    endpoint = service.contributors.endpoint("gpu-1")
+                    await provider.wait_ready(fence)
+                    await endpoint.open(fence, "up", "POST", "/echo", {}, b"", input_id="model")
+                    echoed = bytearray()
+                    while not isinstance(event := await endpoint.read(fence, "up"), EndOfStream):
+                        if isinstance(event, BodyChunk):
+                            echoed.extend(event.data)
+                        else:
+                            assert isinstance(event, ResponseHead) and event.status == 200
+                    answer = json.loads(bytes(echoed))
+                    assert answer["body_length"] == len(content)
+                    assert answer["body_sha256"] == digest
+                    await service.contributors.stop("gpu-1", fence, grace=1.0)
+                    nursery.cancel_scope.cancel()

@@ -29,6 +29,7 @@ from ..schema import ExecutorSnapshot, GpuDevice, NodeResources
 from ..schema.snapshot import ENDPOINT_VERSION
 from .gpus import query_gpus
 from .runtimes import AgentSettings, RuntimeCheck, check_runtime
+from .staging import Stager, stage_job_inputs
 
 if TYPE_CHECKING:
     from ..executor.protocol import ExecutorProvider
@@ -92,6 +93,9 @@ class Agent:
         self.expired: list[str] = []
         #: Declared runtimes the last snapshot refused, by name, with the reason.
         self.runtime_problems: dict[str, str] = {}
+        #: Fetches blob inputs this node lacks (a remote agent sets it; the embedded
+        #: agent reads the controller's blob store in place and needs none).
+        self.stager: Stager | None = None
 
     @classmethod
     def from_plugins(
@@ -192,13 +196,21 @@ class Agent:
         limits: ResourceLimits | None = None,
         runtime: Runtime | None = None,
         lease: float | None = None,
+        blobs: Mapping[str, int] | None = None,
     ) -> AttemptStatus:
-        """Launch ``job`` as attempt ``fence`` on ``provider``, holding a fresh lease."""
+        """Launch ``job`` as attempt ``fence`` on ``provider``, holding a fresh lease.
+
+        ``blobs`` maps the digests of the job's blob inputs to their sizes; with a
+        :attr:`stager`, those inputs are staged on this node first (verified,
+        read-only) and the job is rewritten to their local paths.
+        """
         if provider not in self.providers:
             raise LaunchFailed(
                 f"no executor provider {provider!r} on node {self.node_id!r}",
                 details={"provider": provider, "loaded": sorted(self.providers)},
             )
+        if blobs and self.stager is not None:
+            job = await stage_job_inputs(self.stager, job, blobs)
         status = await self.providers[provider].launch(job, fence, limits=limits, runtime=runtime)
         self._leases[fence.attempt_id] = Lease(
             provider, fence, trio.current_time() + (lease or self.lease_duration)

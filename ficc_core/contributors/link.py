@@ -102,6 +102,7 @@ async def run_command(agent: Agent, message: dict[str, Any]) -> dict[str, Any]:
                 fence,
                 limits=None if limits is None else structure(limits, ResourceLimits),
                 runtime=None if runtime is None else structure(runtime, Runtime),
+                blobs=structure(message.get("blobs") or {}, dict[str, int], what="blobs"),
             )
         elif op == "stop":
             status = await agent.stop(fence, float(message.get("grace", agent.stop_grace)))

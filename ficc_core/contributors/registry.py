@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -378,8 +378,13 @@ class NodeRegistry:
         *,
         limits: ResourceLimits | None = None,
         runtime: Runtime | None = None,
+        blobs: Mapping[str, int] | None = None,
     ) -> AttemptStatus:
-        """Launch ``job`` as attempt ``fence`` on a connected node (unreachable nodes refuse)."""
+        """Launch ``job`` as attempt ``fence`` on a connected node (unreachable nodes refuse).
+
+        ``blobs`` (digest to size, from the model's manifest) lets a remote node stage
+        the job's blob inputs it does not hold from this controller before launching.
+        """
         link = await self._link(node_id)
         message: dict[str, Any] = {
             "op": "launch",
@@ -391,6 +396,8 @@ class NodeRegistry:
             message["limits"] = unstructure(limits)
         if runtime is not None:
             message["runtime"] = unstructure(runtime)
+        if blobs:
+            message["blobs"] = dict(blobs)
         await self._assign(node_id, fence, provider)
         done = False
         try:
