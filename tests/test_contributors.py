@@ -202,3 +202,27 @@ def test_admin_add_node_prints_a_credential_once_and_revoke_node_revokes_it(tmp_
     assert revoked.exit_code == 0, revoked.output
     assert json.loads(revoked.output)["state"] == "revoked"
     assert invoke("admin", "add-node", "bad name").exit_code != 0
+
+
+async def test_a_node_without_endpoint_version_1_is_refused_for_inference_only(nodes):
+    await nodes.add_node("old-1")
+    await nodes.add_node("new-1")
+    old = await nodes.connect("old-1")
+    new = await nodes.connect("new-1")
+    legacy = ExecutorSnapshot(
+        node_id="old-1",
+        providers=[ProviderInfo(name="process", package_digest=DIGEST)],
+        resources=NodeResources(cpus=4, memory_bytes=8 << 30, disk_free_bytes=100 << 30),
+    )
+    await nodes.heartbeat("old-1", old, legacy, [_attempt("running-job")])
+    await nodes.heartbeat("new-1", new, _snapshot("new-1"))
+    refusal = await nodes.inference_refusal("old-1")
+    assert refusal["code"] == "endpoint_version_unsupported"
+    assert "old-1" in refusal["message"] and "endpoint_version None" in refusal["message"]
+    assert await nodes.inference_refusal("new-1") is None
+    # Everything else the old node does keeps working: it is connected and its
+    # reported attempts stand.
+    view = await nodes.get("old-1")
+    assert view["state"] == "connected"
+    assert [a["attempt_id"] for a in view["attempts"]] == ["running-job"]
+    assert (await nodes.heartbeat("old-1", old, legacy, []))["state"] == "connected"

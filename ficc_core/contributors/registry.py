@@ -251,6 +251,31 @@ class NodeRegistry:
         document = (await self.get(node_id))["snapshot"]
         return None if document is None else structure(document, ExecutorSnapshot)
 
+    async def inference_refusal(self, node_id: str) -> dict[str, str] | None:
+        """Why ``node_id`` cannot take an inference replica now, or None when it can.
+
+        Placement asks this for every replica. A node whose executor snapshot does
+        not advertise ``endpoint_version: 1`` (older executors, or a provider that
+        cannot isolate engines) is refused for inference only: the jobs it already
+        runs, its leases and its heartbeats are unaffected.
+        """
+        node = await self.get(node_id)
+        if node["state"] != "connected":
+            return {
+                "code": "node_unavailable",
+                "message": f"node {node_id} is {node['state']}; it takes no new work",
+            }
+        snapshot = await self.snapshot(node_id)
+        if snapshot is None or not snapshot.supports_inference:
+            found = None if snapshot is None else snapshot.endpoint_version
+            return {
+                "code": "endpoint_version_unsupported",
+                "message": f"node {node_id}'s executors advertise endpoint_version {found}, "
+                "not 1; upgrade its executors (or fix their isolation) to place inference "
+                "services there",
+            }
+        return None
+
     # -- connections and heartbeats ------------------------------------------------------------
 
     async def connect(
