@@ -358,3 +358,36 @@ async def test_a_remote_launch_stages_the_blob_input_and_the_engine_reads_it(set
                     assert answer["body_sha256"] == digest
                     await service.contributors.stop("gpu-1", fence, grace=1.0)
                     nursery.cancel_scope.cancel()
+
+
+async def test_a_directory_model_is_assembled_from_staged_blobs_read_only(setup, tmp_path):
+    from ficc_core.agent.staging import stage_directory
+
+    _, url, admin, node = setup
+    with trio.fail_after(60):
+        config = b'{"architectures": ["LlamaForCausalLM"]}'
+        weights = random_bytes(3 * MiB, seed=12)
+        files = {}
+        for name, content in {"config.json": config, "model.safetensors": weights}.items():
+            digest = await _verified_model(url, admin, content, name=name.replace(".", "-"))
+            files[name] = (f"sha256:{digest}", len(content))
+        stager = Stager(tmp_path / "cache", url, node)
+        root = await stage_directory(stager, files)
+        assert (root / "config.json").read_bytes() == config
+        assert (root / "model.safetensors").read_bytes() == weights
+        assert stat.S_IMODE((root / "model.safetensors").stat().st_mode) == 0o444
+        # Hard links to the staged blobs: the tree costs no second copy.
+        assert (root / "model.safetensors").stat().st_nlink == 2
+        assert await stage_directory(stager, files) == root
+        assert len(stager.requests) == 2
+        job = Job(
+            argv=("vllm", "serve", "/controller/models/m"),
+            endpoint=EndpointContract.unix(["/health"]),
+            inputs=(JobInput(id="model", path="/controller/models/m"),),
+        )
+        staged = await stage_job_inputs(stager, job, {}, {"model": files})
+        assert staged.inputs[0].path == str(root)
+        assert staged.argv[2] == str(root)
+        with pytest.raises(StagingError) as unsafe:
+            await stage_directory(stager, {"../escape": files["config.json"]})
+        assert unsafe.value.code == "unsafe_path"

@@ -197,11 +197,13 @@ class Agent:
         runtime: Runtime | None = None,
         lease: float | None = None,
         blobs: Mapping[str, int] | None = None,
+        directories: Mapping[str, Mapping[str, tuple[str, int]]] | None = None,
     ) -> AttemptStatus:
         """Launch ``job`` as attempt ``fence`` on ``provider``, holding a fresh lease.
 
-        ``blobs`` maps the digests of the job's blob inputs to their sizes; with a
-        :attr:`stager`, those inputs are staged on this node first (verified,
+        ``blobs`` maps the digests of the job's blob inputs to their sizes, and
+        ``directories`` a directory input's id to its files (path -> digest, size);
+        with a :attr:`stager`, those inputs are staged on this node first (verified,
         read-only) and the job is rewritten to their local paths.
         """
         if provider not in self.providers:
@@ -209,8 +211,8 @@ class Agent:
                 f"no executor provider {provider!r} on node {self.node_id!r}",
                 details={"provider": provider, "loaded": sorted(self.providers)},
             )
-        if blobs and self.stager is not None:
-            job = await stage_job_inputs(self.stager, job, blobs)
+        if (blobs or directories) and self.stager is not None:
+            job = await stage_job_inputs(self.stager, job, blobs or {}, directories)
         status = await self.providers[provider].launch(job, fence, limits=limits, runtime=runtime)
         self._leases[fence.attempt_id] = Lease(
             provider, fence, trio.current_time() + (lease or self.lease_duration)

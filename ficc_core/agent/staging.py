@@ -21,6 +21,7 @@ event loop: file writes, hashing, renames and disk checks run in worker threads.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -341,7 +342,55 @@ class Stager:
             await self._record(staged, _Seen(info.st_size, info.st_mtime_ns))
 
 
-async def stage_job_inputs(stager: Stager, job: Job, digests: Mapping[str, int]) -> Job:
+async def stage_directory(stager: Stager, files: Mapping[str, tuple[str, int]]) -> Path:
+    """Stage a directory model (``relative path -> (digest, size)``); return its local root.
+
+    Every blob is staged (concurrently), then the tree is assembled under
+    ``<cache>/trees/<listing digest>/`` from hard links to the staged blobs (copies
+    when a blob lives on another filesystem, a shared directory), read-only. The
+    same listing is assembled once and reused.
+    """
+    listing = sorted((path, _hex(digest), size) for path, (digest, size) in files.items())
+    for path, _digest, _size in listing:
+        parts = path.split("/")
+        if path.startswith("/") or any(part in ("", ".", "..") for part in parts):
+            raise StagingError(f"unsafe path in a directory input: {path!r}", code="unsafe_path")
+    name = hashlib.sha256(json.dumps(listing).encode()).hexdigest()
+    root = stager.cache_dir / "trees" / name
+    if await trio.to_thread.run_sync(root.is_dir):
+        return root
+    staged: dict[str, Path] = {}
+
+    async def one(path: str, digest: str, size: int) -> None:
+        staged[path] = await stager.stage(digest, size)
+
+    async with trio.open_nursery() as nursery:
+        for path, digest, size in listing:
+            nursery.start_soon(one, path, digest, size)
+
+    def assemble() -> None:
+        building = root.with_name(root.name + ".building")
+        shutil.rmtree(building, ignore_errors=True)
+        for path, source in staged.items():
+            target = building / path
+            target.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.link(source, target)
+            except OSError:
+                shutil.copyfile(source, target)
+                target.chmod(0o444)
+        os.replace(building, root)
+
+    await trio.to_thread.run_sync(assemble)
+    return root
+
+
+async def stage_job_inputs(
+    stager: Stager,
+    job: Job,
+    digests: Mapping[str, int],
+    directories: Mapping[str, Mapping[str, tuple[str, int]]] | None = None,
+) -> Job:
     """Stage the job's blob inputs; return the job with their paths on this node.
 
     ``digests`` maps each blob's digest (``sha256:<hex>`` or ``<hex>``) to its size,
@@ -349,9 +398,12 @@ async def stage_job_inputs(stager: Stager, job: Job, digests: Mapping[str, int])
     staged (concurrently) and its ``path`` rewritten to the staged, read-only file;
     so is every argv item or environment value that is the old path (or ends in
     ``=<old path>``), since adapters pass an input's path on the command line.
+    ``directories`` maps a directory input's id to its files (see
+    :func:`stage_directory`); those inputs are assembled and rewritten the same way.
     Other inputs are left as they are. Raises :class:`StagingError` if any fails.
     """
     sizes = {_hex(digest): size for digest, size in digests.items()}
+    trees = directories or {}
     wanted = {
         item.id: _hex(item.digest)
         for item in job.inputs
@@ -362,9 +414,15 @@ async def stage_job_inputs(stager: Stager, job: Job, digests: Mapping[str, int])
     async def one(input_id: str, hex_digest: str) -> None:
         staged[input_id] = await stager.stage(hex_digest, sizes[hex_digest])
 
+    async def tree(input_id: str) -> None:
+        staged[input_id] = await stage_directory(stager, trees[input_id])
+
     async with trio.open_nursery() as nursery:
         for input_id, hex_digest in wanted.items():
             nursery.start_soon(one, input_id, hex_digest)
+        for item in job.inputs:
+            if item.id in trees:
+                nursery.start_soon(tree, item.id)
     moved = {item.path: str(staged[item.id]) for item in job.inputs if item.id in staged}
 
     def rewrite(value: str) -> str:

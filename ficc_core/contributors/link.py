@@ -103,6 +103,11 @@ async def run_command(agent: Agent, message: dict[str, Any]) -> dict[str, Any]:
                 limits=None if limits is None else structure(limits, ResourceLimits),
                 runtime=None if runtime is None else structure(runtime, Runtime),
                 blobs=structure(message.get("blobs") or {}, dict[str, int], what="blobs"),
+                directories=structure(
+                    message.get("directories") or {},
+                    dict[str, dict[str, tuple[str, int]]],
+                    what="directories",
+                ),
             )
         elif op == "stop":
             status = await agent.stop(fence, float(message.get("grace", agent.stop_grace)))

@@ -404,11 +404,14 @@ class NodeRegistry:
         limits: ResourceLimits | None = None,
         runtime: Runtime | None = None,
         blobs: Mapping[str, int] | None = None,
+        directories: Mapping[str, Mapping[str, tuple[str, int]]] | None = None,
     ) -> AttemptStatus:
         """Launch ``job`` as attempt ``fence`` on a connected node (unreachable nodes refuse).
 
         ``blobs`` (digest to size, from the model's manifest) lets a remote node stage
-        the job's blob inputs it does not hold from this controller before launching.
+        the job's blob inputs it does not hold from this controller before launching;
+        ``directories`` does the same for directory inputs (input id to its files,
+        relative path to ``(digest, size)``).
         """
         link = await self._link(node_id)
         message: dict[str, Any] = {
@@ -423,6 +426,11 @@ class NodeRegistry:
             message["runtime"] = unstructure(runtime)
         if blobs:
             message["blobs"] = dict(blobs)
+        if directories:
+            message["directories"] = {
+                input_id: {path: list(entry) for path, entry in files.items()}
+                for input_id, files in directories.items()
+            }
         await self._assign(node_id, fence, provider)
         done = False
         try:
