@@ -21,12 +21,28 @@ _EXPORTS = {
     "AdapterConformanceError": "ficc_core.testing.adapter_kit",
     "check_adapter": "ficc_core.testing.adapter_kit",
     "make_case": "ficc_core.testing.adapter_kit",
+    "make_placement": "ficc_core.testing.adapter_kit",
+    "make_specification": "ficc_core.testing.adapter_kit",
 }
 
-__all__ = ["AdapterCase", "AdapterConformanceError", "check_adapter", "make_case"]
+__all__ = [
+    "AdapterCase",
+    "AdapterConformanceError",
+    "check_adapter",
+    "make_case",
+    "make_placement",
+    "make_specification",
+]
 
 if TYPE_CHECKING:
-    from .adapter_kit import AdapterCase, AdapterConformanceError, check_adapter, make_case
+    from .adapter_kit import (
+        AdapterCase,
+        AdapterConformanceError,
+        check_adapter,
+        make_case,
+        make_placement,
+        make_specification,
+    )
 
 
 def __getattr__(name: str) -> Any:

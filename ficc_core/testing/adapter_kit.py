@@ -74,6 +74,8 @@ __all__ = [
     "check_pure",
     "io_forbidden",
     "make_case",
+    "make_placement",
+    "make_specification",
 ]
 
 #: The capabilities a job may declare; the gateway knows what each one means.
@@ -457,6 +459,60 @@ def check_adapter(
 _DIGEST = "sha256:" + "0" * 64
 
 
+def make_placement(
+    *,
+    cpus: float = 4.0,
+    memory_bytes: int = 8 * 1024**3,
+    gpu_memory_bytes: Sequence[int] = (),
+    node_id: str = "node-1",
+) -> Placement:
+    """One node's reservation; each entry of ``gpu_memory_bytes`` reserves one GPU."""
+    return Placement(
+        node_id=node_id,
+        limits=ResourceLimits(
+            cpus=cpus,
+            memory_bytes=memory_bytes,
+            gpus=[
+                GpuRequest(index=index, memory_bytes=size)
+                for index, size in enumerate(gpu_memory_bytes)
+            ],
+        ),
+    )
+
+
+def make_specification(
+    engine: str,
+    *,
+    placement: Placement | None = None,
+    alias: str = "small-model",
+    image_executable: str = "engine",
+    context: int = 4096,
+    concurrency: int = 2,
+    **options: Any,
+) -> Specification:
+    """A one-replica service of model ``model-1`` on ``placement`` (a process runtime).
+
+    ``options`` are the optional specification fields (``gpu_layers``,
+    ``tensor_split``, ``parallelism``, ``request_deadline``).
+    """
+    return Specification(
+        alias=alias,
+        model_id="model-1",
+        engine=engine,
+        runtime=Runtime(
+            executor_provider="process",
+            package_digest=_DIGEST,
+            image_digest=_DIGEST,
+            isolation="process",
+        ),
+        image_executable=image_executable,
+        context=context,
+        concurrency=concurrency,
+        placements=[placement or make_placement()],
+        **options,
+    )
+
+
 def make_case(
     engine: str,
     *,
@@ -498,29 +554,16 @@ def make_case(
         reference = JobInput(id="model", path="/var/lib/ficc/models/small-model")
     else:
         raise ValueError(f'model_format must be "gguf" or "hf-directory", got {model_format!r}')
-    limits = ResourceLimits(
-        cpus=cpus,
-        memory_bytes=memory_bytes,
-        gpus=[
-            GpuRequest(index=index, memory_bytes=size)
-            for index, size in enumerate(gpu_memory_bytes)
-        ],
+    placement = make_placement(
+        cpus=cpus, memory_bytes=memory_bytes, gpu_memory_bytes=gpu_memory_bytes
     )
-    placement = Placement(node_id="node-1", limits=limits)
-    specification = Specification(
+    specification = make_specification(
+        engine,
+        placement=placement,
         alias="small-model",
-        model_id="model-1",
-        engine=engine,
-        runtime=Runtime(
-            executor_provider="process",
-            package_digest=_DIGEST,
-            image_digest=_DIGEST,
-            isolation="process",
-        ),
         image_executable=image_executable,
         context=context,
         concurrency=concurrency,
-        placements=[placement],
         gpu_layers=gpu_layers,
         tensor_split=tensor_split,
         parallelism=parallelism,

@@ -14,22 +14,19 @@ from typing import Any
 import pytest
 
 from ficc_core import (
-    GpuRequest,
     JobInput,
     ModelFile,
     ModelManifest,
     ModelMetadata,
     ModelRecord,
     Placement,
-    ResourceLimits,
-    Runtime,
     Specification,
 )
+from ficc_core.testing import make_placement, make_specification
 
 SHA = "ab" * 32
 DIGEST = "sha256:" + SHA
 BLOB_PATH = "/var/lib/ficc/blobs/sha256/" + SHA
-_PINNED = "sha256:" + "0" * 64
 
 
 def model_record(
@@ -71,14 +68,7 @@ def model_input(path: str = BLOB_PATH, digest: str | None = DIGEST) -> JobInput:
 
 def placement(*, cpus: float = 4.0, gpus: tuple[int, ...] = ()) -> Placement:
     """One node, with one GPU reservation per entry of ``gpus`` (its memory in bytes)."""
-    return Placement(
-        node_id="node-1",
-        limits=ResourceLimits(
-            cpus=cpus,
-            memory_bytes=8 * 1024**3,
-            gpus=[GpuRequest(index=i, memory_bytes=size) for i, size in enumerate(gpus)],
-        ),
-    )
+    return make_placement(cpus=cpus, gpu_memory_bytes=gpus)
 
 
 def specification(
@@ -91,20 +81,13 @@ def specification(
     **options: object,
 ) -> Specification:
     """A one-replica ollama service of :func:`model_record`."""
-    return Specification(
+    return make_specification(
+        "ollama",
+        placement=where or placement(),
         alias=alias,
-        model_id="model-1",
-        engine="ollama",
-        runtime=Runtime(
-            executor_provider="process",
-            package_digest=_PINNED,
-            image_digest=_PINNED,
-            isolation="process",
-        ),
         image_executable=executable,
         context=context,
         concurrency=concurrency,
-        placements=[where or placement()],
         **options,
     )
 

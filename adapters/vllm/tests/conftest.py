@@ -14,21 +14,18 @@ from typing import Any
 import pytest
 
 from ficc_core import (
-    GpuRequest,
     JobInput,
     ModelFile,
     ModelManifest,
     ModelMetadata,
     ModelRecord,
     Placement,
-    ResourceLimits,
-    Runtime,
     Specification,
 )
+from ficc_core.testing import make_placement, make_specification
 
 GIB = 1024**3
 MODEL_DIR = "/var/lib/ficc/models/smollm2-135m-instruct"
-_PINNED = "sha256:" + "0" * 64
 
 
 def model_record(*, weights: int = 2 * GIB, embedding: bool = False, gguf: bool = False):
@@ -70,14 +67,7 @@ def placement(
     *, cpus: float = 8.0, memory: int = 16 * GIB, gpus: tuple[int, ...] = ()
 ) -> Placement:
     """One node, with one GPU reservation per entry of ``gpus`` (its memory in bytes)."""
-    return Placement(
-        node_id="node-1",
-        limits=ResourceLimits(
-            cpus=cpus,
-            memory_bytes=memory,
-            gpus=[GpuRequest(index=i, memory_bytes=size) for i, size in enumerate(gpus)],
-        ),
-    )
+    return make_placement(cpus=cpus, memory_bytes=memory, gpu_memory_bytes=gpus)
 
 
 def specification(
@@ -90,20 +80,13 @@ def specification(
     **options: object,
 ) -> Specification:
     """A one-replica vllm service of :func:`model_record`."""
-    return Specification(
+    return make_specification(
+        "vllm",
+        placement=where or placement(),
         alias=alias,
-        model_id="model-1",
-        engine="vllm",
-        runtime=Runtime(
-            executor_provider="process",
-            package_digest=_PINNED,
-            image_digest=_PINNED,
-            isolation="process",
-        ),
         image_executable=executable,
         context=context,
         concurrency=concurrency,
-        placements=[where or placement()],
         **options,
     )
 
