@@ -22,6 +22,13 @@ from .serve_support import FICC, ServeProcess
 def agent_dir():
     path = Path(tempfile.mkdtemp(prefix="fx-", dir="/tmp"))
     yield path
+    # A test that SIGKILLs its executor last leaves engines only a restarted agent
+    # would clean up: end them here, by their attempt records, before the records go.
+    for pid in _engine_pids(path):
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
     shutil.rmtree(path, ignore_errors=True)
 
 
@@ -57,9 +64,17 @@ class ExecutorProcess:
             return await trio.to_thread.run_sync(read, abandon_on_cancel=True)
 
     def kill(self) -> None:
+        """Stop the executor: SIGTERM (it stops its engines), SIGKILL if it hangs."""
         if self.proc.poll() is None:
-            self.proc.kill()
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
         self.proc.wait()
+        for pipe in (self.proc.stdout, self.proc.stderr):
+            if pipe is not None:
+                pipe.close()
 
 
 async def _node(url: str, token: str, node_id: str) -> dict:
