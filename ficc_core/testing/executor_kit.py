@@ -32,7 +32,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import trio
 
@@ -52,6 +52,7 @@ from .standin_engine import ROUTES
 
 __all__ = [
     "CHECKS",
+    "Exchange",
     "JobFactory",
     "check_cancel",
     "check_clean_stop",
@@ -65,6 +66,7 @@ __all__ = [
     "check_network_isolation",
     "check_readiness",
     "check_tcp_transport",
+    "exchange",
     "launched",
     "new_fence",
     "request_json",
@@ -143,25 +145,46 @@ async def launched(
             await provider.stop(fence, grace=2.0)
 
 
-async def request_json(
+class Exchange(NamedTuple):
+    """One finished request through the endpoint action."""
+
+    status: int
+    headers: dict[str, str]
+    chunks: list[bytes]
+
+    @property
+    def body(self) -> bytes:
+        """The whole response body."""
+        return b"".join(self.chunks)
+
+
+async def exchange(
     provider: ExecutorProvider, fence: Fence, method: str, path: str, payload: Any = None
-) -> tuple[int, Any]:
-    """Send one request through the endpoint action and decode its JSON answer."""
+) -> Exchange:
+    """Send one request (a JSON ``payload``, if any) and read its whole answer."""
     stream_id = uuid.uuid4().hex
     body = b"" if payload is None else json.dumps(payload).encode()
     headers = {"content-type": "application/json"}
     await provider.open(fence, stream_id, method, path, headers, body)
-    status, data = 0, b""
+    head, chunks = None, []
     while True:
         event = await provider.read(fence, stream_id)
         if isinstance(event, ResponseHead):
-            status = event.status
+            head = event
         elif isinstance(event, BodyChunk):
-            data += event.data
-        elif isinstance(event, EndOfStream):
-            return status, json.loads(data) if data else None
+            chunks.append(event.data)
+        elif isinstance(event, EndOfStream) and head is not None:
+            return Exchange(head.status, dict(head.headers), chunks)
         else:
             raise AssertionError(f"{method} {path} failed: {event}")
+
+
+async def request_json(
+    provider: ExecutorProvider, fence: Fence, method: str, path: str, payload: Any = None
+) -> tuple[int, Any]:
+    """Send one request through the endpoint action and decode its JSON answer."""
+    answer = await exchange(provider, fence, method, path, payload)
+    return answer.status, json.loads(answer.body) if answer.chunks else None
 
 
 async def _wait_ended(provider: ExecutorProvider, fence: Fence, seconds: float) -> AttemptStatus:

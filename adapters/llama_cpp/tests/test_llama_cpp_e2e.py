@@ -12,7 +12,6 @@ import hashlib
 import json
 import shutil
 import sys
-import uuid
 from pathlib import Path
 
 import pytest
@@ -20,8 +19,6 @@ import trio
 from ficc_adapter_llama_cpp.adapter import LlamaCppAdapter
 
 from ficc_core import (
-    BodyChunk,
-    EndOfStream,
     JobInput,
     ModelFile,
     ModelManifest,
@@ -30,11 +27,11 @@ from ficc_core import (
     PathNotAdmitted,
     Placement,
     ResourceLimits,
-    ResponseHead,
     Runtime,
     Specification,
 )
 from ficc_core.testing import executor_kit as kit
+from ficc_core.testing.executor_kit import exchange
 
 GIB = 1024**3
 MAX_TOKENS = 16
@@ -96,25 +93,6 @@ def _job(model_and_runtime):
     return job, placement.limits
 
 
-async def _exchange(provider, fence, method, path, payload=None):
-    """One request through the endpoint action: (status, headers, body chunks)."""
-    stream_id = uuid.uuid4().hex
-    body = b"" if payload is None else json.dumps(payload).encode()
-    await provider.open(fence, stream_id, method, path, {"content-type": "application/json"}, body)
-    head, chunks = None, []
-    while True:
-        event = await provider.read(fence, stream_id)
-        if isinstance(event, ResponseHead):
-            head = event
-        elif isinstance(event, BodyChunk):
-            chunks.append(event.data)
-        elif isinstance(event, EndOfStream):
-            assert head is not None
-            return head.status, dict(head.headers), chunks
-        else:
-            raise AssertionError(f"{method} {path} failed: {event}")
-
-
 def _chat(stream: bool) -> dict:
     return {
         "model": "smol",
@@ -129,7 +107,7 @@ async def test_a_chat_completion_streams_through_the_endpoint_action(provider, c
     job, limits = _job(chat_model)
     with trio.fail_after(60):
         async with kit.launched(provider, job, limits=limits) as fence:
-            status, headers, chunks = await _exchange(
+            status, headers, chunks = await exchange(
                 provider, fence, "POST", "/v1/chat/completions", _chat(stream=True)
             )
         ended = await provider.status(fence)
@@ -159,7 +137,7 @@ async def test_a_plain_chat_completion_and_the_other_routes_answer(provider, cha
                 provider, fence, "POST", "/v1/chat/completions", _chat(stream=False)
             )
             models_status, models = await kit.request_json(provider, fence, "GET", "/v1/models")
-            metrics_status, _, metrics = await _exchange(provider, fence, "GET", "/metrics")
+            metrics_status, _, metrics = await exchange(provider, fence, "GET", "/metrics")
             with pytest.raises(PathNotAdmitted):
                 await provider.open(fence, "embed", "POST", "/v1/embeddings", {}, b"{}")
             with pytest.raises(PathNotAdmitted):

@@ -19,7 +19,8 @@ import pytest
 import trio
 from ficc_adapter_ollama.adapter import OllamaAdapter
 
-from ficc_core import BodyChunk, EndOfStream, Fence, JobInput, ResponseHead, StreamFailed
+from ficc_core import Fence, JobInput
+from ficc_core.testing.executor_kit import exchange
 
 STANDIN = Path(__file__).with_name("ollama_standin.py")
 SMOLLM2 = (
@@ -75,20 +76,8 @@ def _job(cases, launcher: str, digest: str, *, embedding: bool = False, input_di
 
 
 async def _exchange(provider, fence, method, path, payload=None) -> tuple[int, bytes]:
-    stream_id = uuid.uuid4().hex
-    body = b"" if payload is None else json.dumps(payload).encode()
-    await provider.open(fence, stream_id, method, path, {"content-type": "application/json"}, body)
-    status, data = 0, b""
-    while True:
-        event = await provider.read(fence, stream_id)
-        if isinstance(event, ResponseHead):
-            status = event.status
-        elif isinstance(event, BodyChunk):
-            data += event.data
-        elif isinstance(event, EndOfStream):
-            return status, data
-        elif isinstance(event, StreamFailed):
-            raise AssertionError(f"the stream failed: {event}")
+    answer = await exchange(provider, fence, method, path, payload)
+    return answer.status, answer.body
 
 
 async def _ready(provider, job) -> Fence:

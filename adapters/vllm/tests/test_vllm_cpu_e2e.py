@@ -18,17 +18,14 @@ import trio
 from ficc_adapter_vllm.adapter import VllmAdapter
 
 from ficc_core import (
-    BodyChunk,
-    EndOfStream,
     Fence,
     JobInput,
     ModelFile,
     ModelManifest,
     ModelMetadata,
     ModelRecord,
-    ResponseHead,
-    StreamFailed,
 )
+from ficc_core.testing.executor_kit import exchange
 
 GIB = 1024**3
 SETUP = Path(__file__).with_name("setup_vllm_cpu.sh")
@@ -95,20 +92,8 @@ def _job(cases, runtime: str):
 
 
 async def _exchange(provider, fence, method, path, payload=None) -> tuple[int, bytes]:
-    stream_id = uuid.uuid4().hex
-    body = b"" if payload is None else json.dumps(payload).encode()
-    await provider.open(fence, stream_id, method, path, {"content-type": "application/json"}, body)
-    status, data = 0, b""
-    while True:
-        event = await provider.read(fence, stream_id)
-        if isinstance(event, ResponseHead):
-            status = event.status
-        elif isinstance(event, BodyChunk):
-            data += event.data
-        elif isinstance(event, EndOfStream):
-            return status, data
-        elif isinstance(event, StreamFailed):
-            raise AssertionError(f"the stream failed: {event}")
+    answer = await exchange(provider, fence, method, path, payload)
+    return answer.status, answer.body
 
 
 async def test_vllm_serves_chat_json_sse_models_and_metrics(provider, cases, runtime):
