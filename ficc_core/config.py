@@ -189,6 +189,18 @@ class Config:
         "How long an attempt may run without a lease renewal before its agent stops it (duration).",
         kind="duration",
     )
+    drain_timeout: float = _setting(
+        30.0,
+        "How long a draining inference service lets in-flight requests finish before it "
+        "stops (duration).",
+        kind="duration",
+    )
+    replica_retry_max: float = _setting(
+        30.0,
+        "The longest wait between attempts to start a failed inference replica; waits double "
+        "from one second up to this (duration).",
+        kind="duration",
+    )
 
     @property
     def blobs_path(self) -> Path:

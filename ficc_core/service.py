@@ -16,6 +16,7 @@ import trio
 from .auth import AuthService
 from .config import Config
 from .contributors import NodeRegistry
+from .inference import InferenceManager, LiveTable, Reconciler
 from .metrics import Metrics
 from .models.acquire import Acquirer
 from .models.blobs import BlobStore
@@ -38,6 +39,10 @@ class Service:
     models: ModelRegistry
     metrics: Metrics
     contributors: NodeRegistry
+    #: Managed inference services; ``inference.gateway`` serves their invoke routes.
+    inference: InferenceManager
+    #: The routing view the reconciler publishes and the gateway reads.
+    live: LiveTable
 
     @property
     def fetch_policy(self) -> FetchPolicy:
@@ -81,18 +86,37 @@ async def open_service(config: Config, *, background: bool = False) -> AsyncIter
             concurrency=config.acquisition_concurrency,
             retries=config.acquisition_retries,
         )
+        auth = AuthService(store, session_lifetime=config.session_lifetime)
+        models = ModelRegistry(store, blobs, acquirer)
+        metrics = Metrics()
+        contributors = NodeRegistry(
+            store,
+            unreachable_after=config.unreachable_after,
+            lost_after=config.lost_after,
+        )
+        live = LiveTable()
+        inference = InferenceManager(
+            store=store,
+            config=config,
+            auth=auth,
+            models=models,
+            blobs=blobs,
+            contributors=contributors,
+            live=live,
+        )
+        inference.gateway = _gateway(
+            live=live, contributors=contributors, auth=auth, metrics=metrics, config=config
+        )
         service = Service(
             config=config,
             store=store,
-            auth=AuthService(store, session_lifetime=config.session_lifetime),
+            auth=auth,
             blobs=blobs,
-            models=ModelRegistry(store, blobs, acquirer),
-            metrics=Metrics(),
-            contributors=NodeRegistry(
-                store,
-                unreachable_after=config.unreachable_after,
-                lost_after=config.lost_after,
-            ),
+            models=models,
+            metrics=metrics,
+            contributors=contributors,
+            inference=inference,
+            live=live,
         )
         if not background:
             yield service
@@ -100,10 +124,19 @@ async def open_service(config: Config, *, background: bool = False) -> AsyncIter
         async with trio.open_nursery() as nursery:
             await nursery.start(acquirer.run)
             await nursery.start(service.contributors.run)
+            await nursery.start(Reconciler(inference).run)
             yield service
             nursery.cancel_scope.cancel()
     finally:
         await store.aclose()
+
+
+def _gateway(**collaborators: Any) -> Any:
+    try:  # TEMPORARY until the gateway lands
+        from .gateway import Gateway
+    except ImportError:
+        return None
+    return Gateway(**collaborators)
 
 
 __all__: list[Any] = ["Service", "open_service"]

@@ -37,6 +37,9 @@ def needs(*scopes: str) -> Access:
     return Access(scopes=frozenset(scopes))
 
 
+#: Submitting, replacing or starting a service launches contributor jobs.
+_START = (s.INFERENCE_MANAGE, s.JOBS_EXECUTE, s.CONTRIBUTORS_READ, s.MODELS_READ)
+
 ROUTE_ACCESS: dict[str, Access] = {
     # system
     "health": PUBLIC,
@@ -73,4 +76,21 @@ ROUTE_ACCESS: dict[str, Access] = {
     "contributors_connect": NODE,
     # Verified model blobs, by digest, for nodes staging inputs: a node credential only.
     "contributors_blob": NODE,
+    # managed inference services
+    "inference_list": needs(s.INFERENCE_READ),
+    "inference_get": needs(s.INFERENCE_READ),
+    "inference_preview": needs(s.INFERENCE_MANAGE),
+    "inference_create": needs(*_START),
+    "inference_replace": needs(*_START),
+    "inference_control_start": needs(*_START),
+    "inference_control_drain": needs(s.INFERENCE_MANAGE, s.JOBS_CANCEL),
+    "inference_control_stop": needs(s.INFERENCE_MANAGE, s.JOBS_CANCEL),
+    "inference_control_remove": needs(s.INFERENCE_MANAGE, s.JOBS_CANCEL),
+    "inference_tokens_create": needs(s.INFERENCE_MANAGE, s.INFERENCE_INVOKE, s.TOKENS_MANAGE),
+    "inference_tokens_list": needs(s.INFERENCE_MANAGE, s.TOKENS_MANAGE),
+    "inference_tokens_revoke": needs(s.INFERENCE_MANAGE, s.TOKENS_MANAGE),
+    # the inference gateway (the gateway checks the service binding and the project)
+    "invoke_models": needs(s.INFERENCE_INVOKE),
+    "invoke_chat_completions": needs(s.INFERENCE_INVOKE),
+    "invoke_embeddings": needs(s.INFERENCE_INVOKE),
 }

@@ -18,7 +18,15 @@ from ..auth import secrets as sec
 from ..contributors import is_node_token
 from ..errors import FiccError, Forbidden, Unauthenticated
 from ..models.registry import MAX_BYTES_CHUNK
-from . import routes_admin, routes_contributors, routes_models, routes_system, routes_tokens
+from . import (
+    routes_admin,
+    routes_contributors,
+    routes_inference,
+    routes_invoke,
+    routes_models,
+    routes_system,
+    routes_tokens,
+)
 from .access import ROUTE_ACCESS, Access
 
 if TYPE_CHECKING:
@@ -109,6 +117,8 @@ def create_app(service: Service) -> QuartTrio:
     routes_tokens.register(app, service)
     routes_models.register(app, service)
     routes_contributors.register(app, service)
+    routes_inference.register(app, service)
+    routes_invoke.register(app, service)
 
     missing = sorted(
         rule.endpoint for rule in app.url_map.iter_rules() if rule.endpoint not in ROUTE_ACCESS

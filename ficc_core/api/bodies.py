@@ -38,8 +38,8 @@ def _json_content_type() -> bool:
     return mimetype in ("", "application/json") or mimetype.endswith("+json")
 
 
-async def read_json(cls: type[T], limit: int) -> T:
-    """Parse the body as a JSON object and structure it as ``cls`` (an attrs class)."""
+async def read_json_object(limit: int) -> dict[str, Any]:
+    """Parse the body as a JSON object (bounded, ``application/json``), unstructured."""
     if not _json_content_type():
         raise FiccError(
             f"this route takes application/json, not {request.mimetype}",
@@ -60,7 +60,12 @@ async def read_json(cls: type[T], limit: int) -> T:
             "the request body must be a JSON object",
             details={"errors": [{"path": "$", "message": "expected object"}]},
         )
-    return structure(data, cls)
+    return data
+
+
+async def read_json(cls: type[T], limit: int) -> T:
+    """Parse the body as a JSON object and structure it as ``cls`` (an attrs class)."""
+    return structure(await read_json_object(limit), cls)
 
 
 def _name(value: str) -> None:

@@ -36,6 +36,12 @@ class Principal:
     is_admin: bool = False
     expires_at: float | None = None
     csrf_hash: str | None = attrs.field(default=None, repr=False)
+    #: For a service-bound invoke credential, the one inference service it may invoke.
+    service_id: str | None = None
+
+    def may_invoke(self, service_id: str) -> bool:
+        """Whether this principal may invoke inference service ``service_id``."""
+        return "inference:invoke" in self.scopes and self.service_id in (None, service_id)
 
     def describe(self) -> dict[str, Any]:
         """Return the public description of this principal (``GET /whoami``)."""
@@ -48,6 +54,7 @@ class Principal:
             "project": {"id": self.project_id, "name": self.project_name},
             "scopes": sorted(self.scopes),
             "expires_at": self.expires_at,
+            "service_id": self.service_id,
         }
 
 
@@ -68,6 +75,7 @@ def _credential_view(row: dict[str, Any]) -> dict[str, Any]:
         "created_at": row["created_at"],
         "expires_at": row["expires_at"],
         "revoked_at": row["revoked_at"],
+        "service_id": row["service_id"],
     }
 
 
@@ -90,6 +98,9 @@ class AuthService:
         self.store = store
         self.session_lifetime = session_lifetime
         self._password_limiter = trio.CapacityLimiter(2)
+        # Credential and session IDs revoked (or logged out) in this process, so a
+        # streaming response can re-check its authority per chunk without SQLite.
+        self._revoked: set[str] = set()
 
     # -- projects -------------------------------------------------------------
 
@@ -223,11 +234,13 @@ class AuthService:
         user_id: str | None = None,
         lifetime: float | None = None,
         issuer: Principal | None = None,
+        service_id: str | None = None,
     ) -> tuple[dict[str, Any], str]:
         """Create a credential; return its record and the token, which is shown only once.
 
         When ``issuer`` is given, the new credential may carry only scopes the
-        issuer holds, and only in the issuer's own project.
+        issuer holds, and only in the issuer's own project. With ``service_id``, it
+        is bound to that one inference service (only ``inference:invoke`` makes sense).
         """
         scopes = check_scopes(scopes)
         if not scopes:
@@ -255,7 +268,7 @@ class AuthService:
             project = _project_row(tx, project_ref)
             tx.execute(
                 "INSERT INTO credentials (id, secret_hash, project_id, user_id, name, scopes,"
-                " created_at, expires_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                " created_at, expires_at, service_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     credential_id,
                     sec.hash_secret(secret),
@@ -265,6 +278,7 @@ class AuthService:
                     json.dumps(sorted(scopes)),
                     now,
                     expires_at,
+                    service_id,
                 ),
             )
             row = tx.fetch_one("SELECT * FROM credentials WHERE id = ?", (credential_id,))
@@ -319,7 +333,32 @@ class AuthService:
                 tx.fetch_one("SELECT * FROM credentials WHERE id = ?", (credential_id,))
             )
 
-        return await self.store.write(write)
+        record = await self.store.write(write)
+        self._mark_revoked(credential_id)
+        return record
+
+    # -- live authority (the request path re-checks it while a response streams) --------
+
+    def _mark_revoked(self, principal_id: str) -> None:
+        self._revoked.add(principal_id)
+
+    def still_valid(self, principal: Principal, now: float | None = None) -> bool:
+        """Whether ``principal`` is still authorised, without touching the store.
+
+        False once its credential was revoked (or its session logged out) in this
+        process, or once it expired. Cheap enough to call for every chunk of a response.
+        """
+        if principal.id in self._revoked:
+            return False
+        expires_at = principal.expires_at
+        return expires_at is None or expires_at > (time.time() if now is None else now)
+
+    def check_valid(self, principal: Principal) -> None:
+        """Raise :class:`Unauthenticated` unless :meth:`still_valid` holds."""
+        if principal.id in self._revoked:
+            raise Unauthenticated("the credential has been revoked", code="credential_revoked")
+        if principal.expires_at is not None and principal.expires_at <= time.time():
+            raise Unauthenticated("the credential has expired", code="credential_expired")
 
     async def authenticate_bearer(self, token: str) -> Principal:
         """Return the principal of a bearer token, or raise :class:`Unauthenticated`."""
@@ -357,6 +396,7 @@ class AuthService:
             username=row["username"],
             is_admin=bool(row["is_admin"]),
             expires_at=row["expires_at"],
+            service_id=row["service_id"],
         )
 
     # -- browser sessions -----------------------------------------------------
@@ -450,10 +490,11 @@ class AuthService:
         )
 
     async def logout(self, session_id: str) -> None:
-        """End a session."""
+        """End a session (responses streaming under it end too)."""
         await self.store.write(
             lambda tx: tx.execute("DELETE FROM sessions WHERE id = ?", (session_id,))
         )
+        self._mark_revoked(session_id)
 
     # -- first run --------------------------------------------------------------
 

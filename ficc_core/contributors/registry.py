@@ -470,6 +470,26 @@ class NodeRegistry:
         reply = await link[2].call({"op": "stop", "fence": unstructure(fence), "grace": grace})
         return status_from_wire(reply["status"])
 
+    async def status(self, node_id: str, fence: Fence) -> AttemptStatus:
+        """Where an attempt on a connected node stands (the node's error when it does not know it).
+
+        Raises ``node_unavailable`` when the node is not connected to this controller.
+        """
+        live = self._live.get(node_id)
+        if live is None or live[2] is None:
+            raise Conflict(
+                f"node {node_id!r} is not connected to this controller",
+                code="node_unavailable",
+                details={"node": node_id},
+            )
+        reply = await live[2].call({"op": "status", "fence": unstructure(fence)})
+        return status_from_wire(reply["status"])
+
+    def connected_here(self, node_id: str) -> bool:
+        """Whether ``node_id`` has a live connection to this controller."""
+        live = self._live.get(node_id)
+        return live is not None and live[2] is not None
+
     # -- what the controller wants each node to run ---------------------------------------------
 
     async def _assign(self, node_id: str, fence: Fence, provider: str) -> None:

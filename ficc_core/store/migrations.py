@@ -125,4 +125,57 @@ MIGRATIONS: list[tuple[str, ...]] = [
             PRIMARY KEY (node_id, attempt_id)
         )""",
     ),
+    # 5: inference services, their replicas' attempts and reservations; invoke credentials
+    # bound to one service.
+    (
+        """CREATE TABLE inference_services (
+            id TEXT PRIMARY KEY,
+            project_id TEXT NOT NULL REFERENCES projects(id) ON DELETE CASCADE,
+            alias TEXT NOT NULL,
+            model_id TEXT NOT NULL,
+            spec TEXT NOT NULL,
+            revision INTEGER NOT NULL,
+            generation INTEGER NOT NULL,
+            desired TEXT NOT NULL,
+            state TEXT NOT NULL,
+            reason TEXT,
+            plan_digest TEXT,
+            drain_deadline REAL,
+            created_at REAL NOT NULL,
+            updated_at REAL NOT NULL,
+            UNIQUE (project_id, alias)
+        )""",
+        "CREATE INDEX inference_services_model ON inference_services(model_id)",
+        """CREATE TABLE inference_attempts (
+            attempt_id TEXT PRIMARY KEY,
+            service_id TEXT NOT NULL REFERENCES inference_services(id) ON DELETE CASCADE,
+            replica INTEGER NOT NULL,
+            generation INTEGER NOT NULL,
+            number INTEGER NOT NULL,
+            node_id TEXT NOT NULL,
+            provider TEXT NOT NULL,
+            plan_digest TEXT,
+            workload TEXT,
+            state TEXT NOT NULL,
+            reason TEXT,
+            message TEXT,
+            released INTEGER NOT NULL DEFAULT 0,
+            created_at REAL NOT NULL,
+            updated_at REAL NOT NULL
+        )""",
+        "CREATE INDEX inference_attempts_service ON inference_attempts(service_id, replica)",
+        """CREATE TABLE inference_reservations (
+            service_id TEXT NOT NULL REFERENCES inference_services(id) ON DELETE CASCADE,
+            replica INTEGER NOT NULL,
+            node_id TEXT NOT NULL,
+            cpus REAL NOT NULL,
+            memory_bytes INTEGER NOT NULL,
+            disk_bytes INTEGER NOT NULL,
+            gpus TEXT NOT NULL,
+            created_at REAL NOT NULL,
+            PRIMARY KEY (service_id, replica)
+        )""",
+        "CREATE INDEX inference_reservations_node ON inference_reservations(node_id)",
+        "ALTER TABLE credentials ADD COLUMN service_id TEXT",
+    ),
 ]

@@ -1,0 +1,81 @@
+"""``/api/v1/inference``: managed inference services (management routes).
+
+Scopes follow the contract: reading needs ``inference:read``; preview
+``inference:manage``; submit and replace also the contributor job scopes
+(``jobs:execute``, ``contributors:read``, ``models:read``), as does ``start``;
+``drain``, ``stop`` and ``remove`` need ``jobs:cancel``; issuing an invoke token
+needs ``inference:manage``, ``inference:invoke`` and ``tokens:manage``.
+Each control action is its own route so the scope table can name its scopes.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from quart import Response, g, jsonify
+
+from ..inference import CONTROL_ACTIONS, ControlBody, ReplaceBody, TokenBody
+from .bodies import read_json, read_json_object
+
+if TYPE_CHECKING:
+    from quart_trio import QuartTrio
+
+    from ..service import Service
+
+
+def register(app: QuartTrio, service: Service) -> None:
+    """Add the inference management routes to ``app``."""
+    inference = service.inference
+    limit = service.config.max_body_bytes
+
+    @app.get("/api/v1/inference", endpoint="inference_list")
+    async def inference_list() -> Response:
+        return jsonify({"services": await inference.list(g.principal.project_id)})
+
+    @app.get("/api/v1/inference/<service_id>", endpoint="inference_get")
+    async def inference_get(service_id: str) -> Response:
+        return jsonify(await inference.get(g.principal.project_id, service_id))
+
+    @app.post("/api/v1/inference/preview", endpoint="inference_preview")
+    async def inference_preview() -> Response:
+        return jsonify(await inference.preview(g.principal, await read_json_object(limit)))
+
+    @app.post("/api/v1/inference", endpoint="inference_create")
+    async def inference_create() -> tuple[Response, int]:
+        return jsonify(await inference.create(g.principal, await read_json_object(limit))), 201
+
+    @app.put("/api/v1/inference/<service_id>", endpoint="inference_replace")
+    async def inference_replace(service_id: str) -> Response:
+        body = await read_json(ReplaceBody, limit)
+        return jsonify(await inference.replace(g.principal, service_id, body.revision, body.spec))
+
+    def control_route(action: str) -> None:
+        async def control(service_id: str) -> Response:
+            body = await read_json(ControlBody, limit)
+            return jsonify(await inference.control(g.principal, service_id, action, body))
+
+        app.add_url_rule(
+            f"/api/v1/inference/<service_id>/control/{action}",
+            endpoint=f"inference_control_{action}",
+            view_func=control,
+            methods=["POST"],
+        )
+
+    for action in CONTROL_ACTIONS:
+        control_route(action)
+
+    @app.post("/api/v1/inference/<service_id>/tokens", endpoint="inference_tokens_create")
+    async def inference_tokens_create(service_id: str) -> tuple[Response, int]:
+        body = await read_json(TokenBody, limit)
+        record, token = await inference.create_token(g.principal, service_id, body)
+        return jsonify({"credential": record, "token": token}), 201
+
+    @app.get("/api/v1/inference/<service_id>/tokens", endpoint="inference_tokens_list")
+    async def inference_tokens_list(service_id: str) -> Response:
+        return jsonify({"tokens": await inference.list_tokens(g.principal, service_id)})
+
+    @app.delete(
+        "/api/v1/inference/<service_id>/tokens/<token_id>", endpoint="inference_tokens_revoke"
+    )
+    async def inference_tokens_revoke(service_id: str, token_id: str) -> Response:
+        return jsonify(await inference.revoke_token(g.principal, service_id, token_id))

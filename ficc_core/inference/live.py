@@ -1,0 +1,142 @@
+"""The live routing table: what the reconciler publishes and the gateway routes by.
+
+The reconciler owns the durable record of services and replicas (in the store);
+this in-memory table is its projection for the request path, so no SQLite read
+happens per request. For each service it holds the current generation, whether
+new requests are admitted, and the *ready* replicas of that generation with their
+fences. Every publish replaces the service's entry and wakes whoever waits on
+:meth:`LiveTable.changed` (the gateway re-checks in-flight streams then).
+
+The gateway reports in-flight requests back (:meth:`LiveTable.enter` /
+:meth:`LiveTable.leave`) so a drain can wait until they finish.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Literal
+
+import attrs
+import trio
+
+from ..schema import Fence
+
+#: ``serving``: new requests admitted; ``draining``: in-flight requests may finish,
+#: new ones are refused; ``stopped``: nothing is admitted and in-flight streams end.
+Admission = Literal["serving", "draining", "stopped"]
+
+
+@attrs.frozen(kw_only=True)
+class LiveReplica:
+    """One ready replica the gateway may send requests to.
+
+    :ivar index: the replica's position in the specification's placements.
+    :ivar node_id: the node whose endpoint action reaches its engine.
+    :ivar fence: the attempt's fence; every endpoint call carries it.
+    """
+
+    index: int
+    node_id: str
+    fence: Fence
+
+    @property
+    def key(self) -> str:
+        """A stable key for per-replica accounting (the attempt ID)."""
+        return self.fence.attempt_id
+
+
+@attrs.frozen(kw_only=True)
+class LiveService:
+    """A service as the request path sees it.
+
+    :ivar id: the service ID.
+    :ivar project_id: the project that owns it.
+    :ivar alias: the model name clients send (and the engine serves).
+    :ivar generation: the current generation; replicas of others are never routed to.
+    :ivar admission: see :data:`Admission`.
+    :ivar concurrency: requests one replica serves at once.
+    :ivar request_deadline: seconds a request may take, or None.
+    :ivar capabilities: what the engine serves (``chat``, ``streaming``, ``embeddings``).
+    :ivar replicas: the ready replicas of ``generation``.
+    """
+
+    id: str
+    project_id: str
+    alias: str
+    generation: int
+    admission: Admission
+    concurrency: int
+    request_deadline: float | None = None
+    capabilities: tuple[str, ...] = ()
+    replicas: tuple[LiveReplica, ...] = ()
+
+
+class LiveTable:
+    """Published service views, change events, and in-flight request counts."""
+
+    def __init__(self) -> None:
+        self._services: dict[str, LiveService] = {}
+        self._changed: dict[str, trio.Event] = {}
+        self._inflight: dict[str, int] = {}
+        self._idle: dict[str, trio.Event] = {}
+
+    # -- the reconciler's side ----------------------------------------------------------
+
+    def publish(self, service: LiveService) -> None:
+        """Replace the view of ``service.id`` and wake its waiters (no-op when unchanged)."""
+        if self._services.get(service.id) == service:
+            return
+        self._services[service.id] = service
+        self._wake(service.id)
+
+    def remove(self, service_id: str) -> None:
+        """Forget a removed service; its waiters wake and find nothing."""
+        self._services.pop(service_id, None)
+        self._wake(service_id)
+
+    def _wake(self, service_id: str) -> None:
+        event = self._changed.pop(service_id, None)
+        if event is not None:
+            event.set()
+
+    # -- the gateway's side -------------------------------------------------------------
+
+    def get(self, service_id: str) -> LiveService | None:
+        """The service's current view, or None when it is not published."""
+        return self._services.get(service_id)
+
+    def changed(self, service_id: str) -> trio.Event:
+        """An event set at the next change of ``service_id``'s view."""
+        event = self._changed.get(service_id)
+        if event is None:
+            event = self._changed[service_id] = trio.Event()
+        return event
+
+    def inflight(self, service_id: str) -> int:
+        """Requests to ``service_id`` being served now."""
+        return self._inflight.get(service_id, 0)
+
+    @contextmanager
+    def request(self, service_id: str) -> Iterator[None]:
+        """Count one request to ``service_id`` in flight for the duration of the block."""
+        self._inflight[service_id] = self._inflight.get(service_id, 0) + 1
+        try:
+            yield
+        finally:
+            left = self._inflight[service_id] - 1
+            if left:
+                self._inflight[service_id] = left
+            else:
+                del self._inflight[service_id]
+                idle = self._idle.pop(service_id, None)
+                if idle is not None:
+                    idle.set()
+
+    async def wait_idle(self, service_id: str) -> None:
+        """Return once no request to ``service_id`` is in flight."""
+        while self.inflight(service_id):
+            event = self._idle.get(service_id)
+            if event is None:
+                event = self._idle[service_id] = trio.Event()
+            await event.wait()

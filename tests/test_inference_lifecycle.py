@@ -1,0 +1,150 @@
+"""A managed service's whole life with the real llama.cpp runtime and SmolLM2, over HTTP.
+
+preview → create → start → ready → drain → stop → replace → (generation 2) ready
+→ stop → remove, with a stale revision refused at every step.
+"""
+
+from __future__ import annotations
+
+import pytest
+import trio
+
+from ficc_core.testing.executor_kit import request_json
+
+from .inference_support import llama_spec, open_inference_controller, register_smollm2
+
+
+def _ready(view: dict) -> bool:
+    return view["state"] == "ready"
+
+
+def _stopped(view: dict) -> bool:
+    return view["state"] == "stopped" and view["desired"] == "stopped"
+
+
+async def _stale_refused(controller, service_id: str, action: str, revision: int) -> None:
+    response = await controller.control(service_id, action, revision=revision)
+    assert response.status_code == 409, response.text
+    error = response.json()["error"]
+    assert error["code"] == "stale_revision"
+    assert error["details"]["revision"] > revision
+
+
+async def _chat(controller, view: dict) -> dict:
+    """One chat completion straight through the ready replica's endpoint action."""
+    replica = view["replicas"][0]
+    from ficc_core.schema import Fence
+
+    fence = Fence(
+        attempt_id=replica["attempt_id"],
+        generation=replica["generation"],
+        plan_digest=replica["plan_digest"],
+    )
+    endpoint = controller.service.contributors.endpoint(replica["node_id"])
+    status, answer = await request_json(
+        endpoint,
+        fence,
+        "POST",
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4},
+    )
+    assert status == 200, answer
+    return answer
+
+
+@pytest.mark.slow
+async def test_a_service_lives_from_preview_to_removal(tmp_path):
+    with trio.fail_after(240):
+        async with open_inference_controller(tmp_path) as controller:
+            model_id = await register_smollm2(controller)
+            spec = await llama_spec(controller, model_id)
+
+            preview = await controller.ok("POST", "/api/v1/inference/preview", json=spec)
+            assert preview["fits"] is True
+            assert preview["replicas"][0]["reservation"]["memory_bytes"] == spec["placements"][
+                0
+            ]["limits"]["memory_bytes"]
+            assert preview["plan_digest"].startswith("sha256:")
+            # Preview writes nothing.
+            assert (await controller.ok("GET", "/api/v1/inference"))["services"] == []
+
+            created = await controller.ok("POST", "/api/v1/inference", status=201, json=spec)
+            service_id = created["id"]
+            assert (created["state"], created["generation"], created["revision"]) == (
+                "stopped",
+                0,
+                1,
+            )
+            assert created["plan_digest"] == preview["plan_digest"]
+            assert created["replicas"][0]["reservation"] is not None
+
+            await _stale_refused(controller, service_id, "start", 0)
+            response = await controller.control(service_id, "start")
+            assert response.status_code == 200, response.text
+            assert response.json()["generation"] == 1
+
+            ready = await controller.wait_service(service_id, _ready)
+            assert ready["replicas"][0]["state"] == "ready"
+            assert ready["replicas"][0]["generation"] == 1
+            first_attempt = ready["replicas"][0]["attempt_id"]
+            answer = await _chat(controller, ready)
+            assert answer["model"] == "smol"
+            live = controller.service.live.get(service_id)
+            assert live is not None and live.admission == "serving"
+            assert [r.fence.attempt_id for r in live.replicas] == [first_attempt]
+
+            # Replace refuses a running service.
+            response = await controller.call(
+                "PUT",
+                f"/api/v1/inference/{service_id}",
+                json={"revision": ready["revision"], "spec": spec},
+            )
+            assert response.status_code == 409
+            assert response.json()["error"]["code"] == "invalid_transition"
+
+            response = await controller.control(service_id, "drain")
+            assert response.status_code == 200, response.text
+            stopped = await controller.wait_service(service_id, _stopped)
+            assert stopped["replicas"][0]["state"] == "stopped"
+            # Stopping released the reservation once the executor confirmed the end.
+            assert stopped["replicas"][0]["reservation"] is None
+            # The node's next heartbeat no longer reports the attempt.
+            while first_attempt in {a["attempt_id"] for a in (await controller.node())["attempts"]}:
+                await trio.sleep(0.05)
+
+            await _stale_refused(controller, service_id, "start", stopped["revision"] - 1)
+            bigger = {**spec, "context": 1024}
+            response = await controller.call(
+                "PUT",
+                f"/api/v1/inference/{service_id}",
+                json={"revision": stopped["revision"] - 1, "spec": bigger},
+            )
+            assert response.status_code == 409
+            assert response.json()["error"]["code"] == "stale_revision"
+            response = await controller.call(
+                "PUT",
+                f"/api/v1/inference/{service_id}",
+                json={"revision": stopped["revision"], "spec": bigger},
+            )
+            assert response.status_code == 200, response.text
+            assert response.json()["generation"] == 2
+
+            ready = await controller.wait_service(service_id, _ready)
+            assert ready["generation"] == 2
+            assert ready["spec"]["context"] == 1024
+            assert ready["replicas"][0]["generation"] == 2
+            assert ready["replicas"][0]["attempt_id"] != first_attempt
+            await _chat(controller, ready)
+
+            response = await controller.control(service_id, "stop")
+            assert response.status_code == 200, response.text
+            await controller.wait_service(service_id, _stopped)
+
+            await _stale_refused(controller, service_id, "remove", 1)
+            response = await controller.control(service_id, "remove")
+            assert response.status_code == 200, response.text
+            while (await controller.call("GET", f"/api/v1/inference/{service_id}")).status_code != 404:
+                await trio.sleep(0.05)
+            assert controller.service.live.get(service_id) is None
+            # The model is free to delete again.
+            await controller.ok("DELETE", f"/api/v1/models/{model_id}")
