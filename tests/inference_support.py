@@ -94,9 +94,7 @@ class Controller:
 
     async def control(self, service_id: str, action: str, **body: Any) -> httpx.Response:
         if "revision" not in body:
-            body["revision"] = (await self.ok("GET", f"/api/v1/inference/{service_id}"))[
-                "revision"
-            ]
+            body["revision"] = (await self.ok("GET", f"/api/v1/inference/{service_id}"))["revision"]
         return await self.call(
             "POST", f"/api/v1/inference/{service_id}/control/{action}", json=body
         )
@@ -164,7 +162,9 @@ async def register_smollm2(controller: Controller, name: str = "smollm2") -> str
         )
         assert response.status_code in (200, 201, 202), response.text
         offset += len(data)
-    while (await controller.ok("GET", f"/api/v1/models/{model['id']}"))["state"] != "verified":
+    while (await controller.ok("GET", f"/api/v1/models/{model['id']}"))[  # noqa: ASYNC110
+        "state"
+    ] != "verified":
         await trio.sleep(0.05)
     return model["id"]
 

@@ -61,9 +61,10 @@ async def test_a_service_lives_from_preview_to_removal(tmp_path):
 
             preview = await controller.ok("POST", "/api/v1/inference/preview", json=spec)
             assert preview["fits"] is True
-            assert preview["replicas"][0]["reservation"]["memory_bytes"] == spec["placements"][
-                0
-            ]["limits"]["memory_bytes"]
+            assert (
+                preview["replicas"][0]["reservation"]["memory_bytes"]
+                == spec["placements"][0]["limits"]["memory_bytes"]
+            )
             assert preview["plan_digest"].startswith("sha256:")
             # Preview writes nothing.
             assert (await controller.ok("GET", "/api/v1/inference"))["services"] == []
@@ -109,7 +110,9 @@ async def test_a_service_lives_from_preview_to_removal(tmp_path):
             # Stopping released the reservation once the executor confirmed the end.
             assert stopped["replicas"][0]["reservation"] is None
             # The node's next heartbeat no longer reports the attempt.
-            while first_attempt in {a["attempt_id"] for a in (await controller.node())["attempts"]}:
+            while first_attempt in {  # noqa: ASYNC110
+                a["attempt_id"] for a in (await controller.node())["attempts"]
+            }:
                 await trio.sleep(0.05)
 
             await _stale_refused(controller, service_id, "start", stopped["revision"] - 1)
@@ -143,7 +146,8 @@ async def test_a_service_lives_from_preview_to_removal(tmp_path):
             await _stale_refused(controller, service_id, "remove", 1)
             response = await controller.control(service_id, "remove")
             assert response.status_code == 200, response.text
-            while (await controller.call("GET", f"/api/v1/inference/{service_id}")).status_code != 404:
+            service_url = f"/api/v1/inference/{service_id}"
+            while (await controller.call("GET", service_url)).status_code != 404:  # noqa: ASYNC110
                 await trio.sleep(0.05)
             assert controller.service.live.get(service_id) is None
             # The model is free to delete again.

@@ -234,7 +234,10 @@ class Reconciler:
         replicas = []
         if admission != "stopped":
             for index, attempt in sorted(self._latest(attempts, generation).items()):
-                if attempt["state"] in ("ready", "draining"):
+                # A node not (yet) connected here cannot be reached; the next step adds it.
+                if attempt["state"] in ("ready", "draining") and self.contributors.connected_here(
+                    attempt["node_id"]
+                ):
                     replicas.append(
                         LiveReplica(
                             index=index,

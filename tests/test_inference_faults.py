@@ -1,0 +1,217 @@
+"""Faults: a lost node leaves an unknown replica; a restarted controller adopts, not duplicates.
+
+Both use a remote node with the real llama.cpp runtime and SmolLM2, staged over
+HTTP from the controller's blob store.
+"""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+import trio
+
+from ficc_core.agent import Agent
+from ficc_core.agent.remote import RemoteAgent
+from ficc_core.agent.runtimes import AgentSettings
+
+from .inference_support import (
+    llama_spec,
+    open_inference_controller,
+    register_smollm2,
+    write_agent_settings,
+)
+from .test_agent_processes import ExecutorProcess, _alive, _engine_pids, agent_dir  # noqa: F401
+
+FAST_NODES = {"unreachable_after": "1s", "lost_after": "3s", "heartbeat_interval": "200ms"}
+
+
+def _state(*states: str):
+    return lambda view: view["state"] in states
+
+
+@pytest.mark.slow
+async def test_a_killed_executor_leaves_an_unknown_replica_that_start_refuses_until_acknowledged(
+    tmp_path,
+    agent_dir,  # noqa: F811
+):
+    settings_file = write_agent_settings(tmp_path)
+    executor = None
+    try:
+        with trio.fail_after(180):
+            async with open_inference_controller(
+                tmp_path, embedded=False, **FAST_NODES
+            ) as controller:
+                service = controller.service
+                _, credential = await service.contributors.add_node("gpu-1")
+                executor = ExecutorProcess(
+                    controller.url, credential, agent_dir, "--agent-config", str(settings_file)
+                )
+                await executor.wait_connected()
+                node = await controller.wait_node("gpu-1")
+                while not node["snapshot"] or not node["snapshot"]["runtimes"]:
+                    node = await controller.node("gpu-1")
+                model_id = await register_smollm2(controller)
+                spec = await llama_spec(controller, model_id, node_ids=("gpu-1",))
+                created = await controller.ok("POST", "/api/v1/inference", status=201, json=spec)
+                service_id = created["id"]
+                assert (await controller.control(service_id, "start")).status_code == 200
+                ready = await controller.wait_service(service_id, _state("ready"))
+                lost_attempt = ready["replicas"][0]["attempt_id"]
+                [engine_pid] = _engine_pids(agent_dir)
+
+                # The node's agent dies; its engine's fate is unknown to the controller.
+                executor.proc.send_signal(signal.SIGKILL)
+                executor.proc.wait()
+                view = await controller.wait_service(
+                    service_id, lambda v: v["replicas"][0]["state"] == "unknown"
+                )
+                assert view["replicas"][0]["reason"] == "node_lost"
+                assert view["unknown_attempts"] == [lost_attempt]
+                assert service.live.get(service_id).replicas == ()
+
+                # Stop cannot confirm the unknown attempt's end: the service stops, the
+                # unknown replica keeps its reservation.
+                assert (await controller.control(service_id, "stop")).status_code == 200
+                stopped = await controller.wait_service(service_id, _state("stopped"))
+                assert stopped["replicas"][0]["state"] == "unknown"
+                assert stopped["replicas"][0]["reservation"] is not None
+
+                # start without acknowledgement: 409 before any replica is retried.
+                response = await controller.control(service_id, "start")
+                assert response.status_code == 409, response.text
+                error = response.json()["error"]
+                assert error["code"] == "inference_unknown_outcome"
+                assert [a["attempt_id"] for a in error["details"]["attempts"]] == [lost_attempt]
+                # Acknowledgement belongs to start alone.
+                response = await controller.control(service_id, "stop", acknowledge_unknown=True)
+                assert response.status_code == 400
+                assert response.json()["error"]["code"] == "acknowledge_not_allowed"
+                after = await controller.ok("GET", f"/api/v1/inference/{service_id}")
+                assert after["revision"] == stopped["revision"]
+                assert [a["attempt_id"] for a in (await controller.node("gpu-1"))["attempts"]] == [
+                    lost_attempt
+                ]
+
+                # The node comes back (its restarted agent ends what the old one left).
+                executor = ExecutorProcess(
+                    controller.url, credential, agent_dir, "--agent-config", str(settings_file)
+                )
+                await executor.wait_connected()
+                await controller.wait_node("gpu-1")
+                response = await controller.control(service_id, "start", acknowledge_unknown=True)
+                assert response.status_code == 200, response.text
+                assert response.json()["generation"] == ready["generation"] + 1
+                again = await controller.wait_service(service_id, _state("ready"))
+                new_attempt = again["replicas"][0]["attempt_id"]
+                assert new_attempt != lost_attempt
+                assert again["unknown_attempts"] == []
+                # A new attempt, a new engine: the old one was never resumed.
+                [new_pid] = _engine_pids(agent_dir)
+                assert new_pid != engine_pid
+                # Nothing was replayed: the new engine has served no request.
+                metrics = await _engine_metrics(controller, again)
+                assert "llamacpp:requests_processing 0" in metrics
+                assert "llamacpp:n_decode_total 0" in metrics or "n_decode_total" not in metrics
+
+                assert (await controller.control(service_id, "stop")).status_code == 200
+                await controller.wait_service(service_id, _state("stopped"))
+    finally:
+        if executor is not None:
+            executor.kill()
+
+
+async def _engine_metrics(controller, view: dict) -> str:
+    from ficc_core.schema import Fence
+    from ficc_core.testing.executor_kit import exchange
+
+    replica = view["replicas"][0]
+    fence = Fence(
+        attempt_id=replica["attempt_id"],
+        generation=replica["generation"],
+        plan_digest=replica["plan_digest"],
+    )
+    endpoint = controller.service.contributors.endpoint(replica["node_id"])
+    status, _, chunks = await exchange(endpoint, fence, "GET", "/metrics")
+    assert status == 200
+    return b"".join(chunks).decode()
+
+
+def _remote_agent_factory(folder, settings_file):
+    from ficc_executor_process.provider import ProcessProvider
+
+    async def no_gpus():
+        return ()
+
+    def make(named: str) -> Agent:
+        return Agent(
+            node_id=named,
+            providers={"process": ProcessProvider(state_dir=folder / "p", default_grace=2.0)},
+            state_dir=folder,
+            settings=AgentSettings.load(settings_file),
+            gpu_query=no_gpus,
+            stop_grace=2.0,
+        )
+
+    return make
+
+
+@pytest.mark.slow
+async def test_a_restarted_controller_adopts_the_running_replica_instead_of_launching_another(
+    tmp_path,
+    agent_dir,  # noqa: F811
+):
+    settings_file = write_agent_settings(tmp_path)
+    with trio.fail_after(180):
+        async with open_inference_controller(tmp_path, embedded=False) as controller:
+            _, credential = await controller.service.contributors.add_node("gpu-1")
+            port = controller.url.rsplit(":", 1)[1]
+            url = controller.url
+        remote = RemoteAgent(
+            url,
+            credential,
+            _remote_agent_factory(agent_dir, settings_file),
+            backoff_initial=0.1,
+            backoff_max=0.5,
+        )
+        async with trio.open_nursery() as nursery:
+            async with open_inference_controller(tmp_path, embedded=False, port=port) as controller:
+                await nursery.start(remote.run)
+                node = await controller.wait_node("gpu-1")
+                while not node["snapshot"] or not node["snapshot"]["runtimes"]:
+                    node = await controller.node("gpu-1")
+                model_id = await register_smollm2(controller)
+                spec = await llama_spec(controller, model_id, node_ids=("gpu-1",))
+                created = await controller.ok("POST", "/api/v1/inference", status=201, json=spec)
+                service_id = created["id"]
+                assert (await controller.control(service_id, "start")).status_code == 200
+                ready = await controller.wait_service(service_id, _state("ready"))
+                attempt = ready["replicas"][0]["attempt_id"]
+                [engine_pid] = _engine_pids(agent_dir)
+
+            # The controller is gone; the node keeps its engine (its lease outlives this).
+            await trio.sleep(0.5)
+            async with open_inference_controller(tmp_path, embedded=False, port=port) as controller:
+                while not controller.service.contributors.connected_here("gpu-1"):  # noqa: ASYNC110
+                    await trio.sleep(0.05)
+                view = await controller.wait_service(
+                    service_id,
+                    lambda v: (
+                        v["state"] == "ready"
+                        and controller.service.live.get(service_id) is not None
+                        and bool(controller.service.live.get(service_id).replicas)
+                    ),
+                )
+                assert view["replicas"][0]["attempt_id"] == attempt
+                assert view["replicas"][0]["attempt"] == 1
+                assert view["generation"] == ready["generation"]
+                # Still the one engine: adopted, not duplicated.
+                assert _engine_pids(agent_dir) == [engine_pid]
+                [live] = controller.service.live.get(service_id).replicas
+                assert live.fence.attempt_id == attempt
+                await _engine_metrics(controller, view)
+
+                assert (await controller.control(service_id, "stop")).status_code == 200
+                await controller.wait_service(service_id, _state("stopped"))
+                assert not _alive(engine_pid)
+            nursery.cancel_scope.cancel()
