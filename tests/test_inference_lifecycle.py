@@ -152,3 +152,93 @@ async def test_a_service_lives_from_preview_to_removal(tmp_path):
             assert controller.service.live.get(service_id) is None
             # The model is free to delete again.
             await controller.ok("DELETE", f"/api/v1/models/{model_id}")
+
+
+@pytest.mark.slow
+async def test_drain_waits_for_in_flight_requests_and_stops_at_its_bound(tmp_path):
+    with trio.fail_after(120):
+        async with open_inference_controller(tmp_path, drain_timeout="2s") as controller:
+            model_id = await register_smollm2(controller)
+            spec = await llama_spec(controller, model_id)
+            created = await controller.ok("POST", "/api/v1/inference", status=201, json=spec)
+            service_id = created["id"]
+            live = controller.service.live
+            for held_for in (0.5, None):
+                assert (await controller.control(service_id, "start")).status_code == 200
+                await controller.wait_service(service_id, _ready)
+                request = live.request(service_id)
+                request.__enter__()
+                started = trio.current_time()
+                assert (await controller.control(service_id, "drain")).status_code == 200
+                draining = await controller.wait_service(
+                    service_id, lambda v: v["state"] == "draining"
+                )
+                assert draining["desired"] == "draining"
+                assert live.get(service_id).admission == "draining"
+                # The in-flight request keeps its replica while the service drains.
+                assert len(live.get(service_id).replicas) == 1
+                if held_for is not None:
+                    await trio.sleep(held_for)
+                    request.__exit__(None, None, None)
+                stopped = await controller.wait_service(service_id, _stopped)
+                took = trio.current_time() - started
+                if held_for is None:
+                    # Nothing finished: the drain bound (2 s) ended it.
+                    assert took >= 2.0
+                    request.__exit__(None, None, None)
+                else:
+                    assert held_for <= took < 2.0
+                assert stopped["replicas"][0]["state"] == "stopped"
+                assert live.get(service_id).admission == "stopped"
+                assert live.get(service_id).replicas == ()
+
+
+@pytest.mark.slow
+async def test_a_failing_engine_is_retried_with_new_attempts_and_a_growing_backoff(tmp_path):
+    import hashlib
+
+    engine = tmp_path / "broken-llama-server"
+    engine.write_text("#!/bin/sh\necho 'cannot load the model' >&2\nexit 3\n")
+    engine.chmod(0o755)
+    settings = tmp_path / "agent.toml"
+    digest = "sha256:" + hashlib.sha256(engine.read_bytes()).hexdigest()
+    settings.write_text(
+        "[[runtimes]]\n"
+        'name = "llama_server"\nprovider = "process"\n'
+        f'image_digest = "{digest}"\nexecutable = "{engine}"\n'
+    )
+    with trio.fail_after(120):
+        async with open_inference_controller(
+            tmp_path, agent_config=str(settings), replica_retry_max="2s"
+        ) as controller:
+            model_id = await register_smollm2(controller)
+            spec = await llama_spec(controller, model_id)
+            spec["image_executable"] = str(engine)
+            created = await controller.ok("POST", "/api/v1/inference", status=201, json=spec)
+            service_id = created["id"]
+            assert (await controller.control(service_id, "start")).status_code == 200
+            view = await controller.wait_service(
+                service_id, lambda v: (v["replicas"][0]["attempt"] or 0) >= 4, period=0.1
+            )
+            assert view["state"] in ("failed", "starting")
+            rows = await controller.service.store.read(
+                lambda tx: tx.fetch_all(
+                    "SELECT * FROM inference_attempts WHERE service_id = ? ORDER BY number",
+                    (service_id,),
+                )
+            )
+            ended = [r for r in rows if r["state"] == "failed"]
+            assert len(ended) >= 3
+            assert all(r["released"] for r in ended)
+            assert ended[0]["reason"] in ("exited", "readiness_timeout", "failed")
+            # Waits double (1 s, 2 s) and are capped at replica_retry_max (2 s).
+            gaps = [
+                b["created_at"] - a["updated_at"] for a, b in zip(ended, rows[1:], strict=False)
+            ]
+            assert 0.8 <= gaps[0] < 1.8
+            assert all(1.8 <= gap < 3.5 for gap in gaps[1:3])
+            failed = await controller.wait_service(service_id, lambda v: v["state"] == "failed")
+            assert failed["reason"]
+            assert (await controller.control(service_id, "stop")).status_code == 200
+            stopped = await controller.wait_service(service_id, _stopped)
+            assert stopped["replicas"][0]["reservation"] is None
