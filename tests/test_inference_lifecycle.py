@@ -242,3 +242,47 @@ async def test_a_failing_engine_is_retried_with_new_attempts_and_a_growing_backo
             assert (await controller.control(service_id, "stop")).status_code == 200
             stopped = await controller.wait_service(service_id, _stopped)
             assert stopped["replicas"][0]["reservation"] is None
+
+
+async def _attempt_rows(controller, service_id: str) -> list[dict]:
+    return await controller.service.store.read(
+        lambda tx: tx.fetch_all(
+            "SELECT * FROM inference_attempts WHERE service_id = ? ORDER BY created_at",
+            (service_id,),
+        )
+    )
+
+
+@pytest.mark.slow
+async def test_a_replica_is_a_workload_with_its_model_revision_and_endpoint_fenced_by_its_digest(
+    tmp_path,
+):
+    import json
+
+    from ficc_core.schema import Workload, digest, structure
+
+    with trio.fail_after(120):
+        async with open_inference_controller(tmp_path) as controller:
+            model_id = await register_smollm2(controller)
+            spec = await llama_spec(controller, model_id)
+            created = await controller.ok("POST", "/api/v1/inference", status=201, json=spec)
+            service_id = created["id"]
+            assert (await controller.control(service_id, "start")).status_code == 200
+            ready = await controller.wait_service(service_id, _ready)
+            [row] = await _attempt_rows(controller, service_id)
+            stored = json.loads(row["workload"])
+            workload = structure(stored, Workload)
+            model = await controller.ok("GET", f"/api/v1/models/{model_id}")
+            assert workload.model_revision == model["digest"]
+            assert workload.endpoint is not None and workload.endpoint.transport == "unix"
+            assert workload.generation == 1
+            # The fence every endpoint call carries is the digest of exactly these bytes.
+            assert digest(stored) == workload.plan_digest() == ready["replicas"][0]["plan_digest"]
+            node = await controller.node()
+            [reported] = [a for a in node["attempts"] if a["attempt_id"] == row["attempt_id"]]
+            assert reported["plan_digest"] == row["plan_digest"]
+            # A legacy workload (no model_revision, no endpoint) keeps its old form and digest.
+            legacy = {k: v for k, v in stored.items() if k not in ("model_revision", "endpoint")}
+            assert digest(structure(legacy, Workload)) == digest(legacy)
+            assert (await controller.control(service_id, "stop")).status_code == 200
+            await controller.wait_service(service_id, _stopped)

@@ -24,6 +24,7 @@ the node's reconnection keeps the ones the controller still wants.
 
 from __future__ import annotations
 
+import json
 import logging
 import secrets
 from collections.abc import Mapping
@@ -441,6 +442,12 @@ class Reconciler:
             released=1,
         )
 
+    async def _embedded(self, node_id: str) -> bool:
+        row = await self.store.read(
+            lambda tx: tx.fetch_one("SELECT labels FROM nodes WHERE id = ?", (node_id,))
+        )
+        return row is not None and json.loads(row["labels"]).get("ficc/embedded") == "true"
+
     async def _node_state(self, node_id: str) -> str | None:
         row = await self.store.read(
             lambda tx: tx.fetch_one("SELECT state FROM nodes WHERE id = ?", (node_id,))
@@ -622,10 +629,13 @@ class Reconciler:
             endpoint=job.endpoint,
         )
         fence = workload.fence(attempt_id)
+        # A remote node first stages the model's files it lacks (the embedded node reads
+        # the controller's blob store in place); the launch call covers both.
+        embedded = await self._embedded(placement.node_id)
         await self._set_attempt(
             service_id,
             attempt_id,
-            state="launching",
+            state="launching" if embedded else "staging",
             plan_digest=fence.plan_digest,
             workload=canonical_json(workload).decode("utf-8"),
         )
@@ -739,6 +749,4 @@ def _fence(attempt: Mapping[str, Any]) -> Fence:
 
 
 def json_spec(row: Mapping[str, Any]) -> Any:
-    import json
-
     return json.loads(row["spec"])
