@@ -21,8 +21,8 @@ $(VENV)/.installed: pyproject.toml adapters/*/pyproject.toml executors/*/pyproje
 
 install: $(VENV)/.installed  ## create .venv and install every distribution editable
 
-serve: install  ## run the controller with embedded defaults
-	$(BIN)/ficc serve
+serve: install  ## run the controller with embedded defaults and the SmolLM2 chat demo
+	$(BIN)/ficc serve --demo
 
 test: install  ## the whole test suite, slow tests included (what CI runs)
 	$(BIN)/python -m pytest -q

@@ -88,8 +88,14 @@ def cli(ctx: click.Context, config_path: Path | None, data_dir: Path | None) -> 
 
 @cli.command()
 @_config_options(exclude=("data_dir",))
+@click.option(
+    "--demo",
+    is_flag=True,
+    help="Also register the SmolLM2 model, start a llama.cpp chat service on the embedded "
+    "node and print an invoke token with curl and openai snippets (reused on later runs).",
+)
 @click.pass_context
-def serve(ctx: click.Context, **flags: Any) -> None:
+def serve(ctx: click.Context, demo: bool, **flags: Any) -> None:
     """Run the controller: the HTTP API on hypercorn, until SIGINT or SIGTERM.
 
     On first start with an empty data directory it creates the project 'default',
@@ -99,25 +105,48 @@ def serve(ctx: click.Context, **flags: Any) -> None:
     logging.basicConfig(
         level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    _run(_serve, config)
+    if demo:
+        from .demo import write_agent_settings
+
+        if not config.embedded_agent:
+            raise click.UsageError("--demo runs its service on the embedded agent")
+        if config.agent_config is None:
+            try:
+                settings = write_agent_settings(config.data_dir)
+            except FiccError as exc:
+                raise click.ClickException(f"{exc.message} [{exc.code}]") from None
+            config = attrs.evolve(config, agent_config=settings)
+    _run(_serve, config, demo)
 
 
-async def _serve(config: Config) -> None:
+async def _serve(config: Config, demo: bool = False) -> None:
     from .agent.embedded import run_embedded_agent
     from .server import run_until_signalled
 
     async with open_service(config, background=True) as service:
         first_run = await service.auth.bootstrap()
 
-        def ready(urls: list[str]) -> None:
-            _print_ready(service, urls, first_run)
-
         async with trio.open_nursery() as nursery:
+
+            def ready(urls: list[str]) -> None:
+                _print_ready(service, urls, first_run)
+                if demo:
+                    nursery.start_soon(_demo, service, urls[0])
+
             if config.embedded_agent:
                 await nursery.start(run_embedded_agent, service)
             await run_until_signalled(service, on_ready=ready)
             nursery.cancel_scope.cancel()
     click.echo("ficc: stopped", err=True)
+
+
+async def _demo(service: Service, url: str) -> None:
+    from .demo import run_demo
+
+    try:
+        await run_demo(service, url)
+    except FiccError as exc:
+        click.echo(f"demo: {exc.message} [{exc.code}]; the controller keeps serving", err=True)
 
 
 _AGENT_DIR_HELP = "Agent state directory (keep it short). [env: FICC_AGENT_DIR]"
@@ -253,11 +282,13 @@ def _print_ready(service: Service, urls: list[str], first_run: dict[str, str] | 
 
 
 def _register_subcommands() -> None:
+    from .cli_inference import inference
     from .cli_models import models
     from .cli_plugins import plugins_command
 
     cli.add_command(plugins_command, "plugins")
     cli.add_command(models, "models")
+    cli.add_command(inference, "inference")
 
 
 _register_subcommands()

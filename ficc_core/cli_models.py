@@ -10,55 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import click
-import httpx
 
+from .cli_client import ApiClient, ApiError, client_from, connection_options, echo_json
 from .models.registry import MAX_BYTES_CHUNK
 
 _MiB = 1 << 20
-
-
-class ApiClient:
-    """A small synchronous client of the management API that turns envelopes into errors."""
-
-    def __init__(self, url: str, token: str | None, *, timeout: float = 120.0) -> None:
-        if not token:
-            raise click.UsageError("give --token or set FICC_TOKEN (a bearer credential)")
-        self.http = httpx.Client(
-            base_url=url.rstrip("/"),
-            headers={"Authorization": f"Bearer {token}"},
-            timeout=timeout,
-        )
-
-    def call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        """Send a request; raise a ClickException with the server's message on refusal."""
-        try:
-            response = self.http.request(method, path, **kwargs)
-        except httpx.HTTPError as exc:
-            raise click.ClickException(f"cannot reach {self.http.base_url}: {exc}") from None
-        if response.status_code >= 400:
-            raise ApiError(response)
-        return response
-
-    def json(self, method: str, path: str, **kwargs: Any) -> Any:
-        """Send a request and return its JSON body."""
-        return self.call(method, path, **kwargs).json()
-
-
-class ApiError(click.ClickException):
-    """A refusal from the API, carrying its envelope."""
-
-    def __init__(self, response: httpx.Response) -> None:
-        try:
-            self.error = response.json()["error"]
-        except (ValueError, KeyError, TypeError):
-            self.error = {"code": "http_error", "message": response.text[:200], "details": {}}
-        self.status = response.status_code
-        self.response = response
-        super().__init__(f"{self.error['message']} [{self.error['code']}]")
-
-
-def _echo(document: Any) -> None:
-    click.echo(json.dumps(document, indent=2, sort_keys=True))
 
 
 class Progress:
@@ -126,14 +82,7 @@ def _file_sha256(path: Path) -> str:
 
 
 @click.group()
-@click.option(
-    "--url",
-    envvar="FICC_URL",
-    default="http://127.0.0.1:8484",
-    show_default=True,
-    help="Base URL of the controller. [env: FICC_URL]",
-)
-@click.option("--token", envvar="FICC_TOKEN", help="Bearer credential. [env: FICC_TOKEN]")
+@connection_options
 @click.pass_context
 def models(ctx: click.Context, url: str, token: str | None) -> None:
     """Register, acquire, upload, preview and delete models (scopes models:read/manage)."""
@@ -141,7 +90,7 @@ def models(ctx: click.Context, url: str, token: str | None) -> None:
 
 
 def _client(ctx: click.Context) -> ApiClient:
-    return ApiClient(ctx.obj["url"], ctx.obj["token"])
+    return client_from(ctx)
 
 
 @models.command("register")
@@ -178,7 +127,7 @@ def register(
         }
         if licence:
             document["licence"] = licence
-    _echo(_client(ctx).json("POST", "/api/v1/models", json=document))
+    echo_json(_client(ctx).json("POST", "/api/v1/models", json=document))
 
 
 @models.command("list")
@@ -209,7 +158,7 @@ def list_models(ctx: click.Context) -> None:
 @click.pass_context
 def show(ctx: click.Context, model_id: str) -> None:
     """Show a model: manifest, per-file state and progress."""
-    _echo(_client(ctx).json("GET", f"/api/v1/models/{model_id}"))
+    echo_json(_client(ctx).json("GET", f"/api/v1/models/{model_id}"))
 
 
 @models.command("acquire")
@@ -222,7 +171,7 @@ def acquire(ctx: click.Context, model_id: str, wait: bool, interval: float) -> N
     client = _client(ctx)
     model = client.json("POST", f"/api/v1/models/{model_id}/acquire")
     if not wait:
-        _echo(model)
+        echo_json(model)
         return
     with Progress(model["size"], model["name"], start=model["received_bytes"]) as progress:
         while model["state"] not in ("verified", "failed", "paused"):
@@ -240,7 +189,7 @@ def acquire(ctx: click.Context, model_id: str, wait: bool, interval: float) -> N
 @click.pass_context
 def pause(ctx: click.Context, model_id: str) -> None:
     """Pause MODEL_ID's acquisition; `acquire` resumes it from the durable offset."""
-    _echo(_client(ctx).json("POST", f"/api/v1/models/{model_id}/pause"))
+    echo_json(_client(ctx).json("POST", f"/api/v1/models/{model_id}/pause"))
 
 
 def upload_file(
@@ -320,7 +269,7 @@ def preview(
         body["filename"] = filename
     if licence:
         body["licence"] = licence
-    _echo(_client(ctx).json("POST", "/api/v1/models/hub-preview", json=body))
+    echo_json(_client(ctx).json("POST", "/api/v1/models/hub-preview", json=body))
 
 
 @models.command("delete")
@@ -329,7 +278,7 @@ def preview(
 @click.pass_context
 def delete(ctx: click.Context, model_id: str, evict: bool) -> None:
     """Delete MODEL_ID's metadata (refused while an inference service uses it)."""
-    _echo(
+    echo_json(
         _client(ctx).json(
             "DELETE", f"/api/v1/models/{model_id}", params={"evict": "true" if evict else "false"}
         )

@@ -277,6 +277,10 @@ async def test_concurrent_submits_never_over_commit_the_last_gpu_slice(controlle
     assert sorted(outcomes.values()) == [201] * 3 + [409] * 9
     node = (await controller.ok("POST", "/api/v1/inference/preview", json=first))["nodes"][0]
     assert node["gpus"][0]["reserved"] == 80 * GIB
+    listed = await controller.node("gpu-1")
+    assert sorted(r["gpus"][0]["memory_bytes"] for r in listed["reservations"]) == [
+        10 * GIB
+    ] * 3 + [50 * GIB]
 
 
 async def test_concurrent_submits_never_over_commit_node_memory(controller):

