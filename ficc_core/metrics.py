@@ -24,6 +24,69 @@ class Metrics:
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0),
         )
 
+        # -- the inference gateway (per service, and per replica: its attempt ID) -----------
+        latency = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+        self.gateway_requests = prom.Counter(
+            "ficc_gateway_requests",
+            "Inference requests relayed to a replica, by service and replica.",
+            ("service", "replica"),
+            registry=self.registry,
+        )
+        self.gateway_errors = prom.Counter(
+            "ficc_gateway_errors",
+            "Inference requests refused or ended by an error, by service, replica "
+            "(empty before one was chosen) and error code.",
+            ("service", "replica", "code"),
+            registry=self.registry,
+        )
+        self.gateway_retries = prom.Counter(
+            "ficc_gateway_retries",
+            "Requests moved to another replica before their first byte, by service and "
+            "the replica that failed.",
+            ("service", "replica"),
+            registry=self.registry,
+        )
+        self.gateway_inflight = prom.Gauge(
+            "ficc_gateway_inflight_requests",
+            "Inference requests being served now, by service and replica.",
+            ("service", "replica"),
+            registry=self.registry,
+        )
+        self.gateway_queued = prom.Gauge(
+            "ficc_gateway_queued_requests",
+            "Inference requests waiting for a free replica slot, by service.",
+            ("service",),
+            registry=self.registry,
+        )
+        self.gateway_queue_wait = prom.Histogram(
+            "ficc_gateway_queue_wait_seconds",
+            "Time a request waited for a free replica slot, by service.",
+            ("service",),
+            registry=self.registry,
+            buckets=(0.0, 0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
+        )
+        self.gateway_ttft = prom.Histogram(
+            "ficc_gateway_time_to_first_byte_seconds",
+            "From admission to the first response body byte, by service and replica.",
+            ("service", "replica"),
+            registry=self.registry,
+            buckets=latency,
+        )
+        self.gateway_duration = prom.Histogram(
+            "ficc_gateway_request_duration_seconds",
+            "From admission to the end of the response, by service and replica.",
+            ("service", "replica"),
+            registry=self.registry,
+            buckets=latency,
+        )
+        self.gateway_tokens = prom.Counter(
+            "ficc_gateway_tokens",
+            "Tokens the engines reported in responses' usage, by service, replica and "
+            "kind (prompt or completion).",
+            ("service", "replica", "kind"),
+            registry=self.registry,
+        )
+
     def render(self) -> tuple[bytes, str]:
         """Return the exposition body and its content type."""
         return prom.generate_latest(self.registry), prom.CONTENT_TYPE_LATEST

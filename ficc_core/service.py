@@ -132,10 +132,8 @@ async def open_service(config: Config, *, background: bool = False) -> AsyncIter
 
 
 def _gateway(**collaborators: Any) -> Any:
-    try:  # TEMPORARY until the gateway lands
-        from .gateway import Gateway
-    except ImportError:
-        return None
+    from .gateway import Gateway
+
     return Gateway(**collaborators)
 
 

@@ -134,9 +134,13 @@ async def open_inference_controller(
 
 async def register_smollm2(controller: Controller, name: str = "smollm2") -> str:
     """Register the SmolLM2 GGUF and upload it through the byte upload route; return its id."""
-    path = smollm2_path()
-    sha = sha256_of(path)
-    size = path.stat().st_size
+    return await register_gguf(controller, smollm2_path(), name)
+
+
+async def register_gguf(controller: Controller, path: Path, name: str) -> str:
+    """Register a local GGUF file and upload it through the byte upload route; return its id."""
+    sha = await trio.to_thread.run_sync(sha256_of, path)
+    size = (await trio.to_thread.run_sync(path.stat)).st_size
     manifest = {
         "name": name,
         "format": "gguf",

@@ -165,22 +165,3 @@ async def test_delete_keeps_shared_content_and_evicts_unshared(client, bootstrap
     # Without evict, metadata goes and the content stays for reuse.
     await client.delete(f"/api/v1/models/{ids['two']}", headers=admin)
     assert blob_files(config.data_dir)["sha256"] == [hashlib.sha256(shared).hexdigest()]
-
-
-async def test_delete_refuses_a_model_an_inference_service_uses(client, service, bootstrap):
-    admin = bearer(bootstrap["token"])
-    model = await (
-        await client.post("/api/v1/models", headers=admin, json=gguf_manifest("used", b"abc"))
-    ).get_json()
-    # Stands in for the inference services table until services land.
-    await service.store.write(
-        lambda tx: tx.execute("CREATE TABLE inference_services (id TEXT, model_id TEXT)")
-    )
-    await service.store.write(
-        lambda tx: tx.execute("INSERT INTO inference_services VALUES ('svc-1', ?)", (model["id"],))
-    )
-    response = await client.delete(f"/api/v1/models/{model['id']}", headers=admin)
-    assert response.status_code == 409
-    error = (await response.get_json())["error"]
-    assert error["code"] == "model_in_use" and error["details"]["services"] == ["svc-1"]
-    assert (await client.get(f"/api/v1/models/{model['id']}", headers=admin)).status_code == 200

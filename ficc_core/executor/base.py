@@ -22,7 +22,7 @@ import attrs
 import trio
 
 from .bootstrap import BootstrapFailed, run_bootstrap
-from .endpoint import EndpointStreams, check_fence
+from .endpoint import DEFAULT_MAX_STREAMS, EndpointStreams, check_fence
 from .errors import AttemptExists, EngineUnavailable, LaunchFailed
 from .logs import BoundedLog
 from .netns import open_tcp_in_netns
@@ -106,7 +106,7 @@ class SupervisingProvider:
         state_dir: str | os.PathLike[str],
         node_id: str = "local",
         log_max_bytes: int = 4 * 1024 * 1024,
-        max_streams: int = 16,
+        max_streams: int = DEFAULT_MAX_STREAMS,
         stream_idle_timeout: float = 60.0,
         default_grace: float = 5.0,
     ) -> None:

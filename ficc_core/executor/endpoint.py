@@ -88,6 +88,12 @@ def check_fence(known: Mapping[str, Fence], fence: Fence) -> None:
         )
 
 
+#: Open streams per attempt, unless a provider is told otherwise. The gateway caps each
+#: replica at its service's ``concurrency`` and queues the rest; this bounds what one
+#: attempt may buffer (four 64 KiB chunks per stream) as the relay bounds a node.
+DEFAULT_MAX_STREAMS = 256
+
+
 @attrs.define(eq=False)
 class _Stream:
     id: str
@@ -138,7 +144,7 @@ class EndpointStreams:
     def __init__(
         self,
         *,
-        max_streams: int = 16,
+        max_streams: int = DEFAULT_MAX_STREAMS,
         idle_timeout: float = 60.0,
         max_body: int = 16 * 1024 * 1024,
     ) -> None:

@@ -308,12 +308,6 @@ class ModelRegistry:
 
 
 def _referencing_services(tx: Transaction, model_id: str) -> list[str]:
-    # Inference services arrive with their own migration; until then nothing refers to a model.
-    table = tx.fetch_one(
-        "SELECT name FROM sqlite_master WHERE type = 'table' AND name = 'inference_services'"
-    )
-    if table is None:
-        return []
     rows = tx.fetch_all(
         "SELECT id FROM inference_services WHERE model_id = ? ORDER BY id", (model_id,)
     )

@@ -22,6 +22,18 @@ Its routes exist to make an executor's behaviour observable from the engine's si
   sha256 is the one in the path, 400 otherwise; recorded in ``/received``.
 - ``POST /setup``: records its JSON body in ``/received`` (a bootstrap step).
 - ``GET /received``: the uploads and setups so far, in order, as JSON.
+
+OpenAI-compatible routes (the inference gateway's tests and benchmark), serving
+the model name given with ``--alias`` (default ``standin``):
+
+- ``GET /v1/models``: the one model.
+- ``POST /v1/chat/completions``: a ``chat.completion`` (JSON), or with
+  ``"stream": true`` server-sent events: ``standin_deltas`` deltas (default 8)
+  ``standin_interval`` seconds apart (default 0), a usage chunk when
+  ``stream_options.include_usage`` is true, then ``data: [DONE]``. Prompt tokens
+  are the words of the messages' contents, completion tokens the deltas. A client
+  that goes away mid-stream counts in ``/stats`` (``chat_disconnects``).
+- ``POST /v1/embeddings``: an 8-dimensional vector per input string.
 """
 
 from __future__ import annotations
@@ -58,6 +70,9 @@ ROUTES = (
     "/spawn",
     "/setup",
     "/received",
+    "/v1/models",
+    "/v1/chat/completions",
+    "/v1/embeddings",
 )
 #: The prefix of the blob upload route (the full path ends with the sha256 in hex).
 BLOBS = "/blobs/"
@@ -68,10 +83,17 @@ _stats: dict[str, Any] = {
     "disconnects": 0,
     "last_disconnect_at": None,
     "streams_open": 0,
+    "chat_requests": 0,
+    "chat_streams_open": 0,
+    "chat_completed": 0,
+    "chat_disconnects": 0,
+    "last_chat_disconnect_at": None,
+    "last_chat_request": None,
 }
 _received: list[dict[str, Any]] = []
 _started = time.monotonic()
 _ready_after = 0.0
+_alias = "standin"
 
 
 def _disconnected() -> None:
@@ -138,6 +160,16 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         elif route == "/received":
             with _stats_lock:
                 self._json(200, list(_received))
+        elif route == "/v1/models":
+            self._json(
+                200,
+                {
+                    "object": "list",
+                    "data": [
+                        {"id": _alias, "object": "model", "created": 0, "owned_by": "standin"}
+                    ],
+                },
+            )
         else:
             self._json(404, {"error": "not found"})
 
@@ -169,6 +201,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 self._json(400, {"error": f"digest mismatch: the body's sha256 is {actual}"})
             return
         body = json.loads(raw) if raw else {}
+        if route == "/v1/chat/completions":
+            self._chat(body)
+            return
+        if route == "/v1/embeddings":
+            self._embeddings(body)
+            return
         if route == "/setup":
             with _stats_lock:
                 _received.append({"path": route, "body": body})
@@ -206,6 +244,122 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         else:
             self._json(404, {"error": "not found"})
 
+    def _chat(self, body: dict[str, Any]) -> None:
+        deltas = int(body.get("standin_deltas", 8))
+        interval = float(body.get("standin_interval", 0.0))
+        prompt_tokens = sum(
+            len(str(message.get("content", "")).split())
+            for message in body.get("messages") or []
+            if isinstance(message, dict)
+        )
+        usage = {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": deltas,
+            "total_tokens": prompt_tokens + deltas,
+        }
+        model = body.get("model", _alias)
+        with _stats_lock:
+            _stats["chat_requests"] += 1
+            _stats["last_chat_request"] = {
+                key: value for key, value in body.items() if key != "messages"
+            }
+        created = int(time.time())
+        if not body.get("stream"):
+            if interval:
+                time.sleep(interval * deltas)
+            self._json(
+                200,
+                {
+                    "id": "chatcmpl-standin",
+                    "object": "chat.completion",
+                    "created": created,
+                    "model": model,
+                    "choices": [
+                        {
+                            "index": 0,
+                            "message": {
+                                "role": "assistant",
+                                "content": " ".join(f"w{n}" for n in range(deltas)),
+                            },
+                            "finish_reason": "stop",
+                        }
+                    ],
+                    "usage": usage,
+                },
+            )
+            with _stats_lock:
+                _stats["chat_completed"] += 1
+            return
+        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+
+        def event(choices: list[Any], **extra: Any) -> bytes:
+            chunk = {
+                "id": "chatcmpl-standin",
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": model,
+                "choices": choices,
+                **extra,
+            }
+            return b"data: " + json.dumps(chunk).encode() + b"\n\n"
+
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        with _stats_lock:
+            _stats["chat_streams_open"] += 1
+        try:
+            for number in range(deltas):
+                delta = {"content": f"w{number} "}
+                if number == 0:
+                    delta["role"] = "assistant"
+                finish = "stop" if number == deltas - 1 else None
+                piece = event([{"index": 0, "delta": delta, "finish_reason": finish}])
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+                self.wfile.flush()
+                if interval:
+                    time.sleep(interval)
+            tail = event([], usage=usage) if include_usage else b""
+            tail += b"data: [DONE]\n\n"
+            self.wfile.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(tail), tail))
+            self.wfile.flush()
+            with _stats_lock:
+                _stats["chat_completed"] += 1
+        except OSError:
+            with _stats_lock:
+                _stats["chat_disconnects"] += 1
+                _stats["last_chat_disconnect_at"] = time.time()
+            _disconnected()
+        finally:
+            with _stats_lock:
+                _stats["chat_streams_open"] -= 1
+            self.close_connection = True
+
+    def _embeddings(self, body: dict[str, Any]) -> None:
+        inputs = body.get("input", "")
+        texts = [inputs] if isinstance(inputs, str) else [str(text) for text in inputs]
+        data = []
+        for index, text in enumerate(texts):
+            digest = hashlib.sha256(text.encode()).digest()
+            data.append(
+                {
+                    "object": "embedding",
+                    "index": index,
+                    "embedding": [byte / 255.0 for byte in digest[:8]],
+                }
+            )
+        tokens = sum(len(text.split()) for text in texts)
+        self._json(
+            200,
+            {
+                "object": "list",
+                "data": data,
+                "model": body.get("model", _alias),
+                "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+            },
+        )
+
 
 def _try_connect(host: str, port: int) -> str:
     try:
@@ -217,26 +371,30 @@ def _try_connect(host: str, port: int) -> str:
 
 class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     daemon_threads = True
+    request_queue_size = 256  # many concurrent streams connect at once
 
 
 class _TcpServer(socketserver.ThreadingMixIn, socketserver.TCPServer):
     daemon_threads = True
+    request_queue_size = 256
     allow_reuse_address = True
 
 
 def main(argv: list[str] | None = None) -> None:
     """Serve until SIGTERM (or forever with ``--ignore-sigterm``)."""
-    global _ready_after
+    global _ready_after, _alias
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--socket", default=os.environ.get("FICC_ENDPOINT_SOCKET"))
     parser.add_argument("--port", type=int, default=None, help="listen on 127.0.0.1:PORT")
     parser.add_argument("--ready-after", type=float, default=0.0)
+    parser.add_argument("--alias", default="standin", help="the model name /v1 routes serve")
     parser.add_argument("--ignore-sigterm", action="store_true")
     parser.add_argument("--exit-after", type=float, default=None)
     args = parser.parse_args(argv)
     if not args.socket and args.port is None:
         parser.error("--socket (or FICC_ENDPOINT_SOCKET) or --port is required")
     _ready_after = args.ready_after
+    _alias = args.alias
     if args.ignore_sigterm:
         signal.signal(signal.SIGTERM, lambda *_: print("standin ignoring SIGTERM", flush=True))
     else:

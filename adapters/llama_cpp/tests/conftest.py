@@ -9,8 +9,9 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
-import gguf
 import pytest
+
+from ficc_core.testing.models import with_mean_pooling
 
 
 @pytest.fixture(scope="session")
@@ -25,41 +26,12 @@ def smollm2_gguf() -> Path:
     return path
 
 
-def _with_mean_pooling(source: Path, target: Path) -> None:
-    # A chat model declares no pooling, and llama.cpp's /v1/embeddings refuses pooling
-    # "none"; dedicated embedding GGUFs carry <arch>.pooling_type. Same weights, plus that key.
-    reader = gguf.GGUFReader(source)
-    architecture = reader.get_field(gguf.Keys.General.ARCHITECTURE).contents()
-    writer = gguf.GGUFWriter(target, arch=architecture, endianess=reader.endianess)
-    for field in reader.fields.values():
-        if field.name == gguf.Keys.General.ARCHITECTURE or field.name.startswith("GGUF."):
-            continue
-        kind = field.types[0]
-        sub_type = field.types[-1] if kind == gguf.GGUFValueType.ARRAY else None
-        writer.add_key_value(field.name, field.contents(), kind, sub_type=sub_type)
-    writer.add_pooling_type(gguf.PoolingType.MEAN)
-    for tensor in reader.tensors:
-        writer.add_tensor_info(
-            tensor.name,
-            tensor.data.shape,
-            tensor.data.dtype,
-            tensor.data.nbytes,
-            tensor.tensor_type,
-        )
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_ti_data_to_file()
-    for tensor in reader.tensors:
-        writer.write_tensor_data(tensor.data, tensor_endianess=reader.endianess)
-    writer.close()
-
-
 @pytest.fixture(scope="session")
 def smollm2_embedding_gguf(smollm2_gguf: Path) -> Iterator[Path]:
     """SmolLM2 turned into an embedding model: its GGUF with mean pooling declared."""
     folder = Path(tempfile.mkdtemp(prefix="smollm2-embed-"))
     path = folder / "SmolLM2-135M-Instruct.mean-pooling.gguf"
-    _with_mean_pooling(smollm2_gguf, path)
+    with_mean_pooling(smollm2_gguf, path)
     yield path
     shutil.rmtree(folder, ignore_errors=True)
 

@@ -1,0 +1,136 @@
+"""The refusals of the inference gateway, each with a stable machine code.
+
+They render as the one JSON error envelope (``{"error": {"code", "message",
+"details"}}``), which the official OpenAI clients read (``error.message``). A
+refusal a client may retry carries ``Retry-After``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import FiccError, Forbidden, NotFound
+
+__all__ = [
+    "CapabilityNotServed",
+    "DeadlineExceeded",
+    "EngineFailed",
+    "GatewayError",
+    "GenerationChanged",
+    "ModelNotFound",
+    "NoReadyReplica",
+    "NotForThisService",
+    "ServiceDraining",
+    "ServiceNotFound",
+    "ServiceSaturated",
+    "ServiceStopped",
+    "StreamInterrupted",
+]
+
+#: Seconds a client is asked to wait before retrying a saturated or draining service.
+RETRY_AFTER = 1
+
+
+class GatewayError(FiccError):
+    """Base class of the gateway's own refusals."""
+
+    status = 502
+    code = "gateway_error"
+
+
+def _retry(kwargs: dict[str, Any], seconds: int = RETRY_AFTER) -> dict[str, Any]:
+    headers = dict(kwargs.pop("headers", None) or {})
+    headers.setdefault("Retry-After", str(seconds))
+    return {**kwargs, "headers": headers}
+
+
+class ServiceNotFound(NotFound):
+    """No published service with this ID in the caller's project."""
+
+    code = "service_not_found"
+
+
+class NotForThisService(Forbidden):
+    """A service-bound invoke credential was presented for another service."""
+
+    code = "credential_not_for_service"
+
+
+class ModelNotFound(NotFound):
+    """The request names a model other than the service's alias."""
+
+    code = "model_not_found"
+
+
+class CapabilityNotServed(NotFound):
+    """The route needs a capability the service's engine does not serve (embeddings)."""
+
+    code = "capability_not_served"
+
+
+class ServiceDraining(GatewayError):
+    """The service is draining: in-flight requests finish, new ones are refused."""
+
+    status = 503
+    code = "service_draining"
+
+    def __init__(self, message: str, **kwargs: Any) -> None:
+        super().__init__(message, **_retry(kwargs))
+
+
+class ServiceStopped(GatewayError):
+    """The service is stopped (or stopped while the response streamed)."""
+
+    status = 503
+    code = "service_stopped"
+
+
+class ServiceSaturated(GatewayError):
+    """Every replica is at its concurrency and the wait queue is full."""
+
+    status = 429
+    code = "service_saturated"
+
+    def __init__(self, message: str, **kwargs: Any) -> None:
+        super().__init__(message, **_retry(kwargs))
+
+
+class NoReadyReplica(GatewayError):
+    """No ready replica could take the request (none ready, all failed, or waited too long)."""
+
+    status = 503
+    code = "no_ready_replica"
+
+    def __init__(self, message: str, **kwargs: Any) -> None:
+        super().__init__(message, **_retry(kwargs))
+
+
+class GenerationChanged(GatewayError):
+    """A new generation of the service was published while the response streamed."""
+
+    status = 503
+    code = "service_generation_changed"
+
+    def __init__(self, message: str, **kwargs: Any) -> None:
+        super().__init__(message, **_retry(kwargs))
+
+
+class DeadlineExceeded(GatewayError):
+    """The request ran past the service's request deadline."""
+
+    status = 504
+    code = "deadline_exceeded"
+
+
+class EngineFailed(GatewayError):
+    """The engine's stream failed after it answered (no replay happens then)."""
+
+    status = 502
+    code = "engine_failed"
+
+
+class StreamInterrupted(GatewayError):
+    """A non-streamed response was cut after its first bytes reached the client."""
+
+    status = 502
+    code = "stream_interrupted"
