@@ -107,6 +107,7 @@ async def open_service(config: Config, *, background: bool = False) -> AsyncIter
         inference.gateway = _gateway(
             live=live, contributors=contributors, auth=auth, metrics=metrics, config=config
         )
+        inference.gateway.usage_sinks.append(inference.usage.record)
         service = Service(
             config=config,
             store=store,
@@ -125,6 +126,7 @@ async def open_service(config: Config, *, background: bool = False) -> AsyncIter
             await nursery.start(acquirer.run)
             await nursery.start(service.contributors.run)
             await nursery.start(Reconciler(inference).run)
+            await nursery.start(inference.usage.run)
             yield service
             nursery.cancel_scope.cancel()
     finally:

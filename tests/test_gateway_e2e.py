@@ -127,6 +127,15 @@ async def test_openai_client_streams_spreads_and_is_cut_by_revocation_and_stop(t
                     nursery.start_soon(trio.to_thread.run_sync, stream_once)
             used = {record.replica for record in list(gateway.usage)[before:]}
             assert len(used) == 2
+            # Usage is kept per service and credential, off the request path.
+            usage = await controller.ok("GET", f"/api/v1/inference/{service_id}/usage")
+            assert usage["totals"]["requests"] == 7
+            assert usage["totals"]["errors"] == 0
+            assert usage["totals"]["prompt_tokens"] > 0
+            assert 7 <= usage["totals"]["completion_tokens"] <= 7 * 8
+            assert [c["credential_id"] for c in usage["by_credential"]] == [credential_id]
+            latest = usage["recent"][0]
+            assert latest["outcome"] == "ok" and latest["ttfb"] <= latest["duration"]
 
             # Revoking the token mid-stream ends it within a second; the engine's slot frees.
             started, cut, box = trio.Event(), trio.Event(), {}

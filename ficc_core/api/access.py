@@ -79,6 +79,7 @@ ROUTE_ACCESS: dict[str, Access] = {
     # managed inference services
     "inference_list": needs(s.INFERENCE_READ),
     "inference_get": needs(s.INFERENCE_READ),
+    "inference_usage": needs(s.INFERENCE_READ),
     "inference_preview": needs(s.INFERENCE_MANAGE),
     "inference_create": needs(*_START),
     "inference_replace": needs(*_START),

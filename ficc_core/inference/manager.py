@@ -45,6 +45,7 @@ from .placement import (
     reservation_from_row,
     reservation_row,
 )
+from .usage import UsageLedger
 
 if TYPE_CHECKING:
     from ..auth import AuthService, Principal
@@ -319,6 +320,8 @@ class InferenceManager:
         self.on_change: Callable[[str], None] = lambda _service_id: None
         #: The gateway (``service.inference.gateway.invoke(...)``); set by ``open_service``.
         self.gateway: Any = None
+        #: Every invoke request's tokens and latency, written in batches.
+        self.usage = UsageLedger(store)
 
     # -- adapters and models ---------------------------------------------------------------
 
@@ -739,6 +742,13 @@ class InferenceManager:
             state="starting",
             reason=None,
         )
+
+    async def usage_summary(
+        self, project_id: str, service_id: str, since: float | None = None
+    ) -> dict[str, Any]:
+        """What the service's invoke requests used: totals, per credential, the latest."""
+        await self.get(project_id, service_id)
+        return await self.usage.summary(service_id, since=since)
 
     # -- invoke tokens -----------------------------------------------------------------------------
 

@@ -178,4 +178,26 @@ MIGRATIONS: list[tuple[str, ...]] = [
         "CREATE INDEX inference_reservations_node ON inference_reservations(node_id)",
         "ALTER TABLE credentials ADD COLUMN service_id TEXT",
     ),
+    # 6: what each invoke request used (tokens, latency), written in batches off the
+    # request path.
+    (
+        """CREATE TABLE inference_usage (
+            id INTEGER PRIMARY KEY,
+            service_id TEXT NOT NULL,
+            generation INTEGER NOT NULL,
+            replica TEXT NOT NULL,
+            node_id TEXT NOT NULL,
+            credential_id TEXT NOT NULL,
+            path TEXT NOT NULL,
+            status INTEGER NOT NULL,
+            outcome TEXT NOT NULL,
+            prompt_tokens INTEGER,
+            completion_tokens INTEGER,
+            queue_wait REAL NOT NULL,
+            ttfb REAL,
+            duration REAL NOT NULL,
+            finished_at REAL NOT NULL
+        )""",
+        "CREATE INDEX inference_usage_service ON inference_usage(service_id, finished_at)",
+    ),
 ]
