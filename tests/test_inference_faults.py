@@ -26,6 +26,18 @@ from .test_agent_processes import ExecutorProcess, _alive, _engine_pids, agent_d
 FAST_NODES = {"unreachable_after": "1s", "lost_after": "3s", "heartbeat_interval": "200ms"}
 
 
+async def _ready_on(controller, node_id: str) -> tuple[str, dict]:
+    """Once the node reports its runtime, start a SmolLM2 service there; wait for ready."""
+    node = await controller.wait_node(node_id)
+    while not node["snapshot"] or not node["snapshot"]["runtimes"]:
+        node = await controller.node(node_id)
+    model_id = await register_smollm2(controller)
+    spec = await llama_spec(controller, model_id, node_ids=(node_id,))
+    created = await controller.ok("POST", "/api/v1/inference", status=201, json=spec)
+    assert (await controller.control(created["id"], "start")).status_code == 200
+    return created["id"], await controller.wait_service(created["id"], _state("ready"))
+
+
 def _state(*states: str):
     return lambda view: view["state"] in states
 
@@ -48,15 +60,7 @@ async def test_a_killed_executor_leaves_an_unknown_replica_that_start_refuses_un
                     controller.url, credential, agent_dir, "--agent-config", str(settings_file)
                 )
                 await executor.wait_connected()
-                node = await controller.wait_node("gpu-1")
-                while not node["snapshot"] or not node["snapshot"]["runtimes"]:
-                    node = await controller.node("gpu-1")
-                model_id = await register_smollm2(controller)
-                spec = await llama_spec(controller, model_id, node_ids=("gpu-1",))
-                created = await controller.ok("POST", "/api/v1/inference", status=201, json=spec)
-                service_id = created["id"]
-                assert (await controller.control(service_id, "start")).status_code == 200
-                ready = await controller.wait_service(service_id, _state("ready"))
+                service_id, ready = await _ready_on(controller, "gpu-1")
                 lost_attempt = ready["replicas"][0]["attempt_id"]
                 [engine_pid] = _engine_pids(agent_dir)
 
@@ -177,15 +181,7 @@ async def test_a_restarted_controller_adopts_the_running_replica_instead_of_laun
         async with trio.open_nursery() as nursery:
             async with open_inference_controller(tmp_path, embedded=False, port=port) as controller:
                 await nursery.start(remote.run)
-                node = await controller.wait_node("gpu-1")
-                while not node["snapshot"] or not node["snapshot"]["runtimes"]:
-                    node = await controller.node("gpu-1")
-                model_id = await register_smollm2(controller)
-                spec = await llama_spec(controller, model_id, node_ids=("gpu-1",))
-                created = await controller.ok("POST", "/api/v1/inference", status=201, json=spec)
-                service_id = created["id"]
-                assert (await controller.control(service_id, "start")).status_code == 200
-                ready = await controller.wait_service(service_id, _state("ready"))
+                service_id, ready = await _ready_on(controller, "gpu-1")
                 attempt = ready["replicas"][0]["attempt_id"]
                 [engine_pid] = _engine_pids(agent_dir)
 

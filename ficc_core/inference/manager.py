@@ -289,6 +289,22 @@ def _write_reservations(tx: Transaction, result: Plan, now: float) -> None:
         )
 
 
+def _reserve(
+    tx: Transaction,
+    service_id: str,
+    specification: Specification,
+    model: ModelContext,
+    now: float,
+) -> Plan:
+    """Place ``specification`` and replace the service's reservations with the plan's."""
+    result = _plan_in(tx, service_id, specification, model)
+    if not result.fits:
+        raise _refuse_plan(result)
+    tx.execute("DELETE FROM inference_reservations WHERE service_id = ?", (service_id,))
+    _write_reservations(tx, result, now)
+    return result
+
+
 class InferenceManager:
     """Operators' requests about inference services, recorded through the :class:`Store`."""
 
@@ -559,11 +575,7 @@ class InferenceManager:
                         details={"id": taken["id"], "alias": specification.alias},
                     )
             self._require_released(tx, service_id, acknowledge=False)
-            result = _plan_in(tx, service_id, specification, model)
-            if not result.fits:
-                raise _refuse_plan(result)
-            tx.execute("DELETE FROM inference_reservations WHERE service_id = ?", (service_id,))
-            _write_reservations(tx, result, now)
+            result = _reserve(tx, service_id, specification, model, now)
             bump(
                 tx,
                 service_id,
@@ -727,11 +739,7 @@ class InferenceManager:
                 " updated_at = ? WHERE service_id = ? AND released = 0",
                 (now, service_id),
             )
-        result = _plan_in(tx, service_id, specification, model)
-        if not result.fits:
-            raise _refuse_plan(result)
-        tx.execute("DELETE FROM inference_reservations WHERE service_id = ?", (service_id,))
-        _write_reservations(tx, result, now)
+        result = _reserve(tx, service_id, specification, model, now)
         bump(
             tx,
             service_id,

@@ -408,14 +408,7 @@ class Reconciler:
             await self._resolve_unknown(service_id, attempt)
             return
         if attempt["plan_digest"] is None:
-            # Never sent to the node: nothing can be running.
-            await self._set_attempt(
-                service_id,
-                attempt["attempt_id"],
-                state="stopped",
-                reason="never_launched",
-                released=1,
-            )
+            await self._never_launched(service_id, attempt, "stopped")
             return
         if attempt["state"] not in ENDED:
             await self._set_attempt(service_id, attempt["attempt_id"], state="stopping")
@@ -440,6 +433,15 @@ class Reconciler:
             state=state,
             reason=attempt["reason"] if state == "failed" else status.reason or "stopped",
             released=1,
+        )
+
+    async def _never_launched(
+        self, service_id: str, attempt: Mapping[str, Any], state: str
+    ) -> None:
+        """An attempt recorded but never sent to its node (the controller stopped between):
+        nothing can be running, so it ends at once."""
+        await self._set_attempt(
+            service_id, attempt["attempt_id"], state=state, reason="never_launched", released=1
         )
 
     async def _embedded(self, node_id: str) -> bool:
@@ -686,14 +688,7 @@ class Reconciler:
             except Exception:
                 log.warning("service %s: cannot recompute capabilities", service_id)
         if attempt["plan_digest"] is None:
-            # Recorded but never sent (the controller stopped before the launch).
-            await self._set_attempt(
-                service_id,
-                attempt["attempt_id"],
-                state="failed",
-                reason="never_launched",
-                released=1,
-            )
+            await self._never_launched(service_id, attempt, "failed")
             return
         fence = _fence(attempt)
         node_id = attempt["node_id"]
