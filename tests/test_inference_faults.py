@@ -205,6 +205,11 @@ async def test_a_restarted_controller_adopts_the_running_replica_instead_of_laun
                 assert _engine_pids(agent_dir) == [engine_pid]
                 [live] = controller.service.live.get(service_id).replicas
                 assert live.fence.attempt_id == attempt
+                # What the adopted engine serves is known without relaunching it.
+                assert controller.service.live.get(service_id).capabilities == (
+                    "chat",
+                    "streaming",
+                )
                 await _engine_metrics(controller, view)
 
                 assert (await controller.control(service_id, "stop")).status_code == 200

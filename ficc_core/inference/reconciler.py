@@ -223,6 +223,23 @@ class Reconciler:
                 latest[attempt["replica"]] = attempt  # ordered by number
         return latest
 
+    async def _ensure_capabilities(
+        self, row: Mapping[str, Any], specification: Specification, driver: _Driver
+    ) -> None:
+        """Know what the engine serves before publishing (an adopted attempt was never
+        launched by this reconciler): the adapter's translation is pure, so ask it."""
+        if driver.capabilities:
+            return
+        try:
+            model = await self._model(row, specification)
+            job = self.manager.adapters[specification.engine].job(
+                specification, model.record, specification.placements[0], model.inputs
+            )
+        except Exception as exc:
+            log.warning("service %s: cannot compute its capabilities: %s", row["id"], exc)
+            return
+        driver.capabilities[0] = tuple(job.capabilities)
+
     def _publish(
         self,
         row: Mapping[str, Any],
@@ -294,6 +311,7 @@ class Reconciler:
         ]
         reason = failures[0] if failures and state != "ready" else None
         await self._set_service(row["id"], state=state, reason=reason)
+        await self._ensure_capabilities(row, specification, driver)
         self._publish(row, specification, attempts, driver, "serving")
 
     async def _drain(
@@ -303,6 +321,7 @@ class Reconciler:
         attempts: list[dict[str, Any]],
         driver: _Driver,
     ) -> None:
+        await self._ensure_capabilities(row, specification, driver)
         self._publish(row, specification, attempts, driver, "draining")
         deadline = row["drain_deadline"] or self.manager.clock()
         remaining = max(0.0, deadline - self.manager.clock())
@@ -678,15 +697,6 @@ class Reconciler:
         driver: _Driver,
     ) -> None:
         """Follow an attempt until it ends (failed or unknown) or the replica task is cancelled."""
-        if index not in driver.capabilities:
-            try:
-                model = await self._model(row, specification)
-                job = self.manager.adapters[specification.engine].job(
-                    specification, model.record, specification.placements[index], model.inputs
-                )
-                driver.capabilities[index] = tuple(job.capabilities)
-            except Exception:
-                log.warning("service %s: cannot recompute capabilities", service_id)
         if attempt["plan_digest"] is None:
             await self._never_launched(service_id, attempt, "failed")
             return
