@@ -195,3 +195,44 @@ async def test_admin_routes_manage_projects_users_and_memberships(client, bootst
 
 async def test_bootstrap_happens_once(service, bootstrap):
     assert await service.auth.bootstrap() is None
+
+
+async def test_verified_credentials_are_checked_in_memory_but_never_past_a_revocation(
+    client, service, bootstrap, monkeypatch
+):
+    from ficc_core.auth import service as auth_service
+
+    token = await issue_token(service, scopes=PROJECT_SCOPES, name="cached")
+    credential_id = token.removeprefix("ficc_").split(".")[0]
+    reads = 0
+    real_read = service.store.read
+
+    async def counting_read(fn):
+        nonlocal reads
+        reads += 1
+        return await real_read(fn)
+
+    monkeypatch.setattr(service.store, "read", counting_read)
+    for _ in range(5):
+        assert (await service.auth.authenticate_bearer(token)).id == credential_id
+    assert reads == 1, "four of the five checks come from memory"
+    # The cache never skips the secret: a forged secret for the same id is refused.
+    forged = token[:-4] + ("AAAA" if not token.endswith("AAAA") else "BBBB")
+    response = await client.get("/api/v1/whoami", headers=bearer(forged))
+    assert response.status_code == 401
+    # A revocation through this controller applies at once.
+    await service.auth.revoke_credential(None, credential_id)
+    response = await client.get("/api/v1/whoami", headers=bearer(token))
+    assert (await response.get_json())["error"]["code"] == "credential_revoked"
+
+    # One written by another process (straight into the database) within the period.
+    monkeypatch.setattr(auth_service, "CREDENTIAL_CACHE_SECONDS", 0.2)
+    other = await issue_token(service, scopes=PROJECT_SCOPES, name="elsewhere")
+    other_id = other.removeprefix("ficc_").split(".")[0]
+    assert (await client.get("/api/v1/whoami", headers=bearer(other))).status_code == 200
+    await service.store.write(
+        lambda tx: tx.execute("UPDATE credentials SET revoked_at = 1 WHERE id = ?", (other_id,))
+    )
+    await trio.sleep(0.3)
+    response = await client.get("/api/v1/whoami", headers=bearer(other))
+    assert (await response.get_json())["error"]["code"] == "credential_revoked"

@@ -7,8 +7,10 @@ scopes are the user's scopes in that project (every scope for an administrator).
 
 from __future__ import annotations
 
+import hmac
 import json
 import time
+from collections import OrderedDict
 from typing import Any, Literal
 
 import attrs
@@ -20,6 +22,10 @@ from . import secrets as sec
 from .scopes import ADMIN, ALL_SCOPES, PROJECT_SCOPES, check_scopes
 
 SESSION_PREFIX = "fs_"
+#: Seconds a verified bearer credential is served from memory (see ``authenticate_bearer``).
+CREDENTIAL_CACHE_SECONDS = 5.0
+#: Credentials kept in that cache, least recently used dropped first.
+CREDENTIAL_CACHE_SIZE = 10_000
 
 
 @attrs.frozen
@@ -101,6 +107,8 @@ class AuthService:
         # Credential and session IDs revoked (or logged out) in this process, so a
         # streaming response can re-check its authority per chunk without SQLite.
         self._revoked: set[str] = set()
+        # Recently verified credentials: id -> (secret hash, principal, monotonic time).
+        self._credentials: OrderedDict[str, tuple[str, Principal, float]] = OrderedDict()
 
     # -- projects -------------------------------------------------------------
 
@@ -341,6 +349,7 @@ class AuthService:
 
     def _mark_revoked(self, principal_id: str) -> None:
         self._revoked.add(principal_id)
+        self._credentials.pop(principal_id, None)
 
     def still_valid(self, principal: Principal, now: float | None = None) -> bool:
         """Whether ``principal`` is still authorised, without touching the store.
@@ -361,13 +370,28 @@ class AuthService:
             raise Unauthenticated("the credential has expired", code="credential_expired")
 
     async def authenticate_bearer(self, token: str) -> Principal:
-        """Return the principal of a bearer token, or raise :class:`Unauthenticated`."""
+        """Return the principal of a bearer token, or raise :class:`Unauthenticated`.
+
+        A credential verified in the last :data:`CREDENTIAL_CACHE_SECONDS` is checked
+        in memory (its secret's hash, revocation here, expiry): the request path does
+        not read SQLite for every request. Revocations through this controller take
+        effect at once; those written by another process within the cache period.
+        """
         parts = sec.split_token(token)
         if parts is None:
             raise Unauthenticated(
                 "the bearer token is not a FICC credential", code="invalid_credential"
             )
         credential_id, secret = parts
+        presented = sec.hash_secret(secret)
+        now = time.monotonic()
+        cached = self._credentials.get(credential_id)
+        if cached is not None and now - cached[2] < CREDENTIAL_CACHE_SECONDS:
+            secret_hash, principal, _ = cached
+            if hmac.compare_digest(presented, secret_hash):
+                self._credentials.move_to_end(credential_id)
+                self.check_valid(principal)
+                return principal
 
         def read(tx: Transaction) -> dict[str, Any] | None:
             return tx.fetch_one(
@@ -378,7 +402,7 @@ class AuthService:
             )
 
         row = await self.store.read(read)
-        if row is None or not sec.secret_matches(secret, row["secret_hash"]):
+        if row is None or not hmac.compare_digest(presented, row["secret_hash"]):
             raise Unauthenticated("the bearer credential is not valid", code="invalid_credential")
         if row["revoked_at"] is not None:
             raise Unauthenticated(
@@ -386,7 +410,7 @@ class AuthService:
             )
         if row["expires_at"] is not None and row["expires_at"] <= time.time():
             raise Unauthenticated("the bearer credential has expired", code="credential_expired")
-        return Principal(
+        principal = Principal(
             kind="credential",
             id=row["id"],
             project_id=row["project_id"],
@@ -398,6 +422,11 @@ class AuthService:
             expires_at=row["expires_at"],
             service_id=row["service_id"],
         )
+        self._credentials[credential_id] = (row["secret_hash"], principal, now)
+        self._credentials.move_to_end(credential_id)
+        while len(self._credentials) > CREDENTIAL_CACHE_SIZE:
+            self._credentials.popitem(last=False)
+        return principal
 
     # -- browser sessions -----------------------------------------------------
 
