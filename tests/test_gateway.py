@@ -388,3 +388,57 @@ async def test_the_internal_seam_relays_and_cancels_without_http(tmp_path):
             with pytest.raises(FiccError) as caught:
                 await gateway.invoke("svc", "/v1/chat/completions", b"{}", actor)
             assert caught.value.code == "invalid_request"
+
+
+async def test_a_browser_session_invokes_through_the_quart_routes_like_a_bearer_does(tmp_path):
+    # Bearer requests take the direct ASGI path; cookie sessions go through Quart's
+    # routes. Both answer the same way.
+    import httpx
+
+    with trio.fail_after(60):
+        async with gateway_env(tmp_path) as env:
+            fence = await env.launch()
+            env.publish("svc", [fence])
+            _, token = await env.token("svc")
+            password = "a long enough password"
+            await env.service.auth.create_user(
+                "viewer", password, projects={"default": frozenset({"inference:invoke"})}
+            )
+            async with (
+                httpx.AsyncClient(base_url=env.url, timeout=30) as browser,
+                env.http(token) as bearer,
+            ):
+                login = await browser.post(
+                    "/api/v1/session",
+                    json={"username": "viewer", "password": password, "project": "default"},
+                )
+                assert login.status_code == 201, login.text
+                csrf = {"X-CSRF-Token": login.json()["csrf_token"]}
+                answers = {}
+                for name, http, headers in (("cookie", browser, csrf), ("bearer", bearer, {})):
+                    response = await http.post(
+                        "/api/v1/inference/svc/v1/chat/completions",
+                        headers=headers,
+                        json=chat(stream=True, deltas=3),
+                    )
+                    assert response.status_code == 200, (name, response.text)
+                    assert response.headers["content-type"].startswith("text/event-stream")
+                    assert response.headers["cache-control"] == "no-cache"
+                    answers[name] = [
+                        line for line in response.text.splitlines() if line.startswith("data:")
+                    ]
+                    refused = await http.post(
+                        "/api/v1/inference/svc/v1/chat/completions",
+                        headers=headers,
+                        json={"model": ALIAS, "messages": "not a list"},
+                    )
+                    assert refused.status_code == 400
+                    assert refused.json()["error"]["code"] == "invalid_request"
+                # The same events either way (ids and timestamps aside).
+                assert len(answers["cookie"]) == len(answers["bearer"]) > 3
+                # Without the CSRF header the cookie is refused, as on every route.
+                response = await browser.post(
+                    "/api/v1/inference/svc/v1/chat/completions", json=chat(deltas=1)
+                )
+                assert response.status_code == 403
+                assert response.json()["error"]["code"] == "csrf_failed"

@@ -49,10 +49,15 @@ _HTTP_CODES = {
 }
 
 
+def error_response_bytes(error: FiccError) -> bytes:
+    """The one JSON error envelope of ``error``, encoded."""
+    return _json_bytes(error.envelope())
+
+
 def error_response(error: FiccError) -> Response:
     """Render ``error`` as the one JSON error envelope."""
     response = Response(
-        _json_bytes(error.envelope()), status=error.status, content_type="application/json"
+        error_response_bytes(error), status=error.status, content_type="application/json"
     )
     for name, value in error.headers.items():
         response.headers[name] = value
