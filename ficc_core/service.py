@@ -125,7 +125,8 @@ async def open_service(config: Config, *, background: bool = False) -> AsyncIter
         async with trio.open_nursery() as nursery:
             await nursery.start(acquirer.run)
             await nursery.start(service.contributors.run)
-            await nursery.start(Reconciler(inference).run)
+            inference.reconciler = Reconciler(inference)
+            await nursery.start(inference.reconciler.run)
             await nursery.start(inference.usage.run)
             yield service
             nursery.cancel_scope.cancel()

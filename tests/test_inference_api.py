@@ -432,3 +432,33 @@ async def test_an_invoke_token_is_bound_to_its_service_shown_once_and_revocable(
         "DELETE", f"/api/v1/inference/{service_id}/tokens/{project_token}"
     )
     assert response.status_code == 404
+
+
+async def test_a_start_arriving_while_the_driver_settles_a_stop_is_acted_on(
+    controller, monkeypatch
+):
+    # The driver of a just-submitted (stopped) service finishes once it has settled;
+    # a start recorded while it settles must be acted on, never lost in between.
+    await _gpu_node(controller, "gpu-1")
+    model_id = await _tiny_model(controller)
+    reconciler = controller.service.inference.reconciler
+    settling = trio.Event()
+    original = reconciler._stop_all
+
+    async def slow_stop_all(*args, **kwargs):
+        result = await original(*args, **kwargs)
+        settling.set()
+        await trio.sleep(0.2)  # the window in which the start arrives
+        return result
+
+    monkeypatch.setattr(reconciler, "_stop_all", slow_stop_all)
+    spec = _spec(model_id, _placement("gpu-1"))
+    created = await controller.ok("POST", "/api/v1/inference", status=201, json=spec)
+    with trio.fail_after(10):
+        await settling.wait()
+        response = await controller.control(created["id"], "start", revision=created["revision"])
+        assert response.status_code == 200, response.text
+        # The node cannot be reached, so the attempt fails; what matters is that one is made.
+        await controller.wait_service(
+            created["id"], lambda v: v["replicas"][0]["attempt"] is not None
+        )

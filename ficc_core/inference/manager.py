@@ -336,6 +336,8 @@ class InferenceManager:
         self.on_change: Callable[[str], None] = lambda _service_id: None
         #: The gateway (``service.inference.gateway.invoke(...)``); set by ``open_service``.
         self.gateway: Any = None
+        #: The reconciler driving these services (set when the controller runs one).
+        self.reconciler: Any = None
         #: Every invoke request's tokens and latency, written in batches.
         self.usage = UsageLedger(store)
 

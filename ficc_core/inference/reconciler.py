@@ -63,6 +63,9 @@ class _ReplicaTask:
 class _Driver:
     scope: trio.CancelScope
     wake: trio.Event = attrs.Factory(trio.Event)
+    #: Set (with no checkpoint before the task ends) once the driver decided to finish:
+    #: a later wake starts a new driver instead of waking this one.
+    finished: bool = False
     replicas: dict[int, _ReplicaTask] = attrs.Factory(dict)
     capabilities: dict[int, tuple[str, ...]] = attrs.Factory(dict)
 
@@ -117,7 +120,7 @@ class Reconciler:
     def wake(self, service_id: str) -> None:
         """Make the service's driver act now (starting one if there is none)."""
         driver = self._drivers.get(service_id)
-        if driver is not None:
+        if driver is not None and not driver.finished:
             driver.wake.set()
             return
         if self._nursery is None:
@@ -188,7 +191,10 @@ class Reconciler:
                     while True:
                         driver.wake = trio.Event()
                         done = await self._step(service_id, driver, nursery)
-                        if done:
+                        # A change recorded while the step ran (a start right after a stop
+                        # settled) is acted on before the driver may finish.
+                        if done and not driver.wake.is_set():
+                            driver.finished = True
                             nursery.cancel_scope.cancel()
                             return
                         with trio.move_on_after(self.period):
