@@ -77,6 +77,9 @@ async def test_openai_client_lists_models_and_chats_json_and_streamed(tmp_path):
                 response = await http.post("/api/v1/inference/svc/v1/chat/completions", json=body)
             assert response.status_code == 200, response.text
             assert response.json()["model"] == ALIAS
+            # A whole JSON answer goes out as one body with its length, not chunked.
+            assert response.headers["content-length"] == str(len(response.content))
+            assert "transfer-encoding" not in response.headers
 
             usage = [u for u in env.gateway.usage if u.path == "/v1/chat/completions"]
             assert [(u.prompt_tokens, u.completion_tokens) for u in usage] == [

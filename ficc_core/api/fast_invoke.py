@@ -157,6 +157,24 @@ class FastInvoke:
         await send({"type": "http.response.start", "status": error.status, "headers": headers})
         await send({"type": "http.response.body", "body": error_response_bytes(error)})
 
+    async def _whole(
+        self, send: Send, status: int, headers: list[tuple[bytes, bytes]], chunks: Any
+    ) -> bool:
+        """Send a non-streamed answer as one body with its length, if it is all there.
+
+        The gateway reads a JSON answer to its end before ``invoke`` returns (up to its
+        prefetch bound), so this is one write instead of a chunked body. Returns False,
+        having sent nothing, for a longer answer, which then streams as usual.
+        """
+        pending = chunks.take_pending()
+        if pending is None:
+            return False
+        body = b"".join(pending)
+        headers.append((b"content-length", str(len(body)).encode("ascii")))
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+        return True
+
     async def _relay(
         self,
         receive: Receive,
@@ -173,6 +191,9 @@ class FastInvoke:
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(watch_disconnect, nursery.cancel_scope)
+                if not chunks.streaming and await self._whole(send, status, headers, chunks):
+                    nursery.cancel_scope.cancel()
+                    return
                 await send({"type": "http.response.start", "status": status, "headers": headers})
                 try:
                     async for chunk in chunks:

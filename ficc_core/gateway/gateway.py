@@ -197,6 +197,18 @@ class ResponseChunks:
     def __aiter__(self) -> ResponseChunks:
         return self
 
+    def take_pending(self) -> list[bytes] | None:
+        """The whole body when it is already read to its end (a prefetched JSON answer).
+
+        Returns the chunks and leaves the iterator exhausted, or None (taking nothing)
+        when more of the body is still to come from the engine.
+        """
+        if not self._done:
+            return None
+        pending = list(self._pending)
+        self._pending.clear()
+        return pending
+
     async def __anext__(self) -> bytes:
         if self._pending:
             return self._pending.popleft()
