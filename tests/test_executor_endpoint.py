@@ -108,3 +108,123 @@ async def test_a_large_body_comes_back_in_chunks_of_at_most_64_kib():
     assert "x-engine" in names and "content-length" not in names and "connection" not in names
     assert sum(sizes) == 1024 * 1024
     assert max(sizes) <= 64 * 1024
+
+
+class _KeepAliveEngine:
+    """An HTTP/1.1 engine that keeps connections open, numbering them.
+
+    With ``close_after_answer``, it closes each connection right after answering
+    without saying so (as an engine's idle-connection timeout does).
+    """
+
+    def __init__(self, *, close_after_answer: bool = False, slow: bool = False) -> None:
+        self.connections = 0
+        self.close_after_answer = close_after_answer
+        self.slow = slow
+
+    async def __call__(self, stream: trio.SocketStream) -> None:
+        import h11
+
+        self.connections += 1
+        number = self.connections
+        conn = h11.Connection(h11.SERVER)
+        answered = 0
+        try:
+            while True:
+                event = conn.next_event()
+                if event is h11.NEED_DATA:
+                    data = await stream.receive_some(65536)
+                    if not data:
+                        return
+                    conn.receive_data(data)
+                elif isinstance(event, h11.Request):
+                    answered += 1
+                    body = f"connection {number} request {answered}".encode()
+                    if self.slow:
+                        await stream.send_all(
+                            conn.send(h11.Response(status_code=200, headers=[]))
+                            + conn.send(h11.Data(data=b"x" * 65536))
+                        )
+                        await trio.sleep_forever()
+                    await stream.send_all(
+                        conn.send(
+                            h11.Response(
+                                status_code=200, headers=[("content-length", str(len(body)))]
+                            )
+                        )
+                        + conn.send(h11.Data(data=body))
+                        + conn.send(h11.EndOfMessage())
+                    )
+                    if self.close_after_answer:
+                        return
+                elif isinstance(event, h11.EndOfMessage):
+                    conn.start_next_cycle()
+                elif not isinstance(event, h11.Data):
+                    return
+        except (trio.BrokenResourceError, h11.ProtocolError):
+            return
+        finally:
+            await stream.aclose()
+
+
+async def _answers(engine: _KeepAliveEngine, count: int, *, cancel_first: bool = False):
+    directory = Path(tempfile.mkdtemp(prefix="fk-", dir="/tmp"))
+    path = str(directory / "engine.sock")
+    listener_socket = trio.socket.socket(trio.socket.AF_UNIX, trio.socket.SOCK_STREAM)
+    await listener_socket.bind(path)
+    listener_socket.listen()
+    listener = trio.SocketListener(listener_socket)
+    streams = EndpointStreams()
+    fence = _fence()
+    answers = []
+    try:
+        with trio.fail_after(30):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(trio.serve_listeners, engine, [listener])
+                await nursery.start(streams.run)
+                streams.attach(
+                    fence, EndpointContract.unix(["/chat"]), partial(trio.open_unix_socket, path)
+                )
+                if cancel_first:
+                    await streams.open(fence, "cut", "POST", "/chat", {}, b"{}")
+                    assert isinstance(await streams.read(fence, "cut"), ResponseHead)
+                    await streams.cancel(fence, "cut")
+                    engine.slow = False
+                for index in range(count):
+                    await streams.open(fence, f"s{index}", "POST", "/chat", {}, b"{}")
+                    body = b""
+                    while not isinstance(
+                        event := await streams.read(fence, f"s{index}"), EndOfStream
+                    ):
+                        if isinstance(event, BodyChunk):
+                            body += event.data
+                        else:
+                            assert isinstance(event, ResponseHead), event
+                    answers.append(body.decode())
+                streams.detach(fence.attempt_id)
+                nursery.cancel_scope.cancel()
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    return answers
+
+
+async def test_engine_connections_are_kept_open_between_requests():
+    engine = _KeepAliveEngine()
+    answers = await _answers(engine, 5)
+    assert answers == [f"connection 1 request {n}" for n in range(1, 6)]
+    assert engine.connections == 1
+
+
+async def test_a_connection_the_engine_closed_while_idle_is_replaced_and_the_request_sent_again():
+    engine = _KeepAliveEngine(close_after_answer=True)
+    answers = await _answers(engine, 3)
+    # Each reuse finds the connection closed, so each request goes out on a new one.
+    assert answers == [f"connection {n} request 1" for n in range(1, 4)]
+    assert engine.connections == 3
+
+
+async def test_a_cancelled_stream_never_leaves_its_connection_for_reuse():
+    engine = _KeepAliveEngine(slow=True)
+    answers = await _answers(engine, 2, cancel_first=True)
+    # The cut connection was closed; the next requests share a new one.
+    assert answers == ["connection 2 request 1", "connection 2 request 2"]

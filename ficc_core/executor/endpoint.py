@@ -121,12 +121,33 @@ class _Stream:
 
 
 @attrs.define(eq=False)
+class _Connection:
+    """An engine connection and its HTTP/1.1 state, kept between requests when it can be."""
+
+    sock: trio.abc.Stream
+    conn: h11.Connection = attrs.field(factory=lambda: h11.Connection(h11.CLIENT))
+    idle_since: float = 0.0
+
+
+@attrs.define(eq=False)
 class _Attempt:
     fence: Fence
     contract: EndpointContract
     connect: Connector
     inputs: dict[str, str] = attrs.field(factory=dict)
     streams: dict[str, _Stream] = attrs.field(factory=dict)
+    #: Engine connections whose last exchange completed cleanly, most recent last.
+    idle: list[_Connection] = attrs.field(factory=list)
+    detached: bool = False
+
+
+#: Engine connections kept open per attempt for the next requests (HTTP/1.1 keep-alive).
+IDLE_CONNECTIONS = 32
+#: Seconds an idle engine connection may wait for reuse before it is closed instead.
+IDLE_CONNECTION_SECONDS = 20.0
+#: What _exchange_once returns when a reused connection turned out to be closed by the
+#: engine before it answered: the request is sent again on a new connection.
+_STALE = object()
 
 
 class EndpointStreams:
@@ -185,6 +206,9 @@ class EndpointStreams:
         attempt = self._attempts.pop(attempt_id, None)
         if attempt is None:
             return
+        attempt.detached = True
+        self._drop_idle(attempt, attempt.idle)
+        attempt.idle = []
         for stream in list(attempt.streams.values()):
             self._close(
                 attempt, stream, StreamFailed(code="attempt_ended", message="the attempt ended")
@@ -426,56 +450,131 @@ class EndpointStreams:
         body: bytes,
         upload: tuple[str, int] | None = None,
     ) -> StreamFailed | None:
-        try:
-            sock = await attempt.connect()
-        except OSError as exc:
-            return StreamFailed(
-                code="engine_unavailable", message=f"cannot reach the engine: {exc}"
+        """Send the request on an idle engine connection (or a new one) and relay the answer.
+
+        A reused connection the engine had closed meanwhile (no byte of an answer came
+        back) is replaced by a new one and the request sent again, once.
+        """
+        connection = None if upload is not None else self._take_idle(attempt)
+        while True:
+            if connection is None:
+                try:
+                    connection = _Connection(await attempt.connect())
+                except OSError as exc:
+                    return StreamFailed(
+                        code="engine_unavailable", message=f"cannot reach the engine: {exc}"
+                    )
+                reused = False
+            else:
+                reused = True
+            result = await self._exchange_once(
+                attempt, stream, connection, method, target, headers, body, upload, reused
             )
-        async with sock:
-            conn = h11.Connection(h11.CLIENT)
-            try:
-                if upload is None:
-                    await sock.send_all(_request_bytes(conn, method, target, headers, body))
+            if result is not _STALE:
+                return result  # type: ignore[return-value]
+            connection = None
+
+    async def _exchange_once(
+        self,
+        attempt: _Attempt,
+        stream: _Stream,
+        connection: _Connection,
+        method: str,
+        target: str,
+        headers: list[tuple[str, str]],
+        body: bytes,
+        upload: tuple[str, int] | None,
+        reused: bool,
+    ) -> StreamFailed | object | None:
+        sock, conn = connection.sock, connection.conn
+        answered = kept = False
+        try:
+            if upload is None:
+                await sock.send_all(
+                    _request_bytes(conn, method, target, headers, body, keep_alive=True)
+                )
+            else:
+                await _send_file(conn, sock, method, target, headers, *upload)
+            while True:
+                event = conn.next_event()
+                if event is h11.NEED_DATA:
+                    # Backpressure: read nothing more while the reader is behind.
+                    await stream.wait_room()
+                    data = await sock.receive_some(CHUNK_SIZE)
+                    if not data and reused and not answered:
+                        return _STALE
+                    conn.receive_data(data)
+                elif isinstance(event, h11.Response):
+                    answered = True
+                    await stream.put(
+                        ResponseHead(status=event.status_code, headers=_response_headers(event))
+                    )
+                elif isinstance(event, h11.Data):
+                    data = bytes(event.data)
+                    for start in range(0, len(data), CHUNK_SIZE):
+                        await stream.put(BodyChunk(data[start : start + CHUNK_SIZE]))
+                elif isinstance(event, h11.EndOfMessage):
+                    # Back in the pool before the reader learns of the end, so the
+                    # reader's next request finds it.
+                    kept = self._keep(attempt, connection)
+                    await stream.put(EndOfStream())
+                    return None
                 else:
-                    await _send_file(conn, sock, method, target, headers, *upload)
-                while True:
-                    event = conn.next_event()
-                    if event is h11.NEED_DATA:
-                        # Backpressure: read nothing more while the reader is behind.
-                        await stream.wait_room()
-                        conn.receive_data(await sock.receive_some(CHUNK_SIZE))
-                    elif isinstance(event, h11.Response):
-                        await stream.put(
-                            ResponseHead(status=event.status_code, headers=_response_headers(event))
-                        )
-                    elif isinstance(event, h11.Data):
-                        data = bytes(event.data)
-                        for start in range(0, len(data), CHUNK_SIZE):
-                            await stream.put(BodyChunk(data[start : start + CHUNK_SIZE]))
-                    elif isinstance(event, h11.EndOfMessage):
-                        await stream.put(EndOfStream())
-                        return None
-                    else:
-                        return StreamFailed(
-                            code="engine_closed", message="the engine closed the connection early"
-                        )
-            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-                return StreamFailed(
-                    code="engine_closed", message=f"the engine connection broke: {exc}"
-                )
-            except h11.ProtocolError as exc:
-                return StreamFailed(
-                    code="bad_response", message=f"the engine sent invalid HTTP: {exc}"
-                )
+                    return StreamFailed(
+                        code="engine_closed", message="the engine closed the connection early"
+                    )
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            if reused and not answered:
+                return _STALE
+            return StreamFailed(code="engine_closed", message=f"the engine connection broke: {exc}")
+        except h11.ProtocolError as exc:
+            return StreamFailed(code="bad_response", message=f"the engine sent invalid HTTP: {exc}")
+        finally:
+            if not kept:
+                await trio.aclose_forcefully(sock)
+
+    def _keep(self, attempt: _Attempt, connection: _Connection) -> bool:
+        """Put a connection whose exchange completed back in the attempt's idle pool."""
+        conn = connection.conn
+        if (
+            conn.our_state is not h11.DONE
+            or conn.their_state is not h11.DONE
+            or attempt.detached
+            or len(attempt.idle) >= IDLE_CONNECTIONS
+        ):
+            return False
+        conn.start_next_cycle()
+        connection.idle_since = trio.current_time()
+        attempt.idle.append(connection)
+        return True
+
+    def _take_idle(self, attempt: _Attempt) -> _Connection | None:
+        """The most recently used idle connection still young enough, or None."""
+        oldest = trio.current_time() - IDLE_CONNECTION_SECONDS
+        expired = [c for c in attempt.idle if c.idle_since < oldest]
+        if expired:
+            attempt.idle = [c for c in attempt.idle if c.idle_since >= oldest]
+            self._drop_idle(attempt, expired)
+        return attempt.idle.pop() if attempt.idle else None
+
+    def _drop_idle(self, attempt: _Attempt, connections: list[_Connection]) -> None:
+        for connection in connections:
+            if self._nursery is not None:
+                self._nursery.start_soon(trio.aclose_forcefully, connection.sock)
 
 
 def _request_bytes(
-    conn: h11.Connection, method: str, target: str, headers: list[tuple[str, str]], body: bytes
+    conn: h11.Connection,
+    method: str,
+    target: str,
+    headers: list[tuple[str, str]],
+    body: bytes,
+    *,
+    keep_alive: bool = False,
 ) -> bytes:
     all_headers = [
         ("host", "engine"),
-        ("connection", "close"),
+        *(() if keep_alive else (("connection", "close"),)),
         ("content-length", str(len(body))),
         *headers,
     ]
