@@ -189,11 +189,11 @@ class FastInvoke:
             cancel_scope.cancel()
 
         try:
+            # A whole JSON answer is already read: one write, nothing left to cancel.
+            if not chunks.streaming and await self._whole(send, status, headers, chunks):
+                return
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(watch_disconnect, nursery.cancel_scope)
-                if not chunks.streaming and await self._whole(send, status, headers, chunks):
-                    nursery.cancel_scope.cancel()
-                    return
                 await send({"type": "http.response.start", "status": status, "headers": headers})
                 try:
                     async for chunk in chunks:
