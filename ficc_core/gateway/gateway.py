@@ -472,6 +472,8 @@ class Gateway:
                 f"The model `{model}` does not exist: this service serves `{view.alias}`",
                 details={"model": model, "served": view.alias},
             )
+        # The client's bytes go to the engine unchanged unless something must be set.
+        changed = model is None or not isinstance(body, bytes | bytearray | memoryview)
         document["model"] = view.alias
         stream = document.get("stream", False)
         if not isinstance(stream, bool):
@@ -496,7 +498,9 @@ class Gateway:
                             "errors": [{"path": "$.stream_options", "message": "expected object"}]
                         },
                     )
-                document["stream_options"] = {**options, "include_usage": True}
+                if options.get("include_usage") is not True:
+                    document["stream_options"] = {**options, "include_usage": True}
+                    changed = True
         elif path == "/v1/embeddings":
             stream = False
             if not isinstance(document.get("input"), str | list):
@@ -506,6 +510,8 @@ class Gateway:
                         "errors": [{"path": "$.input", "message": "expected string or array"}]
                     },
                 )
+        if not changed:
+            return bytes(body), stream  # type: ignore[arg-type]
         encoded = json.dumps(document, separators=(",", ":"), ensure_ascii=False).encode()
         return encoded, stream
 
