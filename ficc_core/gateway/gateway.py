@@ -42,6 +42,7 @@ engine request at once when the response did not end by itself.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import math
@@ -127,6 +128,16 @@ class UsageRecord:
     ttfb: float | None
     duration: float
     finished_at: float
+
+
+@attrs.frozen
+class _Series:
+    """The labelled metric children of one (service, replica), looked up once."""
+
+    inflight: Any
+    requests: Any
+    ttft: Any
+    duration: Any
 
 
 @attrs.define(eq=False)
@@ -332,6 +343,11 @@ class Gateway:
         self.usage_sinks: list[Callable[[UsageRecord], None]] = []
         self._load: dict[str, int] = {}
         self._queues: dict[str, _Queue] = {}
+        # Stream IDs: unique per gateway (a random prefix, then a counter), cheap to make.
+        self._stream_prefix = f"g{uuid.uuid4().hex[:8]}-"
+        self._stream_numbers = itertools.count(1)
+        # Labelled metric series per (service, replica), made once.
+        self._series: dict[tuple[str, str], _Series] = {}
 
     # -- the seam ------------------------------------------------------------------------------
 
@@ -534,10 +550,22 @@ class Gateway:
                     best = replica
         return best
 
+    def _series_of(self, service_id: str, key: str) -> _Series:
+        series = self._series.get((service_id, key))
+        if series is None:
+            metrics = self.metrics
+            series = self._series[(service_id, key)] = _Series(
+                inflight=metrics.gateway_inflight.labels(service_id, key),
+                requests=metrics.gateway_requests.labels(service_id, key),
+                ttft=metrics.gateway_ttft.labels(service_id, key),
+                duration=metrics.gateway_duration.labels(service_id, key),
+            )
+        return series
+
     def _take(self, request: _Request, replica: LiveReplica) -> None:
         self._load[replica.key] = self._load.get(replica.key, 0) + 1
         request.replica, request.holds_slot = replica, True
-        self.metrics.gateway_inflight.labels(request.service_id, replica.key).inc()
+        self._series_of(request.service_id, replica.key).inflight.inc()
 
     def _release(self, request: _Request) -> None:
         if not request.holds_slot or request.replica is None:
@@ -549,7 +577,7 @@ class Gateway:
             self._load[key] = left
         else:
             self._load.pop(key, None)
-        self.metrics.gateway_inflight.labels(request.service_id, key).dec()
+        self._series_of(request.service_id, key).inflight.dec()
         queue = self._queues.get(request.service_id)
         if queue is not None:
             queue.kick()
@@ -648,7 +676,7 @@ class Gateway:
                 )
             replica = request.replica
             assert replica is not None
-            request.stream_id = uuid.uuid4().hex
+            request.stream_id = f"{self._stream_prefix}{next(self._stream_numbers)}"
             request.opened = request.ended = False
             failure: FiccError | None = None
             head: ReadEvent | FiccError | None = None
@@ -672,7 +700,7 @@ class Gateway:
             if isinstance(head, ResponseHead) and not (
                 head.status == 503 and attempt + 1 < self.max_attempts
             ):
-                self.metrics.gateway_requests.labels(request.service_id, replica.key).inc()
+                self._series_of(request.service_id, replica.key).requests.inc()
                 return await self._answer(request, head)
             if failure is None:
                 failure = FiccError(
@@ -831,10 +859,11 @@ class Gateway:
         if outcome not in ("ok", "cancelled"):
             self.metrics.gateway_errors.labels(service, key, outcome).inc()
         ttfb = None if request.first_byte is None else request.first_byte - request.started
+        series = self._series_of(service, key)
         if ttfb is not None:
-            self.metrics.gateway_ttft.labels(service, key).observe(ttfb)
+            series.ttft.observe(ttfb)
         duration = now - request.started
-        self.metrics.gateway_duration.labels(service, key).observe(duration)
+        series.duration.observe(duration)
         prompt, completion = _usage(request.prev_chunk + request.last_chunk)
         if prompt:
             self.metrics.gateway_tokens.labels(service, key, "prompt").inc(prompt)

@@ -13,8 +13,6 @@ The gateway reports in-flight requests back (:meth:`LiveTable.enter` /
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Literal
 
 import attrs
@@ -72,6 +70,22 @@ class LiveService:
     replicas: tuple[LiveReplica, ...] = ()
 
 
+class _InFlight:
+    """One request counted in flight (a plain context manager: it is on every request)."""
+
+    __slots__ = ("service_id", "table")
+
+    def __init__(self, table: LiveTable, service_id: str) -> None:
+        self.table = table
+        self.service_id = service_id
+
+    def __enter__(self) -> None:
+        self.table._enter(self.service_id)
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.table._leave(self.service_id)
+
+
 class LiveTable:
     """Published service views, change events, and in-flight request counts."""
 
@@ -117,21 +131,22 @@ class LiveTable:
         """Requests to ``service_id`` being served now."""
         return self._inflight.get(service_id, 0)
 
-    @contextmanager
-    def request(self, service_id: str) -> Iterator[None]:
-        """Count one request to ``service_id`` in flight for the duration of the block."""
+    def request(self, service_id: str) -> _InFlight:
+        """Count one request to ``service_id`` in flight for the duration of a ``with`` block."""
+        return _InFlight(self, service_id)
+
+    def _enter(self, service_id: str) -> None:
         self._inflight[service_id] = self._inflight.get(service_id, 0) + 1
-        try:
-            yield
-        finally:
-            left = self._inflight[service_id] - 1
-            if left:
-                self._inflight[service_id] = left
-            else:
-                del self._inflight[service_id]
-                idle = self._idle.pop(service_id, None)
-                if idle is not None:
-                    idle.set()
+
+    def _leave(self, service_id: str) -> None:
+        left = self._inflight[service_id] - 1
+        if left:
+            self._inflight[service_id] = left
+        else:
+            del self._inflight[service_id]
+            idle = self._idle.pop(service_id, None)
+            if idle is not None:
+                idle.set()
 
     async def wait_idle(self, service_id: str) -> None:
         """Return once no request to ``service_id`` is in flight."""
