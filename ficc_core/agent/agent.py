@@ -306,7 +306,8 @@ class Agent:
     # -- leases ---------------------------------------------------------------------------------
 
     def _lease(self, fence: Fence) -> Lease:
-        check_fence({key: lease.fence for key, lease in self._leases.items()}, fence)
+        held = self._leases.get(fence.attempt_id)
+        check_fence({} if held is None else {fence.attempt_id: held.fence}, fence)
         return self._leases[fence.attempt_id]
 
     def _wake(self) -> None:

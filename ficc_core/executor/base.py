@@ -297,7 +297,8 @@ class SupervisingProvider:
     # -- supervision -------------------------------------------------------------------
 
     def _attempt(self, fence: Fence) -> ExecutorAttempt:
-        check_fence({k: a.fence for k, a in self._attempts.items()}, fence)
+        held = self._attempts.get(fence.attempt_id)
+        check_fence({} if held is None else {fence.attempt_id: held.fence}, fence)
         return self._attempts[fence.attempt_id]
 
     def _status(self, attempt: ExecutorAttempt, tail: Sequence[str] = ()) -> AttemptStatus:

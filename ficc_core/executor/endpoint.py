@@ -384,7 +384,8 @@ class EndpointStreams:
                     return status, body
 
     def _attempt(self, fence: Fence) -> _Attempt:
-        check_fence({k: a.fence for k, a in self._attempts.items()}, fence)
+        held = self._attempts.get(fence.attempt_id)
+        check_fence({} if held is None else {fence.attempt_id: held.fence}, fence)
         return self._attempts[fence.attempt_id]
 
     def _stream(self, fence: Fence, stream_id: str) -> tuple[_Attempt, _Stream]:
