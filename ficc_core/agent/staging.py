@@ -342,6 +342,38 @@ class Stager:
             await self._record(staged, _Seen(info.st_size, info.st_mtime_ns))
 
 
+def tree_listing(
+    files: Mapping[str, tuple[str, int]],
+) -> tuple[list[tuple[str, str, int]], str]:
+    """A directory input's files, sorted as ``(path, hex digest, size)``, and its tree name.
+
+    The name is the sha256 of the listing, so the same files make the same tree on
+    every node. Absolute paths and ``.``/``..`` or empty segments are refused.
+    """
+    listing = sorted((path, _hex(digest), size) for path, (digest, size) in files.items())
+    for path, _digest, _size in listing:
+        parts = path.split("/")
+        if path.startswith("/") or any(part in ("", ".", "..") for part in parts):
+            raise StagingError(f"unsafe path in a directory input: {path!r}", code="unsafe_path")
+    return listing, hashlib.sha256(json.dumps(listing).encode()).hexdigest()
+
+
+def assemble_tree(root: Path, sources: Mapping[str, Path]) -> None:
+    """Build ``root`` from ``relative path -> source file`` (hard links, else read-only
+    copies), atomically: a half-built tree is never at ``root``. Blocking."""
+    building = root.with_name(root.name + ".building")
+    shutil.rmtree(building, ignore_errors=True)
+    for path, source in sources.items():
+        target = building / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(source, target)
+        except OSError:
+            shutil.copyfile(source, target)
+            target.chmod(0o444)
+    os.replace(building, root)
+
+
 async def stage_directory(stager: Stager, files: Mapping[str, tuple[str, int]]) -> Path:
     """Stage a directory model (``relative path -> (digest, size)``); return its local root.
 
@@ -350,12 +382,7 @@ async def stage_directory(stager: Stager, files: Mapping[str, tuple[str, int]]) 
     when a blob lives on another filesystem, a shared directory), read-only. The
     same listing is assembled once and reused.
     """
-    listing = sorted((path, _hex(digest), size) for path, (digest, size) in files.items())
-    for path, _digest, _size in listing:
-        parts = path.split("/")
-        if path.startswith("/") or any(part in ("", ".", "..") for part in parts):
-            raise StagingError(f"unsafe path in a directory input: {path!r}", code="unsafe_path")
-    name = hashlib.sha256(json.dumps(listing).encode()).hexdigest()
+    listing, name = tree_listing(files)
     root = stager.cache_dir / "trees" / name
     if await trio.to_thread.run_sync(root.is_dir):
         return root
@@ -368,20 +395,7 @@ async def stage_directory(stager: Stager, files: Mapping[str, tuple[str, int]]) 
         for path, digest, size in listing:
             nursery.start_soon(one, path, digest, size)
 
-    def assemble() -> None:
-        building = root.with_name(root.name + ".building")
-        shutil.rmtree(building, ignore_errors=True)
-        for path, source in staged.items():
-            target = building / path
-            target.parent.mkdir(parents=True, exist_ok=True)
-            try:
-                os.link(source, target)
-            except OSError:
-                shutil.copyfile(source, target)
-                target.chmod(0o444)
-        os.replace(building, root)
-
-    await trio.to_thread.run_sync(assemble)
+    await trio.to_thread.run_sync(assemble_tree, root, staged)
     return root
 
 

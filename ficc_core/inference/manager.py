@@ -387,9 +387,11 @@ class InferenceManager:
             directories: dict[str, dict[str, tuple[str, int]]] = {}
             metadata = await self._gguf_metadata(model["digest"], path)
         else:
-            root = self.config.data_dir / "models" / model["digest"].removeprefix("sha256:")
-            inputs = (JobInput(id="model", path=str(root)),)
-            directories = {"model": {p: (f.sha256, f.size) for p, f in files.items()}}
+            tree = {p: (f.sha256, f.size) for p, f in files.items()}
+            # Where this machine assembles it (the embedded node reads it in place);
+            # a remote node stages the same files and assembles its own copy.
+            inputs = (JobInput(id="model", path=str(self.blobs.tree_path(tree))),)
+            directories = {"model": tree}
             metadata = ModelMetadata()
         record = ModelRecord(
             id=model["id"], revision=model["digest"], manifest=manifest, metadata=metadata

@@ -659,6 +659,20 @@ class Reconciler:
         # A remote node first stages the model's files it lacks (the embedded node reads
         # the controller's blob store in place); the launch call covers both.
         embedded = await self._embedded(placement.node_id)
+        if embedded and model.directories:
+            try:
+                for files in model.directories.values():
+                    await self.manager.blobs.assemble_tree(files)
+            except FiccError as exc:
+                await self._set_attempt(
+                    service_id,
+                    attempt_id,
+                    state="failed",
+                    reason=exc.code,
+                    message=exc.message,
+                    released=1,
+                )
+                return
         await self._set_attempt(
             service_id,
             attempt_id,

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -124,6 +125,43 @@ class BlobStore:
     def partial_path(self, sha256: str) -> Path:
         """Where a blob being filled lives."""
         return self._partial / f"{sha256}.part"
+
+    def tree_path(self, files: Mapping[str, tuple[str, int]]) -> Path:
+        """Where the directory model made of ``files`` (path -> (sha256, size)) is assembled."""
+        from ..agent.staging import tree_listing
+
+        return self.root / "trees" / tree_listing(files)[1]
+
+    async def assemble_tree(self, files: Mapping[str, tuple[str, int]]) -> Path:
+        """Assemble a directory model from published blobs (hard links); return its root.
+
+        Every blob must be published (verified). The same files give the same tree,
+        built once; engines on this machine read it in place, as they read a GGUF blob.
+        """
+        from ..agent.staging import assemble_tree, tree_listing
+
+        listing, name = tree_listing(files)
+        root = self.root / "trees" / name
+        if await trio.to_thread.run_sync(root.is_dir):
+            return root
+        sources = {}
+        for path, sha256, _size in listing:
+            source = self.published_path(sha256)
+            if not await trio.to_thread.run_sync(source.is_file):
+                raise FiccError(
+                    f"the model file {path} (sha256 {sha256}) is not in the blob store",
+                    code="blob_missing",
+                    status=409,
+                )
+            sources[path] = source
+        await trio.to_thread.run_sync(lambda: root.parent.mkdir(parents=True, exist_ok=True))
+        await trio.to_thread.run_sync(assemble_tree, root, sources)
+        return root
+
+    async def remove_tree(self, files: Mapping[str, tuple[str, int]]) -> None:
+        """Remove the assembled tree of ``files``, if there is one."""
+        root = self.tree_path(files)
+        await trio.to_thread.run_sync(lambda: shutil.rmtree(root, ignore_errors=True))
 
     def lock(self, sha256: str) -> trio.Lock:
         """The lock that serialises every write and verification of one blob."""

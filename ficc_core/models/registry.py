@@ -304,6 +304,11 @@ class ModelRegistry:
                 async with self.blobs.lock(sha256):
                     await self.blobs.remove(sha256)
                 evicted.append(sha256)
+            if evicted and model["format"] == "hf-directory":
+                # Its assembled tree would keep the evicted content on disk.
+                await self.blobs.remove_tree(
+                    {f["path"]: (f["sha256"], f["size"]) for f in model["files"]}
+                )
         return {"id": model["id"], "name": model["name"], "deleted": True, "evicted": evicted}
 
 
