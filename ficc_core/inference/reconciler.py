@@ -664,14 +664,7 @@ class Reconciler:
                 for files in model.directories.values():
                     await self.manager.blobs.assemble_tree(files)
             except FiccError as exc:
-                await self._set_attempt(
-                    service_id,
-                    attempt_id,
-                    state="failed",
-                    reason=exc.code,
-                    message=exc.message,
-                    released=1,
-                )
+                await self._refused(service_id, attempt_id, exc)
                 return
         await self._set_attempt(
             service_id,
@@ -694,17 +687,16 @@ class Reconciler:
                     directories=model.directories,
                 )
         except FiccError as exc:
-            await self._set_attempt(
-                service_id,
-                attempt_id,
-                state="failed",
-                reason=exc.code,
-                message=exc.message,
-                released=1,
-            )
+            await self._refused(service_id, attempt_id, exc)
             return
         await self._set_attempt(
             service_id, attempt_id, state="ready" if status.state == "ready" else "loading"
+        )
+
+    async def _refused(self, service_id: str, attempt_id: str, exc: FiccError) -> None:
+        """The attempt never started (its inputs or its launch were refused): it failed."""
+        await self._set_attempt(
+            service_id, attempt_id, state="failed", reason=exc.code, message=exc.message, released=1
         )
 
     async def _watch(
