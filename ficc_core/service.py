@@ -128,6 +128,7 @@ async def open_service(config: Config, *, background: bool = False) -> AsyncIter
             inference.reconciler = Reconciler(inference)
             await nursery.start(inference.reconciler.run)
             await nursery.start(inference.usage.run)
+            await nursery.start(auth.watch_revocations)
             yield service
             nursery.cancel_scope.cancel()
     finally:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import sqlite3
+import time
+from functools import partial
 
 import trio
 
@@ -236,3 +238,24 @@ async def test_verified_credentials_are_checked_in_memory_but_never_past_a_revoc
     await trio.sleep(0.3)
     response = await client.get("/api/v1/whoami", headers=bearer(other))
     assert (await response.get_json())["error"]["code"] == "credential_revoked"
+
+
+async def test_a_revocation_written_by_another_process_reaches_streaming_checks(service, bootstrap):
+    # `ficc admin revoke` writes the database directly; the controller learns of it
+    # within its period, so a response streaming for that credential is cut too.
+    token = await issue_token(service, scopes=PROJECT_SCOPES, name="streaming")
+    principal = await service.auth.authenticate_bearer(token)
+    assert service.auth.still_valid(principal)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(partial(service.auth.watch_revocations, 0.05))
+        await trio.sleep(0.01)
+        await service.store.write(
+            lambda tx: tx.execute(
+                "UPDATE credentials SET revoked_at = ? WHERE id = ?",
+                (time.time() + 0.001, principal.id),
+            )
+        )
+        with trio.fail_after(5):
+            while service.auth.still_valid(principal):  # noqa: ASYNC110
+                await trio.sleep(0.02)
+        nursery.cancel_scope.cancel()

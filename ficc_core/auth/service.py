@@ -11,6 +11,7 @@ import hmac
 import json
 import time
 from collections import OrderedDict
+from functools import partial
 from typing import Any, Literal
 
 import attrs
@@ -62,6 +63,10 @@ class Principal:
             "expires_at": self.expires_at,
             "service_id": self.service_id,
         }
+
+
+def _revoked_since(since: float, tx: Transaction) -> list[dict[str, Any]]:
+    return tx.fetch_all("SELECT id, revoked_at FROM credentials WHERE revoked_at >= ?", (since,))
 
 
 def _project_row(tx: Transaction, ref: str) -> dict[str, Any]:
@@ -350,6 +355,33 @@ class AuthService:
     def _mark_revoked(self, principal_id: str) -> None:
         self._revoked.add(principal_id)
         self._credentials.pop(principal_id, None)
+
+    async def watch_revocations(
+        self,
+        period: float = CREDENTIAL_CACHE_SECONDS,
+        *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Learn revocations written by other processes (``ficc admin revoke``), forever.
+
+        Every ``period`` seconds one query finds credentials revoked since the last
+        look; they join the in-process revocations, so responses streaming for them
+        end too, not only their next requests.
+        """
+        since = time.time()
+        task_status.started()
+        while True:
+            await trio.sleep(period)
+            rows = await self.store.read(
+                partial(
+                    _revoked_since,
+                    since,
+                )
+            )
+            for row in rows:
+                if row["id"] not in self._revoked:
+                    self._mark_revoked(row["id"])
+                since = max(since, row["revoked_at"])
 
     def still_valid(self, principal: Principal, now: float | None = None) -> bool:
         """Whether ``principal`` is still authorised, without touching the store.
