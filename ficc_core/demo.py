@@ -165,7 +165,7 @@ async def _service(api: _Api, model_id: str, node_id: str) -> dict[str, Any]:
         _say(f"service {ALIAS} ({service['id']}) exists; reusing it")
     else:
         node, runtime = await _runtime(api, node_id)
-        executable = runtime_executable()
+        executable = await trio.to_thread.run_sync(runtime_executable)
         cpus = float(max(1, min(2, int(node["snapshot"]["resources"]["cpus"]))))
         spec = {
             "alias": ALIAS,
@@ -241,7 +241,7 @@ async def run_demo(service: Service, base_url: str) -> str:
 
     Returns the invoke token. Raises :class:`FiccError` when a step is refused.
     """
-    path = model_file()
+    path = await trio.to_thread.run_sync(model_file)
     # Its own requests are not news to the operator watching the terminal.
     logging.getLogger("httpx").setLevel(logging.WARNING)
     _, operator = await service.auth.create_credential(
