@@ -16,6 +16,7 @@ import trio
 from .auth import AuthService
 from .config import Config
 from .contributors import NodeRegistry
+from .gateway import Gateway
 from .inference import InferenceManager, LiveTable, Reconciler
 from .metrics import Metrics
 from .models.acquire import Acquirer
@@ -104,7 +105,7 @@ async def open_service(config: Config, *, background: bool = False) -> AsyncIter
             contributors=contributors,
             live=live,
         )
-        inference.gateway = _gateway(
+        inference.gateway = Gateway(
             live=live, contributors=contributors, auth=auth, metrics=metrics, config=config
         )
         inference.gateway.usage_sinks.append(inference.usage.record)
@@ -133,12 +134,6 @@ async def open_service(config: Config, *, background: bool = False) -> AsyncIter
             nursery.cancel_scope.cancel()
     finally:
         await store.aclose()
-
-
-def _gateway(**collaborators: Any) -> Any:
-    from .gateway import Gateway
-
-    return Gateway(**collaborators)
 
 
 __all__: list[Any] = ["Service", "open_service"]
