@@ -13,13 +13,11 @@ from typing import TYPE_CHECKING, Any
 import trio
 from quart import Response, g
 
-from ..errors import FiccError
 from .bodies import read_body
 
 if TYPE_CHECKING:
     from quart_trio import QuartTrio
 
-    from ..gateway import Gateway
     from ..service import Service
 
 PREFIX = "/api/v1/inference/<service_id>/v1"
@@ -28,21 +26,11 @@ PREFIX = "/api/v1/inference/<service_id>/v1"
 SEND_GRACE = 5.0
 
 
-def _gateway(service: Service) -> Gateway:
-    gateway = getattr(getattr(service, "inference", None), "gateway", None)
-    if gateway is None:
-        raise FiccError(
-            "this controller runs no inference gateway", code="gateway_unavailable", status=503
-        )
-    return gateway
-
-
 def register(app: QuartTrio, service: Service) -> None:
     """Add the invoke routes to ``app``."""
 
     async def relay(service_id: str, path: str, body: Any) -> Response:
-        gateway = _gateway(service)
-        status, chunks = await gateway.invoke(service_id, path, body, g.principal)
+        status, chunks = await service.inference.gateway.invoke(service_id, path, body, g.principal)
         response = Response(chunks, status=status, content_type=chunks.content_type)
         if chunks.deadline is None:
             response.timeout = None
