@@ -468,6 +468,10 @@ class NodeRegistry:
         ``StreamFailed(peer_lost)`` if that connection drops; ask again after a
         reconnect. Raises ``node_unavailable`` when the node is not connected here.
         """
+        return self._connected_link(node_id).endpoint
+
+    def _connected_link(self, node_id: str) -> NodeLink:
+        """The link of a node connected to this controller, or ``node_unavailable``."""
         live = self._live.get(node_id)
         if live is None or live[2] is None:
             raise Conflict(
@@ -475,17 +479,13 @@ class NodeRegistry:
                 code="node_unavailable",
                 details={"node": node_id},
             )
-        return live[2].endpoint
+        return live[2]
 
     async def stop(self, node_id: str, fence: Fence, grace: float = 10.0) -> AttemptStatus:
         """Stop an attempt on a connected node."""
-        link = self._live.get(node_id)
-        if link is None or link[2] is None:
-            raise Conflict(
-                f"node {node_id!r} is not connected", code="node_unavailable", details={}
-            )
+        link = self._connected_link(node_id)
         await self._unwant(node_id, fence.attempt_id, "stopped")
-        reply = await link[2].call({"op": "stop", "fence": unstructure(fence), "grace": grace})
+        reply = await link.call({"op": "stop", "fence": unstructure(fence), "grace": grace})
         return status_from_wire(reply["status"])
 
     async def status(self, node_id: str, fence: Fence) -> AttemptStatus:
@@ -493,14 +493,9 @@ class NodeRegistry:
 
         Raises ``node_unavailable`` when the node is not connected to this controller.
         """
-        live = self._live.get(node_id)
-        if live is None or live[2] is None:
-            raise Conflict(
-                f"node {node_id!r} is not connected to this controller",
-                code="node_unavailable",
-                details={"node": node_id},
-            )
-        reply = await live[2].call({"op": "status", "fence": unstructure(fence)})
+        reply = await self._connected_link(node_id).call(
+            {"op": "status", "fence": unstructure(fence)}
+        )
         return status_from_wire(reply["status"])
 
     def connected_here(self, node_id: str) -> bool:
