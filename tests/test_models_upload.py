@@ -9,6 +9,8 @@ import httpx
 import pytest
 import trio
 
+from ficc_core.models.blobs import FileRef
+
 from .conftest import bearer
 from .models_support import blob_files, gguf_manifest, random_bytes
 
@@ -151,8 +153,9 @@ async def test_empty_upload_at_the_declared_size_publishes_a_retained_full_parti
         assert refused.status_code == 400
         assert (await refused.get_json())["error"]["code"] == "empty_upload"
     # An interruption after the last durable write but before verification:
-    async with service.blobs.lock(sha):
-        await service.blobs.write(sha, 0, content)
+    ref = FileRef(model["id"], 0, sha, len(content))
+    async with service.blobs.lock(ref):
+        await service.blobs.write(ref, 0, content)
     below = await client.post(url, headers=admin, json={"offset": 10, "data": ""})
     assert below.status_code == 400
     assert blob_files(config.data_dir)["sha256"] == []
