@@ -9,30 +9,13 @@ import trio
 
 from .conftest import bearer
 from .httpsd import ServedFile
-from .models_support import blob_files, gguf_manifest, random_bytes
-from .serve_support import ServeProcess
+from .models_support import blob_files, gguf_manifest, poll_model, random_bytes, start_serve
 
 MiB = 1 << 20
 
 
-def _config(tmp_path, ca_bundle):
-    path = tmp_path / "ficc.toml"
-    path.write_text(
-        f'ca_bundle = "{ca_bundle}"\nallow_private_addresses = true\nlog_level = "warning"\n'
-    )
-    return path
-
-
-async def _start(tmp_path, ca_bundle) -> tuple[ServeProcess, str]:
-    server = ServeProcess(tmp_path / "data", config=_config(tmp_path, ca_bundle))
-    return server, await server.wait_ready()
-
-
-async def _poll(http: httpx.AsyncClient, model_id: str, predicate) -> dict:
-    with trio.fail_after(60):
-        while not predicate(model := (await http.get(f"/api/v1/models/{model_id}")).json()):  # noqa: ASYNC110
-            await trio.sleep(0.05)
-    return model
+async def _start(tmp_path, ca_bundle):
+    return await start_serve(tmp_path, ca_bundle)
 
 
 async def test_sigkill_mid_acquisition_then_restart_resumes_from_the_durable_offset(
@@ -52,7 +35,7 @@ async def test_sigkill_mid_acquisition_then_restart_resumes_from_the_durable_off
                 )
             ).json()
             assert (await http.post(f"/api/v1/models/{model['id']}/acquire")).status_code == 202
-            seen = await _poll(http, model["id"], lambda m: m["received_bytes"] >= 8 * MiB)
+            seen = await poll_model(http, model["id"], lambda m: m["received_bytes"] >= 8 * MiB)
         server.proc.kill()
         server.proc.wait()
     finally:
@@ -69,7 +52,9 @@ async def test_sigkill_mid_acquisition_then_restart_resumes_from_the_durable_off
     try:
         async with httpx.AsyncClient(base_url=url, headers=bearer(token), timeout=10) as http:
             # The acquisition was running: it resumes by itself.
-            done = await _poll(http, model["id"], lambda m: m["state"] in ("verified", "failed"))
+            done = await poll_model(
+                http, model["id"], lambda m: m["state"] in ("verified", "failed")
+            )
         assert done["state"] == "verified", done
     finally:
         restarted.proc.terminate()
