@@ -49,6 +49,11 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
+def partial_file(data_dir: Path, sha256: str, model_id: str, index: int = 0) -> Path:
+    """Where the blob store keeps file ``index`` of ``model_id`` while it is being filled."""
+    return Path(data_dir) / "blobs" / "partial" / f"{sha256}.{model_id}.{index}.part"
+
+
 def blob_files(data_dir: Path) -> dict[str, list[str]]:
     """What the blob store holds on disk: published and partial file names."""
     root = Path(data_dir) / "blobs"

@@ -9,7 +9,14 @@ import trio
 
 from .conftest import bearer
 from .httpsd import ServedFile
-from .models_support import blob_files, gguf_manifest, poll_model, random_bytes, start_serve
+from .models_support import (
+    blob_files,
+    gguf_manifest,
+    partial_file,
+    poll_model,
+    random_bytes,
+    start_serve,
+)
 
 MiB = 1 << 20
 
@@ -43,7 +50,7 @@ async def test_sigkill_mid_acquisition_then_restart_resumes_from_the_durable_off
     assert seen["received_bytes"] < len(content)
     on_disk = blob_files(tmp_path / "data")
     assert on_disk["sha256"] == []  # nothing published unverified
-    partial = tmp_path / "data" / "blobs" / "partial" / f"{sha}.part"
+    partial = partial_file(tmp_path / "data", sha, model["id"])
     kept = partial.stat().st_size
     assert seen["received_bytes"] <= kept < len(content)
     assert partial.read_bytes() == content[:kept]  # no corrupt bytes
@@ -110,7 +117,7 @@ async def test_sigkill_mid_upload_then_restart_resumes_from_the_servers_offset(t
                 nursery.cancel_scope.cancel()
     finally:
         server.kill()
-    partial = tmp_path / "data" / "blobs" / "partial" / f"{sha}.part"
+    partial = partial_file(tmp_path / "data", sha, model["id"])
     assert partial.read_bytes() == content[: 4 * MiB]
     assert blob_files(tmp_path / "data")["sha256"] == []
 
