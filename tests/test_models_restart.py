@@ -21,17 +21,13 @@ from .models_support import (
 MiB = 1 << 20
 
 
-async def _start(tmp_path, ca_bundle):
-    return await start_serve(tmp_path, ca_bundle)
-
-
 async def test_sigkill_mid_acquisition_then_restart_resumes_from_the_durable_offset(
     tmp_path, ca_bundle, https_server
 ):
     content = random_bytes(24 * MiB, seed=21)
     sha = hashlib.sha256(content).hexdigest()
     https_server.add("/m.gguf", ServedFile(content, chunk_delay=0.004))
-    server, url = await _start(tmp_path, ca_bundle)
+    server, url = await start_serve(tmp_path, ca_bundle)
     try:
         token = await server.admin_token()
         async with httpx.AsyncClient(base_url=url, headers=bearer(token), timeout=10) as http:
@@ -55,7 +51,7 @@ async def test_sigkill_mid_acquisition_then_restart_resumes_from_the_durable_off
     assert seen["received_bytes"] <= kept < len(content)
     assert partial.read_bytes() == content[:kept]  # no corrupt bytes
 
-    restarted, url = await _start(tmp_path, ca_bundle)
+    restarted, url = await start_serve(tmp_path, ca_bundle)
     try:
         async with httpx.AsyncClient(base_url=url, headers=bearer(token), timeout=10) as http:
             # The acquisition was running: it resumes by itself.
@@ -76,7 +72,7 @@ async def test_sigkill_mid_acquisition_then_restart_resumes_from_the_durable_off
 async def test_sigkill_mid_upload_then_restart_resumes_from_the_servers_offset(tmp_path, ca_bundle):
     content = random_bytes(5 * MiB + 17, seed=22)
     sha = hashlib.sha256(content).hexdigest()
-    server, url = await _start(tmp_path, ca_bundle)
+    server, url = await start_serve(tmp_path, ca_bundle)
     token = await server.admin_token()
     octet = {"Content-Type": "application/octet-stream"}
     try:
@@ -121,7 +117,7 @@ async def test_sigkill_mid_upload_then_restart_resumes_from_the_servers_offset(t
     assert partial.read_bytes() == content[: 4 * MiB]
     assert blob_files(tmp_path / "data")["sha256"] == []
 
-    restarted, url = await _start(tmp_path, ca_bundle)
+    restarted, url = await start_serve(tmp_path, ca_bundle)
     try:
         async with httpx.AsyncClient(base_url=url, headers=bearer(token), timeout=10) as http:
             state = (await http.get(f"/api/v1/models/{model['id']}")).json()

@@ -30,7 +30,7 @@ OCTET = {"Content-Type": "application/octet-stream"}
 @asynccontextmanager
 async def _two_projects(tmp_path, ca_bundle, extra: str = ""):
     """A real `ficc serve` and a client for each of two projects: (url, token, ours, theirs)."""
-    server, url = await _started(tmp_path, ca_bundle, extra)
+    server, url = await start_serve(tmp_path, ca_bundle, extra)
     try:
         token = await server.admin_token()
         other = await project_token(tmp_path / "data", "team-b")
@@ -89,10 +89,6 @@ async def test_another_projects_writes_never_touch_an_upload_in_progress(tmp_pat
     assert blob_files(tmp_path / "data") == {"sha256": [sha], "partial": []}
     published = tmp_path / "data" / "blobs" / "sha256" / sha
     assert published.read_bytes() == content
-
-
-async def _started(tmp_path, ca_bundle, extra: str = ""):
-    return await start_serve(tmp_path, ca_bundle, extra)
 
 
 async def _stalled_upload(url: str, token: str, model_id: str) -> trio.SocketStream:
@@ -215,7 +211,7 @@ async def test_every_failure_state_carries_the_envelopes_code_and_details(
     sha = hashlib.sha256(content).hexdigest()
     https_server.add("/bad.gguf", ServedFile(content, corrupt=True))
     https_server.add("/gone.gguf", ServedFile(content, status=404))
-    server, url = await _started(tmp_path, ca_bundle)
+    server, url = await start_serve(tmp_path, ca_bundle)
     try:
         token = await server.admin_token()
         async with httpx.AsyncClient(base_url=url, headers=bearer(token), timeout=30) as http:
@@ -278,7 +274,7 @@ async def test_every_failure_state_carries_the_envelopes_code_and_details(
 async def test_a_verification_cut_by_a_crash_finishes_on_start(tmp_path, ca_bundle):
     content = random_bytes(2 * MiB + 5, seed=38)
     sha = hashlib.sha256(content).hexdigest()
-    server, url = await _started(tmp_path, ca_bundle)
+    server, url = await start_serve(tmp_path, ca_bundle)
     try:
         token = await server.admin_token()
         async with httpx.AsyncClient(base_url=url, headers=bearer(token), timeout=30) as http:
@@ -308,7 +304,7 @@ async def test_a_verification_cut_by_a_crash_finishes_on_start(tmp_path, ca_bund
             (len(content), model["id"]),
         )
 
-    restarted, url = await _started(tmp_path, ca_bundle)
+    restarted, url = await start_serve(tmp_path, ca_bundle)
     try:
         async with httpx.AsyncClient(base_url=url, headers=bearer(token), timeout=30) as http:
             done = await poll_model(http, model["id"], lambda m: m["state"] != "incomplete")
