@@ -204,6 +204,33 @@ async def test_an_upload_is_refused_at_once_while_its_content_is_acquired(
         await http.post(f"/api/v1/models/{acquiring['id']}/pause")
 
 
+async def test_two_projects_acquiring_the_same_content_both_end_verified(
+    tmp_path, ca_bundle, https_server
+):
+    content = random_bytes(9 * MiB, seed=39)
+    sha = hashlib.sha256(content).hexdigest()
+    https_server.add("/slow.gguf", ServedFile(content, chunk_delay=0.01))
+    https_server.add("/fast.gguf", ServedFile(content))
+    async with _two_projects(tmp_path, ca_bundle) as (_url, _token, ours, theirs):
+        # Ours starts first but downloads slowly; theirs overtakes it and publishes.
+        models = []
+        for http, path in ((ours, "/slow.gguf"), (theirs, "/fast.gguf")):
+            manifest = gguf_manifest("m", content, url=https_server.url(path))
+            model = (await http.post("/api/v1/models", json=manifest)).json()
+            assert (await http.post(f"/api/v1/models/{model['id']}/acquire")).status_code == 202
+            models.append((http, model["id"]))
+        for http, model_id in models:
+            done = await poll_model(
+                http, model_id, lambda m: m["acquisition"]["state"] in ("done", "failed")
+            )
+            assert done["state"] == "verified" and done["acquisition"]["error"] is None, done
+    assert blob_files(tmp_path / "data") == {"sha256": [sha], "partial": []}
+    assert (
+        hashlib.sha256((tmp_path / "data" / "blobs" / "sha256" / sha).read_bytes()).hexdigest()
+        == sha
+    )
+
+
 async def test_every_failure_state_carries_the_envelopes_code_and_details(
     tmp_path, ca_bundle, https_server
 ):
