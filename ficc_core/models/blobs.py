@@ -31,7 +31,7 @@ from typing import Any
 import attrs
 import trio
 
-from ..errors import Conflict, FiccError, InvalidRequest
+from ..errors import Conflict, FiccError, InvalidRequest, NotFound
 from ..store import Store, Transaction
 
 #: Blob states, as stored and reported.
@@ -248,10 +248,13 @@ class BlobStore:
     ) -> BlobStatus:
         recorded = None if error is None else error_record(error)
 
-        def write(tx: Transaction) -> None:
-            tx.execute(
+        def write(tx: Transaction) -> int:
+            # Only while the model file exists: a model deleted during a write leaves
+            # nothing behind (its file is swept on the next start).
+            return tx.execute(
                 "INSERT INTO partials (model_id, idx, sha256, size, state, durable_offset,"
-                " error, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+                " error, updated_at) SELECT ?, ?, ?, ?, ?, ?, ?, ? WHERE EXISTS"
+                " (SELECT 1 FROM model_files WHERE model_id = ? AND idx = ?)"
                 " ON CONFLICT (model_id, idx) DO UPDATE SET state = excluded.state,"
                 " durable_offset = excluded.durable_offset, error = excluded.error,"
                 " updated_at = excluded.updated_at",
@@ -264,10 +267,17 @@ class BlobStore:
                     durable_offset,
                     None if recorded is None else json.dumps(recorded),
                     time.time(),
+                    ref.model_id,
+                    ref.index,
                 ),
             )
 
-        await self.store.write(write)
+        if not await self.store.write(write):
+            raise NotFound(
+                f"model {ref.model_id!r} was deleted",
+                code="model_not_found",
+                details={"id": ref.model_id},
+            )
         return BlobStatus(ref.sha256, ref.size, state, durable_offset, recorded)
 
     # -- writing ----------------------------------------------------------------
@@ -304,7 +314,11 @@ class BlobStore:
                 os.fsync(handle.fileno())
 
         await trio.to_thread.run_sync(append, limiter=self._io_limiter)
-        return await self._record(ref, PARTIAL, end)
+        try:
+            return await self._record(ref, PARTIAL, end)
+        except NotFound:
+            await trio.to_thread.run_sync(lambda: path.unlink(missing_ok=True))
+            raise
 
     async def _unverified(self, ref: FileRef) -> BlobStatus:
         current = await self.status(ref)
