@@ -88,7 +88,7 @@ async def test_a_node_fetches_exactly_its_assigned_inputs_and_loses_them_when_st
                         await service.contributors.stop("gpu-1", fence, grace=1.0)
                         await _refused(url, node, mine)
 
-                        # Given up (what removing a service whose node is away records).
+                        # Given up: the controller records it no longer wants the attempt.
                         again = new_fence()
                         await service.contributors.launch(
                             "gpu-1", "process", job, again, blobs={f"sha256:{mine}": len(content)}
