@@ -128,8 +128,8 @@ async def _serve(config: Config, demo: bool = False) -> None:
 
         async with trio.open_nursery() as nursery:
 
-            def ready(urls: list[str]) -> None:
-                _print_ready(service, urls, first_run)
+            def ready(urls: list[str], metrics_urls: list[str]) -> None:
+                _print_ready(service, urls, first_run, metrics_urls)
                 if demo:
                     nursery.start_soon(_demo, service, urls[0])
 
@@ -258,12 +258,19 @@ async def _executor(
     click.echo("ficc executor: stopped", err=True)
 
 
-def _print_ready(service: Service, urls: list[str], first_run: dict[str, str] | None) -> None:
+def _print_ready(
+    service: Service,
+    urls: list[str],
+    first_run: dict[str, str] | None,
+    metrics_urls: list[str],
+) -> None:
     url = urls[0] if urls else "?"
     lines = [
         f"FICC {__version__} listening on {', '.join(urls)}",
         f"  data directory: {service.config.data_dir}",
     ]
+    if metrics_urls:
+        lines.append(f"  metrics on {', '.join(u + '/metrics' for u in metrics_urls)}")
     if first_run:
         lines += [
             f"  first run: created project {first_run['project']!r} and administrator "

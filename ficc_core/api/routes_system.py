@@ -35,10 +35,12 @@ def register(app: QuartTrio, service: Service) -> None:
     async def health() -> Response:
         return jsonify({"status": "ok", "version": __version__})
 
-    @app.get("/metrics", endpoint="metrics")
-    async def metrics() -> Response:
-        body, content_type = service.metrics.render()
-        return Response(body, content_type=content_type)
+    if service.config.metrics_listen is None:
+        # Otherwise the metrics listener serves it (server.serve_metrics), not the API.
+        @app.get("/metrics", endpoint="metrics")
+        async def metrics() -> Response:
+            body, content_type = service.metrics.render()
+            return Response(body, content_type=content_type)
 
     @app.get("/api/v1/whoami", endpoint="whoami")
     async def whoami() -> Response:

@@ -200,4 +200,7 @@ MIGRATIONS: list[tuple[str, ...]] = [
         )""",
         "CREATE INDEX inference_usage_service ON inference_usage(service_id, finished_at)",
     ),
+    # 7: the blob digests each assignment told its node to stage (a JSON array of hex
+    # digests): a node credential downloads those, and only while the attempt is wanted.
+    ("ALTER TABLE node_assignments ADD COLUMN inputs TEXT NOT NULL DEFAULT '[]'",),
 ]
