@@ -13,6 +13,12 @@ import trio
 FICC = [sys.executable, "-m", "ficc_core"]
 
 
+def first_run_secrets(path: Path) -> dict[str, str]:
+    """The ``key: value`` lines of a first-run secrets file."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    return dict(line.split(": ", 1) for line in lines if line and not line.startswith("#"))
+
+
 class ServeProcess:
     def __init__(self, data_dir: Path, *extra: str, config: Path | None = None) -> None:
         env = {**os.environ, "FICC_DATA_DIR": str(data_dir), "PYTHONUNBUFFERED": "1"}
@@ -42,7 +48,11 @@ class ServeProcess:
         return url
 
     async def admin_token(self) -> str:
-        """Read the first-run block after the listening line and return the admin token."""
+        """Read the first-run block after the listening line and return the admin token.
+
+        The token is in the banner (``first_run_secrets = "stdout"``) or in the
+        secrets file the banner names (the default).
+        """
 
         def read_until_token() -> str:
             for line in self.proc.stdout:
@@ -50,6 +60,9 @@ class ServeProcess:
                 match = re.search(r"admin token:\s+(\S+)", line)
                 if match:
                     return match.group(1)
+                match = re.search(r"secrets file:\s+(\S+)", line)
+                if match:
+                    return first_run_secrets(Path(match.group(1)))["admin token"]
             raise AssertionError("no admin token printed: " + "".join(self.lines))
 
         with trio.fail_after(30):

@@ -200,4 +200,10 @@ MIGRATIONS: list[tuple[str, ...]] = [
         )""",
         "CREATE INDEX inference_usage_service ON inference_usage(service_id, finished_at)",
     ),
+    # 7: who minted each credential (a credential or a session id; NULL for the CLI and
+    # the first run), so revoking an issuer revokes what it minted.
+    (
+        "ALTER TABLE credentials ADD COLUMN issuer_id TEXT",
+        "CREATE INDEX credentials_issuer ON credentials(issuer_id)",
+    ),
 ]
