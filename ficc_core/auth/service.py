@@ -41,7 +41,7 @@ def revocation_statement() -> str:
     seconds = f"{CREDENTIAL_CACHE_SECONDS:g}"
     return (
         "A credential revoked by another process sharing the database (`ficc admin "
-        f"revoke-token`) is refused within {seconds} s: its new requests are refused "
+        f"revoke-token`) stops working within {seconds} s: its new requests are refused "
         f"and the responses it has streaming end (the controller looks for new "
         f"revocations every {seconds} s)."
     )
