@@ -420,7 +420,11 @@ def create_user(
     help="Scope to grant; repeat.",
 )
 @click.option("--all-scopes", is_flag=True, help="Grant every scope, admin included.")
-@click.option("--expires-in", default=None, help="Lifetime, e.g. 3600, 12h, 30d. Default and maximum: token_max_lifetime.")
+@click.option(
+    "--expires-in",
+    default=None,
+    help="Lifetime, e.g. 3600, 12h, 30d. Default and maximum: token_max_lifetime.",
+)
 @click.pass_context
 def create_token(
     ctx: click.Context,
