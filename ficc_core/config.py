@@ -89,6 +89,34 @@ class Config:
     session_lifetime: float = _setting(
         12 * 3600.0, "How long a browser session lasts after login (duration).", kind="duration"
     )
+    # -- credentials and logins (docs/api.md#authenticating) ---------------------------
+    token_max_lifetime: float = _setting(
+        90 * 86400.0,
+        "The longest a bearer credential lives, however it is minted (API, CLI, first run); "
+        "a longer or absent lifetime is capped to it, as to the issuer's own expiry (duration).",
+        kind="duration",
+        validator=attrs.validators.gt(0),
+    )
+    first_run_secrets: str = _setting(
+        "file",
+        "Where the first run puts the admin password and token: 'file' writes "
+        "data_dir/first-run-secrets (mode 0600) and logs only its path; 'stdout' prints them.",
+        kind="str",
+        validator=attrs.validators.in_(("file", "stdout")),
+    )
+    login_max_failures: int = _setting(
+        5,
+        "Wrong passwords for one user from one client address before that pair is locked "
+        "(four times as many per address and per user from untrusted addresses).",
+        kind="int",
+        validator=attrs.validators.ge(1),
+    )
+    login_lockout: float = _setting(
+        60.0,
+        "How long a login lock lasts; each further failure doubles it, up to 64 times (duration).",
+        kind="duration",
+        validator=attrs.validators.gt(0),
+    )
     secure_cookies: bool = _setting(
         False,
         "Mark session cookies Secure (only sent over HTTPS). Always on when TLS is configured.",

@@ -13,6 +13,12 @@ import trio
 FICC = [sys.executable, "-m", "ficc_core"]
 
 
+def first_run_secrets(path: Path) -> dict[str, str]:
+    """The ``key: value`` lines of a first-run secrets file."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    return dict(line.split(": ", 1) for line in lines if line and not line.startswith("#"))
+
+
 class ServeProcess:
     def __init__(self, data_dir: Path, *extra: str, config: Path | None = None) -> None:
         env = {**os.environ, "FICC_DATA_DIR": str(data_dir), "PYTHONUNBUFFERED": "1"}
@@ -54,9 +60,18 @@ class ServeProcess:
         return await trio.to_thread.run_sync(read, abandon_on_cancel=True)
 
     async def admin_token(self) -> str:
-        """Read the first-run block after the listening line and return the admin token."""
+        """Read the first-run block after the listening line and return the admin token.
+
+        The token is in the banner (``first_run_secrets = "stdout"``) or in the
+        secrets file the banner names (the default).
+        """
         with trio.fail_after(30):
-            return await self.read_until(r"admin token:\s+(\S+)")
+            found = await self.read_until(r"((?:admin token|secrets file):\s+\S+)")
+        label, _, value = found.partition(":")
+        value = value.strip()
+        if label == "secrets file":
+            return first_run_secrets(Path(value))["admin token"]
+        return value
 
     async def metrics_url(self) -> str:
         """Read the metrics listener's URL (``metrics_listen``), after the listening line."""

@@ -203,4 +203,10 @@ MIGRATIONS: list[tuple[str, ...]] = [
     # 7: the blob digests each assignment told its node to stage (a JSON array of hex
     # digests): a node credential downloads those, and only while the attempt is wanted.
     ("ALTER TABLE node_assignments ADD COLUMN inputs TEXT NOT NULL DEFAULT '[]'",),
+    # 8: who minted each credential (a credential or a session id; NULL for the CLI and
+    # the first run), so revoking an issuer revokes what it minted.
+    (
+        "ALTER TABLE credentials ADD COLUMN issuer_id TEXT",
+        "CREATE INDEX credentials_issuer ON credentials(issuer_id)",
+    ),
 ]
