@@ -75,6 +75,8 @@ REPLICA_STATES = (
 #: Attempt states in which the engine may be running (the executor has not confirmed an end).
 ACTIVE = frozenset({"pending", "staging", "launching", "loading", "ready", "draining", "stopping"})
 CONTROL_ACTIONS = ("start", "drain", "stop", "remove")
+#: What each control action that closes admission leaves the gateway admitting.
+CLOSES_ADMISSION = {"drain": "draining", "stop": "stopped", "remove": "stopped"}
 
 
 class UnknownOutcome(FiccError):
@@ -658,6 +660,9 @@ class InferenceManager:
             return read_service(tx, service_id)
 
         view = await self.store.write(write)
+        if action in CLOSES_ADMISSION:
+            # The gateway acts on the answer before the reconciler's next step does.
+            self.live.close(service_id, CLOSES_ADMISSION[action], view["revision"])
         self.on_change(service_id)
         return view
 

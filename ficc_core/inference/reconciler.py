@@ -15,7 +15,8 @@ capped exponential backoff. An attempt whose node is lost while it runs becomes
 
 Stopping asks each attempt's node to stop it; a reservation is released only when
 the executor confirms the attempt ended. Draining publishes ``draining`` (new
-requests refused), waits for in-flight requests up to the drain bound, then stops.
+requests refused: the manager already closed admission when the drain answered),
+waits for in-flight requests up to the drain bound, then stops.
 
 The record survives a controller restart: a new reconciler finds the attempts
 that were running and watches them (adopts them) instead of launching new ones;
@@ -281,7 +282,8 @@ class Reconciler:
                 request_deadline=specification.request_deadline,
                 capabilities=capabilities,
                 replicas=tuple(replicas),
-            )
+            ),
+            revision=row["revision"],
         )
 
     async def _run_replicas(
