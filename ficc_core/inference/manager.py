@@ -186,6 +186,15 @@ def service_view(
             }
         )
     unknown = [a["attempt_id"] for a in attempts if a["state"] == "unknown" and not a["released"]]
+    reason = row["reason"]
+    if unknown and row["state"] in ("stopped", "removing"):
+        # Derived from the attempts held now, never stored: it cannot outlive them.
+        held = len({a["replica"] for a in attempts if a["attempt_id"] in unknown})
+        reason = f"{held} replica(s) have an unknown outcome; " + (
+            "start with acknowledge_unknown: true to give them up"
+            if row["state"] == "stopped"
+            else "the service is removed once their node is back or revoked"
+        )
     return {
         "id": row["id"],
         "project_id": row["project_id"],
@@ -197,7 +206,7 @@ def service_view(
         "generation": row["generation"],
         "desired": row["desired"],
         "state": row["state"],
-        "reason": row["reason"],
+        "reason": reason,
         "plan_digest": row["plan_digest"],
         "replicas": replicas,
         "unknown_attempts": unknown,

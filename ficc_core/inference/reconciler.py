@@ -390,36 +390,26 @@ class Reconciler:
             if current["desired"] == "removed" and not held:
                 tx.execute("DELETE FROM inference_services WHERE id = ?", (service_id,))
                 return True
+            # A stopped service keeps no reason of its own: what its unknown replicas
+            # mean is derived from them in the view, so it goes when they resolve.
+            if current["state"] == "stopped":
+                # A created service keeps the reservations its plan made.
+                if current["reason"] is not None:
+                    bump(tx, service_id, now, reason=None)
+                return False
             # Executors confirmed every attempt but the unknown ones ended: release.
-            if current["state"] in (
-                "stopping",
-                "removing",
-                "ready",
-                "degraded",
-                "starting",
-                "failed",
-                "unknown",
-                "draining",
+            for reservation in tx.fetch_all(
+                "SELECT replica FROM inference_reservations WHERE service_id = ?",
+                (service_id,),
             ):
-                for reservation in tx.fetch_all(
-                    "SELECT replica FROM inference_reservations WHERE service_id = ?",
-                    (service_id,),
-                ):
-                    if reservation["replica"] not in held:
-                        tx.execute(
-                            "DELETE FROM inference_reservations WHERE service_id = ?"
-                            " AND replica = ?",
-                            (service_id, reservation["replica"]),
-                        )
-                state = "removing" if current["desired"] == "removed" else "stopped"
-                reason = (
-                    f"{len(held)} replica(s) have an unknown outcome; start with "
-                    "acknowledge_unknown: true to give them up"
-                    if held
-                    else None
-                )
-                if (current["state"], current["reason"]) != (state, reason):
-                    bump(tx, service_id, now, state=state, reason=reason)
+                if reservation["replica"] not in held:
+                    tx.execute(
+                        "DELETE FROM inference_reservations WHERE service_id = ? AND replica = ?",
+                        (service_id, reservation["replica"]),
+                    )
+            state = "removing" if current["desired"] == "removed" else "stopped"
+            if (current["state"], current["reason"]) != (state, None):
+                bump(tx, service_id, now, state=state, reason=None)
             return False
 
         removed = await self.store.write(write)
