@@ -57,6 +57,9 @@ class Watchdog:
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
                 start_new_session=True,
+                # What a container command needs (PATH, HOME, XDG_RUNTIME_DIR), not the
+                # agent's own settings and credential.
+                env={k: v for k, v in os.environ.items() if not k.startswith("FICC_")},
             )
         except BaseException:
             os.close(write_end)
