@@ -21,8 +21,9 @@ $(VENV)/.installed: pyproject.toml adapters/*/pyproject.toml executors/*/pyproje
 
 install: $(VENV)/.installed  ## create .venv and install every distribution editable
 
+# At a terminal, the first run's secrets are printed instead of written to a file.
 serve: install  ## run the controller with embedded defaults and the SmolLM2 chat demo
-	$(BIN)/ficc serve --demo
+	$(BIN)/ficc serve --demo --first-run-secrets stdout
 
 test: install  ## the whole test suite, slow tests included (what CI runs)
 	$(BIN)/python -m pytest -q

@@ -233,6 +233,7 @@ class Ficc:
         argv = [str(Path(PY).parent / "ficc"), "--data-dir", str(work / "ficc"), "serve"]
         argv += ["--port", str(self.port), "--agent-config", str(settings)]
         argv += ["--agent-dir", str(agent_dir), "--log-level", "warning"]
+        argv += ["--first-run-secrets", "stdout"]  # the bench reads the token from its log
         # Unpinned while it starts (the node reports its CPUs from its affinity and each
         # service gets a whole one); pinned to the target core once its services are up.
         self.proc = procs.start("ficc", argv, core=f"{LOAD_CORE},{TARGET_CORE}")

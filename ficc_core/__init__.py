@@ -42,6 +42,7 @@ _EXPORTS: dict[str, str] = {
     "measure_resources": "ficc_core.executor",
     "package_digest": "ficc_core.executor",
     "total_memory": "ficc_core.executor",
+    "process_start_time": "ficc_core.executor",
     "CHUNK_SIZE": "ficc_core.executor",
     "QUEUE_CHUNKS": "ficc_core.executor",
     "ALLOWED_REQUEST_HEADERS": "ficc_core.executor",
@@ -147,6 +148,7 @@ __all__ = [
     "hookimpl",
     "measure_resources",
     "package_digest",
+    "process_start_time",
     "total_memory",
 ]
 
@@ -185,6 +187,7 @@ if TYPE_CHECKING:
         check_fence,
         measure_resources,
         package_digest,
+        process_start_time,
         total_memory,
     )
     from .hookspecs import API_VERSION

@@ -99,7 +99,9 @@ def serve(ctx: click.Context, demo: bool, **flags: Any) -> None:
     """Run the controller: the HTTP API on hypercorn, until SIGINT or SIGTERM.
 
     On first start with an empty data directory it creates the project 'default',
-    the administrator 'admin' and an admin bearer token, and prints them once.
+    the administrator 'admin' and an admin bearer token, and writes them once to
+    data_dir/first-run-secrets, readable only by this user (with first_run_secrets
+    'stdout', prints them instead).
     """
     config = _load(ctx, flags)
     logging.basicConfig(
@@ -125,11 +127,23 @@ async def _serve(config: Config, demo: bool = False) -> None:
 
     async with open_service(config, background=True) as service:
         first_run = await service.auth.bootstrap()
+        if first_run and config.first_run_secrets == "file":
+            from .auth.first_run import write_first_run_secrets
+
+            try:
+                first_run["file"] = await trio.to_thread.run_sync(
+                    write_first_run_secrets, config.data_dir, first_run
+                )
+            except OSError as exc:
+                raise click.ClickException(
+                    f"could not write the first-run secrets: {exc}; recover with "
+                    "'ficc admin create-user NAME --admin' and 'ficc admin create-token'"
+                ) from None
 
         async with trio.open_nursery() as nursery:
 
-            def ready(urls: list[str]) -> None:
-                _print_ready(service, urls, first_run)
+            def ready(urls: list[str], metrics_urls: list[str]) -> None:
+                _print_ready(service, urls, first_run, metrics_urls)
                 if demo:
                     nursery.start_soon(_demo, service, urls[0])
 
@@ -258,13 +272,27 @@ async def _executor(
     click.echo("ficc executor: stopped", err=True)
 
 
-def _print_ready(service: Service, urls: list[str], first_run: dict[str, str] | None) -> None:
+def _print_ready(
+    service: Service,
+    urls: list[str],
+    first_run: dict[str, Any] | None,
+    metrics_urls: list[str],
+) -> None:
     url = urls[0] if urls else "?"
     lines = [
         f"FICC {__version__} listening on {', '.join(urls)}",
         f"  data directory: {service.config.data_dir}",
     ]
-    if first_run:
+    if metrics_urls:
+        lines.append(f"  metrics on {', '.join(u + '/metrics' for u in metrics_urls)}")
+    if first_run and "file" in first_run:
+        lines += [
+            f"  first run: created project {first_run['project']!r} and administrator "
+            f"{first_run['username']!r}; their password and token are in a file only this "
+            "user can read (store them, then delete it):",
+            f"    secrets file: {first_run['file']}",
+        ]
+    elif first_run:
         lines += [
             f"  first run: created project {first_run['project']!r} and administrator "
             f"{first_run['username']!r}; these are shown only once:",
@@ -399,7 +427,11 @@ def create_user(
     help="Scope to grant; repeat.",
 )
 @click.option("--all-scopes", is_flag=True, help="Grant every scope, admin included.")
-@click.option("--expires-in", default=None, help="Lifetime, e.g. 3600, 12h, 30d. Default: none.")
+@click.option(
+    "--expires-in",
+    default=None,
+    help="Lifetime, e.g. 3600, 12h, 30d. Default and maximum: token_max_lifetime.",
+)
 @click.pass_context
 def create_token(
     ctx: click.Context,

@@ -19,6 +19,7 @@ import attrs
 from .errors import ConfigError
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_LISTEN = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[^\s:\[\]]+):(\d{1,5})")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
 
 
@@ -38,6 +39,15 @@ def parse_duration(text: str | float | int) -> float:
     if seconds < 0:
         raise ConfigError(f"a duration cannot be negative: {text!r}")
     return seconds
+
+
+def _listen_address(_config: Any, setting: attrs.Attribute, address: str) -> None:
+    """Refuse an address that is not ``host:port`` (an IPv6 host in brackets)."""
+    match = _LISTEN.fullmatch(address)
+    if match is None or int(match.group(2)) > 65535:
+        raise ValueError(
+            f"{setting.name}: {address!r} is not host:port (an IPv6 host in brackets: [::1]:9484)"
+        )
 
 
 def default_data_dir() -> Path:
@@ -62,11 +72,50 @@ class Config:
     )
     host: str = _setting("127.0.0.1", "Address the HTTP service binds to.", kind="str")
     port: int = _setting(8484, "TCP port of the HTTP service; 0 lets the OS choose.", kind="int")
+    metrics_listen: str | None = _setting(
+        None,
+        "host:port of a separate listener serving only GET /metrics (Prometheus text, no "
+        "credential; port 0 lets the OS choose), for a scraper that must not reach the API. "
+        "When set, the main listener no longer serves /metrics. Unset, the main listener "
+        "serves it to anyone who reaches it: every project's service and attempt IDs, with "
+        "request, error and token counts.",
+        kind="str",
+        converter=lambda value: value or None,
+        validator=attrs.validators.optional(_listen_address),
+    )
     max_body_bytes: int = _setting(
         1 << 20, "Largest JSON request body accepted, in bytes.", kind="int"
     )
     session_lifetime: float = _setting(
         12 * 3600.0, "How long a browser session lasts after login (duration).", kind="duration"
+    )
+    # -- credentials and logins (docs/api.md#authenticating) ---------------------------
+    token_max_lifetime: float = _setting(
+        90 * 86400.0,
+        "The longest a bearer credential lives, however it is minted (API, CLI, first run); "
+        "a longer or absent lifetime is capped to it, as to the issuer's own expiry (duration).",
+        kind="duration",
+        validator=attrs.validators.gt(0),
+    )
+    first_run_secrets: str = _setting(
+        "file",
+        "Where the first run puts the admin password and token: 'file' writes "
+        "data_dir/first-run-secrets (mode 0600) and logs only its path; 'stdout' prints them.",
+        kind="str",
+        validator=attrs.validators.in_(("file", "stdout")),
+    )
+    login_max_failures: int = _setting(
+        5,
+        "Wrong passwords for one user from one client address before that pair is locked "
+        "(four times as many per address and per user from untrusted addresses).",
+        kind="int",
+        validator=attrs.validators.ge(1),
+    )
+    login_lockout: float = _setting(
+        60.0,
+        "How long a login lock lasts; each further failure doubles it, up to 64 times (duration).",
+        kind="duration",
+        validator=attrs.validators.gt(0),
     )
     secure_cookies: bool = _setting(
         False,

@@ -236,6 +236,10 @@ Ctrl-C stops the controller and the engine.
 """
 
 
+#: How long the demo's invoke token (and the operator credential that issues it) lives.
+DEMO_TOKEN_LIFETIME = 7 * 24 * 3600
+
+
 async def run_demo(service: Service, base_url: str) -> str:
     """Make the demo's model, service and token on the running controller; print snippets.
 
@@ -244,8 +248,13 @@ async def run_demo(service: Service, base_url: str) -> str:
     path = await trio.to_thread.run_sync(model_file)
     # Its own requests are not news to the operator watching the terminal.
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    # A minted credential never outlives its issuer, so the operator lives as long as
+    # the invoke token it issues (which comes out capped to the operator's expiry).
     _, operator = await service.auth.create_credential(
-        "default", name="demo-operator", scopes=frozenset(PROJECT_SCOPES), lifetime=3600
+        "default",
+        name="demo-operator",
+        scopes=frozenset(PROJECT_SCOPES),
+        lifetime=DEMO_TOKEN_LIFETIME,
     )
     headers = {"Authorization": f"Bearer {operator}"}
     async with httpx.AsyncClient(base_url=base_url, headers=headers, timeout=120) as http:
@@ -255,7 +264,7 @@ async def run_demo(service: Service, base_url: str) -> str:
         issued = await api(
             "POST",
             f"/inference/{running['id']}/tokens",
-            json={"lifetime": 7 * 24 * 3600, "name": "demo"},
+            json={"lifetime": DEMO_TOKEN_LIFETIME, "name": "demo"},
         )
     click.echo(snippets(base_url, running["id"], issued["token"]))
     return issued["token"]

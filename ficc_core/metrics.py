@@ -23,6 +23,13 @@ class Metrics:
             registry=self.registry,
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0),
         )
+        self.login_lockouts = prom.Counter(
+            "ficc_login_lockouts",
+            "Login locks after repeated wrong passwords, by the limit reached "
+            "(user_address, address or user).",
+            ("limit",),
+            registry=self.registry,
+        )
 
         # -- the inference gateway (per service, and per replica: its attempt ID) -----------
         latency = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)

@@ -12,16 +12,17 @@ from hypercorn.trio import serve as hypercorn_serve
 
 from .api.app import create_app
 from .api.fast_invoke import FastInvoke
+from .api.metrics_app import MetricsApp
 from .service import Service
 
 log = logging.getLogger("ficc.server")
 
 
-def _hypercorn_config(service: Service) -> HypercornConfig:
+def _hypercorn_config(service: Service, bind: str | None = None) -> HypercornConfig:
     config = service.config
     hc = HypercornConfig()
     host = f"[{config.host}]" if ":" in config.host else config.host
-    hc.bind = [f"{host}:{config.port}"]
+    hc.bind = [bind or f"{host}:{config.port}"]
     hc.graceful_timeout = config.shutdown_grace
     hc.accesslog = None
     hc.errorlog = logging.getLogger("hypercorn.error")
@@ -48,13 +49,32 @@ async def serve_http(
     )
 
 
+async def serve_metrics(
+    service: Service,
+    *,
+    shutdown_trigger: Callable[[], Awaitable[None]],
+    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve ``GET /metrics`` alone on ``metrics_listen`` (with the same TLS as the API)."""
+    await hypercorn_serve(
+        MetricsApp(service.metrics),
+        _hypercorn_config(service, service.config.metrics_listen),
+        shutdown_trigger=shutdown_trigger,
+        task_status=task_status,
+    )
+
+
 async def run_until_signalled(
     service: Service,
     *,
-    on_ready: Callable[[list[str]], None],
+    on_ready: Callable[[list[str], list[str]], None],
     signals: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM),
 ) -> None:
-    """Serve until SIGINT or SIGTERM, then shut down gracefully within the configured grace."""
+    """Serve until SIGINT or SIGTERM, then shut down gracefully within the configured grace.
+
+    ``on_ready`` gets the API's URLs and the metrics listener's (empty unless
+    ``metrics_listen`` is set).
+    """
     stop = trio.Event()
     with trio.open_signal_receiver(*signals) as received:
         async with trio.open_nursery() as nursery:
@@ -66,12 +86,19 @@ async def run_until_signalled(
                     return
 
             nursery.start_soon(watch_signals)
+            metrics_urls: list[str] = []
+            if service.config.metrics_listen is not None:
+                metrics_urls = await nursery.start(
+                    lambda task_status: serve_metrics(
+                        service, shutdown_trigger=stop.wait, task_status=task_status
+                    )
+                )
             urls = await nursery.start(
                 lambda task_status: serve_http(
                     service, shutdown_trigger=stop.wait, task_status=task_status
                 )
             )
-            on_ready(urls)
+            on_ready(urls, metrics_urls)
             await stop.wait()
             # hypercorn drains within graceful_timeout; this is the hard deadline on top.
             nursery.cancel_scope.deadline = trio.current_time() + service.config.shutdown_grace + 1

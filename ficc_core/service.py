@@ -14,6 +14,7 @@ import attrs
 import trio
 
 from .auth import AuthService
+from .auth.throttle import LoginThrottle
 from .config import Config
 from .contributors import NodeRegistry
 from .gateway import Gateway
@@ -87,9 +88,18 @@ async def open_service(config: Config, *, background: bool = False) -> AsyncIter
             concurrency=config.acquisition_concurrency,
             retries=config.acquisition_retries,
         )
-        auth = AuthService(store, session_lifetime=config.session_lifetime)
-        models = ModelRegistry(store, blobs, acquirer)
         metrics = Metrics()
+        auth = AuthService(
+            store,
+            session_lifetime=config.session_lifetime,
+            token_max_lifetime=config.token_max_lifetime,
+            login_throttle=LoginThrottle(
+                max_failures=config.login_max_failures,
+                lockout=config.login_lockout,
+                on_lock=lambda limit: metrics.login_lockouts.labels(limit).inc(),
+            ),
+        )
+        models = ModelRegistry(store, blobs, acquirer)
         contributors = NodeRegistry(
             store,
             unreachable_after=config.unreachable_after,

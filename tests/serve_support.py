@@ -13,6 +13,12 @@ import trio
 FICC = [sys.executable, "-m", "ficc_core"]
 
 
+def first_run_secrets(path: Path) -> dict[str, str]:
+    """The ``key: value`` lines of a first-run secrets file."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    return dict(line.split(": ", 1) for line in lines if line and not line.startswith("#"))
+
+
 class ServeProcess:
     def __init__(self, data_dir: Path, *extra: str, config: Path | None = None) -> None:
         env = {**os.environ, "FICC_DATA_DIR": str(data_dir), "PYTHONUNBUFFERED": "1"}
@@ -29,31 +35,48 @@ class ServeProcess:
         self.lines: list[str] = []
 
     async def wait_ready(self) -> str:
-        def read_until_listening() -> str:
+        """Wait for the listening line; return the API's URL."""
+        with trio.fail_after(60):
+            return await self.read_until(r"listening on (http://\S+)")
+
+    async def read_until(self, pattern: str) -> str:
+        """Read stdout up to the first line matching ``pattern``; return its first group.
+
+        The caller bounds the wait (``trio.fail_after``).
+        """
+
+        def read() -> str:
             for line in self.proc.stdout:
                 self.lines.append(line)
-                match = re.search(r"listening on (http://\S+)", line)
+                match = re.search(pattern, line)
                 if match:
                     return match.group(1)
-            raise AssertionError("ficc serve exited: " + self.proc.stderr.read())
+            raise AssertionError(
+                f"ficc serve printed nothing matching {pattern!r}: "
+                + "".join(self.lines)
+                + self.proc.stderr.read()
+            )
 
-        with trio.fail_after(60):
-            url = await trio.to_thread.run_sync(read_until_listening, abandon_on_cancel=True)
-        return url
+        return await trio.to_thread.run_sync(read, abandon_on_cancel=True)
 
     async def admin_token(self) -> str:
-        """Read the first-run block after the listening line and return the admin token."""
+        """Read the first-run block after the listening line and return the admin token.
 
-        def read_until_token() -> str:
-            for line in self.proc.stdout:
-                self.lines.append(line)
-                match = re.search(r"admin token:\s+(\S+)", line)
-                if match:
-                    return match.group(1)
-            raise AssertionError("no admin token printed: " + "".join(self.lines))
-
+        The token is in the banner (``first_run_secrets = "stdout"``) or in the
+        secrets file the banner names (the default).
+        """
         with trio.fail_after(30):
-            return await trio.to_thread.run_sync(read_until_token, abandon_on_cancel=True)
+            found = await self.read_until(r"((?:admin token|secrets file):\s+\S+)")
+        label, _, value = found.partition(":")
+        value = value.strip()
+        if label == "secrets file":
+            return first_run_secrets(Path(value))["admin token"]
+        return value
+
+    async def metrics_url(self) -> str:
+        """Read the metrics listener's URL (``metrics_listen``), after the listening line."""
+        with trio.fail_after(30):
+            return await self.read_until(r"metrics on (http\S+)")
 
     def read_rest(self) -> str:
         # Not communicate(timeout=...): it reads the raw pipe and skips buffered text.

@@ -181,6 +181,13 @@ def _engine_pids(agent_dir: Path) -> list[int]:
     return pids
 
 
+def _watchdog_pids(agent_dir: Path) -> list[int]:
+    import json
+
+    records = [json.loads(r.read_text()) for r in agent_dir.glob("*/attempts/*/attempt.json")]
+    return [record["watchdog"]["pid"] for record in records if "watchdog" in record]
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -215,7 +222,8 @@ async def test_a_killed_executor_goes_unreachable_then_lost_and_a_restart_leaves
                 while not (await service.contributors.get("gpu-1"))["attempts"]:  # noqa: ASYNC110
                     await trio.sleep(0.05)
                 (engine,) = _engine_pids(agent_dir)
-                assert _alive(engine)
+                (watchdog,) = _watchdog_pids(agent_dir)
+                assert _alive(engine) and _alive(watchdog)
 
                 executor.proc.send_signal(signal.SIGKILL)
                 executor.proc.wait()
@@ -235,6 +243,8 @@ async def test_a_killed_executor_goes_unreachable_then_lost_and_a_restart_leaves
                     await trio.sleep(0.05)
                 assert node["attempts"] == []
                 assert not _alive(engine)
+                # Restarted within the lease, the agent also ends the old watchdog.
+                assert not _alive(watchdog)
                 assert _engine_pids(agent_dir) == []
 
                 # SIGTERM stops the agent and its engines with it.
@@ -372,6 +382,55 @@ async def test_a_reconnecting_executor_keeps_wanted_engines_and_stops_given_up_o
                 while [a["attempt_id"] for a in node["attempts"]] != [kept.attempt_id]:
                     await trio.sleep(0.05)
                     node = await registry.get("gpu-1")
+    finally:
+        if executor is not None:
+            executor.kill()
+
+
+async def test_an_engine_is_stopped_on_its_node_once_its_killed_agent_s_lease_passes(
+    tmp_path, agent_dir
+):
+    from ficc_core.testing.executor_kit import new_fence, standin_job
+
+    from .agent_support import open_controller
+
+    lease = 3.0
+    settings = {"lease_duration": f"{lease}s", "heartbeat_interval": "200ms"}
+    executor = None
+    try:
+        with trio.fail_after(60):
+            async with open_controller(tmp_path, **settings) as (service, url):
+                _, token = await service.contributors.add_node("gpu-1")
+                executor = ExecutorProcess(url, token, agent_dir)
+                await executor.wait_connected()
+                while (await service.contributors.get("gpu-1"))["state"] != "connected":  # noqa: ASYNC110
+                    await trio.sleep(0.05)
+                await service.contributors.launch("gpu-1", "process", standin_job(), new_fence())
+                while not (await service.contributors.get("gpu-1"))["attempts"]:  # noqa: ASYNC110
+                    await trio.sleep(0.05)
+                (engine,) = _engine_pids(agent_dir)
+                watchdogs = _watchdog_pids(agent_dir)
+
+                # Renewed, it runs past its first lease.
+                launched = trio.current_time()
+                while trio.current_time() < launched + 2 * lease:
+                    assert _alive(engine)
+                    await trio.sleep(0.1)
+
+                executor.proc.send_signal(signal.SIGKILL)
+                executor.proc.wait()
+                killed = trio.current_time()
+                # Not ended with its agent: the lease it was granted still runs.
+                assert _alive(engine)
+                # No agent runs on the node now; the engine is stopped there anyway.
+                with trio.move_on_after(lease + 5.0):
+                    while _alive(engine):  # noqa: ASYNC110
+                        await trio.sleep(0.05)
+                assert not _alive(engine), "the engine outlived its lease"
+                assert trio.current_time() - killed < lease + 2.0
+                assert len(watchdogs) == 1
+                while _alive(watchdogs[0]):  # noqa: ASYNC110
+                    await trio.sleep(0.05)
     finally:
         if executor is not None:
             executor.kill()

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import sqlite3
+import stat
 import time
 from functools import partial
 
 import trio
 
 from ficc_core.auth import PROJECT_SCOPES
+from ficc_core.auth.first_run import write_first_run_secrets
 
 from .conftest import bearer, issue_token
 
@@ -259,3 +262,25 @@ async def test_a_revocation_written_by_another_process_reaches_streaming_checks(
             while service.auth.still_valid(principal):  # noqa: ASYNC110
                 await trio.sleep(0.02)
         nursery.cancel_scope.cancel()
+
+
+def test_first_run_secrets_are_never_readable_by_others_even_while_written(tmp_path, monkeypatch):
+    # With the most permissive umask, the file still appears whole, already 0600.
+    seen = []
+    real_replace = os.replace
+
+    def replace(source, target):
+        seen.append((stat.S_IMODE(os.stat(source).st_mode), os.path.exists(target)))
+        real_replace(source, target)
+
+    monkeypatch.setattr(os, "replace", replace)
+    previous = os.umask(0)
+    try:
+        created = {"project": "default", "username": "admin", "password": "p" * 24}
+        path = write_first_run_secrets(tmp_path, {**created, "token": "ficc_x.y"})
+    finally:
+        os.umask(previous)
+    assert seen == [(0o600, False)]
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert "admin token: ficc_x.y" in path.read_text()
+    assert os.listdir(tmp_path) == ["first-run-secrets"]

@@ -46,6 +46,8 @@ def test_the_file_can_be_named_by_FICC_CONFIG(tmp_path):
         ("secure_cookies = 'perhaps'\n", "secure_cookies must be a bool"),
         ("log_level = 'loud'\n", "log_level"),
         ("port = [\n", "not valid TOML"),
+        ("metrics_listen = '9484'\n", "metrics_listen: '9484' is not host:port"),
+        ("metrics_listen = '[::1]:99999'\n", "metrics_listen"),
     ],
 )
 def test_bad_files_are_refused_with_the_setting_named(tmp_path, document, message):

@@ -244,3 +244,42 @@ async def test_embeddings_are_served_by_a_service_of_an_embedding_model(tmp_path
         import shutil
 
         shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.mark.slow
+async def test_a_chat_sent_once_drain_or_stop_answered_is_refused_never_served(tmp_path):
+    """The gateway acts on a control action's answer, not on the reconciler's next step."""
+    with trio.fail_after(400):
+        async with open_inference_controller(tmp_path) as controller:
+            model_id = await register_smollm2(controller)
+            service_id, token, _ = await _ready_service(controller, model_id)
+            chat_path = f"/api/v1/inference/{service_id}/v1/chat/completions"
+            hello = {
+                "model": "smol",
+                "max_tokens": 2,
+                "messages": [{"role": "user", "content": "Hi"}],
+            }
+            assert (
+                await controller.call("POST", chat_path, token=token, json=hello)
+            ).status_code == 200
+            live = controller.service.live
+            for iteration in range(20):
+                action = "drain" if iteration % 2 == 0 else "stop"
+                # A request counted in flight keeps the drain waiting (drain_timeout).
+                with live.request(service_id):
+                    assert (await controller.control(service_id, action)).status_code == 200
+                    response = await controller.call("POST", chat_path, token=token, json=hello)
+                expected = "service_draining" if action == "drain" else "service_stopped"
+                assert response.status_code == 503, (iteration, response.text)
+                assert response.json()["error"]["code"] == expected
+                if action == "drain":
+                    assert int(response.headers["Retry-After"]) >= 1
+                await controller.wait_service(service_id, lambda v: v["state"] == "stopped")
+                assert (await controller.control(service_id, "start")).status_code == 200
+                await controller.wait_service(
+                    service_id,
+                    lambda v: (
+                        v["state"] == "ready"
+                        and bool(controller.service.live.get(service_id).replicas)
+                    ),
+                )

@@ -434,6 +434,40 @@ async def test_an_invoke_token_is_bound_to_its_service_shown_once_and_revocable(
     assert response.status_code == 404
 
 
+async def test_an_invoke_token_never_outlives_the_credential_that_issued_it(controller):
+    await _gpu_node(controller, "gpu-1")
+    model_id = await _tiny_model(controller)
+    created = await controller.ok(
+        "POST", "/api/v1/inference", status=201, json=_spec(model_id, _placement("gpu-1"))
+    )
+    service_id = created["id"]
+    scopes = ["inference:manage", "inference:invoke", "tokens:manage"]
+    issuer = await controller.ok(
+        "POST",
+        "/api/v1/tokens",
+        status=201,
+        json={"name": "short", "scopes": scopes, "lifetime": 60},
+    )
+    issued = await controller.ok(
+        "POST",
+        f"/api/v1/inference/{service_id}/tokens",
+        status=201,
+        token=issuer["token"],
+        json={"lifetime": 30 * 86400},
+    )
+    credential = issued["credential"]
+    assert credential["expires_at"] == issuer["credential"]["expires_at"]
+    assert credential["capped"] == {
+        "requested": 30 * 86400,
+        "granted": pytest.approx(60, abs=1),
+        "by": "issuer_expiry",
+    }
+    # Revoking the issuer revokes the invoke token it minted.
+    await controller.ok("DELETE", f"/api/v1/tokens/{issuer['credential']['id']}")
+    response = await controller.call("GET", "/api/v1/whoami", token=issued["token"])
+    assert (response.status_code, response.json()["error"]["code"]) == (401, "credential_revoked")
+
+
 async def test_a_start_arriving_while_the_driver_settles_a_stop_is_acted_on(
     controller, monkeypatch
 ):

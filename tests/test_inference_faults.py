@@ -42,6 +42,49 @@ def _state(*states: str):
     return lambda view: view["state"] in states
 
 
+async def _lose_and_stop(controller, folder, settings_file) -> dict:
+    """A SmolLM2 service on remote node gpu-1 whose executor is SIGKILLed, then stopped.
+
+    Returns the node credential, the service, its ready view, the lost attempt, the
+    engine's pid and the stopped view (the lost replica still ``unknown``).
+    """
+    _, credential = await controller.service.contributors.add_node("gpu-1")
+    executor = ExecutorProcess(
+        controller.url, credential, folder, "--agent-config", str(settings_file)
+    )
+    try:
+        await executor.wait_connected()
+        service_id, ready = await _ready_on(controller, "gpu-1")
+        lost_attempt = ready["replicas"][0]["attempt_id"]
+        [engine_pid] = _engine_pids(folder)
+        # The node's agent dies; its engine's fate is unknown to the controller.
+        executor.proc.send_signal(signal.SIGKILL)
+    finally:
+        executor.kill()
+    view = await controller.wait_service(
+        service_id, lambda v: v["replicas"][0]["state"] == "unknown"
+    )
+    assert view["replicas"][0]["reason"] == "node_lost"
+    assert view["unknown_attempts"] == [lost_attempt]
+    assert controller.service.live.get(service_id).replicas == ()
+
+    # Stop cannot confirm the unknown attempt's end: the service stops, the
+    # unknown replica keeps its reservation.
+    assert (await controller.control(service_id, "stop")).status_code == 200
+    stopped = await controller.wait_service(service_id, _state("stopped"))
+    assert stopped["replicas"][0]["state"] == "unknown"
+    assert stopped["replicas"][0]["reservation"] is not None
+    assert "1 replica(s) have an unknown outcome" in stopped["reason"]
+    return {
+        "credential": credential,
+        "service_id": service_id,
+        "ready": ready,
+        "lost_attempt": lost_attempt,
+        "engine_pid": engine_pid,
+        "stopped": stopped,
+    }
+
+
 @pytest.mark.slow
 async def test_a_killed_executor_leaves_an_unknown_replica_that_start_refuses_until_acknowledged(
     tmp_path,
@@ -54,32 +97,10 @@ async def test_a_killed_executor_leaves_an_unknown_replica_that_start_refuses_un
             async with open_inference_controller(
                 tmp_path, embedded=False, **FAST_NODES
             ) as controller:
-                service = controller.service
-                _, credential = await service.contributors.add_node("gpu-1")
-                executor = ExecutorProcess(
-                    controller.url, credential, agent_dir, "--agent-config", str(settings_file)
-                )
-                await executor.wait_connected()
-                service_id, ready = await _ready_on(controller, "gpu-1")
-                lost_attempt = ready["replicas"][0]["attempt_id"]
-                [engine_pid] = _engine_pids(agent_dir)
-
-                # The node's agent dies; its engine's fate is unknown to the controller.
-                executor.proc.send_signal(signal.SIGKILL)
-                executor.proc.wait()
-                view = await controller.wait_service(
-                    service_id, lambda v: v["replicas"][0]["state"] == "unknown"
-                )
-                assert view["replicas"][0]["reason"] == "node_lost"
-                assert view["unknown_attempts"] == [lost_attempt]
-                assert service.live.get(service_id).replicas == ()
-
-                # Stop cannot confirm the unknown attempt's end: the service stops, the
-                # unknown replica keeps its reservation.
-                assert (await controller.control(service_id, "stop")).status_code == 200
-                stopped = await controller.wait_service(service_id, _state("stopped"))
-                assert stopped["replicas"][0]["state"] == "unknown"
-                assert stopped["replicas"][0]["reservation"] is not None
+                lost = await _lose_and_stop(controller, agent_dir, settings_file)
+                credential, service_id = lost["credential"], lost["service_id"]
+                ready, stopped = lost["ready"], lost["stopped"]
+                lost_attempt, engine_pid = lost["lost_attempt"], lost["engine_pid"]
 
                 # start without acknowledgement: 409 before any replica is retried.
                 response = await controller.control(service_id, "start")
@@ -118,6 +139,49 @@ async def test_a_killed_executor_leaves_an_unknown_replica_that_start_refuses_un
                 assert "llamacpp:requests_processing 0" in metrics
                 assert "llamacpp:n_decode_total 0" in metrics or "n_decode_total" not in metrics
 
+                assert (await controller.control(service_id, "stop")).status_code == 200
+                await controller.wait_service(service_id, _state("stopped"))
+    finally:
+        if executor is not None:
+            executor.kill()
+
+
+@pytest.mark.slow
+async def test_a_resolved_unknown_outcome_leaves_no_reason_behind_and_a_plain_start_works(
+    tmp_path,
+    agent_dir,  # noqa: F811
+):
+    settings_file = write_agent_settings(tmp_path)
+    executor = None
+    try:
+        with trio.fail_after(180):
+            async with open_inference_controller(
+                tmp_path, embedded=False, **FAST_NODES
+            ) as controller:
+                lost = await _lose_and_stop(controller, agent_dir, settings_file)
+                service_id = lost["service_id"]
+
+                # The executor restarts: the replica resolves by itself, with no start.
+                executor = ExecutorProcess(
+                    controller.url,
+                    lost["credential"],
+                    agent_dir,
+                    "--agent-config",
+                    str(settings_file),
+                )
+                await executor.wait_connected()
+                resolved = await controller.wait_service(
+                    service_id, lambda v: v["unknown_attempts"] == []
+                )
+                assert resolved["replicas"][0]["state"] == "stopped"
+                assert resolved["replicas"][0]["reason"] == "not_running_after_reconnect"
+                assert resolved["state"] == "stopped"
+                assert resolved["reason"] is None
+                assert not _alive(lost["engine_pid"])
+
+                response = await controller.control(service_id, "start")
+                assert response.status_code == 200, response.text
+                await controller.wait_service(service_id, _state("ready"))
                 assert (await controller.control(service_id, "stop")).status_code == 200
                 await controller.wait_service(service_id, _state("stopped"))
     finally:

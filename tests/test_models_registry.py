@@ -176,7 +176,7 @@ async def test_delete_keeps_shared_content_and_evicts_unshared(client, bootstrap
 async def test_progress_held_before_private_partials_moves_to_the_first_model_that_declared_it(
     tmp_path,
 ):
-    """Upgrading from schema 6, where one partial per sha256 was shared by every model."""
+    """Upgrading from schema 8, where one partial per sha256 was shared by every model."""
     content = random_bytes(5000, seed=41)
     sha = hashlib.sha256(content).hexdigest()
     data = tmp_path / "data"
@@ -184,10 +184,10 @@ async def test_progress_held_before_private_partials_moves_to_the_first_model_th
     (data / "blobs" / "partial" / f"{sha}.part").write_bytes(content[:3000])
     (data / "blobs" / "partial" / "stray.part").write_bytes(b"nobody's")
     with sqlite3.connect(data / "ficc.sqlite3") as db:
-        for statements in MIGRATIONS[:6]:
+        for statements in MIGRATIONS[:8]:
             for statement in statements:
                 db.execute(statement)
-        db.execute("PRAGMA user_version = 6")
+        db.execute("PRAGMA user_version = 8")
         db.execute("INSERT INTO projects VALUES ('p1', 'default', 0), ('p2', 'other', 0)")
         manifest = json.dumps(gguf_manifest("m", content))
         for model_id, project, created in (("first", "p1", 1.0), ("second", "p2", 2.0)):

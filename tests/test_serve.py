@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import re
 import signal
+import stat
 
 import httpx
 import pytest
 import trio
 
-from .serve_support import FICC, ServeProcess
+from .serve_support import FICC, ServeProcess, first_run_secrets
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
@@ -25,10 +26,15 @@ async def test_serve_starts_with_defaults_bootstraps_once_and_stops_on_signal(tm
             code = await trio.to_thread.run_sync(server.proc.wait)
         assert code == 0
         output = server.read_rest()
-        match = re.search(r"admin token:\s+(\S+)", output)
-        assert match, output
-        token = match.group(1)
-        assert re.search(r"admin password:\s+\S+", output)
+        # The secrets are in a file only this user reads, never in the captured output.
+        secrets_file = tmp_path / "data" / "first-run-secrets"
+        assert f"secrets file: {secrets_file}" in output, output
+        assert stat.S_IMODE(secrets_file.stat().st_mode) == 0o600
+        written = first_run_secrets(secrets_file)
+        token, password = written["admin token"], written["admin password"]
+        assert token.startswith("ficc_") and len(password) >= 8
+        assert token not in output and password not in output
+        assert "admin token" not in output and "admin password" not in output
     finally:
         server.kill()
 
@@ -46,6 +52,21 @@ async def test_serve_starts_with_defaults_bootstraps_once_and_stops_on_signal(tm
         assert again.proc.returncode == 0
     finally:
         again.kill()
+
+
+async def test_first_run_secrets_stdout_prints_them_in_the_banner_instead(tmp_path):
+    server = ServeProcess(tmp_path / "data", "--first-run-secrets", "stdout")
+    try:
+        url = await server.wait_ready()
+        token = await server.admin_token()
+        async with httpx.AsyncClient(base_url=url, timeout=10) as http:
+            whoami = await http.get("/api/v1/whoami", headers={"Authorization": f"Bearer {token}"})
+        assert whoami.status_code == 200
+        assert re.search(r"admin password:\s+\S+", "".join(server.lines))
+        assert not (tmp_path / "data" / "first-run-secrets").exists()
+    finally:
+        server.proc.terminate()
+        server.kill()
 
 
 async def test_graceful_shutdown_lets_an_in_flight_request_finish(tmp_path):

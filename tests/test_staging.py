@@ -18,6 +18,7 @@ from ficc_core.agent.runtimes import AgentSettings
 from ficc_core.agent.staging import Stager, StagingError, stage_job_inputs, stager_from_settings
 from ficc_core.errors import ConfigError
 from ficc_core.schema import EndpointContract, Job, JobInput
+from ficc_core.testing.executor_kit import new_fence
 
 from .agent_support import open_controller
 from .conftest import bearer, issue_token
@@ -48,6 +49,13 @@ async def _verified_model(url: str, admin: str, content: bytes, name: str = "m")
     return hashlib.sha256(content).hexdigest()
 
 
+async def _assigned_model(service, url: str, admin: str, content: bytes, name: str = "m") -> str:
+    """As :func:`_verified_model`, its blob an input of an attempt assigned to node gpu-1."""
+    digest = await _verified_model(url, admin, content, name)
+    await service.contributors.assign("gpu-1", new_fence(), "process", inputs=[digest])
+    return digest
+
+
 def _served(service, status: str = "200") -> float:
     value = service.metrics.registry.get_sample_value(
         "ficc_http_requests_total", {"route": ROUTE, "method": "GET", "status": status}
@@ -68,7 +76,7 @@ async def test_a_node_stages_a_verified_blob_once_and_read_only(setup, tmp_path)
     service, url, admin, node = setup
     with trio.fail_after(30):
         content = random_bytes(3 * MiB + 17, seed=1)
-        digest = await _verified_model(url, admin, content)
+        digest = await _assigned_model(service, url, admin, content)
         stager = Stager(tmp_path / "cache", url, node)
         path = await stager.stage(digest, len(content))
         assert path == tmp_path / "cache" / "sha256" / digest
@@ -89,7 +97,7 @@ async def test_concurrent_stages_of_one_digest_share_one_download(setup, tmp_pat
     service, url, admin, node = setup
     with trio.fail_after(30):
         content = random_bytes(2 * MiB, seed=2)
-        digest = await _verified_model(url, admin, content)
+        digest = await _assigned_model(service, url, admin, content)
         stager = Stager(tmp_path / "cache", url, node, chunk_size=64 * 1024)
         paths = []
 
@@ -107,7 +115,7 @@ async def test_the_blob_route_serves_only_nodes_verified_referenced_blobs_with_r
     service, url, admin, node = setup
     with trio.fail_after(30):
         content = random_bytes(MiB + 5, seed=3)
-        digest = await _verified_model(url, admin, content)
+        digest = await _assigned_model(service, url, admin, content)
         project = await issue_token(service, name="reader")
         route = f"/api/v1/contributors/blobs/{digest}"
         async with httpx.AsyncClient(base_url=url, timeout=30) as client:
@@ -165,7 +173,7 @@ async def test_an_interrupted_download_resumes_with_a_range(setup, tmp_path):
     service, url, admin, node = setup
     with trio.fail_after(60):
         content = random_bytes(32 * MiB, seed=5)
-        digest = await _verified_model(url, admin, content)
+        digest = await _assigned_model(service, url, admin, content)
         stager = Stager(tmp_path / "cache", url, node, chunk_size=64 * 1024)
         partial = await _interrupted(stager, digest, len(content), after=4 * MiB)
         assert 4 * MiB <= partial < len(content)
@@ -187,10 +195,10 @@ def _flip_byte(path: Path, offset: int) -> None:
 async def test_a_corrupt_partial_fails_verification_is_discarded_and_a_retry_succeeds(
     setup, tmp_path
 ):
-    _, url, admin, node = setup
+    service, url, admin, node = setup
     with trio.fail_after(60):
         content = random_bytes(8 * MiB, seed=6)
-        digest = await _verified_model(url, admin, content)
+        digest = await _assigned_model(service, url, admin, content)
         stager = Stager(tmp_path / "cache", url, node, chunk_size=64 * 1024)
         await _interrupted(stager, digest, len(content), after=MiB)
         part = stager.partial_path(digest)
@@ -208,7 +216,7 @@ async def test_insufficient_free_disk_is_refused_before_any_download(setup, tmp_
     service, url, admin, node = setup
     with trio.fail_after(30):
         content = random_bytes(MiB, seed=7)
-        digest = await _verified_model(url, admin, content)
+        digest = await _assigned_model(service, url, admin, content)
         usage = namedtuple("usage", "total used free")
         monkeypatch.setattr(staging, "disk_usage", lambda _path: usage(10 * MiB, 0, 2 * MiB))
         stager = Stager(tmp_path / "cache", url, node, free_margin=2 * MiB)
@@ -252,10 +260,10 @@ async def test_a_shared_directory_copy_is_used_without_any_request(tmp_path):
 
 
 async def test_stage_job_inputs_rewrites_blob_inputs_to_staged_files(setup, tmp_path):
-    _, url, admin, node = setup
+    service, url, admin, node = setup
     with trio.fail_after(30):
         content = random_bytes(MiB, seed=9)
-        digest = await _verified_model(url, admin, content)
+        digest = await _assigned_model(service, url, admin, content)
         there = "/controller/blobs/sha256/" + digest
         job = Job(
             argv=("engine", "--model", there, f"--draft={there}"),
@@ -306,7 +314,7 @@ async def test_a_remote_launch_stages_the_blob_input_and_the_engine_reads_it(set
     from ficc_core.agent import Agent
     from ficc_core.agent.remote import RemoteAgent
     from ficc_core.executor import BodyChunk, EndOfStream, ResponseHead
-    from ficc_core.testing.executor_kit import new_fence, standin_job
+    from ficc_core.testing.executor_kit import standin_job
 
     service, url, admin, node = setup
     with trio.fail_after(60):
@@ -363,13 +371,14 @@ async def test_a_remote_launch_stages_the_blob_input_and_the_engine_reads_it(set
 async def test_a_directory_model_is_assembled_from_staged_blobs_read_only(setup, tmp_path):
     from ficc_core.agent.staging import stage_directory
 
-    _, url, admin, node = setup
+    service, url, admin, node = setup
     with trio.fail_after(60):
         config = b'{"architectures": ["LlamaForCausalLM"]}'
         weights = random_bytes(3 * MiB, seed=12)
         files = {}
         for name, content in {"config.json": config, "model.safetensors": weights}.items():
-            digest = await _verified_model(url, admin, content, name=name.replace(".", "-"))
+            model = name.replace(".", "-")
+            digest = await _assigned_model(service, url, admin, content, name=model)
             files[name] = (f"sha256:{digest}", len(content))
         stager = Stager(tmp_path / "cache", url, node)
         root = await stage_directory(stager, files)

@@ -7,7 +7,9 @@ Every attempt the agent runs holds a lease. The controller renews leases from a
 task of its own (never from a request path, so slow endpoint reads cannot starve
 it); when a lease runs out without renewal the agent stops that attempt itself,
 so a partitioned node never keeps serving a generation the controller has moved
-on from.
+on from. Each grant and renewal is also passed to the provider (its optional
+``hold``), so an engine is stopped on the node when its lease passes even if the
+agent itself died.
 """
 
 from __future__ import annotations
@@ -214,9 +216,10 @@ class Agent:
         if (blobs or directories) and self.stager is not None:
             job = await stage_job_inputs(self.stager, job, blobs or {}, directories)
         status = await self.providers[provider].launch(job, fence, limits=limits, runtime=runtime)
-        self._leases[fence.attempt_id] = Lease(
+        held = self._leases[fence.attempt_id] = Lease(
             provider, fence, trio.current_time() + (lease or self.lease_duration)
         )
+        self._hold(held)
         self._wake()
         return status
 
@@ -234,6 +237,7 @@ class Agent:
             lease = self._leases.get(attempt_id)
             if lease is not None and not lease.expiring:
                 lease.deadline = max(lease.deadline, deadline)
+                self._hold(lease)
                 renewed.append(attempt_id)
         self._wake()
         return renewed
@@ -309,6 +313,13 @@ class Agent:
         held = self._leases.get(fence.attempt_id)
         check_fence({} if held is None else {fence.attempt_id: held.fence}, fence)
         return self._leases[fence.attempt_id]
+
+    def _hold(self, lease: Lease) -> None:
+        # ``hold`` is optional (providers written before it lack it): a provider that
+        # has it stops the engine by itself once the lease passes with this agent gone.
+        hold = getattr(self.providers[lease.provider], "hold", None)
+        if hold is not None:
+            hold(lease.fence, lease.deadline - trio.current_time())
 
     def _wake(self) -> None:
         self._changed.set()

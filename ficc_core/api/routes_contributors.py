@@ -1,6 +1,7 @@
 """Contributor nodes: state, last heartbeat, snapshot and attempts (scope ``contributors:read``),
 the WebSocket remote agents dial out to, and the blob download route nodes stage model
-inputs from (both authenticated by a node credential only).
+inputs from (both authenticated by a node credential only; a node downloads only the
+inputs of attempts assigned to it, while they are).
 
 Nodes belong to the installation, not to a project: every project's readers see them.
 """
@@ -100,25 +101,20 @@ def register(app: QuartTrio, service: Service) -> None:
 
     @app.get("/api/v1/contributors/blobs/<sha256>", endpoint="contributors_blob")
     async def contributors_blob(sha256: str) -> Response:
-        # A node credential only (checked here, like the WebSocket): nodes stage the
-        # verified blobs models reference, by digest, resuming with Range.
-        await service.contributors.authenticate(
+        # A node credential only (checked here, like the WebSocket): a node stages the
+        # inputs of the attempts assigned to it, by digest, resuming with Range.
+        node_id = await service.contributors.authenticate(
             _bearer_token(request.headers.get("Authorization", ""))
         )
+        # One answer for unknown, unverified and not-assigned-to-you digests: a
+        # refusal tells a node nothing about other nodes' or projects' files.
         unknown = NotFound(
-            f"no verified blob {sha256} is referenced by a model", code="blob_unknown"
+            f"no blob {sha256} is an input of an attempt assigned to this node",
+            code="blob_unknown",
         )
         if _SHA256.fullmatch(sha256) is None:
             raise unknown
-
-        found = await service.store.read(
-            lambda tx: tx.fetch_one(
-                "SELECT b.state AS state FROM blobs b WHERE b.sha256 = ? AND EXISTS"
-                " (SELECT 1 FROM model_files f WHERE f.sha256 = b.sha256)",
-                (sha256,),
-            )
-        )
-        if found is None or found["state"] != "verified":
+        if not await service.contributors.may_download(node_id, sha256):
             raise unknown
         path = service.blobs.published_path(sha256)
         try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import attrs
-from quart import Response, g, jsonify
+from quart import Response, g, jsonify, request
 
 from .._version import __version__
 from .bodies import read_json
@@ -35,10 +35,12 @@ def register(app: QuartTrio, service: Service) -> None:
     async def health() -> Response:
         return jsonify({"status": "ok", "version": __version__})
 
-    @app.get("/metrics", endpoint="metrics")
-    async def metrics() -> Response:
-        body, content_type = service.metrics.render()
-        return Response(body, content_type=content_type)
+    if service.config.metrics_listen is None:
+        # Otherwise the metrics listener serves it (server.serve_metrics), not the API.
+        @app.get("/metrics", endpoint="metrics")
+        async def metrics() -> Response:
+            body, content_type = service.metrics.render()
+            return Response(body, content_type=content_type)
 
     @app.get("/api/v1/whoami", endpoint="whoami")
     async def whoami() -> Response:
@@ -48,7 +50,7 @@ def register(app: QuartTrio, service: Service) -> None:
     async def login() -> tuple[Response, int]:
         body = await read_json(LoginBody, service.config.max_body_bytes)
         principal, cookie, csrf = await service.auth.login(
-            body.username, body.password, body.project
+            body.username, body.password, body.project, address=request.remote_addr or ""
         )
         response = jsonify({"principal": principal.describe(), "csrf_token": csrf})
         lifetime = int(service.config.session_lifetime)

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 import attrs
 from quart import Response, g, jsonify
 
+from ..auth.scopes import ADMIN
 from ..schema import FieldError
 from .bodies import name_validator, read_json
 
@@ -33,9 +34,17 @@ class TokenBody:
 def register(app: QuartTrio, service: Service) -> None:
     """Add the credential routes to ``app``."""
 
+    # Credentials holding ``admin`` are the installation's, not the project's: a token
+    # manager without ``admin`` neither sees nor revokes them.
+    def installation() -> bool:
+        return ADMIN in g.principal.scopes
+
     @app.get("/api/v1/tokens", endpoint="tokens_list")
     async def tokens_list() -> Response:
-        return jsonify({"tokens": await service.auth.list_credentials(g.principal.project_id)})
+        tokens = await service.auth.list_credentials(
+            g.principal.project_id, installation=installation()
+        )
+        return jsonify({"tokens": tokens})
 
     @app.post("/api/v1/tokens", endpoint="tokens_create")
     async def tokens_create() -> tuple[Response, int]:
@@ -53,8 +62,16 @@ def register(app: QuartTrio, service: Service) -> None:
 
     @app.get("/api/v1/tokens/<token_id>", endpoint="tokens_get")
     async def tokens_get(token_id: str) -> Response:
-        return jsonify(await service.auth.get_credential(g.principal.project_id, token_id))
+        return jsonify(
+            await service.auth.get_credential(
+                g.principal.project_id, token_id, installation=installation()
+            )
+        )
 
     @app.delete("/api/v1/tokens/<token_id>", endpoint="tokens_revoke")
     async def tokens_revoke(token_id: str) -> Response:
-        return jsonify(await service.auth.revoke_credential(g.principal.project_id, token_id))
+        return jsonify(
+            await service.auth.revoke_credential(
+                g.principal.project_id, token_id, installation=installation()
+            )
+        )

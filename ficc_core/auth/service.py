@@ -3,12 +3,17 @@
 A bearer credential belongs to exactly one project and carries its own scopes.
 A browser session belongs to a user and to the one project chosen at login; its
 scopes are the user's scopes in that project (every scope for an administrator).
+
+Every credential is minted by :meth:`AuthService.create_credential`, the one place
+that bounds its lifetime (never past ``token_max_lifetime``, never past its issuer's
+expiry) and records its issuer, so revoking an issuer revokes what it minted.
 """
 
 from __future__ import annotations
 
 import hmac
 import json
+import math
 import time
 from collections import OrderedDict
 from functools import partial
@@ -21,12 +26,25 @@ from ..errors import Conflict, Forbidden, InvalidRequest, NotFound, Unauthentica
 from ..store import Store, Transaction
 from . import secrets as sec
 from .scopes import ADMIN, ALL_SCOPES, PROJECT_SCOPES, check_scopes
+from .throttle import LoginThrottle
 
 SESSION_PREFIX = "fs_"
 #: Seconds a verified bearer credential is served from memory (see ``authenticate_bearer``).
 CREDENTIAL_CACHE_SECONDS = 5.0
 #: Credentials kept in that cache, least recently used dropped first.
 CREDENTIAL_CACHE_SIZE = 10_000
+
+
+def revocation_statement() -> str:
+    """What a revocation written by another process does; docs/api.md and docs/gateway.md
+    both carry this sentence (a test compares them with it)."""
+    seconds = f"{CREDENTIAL_CACHE_SECONDS:g}"
+    return (
+        "A credential revoked by another process sharing the database (`ficc admin "
+        f"revoke-token`) stops working within {seconds} s: its new requests are refused "
+        f"and the responses it has streaming end (the controller looks for new "
+        f"revocations every {seconds} s)."
+    )
 
 
 @attrs.frozen
@@ -76,6 +94,32 @@ def _project_row(tx: Transaction, ref: str) -> dict[str, Any]:
     return row
 
 
+def _installation_level(row: dict[str, Any]) -> bool:
+    # A credential holding ``admin`` (the first run's, say) acts beyond its project:
+    # only administrators see or revoke it.
+    return ADMIN in json.loads(row["scopes"])
+
+
+def _minted_by(tx: Transaction, issuer_id: str) -> list[str]:
+    """Every credential minted by ``issuer_id``, and by those, transitively."""
+    rows = tx.fetch_all(
+        "WITH RECURSIVE minted(id) AS ("
+        " SELECT id FROM credentials WHERE issuer_id = ?"
+        " UNION SELECT c.id FROM credentials c JOIN minted m ON c.issuer_id = m.id)"
+        " SELECT id FROM minted",
+        (issuer_id,),
+    )
+    return [row["id"] for row in rows]
+
+
+def _revoke(tx: Transaction, ids: list[str], now: float) -> None:
+    for credential_id in ids:
+        tx.execute(
+            "UPDATE credentials SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL",
+            (now, credential_id),
+        )
+
+
 def _credential_view(row: dict[str, Any]) -> dict[str, Any]:
     return {
         "id": row["id"],
@@ -87,6 +131,7 @@ def _credential_view(row: dict[str, Any]) -> dict[str, Any]:
         "expires_at": row["expires_at"],
         "revoked_at": row["revoked_at"],
         "service_id": row["service_id"],
+        "issuer_id": row["issuer_id"],
     }
 
 
@@ -105,9 +150,18 @@ def _user_view(row: dict[str, Any], memberships: list[dict[str, Any]]) -> dict[s
 class AuthService:
     """Authentication and the records behind it, all through the :class:`Store`."""
 
-    def __init__(self, store: Store, *, session_lifetime: float = 12 * 3600.0) -> None:
+    def __init__(
+        self,
+        store: Store,
+        *,
+        session_lifetime: float = 12 * 3600.0,
+        token_max_lifetime: float = 90 * 86400.0,
+        login_throttle: LoginThrottle | None = None,
+    ) -> None:
         self.store = store
         self.session_lifetime = session_lifetime
+        self.token_max_lifetime = token_max_lifetime
+        self.login_throttle = login_throttle or LoginThrottle()
         self._password_limiter = trio.CapacityLimiter(2)
         # Credential and session IDs revoked (or logged out) in this process, so a
         # streaming response can re-check its authority per chunk without SQLite.
@@ -254,6 +308,12 @@ class AuthService:
         When ``issuer`` is given, the new credential may carry only scopes the
         issuer holds, and only in the issuer's own project. With ``service_id``, it
         is bound to that one inference service (only ``inference:invoke`` makes sense).
+
+        Its lifetime is capped, never refused: at ``token_max_lifetime``, and at the
+        issuer's remaining lifetime (an absent ``lifetime`` asks for the longest
+        allowed). When capped, the record says so in ``capped`` (``requested``,
+        ``granted`` seconds and ``by``: ``token_max_lifetime`` or ``issuer_expiry``).
+        The issuer is recorded: revoking it revokes this credential too.
         """
         scopes = check_scopes(scopes)
         if not scopes:
@@ -269,19 +329,16 @@ class AuthService:
                     code="scope_escalation",
                     details={"scopes": beyond},
                 )
-        if lifetime is not None and lifetime <= 0:
-            raise InvalidRequest(
-                "a credential lifetime must be positive",
-                details={"errors": [{"path": "$.lifetime", "message": "must be positive"}]},
-            )
         credential_id, secret, now = sec.new_id(), sec.new_secret(), time.time()
-        expires_at = None if lifetime is None else now + lifetime
+        expires_at, capped = self._expiry(lifetime, issuer, now)
+        issuer_id = None if issuer is None else issuer.id
 
         def insert(tx: Transaction) -> dict[str, Any]:
             project = _project_row(tx, project_ref)
             tx.execute(
                 "INSERT INTO credentials (id, secret_hash, project_id, user_id, name, scopes,"
-                " created_at, expires_at, service_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                " created_at, expires_at, service_id, issuer_id)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     credential_id,
                     sec.hash_secret(secret),
@@ -292,33 +349,68 @@ class AuthService:
                     now,
                     expires_at,
                     service_id,
+                    issuer_id,
                 ),
             )
             row = tx.fetch_one("SELECT * FROM credentials WHERE id = ?", (credential_id,))
             return _credential_view(row)
 
         record = await self.store.write(insert)
+        if capped is not None:
+            record["capped"] = capped
         return record, sec.make_token(credential_id, secret)
 
-    async def list_credentials(self, project_id: str) -> list[dict[str, Any]]:
-        """Return the project's credentials (never their secrets)."""
+    def _expiry(
+        self, lifetime: float | None, issuer: Principal | None, now: float
+    ) -> tuple[float, dict[str, Any] | None]:
+        """The expiry of a credential asked to live ``lifetime`` seconds, and the cap if any."""
+        if lifetime is not None and not (math.isfinite(lifetime) and lifetime > 0):
+            raise InvalidRequest(
+                "a credential lifetime must be a positive, finite number of seconds",
+                details={"errors": [{"path": "$.lifetime", "message": "must be positive"}]},
+            )
+        expires_at, by = now + self.token_max_lifetime, "token_max_lifetime"
+        if issuer is not None and issuer.expires_at is not None:
+            if issuer.expires_at <= now:
+                raise Unauthenticated("the credential has expired", code="credential_expired")
+            if issuer.expires_at < expires_at:
+                expires_at, by = issuer.expires_at, "issuer_expiry"
+        if lifetime is not None and now + lifetime <= expires_at:
+            return now + lifetime, None
+        return expires_at, {"requested": lifetime, "granted": expires_at - now, "by": by}
+
+    async def list_credentials(
+        self, project_id: str, *, installation: bool = True
+    ) -> list[dict[str, Any]]:
+        """Return the project's credentials (never their secrets).
+
+        Without ``installation`` (a caller lacking ``admin``), credentials that hold
+        ``admin`` are left out: they are not the project's to manage.
+        """
         rows = await self.store.read(
             lambda tx: tx.fetch_all(
                 "SELECT * FROM credentials WHERE project_id = ? ORDER BY created_at, id",
                 (project_id,),
             )
         )
-        return [_credential_view(row) for row in rows]
+        return [
+            _credential_view(row) for row in rows if installation or not _installation_level(row)
+        ]
 
-    async def get_credential(self, project_id: str, credential_id: str) -> dict[str, Any]:
-        """Return one credential of the project; another project's is not found."""
+    async def get_credential(
+        self, project_id: str, credential_id: str, *, installation: bool = True
+    ) -> dict[str, Any]:
+        """Return one credential of the project; another project's is not found.
+
+        Without ``installation``, neither is one that holds ``admin``.
+        """
         row = await self.store.read(
             lambda tx: tx.fetch_one(
                 "SELECT * FROM credentials WHERE id = ? AND project_id = ?",
                 (credential_id, project_id),
             )
         )
-        if row is None:
+        if row is None or not (installation or not _installation_level(row)):
             raise NotFound(
                 f"no credential {credential_id!r} in this project",
                 code="credential_not_found",
@@ -326,29 +418,38 @@ class AuthService:
             )
         return _credential_view(row)
 
-    async def revoke_credential(self, project_id: str | None, credential_id: str) -> dict[str, Any]:
-        """Revoke a credential (of ``project_id``, or any project when it is ``None``)."""
+    async def revoke_credential(
+        self, project_id: str | None, credential_id: str, *, installation: bool = True
+    ) -> dict[str, Any]:
+        """Revoke a credential (of ``project_id``, or any project when it is ``None``).
+
+        Every credential it minted, and those they minted, is revoked with it in the
+        same transaction; the record lists them in ``also_revoked``. Without
+        ``installation``, a credential holding ``admin`` is not found.
+        """
         now = time.time()
 
-        def write(tx: Transaction) -> dict[str, Any]:
+        def write(tx: Transaction) -> tuple[dict[str, Any], list[str]]:
             row = tx.fetch_one("SELECT * FROM credentials WHERE id = ?", (credential_id,))
-            if row is None or (project_id is not None and row["project_id"] != project_id):
+            if (
+                row is None
+                or (project_id is not None and row["project_id"] != project_id)
+                or not (installation or not _installation_level(row))
+            ):
                 raise NotFound(
                     f"no credential {credential_id!r} in this project",
                     code="credential_not_found",
                     details={"id": credential_id},
                 )
-            if row["revoked_at"] is None:
-                tx.execute(
-                    "UPDATE credentials SET revoked_at = ? WHERE id = ?", (now, credential_id)
-                )
-            return _credential_view(
-                tx.fetch_one("SELECT * FROM credentials WHERE id = ?", (credential_id,))
-            )
+            minted = _minted_by(tx, credential_id)
+            _revoke(tx, [credential_id, *minted], now)
+            record = tx.fetch_one("SELECT * FROM credentials WHERE id = ?", (credential_id,))
+            return _credential_view(record), minted
 
-        record = await self.store.write(write)
-        self._mark_revoked(credential_id)
-        return record
+        record, minted = await self.store.write(write)
+        for revoked in (credential_id, *minted):
+            self._mark_revoked(revoked)
+        return {**record, "also_revoked": minted}
 
     # -- live authority (the request path re-checks it while a response streams) --------
 
@@ -463,17 +564,23 @@ class AuthService:
     # -- browser sessions -----------------------------------------------------
 
     async def login(
-        self, username: str, password: str, project_ref: str
+        self, username: str, password: str, project_ref: str, *, address: str = ""
     ) -> tuple[Principal, str, str]:
         """Check a password and open a session in one project.
 
-        Return the principal, the session cookie value and the CSRF token.
+        Return the principal, the session cookie value and the CSRF token. Failed
+        logins are bounded per user and client ``address`` (see :mod:`.throttle`):
+        past the limits this raises :class:`~.throttle.LoginThrottled` before the
+        password is checked.
         """
-        row = await self.store.read(
-            lambda tx: tx.fetch_one("SELECT * FROM users WHERE username = ?", (username,))
-        )
-        stored = row["password_hash"] if row else None
-        if not await sec.verify_password(password, stored, self._password_limiter):
+        with self.login_throttle.attempt(username, address) as record:
+            row = await self.store.read(
+                lambda tx: tx.fetch_one("SELECT * FROM users WHERE username = ?", (username,))
+            )
+            stored = row["password_hash"] if row else None
+            verified = await sec.verify_password(password, stored, self._password_limiter)
+            record(verified)
+        if not verified:
             raise Unauthenticated("the username or password is wrong", code="invalid_login")
         session_id, secret, csrf = sec.new_id(), sec.new_secret(), sec.new_secret()
         now = time.time()
@@ -551,19 +658,26 @@ class AuthService:
         )
 
     async def logout(self, session_id: str) -> None:
-        """End a session (responses streaming under it end too)."""
-        await self.store.write(
-            lambda tx: tx.execute("DELETE FROM sessions WHERE id = ?", (session_id,))
-        )
-        self._mark_revoked(session_id)
+        """End a session and revoke what it minted (responses streaming under them end too)."""
+        now = time.time()
+
+        def write(tx: Transaction) -> list[str]:
+            tx.execute("DELETE FROM sessions WHERE id = ?", (session_id,))
+            minted = _minted_by(tx, session_id)
+            _revoke(tx, minted, now)
+            return minted
+
+        for revoked in (session_id, *await self.store.write(write)):
+            self._mark_revoked(revoked)
 
     # -- first run --------------------------------------------------------------
 
-    async def bootstrap(self) -> dict[str, str] | None:
+    async def bootstrap(self) -> dict[str, Any] | None:
         """On an empty store, create the ``default`` project, an ``admin`` user and token.
 
-        Return the generated password and token (to print once), or ``None`` when
-        users already exist.
+        Return the generated password and token (to hand over once) and the token's
+        ``expires_at``, or ``None`` when users already exist. The token holds ``admin``,
+        so project token managers neither see nor revoke it.
         """
         if await self.has_users():
             return None
@@ -575,7 +689,7 @@ class AuthService:
         user = await self.create_user(
             "admin", password, admin=True, projects={project["id"]: frozenset(PROJECT_SCOPES)}
         )
-        _, token = await self.create_credential(
+        record, token = await self.create_credential(
             project["id"], name="bootstrap", scopes=frozenset(ALL_SCOPES), user_id=user["id"]
         )
         return {
@@ -583,4 +697,5 @@ class AuthService:
             "username": "admin",
             "password": password,
             "token": token,
+            "expires_at": record["expires_at"],
         }

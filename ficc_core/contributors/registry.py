@@ -449,7 +449,7 @@ class NodeRegistry:
                 input_id: {path: list(entry) for path, entry in files.items()}
                 for input_id, files in directories.items()
             }
-        await self._assign(node_id, fence, provider)
+        await self.assign(node_id, fence, provider, inputs=_input_digests(blobs, directories))
         done = False
         try:
             reply = await link.call(message)
@@ -505,16 +505,50 @@ class NodeRegistry:
 
     # -- what the controller wants each node to run ---------------------------------------------
 
-    async def _assign(self, node_id: str, fence: Fence, provider: str) -> None:
+    async def assign(
+        self, node_id: str, fence: Fence, provider: str, *, inputs: Sequence[str] = ()
+    ) -> None:
+        """Record that the controller wants ``node_id`` to run attempt ``fence``.
+
+        ``inputs`` are the hex digests of the blobs the node may download for it
+        (:meth:`may_download`), for as long as the attempt stays wanted.
+        """
         now = self.clock()
         await self.store.write(
             lambda tx: tx.execute(
                 "INSERT OR REPLACE INTO node_assignments (node_id, attempt_id, generation,"
-                " plan_digest, provider, wanted, reason, updated_at)"
-                " VALUES (?, ?, ?, ?, ?, 1, 'launched', ?)",
-                (node_id, fence.attempt_id, fence.generation, fence.plan_digest, provider, now),
+                " plan_digest, provider, wanted, reason, updated_at, inputs)"
+                " VALUES (?, ?, ?, ?, ?, 1, 'launched', ?, ?)",
+                (
+                    node_id,
+                    fence.attempt_id,
+                    fence.generation,
+                    fence.plan_digest,
+                    provider,
+                    now,
+                    json.dumps(sorted(set(inputs))),
+                ),
             )
         )
+
+    async def may_download(self, node_id: str, sha256: str) -> bool:
+        """Whether ``node_id`` may download blob ``sha256`` (hex) now.
+
+        Only a verified blob that a model references and that is an input of an
+        attempt the controller still wants this node to run: a node never reaches
+        other nodes' inputs, other projects' models, or an attempt's inputs once
+        it is stopped, given up or removed. One indexed query (a node's assignments).
+        """
+        row = await self.store.read(
+            lambda tx: tx.fetch_one(
+                "SELECT 1 AS ok FROM blobs b WHERE b.sha256 = ? AND b.state = 'verified'"
+                " AND EXISTS (SELECT 1 FROM model_files f WHERE f.sha256 = b.sha256)"
+                " AND EXISTS (SELECT 1 FROM node_assignments a, json_each(a.inputs) i"
+                " WHERE a.node_id = ? AND a.wanted = 1 AND i.value = b.sha256)",
+                (sha256, node_id),
+            )
+        )
+        return row is not None
 
     async def _unwant(self, node_id: str, attempt_id: str, reason: str) -> bool:
         now = self.clock()
@@ -540,7 +574,10 @@ class NodeRegistry:
                 "SELECT * FROM node_assignments WHERE node_id = ? ORDER BY attempt_id", (node_id,)
             )
         )
-        return [{**row, "wanted": bool(row["wanted"])} for row in rows]
+        return [
+            {**row, "wanted": bool(row["wanted"]), "inputs": json.loads(row["inputs"])}
+            for row in rows
+        ]
 
     async def give_up(self, node_id: str, attempt_id: str, *, reason: str = "given_up") -> bool:
         """Record that the controller no longer wants the attempt; return whether it knew it.
@@ -657,3 +694,14 @@ class NodeRegistry:
         while True:
             await self.sweep()
             await trio.sleep(period)
+
+
+def _input_digests(
+    blobs: Mapping[str, int] | None,
+    directories: Mapping[str, Mapping[str, tuple[str, int]]] | None,
+) -> list[str]:
+    """The hex digests a launch tells its node to stage (``sha256:`` prefixes dropped)."""
+    digests = list(blobs or ())
+    for files in (directories or {}).values():
+        digests.extend(digest for digest, _size in files.values())
+    return [digest.removeprefix("sha256:") for digest in digests]

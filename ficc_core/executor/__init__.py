@@ -39,6 +39,7 @@ from .types import (
     ResponseHead,
     StreamFailed,
 )
+from .watchdog_helper import process_start_time
 
 __all__ = [
     "ALLOWED_REQUEST_HEADERS",
@@ -73,5 +74,6 @@ __all__ = [
     "check_fence",
     "measure_resources",
     "package_digest",
+    "process_start_time",
     "total_memory",
 ]

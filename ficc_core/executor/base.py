@@ -2,18 +2,22 @@
 
 A concrete provider subclasses :class:`SupervisingProvider` and supplies how to
 start an engine (``_start``), signal it (``_signal``), explain its exit
-(``_exit_reason``), release what it held (``_release``) and find what a crashed
-run left behind (``_recover``). Everything else — fences, the endpoint action,
-readiness probing, the bounded log, SIGTERM/grace/SIGKILL — is here, once.
+(``_exit_reason``), release what it held (``_release``), find what a crashed
+run left behind (``_recover``) and, optionally, how to stop an engine without
+the agent (``_watchdog_spec``). Everything else — fences, the endpoint action,
+readiness probing, the bounded log, SIGTERM/grace/SIGKILL, the lease watchdog —
+is here, once.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shutil
 import signal
+import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
@@ -27,6 +31,7 @@ from .errors import AttemptExists, EngineUnavailable, LaunchFailed
 from .logs import BoundedLog
 from .netns import open_tcp_in_netns
 from .types import AttemptState, AttemptStatus, ReadEvent
+from .watchdog import Watchdog, end_leftover_watchdog
 
 if TYPE_CHECKING:
     from ..schema import Fence, Job, ResourceLimits, Runtime
@@ -36,6 +41,7 @@ __all__ = ["EngineProcess", "ExecutorAttempt", "SupervisingProvider", "attempt_k
 #: The longest Unix socket path Linux accepts (sun_path is 108 bytes with the NUL).
 MAX_SOCKET_PATH = 107
 RECORD = "attempt.json"
+log = logging.getLogger("ficc.executor")
 
 
 def attempt_key(attempt_id: str) -> str:
@@ -128,6 +134,8 @@ class SupervisingProvider:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Clean up leftovers of an earlier run, report started, serve until cancelled."""
         await trio.to_thread.run_sync(lambda: self.attempts_dir.mkdir(parents=True, exist_ok=True))
+        # An earlier run's watchdogs go first, so none acts while leftovers are removed.
+        await trio.to_thread.run_sync(self._end_leftover_watchdogs)
         await self._recover()
         try:
             async with trio.open_nursery() as nursery:
@@ -148,6 +156,9 @@ class SupervisingProvider:
             if attempt.process is None or attempt.done.is_set():
                 continue
             await self._stop_engine(attempt, self.default_grace)
+            watchdog = attempt.extra.pop("watchdog", None)
+            if watchdog is not None:
+                await watchdog.end()
             await self._release(attempt)
         for attempt in list(self._attempts.values()):
             await trio.to_thread.run_sync(self._remove_record, attempt.directory)
@@ -212,6 +223,8 @@ class SupervisingProvider:
                 await self._release(attempt)
                 await trio.to_thread.run_sync(self._remove_record, directory)
             raise
+        with trio.CancelScope(shield=True):  # the engine runs: never leave it unsupervised
+            await self._start_watchdog(attempt)
         self.streams.attach(
             fence,
             job.endpoint,
@@ -250,6 +263,22 @@ class SupervisingProvider:
                 await self._signal(attempt, signal.SIGKILL)
                 await attempt.done.wait()
         return await self._status_with_tail(attempt)
+
+    def hold(self, fence: Fence, seconds: float) -> None:
+        """The attempt's lease now runs ``seconds`` more (an optional provider method).
+
+        The agent calls it on every lease grant and renewal; it never blocks. Should
+        this process die, the attempt's watchdog stops the engine on the node once
+        the last lease passes. An unknown or stale fence is ignored.
+        """
+        attempt = self._attempts.get(fence.attempt_id)
+        if attempt is None or attempt.fence != fence:
+            return
+        until = time.monotonic() + max(0.0, seconds)
+        attempt.extra["lease_until"] = until
+        watchdog = attempt.extra.get("watchdog")
+        if watchdog is not None:
+            watchdog.hold(until)
 
     async def logs(self, fence: Fence, tail: int = 100) -> list[str]:
         """Return the last ``tail`` lines of the attempt's log."""
@@ -340,6 +369,9 @@ class SupervisingProvider:
                     # Cancelled while the engine runs: the provider is shutting down.
                     await self._stop_engine(attempt, self.default_grace)
                 self.streams.detach(attempt.fence.attempt_id)
+                watchdog = attempt.extra.pop("watchdog", None)
+                if watchdog is not None:
+                    await watchdog.end()
                 try:
                     await self._release(attempt)
                     await trio.to_thread.run_sync(self._write_record, attempt, {"ended": True})
@@ -426,6 +458,28 @@ class SupervisingProvider:
         await trio.sleep(self.default_grace)
         await self._signal(attempt, signal.SIGKILL)
 
+    # -- the lease watchdog --------------------------------------------------------------------
+
+    async def _start_watchdog(self, attempt: ExecutorAttempt) -> None:
+        spec = await self._watchdog_spec(attempt)
+        if spec is None:
+            return
+        try:
+            watchdog = await Watchdog.start(spec, attempt.extra.get("lease_until"))
+        except OSError as exc:
+            # The agent still stops the engine when its lease expires; only its own
+            # death would now leave the engine behind.
+            log.warning("attempt %s runs without a lease watchdog: %s", attempt.key, exc)
+            return
+        attempt.extra["watchdog"] = watchdog
+        await trio.to_thread.run_sync(
+            lambda: self._write_record(attempt, {"watchdog": watchdog.record})
+        )
+
+    def _end_leftover_watchdogs(self) -> None:
+        for _directory, record in self._records():
+            end_leftover_watchdog(record)
+
     # -- attempt directory and record -------------------------------------------------------
 
     def _socket_dir(self, directory: Path) -> Path:
@@ -511,6 +565,16 @@ class SupervisingProvider:
 
     async def _recover(self) -> None:
         """Find what an earlier run left behind and remove it, before serving."""
+
+    async def _watchdog_spec(self, attempt: ExecutorAttempt) -> dict[str, Any] | None:
+        """How a watchdog stops this attempt's engine without the agent, or None for none.
+
+        The keys are those ``watchdog_helper.py`` reads: ``pid`` and ``start_time``
+        (the process to watch), ``group`` (a process group to signal), ``procs``
+        (``cgroup.procs`` files whose processes are killed), ``commands`` (argv
+        lists run first) and ``grace`` (seconds between SIGTERM and SIGKILL).
+        """
+        return None
 
     async def _close(self) -> None:
         """Free what the provider itself held, after every attempt has stopped."""

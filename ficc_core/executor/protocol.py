@@ -6,6 +6,14 @@ node agent instantiates one with its configuration, starts it with
 call that concerns an attempt carries its :class:`~ficc_core.schema.Fence`: an
 unknown attempt ID raises :class:`UnknownAttempt`, a known ID with another
 generation or plan digest raises :class:`StaleFence`.
+
+Optional (API 1, so providers without it keep working; agents look it up with
+``getattr``): ``hold(fence, seconds) -> None``, called on every lease grant and
+renewal with the seconds the attempt's lease now runs. It must not block. A
+provider that has it stops the engine on the node once the last lease passes with
+the agent's process gone (:class:`SupervisingProvider` does, with a watchdog).
+It is not a member of the protocol class, so ``isinstance`` checks of providers
+written before it still pass.
 """
 
 from __future__ import annotations

@@ -7,6 +7,12 @@ new requests are admitted, and the *ready* replicas of that generation with thei
 fences. Every publish replaces the service's entry and wakes whoever waits on
 :meth:`LiveTable.changed` (the gateway re-checks in-flight streams then).
 
+A control action that closes admission (drain, stop, remove) does not wait for
+the reconciler: the manager calls :meth:`LiveTable.close` before it answers, so
+once the answer is out the gateway already refuses new requests. The table then
+ignores any view the reconciler computed from an older record of the service
+(its ``revision``), so a step that was under way cannot open admission again.
+
 The gateway reports in-flight requests back (:meth:`LiveTable.enter` /
 :meth:`LiveTable.leave`) so a drain can wait until they finish.
 """
@@ -23,6 +29,7 @@ from ..schema import Fence
 #: ``serving``: new requests admitted; ``draining``: in-flight requests may finish,
 #: new ones are refused; ``stopped``: nothing is admitted and in-flight streams end.
 Admission = Literal["serving", "draining", "stopped"]
+_NARROWNESS = {"serving": 0, "draining": 1, "stopped": 2}
 
 
 @attrs.frozen(kw_only=True)
@@ -94,19 +101,39 @@ class LiveTable:
         self._changed: dict[str, trio.Event] = {}
         self._inflight: dict[str, int] = {}
         self._idle: dict[str, trio.Event] = {}
+        #: The revision of the last control action that closed each service's admission.
+        self._closed_at: dict[str, int] = {}
 
-    # -- the reconciler's side ----------------------------------------------------------
+    # -- the reconciler's and the manager's side ----------------------------------------
 
-    def publish(self, service: LiveService) -> None:
-        """Replace the view of ``service.id`` and wake its waiters (no-op when unchanged)."""
+    def publish(self, service: LiveService, *, revision: int | None = None) -> None:
+        """Replace the view of ``service.id`` and wake its waiters (no-op when unchanged).
+
+        :param revision: the revision of the service record the view was computed
+            from; a view older than the last :meth:`close` is ignored.
+        """
+        if revision is not None and revision < self._closed_at.get(service.id, revision):
+            return
         if self._services.get(service.id) == service:
             return
         self._services[service.id] = service
         self._wake(service.id)
 
+    def close(self, service_id: str, admission: Admission, revision: int) -> None:
+        """Narrow the admission of ``service_id`` now: a control action at ``revision``
+        answered (``stopped`` also drops its replicas, so streams in flight end)."""
+        self._closed_at[service_id] = max(self._closed_at.get(service_id, revision), revision)
+        view = self._services.get(service_id)
+        if view is None or _NARROWNESS[view.admission] >= _NARROWNESS[admission]:
+            return
+        replicas = () if admission == "stopped" else view.replicas
+        self._services[service_id] = attrs.evolve(view, admission=admission, replicas=replicas)
+        self._wake(service_id)
+
     def remove(self, service_id: str) -> None:
         """Forget a removed service; its waiters wake and find nothing."""
         self._services.pop(service_id, None)
+        self._closed_at.pop(service_id, None)
         self._wake(service_id)
 
     def _wake(self, service_id: str) -> None:

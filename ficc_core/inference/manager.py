@@ -75,6 +75,8 @@ REPLICA_STATES = (
 #: Attempt states in which the engine may be running (the executor has not confirmed an end).
 ACTIVE = frozenset({"pending", "staging", "launching", "loading", "ready", "draining", "stopping"})
 CONTROL_ACTIONS = ("start", "drain", "stop", "remove")
+#: What each control action that closes admission leaves the gateway admitting.
+CLOSES_ADMISSION = {"drain": "draining", "stop": "stopped", "remove": "stopped"}
 
 
 class UnknownOutcome(FiccError):
@@ -184,6 +186,15 @@ def service_view(
             }
         )
     unknown = [a["attempt_id"] for a in attempts if a["state"] == "unknown" and not a["released"]]
+    reason = row["reason"]
+    if unknown and row["state"] in ("stopped", "removing"):
+        # Derived from the attempts held now, never stored: it cannot outlive them.
+        held = len({a["replica"] for a in attempts if a["attempt_id"] in unknown})
+        reason = f"{held} replica(s) have an unknown outcome; " + (
+            "start with acknowledge_unknown: true to give them up"
+            if row["state"] == "stopped"
+            else "the service is removed once their node is back or revoked"
+        )
     return {
         "id": row["id"],
         "project_id": row["project_id"],
@@ -195,7 +206,7 @@ def service_view(
         "generation": row["generation"],
         "desired": row["desired"],
         "state": row["state"],
-        "reason": row["reason"],
+        "reason": reason,
         "plan_digest": row["plan_digest"],
         "replicas": replicas,
         "unknown_attempts": unknown,
@@ -658,6 +669,9 @@ class InferenceManager:
             return read_service(tx, service_id)
 
         view = await self.store.write(write)
+        if action in CLOSES_ADMISSION:
+            # The gateway acts on the answer before the reconciler's next step does.
+            self.live.close(service_id, CLOSES_ADMISSION[action], view["revision"])
         self.on_change(service_id)
         return view
 

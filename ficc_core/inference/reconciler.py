@@ -15,7 +15,8 @@ capped exponential backoff. An attempt whose node is lost while it runs becomes
 
 Stopping asks each attempt's node to stop it; a reservation is released only when
 the executor confirms the attempt ended. Draining publishes ``draining`` (new
-requests refused), waits for in-flight requests up to the drain bound, then stops.
+requests refused: the manager already closed admission when the drain answered),
+waits for in-flight requests up to the drain bound, then stops.
 
 The record survives a controller restart: a new reconciler finds the attempts
 that were running and watches them (adopts them) instead of launching new ones;
@@ -281,7 +282,8 @@ class Reconciler:
                 request_deadline=specification.request_deadline,
                 capabilities=capabilities,
                 replicas=tuple(replicas),
-            )
+            ),
+            revision=row["revision"],
         )
 
     async def _run_replicas(
@@ -388,36 +390,26 @@ class Reconciler:
             if current["desired"] == "removed" and not held:
                 tx.execute("DELETE FROM inference_services WHERE id = ?", (service_id,))
                 return True
+            # A stopped service keeps no reason of its own: what its unknown replicas
+            # mean is derived from them in the view, so it goes when they resolve.
+            if current["state"] == "stopped":
+                # A created service keeps the reservations its plan made.
+                if current["reason"] is not None:
+                    bump(tx, service_id, now, reason=None)
+                return False
             # Executors confirmed every attempt but the unknown ones ended: release.
-            if current["state"] in (
-                "stopping",
-                "removing",
-                "ready",
-                "degraded",
-                "starting",
-                "failed",
-                "unknown",
-                "draining",
+            for reservation in tx.fetch_all(
+                "SELECT replica FROM inference_reservations WHERE service_id = ?",
+                (service_id,),
             ):
-                for reservation in tx.fetch_all(
-                    "SELECT replica FROM inference_reservations WHERE service_id = ?",
-                    (service_id,),
-                ):
-                    if reservation["replica"] not in held:
-                        tx.execute(
-                            "DELETE FROM inference_reservations WHERE service_id = ?"
-                            " AND replica = ?",
-                            (service_id, reservation["replica"]),
-                        )
-                state = "removing" if current["desired"] == "removed" else "stopped"
-                reason = (
-                    f"{len(held)} replica(s) have an unknown outcome; start with "
-                    "acknowledge_unknown: true to give them up"
-                    if held
-                    else None
-                )
-                if (current["state"], current["reason"]) != (state, reason):
-                    bump(tx, service_id, now, state=state, reason=reason)
+                if reservation["replica"] not in held:
+                    tx.execute(
+                        "DELETE FROM inference_reservations WHERE service_id = ? AND replica = ?",
+                        (service_id, reservation["replica"]),
+                    )
+            state = "removing" if current["desired"] == "removed" else "stopped"
+            if (current["state"], current["reason"]) != (state, None):
+                bump(tx, service_id, now, state=state, reason=None)
             return False
 
         removed = await self.store.write(write)

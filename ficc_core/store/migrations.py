@@ -200,7 +200,16 @@ MIGRATIONS: list[tuple[str, ...]] = [
         )""",
         "CREATE INDEX inference_usage_service ON inference_usage(service_id, finished_at)",
     ),
-    # 7: a partial file belongs to the model file that fills it (uploads and acquisitions
+    # 7: the blob digests each assignment told its node to stage (a JSON array of hex
+    # digests): a node credential downloads those, and only while the attempt is wanted.
+    ("ALTER TABLE node_assignments ADD COLUMN inputs TEXT NOT NULL DEFAULT '[]'",),
+    # 8: who minted each credential (a credential or a session id; NULL for the CLI and
+    # the first run), so revoking an issuer revokes what it minted.
+    (
+        "ALTER TABLE credentials ADD COLUMN issuer_id TEXT",
+        "CREATE INDEX credentials_issuer ON credentials(issuer_id)",
+    ),
+    # 9: a partial file belongs to the model file that fills it (uploads and acquisitions
     # of one model never touch another's progress); a blob row now only says whether the
     # content is verified. Progress held before this moves to the earliest model that
     # references its content (the controller renames the file on start). Failures keep

@@ -3,11 +3,13 @@
 Tests of "the provider's host process dies" use this::
 
     python -m ficc_core.testing.provider_host --provider pkg.mod:Class \\
-        --options '{"state_dir": "/tmp/x"}' [--job-factory pkg.mod:function]
+        --options '{"state_dir": "/tmp/x"}' [--job-factory pkg.mod:function] [--lease S]
 
 It prints one JSON line once the engine is ready — the fence, and what the engine
 reports from ``GET /env`` and ``POST /spawn`` (its PID and a session-leader
-child's PID) — and then serves until it is killed.
+child's PID) — and then serves until it is killed. The attempt is held for
+``--lease`` seconds (default an hour) through the provider's optional ``hold``,
+as an agent would, so a killed host's engine outlives it for that long only.
 """
 
 from __future__ import annotations
@@ -35,6 +37,9 @@ async def _main(args: argparse.Namespace) -> None:
         await nursery.start(provider.run)
         fence = executor_kit.new_fence()
         await provider.launch(job_factory(), fence)
+        hold = getattr(provider, "hold", None)
+        if hold is not None:
+            hold(fence, args.lease)
         status = await provider.wait_ready(fence)
         assert status.state == "ready", status
         _, env = await executor_kit.request_json(provider, fence, "GET", "/env")
@@ -54,6 +59,7 @@ def main() -> None:
     parser.add_argument("--provider", required=True)
     parser.add_argument("--options", default="{}")
     parser.add_argument("--job-factory", default=None)
+    parser.add_argument("--lease", type=float, default=3600.0)
     trio.run(_main, parser.parse_args())
 
 

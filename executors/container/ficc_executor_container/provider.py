@@ -12,6 +12,7 @@ image's ID, or the launch is refused.
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import resource
 import signal
@@ -292,6 +293,12 @@ class ContainerProvider(SupervisingProvider):
             )
         except OSError as exc:
             raise LaunchFailed(f"cannot run {self.command[0]}: {exc}") from None
+
+    async def _watchdog_spec(self, attempt: ExecutorAttempt) -> dict[str, Any] | None:
+        # Without the agent: remove the container (stopping it within the grace).
+        grace = math.ceil(self.default_grace)
+        name = attempt.extra["name"]
+        return {"commands": [[*self.command, "rm", "-f", "-t", str(grace), name]], "grace": grace}
 
     async def _netns_path(self, attempt: ExecutorAttempt) -> str | None:
         pid = attempt.extra.get("pid")

@@ -93,25 +93,41 @@ async def test_without_a_usable_container_engine_launch_is_refused(state_dir):
     assert snapshot.labels["isolation.network"] == "unavailable"
 
 
-async def test_a_restarted_provider_removes_the_container_a_killed_one_left(options, standin_image):
+async def _provider_host(options: dict, *extra: str) -> tuple[trio.Process, str, str]:
+    """A container provider in a process of its own with one ready engine: the host,
+    the engine's container name and the ``ps`` filter of this provider's containers."""
     command = [
         sys.executable, "-m", "ficc_core.testing.provider_host",
         "--provider", "ficc_executor_container.provider:ContainerProvider",
-        "--options", json.dumps(options),
+        "--options", json.dumps(options), *extra,
     ]  # fmt: skip
     host = await trio.lowlevel.open_process(command, stdout=subprocess.PIPE, start_new_session=True)
     label = f"label=ficc.state={ContainerProvider(**options).state_hash}"
-    try:
-        line = b""
-        with trio.fail_after(120):
-            while not line.endswith(b"\n"):
-                data = await host.stdout.receive_some(4096)
-                assert data, "the provider host exited before its engine was ready"
-                line += data
-        report = json.loads(line)
-        name = ContainerProvider(**options).container_name(
-            attempt_key(report["fence"]["attempt_id"])
+    line = b""
+    with trio.fail_after(120):
+        while not line.endswith(b"\n"):
+            data = await host.stdout.receive_some(4096)
+            assert data, "the provider host exited before its engine was ready"
+            line += data
+    report = json.loads(line)
+    name = ContainerProvider(**options).container_name(attempt_key(report["fence"]["attempt_id"]))
+    return host, name, label
+
+
+async def _end_host(host: trio.Process, label: str) -> None:
+    host.kill()
+    with trio.CancelScope(shield=True):
+        await host.wait()
+        await trio.run_process(
+            ["sh", "-c", f"podman ps -aq --filter {label} | xargs -r podman rm -f -t 0"],
+            check=False,
+            capture_stdout=True,
         )
+
+
+async def test_a_restarted_provider_removes_the_container_a_killed_one_left(options, standin_image):
+    host, name, label = await _provider_host(options)
+    try:
         host.send_signal(signal.SIGKILL)
         with trio.fail_after(10):
             await host.wait()
@@ -125,11 +141,26 @@ async def test_a_restarted_provider_removes_the_container_a_killed_one_left(opti
                 assert not list(provider.attempts_dir.iterdir())
                 nursery.cancel_scope.cancel()
     finally:
-        host.kill()
-        with trio.CancelScope(shield=True):
+        await _end_host(host, label)
+
+
+async def test_a_killed_providers_container_is_removed_once_its_lease_passes(
+    options, standin_image
+):
+    lease = 3.0
+    host, name, label = await _provider_host(options, "--lease", str(lease))
+    try:
+        host.send_signal(signal.SIGKILL)
+        with trio.fail_after(10):
             await host.wait()
-            await trio.run_process(
-                ["sh", "-c", f"podman ps -aq --filter {label} | xargs -r podman rm -f -t 0"],
-                check=False,
-                capture_stdout=True,
-            )
+        killed = trio.current_time()
+        running = await _podman("ps", "--filter", label, "--format", "{{.Names}}")
+        assert running.split() == [name], "its lease still runs"
+        # Nothing of the provider runs now: the lease watchdog removes the container.
+        with trio.move_on_after(lease + 20):
+            while await _podman("ps", "-a", "--filter", label, "--format", "{{.Names}}"):  # noqa: ASYNC110
+                await trio.sleep(0.2)
+        assert await _podman("ps", "-a", "--filter", label, "--format", "{{.Names}}") == ""
+        assert trio.current_time() - killed >= lease - 0.5
+    finally:
+        await _end_host(host, label)

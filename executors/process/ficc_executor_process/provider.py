@@ -37,6 +37,7 @@ from ficc_core import (
     SupervisingProvider,
     measure_resources,
     package_digest,
+    process_start_time,
 )
 
 from . import cgroups
@@ -105,7 +106,7 @@ class ProcessProvider(SupervisingProvider):
         """Kill and remove every engine an earlier run of this provider left behind."""
         for directory, record in self._records():
             pid, start = record.get("pid"), record.get("start_time")
-            if pid and start and _start_time(pid) == start:
+            if pid and start and process_start_time(pid) == start:
                 try:
                     os.killpg(pid, signal.SIGKILL)
                 except (ProcessLookupError, PermissionError):
@@ -191,9 +192,22 @@ class ProcessProvider(SupervisingProvider):
         except OSError as exc:
             raise LaunchFailed(f"cannot start the sandbox helper: {exc}") from None
         attempt.extra["pid"] = process.pid
-        record = {"pid": process.pid, "start_time": _start_time(process.pid)}
+        start_time = await trio.to_thread.run_sync(process_start_time, process.pid)
+        attempt.extra["start_time"] = start_time
+        record = {"pid": process.pid, "start_time": start_time}
         await trio.to_thread.run_sync(self._write_record, attempt, record)
         return process
+
+    async def _watchdog_spec(self, attempt: ExecutorAttempt) -> dict[str, Any] | None:
+        # Without the agent: the engine's group, then whatever is left in its cgroups.
+        pid = attempt.extra["pid"]
+        return {
+            "pid": pid,
+            "start_time": attempt.extra["start_time"],
+            "group": pid,
+            "procs": cgroups.procs_files(attempt.extra.get("cgroups", {})),
+            "grace": self.default_grace,
+        }
 
     def _sandbox_spec(
         self, attempt: ExecutorAttempt, limits: ResourceLimits | None
@@ -289,15 +303,3 @@ class ProcessProvider(SupervisingProvider):
         paths = attempt.extra.pop("cgroups", None)
         if paths:
             await trio.to_thread.run_sync(cgroups.kill_and_remove, paths)
-
-
-def _start_time(pid: int) -> int | None:
-    """The process's start time in clock ticks since boot (guards against PID reuse)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat.rsplit(")", 1)[1].split()
-    if fields[0] == "Z":
-        return None
-    return int(fields[19])

@@ -13,7 +13,7 @@ import pytest
 import trio
 from ficc_executor_process.provider import ProcessProvider
 
-from ficc_core import IsolationUnavailable, JobInput, ResourceLimits
+from ficc_core import IsolationUnavailable, JobInput, ResourceLimits, attempt_key
 from ficc_core.executor import BoundedLog
 from ficc_core.testing import executor_kit as kit
 
@@ -103,29 +103,39 @@ async def test_stopping_the_provider_leaves_no_engine_or_child_behind(state_dir)
             _, env = await kit.request_json(provider, fence, "GET", "/env")
             _, child = await kit.request_json(provider, fence, "POST", "/spawn", {})
             assert _alive(env["pid"]) and _alive(child["pid"])
+            record = provider.attempts_dir / attempt_key(fence.attempt_id) / "attempt.json"
+            watchdog = json.loads(record.read_text())["watchdog"]["pid"]
+            assert _alive(watchdog)
             nursery.cancel_scope.cancel()
     assert not _alive(env["pid"])
+    # The engine's lease watchdog was dismissed (and reaped) with it.
+    assert not _alive(watchdog)
     # The child left the process group (setsid) but not the cgroup.
     assert not _alive(child["pid"])
 
 
-async def test_a_restarted_provider_removes_what_a_killed_one_left(state_dir):
-    options = json.dumps({"state_dir": str(state_dir)})
+async def _provider_host(state_dir: Path, *extra: str) -> tuple[trio.Process, dict]:
+    """A process provider in a process of its own, with one ready engine; its report."""
+    options = json.dumps({"state_dir": str(state_dir), "default_grace": 1.0})
     command = [
         sys.executable, "-m", "ficc_core.testing.provider_host",
         "--provider", "ficc_executor_process.provider:ProcessProvider",
-        "--options", options,
+        "--options", options, *extra,
     ]  # fmt: skip
     host = await trio.lowlevel.open_process(command, stdout=subprocess.PIPE, start_new_session=True)
+    line = b""
+    with trio.fail_after(60):
+        while not line.endswith(b"\n"):
+            data = await host.stdout.receive_some(4096)
+            assert data, "the provider host exited before its engine was ready"
+            line += data
+    return host, json.loads(line)
+
+
+async def test_a_restarted_provider_removes_what_a_killed_one_left(state_dir):
+    host, report = await _provider_host(state_dir)
     pids: list[int] = []
     try:
-        line = b""
-        with trio.fail_after(60):
-            while not line.endswith(b"\n"):
-                data = await host.stdout.receive_some(4096)
-                assert data, "the provider host exited before its engine was ready"
-                line += data
-        report = json.loads(line)
         pids = [report["engine_pid"], report["child_pid"]]
         host.send_signal(signal.SIGKILL)
         with trio.fail_after(10):
@@ -147,6 +157,41 @@ async def test_a_restarted_provider_removes_what_a_killed_one_left(state_dir):
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+async def test_a_killed_providers_engine_is_stopped_on_the_node_once_its_lease_passes(state_dir):
+    lease = 2.0
+    host, report = await _provider_host(state_dir, "--lease", str(lease))
+    pids = [report["engine_pid"], report["child_pid"]]
+    try:
+        host.send_signal(signal.SIGKILL)
+        with trio.fail_after(10):
+            await host.wait()
+        killed = trio.current_time()
+        assert all(_alive(pid) for pid in pids), "its lease still runs"
+        # Nothing of the provider runs now: the lease watchdog stops the engine, and
+        # the child that left its process group goes with the engine's cgroup.
+        with trio.move_on_after(lease + 5):
+            while any(_alive(pid) for pid in pids):  # noqa: ASYNC110
+                await trio.sleep(0.05)
+        assert not any(_alive(pid) for pid in pids), "the engine outlived its lease"
+        assert trio.current_time() - killed >= lease - 0.5
+    finally:
+        host.kill()
+        with trio.CancelScope(shield=True):
+            await host.wait()
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    # The next provider on the directory removes what is left (records, cgroups).
+    provider = ProcessProvider(state_dir=state_dir)
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(provider.run)
+            assert not list(provider.attempts_dir.iterdir())
+            nursery.cancel_scope.cancel()
 
 
 async def test_too_many_streams_are_refused_and_idle_streams_expire(state_dir):
