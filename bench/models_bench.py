@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 from ficc_core.api.app import create_app  # noqa: E402
 from ficc_core.config import load_config  # noqa: E402
-from ficc_core.models.blobs import sha256_file  # noqa: E402
+from ficc_core.models.blobs import FileRef, sha256_file  # noqa: E402
 from ficc_core.service import open_service  # noqa: E402
 from tests.httpsd import ServedFile, open_https_server, write_ca_bundle  # noqa: E402
 
@@ -89,7 +89,7 @@ async def ficc_acquire(
         started = time.perf_counter()
         await client.post(f"/api/v1/models/{model['id']}/acquire", headers=headers)
         while True:
-            state = await service.blobs.status(sha)
+            state = await service.blobs.status(FileRef(model["id"], 0, sha, size))
             if received_at is None and state.durable_offset == size:
                 received_at = time.perf_counter() - started
             if state.verified:

@@ -232,6 +232,9 @@ def upload_file(
                 if exc.error["code"] == "too_many_uploads":
                     time.sleep(float(exc.response.headers.get("Retry-After", "1")))
                     continue
+                if exc.error["code"] == "file_verified":
+                    # The same content was verified through another model meanwhile.
+                    return client.json("GET", f"/api/v1/models/{model_id}")["files"][index]
                 raise
             offset = file["received_bytes"]
             progress.update_to(offset)

@@ -188,6 +188,13 @@ class Config:
         "Longest wait for the next bytes of a download or hub response (duration).",
         kind="duration",
     )
+    upload_idle_timeout: float = _setting(
+        60.0,
+        "Longest a byte upload may go without receiving a byte before it is refused (408) "
+        "and its upload slot freed (duration).",
+        kind="duration",
+        validator=attrs.validators.gt(0),
+    )
     max_redirects: int = _setting(
         5,
         "Redirects followed per request; each target is re-checked (HTTPS, address).",

@@ -134,6 +134,7 @@ async def open_service(config: Config, *, background: bool = False) -> AsyncIter
             yield service
             return
         async with trio.open_nursery() as nursery:
+            await nursery.start(models.run)
             await nursery.start(acquirer.run)
             await nursery.start(service.contributors.run)
             inference.reconciler = Reconciler(inference)

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from pathlib import Path
+
+import httpx
+import trio
+
+from .serve_support import FICC, ServeProcess
 
 
 def random_bytes(size: int, seed: int = 0) -> bytes:
@@ -43,6 +49,11 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
+def partial_file(data_dir: Path, sha256: str, model_id: str, index: int = 0) -> Path:
+    """Where the blob store keeps file ``index`` of ``model_id`` while it is being filled."""
+    return Path(data_dir) / "blobs" / "partial" / f"{sha256}.{model_id}.{index}.part"
+
+
 def blob_files(data_dir: Path) -> dict[str, list[str]]:
     """What the blob store holds on disk: published and partial file names."""
     root = Path(data_dir) / "blobs"
@@ -50,3 +61,40 @@ def blob_files(data_dir: Path) -> dict[str, list[str]]:
         kind: sorted(os.listdir(root / kind)) if (root / kind).exists() else []
         for kind in ("sha256", "partial")
     }
+
+
+def serve_config(tmp_path: Path, ca_bundle: Path, extra: str = "") -> Path:
+    """A `ficc serve` configuration trusting the test CA and allowing loopback fetches."""
+    path = tmp_path / "ficc.toml"
+    path.write_text(
+        f'ca_bundle = "{ca_bundle}"\nallow_private_addresses = true\nlog_level = "warning"\n'
+        + extra
+    )
+    return path
+
+
+async def start_serve(tmp_path: Path, ca_bundle: Path, extra: str = "") -> tuple[ServeProcess, str]:
+    """Start `ficc serve` on ``tmp_path/data``; return it and its URL."""
+    server = ServeProcess(tmp_path / "data", config=serve_config(tmp_path, ca_bundle, extra))
+    return server, await server.wait_ready()
+
+
+async def poll_model(http: httpx.AsyncClient, model_id: str, predicate) -> dict:
+    """GET the model until ``predicate`` holds (at most 60 s); return it."""
+    with trio.fail_after(60):
+        while not predicate(model := (await http.get(f"/api/v1/models/{model_id}")).json()):  # noqa: ASYNC110
+            await trio.sleep(0.05)
+    return model
+
+
+async def project_token(data_dir: Path, project: str) -> str:
+    """Create ``project`` and a models credential in it with `ficc admin`; return the token."""
+    env = {**os.environ, "FICC_DATA_DIR": str(data_dir)}
+    env.pop("FICC_CONFIG", None)
+    admin = [*FICC, "admin"]
+    await trio.run_process([*admin, "create-project", project], env=env, capture_stdout=True)
+    scopes = ["--scope", "models:read", "--scope", "models:manage"]
+    created = await trio.run_process(
+        [*admin, "create-token", "--project", project, *scopes], env=env, capture_stdout=True
+    )
+    return re.search(r"token \(shown once\): (\S+)", created.stdout.decode()).group(1)

@@ -10,6 +10,9 @@ import sys
 import httpx
 import trio
 
+from ficc_core.cli_client import ApiClient
+from ficc_core.cli_models import upload_file
+
 from .conftest import bearer
 from .httpsd import ServedFile
 from .models_support import gguf_manifest, random_bytes
@@ -80,3 +83,36 @@ async def test_acquire_wait_follows_progress_to_verified(tmp_path, serve_process
     assert result.returncode == 0, result.stderr
     assert b"m: verified" in result.stdout
     assert b"MiB/s" in result.stderr
+
+
+async def test_upload_ends_verified_when_another_model_verifies_the_content_meanwhile(
+    tmp_path, serve_process
+):
+    url, token = serve_process
+    content = random_bytes(2 * MiB, seed=32)
+    local = tmp_path / "m.gguf"
+    local.write_bytes(content)
+    octet = {"Content-Type": "application/octet-stream"}
+    async with httpx.AsyncClient(base_url=url, headers=bearer(token)) as http:
+        ids = [
+            (await http.post("/api/v1/models", json=gguf_manifest(name, content))).json()["id"]
+            for name in ("mine", "other")
+        ]
+
+    class OtherFinishesFirst(ApiClient):
+        """Before this upload's first write, the other model uploads the same content."""
+
+        raced = False
+
+        def json(self, method: str, path: str, **kwargs):
+            if method == "POST" and not self.raced:
+                self.raced = True
+                other = f"/api/v1/models/{ids[1]}/files/0/bytes?offset=0"
+                assert super().json("POST", other, content=content, headers=octet)["state"] == (
+                    "verified"
+                )
+            return super().json(method, path, **kwargs)
+
+    client = OtherFinishesFirst(url, token)
+    file = await trio.to_thread.run_sync(upload_file, client, ids[0], 0, local)
+    assert client.raced and file["state"] == "verified"

@@ -13,7 +13,14 @@ from ficc_core.service import open_service
 
 from .conftest import bearer
 from .httpsd import Redirect, ServedFile
-from .models_support import blob_files, gguf_manifest, random_bytes, sha256_of, smollm2_path
+from .models_support import (
+    blob_files,
+    gguf_manifest,
+    partial_file,
+    random_bytes,
+    sha256_of,
+    smollm2_path,
+)
 
 MiB = 1 << 20
 
@@ -160,8 +167,8 @@ async def test_bad_content_publishes_nothing_and_says_why(controller, https_serv
         assert reason in done["files"][0]["reason"], done
         assert reason in done["acquisition"]["reason"]
         assert blob_files(service.config.data_dir)["sha256"] == []
-        partial = (
-            service.config.blobs_path / "partial" / f"{hashlib.sha256(content).hexdigest()}.part"
+        partial = partial_file(
+            service.config.data_dir, hashlib.sha256(content).hexdigest(), model["id"]
         )
         assert not partial.exists() or partial.stat().st_size <= len(content)
 

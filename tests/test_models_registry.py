@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 import hashlib
+import json
+import sqlite3
+
+from ficc_core.config import load_config
+from ficc_core.service import open_service
+from ficc_core.store.migrations import MIGRATIONS
 
 from .conftest import bearer, issue_token
 from .models_support import blob_files, gguf_manifest, random_bytes
@@ -165,3 +171,42 @@ async def test_delete_keeps_shared_content_and_evicts_unshared(client, bootstrap
     # Without evict, metadata goes and the content stays for reuse.
     await client.delete(f"/api/v1/models/{ids['two']}", headers=admin)
     assert blob_files(config.data_dir)["sha256"] == [hashlib.sha256(shared).hexdigest()]
+
+
+async def test_progress_held_before_private_partials_moves_to_the_first_model_that_declared_it(
+    tmp_path,
+):
+    """Upgrading from schema 8, where one partial per sha256 was shared by every model."""
+    content = random_bytes(5000, seed=41)
+    sha = hashlib.sha256(content).hexdigest()
+    data = tmp_path / "data"
+    (data / "blobs" / "partial").mkdir(parents=True)
+    (data / "blobs" / "partial" / f"{sha}.part").write_bytes(content[:3000])
+    (data / "blobs" / "partial" / "stray.part").write_bytes(b"nobody's")
+    with sqlite3.connect(data / "ficc.sqlite3") as db:
+        for statements in MIGRATIONS[:8]:
+            for statement in statements:
+                db.execute(statement)
+        db.execute("PRAGMA user_version = 8")
+        db.execute("INSERT INTO projects VALUES ('p1', 'default', 0), ('p2', 'other', 0)")
+        manifest = json.dumps(gguf_manifest("m", content))
+        for model_id, project, created in (("first", "p1", 1.0), ("second", "p2", 2.0)):
+            db.execute(
+                "INSERT INTO models VALUES (?, ?, 'm', ?, 'd', ?)",
+                (model_id, project, manifest, created),
+            )
+            db.execute(
+                "INSERT INTO model_files VALUES (?, 0, 'model.gguf', ?, ?, NULL)",
+                (model_id, len(content), sha),
+            )
+        db.execute("INSERT INTO blobs VALUES (?, ?, 'partial', 3000, NULL, 0)", (sha, len(content)))
+    config = load_config(overrides={"data_dir": str(data)}, environ={})
+    async with open_service(config, background=True) as service:
+        first = await service.models.get("p1", "first")
+        second = await service.models.get("p2", "second")
+        assert first["files"][0]["received_bytes"] == 3000
+        assert second["files"][0]["received_bytes"] == 0
+        finished = await service.models.upload("p1", "first", 0, 3000, content[3000:])
+        assert finished["state"] == "verified"
+        assert (await service.models.get("p2", "second"))["state"] == "verified"
+    assert blob_files(data) == {"sha256": [sha], "partial": []}

@@ -9,30 +9,16 @@ import trio
 
 from .conftest import bearer
 from .httpsd import ServedFile
-from .models_support import blob_files, gguf_manifest, random_bytes
-from .serve_support import ServeProcess
+from .models_support import (
+    blob_files,
+    gguf_manifest,
+    partial_file,
+    poll_model,
+    random_bytes,
+    start_serve,
+)
 
 MiB = 1 << 20
-
-
-def _config(tmp_path, ca_bundle):
-    path = tmp_path / "ficc.toml"
-    path.write_text(
-        f'ca_bundle = "{ca_bundle}"\nallow_private_addresses = true\nlog_level = "warning"\n'
-    )
-    return path
-
-
-async def _start(tmp_path, ca_bundle) -> tuple[ServeProcess, str]:
-    server = ServeProcess(tmp_path / "data", config=_config(tmp_path, ca_bundle))
-    return server, await server.wait_ready()
-
-
-async def _poll(http: httpx.AsyncClient, model_id: str, predicate) -> dict:
-    with trio.fail_after(60):
-        while not predicate(model := (await http.get(f"/api/v1/models/{model_id}")).json()):  # noqa: ASYNC110
-            await trio.sleep(0.05)
-    return model
 
 
 async def test_sigkill_mid_acquisition_then_restart_resumes_from_the_durable_offset(
@@ -41,7 +27,7 @@ async def test_sigkill_mid_acquisition_then_restart_resumes_from_the_durable_off
     content = random_bytes(24 * MiB, seed=21)
     sha = hashlib.sha256(content).hexdigest()
     https_server.add("/m.gguf", ServedFile(content, chunk_delay=0.004))
-    server, url = await _start(tmp_path, ca_bundle)
+    server, url = await start_serve(tmp_path, ca_bundle)
     try:
         token = await server.admin_token()
         async with httpx.AsyncClient(base_url=url, headers=bearer(token), timeout=10) as http:
@@ -52,7 +38,7 @@ async def test_sigkill_mid_acquisition_then_restart_resumes_from_the_durable_off
                 )
             ).json()
             assert (await http.post(f"/api/v1/models/{model['id']}/acquire")).status_code == 202
-            seen = await _poll(http, model["id"], lambda m: m["received_bytes"] >= 8 * MiB)
+            seen = await poll_model(http, model["id"], lambda m: m["received_bytes"] >= 8 * MiB)
         server.proc.kill()
         server.proc.wait()
     finally:
@@ -60,16 +46,18 @@ async def test_sigkill_mid_acquisition_then_restart_resumes_from_the_durable_off
     assert seen["received_bytes"] < len(content)
     on_disk = blob_files(tmp_path / "data")
     assert on_disk["sha256"] == []  # nothing published unverified
-    partial = tmp_path / "data" / "blobs" / "partial" / f"{sha}.part"
+    partial = partial_file(tmp_path / "data", sha, model["id"])
     kept = partial.stat().st_size
     assert seen["received_bytes"] <= kept < len(content)
     assert partial.read_bytes() == content[:kept]  # no corrupt bytes
 
-    restarted, url = await _start(tmp_path, ca_bundle)
+    restarted, url = await start_serve(tmp_path, ca_bundle)
     try:
         async with httpx.AsyncClient(base_url=url, headers=bearer(token), timeout=10) as http:
             # The acquisition was running: it resumes by itself.
-            done = await _poll(http, model["id"], lambda m: m["state"] in ("verified", "failed"))
+            done = await poll_model(
+                http, model["id"], lambda m: m["state"] in ("verified", "failed")
+            )
         assert done["state"] == "verified", done
     finally:
         restarted.proc.terminate()
@@ -84,7 +72,7 @@ async def test_sigkill_mid_acquisition_then_restart_resumes_from_the_durable_off
 async def test_sigkill_mid_upload_then_restart_resumes_from_the_servers_offset(tmp_path, ca_bundle):
     content = random_bytes(5 * MiB + 17, seed=22)
     sha = hashlib.sha256(content).hexdigest()
-    server, url = await _start(tmp_path, ca_bundle)
+    server, url = await start_serve(tmp_path, ca_bundle)
     token = await server.admin_token()
     octet = {"Content-Type": "application/octet-stream"}
     try:
@@ -125,11 +113,11 @@ async def test_sigkill_mid_upload_then_restart_resumes_from_the_servers_offset(t
                 nursery.cancel_scope.cancel()
     finally:
         server.kill()
-    partial = tmp_path / "data" / "blobs" / "partial" / f"{sha}.part"
+    partial = partial_file(tmp_path / "data", sha, model["id"])
     assert partial.read_bytes() == content[: 4 * MiB]
     assert blob_files(tmp_path / "data")["sha256"] == []
 
-    restarted, url = await _start(tmp_path, ca_bundle)
+    restarted, url = await start_serve(tmp_path, ca_bundle)
     try:
         async with httpx.AsyncClient(base_url=url, headers=bearer(token), timeout=10) as http:
             state = (await http.get(f"/api/v1/models/{model['id']}")).json()

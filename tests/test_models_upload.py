@@ -9,6 +9,9 @@ import httpx
 import pytest
 import trio
 
+from ficc_core.errors import NotFound
+from ficc_core.models.blobs import FileRef
+
 from .conftest import bearer
 from .models_support import blob_files, gguf_manifest, random_bytes
 
@@ -151,8 +154,9 @@ async def test_empty_upload_at_the_declared_size_publishes_a_retained_full_parti
         assert refused.status_code == 400
         assert (await refused.get_json())["error"]["code"] == "empty_upload"
     # An interruption after the last durable write but before verification:
-    async with service.blobs.lock(sha):
-        await service.blobs.write(sha, 0, content)
+    ref = FileRef(model["id"], 0, sha, len(content))
+    async with service.blobs.lock(ref):
+        await service.blobs.write(ref, 0, content)
     below = await client.post(url, headers=admin, json={"offset": 10, "data": ""})
     assert below.status_code == 400
     assert blob_files(config.data_dir)["sha256"] == []
@@ -204,3 +208,20 @@ def test_at_most_two_byte_uploads_run_at_once(live_server):
         return [statuses[i] for i in range(3)]
 
     assert trio.run(scenario) == [200, 200, 429]
+
+
+async def test_a_write_for_a_model_deleted_meanwhile_is_404_and_leaves_no_file(
+    client, service, bootstrap, config
+):
+    admin = bearer(bootstrap["token"])
+    content = random_bytes(1000, seed=12)
+    model = await _model(client, admin, content)
+    ref = FileRef(model["id"], 0, hashlib.sha256(content).hexdigest(), len(content))
+    # The upload passed its checks, then the model was deleted before its write landed.
+    deleted = await client.delete(f"/api/v1/models/{model['id']}", headers=admin)
+    assert deleted.status_code == 200
+    async with service.blobs.lock(ref):
+        with pytest.raises(NotFound) as refused:
+            await service.blobs.write(ref, 0, content[:10])
+    assert refused.value.code == "model_not_found"
+    assert blob_files(config.data_dir) == {"sha256": [], "partial": []}

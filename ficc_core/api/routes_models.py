@@ -7,12 +7,13 @@ import binascii
 from typing import TYPE_CHECKING
 
 import attrs
+import trio
 from quart import Response, g, jsonify, request
 
-from ..errors import FiccError, InvalidRequest
+from ..errors import FiccError, InvalidRequest, PayloadTooLarge
 from ..models.registry import MAX_BYTES_CHUNK, MAX_JSON_CHUNK
 from ..schema import FieldError, ModelManifest
-from .bodies import read_body, read_json
+from .bodies import read_json
 
 if TYPE_CHECKING:
     from quart_trio import QuartTrio
@@ -69,6 +70,44 @@ def decode_canonical_base64(text: str) -> bytes:
     return data
 
 
+class UploadStalled(FiccError):
+    """A byte upload went longer than ``upload_idle_timeout`` without receiving a byte."""
+
+    status = 408
+    code = "upload_stalled"
+
+
+async def read_upload_body(limit: int, idle: float) -> bytes:
+    """Return a byte upload's body: at most ``limit`` bytes, never ``idle`` seconds without one.
+
+    A client that stops sending would otherwise hold its upload slot for as long as
+    it keeps the connection open; bytes received before a stall are not written.
+    """
+    # A declared length over the limit never gets here: the app-wide bound (at least
+    # this limit) refuses it before a byte is read.
+    received = bytearray()
+    chunks = aiter(request.body)
+    while True:
+        with trio.move_on_after(idle) as waiting:
+            try:
+                chunk = await anext(chunks)
+            except StopAsyncIteration:
+                return bytes(received)
+        if waiting.cancelled_caught:
+            raise UploadStalled(
+                f"the upload sent no bytes for {idle:g} s (after {len(received)} bytes); "
+                "nothing of it was written: send it again from the same offset",
+                details={"idle_timeout": idle, "received": len(received)},
+                headers={"Connection": "close"},
+            )
+        received.extend(chunk)
+        if len(received) > limit:
+            raise PayloadTooLarge(
+                f"the request body is larger than this route accepts ({limit} bytes)",
+                details={"limit": limit},
+            )
+
+
 def _offset_param() -> int:
     raw = request.args.get("offset")
     if raw is None or not raw.isdigit() or (len(raw) > 1 and raw.startswith("0")):
@@ -108,6 +147,7 @@ def register(app: QuartTrio, service: Service) -> None:
 
     @app.post("/api/v1/models/<model_id>/files/<int:index>", endpoint="models_upload_chunk")
     async def models_upload_chunk(model_id: str, index: int) -> Response:
+        await models.upload_target(g.principal.project_id, model_id, index)
         body = await read_json(ChunkBody, _JSON_CHUNK_BODY)
         data = decode_canonical_base64(body.data)
         return jsonify(
@@ -123,8 +163,10 @@ def register(app: QuartTrio, service: Service) -> None:
                 status=415,
             )
         offset = _offset_param()
-        async with models.upload_slot():
-            data = await read_body(MAX_BYTES_CHUNK)
+        project_id = g.principal.project_id
+        await models.upload_target(project_id, model_id, index)
+        async with models.upload_slot(project_id):
+            data = await read_upload_body(MAX_BYTES_CHUNK, service.config.upload_idle_timeout)
             return jsonify(
                 await models.upload(g.principal.project_id, model_id, index, offset, data)
             )

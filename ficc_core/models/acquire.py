@@ -14,6 +14,7 @@ the controller stopped resume when it starts.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import time
@@ -24,7 +25,7 @@ import trio
 
 from ..errors import FiccError
 from ..store import Store, Transaction
-from .blobs import BlobStore, DigestMismatch
+from .blobs import BlobStore, DigestMismatch, FileRef, FileVerified, error_record
 from .fetch import FetchError, FetchPolicy, make_client, open_response
 
 log = logging.getLogger("ficc.models.acquire")
@@ -48,17 +49,42 @@ class _Transient(FiccError):
     code = "connection_dropped"
 
 
+def _failure(failures: list[tuple[dict[str, Any], FiccError]]) -> tuple[str, dict[str, Any]]:
+    """The acquisition's reason and error from its failed files (the first one's code)."""
+    failures = sorted(failures, key=lambda failure: failure[0]["idx"])
+    files = [
+        {"index": file["idx"], "path": file["path"], **error_record(exc)} for file, exc in failures
+    ]
+    reason = "; ".join(f"{file['path']}: {file['message']}" for file in files)
+    first = files[0]
+    return reason, {
+        "code": first["code"],
+        "message": reason,
+        "details": {
+            **first["details"],
+            "index": first["index"],
+            "path": first["path"],
+            "files": files,
+        },
+    }
+
+
 async def set_acquisition(
-    store: Store, model_id: str, state: str, reason: str | None = None
+    store: Store,
+    model_id: str,
+    state: str,
+    reason: str | None = None,
+    error: dict[str, Any] | None = None,
 ) -> None:
-    """Record the acquisition state of a model."""
+    """Record the acquisition state of a model (``error``: the failure's code and details)."""
+    recorded = None if error is None else json.dumps(error)
 
     def write(tx: Transaction) -> None:
         tx.execute(
-            "INSERT INTO acquisitions (model_id, state, reason, updated_at) VALUES (?, ?, ?, ?)"
-            " ON CONFLICT (model_id) DO UPDATE SET state = excluded.state,"
-            " reason = excluded.reason, updated_at = excluded.updated_at",
-            (model_id, state, reason, time.time()),
+            "INSERT INTO acquisitions (model_id, state, reason, error, updated_at)"
+            " VALUES (?, ?, ?, ?, ?) ON CONFLICT (model_id) DO UPDATE SET state = excluded.state,"
+            " reason = excluded.reason, error = excluded.error, updated_at = excluded.updated_at",
+            (model_id, state, reason, recorded, time.time()),
         )
 
     await store.write(write)
@@ -153,20 +179,20 @@ class Acquirer:
             with scope:
                 files = await self.store.read(
                     lambda tx: tx.fetch_all(
-                        "SELECT f.idx, f.path, f.url, b.sha256, b.size, b.state"
+                        "SELECT f.model_id, f.idx, f.path, f.url, b.sha256, b.size, b.state"
                         " FROM model_files f JOIN blobs b ON b.sha256 = f.sha256"
                         " WHERE f.model_id = ? ORDER BY f.idx",
                         (model_id,),
                     )
                 )
-                failures: list[str] = []
+                failures: list[tuple[dict[str, Any], FiccError]] = []
 
                 async def one(file: dict[str, Any]) -> None:
                     try:
                         async with self._limiter:
                             await self._acquire_file(file)
                     except FiccError as exc:
-                        failures.append(f"{file['path']}: {exc.message}")
+                        failures.append((file, exc))
 
                 async with trio.open_nursery() as nursery:
                     for file in files:
@@ -174,7 +200,8 @@ class Acquirer:
                             nursery.start_soon(one, file)
                 with trio.CancelScope(shield=True):
                     if failures:
-                        await set_acquisition(self.store, model_id, FAILED, "; ".join(failures))
+                        reason, error = _failure(failures)
+                        await set_acquisition(self.store, model_id, FAILED, reason, error)
                     else:
                         await set_acquisition(self.store, model_id, DONE)
         finally:
@@ -182,41 +209,46 @@ class Acquirer:
             self._finished.pop(model_id).set()
 
     async def _acquire_file(self, file: dict[str, Any]) -> None:
-        sha256, url = file["sha256"], file["url"]
+        url = file["url"]
+        ref = FileRef(file["model_id"], file["idx"], file["sha256"], file["size"])
         delay = self.backoff
         for attempt in range(self.retries + 1):
             try:
-                async with self.blobs.lock(sha256):
-                    await self._fetch_into_blob(sha256, url)
+                async with self.blobs.lock(ref):
+                    await self._fetch_into_blob(ref, url)
                 return
-            except DigestMismatch as exc:
-                raise AcquisitionFailed(exc.message) from None
+            except FileVerified:
+                return  # The same content was verified through another model meanwhile.
+            except DigestMismatch:
+                raise  # The file already records it, with its code and details.
             except (FetchError, _Transient) as exc:
                 if exc.code not in _TRANSIENT_CODES or attempt == self.retries:
                     with trio.CancelScope(shield=True):
                         await self.blobs.mark_failed(
-                            sha256, exc.message, discard=exc.code == "longer_than_declared"
+                            ref, exc, discard=exc.code == "longer_than_declared"
                         )
-                    raise AcquisitionFailed(exc.message, code=exc.code) from None
-                log.info("acquiring %s: %s; retrying in %.1fs", sha256[:12], exc.message, delay)
+                    raise AcquisitionFailed(
+                        exc.message, code=exc.code, details=exc.details
+                    ) from None
+                log.info("acquiring %s: %s; retrying in %.1fs", ref.sha256[:12], exc.message, delay)
             await trio.sleep(delay)
             delay = min(delay * 2, self.max_backoff)
 
-    async def _fetch_into_blob(self, sha256: str, url: str) -> None:
-        status = await self.blobs.status(sha256)
+    async def _fetch_into_blob(self, ref: FileRef, url: str) -> None:
+        status = await self.blobs.status(ref)
         if status.verified:
             return
         if status.durable_offset == status.size:
             # A full-length partial left by an interruption: verify before asking for more.
-            await self.blobs.verify_and_publish(sha256)
+            await self.blobs.verify_and_publish(ref)
             return
         offset = status.durable_offset
         headers = {"Range": f"bytes={offset}-"} if offset else {}
         assert self._client is not None
         async with open_response(self._client, url, self.policy, headers=headers) as response:
             skip = self._check_response(response, offset, status.size)
-            await self._stream(response, sha256, offset, status.size, skip)
-        await self.blobs.verify_and_publish(sha256)
+            await self._stream(response, ref, offset, status.size, skip)
+        await self.blobs.verify_and_publish(ref)
 
     @staticmethod
     def _check_response(response: httpx.Response, offset: int, size: int) -> int:
@@ -249,7 +281,7 @@ class Acquirer:
     async def _stream(
         self,
         response: httpx.Response,
-        sha256: str,
+        ref: FileRef,
         offset: int,
         size: int,
         skip: int,
@@ -272,7 +304,7 @@ class Acquirer:
                     try:
                         # An admitted write always completes, even while pausing.
                         with trio.CancelScope(shield=True):
-                            await self.blobs.write(sha256, durable, batch)
+                            await self.blobs.write(ref, durable, batch)
                     except FiccError as exc:
                         failures.append(exc)
                     except OSError as exc:

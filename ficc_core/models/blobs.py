@@ -1,21 +1,26 @@
-"""The content-addressed blob store: partial files with durable offsets, verified publishing.
+"""The content-addressed blob store: private partials with durable offsets, shared verified blobs.
 
 Layout under ``<data_dir>/blobs``::
 
-    sha256/<hex>          published: its content was verified against <hex>
-    partial/<hex>.part    being filled by an acquisition or uploads
+    sha256/<hex>                          published: its content was verified against <hex>
+    partial/<hex>.<model>.<index>.part    being filled for one file of one model
+
+A partial belongs to the model file that fills it (by uploads or an acquisition):
+no other model, in this project or another, reads or writes it, so nobody can
+spoil or observe another's progress. Content is shared only once verified: a
+published blob serves every model that declares its sha256.
 
 A write lands in the partial file, is fsynced, and only then is its end recorded
-in the store as the blob's ``durable_offset``. Bytes past the durable offset (a
-write interrupted by a crash) are never trusted: the next write truncates them.
+in the store as the partial's ``durable_offset``. Bytes past the durable offset
+(a write interrupted by a crash) are never trusted: the next write truncates them.
 Publishing hashes the whole partial file in a worker thread and renames it into
 place only when the digest matches, so nothing is ever published unverified.
-Blobs are shared by every project; a row in ``blobs`` tracks each one.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import time
@@ -26,7 +31,7 @@ from typing import Any
 import attrs
 import trio
 
-from ..errors import Conflict, FiccError, InvalidRequest
+from ..errors import Conflict, FiccError, InvalidRequest, NotFound
 from ..store import Store, Transaction
 
 #: Blob states, as stored and reported.
@@ -43,35 +48,52 @@ class DigestMismatch(FiccError):
 
 
 class OffsetMismatch(Conflict):
-    """A write did not start at the blob's durable offset."""
+    """A write did not start at the partial's durable offset."""
 
     code = "offset_mismatch"
 
 
+class FileVerified(Conflict):
+    """The file's content is already verified (perhaps through another model): nothing to write."""
+
+    code = "file_verified"
+
+
+@attrs.frozen
+class FileRef:
+    """One file of one model: the owner of a private partial, and the content it must hash to."""
+
+    model_id: str
+    index: int
+    sha256: str
+    size: int
+
+
 @attrs.frozen
 class BlobStatus:
-    """What the store knows of one blob."""
+    """What the store knows of one model file's content: verified, or its own partial."""
 
     sha256: str
     size: int
     state: str
     durable_offset: int
-    reason: str | None = None
+    #: The failure of the last attempt, as an error envelope's ``error`` object.
+    error: dict[str, Any] | None = None
 
     @property
     def verified(self) -> bool:
-        """Whether the blob is published."""
+        """Whether the content is published."""
         return self.state == VERIFIED
 
+    @property
+    def reason(self) -> str | None:
+        """The failure's message, if the last attempt failed."""
+        return None if self.error is None else self.error["message"]
 
-def _status(row: dict[str, Any]) -> BlobStatus:
-    return BlobStatus(
-        sha256=row["sha256"],
-        size=row["size"],
-        state=row["state"],
-        durable_offset=row["durable_offset"],
-        reason=row["reason"],
-    )
+
+def error_record(error: FiccError) -> dict[str, Any]:
+    """What a failure state stores and shows: the envelope's code, message and details."""
+    return error.envelope()["error"]
 
 
 def sha256_file(path: Path, length: int, progress: Callable[[int], None] | None = None) -> str:
@@ -122,9 +144,9 @@ class BlobStore:
         """Where a verified blob lives."""
         return self._published / sha256
 
-    def partial_path(self, sha256: str) -> Path:
-        """Where a blob being filled lives."""
-        return self._partial / f"{sha256}.part"
+    def partial_path(self, ref: FileRef) -> Path:
+        """Where the private partial of one model file lives."""
+        return self._partial / f"{ref.sha256}.{ref.model_id}.{ref.index}.part"
 
     def tree_path(self, files: Mapping[str, tuple[str, int]]) -> Path:
         """Where the directory model made of ``files`` (path -> (sha256, size)) is assembled."""
@@ -163,11 +185,12 @@ class BlobStore:
         root = self.tree_path(files)
         await trio.to_thread.run_sync(lambda: shutil.rmtree(root, ignore_errors=True))
 
-    def lock(self, sha256: str) -> trio.Lock:
-        """The lock that serialises every write and verification of one blob."""
-        lock = self._locks.get(sha256)
+    def lock(self, ref: FileRef) -> trio.Lock:
+        """The lock that serialises every write and verification of one model file."""
+        key = (ref.model_id, ref.index)
+        lock = self._locks.get(key)
         if lock is None:
-            lock = self._locks[sha256] = trio.Lock()
+            lock = self._locks[key] = trio.Lock()
         return lock
 
     @staticmethod
@@ -200,40 +223,73 @@ class BlobStore:
             ),
         )
 
-    async def status(self, sha256: str) -> BlobStatus:
-        """Return the blob's row."""
-        row = await self.store.read(
-            lambda tx: tx.fetch_one("SELECT * FROM blobs WHERE sha256 = ?", (sha256,))
-        )
-        if row is None:
-            raise FiccError(f"blob {sha256} is not recorded", code="blob_unknown", status=404)
-        return _status(row)
+    async def status(self, ref: FileRef) -> BlobStatus:
+        """Return the file's status: verified content, else its own partial's."""
 
-    async def _set(self, sha256: str, **fields: Any) -> None:
-        assignments = ", ".join(f"{name} = ?" for name in fields)
-
-        def write(tx: Transaction) -> None:
-            tx.execute(
-                f"UPDATE blobs SET {assignments}, updated_at = ? WHERE sha256 = ?",
-                (*fields.values(), time.time(), sha256),
+        def read(tx: Transaction) -> dict[str, Any] | None:
+            return tx.fetch_one(
+                "SELECT b.state AS blob_state, p.state, p.durable_offset, p.error FROM blobs b"
+                " LEFT JOIN partials p ON p.model_id = ? AND p.idx = ? WHERE b.sha256 = ?",
+                (ref.model_id, ref.index, ref.sha256),
             )
 
-        await self.store.write(write)
+        row = await self.store.read(read)
+        if row is None:
+            raise FiccError(f"blob {ref.sha256} is not recorded", code="blob_unknown", status=404)
+        if row["blob_state"] == VERIFIED:
+            return BlobStatus(ref.sha256, ref.size, VERIFIED, ref.size)
+        if row["state"] is None:
+            return BlobStatus(ref.sha256, ref.size, PARTIAL, 0)
+        error = None if row["error"] is None else json.loads(row["error"])
+        return BlobStatus(ref.sha256, ref.size, row["state"], row["durable_offset"], error)
+
+    async def _record(
+        self, ref: FileRef, state: str, durable_offset: int, error: FiccError | None = None
+    ) -> BlobStatus:
+        recorded = None if error is None else error_record(error)
+
+        def write(tx: Transaction) -> int:
+            # Only while the model file exists: a model deleted during a write leaves
+            # nothing behind (its file is swept on the next start).
+            return tx.execute(
+                "INSERT INTO partials (model_id, idx, sha256, size, state, durable_offset,"
+                " error, updated_at) SELECT ?, ?, ?, ?, ?, ?, ?, ? WHERE EXISTS"
+                " (SELECT 1 FROM model_files WHERE model_id = ? AND idx = ?)"
+                " ON CONFLICT (model_id, idx) DO UPDATE SET state = excluded.state,"
+                " durable_offset = excluded.durable_offset, error = excluded.error,"
+                " updated_at = excluded.updated_at",
+                (
+                    ref.model_id,
+                    ref.index,
+                    ref.sha256,
+                    ref.size,
+                    state,
+                    durable_offset,
+                    None if recorded is None else json.dumps(recorded),
+                    time.time(),
+                    ref.model_id,
+                    ref.index,
+                ),
+            )
+
+        if not await self.store.write(write):
+            raise NotFound(
+                f"model {ref.model_id!r} was deleted",
+                code="model_not_found",
+                details={"id": ref.model_id},
+            )
+        return BlobStatus(ref.sha256, ref.size, state, durable_offset, recorded)
 
     # -- writing ----------------------------------------------------------------
 
-    async def write(self, sha256: str, offset: int, data: bytes) -> BlobStatus:
+    async def write(self, ref: FileRef, offset: int, data: bytes) -> BlobStatus:
         """Append ``data`` at ``offset``, which must be the durable offset; fsync; record it.
 
-        The caller holds :meth:`lock`. Returns the new status.
+        The caller holds :meth:`lock`. Returns the new status. Content verified in the
+        meantime (through another model) raises :class:`FileVerified`; the partial,
+        useless now, is discarded.
         """
-        current = await self.status(sha256)
-        if current.verified:
-            raise Conflict(
-                f"blob {sha256} is already verified",
-                code="file_verified",
-                details={"offset": current.size},
-            )
+        current = await self._unverified(ref)
         if offset != current.durable_offset:
             raise OffsetMismatch(
                 f"writes must start at the durable offset {current.durable_offset}, not {offset}",
@@ -246,7 +302,7 @@ class BlobStore:
                 code="beyond_declared_size",
                 details={"offset": current.durable_offset, "size": current.size},
             )
-        path = self.partial_path(sha256)
+        path = self.partial_path(ref)
 
         def append() -> None:
             with open(path, "r+b" if path.exists() else "w+b") as handle:
@@ -258,49 +314,74 @@ class BlobStore:
                 os.fsync(handle.fileno())
 
         await trio.to_thread.run_sync(append, limiter=self._io_limiter)
-        await self._set(sha256, durable_offset=end, state=PARTIAL, reason=None)
-        return attrs.evolve(current, durable_offset=end, state=PARTIAL, reason=None)
+        try:
+            return await self._record(ref, PARTIAL, end)
+        except NotFound:
+            await trio.to_thread.run_sync(lambda: path.unlink(missing_ok=True))
+            raise
 
-    async def reset(self, sha256: str, reason: str | None = None) -> None:
-        """Discard a partial blob (offset back to 0), recording ``reason`` as failed if given."""
-        path = self.partial_path(sha256)
+    async def _unverified(self, ref: FileRef) -> BlobStatus:
+        current = await self.status(ref)
+        if current.verified:
+            await self.discard(ref)
+            raise FileVerified(
+                f"the content of this file (sha256 {ref.sha256}) is already verified",
+                details={"offset": current.size},
+            )
+        return current
+
+    async def reset(self, ref: FileRef, error: FiccError | None = None) -> None:
+        """Discard the file's partial (offset back to 0), recording ``error`` as failed if given."""
+        path = self.partial_path(ref)
         await trio.to_thread.run_sync(lambda: path.unlink(missing_ok=True))
-        if reason is None:
-            await self._set(sha256, durable_offset=0, state=PARTIAL, reason=None)
-        else:
-            await self._set(sha256, durable_offset=0, state=FAILED, reason=reason)
+        await self._record(ref, PARTIAL if error is None else FAILED, 0, error)
 
-    async def mark_failed(self, sha256: str, reason: str, *, discard: bool = False) -> None:
-        """Record why filling a blob failed; ``discard`` also drops its partial bytes."""
+    async def mark_failed(self, ref: FileRef, error: FiccError, *, discard: bool = False) -> None:
+        """Record why filling a file failed; ``discard`` also drops its partial bytes."""
         if discard:
-            await self.reset(sha256, reason)
+            await self.reset(ref, error)
         else:
-            await self._set(sha256, state=FAILED, reason=reason)
+            current = await self.status(ref)
+            await self._record(ref, FAILED, current.durable_offset, error)
 
-    async def verify_and_publish(self, sha256: str) -> BlobStatus:
-        """Hash the full-length partial file off the event loop and publish it if it matches.
+    async def discard(self, ref: FileRef) -> None:
+        """Forget the file's partial: its bytes and its row (the model is gone, or verified)."""
+        path = self.partial_path(ref)
+        await trio.to_thread.run_sync(lambda: path.unlink(missing_ok=True))
+        await self.store.write(
+            lambda tx: tx.execute(
+                "DELETE FROM partials WHERE model_id = ? AND idx = ?", (ref.model_id, ref.index)
+            )
+        )
+        lock = self._locks.get((ref.model_id, ref.index))
+        if lock is not None and not lock.locked():
+            del self._locks[(ref.model_id, ref.index)]
+
+    async def verify_and_publish(self, ref: FileRef) -> BlobStatus:
+        """Hash the full-length partial off the event loop and publish it if it matches.
 
         The caller holds :meth:`lock`. On a mismatch the partial file is discarded,
-        the blob is marked failed with the reason, and :class:`DigestMismatch` is raised.
+        the file is marked failed with the reason, and :class:`DigestMismatch` is raised.
         Once started, verification finishes even if the caller is cancelled (a pause,
-        a client hanging up), so a blob is never left half-way between states.
+        a client hanging up), so a file is never left half-way between states.
         """
         with trio.CancelScope(shield=True):
-            return await self._verify_and_publish(sha256)
+            return await self._verify_and_publish(ref)
 
-    async def _verify_and_publish(self, sha256: str) -> BlobStatus:
-        current = await self.status(sha256)
+    async def _verify_and_publish(self, ref: FileRef) -> BlobStatus:
+        current = await self.status(ref)
         if current.verified:
+            await self.discard(ref)
             return current
         if current.durable_offset != current.size:
             raise Conflict(
-                f"blob {sha256} has {current.durable_offset} of {current.size} bytes; "
+                f"this file has {current.durable_offset} of {current.size} bytes; "
                 "it can be verified only when complete",
                 code="file_incomplete",
-                details={"offset": current.durable_offset},
+                details={"offset": current.durable_offset, "size": current.size},
             )
-        await self._set(sha256, state=VERIFYING)
-        path = self.partial_path(sha256)
+        await self._record(ref, VERIFYING, current.size)
+        path = self.partial_path(ref)
         if current.size == 0:
             await trio.to_thread.run_sync(path.touch)
         try:
@@ -308,36 +389,108 @@ class BlobStore:
                 sha256_file, path, current.size, limiter=self._hash_limiter
             )
         except OSError as exc:
-            await self.reset(sha256, f"the partial file could not be read: {exc}")
-            raise FiccError(
-                f"blob {sha256} could not be verified: {exc}", code="blob_unreadable"
-            ) from None
-        if actual != sha256:
-            reason = f"the content hashes to sha256 {actual}, not the declared {sha256}"
-            await self.reset(sha256, reason)
-            raise DigestMismatch(reason, details={"expected": sha256, "actual": actual})
+            error = FiccError(f"the partial file could not be read: {exc}", code="blob_unreadable")
+            await self.reset(ref, error)
+            raise error from None
+        if actual != ref.sha256:
+            mismatch = DigestMismatch(
+                f"the content hashes to sha256 {actual}, not the declared {ref.sha256}",
+                details={"expected": ref.sha256, "actual": actual},
+            )
+            await self.reset(ref, mismatch)
+            raise mismatch
+        await self._publish(ref, path)
+        return BlobStatus(ref.sha256, ref.size, VERIFIED, ref.size)
+
+    async def _publish(self, ref: FileRef, path: Path) -> None:
+        target = self.published_path(ref.sha256)
 
         def publish() -> None:
-            os.replace(path, self.published_path(sha256))
+            if target.exists():  # Published through another model meanwhile: same bytes.
+                path.unlink()
+                return
+            os.replace(path, target)
             _fsync_directory(self._published)
 
         await trio.to_thread.run_sync(publish)
-        await self._set(sha256, state=VERIFIED, durable_offset=current.size, reason=None)
-        return attrs.evolve(current, state=VERIFIED, durable_offset=current.size, reason=None)
+
+        def write(tx: Transaction) -> list[dict[str, Any]]:
+            tx.execute(
+                "UPDATE blobs SET state = ?, durable_offset = size, reason = NULL,"
+                " updated_at = ? WHERE sha256 = ?",
+                (VERIFIED, time.time(), ref.sha256),
+            )
+            tx.execute(
+                "DELETE FROM partials WHERE model_id = ? AND idx = ?", (ref.model_id, ref.index)
+            )
+            return tx.fetch_all(
+                "SELECT model_id, idx FROM partials WHERE sha256 = ?", (ref.sha256,)
+            )
+
+        others = await self.store.write(write)
+        # Other models' partials of this content are useless now. One busy with a write
+        # (its lock held) discards its own when it next looks; never wait for it here.
+        for row in others:
+            other = attrs.evolve(ref, model_id=row["model_id"], index=row["idx"])
+            lock = self.lock(other)
+            if not lock.locked():
+                async with lock:
+                    await self.discard(other)
 
     async def is_published(self, sha256: str) -> bool:
         """Whether a verified file for ``sha256`` exists on disk."""
         return await trio.to_thread.run_sync(self.published_path(sha256).is_file)
 
     async def remove(self, sha256: str) -> None:
-        """Delete a blob's files and row (the caller checked nothing references it)."""
-
-        def unlink() -> None:
-            self.published_path(sha256).unlink(missing_ok=True)
-            self.partial_path(sha256).unlink(missing_ok=True)
-
-        await trio.to_thread.run_sync(unlink)
+        """Delete a blob's published file and row (the caller checked nothing references it)."""
+        await trio.to_thread.run_sync(lambda: self.published_path(sha256).unlink(missing_ok=True))
         await self.store.write(
             lambda tx: tx.execute("DELETE FROM blobs WHERE sha256 = ?", (sha256,))
         )
-        self._locks.pop(sha256, None)
+
+    async def recover(self) -> list[FileRef]:
+        """Tidy the partials on start; return the complete ones that still need verifying.
+
+        A partial that holds every byte but is not verified was cut by a crash between
+        its last write and verification, or during verification: the caller verifies
+        those. Files of a partial taken over from before partials were private are
+        renamed to their owner's name; files no partial row owns, and partials of
+        content verified meanwhile, are removed; a row whose file lost bytes (it is
+        shorter than the durable offset) starts over.
+        """
+        rows = await self.store.read(
+            lambda tx: tx.fetch_all(
+                "SELECT p.model_id, p.idx, p.sha256, p.size, p.state, p.durable_offset,"
+                " b.state AS blob_state FROM partials p JOIN blobs b ON b.sha256 = p.sha256"
+            )
+        )
+
+        def sweep() -> tuple[list[FileRef], list[FileRef], list[FileRef]]:
+            complete, lost, done = [], [], []
+            owned = set()
+            for row in rows:
+                ref = FileRef(row["model_id"], row["idx"], row["sha256"], row["size"])
+                if row["blob_state"] == VERIFIED:
+                    done.append(ref)
+                    continue
+                path = self.partial_path(ref)
+                owned.add(path.name)
+                legacy = self._partial / f"{ref.sha256}.part"
+                if row["durable_offset"] and not path.exists() and legacy.exists():
+                    os.replace(legacy, path)
+                held = path.stat().st_size if path.exists() else 0
+                if held < row["durable_offset"]:
+                    lost.append(ref)
+                elif row["durable_offset"] == ref.size and row["state"] in (PARTIAL, VERIFYING):
+                    complete.append(ref)
+            for name in os.listdir(self._partial):
+                if name not in owned:
+                    (self._partial / name).unlink(missing_ok=True)
+            return complete, lost, done
+
+        complete, lost, done = await trio.to_thread.run_sync(sweep)
+        for ref in lost:
+            await self.reset(ref)
+        for ref in done:
+            await self.discard(ref)
+        return complete

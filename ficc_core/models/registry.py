@@ -1,8 +1,13 @@
-"""The model registry: project-scoped immutable manifests over shared, verified blobs."""
+"""The model registry: project-scoped immutable manifests over shared, verified blobs.
+
+Each file of a model fills its own private partial; only verified content is
+shared (see :mod:`ficc_core.models.blobs`).
+"""
 
 from __future__ import annotations
 
 import json
+import logging
 import time
 from typing import Any
 
@@ -13,18 +18,20 @@ from ..errors import Conflict, FiccError, InvalidRequest, NotFound
 from ..schema import ModelManifest, canonical_json, structure
 from ..store import Store, Transaction
 from .acquire import RUNNING, Acquirer
-from .blobs import FAILED, VERIFIED, VERIFYING, BlobStatus, BlobStore
+from .blobs import FAILED, VERIFIED, VERIFYING, BlobStatus, BlobStore, FileRef
+
+log = logging.getLogger("ficc.models.registry")
 
 #: Largest decoded chunk of ``POST /models/{id}/files/{index}`` ({offset, data}).
 MAX_JSON_CHUNK = 1 << 20
 #: Largest body of ``POST /models/{id}/files/{index}/bytes``.
 MAX_BYTES_CHUNK = 16 << 20
-#: Byte uploads admitted at once across the controller.
+#: Byte uploads admitted at once per project.
 MAX_ACTIVE_UPLOADS = 2
 
 
 class TooManyUploads(FiccError):
-    """More byte uploads than the controller admits at once."""
+    """More byte uploads than a project may run at once."""
 
     status = 429
     code = "too_many_uploads"
@@ -36,12 +43,16 @@ def _model_not_found(model_id: str) -> NotFound:
     )
 
 
-def _file_state(blob: dict[str, Any], acquiring: bool) -> str:
-    if blob["state"] in (VERIFIED, VERIFYING, FAILED):
-        return blob["state"]
-    if acquiring and blob["url"]:
+def _file_state(file: dict[str, Any], acquiring: bool) -> str:
+    if file["state"] in (VERIFIED, VERIFYING, FAILED):
+        return file["state"]
+    if acquiring and file["url"]:
         return "acquiring"
-    return "paused" if blob["durable_offset"] > 0 else "absent"
+    return "paused" if file["durable_offset"] > 0 else "absent"
+
+
+def _error(recorded: str | None) -> dict[str, Any] | None:
+    return None if recorded is None else json.loads(recorded)
 
 
 def _model_view(row: dict[str, Any], files: list[dict[str, Any]]) -> dict[str, Any]:
@@ -50,6 +61,7 @@ def _model_view(row: dict[str, Any], files: list[dict[str, Any]]) -> dict[str, A
     views = []
     for file in files:
         state = _file_state(file, acquiring)
+        error = _error(file["error"]) if state == FAILED else None
         views.append(
             {
                 "index": file["idx"],
@@ -60,7 +72,8 @@ def _model_view(row: dict[str, Any], files: list[dict[str, Any]]) -> dict[str, A
                 "state": state,
                 "received_bytes": file["durable_offset"],
                 "verified_bytes": file["size"] if state == VERIFIED else 0,
-                "reason": file["reason"] if state == FAILED else None,
+                "reason": None if error is None else error["message"],
+                "error": error,
             }
         )
     states = {view["state"] for view in views}
@@ -84,7 +97,11 @@ def _model_view(row: dict[str, Any], files: list[dict[str, Any]]) -> dict[str, A
         "state": state,
         "acquisition": None
         if row["acquisition_state"] is None
-        else {"state": row["acquisition_state"], "reason": row["acquisition_reason"]},
+        else {
+            "state": row["acquisition_state"],
+            "reason": row["acquisition_reason"],
+            "error": _error(row["acquisition_error"]),
+        },
         "size": sum(view["size"] for view in views),
         "received_bytes": sum(view["received_bytes"] for view in views),
         "verified_bytes": sum(view["verified_bytes"] for view in views),
@@ -93,12 +110,20 @@ def _model_view(row: dict[str, Any], files: list[dict[str, Any]]) -> dict[str, A
 
 
 _MODEL_SELECT = (
-    "SELECT m.*, a.state AS acquisition_state, a.reason AS acquisition_reason"
-    " FROM models m LEFT JOIN acquisitions a ON a.model_id = m.id"
+    "SELECT m.*, a.state AS acquisition_state, a.reason AS acquisition_reason,"
+    " a.error AS acquisition_error FROM models m LEFT JOIN acquisitions a ON a.model_id = m.id"
 )
+# Verified content is shared; anything else is this model's own partial (none yet: absent).
 _FILES_SELECT = (
-    "SELECT f.idx, f.path, f.size, f.sha256, f.url, b.state, b.durable_offset, b.reason"
-    " FROM model_files f JOIN blobs b ON b.sha256 = f.sha256 WHERE f.model_id = ? ORDER BY f.idx"
+    "SELECT f.idx, f.path, f.size, f.sha256, f.url,"
+    " CASE WHEN b.state = 'verified' THEN 'verified' ELSE COALESCE(p.state, 'partial') END"
+    " AS state,"
+    " CASE WHEN b.state = 'verified' THEN f.size ELSE COALESCE(p.durable_offset, 0) END"
+    " AS durable_offset,"
+    " CASE WHEN b.state = 'verified' THEN NULL ELSE p.error END AS error"
+    " FROM model_files f JOIN blobs b ON b.sha256 = f.sha256"
+    " LEFT JOIN partials p ON p.model_id = f.model_id AND p.idx = f.idx"
+    " WHERE f.model_id = ? ORDER BY f.idx"
 )
 
 
@@ -118,7 +143,23 @@ class ModelRegistry:
         self.store = store
         self.blobs = blobs
         self.acquirer = acquirer
-        self._active_uploads = 0
+        self._active_uploads: dict[str, int] = {}
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Tidy the partials left by the previous controller, then finish their verification.
+
+        A file whose every byte was durable when the controller stopped (during its
+        verification, or just before it) is verified now, with nobody having to send
+        the empty write.
+        """
+        complete = await self.blobs.recover()
+        task_status.started()
+        for ref in complete:
+            async with self.blobs.lock(ref):
+                try:
+                    await self.blobs.verify_and_publish(ref)
+                except FiccError as exc:
+                    log.warning("file %s of model %s: %s", ref.index, ref.model_id, exc.message)
 
     async def register(
         self, project_id: str, manifest: ModelManifest
@@ -222,14 +263,16 @@ class ModelRegistry:
 
     # -- uploads ----------------------------------------------------------------
 
-    def upload_slot(self) -> _UploadSlot:
-        """Admit one byte upload, or raise :class:`TooManyUploads`."""
-        return _UploadSlot(self)
+    def upload_slot(self, project_id: str) -> _UploadSlot:
+        """Admit one byte upload of the project, or raise :class:`TooManyUploads`."""
+        return _UploadSlot(self._active_uploads, project_id)
 
-    async def upload(
-        self, project_id: str, model_id: str, index: int, offset: int, data: bytes
-    ) -> dict[str, Any]:
-        """Write ``data`` at ``offset`` of file ``index``; verify and publish when complete."""
+    async def upload_target(self, project_id: str, model_id: str, index: int) -> FileRef:
+        """The file an upload writes to; refused at once while its content is being acquired.
+
+        Checked before a body is read (and again after), so an upload never waits for
+        an acquisition or holds an upload slot meanwhile.
+        """
         model = await self.get(project_id, model_id)
         if not 0 <= index < len(model["files"]):
             raise NotFound(
@@ -237,36 +280,65 @@ class ModelRegistry:
                 code="file_not_found",
                 details={"index": index},
             )
-        if model["acquisition"] is not None and model["acquisition"]["state"] == RUNNING:
-            raise Conflict(
-                "this model is being acquired; pause the acquisition before uploading",
-                code="acquisition_running",
+        file = model["files"][index]
+        acquiring = await self.store.read(
+            lambda tx: tx.fetch_all(
+                "SELECT DISTINCT f.model_id FROM model_files f"
+                " JOIN models m ON m.id = f.model_id"
+                " JOIN acquisitions a ON a.model_id = f.model_id"
+                " WHERE f.sha256 = ? AND m.project_id = ? AND a.state = ?"
+                " AND f.url IS NOT NULL ORDER BY f.model_id",
+                (file["sha256"], project_id, RUNNING),
             )
-        sha256 = model["files"][index]["sha256"]
-        async with self.blobs.lock(sha256):
-            status = await self.blobs.status(sha256)
+        )
+        if acquiring and file["state"] != VERIFIED:
+            others = [row["model_id"] for row in acquiring]
+            where = "this model" if others == [model_id] else f"model(s) {', '.join(others)}"
+            raise Conflict(
+                f"this file's content is being acquired by {where}; wait for the "
+                "acquisition, or pause it before uploading",
+                code="acquisition_running",
+                details={"models": others},
+            )
+        return FileRef(model_id, index, file["sha256"], file["size"])
+
+    async def upload(
+        self, project_id: str, model_id: str, index: int, offset: int, data: bytes
+    ) -> dict[str, Any]:
+        """Write ``data`` at ``offset`` of file ``index``; verify and publish when complete."""
+        ref = await self.upload_target(project_id, model_id, index)
+        async with self.blobs.lock(ref):
             if not data:
-                await self._empty_upload(status, offset)
+                await self._empty_upload(ref, await self.blobs.status(ref), offset)
             else:
-                status = await self.blobs.write(sha256, offset, data)
+                status = await self.blobs.write(ref, offset, data)
                 if status.durable_offset == status.size:
-                    await self.blobs.verify_and_publish(sha256)
+                    await self.blobs.verify_and_publish(ref)
         model = await self.get(project_id, model_id)
         return model["files"][index]
 
-    async def _empty_upload(self, status: BlobStatus, offset: int) -> None:
+    async def _empty_upload(self, ref: FileRef, status: BlobStatus, offset: int) -> None:
         # The one empty write that means something: "verify the full-length partial
         # an interruption left behind". Every other empty write is refused.
-        if offset == status.size and status.durable_offset == status.size:
-            if not status.verified:
-                await self.blobs.verify_and_publish(status.sha256)
+        if status.verified:
             return
-        raise InvalidRequest(
-            "an empty upload is accepted only at the exact declared size, to verify a "
-            f"complete file (size {status.size}, received {status.durable_offset})",
-            code="empty_upload",
-            details={"offset": status.durable_offset, "size": status.size},
-        )
+        details = {"offset": status.durable_offset, "size": status.size}
+        if offset != status.size:
+            raise InvalidRequest(
+                "an empty upload is accepted only at the exact declared size "
+                f"({status.size}), to verify a complete file; send bytes to upload",
+                code="empty_upload",
+                details=details,
+            )
+        if status.durable_offset != status.size:
+            raise InvalidRequest(
+                f"this file is incomplete: the server holds {status.durable_offset} of its "
+                f"{status.size} bytes, so there is nothing to verify yet; send the rest "
+                f"from offset {status.durable_offset}",
+                code="empty_upload",
+                details=details,
+            )
+        await self.blobs.verify_and_publish(ref)
 
     # -- deletion ---------------------------------------------------------------
 
@@ -298,11 +370,14 @@ class ModelRegistry:
             )
 
         orphans = await self.store.write(write)
+        for file in model["files"]:
+            ref = FileRef(model_id, file["index"], file["sha256"], file["size"])
+            async with self.blobs.lock(ref):
+                await self.blobs.discard(ref)  # private to this model: nobody else can use it
         evicted = []
         if evict:
             for sha256 in orphans:
-                async with self.blobs.lock(sha256):
-                    await self.blobs.remove(sha256)
+                await self.blobs.remove(sha256)
                 evicted.append(sha256)
             if evicted and model["format"] == "hf-directory":
                 # Its assembled tree would keep the evicted content on disk.
@@ -320,18 +395,23 @@ def _referencing_services(tx: Transaction, model_id: str) -> list[str]:
 
 
 class _UploadSlot:
-    def __init__(self, registry: ModelRegistry) -> None:
-        self._registry = registry
+    def __init__(self, active: dict[str, int], project_id: str) -> None:
+        self._active = active
+        self._project_id = project_id
 
     async def __aenter__(self) -> None:
-        if self._registry._active_uploads >= MAX_ACTIVE_UPLOADS:
+        # The checkpoint comes first: a cancellation after counting would leak the slot.
+        await trio.lowlevel.checkpoint()
+        if self._active.get(self._project_id, 0) >= MAX_ACTIVE_UPLOADS:
             raise TooManyUploads(
-                f"at most {MAX_ACTIVE_UPLOADS} byte uploads run at once; retry shortly",
+                f"at most {MAX_ACTIVE_UPLOADS} byte uploads of a project run at once; "
+                "retry shortly",
                 headers={"Retry-After": "1"},
                 details={"limit": MAX_ACTIVE_UPLOADS},
             )
-        self._registry._active_uploads += 1
-        await trio.lowlevel.checkpoint()
+        self._active[self._project_id] = self._active.get(self._project_id, 0) + 1
 
     async def __aexit__(self, *exc_info: object) -> None:
-        self._registry._active_uploads -= 1
+        self._active[self._project_id] -= 1
+        if not self._active[self._project_id]:
+            del self._active[self._project_id]

@@ -209,4 +209,37 @@ MIGRATIONS: list[tuple[str, ...]] = [
         "ALTER TABLE credentials ADD COLUMN issuer_id TEXT",
         "CREATE INDEX credentials_issuer ON credentials(issuer_id)",
     ),
+    # 9: a partial file belongs to the model file that fills it (uploads and acquisitions
+    # of one model never touch another's progress); a blob row now only says whether the
+    # content is verified. Progress held before this moves to the earliest model that
+    # references its content (the controller renames the file on start). Failures keep
+    # their code and details (JSON) beside the text.
+    (
+        """CREATE TABLE partials (
+            model_id TEXT NOT NULL,
+            idx INTEGER NOT NULL,
+            sha256 TEXT NOT NULL,
+            size INTEGER NOT NULL,
+            state TEXT NOT NULL,
+            durable_offset INTEGER NOT NULL DEFAULT 0,
+            error TEXT,
+            updated_at REAL NOT NULL,
+            PRIMARY KEY (model_id, idx),
+            FOREIGN KEY (model_id, idx) REFERENCES model_files(model_id, idx) ON DELETE CASCADE
+        )""",
+        "CREATE INDEX partials_sha256 ON partials(sha256)",
+        """INSERT INTO partials (model_id, idx, sha256, size, state, durable_offset, error,
+            updated_at)
+        SELECT f.model_id, f.idx, b.sha256, b.size, b.state, b.durable_offset,
+            CASE WHEN b.reason IS NULL THEN NULL ELSE json_object('code', 'upload_failed',
+                'message', b.reason, 'details', json_object()) END,
+            b.updated_at
+        FROM blobs b JOIN model_files f ON f.sha256 = b.sha256
+        WHERE b.state != 'verified' AND (b.durable_offset > 0 OR b.state != 'partial')
+            AND f.rowid = (SELECT f2.rowid FROM model_files f2 JOIN models m ON m.id = f2.model_id
+                WHERE f2.sha256 = b.sha256 ORDER BY m.created_at, f2.model_id, f2.idx LIMIT 1)""",
+        "UPDATE blobs SET state = 'partial', durable_offset = 0, reason = NULL"
+        " WHERE state != 'verified'",
+        "ALTER TABLE acquisitions ADD COLUMN error TEXT",
+    ),
 ]
