@@ -11,8 +11,8 @@ from quart import Response, g, jsonify, request
 
 from ..errors import FiccError, InvalidRequest
 from ..models.registry import MAX_BYTES_CHUNK, MAX_JSON_CHUNK
-from ..schema import FieldError, ModelManifest
-from .bodies import read_body, read_json
+from ..schema import MAX_LENGTH, MAX_SAFE_INTEGER, ModelManifest, integer
+from .bodies import query_integer, read_body, read_json
 
 if TYPE_CHECKING:
     from quart_trio import QuartTrio
@@ -23,17 +23,12 @@ if TYPE_CHECKING:
 _JSON_CHUNK_BODY = (MAX_JSON_CHUNK + 2) // 3 * 4 + 1024
 
 
-def _non_negative(_instance: object, attribute: attrs.Attribute, value: int) -> None:
-    if value < 0:
-        raise FieldError(attribute.name, "must be 0 or more")
-
-
 @attrs.frozen
 class ChunkBody:
     """``POST /models/{id}/files/{index}``: ``data`` is canonical base64 of at most 1 MiB."""
 
-    offset: int = attrs.field(validator=_non_negative)
-    data: str
+    offset: int = integer(0, MAX_SAFE_INTEGER)
+    data: str = attrs.field(metadata={MAX_LENGTH: _JSON_CHUNK_BODY})
 
 
 @attrs.frozen
@@ -67,16 +62,6 @@ def decode_canonical_base64(text: str) -> bytes:
             details={"limit": MAX_JSON_CHUNK},
         )
     return data
-
-
-def _offset_param() -> int:
-    raw = request.args.get("offset")
-    if raw is None or not raw.isdigit() or (len(raw) > 1 and raw.startswith("0")):
-        raise InvalidRequest(
-            "the query parameter offset must be a non-negative integer",
-            details={"errors": [{"path": "offset", "message": "expected a non-negative integer"}]},
-        )
-    return int(raw)
 
 
 def register(app: QuartTrio, service: Service) -> None:
@@ -122,7 +107,7 @@ def register(app: QuartTrio, service: Service) -> None:
                 code="unsupported_media_type",
                 status=415,
             )
-        offset = _offset_param()
+        offset = query_integer("offset")
         async with models.upload_slot():
             data = await read_body(MAX_BYTES_CHUNK)
             return jsonify(

@@ -24,6 +24,7 @@ import trio
 from ..auth import secrets as sec
 from ..errors import Conflict, FiccError, InvalidRequest, NotFound
 from ..schema import (
+    MAX_SAFE_INTEGER,
     FieldError,
     JobInput,
     ModelManifest,
@@ -32,6 +33,7 @@ from ..schema import (
     SchemaError,
     Specification,
     canonical_json,
+    integer,
     structure,
     unstructure,
 )
@@ -125,7 +127,7 @@ class ModelContext:
 class ControlBody:
     """``POST /inference/{id}/control/{action}``."""
 
-    revision: int
+    revision: int = integer(0, MAX_SAFE_INTEGER)
     acknowledge_unknown: bool = False
 
 
@@ -133,7 +135,7 @@ class ControlBody:
 class ReplaceBody:
     """``PUT /inference/{id}``: the revision read, and the new specification."""
 
-    revision: int
+    revision: int = integer(0, MAX_SAFE_INTEGER)
     spec: dict[str, Any]
 
 
