@@ -244,7 +244,6 @@ MANIFEST = {
     "files": [{"path": "m.gguf", "size": 1, "sha256": SHA, "url": "https://example.org/m"}],
     "licence": "mit",
     "source": {"repository": "org/repo", "revision": "main"},
-    "metadata": {"context_length": 4096, "parameter_count": 1000},
 }
 CHAT = {"model": ALIAS, "messages": [{"role": "user", "content": "hi"}], "stream": False}
 #: Every route that reads a JSON body, with a valid body to mutate.

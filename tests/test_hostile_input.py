@@ -10,13 +10,17 @@ every body route and query parameter.
 from __future__ import annotations
 
 import json
+import typing
 
+import attrs
 import httpx
 import pytest
 import trio
 
+from ficc_core import docs_ranges
 from ficc_core.api.app import error_response_bytes
 from ficc_core.errors import InvalidRequest
+from ficc_core.schema._convert import RANGE
 
 from .conftest import bearer
 from .gateway_support import ALIAS, gateway_env
@@ -285,10 +289,46 @@ async def test_huge_integers_are_400s_naming_the_field(controller):
         "POST", f"/api/v1/models/{model_id}/files/0", json={"offset": huge, "data": "eA=="}
     )
     assert "$.offset" in paths(refusal(response))
-    response = await controller.call(
-        "POST",
-        f"/api/v1/models/{model_id}/files/{'9' * 400}",
-        json={"offset": 0, "data": "eA=="},
-    )
-    assert 400 <= response.status_code < 500
-    strict(response.text)
+    for index in ("9" * 400, str(2**63), str(2**53)):
+        for suffix, kwargs in (
+            ("", {"json": {"offset": 0, "data": "eA=="}}),
+            ("/bytes", {"params": {"offset": 0}, "content": b"x"}),
+        ):
+            headers = {"Content-Type": "application/octet-stream"} if suffix else {}
+            response = await controller.call(
+                "POST",
+                f"/api/v1/models/{model_id}/files/{index}{suffix}",
+                headers=headers,
+                **kwargs,
+            )
+            assert 400 <= response.status_code < 500, (index, suffix, response.text)
+            strict(response.text)
+
+
+# -- item 3: every integer field has a documented range -------------------------------------
+
+
+def _api_and_schema_classes() -> list[type]:
+    import ficc_core.schema as schema
+    from ficc_core.api import routes_admin, routes_models, routes_system, routes_tokens
+    from ficc_core.inference import manager
+
+    modules = [schema, routes_admin, routes_models, routes_system, routes_tokens, manager]
+    found = {
+        value
+        for module in modules
+        for value in vars(module).values()
+        if isinstance(value, type) and attrs.has(value)
+    }
+    return sorted(found, key=lambda cls: cls.__qualname__)
+
+
+def test_every_integer_field_declares_its_range_and_the_docs_render_them():
+    unranged = []
+    for cls in _api_and_schema_classes():
+        hints = typing.get_type_hints(cls)
+        for field in attrs.fields(cls):
+            if hints[field.name] in (int, int | None) and RANGE not in field.metadata:
+                unranged.append(f"{cls.__qualname__}.{field.name}")
+    assert unranged == [], "declare these with ficc_core.schema.integer(minimum, maximum)"
+    assert docs_ranges.main(["--check"]) == 0, "run: python -m ficc_core.docs_ranges"

@@ -117,7 +117,7 @@ class ModelContext:
     """A verified model as the adapters and the launch need it."""
 
     record: ModelRecord
-    size: int
+    size: int = integer(0, MAX_SAFE_INTEGER)
     inputs: tuple[JobInput, ...]
     blobs: Mapping[str, int]
     directories: Mapping[str, Mapping[str, tuple[str, int]]]

@@ -171,8 +171,8 @@ def _items(kind: type, *, non_empty: bool = False, noun: str = "") -> _Validator
 class GpuRequest:
     """One GPU reserved for a placement.
 
-    :ivar index: the device index on the node, as the executor snapshot reports it (0 or more).
-    :ivar memory_bytes: device memory reserved on that GPU, in bytes (more than 0).
+    :ivar index: the device index on the node, as the executor snapshot reports it (0 to 1,023).
+    :ivar memory_bytes: device memory reserved on that GPU, in bytes (1 to 2^53 - 1).
     """
 
     index: int = integer(0, MAX_GPU_INDEX)
@@ -194,11 +194,11 @@ def _distinct_gpus(_instance: Any, attribute: "attrs.Attribute[Any]", value: Any
 class ResourceLimits:
     """The resources an executor reserves and enforces for one replica.
 
-    :ivar cpus: CPU cores, fractional allowed (more than 0).
-    :ivar memory_bytes: memory limit in bytes (more than 0).
+    :ivar cpus: CPU cores, fractional allowed (more than 0, at most 65,536).
+    :ivar memory_bytes: memory limit in bytes (1 to 2^53 - 1).
     :ivar gpus: the GPUs reserved, each at most once; empty for a CPU-only replica.
-    :ivar pids: optional limit on the number of processes (1 or more).
-    :ivar open_files: optional limit on open file descriptors (1 or more).
+    :ivar pids: optional limit on the number of processes (1 to 4,194,304).
+    :ivar open_files: optional limit on open file descriptors (1 to 1,073,741,816).
     """
 
     cpus: float = number(0, MAX_CPUS, above=True)
@@ -284,13 +284,14 @@ class Specification:
     :ivar context: the context window in tokens (1 to 16,777,216).
     :ivar concurrency: requests one replica serves at once (1 to 4,096).
     :ivar placements: one or more explicit placements, one per replica.
-    :ivar gpu_layers: layers to offload to GPUs (0 or more); absent means the engine's
+    :ivar gpu_layers: layers to offload to GPUs (0 to 100,000); absent means the engine's
         default. Use a number at least the model's layer count to offload every layer.
     :ivar tensor_split: the share of the model each GPU holds, in GPU order (each 0 or
         more, at least one above 0); absent means the engine decides.
-    :ivar parallelism: tensor-parallel degree for engines that support it (1 or more).
+    :ivar parallelism: tensor-parallel degree for engines that support it (1 to 1,024).
     :ivar request_deadline: seconds one inference request may take before it is
-        cancelled (more than 0); absent means no deadline beyond the client's.
+        cancelled (more than 0, at most seven days); absent means no deadline beyond the
+        client's.
     """
 
     alias: str = attrs.field(
