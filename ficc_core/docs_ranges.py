@@ -3,7 +3,7 @@
 ``python -m ficc_core.docs_ranges`` rewrites the part of each page between
 ``<!-- ranges:start -->`` and ``<!-- ranges:end -->``; ``--check`` only reports
 (exit status 1) when a page is out of date. The source is each field's
-:func:`~ficc_core.schema.integer` or :func:`~ficc_core.schema.number`
+:func:`~ficc_core.schema._convert.integer` or :func:`~ficc_core.schema._convert.number`
 declaration: the pages render the ranges the converter enforces, never restate them.
 """
 
@@ -18,8 +18,7 @@ from typing import Any
 
 import attrs
 
-from .schema import MAX_SAFE_INTEGER, MAX_STRING
-from .schema._convert import RANGE
+from .schema._convert import MAX_SAFE_INTEGER, MAX_STRING, RANGE
 from .strictjson import INT64_MAX, INT64_MIN
 
 START, END = "<!-- ranges:start -->", "<!-- ranges:end -->"

@@ -330,5 +330,5 @@ def test_every_integer_field_declares_its_range_and_the_docs_render_them():
         for field in attrs.fields(cls):
             if hints[field.name] in (int, int | None) and RANGE not in field.metadata:
                 unranged.append(f"{cls.__qualname__}.{field.name}")
-    assert unranged == [], "declare these with ficc_core.schema.integer(minimum, maximum)"
+    assert unranged == [], "declare them with schema._convert.integer()"
     assert docs_ranges.main(["--check"]) == 0, "run: python -m ficc_core.docs_ranges"

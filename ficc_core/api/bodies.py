@@ -9,7 +9,8 @@ import attrs
 from quart import request
 
 from ..errors import FiccError, InvalidRequest, PayloadTooLarge
-from ..schema import MAX_SAFE_INTEGER, FieldError, structure
+from ..schema import FieldError, structure
+from ..schema._convert import MAX_SAFE_INTEGER
 from ..strictjson import loads
 
 T = TypeVar("T")

@@ -11,7 +11,8 @@ from quart import Response, g, jsonify, request
 
 from ..errors import FiccError, InvalidRequest
 from ..models.registry import MAX_BYTES_CHUNK, MAX_JSON_CHUNK
-from ..schema import MAX_LENGTH, MAX_SAFE_INTEGER, ModelManifest, integer
+from ..schema import ModelManifest
+from ..schema._convert import MAX_LENGTH, MAX_SAFE_INTEGER, integer
 from .bodies import query_integer, read_body, read_json
 
 if TYPE_CHECKING:

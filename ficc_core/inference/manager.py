@@ -24,7 +24,6 @@ import trio
 from ..auth import secrets as sec
 from ..errors import Conflict, FiccError, InvalidRequest, NotFound
 from ..schema import (
-    MAX_SAFE_INTEGER,
     FieldError,
     JobInput,
     ModelManifest,
@@ -33,10 +32,10 @@ from ..schema import (
     SchemaError,
     Specification,
     canonical_json,
-    integer,
     structure,
     unstructure,
 )
+from ..schema._convert import MAX_SAFE_INTEGER, integer
 from ..store import Store, Transaction
 from .live import LiveTable
 from .placement import (

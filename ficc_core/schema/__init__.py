@@ -5,19 +5,7 @@ listing each bad field by path), turn them back with :func:`unstructure`, and
 compare or fence them with :func:`canonical_json` and :func:`digest`.
 """
 
-from ._convert import (
-    MAX_LENGTH,
-    MAX_SAFE_INTEGER,
-    MAX_STRING,
-    FieldError,
-    SchemaError,
-    canonical_json,
-    digest,
-    integer,
-    number,
-    structure,
-    unstructure,
-)
+from ._convert import FieldError, SchemaError, canonical_json, digest, structure, unstructure
 from .job import BootstrapRequest, EndpointContract, Fence, Job, JobInput, ReadinessProbe
 from .models import ModelFile, ModelManifest, ModelMetadata, ModelRecord, ModelSource
 from .snapshot import ExecutorSnapshot, GpuDevice, InstalledRuntime, NodeResources, ProviderInfo
@@ -25,9 +13,6 @@ from .spec import GpuRequest, Placement, ResourceLimits, Runtime, Specification
 from .workload import Workload
 
 __all__ = [
-    "MAX_LENGTH",
-    "MAX_SAFE_INTEGER",
-    "MAX_STRING",
     "BootstrapRequest",
     "EndpointContract",
     "ExecutorSnapshot",
@@ -54,8 +39,6 @@ __all__ = [
     "Workload",
     "canonical_json",
     "digest",
-    "integer",
-    "number",
     "structure",
     "unstructure",
 ]

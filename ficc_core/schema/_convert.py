@@ -41,7 +41,8 @@ MAX_STRING = 65536
 MAX_SAFE_INTEGER = 2**53 - 1
 #: Field metadata: the most characters a string field holds (instead of ``MAX_STRING``).
 MAX_LENGTH = "ficc.max_length"
-#: Field metadata set by :func:`integer` and :func:`number`: ``(minimum, maximum)``.
+#: Field metadata set by :func:`integer` and :func:`number`: the range check, whose
+#: ``minimum``, ``maximum`` and ``above`` docs/api.md renders.
 RANGE = "ficc.range"
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
