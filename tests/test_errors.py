@@ -4,7 +4,8 @@ The property at the end sends hostile requests to a real server (hypercorn on
 loopback): arbitrary and near-valid bodies on every route that reads one, with
 lone surrogate escapes, ``NaN``, ``Infinity``, ``1e999``, ``2**63`` and 400-digit
 integers anywhere, and hostile values for every query parameter. It runs
-``FICC_PROPERTY_EXAMPLES`` examples (300 by default, in CI); the full count is::
+``FICC_PROPERTY_EXAMPLES`` examples (300 by default: marked slow, it runs in CI's
+``make test``, not in ``make test-fast``); the full count is::
 
     FICC_PROPERTY_EXAMPLES=10000 .venv/bin/python -m pytest -q -p no:cacheprovider \
         tests/test_errors.py -k never_cause
@@ -364,6 +365,7 @@ def _strict(text: str) -> Any:
     return json.loads(text, parse_constant=refuse)
 
 
+@pytest.mark.slow  # about 25 s for the 300 cases
 @settings(
     max_examples=EXAMPLES,
     deadline=None,
