@@ -42,6 +42,7 @@ format: install
 docs: install  ## regenerate the generated sections of docs/
 	$(BIN)/python -m ficc_core.docs_hooks
 	$(BIN)/python -m ficc_core.docs_config
+	$(BIN)/python -m ficc_core.docs_ranges
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info */*/*.egg-info plugins-example/*.egg-info

@@ -102,6 +102,7 @@ class LiveServer:
         self.config = config
         self.url = ""
         self.bootstrap: dict[str, str] = {}
+        self.service: Service | None = None
         self._ready = threading.Event()
         self._token: trio.lowlevel.TrioToken | None = None
         self._stop: trio.Event | None = None
@@ -121,6 +122,7 @@ class LiveServer:
         self._token = trio.lowlevel.current_trio_token()
         self._stop = trio.Event()
         async with open_service(self.config) as service:
+            self.service = service
             self.bootstrap = await service.auth.bootstrap() or {}
             async with trio.open_nursery() as nursery:
                 urls = await nursery.start(
@@ -136,6 +138,11 @@ class LiveServer:
         if not self._ready.wait(30) or self._error is not None:
             raise RuntimeError(f"the live server did not start: {self._error!r}")
         return self
+
+    def call(self, function, *args):
+        """Run the synchronous ``function(*args)`` on the server's event loop (e.g. to
+        publish a service view, as the reconciler does); return its result."""
+        return trio.from_thread.run_sync(function, *args, trio_token=self._token)
 
     def __exit__(self, *exc_info) -> None:
         trio.from_thread.run_sync(self._stop.set, trio_token=self._token)

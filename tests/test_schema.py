@@ -275,7 +275,10 @@ def test_validator_refusal_is_reported_at_the_field_path():
     limits = {**LIMITS, "cpus": 0.0}
     document = {**SPECIFICATION, "placements": [{"limits": limits, "node_id": "n"}]}
     assert _errors(document, Specification) == [
-        {"path": "$.placements[0].limits.cpus", "message": "must be greater than 0, got 0"}
+        {
+            "path": "$.placements[0].limits.cpus",
+            "message": "must be more than 0 and at most 65536, got 0",
+        }
     ]
 
 

@@ -58,7 +58,7 @@ def test_file_refuses_a_malformed_sha256(sha256):
 def test_file_refuses_a_negative_size():
     assert _refusal(_file("m.gguf", size=-1), ModelFile) == {
         "path": "$.size",
-        "message": "must be at least 0, got -1",
+        "message": "must be from 0 to 9007199254740991, got -1",
     }
 
 

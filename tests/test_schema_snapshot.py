@@ -125,7 +125,7 @@ def test_replica_serialises_its_model_revision_and_endpoint():
 
 
 def test_workload_refuses_generation_zero():
-    with pytest.raises(ValueError, match="must be at least 1, got 0") as caught:
+    with pytest.raises(ValueError, match="must be from 1 to 9007199254740991, got 0") as caught:
         _workload(generation=0)
     assert caught.value.field == "generation"
 

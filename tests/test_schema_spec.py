@@ -98,11 +98,14 @@ def test_specification_refuses_bad_aliases(alias):
     assert _refusal({**SPECIFICATION, "alias": alias})["path"] == "$.alias"
 
 
-@pytest.mark.parametrize("field", ["context", "concurrency"])
-def test_specification_refuses_zero_for_counts(field):
+@pytest.mark.parametrize(("field", "maximum"), [("context", 2**24), ("concurrency", 4096)])
+def test_specification_refuses_counts_out_of_range(field, maximum):
+    assert getattr(structure({**SPECIFICATION, field: maximum}, Specification), field) == maximum
+    for value in (0, maximum + 1, 10**400):
+        assert _refusal({**SPECIFICATION, field: value})["path"] == f"$.{field}"
     assert _refusal({**SPECIFICATION, field: 0}) == {
         "path": f"$.{field}",
-        "message": "must be at least 1, got 0",
+        "message": f"must be from 1 to {maximum}, got 0",
     }
 
 
@@ -198,7 +201,7 @@ def test_limits_built_in_python_store_cpus_as_float():
 
 
 def test_limits_built_in_python_refuse_a_string_for_cpus():
-    with pytest.raises(TypeError, match="expected a number"):
+    with pytest.raises(ValueError, match="must be a finite number, got string"):
         ResourceLimits(cpus="2", memory_bytes=1)
 
 

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import hmac
-import json
 import logging
 import secrets
 import time
 from typing import TYPE_CHECKING, Any
 
 from quart import Response, g, request
+from quart.json.provider import DefaultJSONProvider
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
@@ -18,6 +18,7 @@ from ..auth import secrets as sec
 from ..contributors import is_node_token
 from ..errors import FiccError, Forbidden, Unauthenticated
 from ..models.registry import MAX_BYTES_CHUNK
+from ..strictjson import dumps_error
 from . import (
     routes_admin,
     routes_contributors,
@@ -50,8 +51,16 @@ _HTTP_CODES = {
 
 
 def error_response_bytes(error: FiccError) -> bytes:
-    """The one JSON error envelope of ``error``, encoded."""
-    return _json_bytes(error.envelope())
+    """The one JSON error envelope of ``error``, encoded (whatever its message holds)."""
+    return dumps_error(error.envelope())
+
+
+class StrictJSONProvider(DefaultJSONProvider):
+    """``jsonify`` that raises rather than write ``NaN`` or ``Infinity`` into a response."""
+
+    def dumps(self, obj: Any, **kwargs: Any) -> str:
+        kwargs.setdefault("allow_nan", False)
+        return super().dumps(obj, **kwargs)
 
 
 def error_response(error: FiccError) -> Response:
@@ -62,10 +71,6 @@ def error_response(error: FiccError) -> Response:
     for name, value in error.headers.items():
         response.headers[name] = value
     return response
-
-
-def _json_bytes(document: Any) -> bytes:
-    return json.dumps(document, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
 
 def _http_error(exc: HTTPException) -> FiccError:
@@ -112,6 +117,7 @@ def _authenticate_session_csrf(principal: Principal) -> None:
 def create_app(service: Service) -> QuartTrio:
     """Build the HTTP application around ``service``."""
     app = QuartTrio("ficc_core", static_folder=None)
+    app.json = StrictJSONProvider(app)
     # Routes bound their own bodies (read_json, read_body); this is the outer bound.
     app.config["MAX_CONTENT_LENGTH"] = max(service.config.max_body_bytes, MAX_BYTES_CHUNK)
     app.config["PROVIDE_AUTOMATIC_OPTIONS"] = False

@@ -2,20 +2,36 @@
 
 from __future__ import annotations
 
-import json
+import math
 from typing import Any, TypeVar
 
 import attrs
+import trio
 from quart import request
 
 from ..errors import FiccError, InvalidRequest, PayloadTooLarge
 from ..schema import FieldError, structure
+from ..schema._convert import MAX_SAFE_INTEGER
+from ..strictjson import loads
 
 T = TypeVar("T")
 
 
-async def read_body(limit: int) -> bytes:
-    """Return the request body, refusing more than ``limit`` bytes before buffering it all."""
+class UploadStalled(FiccError):
+    """A body went longer than its idle bound without receiving a byte."""
+
+    status = 408
+    code = "upload_stalled"
+
+
+async def read_body(limit: int, *, idle: float | None = None) -> bytes:
+    """Return the request body, refusing more than ``limit`` bytes before buffering it all.
+
+    With ``idle``, a client that sends nothing for that many seconds is refused
+    (``upload_stalled``): otherwise a stalled client holds whatever the route holds
+    for it (an upload slot) for as long as it keeps the connection open. Bytes
+    received before a stall are returned to nobody.
+    """
     declared = request.content_length
     if declared is not None and declared > limit:
         raise PayloadTooLarge(
@@ -23,14 +39,26 @@ async def read_body(limit: int) -> bytes:
             details={"limit": limit, "size": declared},
         )
     received = bytearray()
-    async for chunk in request.body:
+    chunks = aiter(request.body)
+    while True:
+        with trio.move_on_after(math.inf if idle is None else idle) as waiting:
+            try:
+                chunk = await anext(chunks)
+            except StopAsyncIteration:
+                return bytes(received)
+        if waiting.cancelled_caught:
+            raise UploadStalled(
+                f"the upload sent no bytes for {idle:g} s (after {len(received)} bytes); "
+                "nothing of it was written: send it again from the same offset",
+                details={"idle_timeout": idle, "received": len(received)},
+                headers={"Connection": "close"},
+            )
         received.extend(chunk)
         if len(received) > limit:
             raise PayloadTooLarge(
                 f"the request body is larger than this route accepts ({limit} bytes)",
                 details={"limit": limit},
             )
-    return bytes(received)
 
 
 def _json_content_type() -> bool:
@@ -39,7 +67,11 @@ def _json_content_type() -> bool:
 
 
 async def read_json_object(limit: int) -> dict[str, Any]:
-    """Parse the body as a JSON object (bounded, ``application/json``), unstructured."""
+    """Parse the body as a strict JSON object (bounded, ``application/json``), unstructured.
+
+    Strict: no ``NaN`` or ``Infinity``, no number that overflows a float, no integer
+    outside 64 bits and no lone surrogate escape (see :mod:`ficc_core.strictjson`).
+    """
     if not _json_content_type():
         raise FiccError(
             f"this route takes application/json, not {request.mimetype}",
@@ -49,18 +81,46 @@ async def read_json_object(limit: int) -> dict[str, Any]:
     raw = await read_body(limit)
     if not raw.strip():
         raise InvalidRequest("the request body is empty; send a JSON object", code="invalid_json")
-    try:
-        data: Any = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
-        raise InvalidRequest(
-            f"the request body is not valid JSON: {exc}", code="invalid_json"
-        ) from None
+    data: Any = loads(raw)
     if not isinstance(data, dict):
         raise InvalidRequest(
             "the request body must be a JSON object",
             details={"errors": [{"path": "$", "message": "expected object"}]},
         )
     return data
+
+
+def query_integer(name: str) -> int:
+    """The query parameter ``name`` (required): decimal digits, 0 to 2^53 - 1."""
+    raw = request.args.get(name)
+    if raw is None:
+        raise _bad_query(name, "expected a non-negative integer")
+    if not (raw.isascii() and raw.isdigit()) or (len(raw) > 1 and raw.startswith("0")):
+        raise _bad_query(name, "expected a non-negative integer")
+    if len(raw) > 16 or int(raw) > MAX_SAFE_INTEGER:
+        raise _bad_query(name, f"must be at most {MAX_SAFE_INTEGER}")
+    return int(raw)
+
+
+def query_number(name: str) -> float | None:
+    """The query parameter ``name``: a finite number from 0 to 2^53 - 1, or None if absent."""
+    raw = request.args.get(name)
+    if raw is None:
+        return None
+    try:
+        value = float(raw) if len(raw) <= 64 else math.nan
+    except ValueError:
+        raise _bad_query(name, "expected a number") from None
+    if not 0 <= value <= MAX_SAFE_INTEGER:  # NaN compares false
+        raise _bad_query(name, f"must be a finite number from 0 to {MAX_SAFE_INTEGER}")
+    return value
+
+
+def _bad_query(name: str, message: str) -> InvalidRequest:
+    return InvalidRequest(
+        f"the query parameter {name} is invalid: {message}",
+        details={"errors": [{"path": name, "message": message}]},
+    )
 
 
 async def read_json(cls: type[T], limit: int) -> T:

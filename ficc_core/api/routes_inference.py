@@ -12,11 +12,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from quart import Response, g, jsonify, request
+from quart import Response, g, jsonify
 
-from ..errors import InvalidRequest
 from ..inference import CONTROL_ACTIONS, ControlBody, ReplaceBody, TokenBody
-from .bodies import read_json, read_json_object
+from .bodies import query_number, read_json, read_json_object
 
 if TYPE_CHECKING:
     from quart_trio import QuartTrio
@@ -39,14 +38,7 @@ def register(app: QuartTrio, service: Service) -> None:
 
     @app.get("/api/v1/inference/<service_id>/usage", endpoint="inference_usage")
     async def inference_usage(service_id: str) -> Response:
-        raw = request.args.get("since")
-        try:
-            since = None if raw is None else float(raw)
-        except ValueError:
-            raise InvalidRequest(
-                "since must be a number of seconds since the epoch",
-                details={"errors": [{"path": "since", "message": "expected a number"}]},
-            ) from None
+        since = query_number("since")  # seconds since the epoch
         return jsonify(await inference.usage_summary(g.principal.project_id, service_id, since))
 
     @app.post("/api/v1/inference/preview", endpoint="inference_preview")

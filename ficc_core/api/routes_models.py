@@ -7,13 +7,13 @@ import binascii
 from typing import TYPE_CHECKING
 
 import attrs
-import trio
 from quart import Response, g, jsonify, request
 
-from ..errors import FiccError, InvalidRequest, PayloadTooLarge
+from ..errors import FiccError, InvalidRequest
 from ..models.registry import MAX_BYTES_CHUNK, MAX_JSON_CHUNK
-from ..schema import FieldError, ModelManifest
-from .bodies import read_json
+from ..schema import ModelManifest
+from ..schema._convert import MAX_LENGTH, MAX_SAFE_INTEGER, integer
+from .bodies import query_integer, read_body, read_json
 
 if TYPE_CHECKING:
     from quart_trio import QuartTrio
@@ -24,17 +24,12 @@ if TYPE_CHECKING:
 _JSON_CHUNK_BODY = (MAX_JSON_CHUNK + 2) // 3 * 4 + 1024
 
 
-def _non_negative(_instance: object, attribute: attrs.Attribute, value: int) -> None:
-    if value < 0:
-        raise FieldError(attribute.name, "must be 0 or more")
-
-
 @attrs.frozen
 class ChunkBody:
     """``POST /models/{id}/files/{index}``: ``data`` is canonical base64 of at most 1 MiB."""
 
-    offset: int = attrs.field(validator=_non_negative)
-    data: str
+    offset: int = integer(0, MAX_SAFE_INTEGER)
+    data: str = attrs.field(metadata={MAX_LENGTH: _JSON_CHUNK_BODY})
 
 
 @attrs.frozen
@@ -68,54 +63,6 @@ def decode_canonical_base64(text: str) -> bytes:
             details={"limit": MAX_JSON_CHUNK},
         )
     return data
-
-
-class UploadStalled(FiccError):
-    """A byte upload went longer than ``upload_idle_timeout`` without receiving a byte."""
-
-    status = 408
-    code = "upload_stalled"
-
-
-async def read_upload_body(limit: int, idle: float) -> bytes:
-    """Return a byte upload's body: at most ``limit`` bytes, never ``idle`` seconds without one.
-
-    A client that stops sending would otherwise hold its upload slot for as long as
-    it keeps the connection open; bytes received before a stall are not written.
-    """
-    # A declared length over the limit never gets here: the app-wide bound (at least
-    # this limit) refuses it before a byte is read.
-    received = bytearray()
-    chunks = aiter(request.body)
-    while True:
-        with trio.move_on_after(idle) as waiting:
-            try:
-                chunk = await anext(chunks)
-            except StopAsyncIteration:
-                return bytes(received)
-        if waiting.cancelled_caught:
-            raise UploadStalled(
-                f"the upload sent no bytes for {idle:g} s (after {len(received)} bytes); "
-                "nothing of it was written: send it again from the same offset",
-                details={"idle_timeout": idle, "received": len(received)},
-                headers={"Connection": "close"},
-            )
-        received.extend(chunk)
-        if len(received) > limit:
-            raise PayloadTooLarge(
-                f"the request body is larger than this route accepts ({limit} bytes)",
-                details={"limit": limit},
-            )
-
-
-def _offset_param() -> int:
-    raw = request.args.get("offset")
-    if raw is None or not raw.isdigit() or (len(raw) > 1 and raw.startswith("0")):
-        raise InvalidRequest(
-            "the query parameter offset must be a non-negative integer",
-            details={"errors": [{"path": "offset", "message": "expected a non-negative integer"}]},
-        )
-    return int(raw)
 
 
 def register(app: QuartTrio, service: Service) -> None:
@@ -162,11 +109,11 @@ def register(app: QuartTrio, service: Service) -> None:
                 code="unsupported_media_type",
                 status=415,
             )
-        offset = _offset_param()
+        offset = query_integer("offset")
         project_id = g.principal.project_id
         await models.upload_target(project_id, model_id, index)
         async with models.upload_slot(project_id):
-            data = await read_upload_body(MAX_BYTES_CHUNK, service.config.upload_idle_timeout)
+            data = await read_body(MAX_BYTES_CHUNK, idle=service.config.upload_idle_timeout)
             return jsonify(
                 await models.upload(g.principal.project_id, model_id, index, offset, data)
             )

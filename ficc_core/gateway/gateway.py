@@ -43,7 +43,6 @@ engine request at once when the response did not end by itself.
 from __future__ import annotations
 
 import itertools
-import json
 import logging
 import math
 import random
@@ -59,6 +58,7 @@ import trio
 
 from ..errors import FiccError, Forbidden, InvalidRequest, PayloadTooLarge, Unauthenticated
 from ..executor.types import BodyChunk, EndOfStream, ReadEvent, ResponseHead, StreamFailed
+from ..strictjson import dumps, dumps_error, loads
 from .errors import (
     CapabilityNotServed,
     DeadlineExceeded,
@@ -158,7 +158,7 @@ class _Queue:
 
 
 def _sse_error(error: FiccError) -> bytes:
-    return b"data: " + json.dumps(error.envelope(), separators=(",", ":")).encode() + b"\n\n"
+    return b"data: " + dumps_error(error.envelope()) + b"\n\n"
 
 
 def _usage(tail: bytes) -> tuple[int | None, int | None]:
@@ -446,7 +446,7 @@ class Gateway:
             self,
             status=200,
             content_type="application/json",
-            pending=[json.dumps(document, separators=(",", ":")).encode()],
+            pending=[dumps(document)],
         )
 
     def _prepare(
@@ -471,12 +471,7 @@ class Gateway:
                 raise InvalidRequest(
                     "the request body is empty; send a JSON object", code="invalid_json"
                 )
-            try:
-                document = json.loads(body)
-            except (ValueError, RecursionError) as exc:
-                raise InvalidRequest(
-                    f"the request body is not valid JSON: {exc}", code="invalid_json"
-                ) from None
+            document = loads(body)
         if not isinstance(document, dict):
             raise InvalidRequest(
                 "the request body must be a JSON object",
@@ -528,8 +523,14 @@ class Gateway:
                 )
         if not changed:
             return bytes(body), stream  # type: ignore[arg-type]
-        encoded = json.dumps(document, separators=(",", ":"), ensure_ascii=False).encode()
-        return encoded, stream
+        try:
+            return dumps(document), stream
+        except (ValueError, TypeError) as exc:
+            # Only a mapping handed to the seam can get here; bytes were decoded strictly.
+            raise InvalidRequest(
+                f"the request body cannot be sent as strict JSON: {type(exc).__name__}",
+                code="invalid_json",
+            ) from None
 
     # -- routing ---------------------------------------------------------------------------------
 

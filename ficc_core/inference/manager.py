@@ -35,6 +35,7 @@ from ..schema import (
     structure,
     unstructure,
 )
+from ..schema._convert import MAX_SAFE_INTEGER, integer
 from ..store import Store, Transaction
 from .live import LiveTable
 from .placement import (
@@ -117,7 +118,7 @@ class ModelContext:
     """A verified model as the adapters and the launch need it."""
 
     record: ModelRecord
-    size: int
+    size: int = integer(0, MAX_SAFE_INTEGER)
     inputs: tuple[JobInput, ...]
     blobs: Mapping[str, int]
     directories: Mapping[str, Mapping[str, tuple[str, int]]]
@@ -127,7 +128,7 @@ class ModelContext:
 class ControlBody:
     """``POST /inference/{id}/control/{action}``."""
 
-    revision: int
+    revision: int = integer(0, MAX_SAFE_INTEGER)
     acknowledge_unknown: bool = False
 
 
@@ -135,7 +136,7 @@ class ControlBody:
 class ReplaceBody:
     """``PUT /inference/{id}``: the revision read, and the new specification."""
 
-    revision: int
+    revision: int = integer(0, MAX_SAFE_INTEGER)
     spec: dict[str, Any]
 
 

@@ -4,6 +4,13 @@ Structuring is strict: unknown keys are refused, ``"5"`` is not an int and
 ``true`` is not a number. Every refusal lists each bad field by its path
 (``$.placements[0].limits.cpus``) so a client can fix all of them at once.
 
+Structuring is also bounded, here and nowhere else: every integer lies in 64 bits,
+every number is finite, every string is Unicode text of at most
+:data:`MAX_STRING` characters (a field may declare more with
+``metadata={MAX_LENGTH: n}``), and every integer field of the data model declares
+its own range with :func:`integer` (a number field with :func:`number`), which
+docs/api.md renders (``python -m ficc_core.docs_ranges``).
+
 Unstructuring omits an optional field whose value is absent (``None`` with a
 default of ``None``): fields added to a class later therefore do not change the
 canonical form, nor the digest, of objects that do not use them.
@@ -13,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 from typing import Any, Literal, TypeVar, get_args, get_origin
 
@@ -22,25 +30,67 @@ from cattrs.cols import homogenous_tuple_structure_factory, mapping_structure_fa
 from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, override
 
 from ..errors import InvalidRequest
+from ..strictjson import INT64_MAX, INT64_MIN
 
 T = TypeVar("T")
+
+#: A string field holds at most this many characters unless it declares ``MAX_LENGTH``.
+MAX_STRING = 65536
+#: The largest integer every JSON reader keeps exactly (JavaScript's
+#: ``Number.MAX_SAFE_INTEGER``): the bound of byte counts, offsets and revisions.
+MAX_SAFE_INTEGER = 2**53 - 1
+#: Field metadata: the most characters a string field holds (instead of ``MAX_STRING``).
+MAX_LENGTH = "ficc.max_length"
+#: Field metadata set by :func:`integer` and :func:`number`: the range check, whose
+#: ``minimum``, ``maximum`` and ``above`` docs/api.md renders.
+RANGE = "ficc.range"
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 _converter = cattrs.Converter(forbid_extra_keys=True)
 
 
-def _strict(kind: type, name: str, accepts: tuple[type, ...], refuses: tuple[type, ...] = ()):
-    def structure(value: Any, _type: type) -> Any:
-        if isinstance(value, refuses) or not isinstance(value, accepts):
-            raise TypeError(f"expected {name}, got {_json_type(value)}")
-        return kind(value)
+def _structure_str(value: Any, _type: Any, max_length: int = MAX_STRING) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"expected string, got {_json_type(value)}")
+    if len(value) > max_length:
+        raise ValueError(f"must be at most {max_length} characters long")
+    if _SURROGATE.search(value):
+        raise ValueError("must be Unicode text (it holds a lone UTF-16 surrogate)")
+    return value
 
-    return structure
+
+def _structure_bool(value: Any, _type: Any) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"expected boolean, got {_json_type(value)}")
+    return value
 
 
-_converter.register_structure_hook(str, _strict(str, "string", (str,)))
-_converter.register_structure_hook(bool, _strict(bool, "boolean", (bool,)))
-_converter.register_structure_hook(int, _strict(int, "integer", (int,), refuses=(bool,)))
-_converter.register_structure_hook(float, _strict(float, "number", (int, float), refuses=(bool,)))
+def _structure_int(value: Any, _type: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"expected integer, got {_json_type(value)}")
+    if not INT64_MIN <= value <= INT64_MAX:
+        raise ValueError(f"must be an integer from {INT64_MIN} to {INT64_MAX}")
+    return int(value)
+
+
+def finite_float(value: Any) -> float:
+    """``value`` (a JSON number) as a finite float; refuse booleans, NaN and overflow."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"expected number, got {_json_type(value)}")
+    try:
+        number = float(value)
+    except OverflowError:
+        number = math.inf
+    if not math.isfinite(number):
+        raise ValueError("must be a finite number")
+    return number
+
+
+_converter.register_structure_hook(str, _structure_str)
+_converter.register_structure_hook(bool, _structure_bool)
+_converter.register_structure_hook(int, _structure_int)
+_converter.register_structure_hook(float, lambda value, _type: finite_float(value))
 
 
 def _is_homogeneous_tuple(type_: Any) -> bool:
@@ -107,8 +157,17 @@ def _unstructure_factory(cls: type) -> Any:
     return make_dict_unstructure_fn(cls, _converter, **omit)
 
 
+def _longer_str(max_length: int) -> Any:
+    return lambda value, type_: _structure_str(value, type_, max_length)
+
+
 def _structure_factory(cls: type) -> Any:
-    inner = make_dict_structure_fn(cls, _converter, _cattrs_forbid_extra_keys=True)
+    longer = {
+        field.name: override(struct_hook=_longer_str(field.metadata[MAX_LENGTH]))
+        for field in attrs.fields(cls)
+        if MAX_LENGTH in field.metadata
+    }
+    inner = make_dict_structure_fn(cls, _converter, _cattrs_forbid_extra_keys=True, **longer)
 
     def structure_object(value: Any, type_: Any) -> Any:
         if not isinstance(value, dict):
@@ -178,6 +237,78 @@ def _field_of(exc: BaseException) -> tuple[str | None, str]:
     if match:
         return match.group(1), text
     return None, text
+
+
+def _shown_number(value: Any) -> str:
+    if isinstance(value, int) and not INT64_MIN <= value <= INT64_MAX:
+        return "a larger number"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+@attrs.frozen
+class _Range:
+    minimum: float
+    maximum: float
+    above: bool  # the minimum itself is excluded
+    kind: type
+
+    def __call__(self, _instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+        if value is None and attribute.default is None:
+            return
+        noun = "an integer" if self.kind is int else "a finite number"
+        if isinstance(value, bool) or not isinstance(value, self.kind):
+            shown = json.dumps(value) if value is None or isinstance(value, bool) else None
+            raise FieldError(attribute.name, f"must be {noun}, got {shown or _json_type(value)}")
+        if self.kind is float and not math.isfinite(value):
+            raise FieldError(attribute.name, f"must be {noun}, got {_shown_number(value)}")
+        low = value > self.minimum if self.above else value >= self.minimum
+        if not low or value > self.maximum:
+            raise FieldError(
+                attribute.name, f"must be {self.describe()}, got {_shown_number(value)}"
+            )
+
+    def describe(self) -> str:
+        """The range in words: ``from 1 to 4096``, ``more than 0 and at most 65536``."""
+        low, high = _shown_number(self.minimum), _shown_number(self.maximum)
+        if self.minimum == self.maximum:
+            return low
+        if self.above:
+            return f"more than {low} and at most {high}"
+        return f"from {low} to {high}"
+
+
+def integer(minimum: int, maximum: int, **kwargs: Any) -> Any:
+    """An attrs field for an integer from ``minimum`` to ``maximum``, both included.
+
+    Every integer field of the data model is declared with this, so its range is
+    checked in one way and documented from one place. ``default=None`` makes the
+    field optional; further validators may follow in ``validator``.
+    """
+    return _ranged(_Range(minimum, maximum, False, int), kwargs)
+
+
+def number(minimum: float, maximum: float, *, above: bool = False, **kwargs: Any) -> Any:
+    """An attrs field for a finite number from ``minimum`` (excluded with ``above``) to
+    ``maximum``; integers are stored as floats, so ``600`` and ``600.0`` are one value."""
+    kwargs.setdefault("converter", _int_as_float)
+    return _ranged(_Range(minimum, maximum, above, float), kwargs)
+
+
+def _int_as_float(value: Any) -> Any:
+    # The range check that follows refuses anything else, naming the field.
+    if isinstance(value, int) and not isinstance(value, bool):
+        try:
+            return float(value)
+        except OverflowError:
+            return math.inf
+    return value
+
+
+def _ranged(check: _Range, kwargs: dict[str, Any]) -> Any:
+    extra = kwargs.pop("validator", [])
+    validators = [check, *(extra if isinstance(extra, list) else [extra])]
+    metadata = {**kwargs.pop("metadata", {}), RANGE: check}
+    return attrs.field(validator=validators, metadata=metadata, **kwargs)
 
 
 class SchemaError(InvalidRequest):

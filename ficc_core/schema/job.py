@@ -12,20 +12,18 @@ from typing import Any, Literal
 
 import attrs
 
-from ._convert import FieldError
+from ._convert import MAX_SAFE_INTEGER, FieldError, integer, number
 from ._convert import digest as _digest
 from .spec import (
     IDENTIFIER_PATTERN,
+    MAX_SECONDS,
     NODE_ID_PATTERN,
     _as_dict,
-    _as_float,
     _as_sorted_set,
     _as_tuple,
     _digest_string,
-    _integer,
     _items,
     _matches,
-    _number,
     _one_of,
     _optional,
     _shown,
@@ -84,7 +82,7 @@ class Fence:
     """
 
     attempt_id: str = attrs.field(validator=_text(128))
-    generation: int = attrs.field(validator=_integer(minimum=1))
+    generation: int = integer(1, MAX_SAFE_INTEGER)
     plan_digest: str = attrs.field(validator=_digest_string)
 
 
@@ -102,14 +100,6 @@ def _port_matches_transport(instance: Any, attribute: "attrs.Attribute[Any]", va
         raise FieldError(attribute.name, 'is required when transport is "tcp"')
     if instance.transport == "unix" and value is not None:
         raise FieldError(attribute.name, 'must be left out when transport is "unix"')
-    if value is not None:
-        _integer(minimum=1, maximum=65535)(instance, attribute, value)
-
-
-def _version_one(_instance: Any, attribute: "attrs.Attribute[Any]", value: Any) -> None:
-    _integer()(_instance, attribute, value)
-    if value != 1:
-        raise FieldError(attribute.name, f"must be 1, the only endpoint version, got {value}")
 
 
 @attrs.frozen(kw_only=True)
@@ -131,8 +121,8 @@ class EndpointContract:
     )
     transport: Transport = attrs.field(default="unix", validator=_one_of("unix", "tcp"))
     socket: str = attrs.field(default="engine.sock", validator=_socket_name)
-    port: int | None = attrs.field(default=None, validator=_port_matches_transport)
-    version: int = attrs.field(default=1, validator=_version_one)
+    port: int | None = integer(1, 65535, default=None, validator=_port_matches_transport)
+    version: int = integer(1, 1, default=1)
 
     @classmethod
     def unix(
@@ -168,9 +158,9 @@ class ReadinessProbe:
     """
 
     path: str = attrs.field(default="/health", validator=_request_path)
-    timeout: float = attrs.field(default=600.0, converter=_as_float, validator=_number(above=0))
-    interval: float = attrs.field(
-        default=0.5, converter=_as_float, validator=[_number(above=0), _interval_within_timeout]
+    timeout: float = number(0, MAX_SECONDS, above=True, default=600.0)
+    interval: float = number(
+        0, MAX_SECONDS, above=True, default=0.5, validator=_interval_within_timeout
     )
 
 
@@ -256,7 +246,7 @@ class BootstrapRequest:
     body: Any = attrs.field(default=None, validator=_json_body, hash=False)
     input_id: str | None = attrs.field(default=None, validator=_one_body)
     expect: tuple[int, ...] = attrs.field(default=(200,), converter=_as_tuple, validator=_statuses)
-    timeout: float = attrs.field(default=600.0, converter=_as_float, validator=_number(above=0))
+    timeout: float = number(0, MAX_SECONDS, above=True, default=600.0)
 
 
 def _as_bootstrap(value: Any) -> tuple[BootstrapRequest, ...] | None:

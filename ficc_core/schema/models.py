@@ -10,9 +10,9 @@ from typing import Any, Literal
 
 import attrs
 
-from ._convert import FieldError
+from ._convert import MAX_SAFE_INTEGER, FieldError, integer
 from ._convert import digest as _digest
-from .spec import _as_tuple, _integer, _items, _matches, _one_of, _optional, _shown, _text
+from .spec import _as_tuple, _items, _matches, _one_of, _optional, _shown, _text
 
 SHA256_PATTERN = re.compile(r"[0-9a-f]{64}")
 
@@ -68,14 +68,14 @@ class ModelFile:
     :ivar path: relative POSIX path inside the model (``"model.gguf"``,
         ``"tokenizer/vocab.json"``): not absolute, no empty, ``.`` or ``..``
         segments, no backslashes, no NUL.
-    :ivar size: the exact size in bytes (0 or more).
+    :ivar size: the exact size in bytes (0 to 2^53 - 1).
     :ivar sha256: 64 lowercase hexadecimal digits (no ``sha256:`` prefix).
     :ivar url: where acquisition downloads it from; ``https://`` only. Absent for
         files that arrive by upload.
     """
 
     path: str = attrs.field(validator=_relative_path)
-    size: int = attrs.field(validator=_integer(minimum=0))
+    size: int = integer(0, MAX_SAFE_INTEGER)
     sha256: str = attrs.field(validator=_matches(SHA256_PATTERN, "64 lowercase hexadecimal digits"))
     url: str | None = attrs.field(default=None, validator=_https)
 
@@ -166,8 +166,8 @@ class ModelMetadata:
     """
 
     architecture: str | None = attrs.field(default=None, validator=_optional(_text()))
-    context_length: int | None = attrs.field(default=None, validator=_optional(_integer(1)))
-    parameter_count: int | None = attrs.field(default=None, validator=_optional(_integer(0)))
+    context_length: int | None = integer(1, MAX_SAFE_INTEGER, default=None)
+    parameter_count: int | None = integer(0, MAX_SAFE_INTEGER, default=None)
     quantisation: str | None = attrs.field(default=None, validator=_optional(_text()))
     chat_template: bool = False
     embedding: bool = False

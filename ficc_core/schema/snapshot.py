@@ -10,18 +10,17 @@ from typing import Any
 
 import attrs
 
-from ._convert import FieldError
+from ..strictjson import INT64_MAX
+from ._convert import MAX_SAFE_INTEGER, FieldError, integer, number
 from .spec import (
+    MAX_CPUS,
+    MAX_GPU_INDEX,
     _as_dict,
-    _as_float,
     _as_tuple,
     _digest_string,
     _identifier,
-    _integer,
     _items,
     _node_id,
-    _number,
-    _optional,
     _shown,
     _text,
 )
@@ -53,9 +52,9 @@ class GpuDevice:
     :ivar memory_bytes: its total memory in bytes (0 or more).
     """
 
-    index: int = attrs.field(validator=_integer(minimum=0))
+    index: int = integer(0, MAX_GPU_INDEX)
     name: str = attrs.field(validator=_text())
-    memory_bytes: int = attrs.field(validator=_integer(minimum=0))
+    memory_bytes: int = integer(0, MAX_SAFE_INTEGER)
 
 
 def _distinct_devices(_instance: Any, attribute: "attrs.Attribute[Any]", value: Any) -> None:
@@ -79,9 +78,9 @@ class NodeResources:
     :ivar gpus: the GPUs present, each index once.
     """
 
-    cpus: float = attrs.field(converter=_as_float, validator=_number(at_least=0))
-    memory_bytes: int = attrs.field(validator=_integer(minimum=0))
-    disk_free_bytes: int = attrs.field(validator=_integer(minimum=0))
+    cpus: float = number(0, MAX_CPUS)
+    memory_bytes: int = integer(0, MAX_SAFE_INTEGER)
+    disk_free_bytes: int = integer(0, INT64_MAX)
     gpus: tuple[GpuDevice, ...] = attrs.field(
         default=(), converter=_as_tuple, validator=_distinct_devices
     )
@@ -142,9 +141,7 @@ class ExecutorSnapshot:
     labels: dict[str, str] = attrs.field(
         factory=dict, converter=_as_dict, validator=_labels, hash=False
     )
-    endpoint_version: int | None = attrs.field(
-        default=None, validator=_optional(_integer(minimum=1))
-    )
+    endpoint_version: int | None = integer(1, MAX_SAFE_INTEGER, default=None)
 
     @property
     def supports_inference(self) -> bool:

@@ -17,7 +17,7 @@ from typing import Any
 
 import attrs
 
-from ._convert import FieldError
+from ._convert import MAX_SAFE_INTEGER, FieldError, finite_float, integer, number
 from ._convert import digest as _digest
 
 # -- Checks shared by the schema modules --------------------------------------------
@@ -29,6 +29,28 @@ ALIAS_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,63}")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 _Validator = Callable[[Any, "attrs.Attribute[Any]", Any], None]
+
+# -- Ranges (docs/api.md renders each field's from its declaration) ------------------
+
+#: Tokens of context: above the largest window any released model declares (10M), and
+#: within the 32-bit integer llama.cpp (``--ctx-size``), vLLM and Ollama parse.
+MAX_CONTEXT = 2**24
+#: Requests one replica serves at once: llama.cpp slots, vLLM ``--max-num-seqs``.
+MAX_CONCURRENCY = 4096
+#: GPU device indices a node reports and a placement reserves.
+MAX_GPU_INDEX = 1023
+#: Layers offloaded to GPUs; engines read any number above the model's layer count as all.
+MAX_GPU_LAYERS = 100_000
+#: Tensor-parallel degree.
+MAX_PARALLELISM = 1024
+#: CPU cores one replica reserves, or one node reports.
+MAX_CPUS = 65536.0
+#: Processes one replica may run (Linux's largest ``pid_max``).
+MAX_PIDS = 4_194_304
+#: Open files one replica may hold (Linux's largest ``fs.nr_open``).
+MAX_OPEN_FILES = 1_073_741_816
+#: Seconds: a request deadline, a readiness or bootstrap timeout (seven days).
+MAX_SECONDS = 7 * 24 * 3600.0
 
 
 def _shown(value: Any) -> str:
@@ -68,13 +90,7 @@ def _as_dict(value: Any) -> dict[Any, Any]:
 
 def _as_float(value: Any) -> float:
     # Canonical JSON must not depend on whether a caller wrote 600 or 600.0.
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError(f"expected a number, got {type(value).__name__}")
-    return float(value)
-
-
-def _as_optional_float(value: Any) -> float | None:
-    return None if value is None else _as_float(value)
+    return finite_float(value)
 
 
 def _optional(validator: _Validator) -> _Validator:
@@ -132,30 +148,6 @@ _node_id = _matches(
 )
 
 
-def _integer(minimum: int | None = None, maximum: int | None = None) -> _Validator:
-    def check(_instance: Any, attribute: "attrs.Attribute[Any]", value: Any) -> None:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise FieldError(attribute.name, f"must be an integer, got {_shown(value)}")
-        if minimum is not None and value < minimum:
-            raise FieldError(attribute.name, f"must be at least {minimum}, got {value}")
-        if maximum is not None and value > maximum:
-            raise FieldError(attribute.name, f"must be at most {maximum}, got {value}")
-
-    return check
-
-
-def _number(*, above: float | None = None, at_least: float | None = None) -> _Validator:
-    def check(_instance: Any, attribute: "attrs.Attribute[Any]", value: Any) -> None:
-        if not isinstance(value, float) or not math.isfinite(value):
-            raise FieldError(attribute.name, f"must be a finite number, got {_shown(value)}")
-        if above is not None and not value > above:
-            raise FieldError(attribute.name, f"must be greater than {above:g}, got {value:g}")
-        if at_least is not None and value < at_least:
-            raise FieldError(attribute.name, f"must be at least {at_least:g}, got {value:g}")
-
-    return check
-
-
 def _items(kind: type, *, non_empty: bool = False, noun: str = "") -> _Validator:
     """Each item of a tuple is a ``kind``; with ``non_empty``, there is at least one ``noun``."""
 
@@ -179,12 +171,12 @@ def _items(kind: type, *, non_empty: bool = False, noun: str = "") -> _Validator
 class GpuRequest:
     """One GPU reserved for a placement.
 
-    :ivar index: the device index on the node, as the executor snapshot reports it (0 or more).
-    :ivar memory_bytes: device memory reserved on that GPU, in bytes (more than 0).
+    :ivar index: the device index on the node, as the executor snapshot reports it (0 to 1,023).
+    :ivar memory_bytes: device memory reserved on that GPU, in bytes (1 to 2^53 - 1).
     """
 
-    index: int = attrs.field(validator=_integer(minimum=0))
-    memory_bytes: int = attrs.field(validator=_integer(minimum=1))
+    index: int = integer(0, MAX_GPU_INDEX)
+    memory_bytes: int = integer(1, MAX_SAFE_INTEGER)
 
 
 def _distinct_gpus(_instance: Any, attribute: "attrs.Attribute[Any]", value: Any) -> None:
@@ -202,20 +194,20 @@ def _distinct_gpus(_instance: Any, attribute: "attrs.Attribute[Any]", value: Any
 class ResourceLimits:
     """The resources an executor reserves and enforces for one replica.
 
-    :ivar cpus: CPU cores, fractional allowed (more than 0).
-    :ivar memory_bytes: memory limit in bytes (more than 0).
+    :ivar cpus: CPU cores, fractional allowed (more than 0, at most 65,536).
+    :ivar memory_bytes: memory limit in bytes (1 to 2^53 - 1).
     :ivar gpus: the GPUs reserved, each at most once; empty for a CPU-only replica.
-    :ivar pids: optional limit on the number of processes (1 or more).
-    :ivar open_files: optional limit on open file descriptors (1 or more).
+    :ivar pids: optional limit on the number of processes (1 to 4,194,304).
+    :ivar open_files: optional limit on open file descriptors (1 to 1,073,741,816).
     """
 
-    cpus: float = attrs.field(converter=_as_float, validator=_number(above=0))
-    memory_bytes: int = attrs.field(validator=_integer(minimum=1))
+    cpus: float = number(0, MAX_CPUS, above=True)
+    memory_bytes: int = integer(1, MAX_SAFE_INTEGER)
     gpus: tuple[GpuRequest, ...] = attrs.field(
         default=(), converter=_as_tuple, validator=[_items(GpuRequest), _distinct_gpus]
     )
-    pids: int | None = attrs.field(default=None, validator=_optional(_integer(minimum=1)))
-    open_files: int | None = attrs.field(default=None, validator=_optional(_integer(minimum=1)))
+    pids: int | None = integer(1, MAX_PIDS, default=None)
+    open_files: int | None = integer(1, MAX_OPEN_FILES, default=None)
 
 
 @attrs.frozen(kw_only=True)
@@ -289,16 +281,17 @@ class Specification:
         (``llama_cpp``, ``ollama``, ``vllm`` or an installed third-party adapter).
     :ivar runtime: the installed executor runtime; its network must be ``"none"``.
     :ivar image_executable: the engine executable inside the runtime image.
-    :ivar context: the context window in tokens (more than 0).
-    :ivar concurrency: requests one replica serves at once (1 or more).
+    :ivar context: the context window in tokens (1 to 16,777,216).
+    :ivar concurrency: requests one replica serves at once (1 to 4,096).
     :ivar placements: one or more explicit placements, one per replica.
-    :ivar gpu_layers: layers to offload to GPUs (0 or more); absent means the engine's
+    :ivar gpu_layers: layers to offload to GPUs (0 to 100,000); absent means the engine's
         default. Use a number at least the model's layer count to offload every layer.
     :ivar tensor_split: the share of the model each GPU holds, in GPU order (each 0 or
         more, at least one above 0); absent means the engine decides.
-    :ivar parallelism: tensor-parallel degree for engines that support it (1 or more).
+    :ivar parallelism: tensor-parallel degree for engines that support it (1 to 1,024).
     :ivar request_deadline: seconds one inference request may take before it is
-        cancelled (more than 0); absent means no deadline beyond the client's.
+        cancelled (more than 0, at most seven days); absent means no deadline beyond the
+        client's.
     """
 
     alias: str = attrs.field(
@@ -312,19 +305,17 @@ class Specification:
     engine: str = attrs.field(validator=_identifier)
     runtime: Runtime = attrs.field(validator=[attrs.validators.instance_of(Runtime), _no_network])
     image_executable: str = attrs.field(validator=_text(4096))
-    context: int = attrs.field(validator=_integer(minimum=1))
-    concurrency: int = attrs.field(validator=_integer(minimum=1))
+    context: int = integer(1, MAX_CONTEXT)
+    concurrency: int = integer(1, MAX_CONCURRENCY)
     placements: tuple[Placement, ...] = attrs.field(
         converter=_as_tuple, validator=_items(Placement, non_empty=True, noun="placement")
     )
-    gpu_layers: int | None = attrs.field(default=None, validator=_optional(_integer(minimum=0)))
+    gpu_layers: int | None = integer(0, MAX_GPU_LAYERS, default=None)
     tensor_split: tuple[float, ...] | None = attrs.field(
         default=None, converter=_as_optional_floats, validator=_tensor_split
     )
-    parallelism: int | None = attrs.field(default=None, validator=_optional(_integer(minimum=1)))
-    request_deadline: float | None = attrs.field(
-        default=None, converter=_as_optional_float, validator=_optional(_number(above=0))
-    )
+    parallelism: int | None = integer(1, MAX_PARALLELISM, default=None)
+    request_deadline: float | None = number(0, MAX_SECONDS, above=True, default=None)
 
     def digest(self) -> str:
         """Return ``sha256:<hex>`` of this specification's canonical JSON."""

@@ -10,14 +10,13 @@ from typing import Any
 
 import attrs
 
-from ._convert import FieldError
+from ._convert import MAX_SAFE_INTEGER, FieldError, integer
 from ._convert import digest as _digest
 from .job import EndpointContract, Fence
 from .spec import (
     ResourceLimits,
     Runtime,
     _as_tuple,
-    _integer,
     _items,
     _node_id,
     _optional,
@@ -56,7 +55,7 @@ class Workload:
     runtime: Runtime = attrs.field(validator=attrs.validators.instance_of(Runtime))
     argv: tuple[str, ...] = attrs.field(converter=_as_tuple, validator=_arguments)
     limits: ResourceLimits = attrs.field(validator=attrs.validators.instance_of(ResourceLimits))
-    generation: int = attrs.field(validator=_integer(minimum=1))
+    generation: int = integer(1, MAX_SAFE_INTEGER)
     # Added for inference; None is omitted from the canonical JSON (legacy digests hold).
     model_revision: str | None = attrs.field(default=None, validator=_optional(_text()))
     endpoint: EndpointContract | None = attrs.field(
