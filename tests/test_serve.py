@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 import stat
@@ -73,26 +74,34 @@ async def test_graceful_shutdown_lets_an_in_flight_request_finish(tmp_path):
     server = ServeProcess(tmp_path / "data", "--shutdown-grace", "10")
     try:
         url = await server.wait_ready()
-        async with httpx.AsyncClient(base_url=url, timeout=20) as http:
-            results = []
-
-            async def slow_login() -> None:
-                # argon2 verification keeps this request in flight for a moment.
-                response = await http.post(
-                    "/api/v1/session",
-                    json={
-                        "username": "admin",
-                        "password": "not-the-password",
-                        "project": "default",
-                    },
+        host, port = url.removeprefix("http://").rsplit(":", 1)
+        body = json.dumps(
+            {"username": "admin", "password": "not-the-password", "project": "default"}
+        ).encode()
+        with trio.fail_after(30):
+            sock = await trio.open_tcp_stream(host, int(port))
+            async with sock:
+                # "Expect: 100-continue": the server's interim 100 says the request has
+                # reached the app, so SIGTERM lands while it is in flight (no guessed sleep).
+                await sock.send_all(
+                    b"POST /api/v1/session HTTP/1.1\r\nHost: ficc\r\n"
+                    b"Content-Type: application/json\r\nExpect: 100-continue\r\n"
+                    b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n"
                 )
-                results.append(response.status_code)
-
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(slow_login)
-                await trio.sleep(0.01)
+                received = b""
+                while b"\r\n\r\n" not in received:
+                    chunk = await sock.receive_some()
+                    assert chunk, "the server closed the connection before its 100"
+                    received += chunk
+                assert received.startswith(b"HTTP/1.1 100")
                 server.proc.send_signal(signal.SIGTERM)
-        assert results == [401]
+                await sock.send_all(body)
+                answer = received.partition(b"\r\n\r\n")[2]
+                while b"\r\n\r\n" not in answer:
+                    chunk = await sock.receive_some()
+                    assert chunk, "the server closed the connection before answering"
+                    answer += chunk
+        assert answer.startswith(b"HTTP/1.1 401"), answer
         with trio.fail_after(30):
             assert await trio.to_thread.run_sync(server.proc.wait) == 0
     finally:
