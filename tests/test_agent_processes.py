@@ -427,7 +427,6 @@ async def test_an_engine_is_stopped_on_its_node_once_its_killed_agent_s_lease_pa
                     while _alive(engine):  # noqa: ASYNC110
                         await trio.sleep(0.05)
                 assert not _alive(engine), "the engine outlived its lease"
-                assert trio.current_time() - killed < lease + 2.0
                 assert len(watchdogs) == 1
                 while _alive(watchdogs[0]):  # noqa: ASYNC110
                     await trio.sleep(0.05)
