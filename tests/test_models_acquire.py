@@ -287,23 +287,39 @@ async def test_acquisitions_are_bounded_in_concurrency(controller, https_server)
     assert len(https_server.requests) == 2
 
 
-async def test_verification_hashes_in_a_worker_thread(controller, https_server, monkeypatch):
+async def test_the_body_is_hashed_as_it_arrives_off_the_event_loop(
+    controller, https_server, monkeypatch
+):
     import threading
 
     from ficc_core.models import blobs
 
-    threads = []
-    original = blobs.sha256_file
+    updates, second_passes = [], []
 
-    def recording(*args, **kwargs):
-        threads.append(threading.get_ident())
-        return original(*args, **kwargs)
+    class Recording:
+        def __init__(self, digest):
+            self.digest = digest
 
-    monkeypatch.setattr(blobs, "sha256_file", recording)
-    content = random_bytes(3 * MiB, seed=6)
+        def update(self, data):
+            updates.append((threading.get_ident(), len(data)))
+            self.digest.update(data)
+
+        def hexdigest(self):
+            return self.digest.hexdigest()
+
+    original = blobs.BlobStore.partial_digest
+
+    async def recording(self, sha256, length):
+        return Recording(await original(self, sha256, length))
+
+    monkeypatch.setattr(blobs.BlobStore, "partial_digest", recording)
+    monkeypatch.setattr(blobs, "sha256_file", lambda *a, **k: second_passes.append(a))
+    content = random_bytes(3 * MiB + 5, seed=6)
     https_server.add("/m.gguf", ServedFile(content))
     async with await controller() as service:
         api = await _api(service)
         model = await api.register(gguf_manifest("m", content, url=https_server.url("/m.gguf")))
         assert (await api.acquire_and_wait(model["id"]))["state"] == "verified"
-    assert threads and threading.get_ident() not in threads
+    assert sum(length for _thread, length in updates) == len(content)
+    assert threading.get_ident() not in {thread for thread, _length in updates}
+    assert second_passes == []  # published on the digest taken while receiving

@@ -19,7 +19,8 @@ import hashlib
 import os
 import shutil
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -76,7 +77,13 @@ def _status(row: dict[str, Any]) -> BlobStatus:
 
 def sha256_file(path: Path, length: int, progress: Callable[[int], None] | None = None) -> str:
     """Return the hex sha256 of the first ``length`` bytes of ``path`` (blocking)."""
-    digest = hashlib.sha256()
+    return hash_file(hashlib.sha256(), path, length, progress).hexdigest()
+
+
+def hash_file(
+    digest: Any, path: Path, length: int, progress: Callable[[int], None] | None = None
+) -> Any:
+    """Feed the first ``length`` bytes of ``path`` to the hashlib object ``digest``; return it."""
     remaining = length
     with open(path, "rb", buffering=0) as handle:
         buffer = bytearray(_HASH_CHUNK)
@@ -91,7 +98,48 @@ def sha256_file(path: Path, length: int, progress: Callable[[int], None] | None 
                 progress(length - remaining)
     if remaining:
         raise OSError(f"{path} is shorter than {length} bytes")
-    return digest.hexdigest()
+    return digest
+
+
+class PartialWriter:
+    """Appends to a partial file from worker threads (blocking calls).
+
+    Opening truncates the file to ``offset``, its durable offset: anything past it
+    was never acknowledged. :meth:`write` appends; :meth:`sync` makes everything
+    written before it durable and returns where that ends. One thread may write
+    while another syncs. Nothing is recorded here: see :meth:`BlobStore.commit`.
+    """
+
+    def __init__(self, path: Path, offset: int, size: int) -> None:
+        self.size = size
+        #: Where the next write lands.
+        self.written = offset
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            os.ftruncate(self._fd, offset)
+        except OSError:
+            os.close(self._fd)
+            raise
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        """Append ``data``; never past the declared size."""
+        view = memoryview(data)
+        if self.written + len(view) > self.size:
+            raise OSError(f"a write ending at {self.written + len(view)} is past {self.size}")
+        while view:
+            count = os.pwrite(self._fd, view, self.written)
+            view = view[count:]
+            self.written += count
+
+    def sync(self) -> int:
+        """fsync; return the end of what is now durable."""
+        end = self.written
+        os.fsync(self._fd)
+        return end
+
+    def close(self) -> None:
+        """Close the file (what was not synced is not durable)."""
+        os.close(self._fd)
 
 
 def _fsync_directory(path: Path) -> None:
@@ -249,17 +297,57 @@ class BlobStore:
         path = self.partial_path(sha256)
 
         def append() -> None:
-            with open(path, "r+b" if path.exists() else "w+b") as handle:
-                # Anything past the durable offset was never acknowledged: drop it.
-                handle.truncate(offset)
-                handle.seek(offset)
-                handle.write(data)
-                handle.flush()
-                os.fsync(handle.fileno())
+            writer = PartialWriter(path, offset, current.size)
+            try:
+                writer.write(data)
+                writer.sync()
+            finally:
+                writer.close()
 
         await trio.to_thread.run_sync(append, limiter=self._io_limiter)
         await self._set(sha256, durable_offset=end, state=PARTIAL, reason=None)
         return attrs.evolve(current, durable_offset=end, state=PARTIAL, reason=None)
+
+    @asynccontextmanager
+    async def open_writer(self, sha256: str, offset: int) -> AsyncIterator[PartialWriter]:
+        """Open the blob's partial file to stream into from ``offset``, its durable offset.
+
+        For a writer that appends many pieces from a worker thread (an acquisition):
+        what it writes becomes durable, and is recorded, only through :meth:`commit`.
+        The caller holds :meth:`lock` throughout.
+        """
+        current = await self.status(sha256)
+        if current.verified or offset != current.durable_offset:
+            raise OffsetMismatch(
+                f"blob {sha256} is {current.state} at {current.durable_offset}, not at {offset}",
+                details={"offset": current.durable_offset},
+            )
+        writer = await trio.to_thread.run_sync(
+            PartialWriter, self.partial_path(sha256), offset, current.size, limiter=self._io_limiter
+        )
+        try:
+            yield writer
+        finally:
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(writer.close)
+
+    async def commit(self, sha256: str, writer: PartialWriter) -> int:
+        """fsync what ``writer`` has written, then record its end as the durable offset."""
+        end = await trio.to_thread.run_sync(writer.sync, limiter=self._io_limiter)
+        await self._set(sha256, durable_offset=end, state=PARTIAL, reason=None)
+        return end
+
+    async def partial_digest(self, sha256: str, length: int) -> Any:
+        """Return a sha256 object fed the first ``length`` bytes of the partial file."""
+        if not length:
+            return hashlib.sha256()
+        return await trio.to_thread.run_sync(
+            hash_file,
+            hashlib.sha256(),
+            self.partial_path(sha256),
+            length,
+            limiter=self._hash_limiter,
+        )
 
     async def reset(self, sha256: str, reason: str | None = None) -> None:
         """Discard a partial blob (offset back to 0), recording ``reason`` as failed if given."""
@@ -277,18 +365,22 @@ class BlobStore:
         else:
             await self._set(sha256, state=FAILED, reason=reason)
 
-    async def verify_and_publish(self, sha256: str) -> BlobStatus:
+    async def verify_and_publish(self, sha256: str, *, digest: str | None = None) -> BlobStatus:
         """Hash the full-length partial file off the event loop and publish it if it matches.
 
         The caller holds :meth:`lock`. On a mismatch the partial file is discarded,
         the blob is marked failed with the reason, and :class:`DigestMismatch` is raised.
         Once started, verification finishes even if the caller is cancelled (a pause,
         a client hanging up), so a blob is never left half-way between states.
+
+        :param digest: the hex sha256 of the file's bytes as the caller wrote them,
+            every one, in this lock (an acquisition hashes while it receives): then
+            the file is not read again.
         """
         with trio.CancelScope(shield=True):
-            return await self._verify_and_publish(sha256)
+            return await self._verify_and_publish(sha256, digest)
 
-    async def _verify_and_publish(self, sha256: str) -> BlobStatus:
+    async def _verify_and_publish(self, sha256: str, digest: str | None) -> BlobStatus:
         current = await self.status(sha256)
         if current.verified:
             return current
@@ -304,7 +396,7 @@ class BlobStore:
         if current.size == 0:
             await trio.to_thread.run_sync(path.touch)
         try:
-            actual = await trio.to_thread.run_sync(
+            actual = digest or await trio.to_thread.run_sync(
                 sha256_file, path, current.size, limiter=self._hash_limiter
             )
         except OSError as exc:
