@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 
+import attrs
+import httpx
 import pytest
 import trio
 
@@ -12,7 +14,7 @@ from ficc_core.config import load_config
 from ficc_core.service import open_service
 
 from .conftest import bearer
-from .httpsd import Redirect, ServedFile
+from .httpsd import Redirect, ScriptedResolver, ServedFile, resolving_with
 from .models_support import blob_files, gguf_manifest, random_bytes, sha256_of, smollm2_path
 
 MiB = 1 << 20
@@ -141,11 +143,22 @@ async def test_a_server_that_ignores_range_is_skipped_not_rewritten(controller, 
     assert "range" in https_server.requests[1].headers
 
 
+async def test_a_chunked_body_is_acquired(controller, https_server):
+    content = random_bytes(3 * MiB + 99, seed=8)
+    https_server.add("/m.gguf", ServedFile(content, chunked=True))
+    async with await controller() as service:
+        api = await _api(service)
+        model = await api.register(gguf_manifest("m", content, url=https_server.url("/m.gguf")))
+        done = await api.acquire_and_wait(model["id"])
+    assert done["state"] == "verified", done
+
+
 @pytest.mark.parametrize(
     ("served", "reason"),
     [
         (dict(corrupt=True), "hashes to sha256"),
         (dict(extra=b"surplus"), "longer than the declared size"),
+        (dict(extra=b"surplus", chunked=True), "more than the declared size"),
         (dict(status=404), "404"),
     ],
 )
@@ -195,6 +208,90 @@ async def test_redirects_are_rechecked(controller, https_server, routes, reason)
         done = await api.acquire_and_wait(model["id"])
     assert done["state"] == "failed"
     assert reason in done["files"][0]["reason"]
+
+
+async def test_a_refused_redirect_to_http_names_the_registered_url_and_the_target(
+    serve_process, https_server
+):
+    https_server.add("/m.gguf", Redirect("http://127.0.0.1:9/m.gguf"))
+    registered = https_server.url("/m.gguf")
+    url, token = serve_process
+    async with httpx.AsyncClient(base_url=url, headers=bearer(token), timeout=10) as http:
+        model = (
+            await http.post("/api/v1/models", json=gguf_manifest("m", b"abc", url=registered))
+        ).json()
+        assert (await http.post(f"/api/v1/models/{model['id']}/acquire")).status_code == 202
+        with trio.fail_after(30):
+            while (done := (await http.get(f"/api/v1/models/{model['id']}")).json())[  # noqa: ASYNC110
+                "state"
+            ] != "failed":
+                await trio.sleep(0.05)
+    reason = done["files"][0]["reason"]
+    assert f"{registered} redirected to http://127.0.0.1:9/m.gguf, which is refused" in reason
+    assert "only https:// URLs are fetched" in reason
+
+
+def _standing_in_for_public(service, *addresses: str) -> None:
+    """Count ``addresses`` (loopback ones) as public for this controller's fetches, and no other."""
+    acquirer = service.models.acquirer
+    acquirer.policy = attrs.evolve(
+        acquirer.policy, allow_private=False, is_public=lambda address: address in addresses
+    )
+
+
+async def test_a_name_that_rebinds_to_loopback_after_the_check_never_reaches_it(
+    controller, https_server
+):
+    https_server.add("/m.gguf", ServedFile(b"abc"))
+    # The name first answers 127.0.0.2, standing in for a public address (nothing listens
+    # there), then 127.0.0.1, where the server listens and which the check refuses.
+    resolver = ScriptedResolver({"localhost": ["127.0.0.2", "127.0.0.1"]})
+    url = f"https://localhost:{https_server.port}/m.gguf"
+    async with await controller() as service:
+        _standing_in_for_public(service, "127.0.0.2")
+        api = await _api(service)
+        model = await api.register(gguf_manifest("m", b"abc", url=url))
+        with resolving_with(resolver):
+            done = await api.acquire_and_wait(model["id"])
+    assert https_server.requests == []
+    assert done["state"] == "failed"
+    # The connection went to the checked address and failed; the retry resolved again
+    # and was refused before connecting.
+    assert resolver.lookups == [("localhost", "127.0.0.2"), ("localhost", "127.0.0.1")]
+    assert "non-public address (127.0.0.1)" in done["files"][0]["reason"]
+
+
+async def test_the_connection_goes_to_the_address_that_was_checked(controller, https_server):
+    content = random_bytes(2 * MiB, seed=7)
+    https_server.add("/m.gguf", ServedFile(content))
+    resolver = ScriptedResolver({"localhost": ["127.0.0.1", "127.0.0.3"]})
+    url = f"https://localhost:{https_server.port}/m.gguf"
+    async with await controller() as service:
+        _standing_in_for_public(service, "127.0.0.1")
+        api = await _api(service)
+        model = await api.register(gguf_manifest("m", content, url=url))
+        with resolving_with(resolver):
+            done = await api.acquire_and_wait(model["id"])
+    assert done["state"] == "verified", done
+    assert resolver.lookups == [("localhost", "127.0.0.1")]
+
+
+async def test_every_redirect_hop_is_resolved_and_checked_again(controller, https_server):
+    https_server.add("/m.gguf", Redirect("/cdn/m.gguf"))
+    https_server.add("/cdn/m.gguf", ServedFile(b"abc"))
+    resolver = ScriptedResolver({"localhost": ["127.0.0.1", "127.0.0.3"]})
+    url = f"https://localhost:{https_server.port}/m.gguf"
+    async with await controller() as service:
+        _standing_in_for_public(service, "127.0.0.1")
+        api = await _api(service)
+        model = await api.register(gguf_manifest("m", b"abc", url=url))
+        with resolving_with(resolver):
+            done = await api.acquire_and_wait(model["id"])
+    assert done["state"] == "failed"
+    assert [request.path for request in https_server.requests] == ["/m.gguf"]
+    reason = done["files"][0]["reason"]
+    assert f"{url} redirected to https://localhost:{https_server.port}/cdn/m.gguf" in reason
+    assert "non-public address (127.0.0.3)" in reason
 
 
 async def test_a_redirect_to_https_is_followed(controller, https_server):
@@ -253,6 +350,25 @@ async def test_pause_keeps_the_offset_and_acquire_resumes_from_it(controller, ht
         done = await api.acquire_and_wait(model["id"])
     assert done["state"] == "verified"
     assert https_server.requests[-1].headers["range"] == f"bytes={kept}-"
+
+
+async def test_pause_interrupts_a_read_that_is_waiting_for_bytes(controller, https_server):
+    content = random_bytes(1000, seed=9)
+    https_server.add("/m.gguf", ServedFile(content, stall=True))
+    async with await controller(read_timeout="60s") as service:
+        api = await _api(service)
+        model = await api.register(gguf_manifest("m", content, url=https_server.url("/m.gguf")))
+        assert (await api.post(f"/api/v1/models/{model['id']}/acquire")).status_code == 202
+        with trio.fail_after(30):
+            while not https_server.requests:  # noqa: ASYNC110
+                await trio.sleep(0.01)
+        # The worker thread is blocked reading; the pause aborts the connection.
+        with trio.fail_after(10):
+            paused = await api.post(f"/api/v1/models/{model['id']}/pause")
+        body = await paused.get_json()
+    assert paused.status_code == 200
+    assert body["state"] == "paused", body
+    assert body["files"][0]["state"] == "absent" and body["files"][0]["reason"] is None, body
 
 
 async def test_acquisitions_are_bounded_in_concurrency(controller, https_server):
