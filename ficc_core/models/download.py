@@ -2,13 +2,14 @@
 
 A worker thread reads the body straight into a 1 MiB buffer (blocking TLS reads,
 no event loop in the way), feeds it to the blob's sha256 and writes it to the
-partial file. Meanwhile a task on the event loop makes those bytes durable: it
-fsyncs, and only then records the end of what the fsync covered as the blob's
-durable offset, then fsyncs again as soon as more has been written (one fsync
-covers whatever was written while the previous one ran, so a disk with slow
-flushes costs fewer, larger ones, never an unsynced offset). The thread waits
-when :data:`MAX_UNSYNCED` bytes are written past the durable offset: that
-bounds what a crash can lose (it is fetched again from the durable offset).
+partial file. Meanwhile a task on the event loop makes those bytes durable: once
+:data:`SYNC_BYTES` are written past the durable offset it fsyncs, and only then
+records the end of what the fsync covered as the blob's durable offset. The
+thread goes on receiving during the fsync (one fsync covers whatever was written
+before it began, so a disk with slow flushes gets fewer, larger ones, never an
+unsynced offset), and waits when :data:`MAX_UNSYNCED` bytes are written past
+the durable offset: that bounds what a crash can lose (it is fetched again from
+the durable offset).
 
 Whatever the thread has received is written before it stops: at the body's end,
 when the connection drops or times out, and when the caller is cancelled (a
@@ -32,7 +33,9 @@ from .http1 import Http1Connection
 
 #: Bytes read from the connection per write to the partial file.
 READ_BYTES = 1 << 20
-#: Bytes written past the durable offset before receiving waits for an fsync.
+#: Bytes written past the durable offset that start an fsync (fewer only at the end).
+SYNC_BYTES = 4 << 20
+#: Bytes written past the durable offset before receiving waits for an fsync to end.
 MAX_UNSYNCED = 16 << 20
 
 
@@ -70,16 +73,17 @@ class _Progress:
     # -- the event loop ----------------------------------------------------------
 
     async def unsynced(self) -> int | None:
-        """Wait until bytes are written past the durable offset; return their end.
+        """Wait until :data:`SYNC_BYTES` are written past the durable offset, or the
+        thread has stopped with any; return their end.
 
         None once the thread has stopped and everything written is durable.
         """
         while True:
             with self._changed:
-                if self.written > self.durable:
+                if self.written - self.durable >= SYNC_BYTES:
                     return self.written
                 if not self.receiving:
-                    return None
+                    return self.written if self.written > self.durable else None
                 self._wake = wake = trio.Event()
             await wake.wait()
 
