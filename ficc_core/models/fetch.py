@@ -121,24 +121,32 @@ async def run_abortable(fn: Callable[[], T], abort: Callable[[], None]) -> T:
     """Run blocking ``fn()`` in a worker thread and return (or raise) what it does.
 
     If the caller is cancelled meanwhile, ``abort()`` is called, which must make
-    ``fn`` return soon; its result is still waited for and returned, and the
-    cancellation is raised at the caller's next checkpoint. So the thread never
-    outlives the call, and a caller can keep what ``fn`` got before it was aborted.
+    ``fn`` return soon, and ``fn`` is still waited for: the thread never outlives
+    the call. What ``fn`` returned is then returned (a caller can keep what it got
+    before it was aborted) and the cancellation is raised at the caller's next
+    checkpoint; what it raised (most likely because it was aborted) gives way to
+    the cancellation.
     """
     await trio.lowlevel.checkpoint_if_cancelled()
     task = trio.lowlevel.current_task()
     token = trio.lowlevel.current_trio_token()
+    aborted = False
 
     def deliver(result: outcome.Outcome[T]) -> None:
-        token.run_sync_soon(trio.lowlevel.reschedule, task, result)
+        token.run_sync_soon(trio.lowlevel.reschedule, task, outcome.Value(result))
 
-    trio.lowlevel.start_thread_soon(fn, deliver, name=f"ficc fetch {getattr(fn, '__name__', '')}")
+    trio.lowlevel.start_thread_soon(fn, deliver, name="ficc fetch")
 
     def on_cancel(_raise_cancel: Any) -> trio.lowlevel.Abort:
+        nonlocal aborted
+        aborted = True
         abort()
         return trio.lowlevel.Abort.FAILED
 
-    return await trio.lowlevel.wait_task_rescheduled(on_cancel)
+    result: outcome.Outcome[T] = await trio.lowlevel.wait_task_rescheduled(on_cancel)
+    if aborted and isinstance(result, outcome.Error):
+        await trio.lowlevel.checkpoint()  # raises the cancellation
+    return result.unwrap()
 
 
 class Response:

@@ -92,7 +92,7 @@ class Http1Connection:
 
         ``context`` verifies the server's certificate for :attr:`host`.
         """
-        failures = []
+        failures, timed_out = [], False
         for family, sockaddr in addresses:
             sock = socket.socket(family, socket.SOCK_STREAM)
             self._adopt(sock)
@@ -100,14 +100,16 @@ class Http1Connection:
                 sock.settimeout(self._connect_timeout)
                 sock.connect(sockaddr)
             except TimeoutError:
+                timed_out = True
                 failures.append(f"{sockaddr[0]}: no answer within {self._connect_timeout:g} s")
             except OSError as exc:
                 failures.append(f"{sockaddr[0]}: {exc.strerror or exc}")
             else:
                 break
+            sock.close()
             self._check_aborted()
         else:
-            code = "fetch_timeout" if failures and "no answer" in failures[-1] else "fetch_failed"
+            code = "fetch_timeout" if timed_out else "fetch_failed"
             raise FetchError(
                 f"cannot connect to {self.host} port {port} ({'; '.join(failures)})",
                 code=code,
