@@ -4,7 +4,9 @@ One task per model runs while its acquisition is ``running``; a limiter bounds
 how many files download at once. Each file resumes from its blob's durable
 offset with a ``Range`` request (a server that ignores ``Range`` has the bytes we
 already hold skipped, not rewritten), never writes past the declared size, and is
-published only after off-thread verification. Transient faults (a dropped
+published only when the sha256 of what was written matches; the body is received,
+hashed and written in a worker thread (:mod:`~ficc_core.models.download`, over
+:mod:`~ficc_core.models.fetch`'s checked connections). Transient faults (a dropped
 connection, a timeout) retry with capped backoff from the durable offset;
 anything else marks the acquisition failed with the reason. Pausing cancels the
 network read but never an admitted write: the write completes, its offset is
