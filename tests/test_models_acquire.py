@@ -113,6 +113,9 @@ async def test_acquires_the_real_smollm2_gguf_and_publishes_it_once(controller, 
         assert blob_files(service.config.data_dir) == {"sha256": [content_sha], "partial": []}
     assert https_server.bytes_served["/smollm2.gguf"] == path.stat().st_size
     assert len(https_server.requests) == 1
+    # The bytes as stored: a compressed body would not hash to the declared digest.
+    assert https_server.requests[0].headers["accept-encoding"] == "identity"
+    assert https_server.requests[0].headers["user-agent"].startswith("ficc/")
 
 
 async def test_a_dropped_connection_resumes_with_range_without_refetching(controller, https_server):

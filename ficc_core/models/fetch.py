@@ -33,6 +33,7 @@ import httpx
 import outcome
 import trio
 
+from .._version import __version__
 from ..config import Config
 from .http1 import Address, FetchError, Http1Connection
 
@@ -49,6 +50,13 @@ __all__ = [
 T = TypeVar("T")
 
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
+#: Sent with every request unless the caller says otherwise: the bytes as stored
+#: (a compressed body would not hash to the declared digest).
+_DEFAULT_HEADERS = {
+    "User-Agent": f"ficc/{__version__}",
+    "Accept": "*/*",
+    "Accept-Encoding": "identity",
+}
 
 
 def address_is_public(address: str) -> bool:
@@ -303,7 +311,9 @@ async def open_response(
     seen: set[str] = set()
     for _hop in range(policy.max_redirects + 1):
         seen.add(str(current))
-        response = await _send(client, current, policy, dict(headers or {}), refusal)
+        response = await _send(
+            client, current, policy, {**_DEFAULT_HEADERS, **(headers or {})}, refusal
+        )
         if response.status_code not in _REDIRECTS:
             try:
                 yield response
