@@ -383,6 +383,47 @@ async def test_pause_interrupts_a_read_that_is_waiting_for_bytes(
     assert body["files"][0]["state"] == "absent" and body["files"][0]["reason"] is None, body
 
 
+async def test_receiving_goes_on_during_an_fsync_but_only_so_far(
+    controller, https_server, monkeypatch
+):
+    import threading
+
+    from ficc_core.models import blobs, download
+
+    content = random_bytes(40 * MiB, seed=11)
+    https_server.add("/m.gguf", ServedFile(content))
+    release, began = threading.Event(), []
+    original = blobs.PartialWriter.sync
+
+    def first_fsync_hangs(writer):
+        began.append(writer.written)
+        if len(began) == 1:
+            release.wait(30)
+        return original(writer)
+
+    monkeypatch.setattr(blobs.PartialWriter, "sync", first_fsync_hangs)
+    bound = download.MAX_UNSYNCED
+    async with await controller() as service:
+        api = await _api(service)
+        model = await api.register(gguf_manifest("m", content, url=https_server.url("/m.gguf")))
+        partial = service.blobs.partial_path(hashlib.sha256(content).hexdigest())
+        assert (await api.post(f"/api/v1/models/{model['id']}/acquire")).status_code == 202
+        try:
+            with trio.fail_after(30):
+                while not partial.exists() or partial.stat().st_size < bound:  # noqa: ASYNC110
+                    await trio.sleep(0.005)
+            # Written on during the fsync, never past the bound, and nothing recorded
+            # as durable before the fsync ends.
+            assert partial.stat().st_size == bound
+            assert (await api.model(model["id"]))["received_bytes"] == 0
+        finally:
+            release.set()
+        done = await api.acquire_and_wait(model["id"])
+    assert done["state"] == "verified", done
+    assert began[0] == download.SYNC_BYTES
+    assert began[1] >= bound  # the next fsync covered everything written meanwhile
+
+
 async def test_acquisitions_are_bounded_in_concurrency(controller, https_server):
     contents = [random_bytes(4 * MiB, seed=10 + i) for i in range(2)]
     for i, content in enumerate(contents):

@@ -65,7 +65,7 @@ class _Progress:
         if wake is not None:
             self._token.run_sync_soon(wake.set)
         with self._changed:
-            while self.written - self.durable > MAX_UNSYNCED and not self.halted:
+            while self.written - self.durable >= MAX_UNSYNCED and not self.halted:
                 self._changed.wait()
             if self.halted:
                 raise _Stopped
