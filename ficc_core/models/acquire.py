@@ -220,17 +220,17 @@ class Acquirer:
             digest = await self.blobs.partial_digest(sha256, offset)
         headers = {"Range": f"bytes={offset}-"} if offset else {}
         assert self._client is not None
-        async with open_response(self._client, url, self.policy, headers=headers) as response:
-            skip = self._check_response(response, offset, status.size)
-            try:
+        try:
+            async with open_response(self._client, url, self.policy, headers=headers) as response:
+                skip = self._check_response(response, offset, status.size)
                 received = await receive_into_blob(
                     response, self.blobs, sha256, offset, skip, digest
                 )
-            except FetchError as exc:
-                if exc.code in _TRANSIENT_CODES:
-                    # Every byte written is durable: a retry resumes the hash from there.
-                    hashed[(await self.blobs.status(sha256)).durable_offset] = digest
-                raise
+        except FetchError as exc:
+            if exc.code in _TRANSIENT_CODES:
+                # Every byte written (and hashed) is durable: a retry resumes the hash.
+                hashed[(await self.blobs.status(sha256)).durable_offset] = digest
+            raise
         if received != status.size:
             hashed[received] = digest
             raise _Transient(f"the body ended at byte {received} of {status.size}")
