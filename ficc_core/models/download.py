@@ -130,15 +130,7 @@ def _receive(
         skip -= count
     while writer.written < writer.size:
         want = min(READ_BYTES, writer.size - writer.written)
-        filled, error = 0, None
-        try:
-            while filled < want:
-                count = body.readinto(view[filled:want])
-                if not count:
-                    break
-                filled += count
-        except FetchError as exc:
-            error = exc
+        filled, error = body.fill(view[:want])
         if filled:
             digest.update(view[:filled])
             writer.write(view[:filled])
