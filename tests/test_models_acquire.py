@@ -11,6 +11,7 @@ import trio
 
 from ficc_core.api.app import create_app
 from ficc_core.config import load_config
+from ficc_core.models.fetch import FetchError, FetchPolicy, make_client, open_response
 from ficc_core.service import open_service
 
 from .conftest import bearer
@@ -239,6 +240,27 @@ async def test_a_refused_redirect_to_http_names_the_registered_url_and_the_targe
     reason = done["files"][0]["reason"]
     assert f"{registered} redirected to http://127.0.0.1:9/m.gguf, which is refused" in reason
     assert "only https:// URLs are fetched" in reason
+
+
+async def test_a_refused_redirect_after_several_hops_names_the_registered_url_and_the_last_hop(
+    https_server, ca_bundle
+):
+    policy = FetchPolicy(allow_private=True, ca_bundle=ca_bundle)
+    https_server.add("/a", Redirect("/b"))
+    https_server.add("/b", Redirect("http://127.0.0.1:9/c"))
+    first, second = https_server.url("/a"), https_server.url("/b")
+    with trio.fail_after(30):
+        async with make_client(policy) as client:
+            with pytest.raises(FetchError) as caught:
+                async with open_response(client, first, policy):
+                    pass
+    assert caught.value.code == "insecure_url"
+    assert f"{first} redirected (via {second}) to http://127.0.0.1:9/c" in caught.value.message
+    assert caught.value.details == {
+        "url": "http://127.0.0.1:9/c",
+        "redirected_from": second,
+        "requested_url": first,
+    }
 
 
 def _standing_in_for_public(service, *addresses: str) -> None:

@@ -239,11 +239,12 @@ class _Refusal:
     def _context(self, url: httpx.URL) -> tuple[str, dict[str, Any]]:
         if self.came_from is None:
             return "", {"url": str(url)}
-        via = "" if str(self.came_from) == self.requested else f" (via {self.came_from})"
-        prefix = f"{self.requested} redirected{via} to {url}, which is refused: "
-        return prefix, {"url": str(url), "redirected_from": str(self.came_from)} | (
-            {"requested_url": self.requested} if via else {}
-        )
+        details = {"url": str(url), "redirected_from": str(self.came_from)}
+        via = ""
+        if str(self.came_from) != self.requested:
+            via = f" (via {self.came_from})"
+            details["requested_url"] = self.requested
+        return f"{self.requested} redirected{via} to {url}, which is refused: ", details
 
     def insecure(self, url: httpx.URL) -> FetchError:
         prefix, details = self._context(url)
