@@ -47,10 +47,11 @@ from __future__ import annotations
 import inspect
 import json
 import re
+import socket
 import ssl
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from contextlib import aclosing, asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
+from contextlib import aclosing, asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -99,6 +100,7 @@ class ServedFile:
         ``Content-Length`` writes the body unframed and closes the connection after
         it, so a lying length reaches the client as is.
     :ivar redirect_to: answer ``302`` with this ``Location`` instead of the file.
+    :ivar chunked: send the body with chunked transfer coding, without ``Content-Length``.
     :ivar content_type: the ``Content-Type`` header.
     """
 
@@ -114,6 +116,7 @@ class ServedFile:
     headers: Mapping[str, str] = attrs.field(factory=dict)
     redirect_to: str | None = None
     content_type: str = "application/octet-stream"
+    chunked: bool = False
     #: How many responses have been dropped so far.
     drops_done: int = attrs.field(default=0, init=False)
 
@@ -316,7 +319,8 @@ class HttpsServer:
                 start, end = wanted
                 status = 206
                 headers["content-range"] = f"bytes {start}-{end - 1}/{total}"
-        headers["content-length"] = str(end - start)
+        if not file.chunked:
+            headers["content-length"] = str(end - start)
         overrides = {k.lower(): v for k, v in file.headers.items()}
         headers.update(overrides)
         # A Content-Length the framing layer would refuse to honour: write raw, then close.
@@ -425,3 +429,38 @@ async def open_https_server(
             yield server
         finally:
             nursery.cancel_scope.cancel()
+
+
+class ScriptedResolver(trio.abc.HostnameResolver):
+    """A name resolver that answers from a script: a rebinding name, for tests.
+
+    ``answers`` maps a host name to the addresses given on its first, second, ...
+    lookup (the last one repeats). Install it with :func:`resolving_with`; every
+    lookup is recorded in :attr:`lookups` as ``(host, address)``.
+    """
+
+    def __init__(self, answers: Mapping[str, Sequence[str]]) -> None:
+        self.answers = {host: list(addresses) for host, addresses in answers.items()}
+        self.lookups: list[tuple[str, str]] = []
+
+    async def getaddrinfo(self, host, port, family=0, type=0, proto=0, flags=0):
+        name = host.decode("ascii") if isinstance(host, bytes) else host
+        script = self.answers.get(name)
+        if not script:
+            raise socket.gaierror(socket.EAI_NONAME, f"{name} is not in the script")
+        address = script.pop(0) if len(script) > 1 else script[0]
+        self.lookups.append((name, address))
+        return [(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", (address, port))]
+
+    async def getnameinfo(self, sockaddr, flags):
+        raise NotImplementedError
+
+
+@contextmanager
+def resolving_with(resolver: trio.abc.HostnameResolver) -> Iterator[None]:
+    """Make ``resolver`` trio's name resolver in this run, then restore the previous one."""
+    previous = trio.socket.set_custom_hostname_resolver(resolver)
+    try:
+        yield
+    finally:
+        trio.socket.set_custom_hostname_resolver(previous)

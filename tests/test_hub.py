@@ -18,7 +18,15 @@ from ficc_core.models.gguf import InvalidGguf, read_gguf_file
 from ficc_core.models.hub import HubPreview, hub_preview
 from ficc_core.schema import ModelSource
 
-from .httpsd import Redirect, ServedFile, ServedJSON, open_https_server, write_ca_bundle
+from .httpsd import (
+    Redirect,
+    ScriptedResolver,
+    ServedFile,
+    ServedJSON,
+    open_https_server,
+    resolving_with,
+    write_ca_bundle,
+)
 
 REPO = "HuggingFaceTB/SmolLM2-135M-Instruct-GGUF"
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -322,6 +330,48 @@ async def test_loopback_is_refused_unless_the_operator_allows_it(ca, tmp_path):
                 await preview(server, strict)
     assert caught.value.code == "private_address"
     assert server.requests == []
+
+
+def standing_in_for_public(tmp_path: Path, ca: trustme.CA, address: str) -> FetchPolicy:
+    """A strict policy under which ``address`` (a loopback one) counts as public, no other."""
+    return FetchPolicy(
+        ca_bundle=write_ca_bundle(tmp_path, ca),
+        read_timeout=5,
+        is_public=lambda candidate: candidate == address,
+    )
+
+
+async def test_a_hub_name_that_rebinds_to_loopback_after_the_check_never_reaches_it(ca, tmp_path):
+    # 127.0.0.2 stands in for a public address (nothing listens there); the name then
+    # answers 127.0.0.1, where the hub stand-in listens and which the check refuses.
+    policy = standing_in_for_public(tmp_path, ca, "127.0.0.2")
+    resolver = ScriptedResolver({"localhost": ["127.0.0.2", "127.0.0.1"]})
+    with trio.fail_after(30):
+        async with (
+            open_https_server(ca, {LISTING: listing()}) as server,
+            make_client(policy) as client,
+        ):
+            with resolving_with(resolver), pytest.raises(FetchError) as caught:
+                await hub_preview(client, policy, f"https://localhost:{server.port}", REPO, "main")
+    assert caught.value.code == "fetch_failed"
+    assert "127.0.0.2" in caught.value.message
+    assert server.requests == []
+    assert resolver.lookups == [("localhost", "127.0.0.2")]
+
+
+async def test_every_hub_request_is_resolved_and_checked_again(ca, tmp_path):
+    path, size, sha256 = smollm2()
+    policy = standing_in_for_public(tmp_path, ca, "127.0.0.1")
+    resolver = ScriptedResolver({"localhost": ["127.0.0.1", "127.0.0.3"]})
+    routes = {LISTING: listing(sibling(FILE, size, sha256)), resolve(): ServedFile(path)}
+    with trio.fail_after(30):
+        async with open_https_server(ca, routes) as server, make_client(policy) as client:
+            with resolving_with(resolver):
+                (result,) = await hub_preview(
+                    client, policy, f"https://localhost:{server.port}", REPO, "main"
+                )
+    assert result.refusal is not None and result.refusal.code == "private_address"
+    assert [request.path.split("?")[0] for request in server.requests] == [LISTING]
 
 
 async def test_a_file_served_at_another_size_than_listed_is_refused(ca, policy):

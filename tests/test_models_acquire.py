@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import hashlib
 
+import attrs
+import httpx
 import pytest
 import trio
 
 from ficc_core.api.app import create_app
 from ficc_core.config import load_config
+from ficc_core.models.fetch import FetchError, FetchPolicy, make_client, open_response
 from ficc_core.service import open_service
 
 from .conftest import bearer
-from .httpsd import Redirect, ServedFile
+from .httpsd import Redirect, ScriptedResolver, ServedFile, resolving_with
 from .models_support import (
     blob_files,
     gguf_manifest,
@@ -118,6 +121,9 @@ async def test_acquires_the_real_smollm2_gguf_and_publishes_it_once(controller, 
         assert blob_files(service.config.data_dir) == {"sha256": [content_sha], "partial": []}
     assert https_server.bytes_served["/smollm2.gguf"] == path.stat().st_size
     assert len(https_server.requests) == 1
+    # The bytes as stored: a compressed body would not hash to the declared digest.
+    assert https_server.requests[0].headers["accept-encoding"] == "identity"
+    assert https_server.requests[0].headers["user-agent"].startswith("ficc/")
 
 
 async def test_a_dropped_connection_resumes_with_range_without_refetching(controller, https_server):
@@ -148,11 +154,22 @@ async def test_a_server_that_ignores_range_is_skipped_not_rewritten(controller, 
     assert "range" in https_server.requests[1].headers
 
 
+async def test_a_chunked_body_is_acquired(controller, https_server):
+    content = random_bytes(3 * MiB + 99, seed=8)
+    https_server.add("/m.gguf", ServedFile(content, chunked=True))
+    async with await controller() as service:
+        api = await _api(service)
+        model = await api.register(gguf_manifest("m", content, url=https_server.url("/m.gguf")))
+        done = await api.acquire_and_wait(model["id"])
+    assert done["state"] == "verified", done
+
+
 @pytest.mark.parametrize(
     ("served", "reason"),
     [
         (dict(corrupt=True), "hashes to sha256"),
         (dict(extra=b"surplus"), "longer than the declared size"),
+        (dict(extra=b"surplus", chunked=True), "more than the declared size"),
         (dict(status=404), "404"),
     ],
 )
@@ -202,6 +219,111 @@ async def test_redirects_are_rechecked(controller, https_server, routes, reason)
         done = await api.acquire_and_wait(model["id"])
     assert done["state"] == "failed"
     assert reason in done["files"][0]["reason"]
+
+
+async def test_a_refused_redirect_to_http_names_the_registered_url_and_the_target(
+    serve_process, https_server
+):
+    https_server.add("/m.gguf", Redirect("http://127.0.0.1:9/m.gguf"))
+    registered = https_server.url("/m.gguf")
+    url, token = serve_process
+    async with httpx.AsyncClient(base_url=url, headers=bearer(token), timeout=10) as http:
+        model = (
+            await http.post("/api/v1/models", json=gguf_manifest("m", b"abc", url=registered))
+        ).json()
+        assert (await http.post(f"/api/v1/models/{model['id']}/acquire")).status_code == 202
+        with trio.fail_after(30):
+            while (done := (await http.get(f"/api/v1/models/{model['id']}")).json())[  # noqa: ASYNC110
+                "state"
+            ] != "failed":
+                await trio.sleep(0.05)
+    reason = done["files"][0]["reason"]
+    assert f"{registered} redirected to http://127.0.0.1:9/m.gguf, which is refused" in reason
+    assert "only https:// URLs are fetched" in reason
+
+
+async def test_a_refused_redirect_after_several_hops_names_the_registered_url_and_the_last_hop(
+    https_server, ca_bundle
+):
+    policy = FetchPolicy(allow_private=True, ca_bundle=ca_bundle)
+    https_server.add("/a", Redirect("/b"))
+    https_server.add("/b", Redirect("http://127.0.0.1:9/c"))
+    first, second = https_server.url("/a"), https_server.url("/b")
+    with trio.fail_after(30):
+        async with make_client(policy) as client:
+            with pytest.raises(FetchError) as caught:
+                async with open_response(client, first, policy):
+                    pass
+    assert caught.value.code == "insecure_url"
+    assert f"{first} redirected (via {second}) to http://127.0.0.1:9/c" in caught.value.message
+    assert caught.value.details == {
+        "url": "http://127.0.0.1:9/c",
+        "redirected_from": second,
+        "requested_url": first,
+    }
+
+
+def _standing_in_for_public(service, *addresses: str) -> None:
+    """Count ``addresses`` (loopback ones) as public for this controller's fetches, and no other."""
+    acquirer = service.models.acquirer
+    acquirer.policy = attrs.evolve(
+        acquirer.policy, allow_private=False, is_public=lambda address: address in addresses
+    )
+
+
+async def test_a_name_that_rebinds_to_loopback_after_the_check_never_reaches_it(
+    controller, https_server
+):
+    https_server.add("/m.gguf", ServedFile(b"abc"))
+    # The name first answers 127.0.0.2, standing in for a public address (nothing listens
+    # there), then 127.0.0.1, where the server listens and which the check refuses.
+    resolver = ScriptedResolver({"localhost": ["127.0.0.2", "127.0.0.1"]})
+    url = f"https://localhost:{https_server.port}/m.gguf"
+    async with await controller() as service:
+        _standing_in_for_public(service, "127.0.0.2")
+        api = await _api(service)
+        model = await api.register(gguf_manifest("m", b"abc", url=url))
+        with resolving_with(resolver):
+            done = await api.acquire_and_wait(model["id"])
+    assert https_server.requests == []
+    assert done["state"] == "failed"
+    # The connection went to the checked address and failed; the retry resolved again
+    # and was refused before connecting.
+    assert resolver.lookups == [("localhost", "127.0.0.2"), ("localhost", "127.0.0.1")]
+    assert "non-public address (127.0.0.1)" in done["files"][0]["reason"]
+
+
+async def test_the_connection_goes_to_the_address_that_was_checked(controller, https_server):
+    content = random_bytes(2 * MiB, seed=7)
+    https_server.add("/m.gguf", ServedFile(content))
+    resolver = ScriptedResolver({"localhost": ["127.0.0.1", "127.0.0.3"]})
+    url = f"https://localhost:{https_server.port}/m.gguf"
+    async with await controller() as service:
+        _standing_in_for_public(service, "127.0.0.1")
+        api = await _api(service)
+        model = await api.register(gguf_manifest("m", content, url=url))
+        with resolving_with(resolver):
+            done = await api.acquire_and_wait(model["id"])
+    assert done["state"] == "verified", done
+    assert resolver.lookups == [("localhost", "127.0.0.1")]
+
+
+async def test_every_redirect_hop_is_resolved_and_checked_again(controller, https_server):
+    https_server.add("/m.gguf", Redirect("/cdn/m.gguf"))
+    https_server.add("/cdn/m.gguf", ServedFile(b"abc"))
+    resolver = ScriptedResolver({"localhost": ["127.0.0.1", "127.0.0.3"]})
+    url = f"https://localhost:{https_server.port}/m.gguf"
+    async with await controller() as service:
+        _standing_in_for_public(service, "127.0.0.1")
+        api = await _api(service)
+        model = await api.register(gguf_manifest("m", b"abc", url=url))
+        with resolving_with(resolver):
+            done = await api.acquire_and_wait(model["id"])
+    assert done["state"] == "failed"
+    assert [request.path for request in https_server.requests] == ["/m.gguf"]
+    reason = done["files"][0]["reason"]
+    assert f"{url} redirected to https://localhost:{https_server.port}/cdn/m.gguf" in reason
+    assert "non-public address (127.0.0.3)" in reason
 
 
 async def test_a_redirect_to_https_is_followed(controller, https_server):
@@ -262,6 +384,77 @@ async def test_pause_keeps_the_offset_and_acquire_resumes_from_it(controller, ht
     assert https_server.requests[-1].headers["range"] == f"bytes={kept}-"
 
 
+async def _never_answers(request):
+    await trio.sleep_forever()
+
+
+@pytest.mark.parametrize("waiting_for", ["head", "body"])
+async def test_pause_interrupts_a_read_that_is_waiting_for_bytes(
+    controller, https_server, waiting_for
+):
+    content = random_bytes(1000, seed=9)
+    route = _never_answers if waiting_for == "head" else ServedFile(content, stall=True)
+    https_server.add("/m.gguf", route)
+    async with await controller(read_timeout="60s") as service:
+        api = await _api(service)
+        model = await api.register(gguf_manifest("m", content, url=https_server.url("/m.gguf")))
+        assert (await api.post(f"/api/v1/models/{model['id']}/acquire")).status_code == 202
+        with trio.fail_after(30):
+            while not https_server.requests:  # noqa: ASYNC110
+                await trio.sleep(0.01)
+        # The worker thread is blocked reading; the pause aborts the connection, and
+        # that is a pause, not a failure.
+        with trio.fail_after(10):
+            paused = await api.post(f"/api/v1/models/{model['id']}/pause")
+        body = await paused.get_json()
+    assert paused.status_code == 200
+    assert body["state"] == "paused", body
+    assert body["files"][0]["state"] == "absent" and body["files"][0]["reason"] is None, body
+
+
+async def test_receiving_goes_on_during_an_fsync_but_only_so_far(
+    controller, https_server, monkeypatch
+):
+    import threading
+
+    from ficc_core.models import download, partials
+
+    content = random_bytes(40 * MiB, seed=11)
+    https_server.add("/m.gguf", ServedFile(content))
+    release, began = threading.Event(), []
+    original = partials.PartialWriter.sync
+
+    def first_fsync_hangs(writer):
+        began.append(writer.written)
+        if len(began) == 1:
+            release.wait(30)
+        return original(writer)
+
+    monkeypatch.setattr(partials.PartialWriter, "sync", first_fsync_hangs)
+    bound = download.MAX_UNSYNCED
+    async with await controller() as service:
+        api = await _api(service)
+        model = await api.register(gguf_manifest("m", content, url=https_server.url("/m.gguf")))
+        partial = partial_file(
+            service.config.data_dir, hashlib.sha256(content).hexdigest(), model["id"]
+        )
+        assert (await api.post(f"/api/v1/models/{model['id']}/acquire")).status_code == 202
+        try:
+            with trio.fail_after(30):
+                while not partial.exists() or partial.stat().st_size < bound:  # noqa: ASYNC110
+                    await trio.sleep(0.005)
+            # Written on during the fsync, never past the bound, and nothing recorded
+            # as durable before the fsync ends.
+            assert partial.stat().st_size == bound
+            assert (await api.model(model["id"]))["received_bytes"] == 0
+        finally:
+            release.set()
+        done = await api.acquire_and_wait(model["id"])
+    assert done["state"] == "verified", done
+    assert began[0] == download.SYNC_BYTES
+    assert began[1] >= bound  # the next fsync covered everything written meanwhile
+
+
 async def test_acquisitions_are_bounded_in_concurrency(controller, https_server):
     contents = [random_bytes(4 * MiB, seed=10 + i) for i in range(2)]
     for i, content in enumerate(contents):
@@ -294,23 +487,39 @@ async def test_acquisitions_are_bounded_in_concurrency(controller, https_server)
     assert len(https_server.requests) == 2
 
 
-async def test_verification_hashes_in_a_worker_thread(controller, https_server, monkeypatch):
+async def test_the_body_is_hashed_as_it_arrives_off_the_event_loop(
+    controller, https_server, monkeypatch
+):
     import threading
 
     from ficc_core.models import blobs
 
-    threads = []
-    original = blobs.sha256_file
+    updates, second_passes = [], []
 
-    def recording(*args, **kwargs):
-        threads.append(threading.get_ident())
-        return original(*args, **kwargs)
+    class Recording:
+        def __init__(self, digest):
+            self.digest = digest
 
-    monkeypatch.setattr(blobs, "sha256_file", recording)
-    content = random_bytes(3 * MiB, seed=6)
+        def update(self, data):
+            updates.append((threading.get_ident(), len(data)))
+            self.digest.update(data)
+
+        def hexdigest(self):
+            return self.digest.hexdigest()
+
+    original = blobs.BlobStore.partial_digest
+
+    async def recording(self, ref, length):
+        return Recording(await original(self, ref, length))
+
+    monkeypatch.setattr(blobs.BlobStore, "partial_digest", recording)
+    monkeypatch.setattr(blobs, "sha256_file", lambda *a, **k: second_passes.append(a))
+    content = random_bytes(3 * MiB + 5, seed=6)
     https_server.add("/m.gguf", ServedFile(content))
     async with await controller() as service:
         api = await _api(service)
         model = await api.register(gguf_manifest("m", content, url=https_server.url("/m.gguf")))
         assert (await api.acquire_and_wait(model["id"]))["state"] == "verified"
-    assert threads and threading.get_ident() not in threads
+    assert sum(length for _thread, length in updates) == len(content)
+    assert threading.get_ident() not in {thread for thread, _length in updates}
+    assert second_passes == []  # published on the digest taken while receiving

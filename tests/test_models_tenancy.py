@@ -207,9 +207,10 @@ async def test_an_upload_is_refused_at_once_while_its_content_is_acquired(
 async def test_two_projects_acquiring_the_same_content_both_end_verified(
     tmp_path, ca_bundle, https_server
 ):
-    content = random_bytes(9 * MiB, seed=39)
+    content = random_bytes(24 * MiB, seed=39)
     sha = hashlib.sha256(content).hexdigest()
-    https_server.add("/slow.gguf", ServedFile(content, chunk_delay=0.01))
+    # At least 7.7 s to serve whole (384 pieces of 64 KiB, 20 ms apart).
+    https_server.add("/slow.gguf", ServedFile(content, chunk_delay=0.02))
     https_server.add("/fast.gguf", ServedFile(content))
     async with _two_projects(tmp_path, ca_bundle) as (_url, _token, ours, theirs):
         # Ours starts first but downloads slowly; theirs overtakes it and publishes.
@@ -224,6 +225,8 @@ async def test_two_projects_acquiring_the_same_content_both_end_verified(
                 http, model_id, lambda m: m["acquisition"]["state"] in ("done", "failed")
             )
             assert done["state"] == "verified" and done["acquisition"]["error"] is None, done
+    # Overtaken, ours stopped receiving at its next durable point instead of finishing.
+    assert https_server.bytes_served["/slow.gguf"] < len(content)
     assert blob_files(tmp_path / "data") == {"sha256": [sha], "partial": []}
     assert (
         hashlib.sha256((tmp_path / "data" / "blobs" / "sha256" / sha).read_bytes()).hexdigest()

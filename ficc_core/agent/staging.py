@@ -36,7 +36,7 @@ import httpx
 import trio
 
 from ..errors import FiccError
-from ..models.blobs import sha256_file
+from ..models.partials import sha256_file
 from ..schema import Job
 from .runtimes import AgentSettings
 

@@ -1,10 +1,12 @@
 """Resumable HTTPS acquisition of a model's files into the blob store.
 
 One task per model runs while its acquisition is ``running``; a limiter bounds
-how many files download at once. Each file resumes from its blob's durable
+how many files download at once. Each file resumes from its partial's durable
 offset with a ``Range`` request (a server that ignores ``Range`` has the bytes we
 already hold skipped, not rewritten), never writes past the declared size, and is
-published only after off-thread verification. Transient faults (a dropped
+published only when the sha256 of what was written matches; the body is received,
+hashed and written in a worker thread (:mod:`~ficc_core.models.download`, over
+:mod:`~ficc_core.models.fetch`'s checked connections). Transient faults (a dropped
 connection, a timeout) retry with capped backoff from the durable offset;
 anything else marks the acquisition failed with the reason. Pausing cancels the
 network read but never an admitted write: the write completes, its offset is
@@ -20,20 +22,18 @@ import re
 import time
 from typing import Any
 
-import httpx
 import trio
 
 from ..errors import FiccError
 from ..store import Store, Transaction
 from .blobs import BlobStore, DigestMismatch, FileRef, FileVerified, error_record
-from .fetch import FetchError, FetchPolicy, make_client, open_response
+from .download import receive_into_blob
+from .fetch import Fetcher, FetchError, FetchPolicy, Response, make_client, open_response
 
 log = logging.getLogger("ficc.models.acquire")
 
 RUNNING, PAUSED, DONE, FAILED = "running", "paused", "done", "failed"
 
-#: Bytes gathered before one fsynced write; bounds what a crash can lose.
-FLUSH_BYTES = 4 << 20
 _CONTENT_RANGE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")
 _TRANSIENT_CODES = frozenset({"fetch_timeout", "fetch_failed", "connection_dropped", "server_busy"})
 
@@ -112,7 +112,7 @@ class Acquirer:
         self.max_backoff = max_backoff
         self._limiter = trio.CapacityLimiter(concurrency)
         self._nursery: trio.Nursery | None = None
-        self._client: httpx.AsyncClient | None = None
+        self._client: Fetcher | None = None
         self._tasks: dict[str, trio.CancelScope] = {}
         self._finished: dict[str, trio.Event] = {}
 
@@ -212,10 +212,12 @@ class Acquirer:
         url = file["url"]
         ref = FileRef(file["model_id"], file["idx"], file["sha256"], file["size"])
         delay = self.backoff
+        # What a failed attempt hashed and made durable, so that a retry resumes the hash too.
+        hashed: dict[int, Any] = {}
         for attempt in range(self.retries + 1):
             try:
                 async with self.blobs.lock(ref):
-                    await self._fetch_into_blob(ref, url)
+                    await self._fetch_into_blob(ref, url, hashed)
                 return
             except FileVerified:
                 return  # The same content was verified through another model meanwhile.
@@ -234,7 +236,7 @@ class Acquirer:
             await trio.sleep(delay)
             delay = min(delay * 2, self.max_backoff)
 
-    async def _fetch_into_blob(self, ref: FileRef, url: str) -> None:
+    async def _fetch_into_blob(self, ref: FileRef, url: str, hashed: dict[int, Any]) -> None:
         status = await self.blobs.status(ref)
         if status.verified:
             return
@@ -243,15 +245,29 @@ class Acquirer:
             await self.blobs.verify_and_publish(ref)
             return
         offset = status.durable_offset
+        # The body is hashed as it arrives; a resumed one starts from its prefix's hash.
+        digest = hashed.pop(offset, None)
+        hashed.clear()
+        if digest is None:
+            digest = await self.blobs.partial_digest(ref, offset)
         headers = {"Range": f"bytes={offset}-"} if offset else {}
         assert self._client is not None
-        async with open_response(self._client, url, self.policy, headers=headers) as response:
-            skip = self._check_response(response, offset, status.size)
-            await self._stream(response, ref, offset, status.size, skip)
-        await self.blobs.verify_and_publish(ref)
+        try:
+            async with open_response(self._client, url, self.policy, headers=headers) as response:
+                skip = self._check_response(response, offset, status.size)
+                received = await receive_into_blob(response, self.blobs, ref, offset, skip, digest)
+        except FetchError as exc:
+            if exc.code in _TRANSIENT_CODES:
+                # Every byte written (and hashed) is durable: a retry resumes the hash.
+                hashed[(await self.blobs.status(ref)).durable_offset] = digest
+            raise
+        if received != status.size:
+            hashed[received] = digest
+            raise _Transient(f"the body ended at byte {received} of {status.size}")
+        await self.blobs.verify_and_publish(ref, digest=digest.hexdigest())
 
     @staticmethod
-    def _check_response(response: httpx.Response, offset: int, size: int) -> int:
+    def _check_response(response: Response, offset: int, size: int) -> int:
         """Return how many leading body bytes to skip; refuse unusable responses."""
         if response.status_code == 206:
             match = _CONTENT_RANGE.match(response.headers.get("Content-Range", ""))
@@ -277,100 +293,3 @@ class Acquirer:
             code="http_error",
             details={"status": response.status_code},
         )
-
-    async def _stream(
-        self,
-        response: httpx.Response,
-        ref: FileRef,
-        offset: int,
-        size: int,
-        skip: int,
-    ) -> int:
-        """Write the body at ``offset`` in fsynced batches; return the final durable offset.
-
-        A writer task writes one batch while the next is being received (a one-slot
-        channel between them bounds memory to about two batches). Neither task lets
-        an exception escape the nursery: the first failure is kept and raised after
-        it, so callers see the error itself, never a group.
-        """
-        send, receive = trio.open_memory_channel[bytes](1)
-        failures: list[FiccError] = []
-        durable = offset
-
-        async def write_batches() -> None:
-            nonlocal durable
-            async with receive:
-                async for batch in receive:
-                    try:
-                        # An admitted write always completes, even while pausing.
-                        with trio.CancelScope(shield=True):
-                            await self.blobs.write(ref, durable, batch)
-                    except FiccError as exc:
-                        failures.append(exc)
-                    except OSError as exc:
-                        failures.append(FiccError(f"writing failed: {exc}", code="write_failed"))
-                    else:
-                        durable += len(batch)
-                        continue
-                    nursery.cancel_scope.cancel()
-                    return
-
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(write_batches)
-            async with send:
-                try:
-                    received = await self._receive(response, send, offset, size, skip)
-                except FiccError as exc:
-                    failures.append(exc)
-        if failures:
-            raise failures[0]
-        if received != size:
-            raise _Transient(f"the body ended at byte {received} of {size}")
-        return durable
-
-    @staticmethod
-    async def _receive(
-        response: httpx.Response,
-        send: trio.MemorySendChannel[bytes],
-        offset: int,
-        size: int,
-        skip: int,
-    ) -> int:
-        """Pass the body on in batches of FLUSH_BYTES; return the end offset received."""
-        pending = bytearray()
-        try:
-            async for chunk in response.aiter_raw():
-                if skip:
-                    dropped = min(skip, len(chunk))
-                    chunk, skip = chunk[dropped:], skip - dropped
-                if offset + len(pending) + len(chunk) > size:
-                    raise FetchError(
-                        f"the server sent more than the declared size of {size} bytes",
-                        code="longer_than_declared",
-                    )
-                pending.extend(chunk)
-                if len(pending) >= FLUSH_BYTES:
-                    await send.send(bytes(pending))
-                    offset += len(pending)
-                    pending.clear()
-        except httpx.TimeoutException:
-            error: FiccError = FetchError(
-                "the server stopped sending (read timeout)", code="fetch_timeout"
-            )
-        except (httpx.RemoteProtocolError, httpx.ReadError) as exc:
-            error = _Transient(f"the connection dropped: {exc}")
-        else:
-            error = None
-        finally:
-            # What arrived is kept, on success, on failure and while pausing, unless
-            # the writer is gone (it failed, or a pause cancelled it between writes).
-            if pending:
-                with trio.CancelScope(shield=True):
-                    try:
-                        await send.send(bytes(pending))
-                        offset += len(pending)
-                    except trio.BrokenResourceError:
-                        pass
-        if error is not None:
-            raise error
-        return offset

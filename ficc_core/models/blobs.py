@@ -13,8 +13,11 @@ published blob serves every model that declares its sha256.
 A write lands in the partial file, is fsynced, and only then is its end recorded
 in the store as the partial's ``durable_offset``. Bytes past the durable offset
 (a write interrupted by a crash) are never trusted: the next write truncates them.
-Publishing hashes the whole partial file in a worker thread and renames it into
-place only when the digest matches, so nothing is ever published unverified.
+Publishing checks the sha256 of the whole partial (hashed in a worker thread, or
+by an acquisition as it was received: :mod:`~ficc_core.models.download`) and
+renames it into place only when it matches, so nothing is ever published
+unverified. The bytes themselves are written and hashed by
+:mod:`~ficc_core.models.partials`.
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ import json
 import os
 import shutil
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -33,11 +37,10 @@ import trio
 
 from ..errors import Conflict, FiccError, InvalidRequest, NotFound
 from ..store import Store, Transaction
+from .partials import PartialWriter, hash_file, sha256_file
 
 #: Blob states, as stored and reported.
 PARTIAL, VERIFYING, VERIFIED, FAILED = "partial", "verifying", "verified", "failed"
-
-_HASH_CHUNK = 1 << 20
 
 
 class DigestMismatch(FiccError):
@@ -94,26 +97,6 @@ class BlobStatus:
 def error_record(error: FiccError) -> dict[str, Any]:
     """What a failure state stores and shows: the envelope's code, message and details."""
     return error.envelope()["error"]
-
-
-def sha256_file(path: Path, length: int, progress: Callable[[int], None] | None = None) -> str:
-    """Return the hex sha256 of the first ``length`` bytes of ``path`` (blocking)."""
-    digest = hashlib.sha256()
-    remaining = length
-    with open(path, "rb", buffering=0) as handle:
-        buffer = bytearray(_HASH_CHUNK)
-        view = memoryview(buffer)
-        while remaining > 0:
-            read = handle.readinto(view[: min(_HASH_CHUNK, remaining)])
-            if not read:
-                break
-            digest.update(view[:read])
-            remaining -= read
-            if progress is not None:
-                progress(length - remaining)
-    if remaining:
-        raise OSError(f"{path} is shorter than {length} bytes")
-    return digest.hexdigest()
 
 
 def _fsync_directory(path: Path) -> None:
@@ -289,12 +272,7 @@ class BlobStore:
         meantime (through another model) raises :class:`FileVerified`; the partial,
         useless now, is discarded.
         """
-        current = await self._unverified(ref)
-        if offset != current.durable_offset:
-            raise OffsetMismatch(
-                f"writes must start at the durable offset {current.durable_offset}, not {offset}",
-                details={"offset": current.durable_offset},
-            )
+        current = await self._writable(ref, offset)
         end = offset + len(data)
         if end > current.size:
             raise InvalidRequest(
@@ -305,20 +283,15 @@ class BlobStore:
         path = self.partial_path(ref)
 
         def append() -> None:
-            with open(path, "r+b" if path.exists() else "w+b") as handle:
-                # Anything past the durable offset was never acknowledged: drop it.
-                handle.truncate(offset)
-                handle.seek(offset)
-                handle.write(data)
-                handle.flush()
-                os.fsync(handle.fileno())
+            writer = PartialWriter(path, offset, current.size)
+            try:
+                writer.write(data)
+                writer.sync()
+            finally:
+                writer.close()
 
         await trio.to_thread.run_sync(append, limiter=self._io_limiter)
-        try:
-            return await self._record(ref, PARTIAL, end)
-        except NotFound:
-            await trio.to_thread.run_sync(lambda: path.unlink(missing_ok=True))
-            raise
+        return await self._record_durable(ref, end)
 
     async def _unverified(self, ref: FileRef) -> BlobStatus:
         current = await self.status(ref)
@@ -329,6 +302,65 @@ class BlobStore:
                 details={"offset": current.size},
             )
         return current
+
+    async def _writable(self, ref: FileRef, offset: int) -> BlobStatus:
+        current = await self._unverified(ref)
+        if offset != current.durable_offset:
+            raise OffsetMismatch(
+                f"writes must start at the durable offset {current.durable_offset}, not {offset}",
+                details={"offset": current.durable_offset},
+            )
+        return current
+
+    async def _record_durable(self, ref: FileRef, end: int) -> BlobStatus:
+        """Record ``end``, just fsynced, as the durable offset (unless the model is gone)."""
+        try:
+            return await self._record(ref, PARTIAL, end)
+        except NotFound:
+            path = self.partial_path(ref)
+            await trio.to_thread.run_sync(lambda: path.unlink(missing_ok=True))
+            raise
+
+    @asynccontextmanager
+    async def open_writer(self, ref: FileRef, offset: int) -> AsyncIterator[PartialWriter]:
+        """Open the file's partial to stream into from ``offset``, its durable offset.
+
+        For a writer that appends many pieces from a worker thread (an acquisition):
+        what it writes becomes durable, and is recorded, only through :meth:`commit`.
+        The caller holds :meth:`lock` throughout.
+        """
+        await self._writable(ref, offset)
+        writer = await trio.to_thread.run_sync(
+            PartialWriter, self.partial_path(ref), offset, ref.size, limiter=self._io_limiter
+        )
+        try:
+            yield writer
+        finally:
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(writer.close)
+
+    async def commit(self, ref: FileRef, writer: PartialWriter) -> int:
+        """fsync what ``writer`` has written, then record its end as the durable offset.
+
+        Content verified meanwhile (through another model) raises :class:`FileVerified`
+        and a model deleted meanwhile ``model_not_found``; either way the partial is gone.
+        """
+        end = await trio.to_thread.run_sync(writer.sync, limiter=self._io_limiter)
+        await self._unverified(ref)
+        await self._record_durable(ref, end)
+        return end
+
+    async def partial_digest(self, ref: FileRef, length: int) -> Any:
+        """Return a sha256 object fed the first ``length`` bytes of the file's partial."""
+        if not length:
+            return hashlib.sha256()
+        return await trio.to_thread.run_sync(
+            hash_file,
+            hashlib.sha256(),
+            self.partial_path(ref),
+            length,
+            limiter=self._hash_limiter,
+        )
 
     async def reset(self, ref: FileRef, error: FiccError | None = None) -> None:
         """Discard the file's partial (offset back to 0), recording ``error`` as failed if given."""
@@ -357,18 +389,22 @@ class BlobStore:
         if lock is not None and not lock.locked():
             del self._locks[(ref.model_id, ref.index)]
 
-    async def verify_and_publish(self, ref: FileRef) -> BlobStatus:
+    async def verify_and_publish(self, ref: FileRef, *, digest: str | None = None) -> BlobStatus:
         """Hash the full-length partial off the event loop and publish it if it matches.
 
         The caller holds :meth:`lock`. On a mismatch the partial file is discarded,
         the file is marked failed with the reason, and :class:`DigestMismatch` is raised.
         Once started, verification finishes even if the caller is cancelled (a pause,
         a client hanging up), so a file is never left half-way between states.
+
+        :param digest: the hex sha256 of the file's bytes as the caller wrote them,
+            every one, in this lock (an acquisition hashes while it receives): then
+            the file is not read again.
         """
         with trio.CancelScope(shield=True):
-            return await self._verify_and_publish(ref)
+            return await self._verify_and_publish(ref, digest)
 
-    async def _verify_and_publish(self, ref: FileRef) -> BlobStatus:
+    async def _verify_and_publish(self, ref: FileRef, digest: str | None) -> BlobStatus:
         current = await self.status(ref)
         if current.verified:
             await self.discard(ref)
@@ -385,7 +421,7 @@ class BlobStore:
         if current.size == 0:
             await trio.to_thread.run_sync(path.touch)
         try:
-            actual = await trio.to_thread.run_sync(
+            actual = digest or await trio.to_thread.run_sync(
                 sha256_file, path, current.size, limiter=self._hash_limiter
             )
         except OSError as exc:

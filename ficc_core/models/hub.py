@@ -23,13 +23,12 @@ from typing import Any, NoReturn
 from urllib.parse import quote
 
 import attrs
-import httpx
 import trio
 
 from ..errors import FiccError, InvalidRequest, NotFound
 from ..schema import ModelFile, ModelManifest, ModelSource, unstructure
 from ..schema._convert import FieldError
-from .fetch import FetchError, FetchPolicy, open_response
+from .fetch import Fetcher, FetchPolicy, Response, open_response
 from .gguf import DEFAULT_CAP, GgufMetadata, read_gguf_header
 
 #: The largest repository listing read from the hub API.
@@ -130,7 +129,7 @@ def _filename_problem(filename: Any) -> str | None:
     return None
 
 
-async def _read_body(response: httpx.Response, skip: int, length: int) -> bytes:
+async def _read_body(response: Response, skip: int, length: int) -> bytes:
     """Return ``length`` body bytes after the first ``skip`` (fewer at the end of the body)."""
     encoding = response.headers.get("content-encoding", "identity").lower()
     if encoding not in ("", "identity"):
@@ -139,29 +138,22 @@ async def _read_body(response: httpx.Response, skip: int, length: int) -> bytes:
             details={"url": str(response.url)},
         )
     kept = bytearray()
-    try:
-        # A body of exactly the wanted length is iterated to its end, so httpx's
-        # generators finish; one that runs on (Range ignored, or more than asked) is
-        # left as soon as it has given more than enough, and closed with the response.
-        async with aclosing(response.aiter_raw()) as pieces:
-            async for piece in pieces:
-                if skip >= len(piece):
-                    skip -= len(piece)
-                    continue
-                kept += piece[skip:]
-                skip = 0
-                if len(kept) > length:
-                    break
-    except httpx.TimeoutException:
-        raise FetchError(
-            f"{response.url.host} stopped sending in time", code="fetch_timeout"
-        ) from None
-    except httpx.HTTPError as exc:
-        raise FetchError(f"reading {response.url} failed: {exc}", code="fetch_failed") from None
+    # A body that runs on (Range ignored, or more than asked) is left as soon as it
+    # has given more than enough, and closed with the response. Read failures are
+    # FetchErrors (fetch_timeout, connection_dropped) from the fetch layer.
+    async with aclosing(response.aiter_raw()) as pieces:
+        async for piece in pieces:
+            if skip >= len(piece):
+                skip -= len(piece)
+                continue
+            kept += piece[skip:]
+            skip = 0
+            if len(kept) > length:
+                break
     return bytes(kept[:length])
 
 
-def _refuse_status(response: httpx.Response, what: str, not_found_code: str) -> NoReturn:
+def _refuse_status(response: Response, what: str, not_found_code: str) -> NoReturn:
     if response.status_code in (401, 403, 404):
         raise NotFound(
             f"{what} was not found on the hub, or is not public (HTTP {response.status_code})",
@@ -314,7 +306,7 @@ async def _preview_file(
 
 
 async def hub_preview(
-    client: httpx.AsyncClient,
+    client: Fetcher,
     policy: FetchPolicy,
     base_url: str,
     repository: str,
