@@ -419,7 +419,6 @@ async def test_an_engine_is_stopped_on_its_node_once_its_killed_agent_s_lease_pa
 
                 executor.proc.send_signal(signal.SIGKILL)
                 executor.proc.wait()
-                killed = trio.current_time()
                 # Not ended with its agent: the lease it was granted still runs.
                 assert _alive(engine)
                 # No agent runs on the node now; the engine is stopped there anyway.
