@@ -139,12 +139,12 @@ def pages() -> dict[Path, str]:
     }
 
 
-def update_page(text: str, table: str) -> str:
-    """Return ``text`` with the section between the range markers regenerated."""
-    start, end = text.find(START), text.find(END)
+def update_page(text: str, table: str, start_marker: str = START, end_marker: str = END) -> str:
+    """Return ``text`` with the section between the markers (the range markers) regenerated."""
+    start, end = text.find(start_marker), text.find(end_marker)
     if start < 0 or end < start:
-        raise ValueError(f"the page must contain {START} followed by {END}")
-    return text[: start + len(START)] + "\n" + table + "\n" + text[end:]
+        raise ValueError(f"the page must contain {start_marker} followed by {end_marker}")
+    return text[: start + len(start_marker)] + "\n" + table + "\n" + text[end:]
 
 
 def main(argv: list[str] | None = None) -> int:

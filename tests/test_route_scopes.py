@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import re
 
-from ficc_core.api.access import ROUTE_ACCESS
+from ficc_core import docs_routes
+from ficc_core.api.access import ROUTE_ACCESS, ROUTES
 from ficc_core.auth import ALL_SCOPES
 
 from .conftest import bearer, issue_token
@@ -25,6 +26,37 @@ async def _call(client, method, path, headers=None):
 async def test_every_route_has_an_entry_in_the_table_and_the_table_no_stale_entries(app):
     endpoints = {rule.endpoint for rule in app.url_map.iter_rules()}
     assert endpoints == set(ROUTE_ACCESS)
+
+
+def _shape(path: str) -> str:
+    """A path with its query dropped and every placeholder (``<name>``, ``{name}``) as ``{}``."""
+    return re.sub(r"<[^>]+>|\{[^}]+\}", "{}", path.partition("?")[0])
+
+
+async def test_every_registered_route_is_in_the_documented_table_with_its_method_and_path(app):
+    registered = {
+        rule.endpoint: (
+            {"GET"} if rule.websocket else set(rule.methods) - {"HEAD", "OPTIONS"},
+            _shape(rule.rule),
+        )
+        for rule in app.url_map.iter_rules()
+    }
+    documented = {name: ({route.method}, _shape(route.path)) for name, route in ROUTES.items()}
+    assert registered == documented
+    assert any(path.startswith("/api/v1/") for _, path in registered.values())
+
+
+def test_the_route_table_of_docs_api_md_is_generated_from_the_route_scope_table():
+    assert docs_routes.main(["--check"]) == 0, "run: python -m ficc_core.docs_routes"
+
+
+def test_the_route_table_renders_each_route_once_on_one_line_in_one_table():
+    table = docs_routes.render().splitlines()
+    rows = [line for line in table if line.startswith("| `")]
+    assert len(rows) == len(ROUTES)
+    assert "" not in table[table.index("|---|---|---|") :]
+    drain = "| `POST /api/v1/inference/{id}/control/drain` | `inference:manage`, `jobs:cancel` |"
+    assert any(row.startswith(drain) for row in rows)
 
 
 async def test_every_non_public_route_refuses_a_request_without_credential(app, client):

@@ -1,6 +1,8 @@
 """The route-scope table: the one place every route declares who may call it.
 
-Keys are Quart endpoint names. ``create_app`` refuses to start if a route is
+Keys are Quart endpoint names; each entry also names the route's method and path
+and says what it answers, which ``python -m ficc_core.docs_routes`` renders as the
+route table of ``docs/api.md``. ``create_app`` refuses to start if a route is
 missing here, and ``tests/test_route_scopes.py`` walks every registered route to
 prove each refuses a request without a credential (401) and a credential that
 lacks any one of its scopes (403).
@@ -37,61 +39,280 @@ def needs(*scopes: str) -> Access:
     return Access(scopes=frozenset(scopes))
 
 
+@attrs.frozen
+class Route:
+    """One route: ``method path`` (``{name}`` placeholders, then any query), access, result.
+
+    ``access_text`` replaces the rendered access where scopes alone say too little.
+    """
+
+    method: str
+    path: str
+    access: Access
+    result: str
+    access_text: str = ""
+
+
 #: Submitting, replacing or starting a service launches contributor jobs.
 _START = (s.INFERENCE_MANAGE, s.JOBS_EXECUTE, s.CONTRIBUTORS_READ, s.MODELS_READ)
 
-ROUTE_ACCESS: dict[str, Access] = {
+ROUTES: dict[str, Route] = {
     # system
-    "health": PUBLIC,
-    "metrics": PUBLIC,
-    "whoami": AUTHENTICATED,
+    "health": Route("GET", "/api/v1/health", PUBLIC, '`{"status": "ok", "version": ...}`'),
+    "metrics": Route(
+        "GET",
+        "/metrics",
+        PUBLIC,
+        "Prometheus text, service and attempt IDs included; with `metrics_listen` set it "
+        "moves to that listener alone (404 here) — see "
+        "[architecture.md](architecture.md#metrics)",
+    ),
+    "whoami": Route(
+        "GET", "/api/v1/whoami", AUTHENTICATED, "kind, id, user, project, scopes, expiry"
+    ),
     # browser sessions
-    "session_login": PUBLIC,
-    "session_logout": AUTHENTICATED,
+    "session_login": Route(
+        "POST",
+        "/api/v1/session",
+        PUBLIC,
+        "`{username, password, project}` → session cookie + `csrf_token`; 429 "
+        "`login_throttled` past the [login limits](#browser-sessions)",
+    ),
+    "session_logout": Route(
+        "DELETE",
+        "/api/v1/session",
+        AUTHENTICATED,
+        "log out (clears the cookies; revokes what the session minted)",
+    ),
     # installation administration
-    "projects_list": needs(s.ADMIN),
-    "projects_create": needs(s.ADMIN),
-    "users_list": needs(s.ADMIN),
-    "users_create": needs(s.ADMIN),
-    "users_set_membership": needs(s.ADMIN),
+    "projects_list": Route("GET", "/api/v1/projects", needs(s.ADMIN), "every project"),
+    "projects_create": Route(
+        "POST",
+        "/api/v1/projects",
+        needs(s.ADMIN),
+        "`{name}` → 201; a taken name is 409 `project_exists`",
+    ),
+    "users_list": Route(
+        "GET",
+        "/api/v1/users",
+        needs(s.ADMIN),
+        "users with their project scopes (never password hashes)",
+    ),
+    "users_create": Route(
+        "POST",
+        "/api/v1/users",
+        needs(s.ADMIN),
+        "`{username, password, admin?, projects?: {project: [scopes]}}`",
+    ),
+    "users_set_membership": Route(
+        "PUT",
+        "/api/v1/users/{id}/projects/{project}",
+        needs(s.ADMIN),
+        "`{scopes}` sets the user's scopes there (empty removes)",
+    ),
     # project credentials
-    "tokens_list": needs(s.TOKENS_MANAGE),
-    "tokens_create": needs(s.TOKENS_MANAGE),
-    "tokens_get": needs(s.TOKENS_MANAGE),
-    "tokens_revoke": needs(s.TOKENS_MANAGE),
+    "tokens_list": Route(
+        "GET",
+        "/api/v1/tokens",
+        needs(s.TOKENS_MANAGE),
+        "the project's credentials (no secrets; those holding `admin` only for `admin`)",
+    ),
+    "tokens_create": Route(
+        "POST",
+        "/api/v1/tokens",
+        needs(s.TOKENS_MANAGE),
+        "`{name, scopes, lifetime?}` (seconds; capped, see "
+        "[lifetimes](#lifetimes-and-issuers)) → 201 `{credential, token}`",
+    ),
+    "tokens_get": Route(
+        "GET",
+        "/api/v1/tokens/{id}",
+        needs(s.TOKENS_MANAGE),
+        "one credential; another project's is 404",
+    ),
+    "tokens_revoke": Route(
+        "DELETE",
+        "/api/v1/tokens/{id}",
+        needs(s.TOKENS_MANAGE),
+        "revoke it and what it minted (`also_revoked`); effective on the next request "
+        "(and on streams in flight)",
+    ),
     # the model registry
-    "models_list": needs(s.MODELS_READ),
-    "models_get": needs(s.MODELS_READ),
-    "models_register": needs(s.MODELS_MANAGE),
-    "models_acquire": needs(s.MODELS_MANAGE),
-    "models_pause": needs(s.MODELS_MANAGE),
-    "models_upload_chunk": needs(s.MODELS_MANAGE),
-    "models_upload_bytes": needs(s.MODELS_MANAGE),
-    "models_hub_preview": needs(s.MODELS_MANAGE),
-    "models_delete": needs(s.MODELS_MANAGE),
+    "models_list": Route(
+        "GET",
+        "/api/v1/models",
+        needs(s.MODELS_READ),
+        "the project's models with per-file state and progress",
+    ),
+    "models_get": Route("GET", "/api/v1/models/{id}", needs(s.MODELS_READ), "one model"),
+    "models_register": Route(
+        "POST",
+        "/api/v1/models",
+        needs(s.MODELS_MANAGE),
+        "register a manifest (201, or 200 for an equal one)",
+    ),
+    "models_acquire": Route(
+        "POST",
+        "/api/v1/models/{id}/acquire",
+        needs(s.MODELS_MANAGE),
+        "start/resume HTTPS acquisition (202)",
+    ),
+    "models_pause": Route(
+        "POST",
+        "/api/v1/models/{id}/pause",
+        needs(s.MODELS_MANAGE),
+        "pause it, keeping durable offsets",
+    ),
+    "models_upload_chunk": Route(
+        "POST",
+        "/api/v1/models/{id}/files/{index}",
+        needs(s.MODELS_MANAGE),
+        "`{offset, data}` canonical base64, at most 1 MiB decoded",
+    ),
+    "models_upload_bytes": Route(
+        "POST",
+        "/api/v1/models/{id}/files/{index}/bytes?offset=N",
+        needs(s.MODELS_MANAGE),
+        "octet-stream, at most 16 MiB, two at once",
+    ),
+    "models_hub_preview": Route(
+        "POST",
+        "/api/v1/models/hub-preview",
+        needs(s.MODELS_MANAGE),
+        "`{repository, revision, filename?, licence?}` → manifests, no weights",
+    ),
+    "models_delete": Route(
+        "DELETE",
+        "/api/v1/models/{id}?evict=true",
+        needs(s.MODELS_MANAGE),
+        "delete metadata, optionally unshared content",
+    ),
     # contributor nodes
-    "contributors_list": needs(s.CONTRIBUTORS_READ),
-    "contributors_get": needs(s.CONTRIBUTORS_READ),
+    "contributors_list": Route(
+        "GET",
+        "/api/v1/contributors",
+        needs(s.CONTRIBUTORS_READ),
+        "every node: state, last heartbeat, snapshot, reservations, attempts",
+    ),
+    "contributors_get": Route(
+        "GET",
+        "/api/v1/contributors/{id}",
+        needs(s.CONTRIBUTORS_READ),
+        "one node; an unknown one is 404 `node_not_found`",
+    ),
     # The WebSocket remote agents dial: a node credential, checked in its handler.
-    "contributors_connect": NODE,
+    "contributors_connect": Route(
+        "GET",
+        "/api/v1/contributors/connect",
+        NODE,
+        "(WebSocket) where `ficc executor` dials in; any other credential is 401",
+    ),
     # Verified model blobs, by digest, for nodes staging inputs: a node credential only.
-    "contributors_blob": NODE,
+    "contributors_blob": Route(
+        "GET",
+        "/api/v1/contributors/blobs/{sha256}",
+        NODE,
+        "a verified blob that is an input of an attempt assigned to the credential's node, "
+        "while it is assigned, for [input staging](agents.md#input-staging); "
+        "`Range: bytes=N-` gives 206, a start past the end 416; any other digest (unknown, "
+        "unverified, unreferenced, another node's or project's, a stopped attempt's) is the "
+        "same 404 `blob_unknown`; any other credential is 401",
+    ),
     # managed inference services
-    "inference_list": needs(s.INFERENCE_READ),
-    "inference_get": needs(s.INFERENCE_READ),
-    "inference_usage": needs(s.INFERENCE_READ),
-    "inference_preview": needs(s.INFERENCE_MANAGE),
-    "inference_create": needs(*_START),
-    "inference_replace": needs(*_START),
-    "inference_control_start": needs(*_START),
-    "inference_control_drain": needs(s.INFERENCE_MANAGE, s.JOBS_CANCEL),
-    "inference_control_stop": needs(s.INFERENCE_MANAGE, s.JOBS_CANCEL),
-    "inference_control_remove": needs(s.INFERENCE_MANAGE, s.JOBS_CANCEL),
-    "inference_tokens_create": needs(s.INFERENCE_MANAGE, s.INFERENCE_INVOKE, s.TOKENS_MANAGE),
-    "inference_tokens_list": needs(s.INFERENCE_MANAGE, s.TOKENS_MANAGE),
-    "inference_tokens_revoke": needs(s.INFERENCE_MANAGE, s.TOKENS_MANAGE),
+    "inference_list": Route(
+        "GET",
+        "/api/v1/inference",
+        needs(s.INFERENCE_READ),
+        "the project's services: specification, revision, generation, state, replicas",
+    ),
+    "inference_get": Route(
+        "GET",
+        "/api/v1/inference/{id}",
+        needs(s.INFERENCE_READ),
+        "one service; another project's is 404 `service_not_found`",
+    ),
+    "inference_usage": Route(
+        "GET",
+        "/api/v1/inference/{id}/usage?since=",
+        needs(s.INFERENCE_READ),
+        "tokens and latency of its invoke requests: totals, per credential, the latest",
+    ),
+    "inference_preview": Route(
+        "POST",
+        "/api/v1/inference/preview",
+        needs(s.INFERENCE_MANAGE),
+        "a specification → planned reservations per node and device, plan digest, reasons; "
+        "writes nothing",
+    ),
+    "inference_create": Route(
+        "POST",
+        "/api/v1/inference",
+        needs(*_START),
+        "submit: service, replicas and reservations in one transaction (201; 409 "
+        "`placement_failed`)",
+    ),
+    "inference_replace": Route(
+        "PUT",
+        "/api/v1/inference/{id}",
+        needs(*_START),
+        "`{revision, spec}` replaces a stopped service and starts its next generation",
+    ),
+    "inference_control_start": Route(
+        "POST",
+        "/api/v1/inference/{id}/control/start",
+        needs(*_START),
+        "`{revision, acknowledge_unknown?}`",
+    ),
+    **{
+        f"inference_control_{action}": Route(
+            "POST",
+            f"/api/v1/inference/{{id}}/control/{action}",
+            needs(s.INFERENCE_MANAGE, s.JOBS_CANCEL),
+            "`{revision}`",
+        )
+        for action in ("drain", "stop", "remove")
+    },
+    "inference_tokens_create": Route(
+        "POST",
+        "/api/v1/inference/{id}/tokens",
+        needs(s.INFERENCE_MANAGE, s.INFERENCE_INVOKE, s.TOKENS_MANAGE),
+        "`{lifetime, name?}` → 201 `{credential, token}` bound to the service",
+    ),
+    "inference_tokens_list": Route(
+        "GET",
+        "/api/v1/inference/{id}/tokens",
+        needs(s.INFERENCE_MANAGE, s.TOKENS_MANAGE),
+        "the service's invoke credentials (no secrets)",
+    ),
+    "inference_tokens_revoke": Route(
+        "DELETE",
+        "/api/v1/inference/{id}/tokens/{token_id}",
+        needs(s.INFERENCE_MANAGE, s.TOKENS_MANAGE),
+        "revoke; in-flight requests end too",
+    ),
     # the inference gateway (the gateway checks the service binding and the project)
-    "invoke_models": needs(s.INFERENCE_INVOKE),
-    "invoke_chat_completions": needs(s.INFERENCE_INVOKE),
-    "invoke_embeddings": needs(s.INFERENCE_INVOKE),
+    "invoke_models": Route(
+        "GET",
+        "/api/v1/inference/{id}/v1/models",
+        needs(s.INFERENCE_INVOKE),
+        "the service's model (its alias)",
+        "`inference:invoke` for this service",
+    ),
+    "invoke_chat_completions": Route(
+        "POST",
+        "/api/v1/inference/{id}/v1/chat/completions",
+        needs(s.INFERENCE_INVOKE),
+        "OpenAI-compatible JSON or SSE",
+        "`inference:invoke` for this service",
+    ),
+    "invoke_embeddings": Route(
+        "POST",
+        "/api/v1/inference/{id}/v1/embeddings",
+        needs(s.INFERENCE_INVOKE),
+        "where the model serves embeddings",
+        "`inference:invoke` for this service",
+    ),
 }
+
+#: Who may call each route, by endpoint: what ``create_app`` enforces.
+ROUTE_ACCESS: dict[str, Access] = {name: route.access for name, route in ROUTES.items()}
