@@ -236,3 +236,41 @@ async def test_a_new_generation_serves_the_queue_and_ends_the_old_answer(tmp_pat
             # The queued one had sent nothing yet: the new generation served it.
             assert results["queued"].status_code == 200, results["queued"].text
             assert [u.replica for u in env.gateway.usage if u.outcome == "ok"] == [new.attempt_id]
+
+
+async def test_a_client_that_stops_reading_frees_its_slot_at_the_send_deadline(tmp_path):
+    # A raw client with a tiny receive buffer asks for a long stream and never reads:
+    # the server's send blocks, so the gateway never reaches its own deadline check.
+    # The fast (bearer) path must stop sending at the send deadline and free the slot.
+    deadline, grace = 1.0, 1.5
+    with trio.fail_after(60):
+        async with gateway_env(tmp_path, send_grace=grace) as env:
+            fence = await env.launch()
+            env.publish("svc", [fence], concurrency=1, request_deadline=deadline)
+            _, token = await env.token("svc")
+            host, port = env.url.removeprefix("http://").rsplit(":", 1)
+            body = json.dumps(chat(True, deltas=2_000_000)).encode()
+            head = (
+                f"POST {PATH} HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {token}\r\n"
+                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+            )
+            sock = trio.socket.socket()
+            sock.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_RCVBUF, 4096)
+            with sock:
+                begin = trio.current_time()
+                await sock.connect((host.strip("[]"), int(port)))
+                await sock.send(head.encode() + body)
+                await eventually(lambda: env.gateway.load(fence.attempt_id) == 1)
+                # Past the request deadline, within the grace: the stalled send still holds it.
+                await trio.sleep_until(begin + deadline + 0.5)
+                assert env.gateway.load(fence.attempt_id) == 1
+                await eventually(lambda: env.gateway.load(fence.attempt_id) == 0, seconds=10)
+                freed = trio.current_time() - begin
+                print(f"stalled reader's slot freed after {freed:.2f} s")
+                assert deadline + grace <= freed < deadline + grace + 1.0, freed
+            assert env.service.live.inflight("svc") == 0
+            assert [u.outcome for u in env.gateway.usage] == ["cancelled"]
+            # The slot is free for the next request.
+            async with env.http(token) as http:
+                response = await http.post(PATH, json=chat())
+            assert response.status_code == 200, response.text

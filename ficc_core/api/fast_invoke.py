@@ -6,7 +6,8 @@ routes (``/api/v1/inference/{id}/v1/models``, ``.../chat/completions``,
 in-memory cache when it was verified recently), the body is read within
 ``max_body_bytes``, and the one seam ``service.inference.gateway.invoke`` does
 the rest. The response goes out chunk by chunk; a client disconnect cancels the
-relay, which closes the stream (and so cancels the engine request).
+relay, which closes the stream (and so cancels the engine request); so does the
+response's send deadline (a client that stopped reading).
 
 Everything else, including invoke requests authenticated by a session cookie or
 not at all, goes to the Quart application, whose routes serve the same paths the
@@ -183,17 +184,25 @@ class FastInvoke:
         headers: list[tuple[bytes, bytes]],
         chunks: Any,
     ) -> None:
-        async def watch_disconnect(cancel_scope: trio.CancelScope) -> None:
-            while (await receive())["type"] != "http.disconnect":
-                pass
+        async def watch(cancel_scope: trio.CancelScope) -> None:
+            # Until the client goes away or the send deadline passes (it stopped reading).
+            with trio.move_on_at(chunks.send_deadline) as waiting:
+                while (await receive())["type"] != "http.disconnect":
+                    pass
             cancel_scope.cancel()
+            if waiting.cancelled_caught:
+                # hypercorn shields its socket writes, so a send blocked on a client that
+                # stopped reading is not cancelled: free the slot here, not after it.
+                log.info("response cut at its send deadline: the client stopped reading")
+                with trio.CancelScope(shield=True):
+                    await chunks.aclose()
 
         try:
             # A whole JSON answer is already read: one write, nothing left to cancel.
             if not chunks.streaming and await self._whole(send, status, headers, chunks):
                 return
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(watch_disconnect, nursery.cancel_scope)
+                nursery.start_soon(watch, nursery.cancel_scope)
                 await send({"type": "http.response.start", "status": status, "headers": headers})
                 try:
                     async for chunk in chunks:

@@ -8,6 +8,7 @@ body iterator is closed, which cancels the engine request.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -21,9 +22,6 @@ if TYPE_CHECKING:
     from ..service import Service
 
 PREFIX = "/api/v1/inference/<service_id>/v1"
-#: Seconds a response may take to send after the request deadline (the client reading
-#: the final error event); without a deadline, sending is not bounded.
-SEND_GRACE = 5.0
 
 
 def register(app: QuartTrio, service: Service) -> None:
@@ -32,10 +30,11 @@ def register(app: QuartTrio, service: Service) -> None:
     async def relay(service_id: str, path: str, body: Any) -> Response:
         status, chunks = await service.inference.gateway.invoke(service_id, path, body, g.principal)
         response = Response(chunks, status=status, content_type=chunks.content_type)
-        if chunks.deadline is None:
+        # Sending stops at the gateway's send deadline (a client that stopped reading).
+        if math.isinf(chunks.send_deadline):
             response.timeout = None
         else:
-            response.timeout = max(chunks.deadline - trio.current_time(), 0.0) + SEND_GRACE
+            response.timeout = max(chunks.send_deadline - trio.current_time(), 0.0)
         if chunks.streaming:
             response.headers["Cache-Control"] = "no-cache"
             response.headers["X-Accel-Buffering"] = "no"

@@ -182,6 +182,8 @@ class ResponseChunks:
     :ivar headers: the engine response headers passed on (only ``content-type``).
     :ivar streaming: whether it is a server-sent-event stream.
     :ivar deadline: the request deadline on the trio clock, or None.
+    :ivar send_deadline: when sending this response must stop (the client not reading),
+        on the trio clock: ``send_grace`` after the request deadline, or ``math.inf``.
     """
 
     def __init__(
@@ -201,6 +203,7 @@ class ResponseChunks:
         self.headers = headers
         self.streaming = content_type.startswith(SSE)
         self.deadline = deadline
+        self.send_deadline = math.inf if deadline is None else deadline + gateway.send_grace
         self._pending = deque(pending or ())
         self._request = request
         self._done = request is None or request.ended
@@ -310,6 +313,10 @@ class Gateway:
     :param prefetch_bytes: how much of a non-streamed answer is read before ``invoke``
         returns; a longer body streams after that.
     :param usage_records: how many :class:`UsageRecord` are kept in :attr:`usage`.
+    :param send_grace: seconds a response may take to send after the request deadline
+        (the client reading the final error event): :attr:`ResponseChunks.send_deadline`,
+        where an invoke path stops sending and closes the response, which frees the
+        slot of a client that stopped reading. Without a request deadline, no bound.
     """
 
     def __init__(
@@ -326,6 +333,7 @@ class Gateway:
         max_attempts: int = 3,
         prefetch_bytes: int = 1 << 20,
         usage_records: int = 10_000,
+        send_grace: float = 5.0,
     ) -> None:
         self.live = live
         self.contributors = contributors
@@ -337,6 +345,7 @@ class Gateway:
         self.recheck_interval = recheck_interval
         self.max_attempts = max(1, max_attempts)
         self.prefetch_bytes = prefetch_bytes
+        self.send_grace = send_grace
         #: The latest requests' usage, oldest first.
         self.usage: deque[UsageRecord] = deque(maxlen=usage_records)
         #: Called with each :class:`UsageRecord` (e.g. to persist it); must not block.
