@@ -18,6 +18,10 @@ the executor confirms the attempt ended. Draining publishes ``draining`` (new
 requests refused: the manager already closed admission when the drain answered),
 waits for in-flight requests up to the drain bound, then stops.
 
+An unexpected exception while driving one service (a defect, not a refusal) is
+logged with its traceback and shown as the service's reason; that service's driver
+starts again after the same backoff, and every other service goes on.
+
 The record survives a controller restart: a new reconciler finds the attempts
 that were running and watches them (adopts them) instead of launching new ones;
 the node's reconnection keeps the ones the controller still wants.
@@ -69,6 +73,23 @@ class _Driver:
     finished: bool = False
     replicas: dict[int, _ReplicaTask] = attrs.Factory(dict)
     capabilities: dict[int, tuple[str, ...]] = attrs.Factory(dict)
+    #: The reason shown for the last unexpected exception, until a step goes through.
+    fault: str | None = None
+
+
+@attrs.define
+class _Backoff:
+    """A capped exponential wait: one second, doubling up to ``cap``."""
+
+    cap: float
+    delay: float = 1.0
+
+    async def wait(self) -> None:
+        await trio.sleep(self.delay)
+        self.delay = min(self.delay * 2, self.cap)
+
+    def reset(self) -> None:
+        self.delay = 1.0
 
 
 class Reconciler:
@@ -186,23 +207,78 @@ class Reconciler:
     # -- one service -----------------------------------------------------------------------------
 
     async def _drive(self, service_id: str, driver: _Driver) -> None:
+        backoff = _Backoff(self.retry_max)
         try:
             with driver.scope:
-                async with trio.open_nursery() as nursery:
-                    while True:
-                        driver.wake = trio.Event()
-                        done = await self._step(service_id, driver, nursery)
-                        # A change recorded while the step ran (a start right after a stop
-                        # settled) is acted on before the driver may finish.
-                        if done and not driver.wake.is_set():
-                            driver.finished = True
-                            nursery.cancel_scope.cancel()
+                while True:
+                    began = trio.current_time()
+                    fault: BaseException | None = None
+                    try:
+                        if await self._session(service_id, driver):
                             return
-                        with trio.move_on_after(self.period):
-                            await driver.wake.wait()
+                    except* Exception as group:
+                        fault = group  # cancellation is not caught: it goes on up
+                    # A defect met while driving this one service (a bug, never an
+                    # expected refusal) must not end the others or the API: it is
+                    # shown on the service and the driver starts again after a backoff.
+                    if trio.current_time() - began > self.retry_max:
+                        backoff.reset()  # it had run well for a while
+                    driver.replicas.clear()  # their tasks ended with the session
+                    await self._fault(service_id, driver, fault, backoff.delay)
+                    if driver.finished:
+                        return  # it had decided to end: the next wake starts a new driver
+                    await backoff.wait()
         finally:
             if self._drivers.get(service_id) is driver:
                 del self._drivers[service_id]
+
+    async def _session(self, service_id: str, driver: _Driver) -> bool:
+        """Step the service (and run its replica tasks) until it is done: ``True``."""
+        async with trio.open_nursery() as nursery:
+            while True:
+                driver.wake = trio.Event()
+                done = await self._step(service_id, driver, nursery)
+                if driver.fault is not None:
+                    await self._clear_fault(service_id, driver)
+                # A change recorded while the step ran (a start right after a stop
+                # settled) is acted on before the driver may finish.
+                if done and not driver.wake.is_set():
+                    driver.finished = True
+                    nursery.cancel_scope.cancel()
+                    return True
+                with trio.move_on_after(self.period):
+                    await driver.wake.wait()
+
+    async def _fault(
+        self, service_id: str, driver: _Driver, fault: BaseException | None, delay: float
+    ) -> None:
+        """Log the unexpected exception with its traceback and show it on the service."""
+        log.error(
+            "service %s: internal error while driving it; retrying in %g s",
+            service_id,
+            delay,
+            exc_info=fault,
+        )
+        driver.fault = (
+            f"internal error in the controller while driving this service "
+            f"({_describe(fault)}); retrying in {delay:g} s"
+        )
+        try:
+            await self._set_service(service_id, reason=driver.fault)
+        except Exception:
+            log.exception("service %s: cannot record its internal error", service_id)
+
+    async def _clear_fault(self, service_id: str, driver: _Driver) -> None:
+        """A step went through again: the fault's reason goes (unless a step replaced it)."""
+        fault, driver.fault = driver.fault, None
+        now = self.manager.clock()
+
+        def write(tx: Transaction) -> None:
+            row = tx.fetch_one("SELECT reason FROM inference_services WHERE id = ?", (service_id,))
+            if row is not None and row["reason"] == fault:
+                bump(tx, service_id, now, reason=None)
+
+        await self.store.write(write)
 
     async def _step(self, service_id: str, driver: _Driver, nursery: trio.Nursery) -> bool:
         row, attempts = await self._read(service_id)
@@ -564,7 +640,7 @@ class Reconciler:
         task: _ReplicaTask,
     ) -> None:
         with task.scope:
-            backoff = 1.0
+            backoff = _Backoff(self.retry_max)
             while True:
                 row, attempts = await self._read(service_id)
                 if row is None or row["desired"] != "running" or row["generation"] != generation:
@@ -580,8 +656,7 @@ class Reconciler:
                     continue
                 if latest is not None:
                     # The previous attempt failed: wait, doubling up to the cap.
-                    await trio.sleep(backoff)
-                    backoff = min(backoff * 2, self.retry_max)
+                    await backoff.wait()
                 number = (latest["number"] if latest else 0) + 1
                 await self._launch(service_id, row, specification, index, number, driver)
 
@@ -755,6 +830,12 @@ def _fence(attempt: Mapping[str, Any]) -> Fence:
         generation=attempt["generation"],
         plan_digest=attempt["plan_digest"] or "sha256:" + "0" * 64,
     )
+
+
+def _describe(fault: BaseException | None) -> str:
+    while isinstance(fault, BaseExceptionGroup) and len(fault.exceptions) == 1:
+        fault = fault.exceptions[0]
+    return "unknown" if fault is None else f"{type(fault).__name__}: {fault}"
 
 
 def json_spec(row: Mapping[str, Any]) -> Any:
