@@ -6,9 +6,7 @@ from __future__ import annotations
 import httpx
 import trio
 
-from ficc_core.agent import Agent
 from ficc_core.agent.remote import RemoteAgent
-from ficc_core.agent.staging import Stager
 from ficc_core.schema import JobInput
 from ficc_core.testing.executor_kit import new_fence, standin_job
 
@@ -16,7 +14,7 @@ from .agent_support import open_controller
 from .conftest import bearer, issue_token
 from .models_support import random_bytes
 from .test_agent_remote import _connected
-from .test_staging import _verified_model
+from .test_staging import _verified_model, staging_agents
 
 MiB = 1 << 20
 
@@ -57,14 +55,7 @@ async def test_a_node_fetches_exactly_its_assigned_inputs_and_loses_them_when_st
 
             with short_state_dir("fn-") as agent_dir:
                 async with running_process_provider(agent_dir / "p") as provider:
-
-                    def make(node_id: str) -> Agent:
-                        agent = Agent(
-                            node_id=node_id, providers={"process": provider}, state_dir=agent_dir
-                        )
-                        agent.stager = Stager(agent_dir / "blobs", url, node)
-                        return agent
-
+                    make = staging_agents(provider, agent_dir, url, node)
                     async with trio.open_nursery() as nursery:
                         await nursery.start(RemoteAgent(url, node, make).run)
                         await _connected(service, "gpu-1")

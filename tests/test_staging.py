@@ -311,7 +311,6 @@ def test_the_cache_survives_a_removed_index(tmp_path):
 async def test_a_remote_launch_stages_the_blob_input_and_the_engine_reads_it(setup, tmp_path):
     from ficc_executor_process.testing import running_process_provider, short_state_dir
 
-    from ficc_core.agent import Agent
     from ficc_core.agent.remote import RemoteAgent
     from ficc_core.executor import BodyChunk, EndOfStream, ResponseHead
     from ficc_core.testing.executor_kit import standin_job
@@ -322,14 +321,7 @@ async def test_a_remote_launch_stages_the_blob_input_and_the_engine_reads_it(set
         digest = await _verified_model(url, admin, content)
         with short_state_dir("fs-") as agent_dir:
             async with running_process_provider(agent_dir / "p") as provider:
-
-                def make(node_id: str) -> Agent:
-                    agent = Agent(
-                        node_id=node_id, providers={"process": provider}, state_dir=agent_dir
-                    )
-                    agent.stager = Stager(agent_dir / "blobs", url, node)
-                    return agent
-
+                make = staging_agents(provider, agent_dir, url, node)
                 async with trio.open_nursery() as nursery:
                     await nursery.start(RemoteAgent(url, node, make).run)
                     while (await service.contributors.get("gpu-1"))["state"] != "connected":  # noqa: ASYNC110
@@ -400,3 +392,15 @@ async def test_a_directory_model_is_assembled_from_staged_blobs_read_only(setup,
         with pytest.raises(StagingError) as unsafe:
             await stage_directory(stager, {"../escape": files["config.json"]})
         assert unsafe.value.code == "unsafe_path"
+
+
+def staging_agents(provider, agent_dir: Path, url: str, token: str):
+    """A ``RemoteAgent`` factory: agents on ``provider`` that stage inputs from ``url``."""
+    from ficc_core.agent import Agent
+
+    def make(node_id: str) -> Agent:
+        agent = Agent(node_id=node_id, providers={"process": provider}, state_dir=agent_dir)
+        agent.stager = Stager(agent_dir / "blobs", url, token)
+        return agent
+
+    return make
