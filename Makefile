@@ -40,10 +40,10 @@ format: install
 	$(BIN)/ruff format .
 
 docs: install  ## regenerate the generated sections of docs/
-	$(BIN)/python -m ficc_core.docs_hooks
-	$(BIN)/python -m ficc_core.docs_config
-	$(BIN)/python -m ficc_core.docs_ranges
-	$(BIN)/python -m ficc_core.docs_routes
+	$(BIN)/python -m ficc_core.devtools.docs_hooks
+	$(BIN)/python -m ficc_core.devtools.docs_config
+	$(BIN)/python -m ficc_core.devtools.docs_ranges
+	$(BIN)/python -m ficc_core.devtools.docs_routes
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info */*/*.egg-info plugins-example/*.egg-info

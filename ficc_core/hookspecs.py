@@ -16,7 +16,7 @@ Hooks are few and synchronous: they only register things. The work itself
 (translating a specification into a job, running an engine) lives in the
 registered objects, whose methods core calls later.
 
-These docstrings are the reference documentation: ``python -m ficc_core.docs_hooks``
+These docstrings are the reference documentation: ``python -m ficc_core.devtools.docs_hooks``
 renders them into ``docs/plugins.md``, and a test keeps the two in step. Hooks are
 grouped by lifecycle under banner comments, which the renderer turns into headings.
 """

@@ -9,8 +9,8 @@ from pathlib import Path
 import trio
 
 from ficc_core.config import load_config
-from ficc_core.server import serve_http
-from ficc_core.service import Service, open_service
+from ficc_core.controller.server import serve_http
+from ficc_core.controller.service import Service, open_service
 
 
 @asynccontextmanager

@@ -13,7 +13,7 @@ import trustme
 from ficc_core.api.app import create_app
 from ficc_core.auth import ALL_SCOPES
 from ficc_core.config import Config, load_config
-from ficc_core.service import Service, open_service
+from ficc_core.controller.service import Service, open_service
 
 from .httpsd import open_https_server, write_ca_bundle
 from .serve_support import ServeProcess
@@ -117,7 +117,7 @@ class LiveServer:
             self._ready.set()
 
     async def _serve(self) -> None:
-        from ficc_core.server import serve_http
+        from ficc_core.controller.server import serve_http
 
         self._token = trio.lowlevel.current_trio_token()
         self._stop = trio.Event()

@@ -28,11 +28,11 @@ import trio
 from ficc_core.agent import Agent
 from ficc_core.agent.embedded import run_embedded_agent
 from ficc_core.config import load_config
+from ficc_core.controller.server import serve_http
+from ficc_core.controller.service import Service, open_service
 from ficc_core.gateway import Gateway
 from ficc_core.inference.live import LiveReplica, LiveService
 from ficc_core.schema import Fence, Job
-from ficc_core.server import serve_http
-from ficc_core.service import Service, open_service
 from ficc_core.testing.executor_kit import new_fence, request_json, standin_job
 
 ALIAS = "standin-chat"

@@ -22,7 +22,7 @@ import trio
 
 from ficc_core.agent.embedded import run_embedded_agent
 from ficc_core.auth import ALL_SCOPES
-from ficc_core.service import Service
+from ficc_core.controller.service import Service
 
 from .agent_support import open_controller
 from .conftest import bearer, issue_token

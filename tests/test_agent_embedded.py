@@ -14,7 +14,7 @@ import trio
 
 from ficc_core.agent.embedded import run_embedded_agent
 from ficc_core.config import load_config
-from ficc_core.service import open_service
+from ficc_core.controller.service import open_service
 from ficc_core.testing.executor_kit import new_fence, standin_job
 
 from .serve_support import ServeProcess

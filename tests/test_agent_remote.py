@@ -11,8 +11,8 @@ import trio
 
 from ficc_core.agent import Agent
 from ficc_core.agent.remote import AgentRefused, RemoteAgent, websocket_url
+from ficc_core.controller.service import Service
 from ficc_core.schema import GpuDevice
-from ficc_core.service import Service
 
 from .agent_support import open_controller as _controller
 from .conftest import issue_token

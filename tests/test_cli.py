@@ -10,9 +10,9 @@ import pytest
 import trio
 from click.testing import CliRunner
 
-from ficc_core.cli import cli
+from ficc_core.cli.main import cli
 from ficc_core.config import Config, env_name, load_config
-from ficc_core.service import open_service
+from ficc_core.controller.service import open_service
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ import pytest
 import trio
 from click.testing import CliRunner, Result
 
-from ficc_core.cli import cli
+from ficc_core.cli.main import cli
 
 from .inference_support import GIB, llama_spec, open_inference_controller, register_smollm2
 

@@ -10,8 +10,8 @@ import sys
 import httpx
 import trio
 
-from ficc_core.cli_client import ApiClient
-from ficc_core.cli_models import upload_file
+from ficc_core.cli.client import ApiClient
+from ficc_core.cli.models import upload_file
 
 from .conftest import bearer
 from .httpsd import ServedFile

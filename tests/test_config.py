@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from ficc_core.config import Config, load_config, parse_duration
-from ficc_core.docs_config import DOC, rendered
+from ficc_core.devtools.docs_config import DOC, rendered
 from ficc_core.errors import ConfigError
 
 
@@ -94,4 +94,4 @@ def test_tls_needs_both_files():
 
 def test_the_configuration_reference_in_docs_is_current():
     text = DOC.read_text(encoding="utf-8")
-    assert text == rendered(text), "run `python -m ficc_core.docs_config`"
+    assert text == rendered(text), "run `python -m ficc_core.devtools.docs_config`"

@@ -8,7 +8,7 @@ import pytest
 import trio
 from click.testing import CliRunner
 
-from ficc_core.cli import cli
+from ficc_core.cli.main import cli
 from ficc_core.contributors import ConnectionFenced, NodeRegistry
 from ficc_core.errors import Conflict, InvalidRequest, NotFound, Unauthenticated
 from ficc_core.schema import ExecutorSnapshot, NodeResources, ProviderInfo

@@ -17,8 +17,8 @@ import httpx
 import pytest
 import trio
 
-from ficc_core import docs_ranges
 from ficc_core.api.app import error_response_bytes
+from ficc_core.devtools import docs_ranges
 from ficc_core.errors import InvalidRequest
 from ficc_core.schema._convert import RANGE
 
@@ -330,4 +330,4 @@ def test_every_integer_field_declares_its_range_and_the_docs_render_them():
             if hints[field.name] in (int, int | None) and RANGE not in field.metadata:
                 unranged.append(f"{cls.__qualname__}.{field.name}")
     assert unranged == [], "declare them with schema._convert.integer()"
-    assert docs_ranges.main(["--check"]) == 0, "run: python -m ficc_core.docs_ranges"
+    assert docs_ranges.main(["--check"]) == 0, "run: python -m ficc_core.devtools.docs_ranges"

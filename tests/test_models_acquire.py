@@ -11,8 +11,8 @@ import trio
 
 from ficc_core.api.app import create_app
 from ficc_core.config import load_config
+from ficc_core.controller.service import open_service
 from ficc_core.models.fetch import FetchError, FetchPolicy, make_client, open_response
-from ficc_core.service import open_service
 
 from .conftest import bearer
 from .httpsd import Redirect, ScriptedResolver, ServedFile, resolving_with

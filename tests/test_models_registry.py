@@ -7,7 +7,7 @@ import json
 import sqlite3
 
 from ficc_core.config import load_config
-from ficc_core.service import open_service
+from ficc_core.controller.service import open_service
 from ficc_core.store.migrations import MIGRATIONS
 
 from .conftest import bearer, issue_token

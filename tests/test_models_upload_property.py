@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from ficc_core.api.app import create_app
 from ficc_core.config import load_config
-from ficc_core.service import open_service
+from ficc_core.controller.service import open_service
 
 from .conftest import bearer, issue_token
 from .models_support import blob_files, gguf_manifest, random_bytes

@@ -392,7 +392,7 @@ def test_an_empty_environment_switch_leaves_autoloading_on(site, monkeypatch):
 
 
 def run_plugins_command(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    code = "from ficc_core.cli_plugins import plugins_command; plugins_command()"
+    code = "from ficc_core.cli.plugins import plugins_command; plugins_command()"
     return subprocess.run(
         [sys.executable, "-c", code, *args],
         env=env,

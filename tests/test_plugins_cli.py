@@ -9,7 +9,7 @@ import sys
 
 from click.testing import CliRunner
 
-from ficc_core.cli_plugins import plugins_command, render_table
+from ficc_core.cli.plugins import plugins_command, render_table
 from ficc_core.plugins import DISABLE_AUTOLOAD_ENV, PluginRecord
 
 BUILTIN_ROWS = [
@@ -60,7 +60,7 @@ def test_plugins_command_says_when_autoloading_is_off(monkeypatch):
 def test_plugins_command_runs_as_a_real_process():
     env = {k: v for k, v in os.environ.items() if k != DISABLE_AUTOLOAD_ENV}
     result = subprocess.run(
-        [sys.executable, "-c", "from ficc_core.cli_plugins import plugins_command as c; c()"],
+        [sys.executable, "-c", "from ficc_core.cli.plugins import plugins_command as c; c()"],
         env=env,
         capture_output=True,
         text=True,

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from ficc_core import docs_hooks, hookspecs
+from ficc_core import hookspecs
+from ficc_core.devtools import docs_hooks
 
 ROOT = Path(__file__).resolve().parent.parent
 GUIDE = ROOT / "docs" / "plugins.md"
@@ -56,13 +57,13 @@ def test_every_hook_belongs_to_a_lifecycle_group():
 def test_hook_reference_in_the_guide_matches_the_hookspec_docstrings():
     current = GUIDE.read_text(encoding="utf-8")
     assert current == docs_hooks.update_page(current), (
-        "docs/plugins.md is out of date: run python -m ficc_core.docs_hooks"
+        "docs/plugins.md is out of date: run python -m ficc_core.devtools.docs_hooks"
     )
 
 
 def test_docs_generator_check_mode_passes_on_the_guide():
     result = subprocess.run(
-        [sys.executable, "-m", "ficc_core.docs_hooks", "--check", str(GUIDE)],
+        [sys.executable, "-m", "ficc_core.devtools.docs_hooks", "--check", str(GUIDE)],
         capture_output=True,
         text=True,
         timeout=60,

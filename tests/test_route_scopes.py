@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import re
 
-from ficc_core import docs_routes
 from ficc_core.api.access import ROUTE_ACCESS, ROUTES
 from ficc_core.auth import ALL_SCOPES
+from ficc_core.devtools import docs_routes
 
 from .conftest import bearer, issue_token
 
@@ -47,7 +47,7 @@ async def test_every_registered_route_is_in_the_documented_table_with_its_method
 
 
 def test_the_route_table_of_docs_api_md_is_generated_from_the_route_scope_table():
-    assert docs_routes.main(["--check"]) == 0, "run: python -m ficc_core.docs_routes"
+    assert docs_routes.main(["--check"]) == 0, "run: python -m ficc_core.devtools.docs_routes"
 
 
 def test_the_route_table_renders_each_route_once_on_one_line_in_one_table():

@@ -21,7 +21,7 @@ from .runtimes import AgentSettings
 
 if TYPE_CHECKING:
     from ..config import Config
-    from ..service import Service
+    from ..controller.service import Service
 
 log = logging.getLogger("ficc.agent")
 

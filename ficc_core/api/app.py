@@ -31,7 +31,7 @@ from . import (
 from .access import ROUTE_ACCESS, Access
 
 if TYPE_CHECKING:
-    from ..service import Service
+    from ..controller.service import Service
 
 log = logging.getLogger("ficc.api")
 

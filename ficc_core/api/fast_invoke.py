@@ -32,7 +32,7 @@ from ..errors import FiccError, PayloadTooLarge
 from .app import error_response_bytes
 
 if TYPE_CHECKING:
-    from ..service import Service
+    from ..controller.service import Service
 
 log = logging.getLogger("ficc.api")
 

@@ -12,7 +12,7 @@ from .bodies import name_validator, read_json
 if TYPE_CHECKING:
     from quart_trio import QuartTrio
 
-    from ..service import Service
+    from ..controller.service import Service
 
 
 @attrs.frozen

@@ -22,7 +22,7 @@ from ..errors import FiccError, NotFound
 if TYPE_CHECKING:
     from quart_trio import QuartTrio
 
-    from ..service import Service
+    from ..controller.service import Service
 
 
 #: Bytes read off the event loop per chunk of a blob download.

@@ -20,7 +20,7 @@ from .bodies import query_number, read_json, read_json_object
 if TYPE_CHECKING:
     from quart_trio import QuartTrio
 
-    from ..service import Service
+    from ..controller.service import Service
 
 
 def register(app: QuartTrio, service: Service) -> None:

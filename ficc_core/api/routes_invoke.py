@@ -19,7 +19,7 @@ from .bodies import read_body
 if TYPE_CHECKING:
     from quart_trio import QuartTrio
 
-    from ..service import Service
+    from ..controller.service import Service
 
 PREFIX = "/api/v1/inference/<service_id>/v1"
 

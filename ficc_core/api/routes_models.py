@@ -18,7 +18,7 @@ from .bodies import query_integer, read_body, read_json
 if TYPE_CHECKING:
     from quart_trio import QuartTrio
 
-    from ..service import Service
+    from ..controller.service import Service
 
 # Base64 of 1 MiB plus room for the JSON around it.
 _JSON_CHUNK_BODY = (MAX_JSON_CHUNK + 2) // 3 * 4 + 1024

@@ -13,7 +13,7 @@ from .bodies import read_json
 if TYPE_CHECKING:
     from quart_trio import QuartTrio
 
-    from ..service import Service
+    from ..controller.service import Service
 
 
 @attrs.frozen

@@ -14,7 +14,7 @@ from .bodies import name_validator, read_json
 if TYPE_CHECKING:
     from quart_trio import QuartTrio
 
-    from ..service import Service
+    from ..controller.service import Service
 
 
 def _positive(_instance: object, attribute: attrs.Attribute, value: float | None) -> None:

@@ -9,7 +9,7 @@ every number is finite, every string is Unicode text of at most
 :data:`MAX_STRING` characters (a field may declare more with
 ``metadata={MAX_LENGTH: n}``), and every integer field of the data model declares
 its own range with :func:`integer` (a number field with :func:`number`), which
-docs/api.md renders (``python -m ficc_core.docs_ranges``).
+docs/api.md renders (``python -m ficc_core.devtools.docs_ranges``).
 
 Unstructuring omits an optional field whose value is absent (``None`` with a
 default of ``None``): fields added to a class later therefore do not change the

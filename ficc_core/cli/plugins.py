@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import click
 
-from .plugins import DISABLE_AUTOLOAD_ENV, PluginRecord, PluginSet, build_plugin_manager
+from ..plugins import DISABLE_AUTOLOAD_ENV, PluginRecord, PluginSet, build_plugin_manager
 
 _HEADERS = ("NAME", "KIND", "DISTRIBUTION", "VERSION", "API", "STATUS")
 

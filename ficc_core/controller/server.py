@@ -10,9 +10,9 @@ import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
 
-from .api.app import create_app
-from .api.fast_invoke import FastInvoke
-from .api.metrics_app import MetricsApp
+from ..api.app import create_app
+from ..api.fast_invoke import FastInvoke
+from ..api.metrics_app import MetricsApp
 from .service import Service
 
 log = logging.getLogger("ficc.server")

@@ -11,8 +11,8 @@ from typing import Any
 
 import click
 
-from .cli_client import ApiClient, ApiError, client_from, connection_options, echo_json
-from .models.registry import MAX_BYTES_CHUNK
+from ..models.registry import MAX_BYTES_CHUNK
+from .client import ApiClient, ApiError, client_from, connection_options, echo_json
 
 _MiB = 1 << 20
 

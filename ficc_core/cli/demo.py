@@ -23,11 +23,11 @@ import click
 import httpx
 import trio
 
-from .auth import PROJECT_SCOPES
-from .errors import FiccError
+from ..auth import PROJECT_SCOPES
+from ..errors import FiccError
 
 if TYPE_CHECKING:
-    from .service import Service
+    from ..controller.service import Service
 
 MODEL_NAME = "smollm2"
 ALIAS = "smollm2"

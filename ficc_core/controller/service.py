@@ -13,21 +13,21 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 
-from .auth import AuthService
-from .auth.throttle import LoginThrottle
-from .config import Config
-from .contributors import NodeRegistry
-from .gateway import Gateway
-from .inference import InferenceManager, LiveTable, Reconciler
-from .metrics import Metrics
-from .models.acquire import Acquirer
-from .models.blobs import BlobStore
-from .models.fetch import FetchPolicy, make_client
-from .models.registry import ModelRegistry
-from .store import Store, open_sqlite_store
+from ..auth import AuthService
+from ..auth.throttle import LoginThrottle
+from ..config import Config
+from ..contributors import NodeRegistry
+from ..gateway import Gateway
+from ..inference import InferenceManager, LiveTable, Reconciler
+from ..metrics import Metrics
+from ..models.acquire import Acquirer
+from ..models.blobs import BlobStore
+from ..models.fetch import FetchPolicy, make_client
+from ..models.registry import ModelRegistry
+from ..store import Store, open_sqlite_store
 
 if TYPE_CHECKING:
-    from .models.hub import HubPreview
+    from ..models.hub import HubPreview
 
 
 @attrs.define
@@ -55,7 +55,7 @@ class Service:
         self, repository: str, revision: str, *, filename: str | None, licence: str | None
     ) -> list[HubPreview]:
         """Resolve a public hub repository's GGUF files into manifests, reading headers only."""
-        from .models.hub import hub_preview
+        from ..models.hub import hub_preview
 
         policy = self.fetch_policy
         async with make_client(policy) as client:

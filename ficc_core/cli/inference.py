@@ -19,9 +19,9 @@ from typing import Any
 
 import click
 
-from .cli_client import ApiClient, ApiError, client_from, connection_options, echo_json, echo_table
-from .config import parse_duration
-from .errors import FiccError
+from ..config import parse_duration
+from ..errors import FiccError
+from .client import ApiClient, ApiError, client_from, connection_options, echo_json, echo_table
 
 _BASE = "/api/v1/inference"
 

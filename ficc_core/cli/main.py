@@ -16,11 +16,11 @@ import attrs
 import click
 import trio
 
-from ._version import __version__
-from .auth import ALL_SCOPES, PROJECT_SCOPES
-from .config import Config, env_name, load_config, parse_duration, render_reference
-from .errors import FiccError
-from .service import Service, open_service
+from .._version import __version__
+from ..auth import ALL_SCOPES, PROJECT_SCOPES
+from ..config import Config, env_name, load_config, parse_duration, render_reference
+from ..controller.service import Service, open_service
+from ..errors import FiccError
 
 _FLAG_TYPES = {"int": int, "bool": bool, "path": click.Path(path_type=Path), "str": str}
 
@@ -122,13 +122,13 @@ def serve(ctx: click.Context, demo: bool, **flags: Any) -> None:
 
 
 async def _serve(config: Config, demo: bool = False) -> None:
-    from .agent.embedded import run_embedded_agent
-    from .server import run_until_signalled
+    from ..agent.embedded import run_embedded_agent
+    from ..controller.server import run_until_signalled
 
     async with open_service(config, background=True) as service:
         first_run = await service.auth.bootstrap()
         if first_run and config.first_run_secrets == "file":
-            from .auth.first_run import write_first_run_secrets
+            from ..auth.first_run import write_first_run_secrets
 
             try:
                 first_run["file"] = await trio.to_thread.run_sync(
@@ -234,10 +234,10 @@ async def _executor(
     import signal
     import ssl
 
-    from .agent import Agent
-    from .agent.embedded import agent_from_config
-    from .agent.remote import RemoteAgent
-    from .agent.staging import stager_from_settings
+    from ..agent import Agent
+    from ..agent.embedded import agent_from_config
+    from ..agent.remote import RemoteAgent
+    from ..agent.staging import stager_from_settings
 
     context = None
     if config.ca_bundle is not None and controller.startswith("https"):
@@ -310,9 +310,9 @@ def _print_ready(
 
 
 def _register_subcommands() -> None:
-    from .cli_inference import inference
-    from .cli_models import models
-    from .cli_plugins import plugins_command
+    from .inference import inference
+    from .models import models
+    from .plugins import plugins_command
 
     cli.add_command(plugins_command, "plugins")
     cli.add_command(models, "models")
@@ -399,7 +399,7 @@ def create_user(
     password_stdin: bool,
 ) -> None:
     """Create user USERNAME; without --password-stdin a password is generated and printed."""
-    from .auth.secrets import new_secret
+    from ..auth.secrets import new_secret
 
     config = _load(ctx, {})
     password = sys.stdin.readline().rstrip("\n") if password_stdin else new_secret()[:24]

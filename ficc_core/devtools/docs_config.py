@@ -1,16 +1,16 @@
 """Regenerate the settings table in ``docs/configuration.md`` from :class:`Config`.
 
-Run ``python -m ficc_core.docs_config``; a test fails when the file has drifted.
+Run ``python -m ficc_core.devtools.docs_config``; a test fails when the file has drifted.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from .config import render_reference
+from ..config import render_reference
 
 START, END = "<!-- settings:start -->", "<!-- settings:end -->"
-DOC = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 
 
 def rendered(text: str) -> str:

@@ -1,0 +1,1 @@
+"""Development tools: the generators that keep the reference sections of ``docs/`` current."""
