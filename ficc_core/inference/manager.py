@@ -50,6 +50,7 @@ from .usage import UsageLedger
 
 if TYPE_CHECKING:
     from ..auth import AuthService, Principal
+    from ..auth.records import Credential, Revocation
     from ..config import Config
     from ..contributors import NodeRegistry
     from ..models.blobs import BlobStore
@@ -781,7 +782,7 @@ class InferenceManager:
 
     async def create_token(
         self, principal: Principal, service_id: str, body: TokenBody
-    ) -> tuple[dict[str, Any], str]:
+    ) -> tuple[Credential, str]:
         """Issue one invoke credential bound to this service (shown once)."""
         service = await self.get(principal.project_id, service_id)
         return await self.auth.create_credential(
@@ -794,20 +795,20 @@ class InferenceManager:
             service_id=service_id,
         )
 
-    async def list_tokens(self, principal: Principal, service_id: str) -> list[dict[str, Any]]:
+    async def list_tokens(self, principal: Principal, service_id: str) -> list[Credential]:
         """The invoke credentials bound to this service."""
         await self.get(principal.project_id, service_id)
         return [
             credential
             for credential in await self.auth.list_credentials(principal.project_id)
-            if credential["service_id"] == service_id
+            if credential.service_id == service_id
         ]
 
     async def revoke_token(
         self, principal: Principal, service_id: str, token_id: str
-    ) -> dict[str, Any]:
+    ) -> Revocation:
         """Revoke one of this service's invoke credentials (in-flight requests end too)."""
-        tokens = {t["id"] for t in await self.list_tokens(principal, service_id)}
+        tokens = {t.id for t in await self.list_tokens(principal, service_id)}
         if token_id not in tokens:
             raise NotFound(
                 f"no invoke credential {token_id!r} for service {service_id!r}",
