@@ -23,6 +23,7 @@ import trio
 
 from ..auth import secrets as sec
 from ..errors import Conflict, FiccError, InvalidRequest, NotFound
+from ..models.records import ModelState
 from ..schema import (
     FieldError,
     JobInput,
@@ -379,17 +380,17 @@ class InferenceManager:
             raise _field_errors(
                 [{"path": "$.model_id", "message": f"no model {model_id!r} in this project"}]
             ) from None
-        if model["state"] != "verified":
+        if model.state != ModelState.VERIFIED:
             raise _field_errors(
                 [
                     {
                         "path": "$.model_id",
-                        "message": f"model {model_id!r} is {model['state']}, not verified; "
+                        "message": f"model {model_id!r} is {model.state}, not verified; "
                         "upload or acquire its files first",
                     }
                 ]
             )
-        manifest = structure(model["manifest"], ModelManifest, what="stored manifest")
+        manifest = structure(model.manifest, ModelManifest, what="stored manifest")
         files = {f.path: f for f in manifest.files}
         if manifest.format == "gguf":
             [weights] = [f for f in manifest.files if f.path.endswith(".gguf")] or [
@@ -398,7 +399,7 @@ class InferenceManager:
             path = self.blobs.published_path(weights.sha256)
             inputs = (JobInput(id="model", path=str(path), digest="sha256:" + weights.sha256),)
             directories: dict[str, dict[str, tuple[str, int]]] = {}
-            metadata = await self._gguf_metadata(model["digest"], path)
+            metadata = await self._gguf_metadata(model.digest, path)
         else:
             tree = {p: (f.sha256, f.size) for p, f in files.items()}
             # Where this machine assembles it (the embedded node reads it in place);
@@ -407,7 +408,7 @@ class InferenceManager:
             directories = {"model": tree}
             metadata = ModelMetadata()
         record = ModelRecord(
-            id=model["id"], revision=model["digest"], manifest=manifest, metadata=metadata
+            id=model.id, revision=model.digest, manifest=manifest, metadata=metadata
         )
         return ModelContext(
             record=record,
