@@ -79,7 +79,18 @@ class Credentials:
         issuer: Principal | None = None,
         service_id: str | None = None,
     ) -> tuple[Credential, str]:
-        """Mint a credential; see :meth:`~ficc_core.auth.service.AuthService.create_credential`."""
+        """Create a credential; return it and the token, which is shown only once.
+
+        When ``issuer`` is given, the new credential may carry only scopes the
+        issuer holds, and only in the issuer's own project. With ``service_id``, it
+        is bound to that one inference service (only ``inference:invoke`` makes sense).
+
+        Its lifetime is capped, never refused: at ``token_max_lifetime``, and at the
+        issuer's remaining lifetime (an absent ``lifetime`` asks for the longest
+        allowed). When capped, the credential says so in ``capped`` (``requested``,
+        ``granted`` seconds and ``by``: ``token_max_lifetime`` or ``issuer_expiry``).
+        The issuer is recorded: revoking it revokes this credential too.
+        """
         scopes = check_scopes(scopes)
         if not scopes:
             raise InvalidRequest(

@@ -10,7 +10,7 @@ statement is in :mod:`.repository`; the records it returns are in :mod:`.records
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import trio
@@ -21,8 +21,6 @@ from . import secrets as sec
 from .authority import CREDENTIAL_CACHE_SECONDS, Authority
 from .credentials import Credentials
 from .directory import Directory
-from .principal import Principal
-from .records import Credential, Project, Revocation, User
 from .scopes import ALL_SCOPES, PROJECT_SCOPES
 from .sessions import Sessions
 from .throttle import LoginThrottle
@@ -64,147 +62,25 @@ class AuthService:
             password_limiter=limiter,
             clock=clock,
         )
-
-    # -- the directory --------------------------------------------------------------------------
-
-    async def create_project(self, name: str) -> Project:
-        """Create a project; a taken name is a conflict (``project_exists``)."""
-        return await self.directory.create_project(name)
-
-    async def list_projects(self) -> list[Project]:
-        """Every project, oldest first."""
-        return await self.directory.list_projects()
-
-    async def get_project(self, ref: str) -> Project:
-        """A project by id or name (``project_not_found`` if none)."""
-        return await self.directory.get_project(ref)
-
-    async def create_user(
-        self,
-        username: str,
-        password: str,
-        *,
-        admin: bool = False,
-        projects: Mapping[str, frozenset[str]] | None = None,
-    ) -> User:
-        """Create a user with an argon2 password hash and memberships (project ref -> scopes)."""
-        return await self.directory.create_user(username, password, admin=admin, projects=projects)
-
-    async def list_users(self) -> list[User]:
-        """Every user with their memberships (never a password hash)."""
-        return await self.directory.list_users()
-
-    async def set_membership(self, user_id: str, project_ref: str, scopes: frozenset[str]) -> User:
-        """Set a user's scopes in a project (an empty set removes the membership)."""
-        return await self.directory.set_membership(user_id, project_ref, scopes)
-
-    async def has_users(self) -> bool:
-        """Whether any user exists (first-run bootstrap checks this)."""
-        return await self.directory.has_users()
-
-    # -- bearer credentials ---------------------------------------------------------------------
-
-    async def create_credential(
-        self,
-        project_ref: str,
-        *,
-        name: str,
-        scopes: frozenset[str],
-        user_id: str | None = None,
-        lifetime: float | None = None,
-        issuer: Principal | None = None,
-        service_id: str | None = None,
-    ) -> tuple[Credential, str]:
-        """Create a credential; return it and the token, which is shown only once.
-
-        When ``issuer`` is given, the new credential may carry only scopes the
-        issuer holds, and only in the issuer's own project. With ``service_id``, it
-        is bound to that one inference service (only ``inference:invoke`` makes sense).
-
-        Its lifetime is capped, never refused: at ``token_max_lifetime``, and at the
-        issuer's remaining lifetime (an absent ``lifetime`` asks for the longest
-        allowed). When capped, the credential says so in ``capped`` (``requested``,
-        ``granted`` seconds and ``by``: ``token_max_lifetime`` or ``issuer_expiry``).
-        The issuer is recorded: revoking it revokes this credential too.
-        """
-        return await self.credentials.create(
-            project_ref,
-            name=name,
-            scopes=scopes,
-            user_id=user_id,
-            lifetime=lifetime,
-            issuer=issuer,
-            service_id=service_id,
-        )
-
-    async def list_credentials(
-        self, project_id: str, *, installation: bool = True
-    ) -> list[Credential]:
-        """The project's credentials (never their secrets).
-
-        Without ``installation`` (a caller lacking ``admin``), credentials that hold
-        ``admin`` are left out: they are not the project's to manage.
-        """
-        return await self.credentials.list(project_id, installation=installation)
-
-    async def get_credential(
-        self, project_id: str, credential_id: str, *, installation: bool = True
-    ) -> Credential:
-        """One credential of the project; another project's is not found.
-
-        Without ``installation``, neither is one that holds ``admin``.
-        """
-        return await self.credentials.get(project_id, credential_id, installation=installation)
-
-    async def revoke_credential(
-        self, project_id: str | None, credential_id: str, *, installation: bool = True
-    ) -> Revocation:
-        """Revoke a credential (of ``project_id``, or any project when it is ``None``).
-
-        Every credential it minted, and those they minted, is revoked with it in the
-        same transaction (``also_revoked``). Without ``installation``, a credential
-        holding ``admin`` is not found.
-        """
-        return await self.credentials.revoke(project_id, credential_id, installation=installation)
-
-    # -- live authority (the request path re-checks it while a response streams) --------------
-
-    async def authenticate_bearer(self, token: str) -> Principal:
-        """The principal of a bearer token, or :class:`~ficc_core.errors.Unauthenticated`."""
-        return await self.authority.authenticate_bearer(token)
-
-    def still_valid(self, principal: Principal, now: float | None = None) -> bool:
-        """Whether ``principal`` is still authorised (not revoked here, not expired)."""
-        return self.authority.still_valid(principal, now)
-
-    def check_valid(self, principal: Principal) -> None:
-        """Raise :class:`~ficc_core.errors.Unauthenticated` unless :meth:`still_valid` holds."""
-        self.authority.check_valid(principal)
-
-    async def watch_revocations(
-        self,
-        period: float | None = None,
-        *,
-        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
-    ) -> None:
-        """Learn revocations written by other processes (``ficc admin revoke-token``), forever."""
-        await self.authority.watch_revocations(period, task_status=task_status)
-
-    # -- browser sessions -----------------------------------------------------------------------
-
-    async def login(
-        self, username: str, password: str, project_ref: str, *, address: str = ""
-    ) -> tuple[Principal, str, str]:
-        """Check a password and open a session: the principal, its cookie and CSRF token."""
-        return await self.sessions.login(username, password, project_ref, address=address)
-
-    async def authenticate_session(self, cookie: str) -> Principal:
-        """The principal of a session cookie, or :class:`~ficc_core.errors.Unauthenticated`."""
-        return await self.sessions.authenticate(cookie)
-
-    async def logout(self, session_id: str) -> None:
-        """End a session and revoke what it minted."""
-        await self.sessions.logout(session_id)
+        # The surface callers use, each name bound to the concern that implements it.
+        self.create_project = self.directory.create_project
+        self.list_projects = self.directory.list_projects
+        self.get_project = self.directory.get_project
+        self.create_user = self.directory.create_user
+        self.list_users = self.directory.list_users
+        self.set_membership = self.directory.set_membership
+        self.has_users = self.directory.has_users
+        self.create_credential = self.credentials.create
+        self.list_credentials = self.credentials.list
+        self.get_credential = self.credentials.get
+        self.revoke_credential = self.credentials.revoke
+        self.authenticate_bearer = self.authority.authenticate_bearer
+        self.still_valid = self.authority.still_valid
+        self.check_valid = self.authority.check_valid
+        self.watch_revocations = self.authority.watch_revocations
+        self.login = self.sessions.login
+        self.authenticate_session = self.sessions.authenticate
+        self.logout = self.sessions.logout
 
     # -- first run ------------------------------------------------------------------------------
 
