@@ -111,7 +111,7 @@ class GatewayEnv:
             service_id=service_id,
             **kwargs,
         )
-        return record["id"], token
+        return record.id, token
 
     async def engine_stats(self, fence: Fence) -> dict[str, Any]:
         """The stand-in's ``/stats``, read through the agent's endpoint action."""
@@ -172,7 +172,7 @@ async def gateway_env(tmp_path: Path, **gateway_options: Any) -> AsyncIterator[G
                     gateway=gateway,
                     url=urls[0],
                     admin_token=created["token"],
-                    project_id=project["id"],
+                    project_id=project.id,
                 )
                 stop.set()
                 nursery.cancel_scope.cancel()

@@ -8,12 +8,15 @@ import stat
 import time
 from functools import partial
 
+import pytest
 import trio
 
-from ficc_core.auth import PROJECT_SCOPES
+from ficc_core.auth import PROJECT_SCOPES, AuthService
+from ficc_core.auth.authority import CREDENTIAL_CACHE_SECONDS
 from ficc_core.auth.first_run import write_first_run_secrets
+from ficc_core.errors import Unauthenticated
 
-from .conftest import bearer, issue_token
+from .conftest import FakeClock, bearer, issue_token
 
 
 async def test_whoami_reports_principal_project_and_scopes(client, service, bootstrap):
@@ -50,10 +53,57 @@ async def test_revoked_and_expired_credentials_are_refused(client, service, boot
     assert response.status_code == 401
     assert (await response.get_json())["error"]["code"] == "credential_revoked"
 
-    expiring = await issue_token(service, scopes=["models:read"], lifetime=0.05)
-    await trio.sleep(0.1)
-    response = await client.get("/api/v1/whoami", headers=bearer(expiring))
+
+async def test_an_expired_credential_is_refused_by_the_app(client, service, bootstrap):
+    # Minted on a clock 100 s behind to live 50 s: it expired 50 s ago on the app's clock.
+    minting = AuthService(service.store, clock=FakeClock(time.time() - 100))
+    _, token = await minting.create_credential(
+        "default", name="expired", scopes=frozenset({"models:read"}), lifetime=50
+    )
+    response = await client.get("/api/v1/whoami", headers=bearer(token))
+    assert response.status_code == 401
     assert (await response.get_json())["error"]["code"] == "credential_expired"
+
+
+async def _refused(code: str, check) -> None:
+    with pytest.raises(Unauthenticated) as refused:
+        await check()
+    assert refused.value.code == code
+
+
+async def test_a_credential_works_until_its_expiry_and_not_at_it(service, bootstrap):
+    clock = FakeClock()
+    auth = AuthService(service.store, clock=clock)
+    credential, token = await auth.create_credential(
+        "default", name="short", scopes=frozenset({"models:read"}), lifetime=60
+    )
+    assert credential.expires_at == clock.now + 60
+    principal = await auth.authenticate_bearer(token)
+    clock.now += 59.5
+    assert auth.still_valid(principal)
+    assert (await auth.authenticate_bearer(token)).id == credential.id
+    clock.now += 0.5
+    # At its expiry: refused from memory (the verification is still cached) ...
+    assert not auth.still_valid(principal)
+    with pytest.raises(Unauthenticated) as refused:
+        auth.check_valid(principal)
+    assert refused.value.code == "credential_expired"
+    await _refused("credential_expired", lambda: auth.authenticate_bearer(token))
+    # ... and from the store once the cache period is over.
+    clock.now += CREDENTIAL_CACHE_SECONDS
+    await _refused("credential_expired", lambda: auth.authenticate_bearer(token))
+
+
+async def test_a_session_works_until_its_lifetime_is_over(service, bootstrap):
+    clock = FakeClock(time.time())
+    auth = AuthService(service.store, clock=clock, session_lifetime=600)
+    principal, cookie, _ = await auth.login("admin", bootstrap["password"], "default")
+    assert principal.expires_at == clock.now + 600
+    clock.now += 599
+    assert (await auth.authenticate_session(cookie)).id == principal.id
+    clock.now += 1
+    assert not auth.still_valid(principal)
+    await _refused("session_expired", lambda: auth.authenticate_session(cookie))
 
 
 async def test_malformed_and_forged_bearer_tokens_are_401(client, bootstrap):
@@ -84,14 +134,12 @@ async def test_another_projects_credential_is_not_found(client, service, bootstr
     )
     mine = bearer(await issue_token(service, scopes=["tokens:manage"]))
     for method in ("get", "delete"):
-        response = await getattr(client, method)(f"/api/v1/tokens/{theirs['id']}", headers=mine)
+        response = await getattr(client, method)(f"/api/v1/tokens/{theirs.id}", headers=mine)
         assert response.status_code == 404
         assert (await response.get_json())["error"]["code"] == "credential_not_found"
     listed = await (await client.get("/api/v1/tokens", headers=mine)).get_json()
-    assert theirs["id"] not in {t["id"] for t in listed["tokens"]}
-    assert (await service.auth.get_credential(theirs["project_id"], theirs["id"]))[
-        "revoked_at"
-    ] is None
+    assert theirs.id not in {t["id"] for t in listed["tokens"]}
+    assert (await service.auth.get_credential(theirs.project_id, theirs.id)).revoked_at is None
 
 
 async def _login(client, username, password, project="default"):
@@ -166,7 +214,7 @@ async def test_a_session_works_in_the_project_chosen_at_login(client, service, b
     )
     credential = (await created.get_json())["credential"]
     other = await service.auth.get_project("other")
-    assert credential["project_id"] == other["id"]
+    assert credential["project_id"] == other.id
 
 
 async def test_admin_routes_manage_projects_users_and_memberships(client, bootstrap):
@@ -202,66 +250,89 @@ async def test_bootstrap_happens_once(service, bootstrap):
     assert await service.auth.bootstrap() is None
 
 
-async def test_verified_credentials_are_checked_in_memory_but_never_past_a_revocation(
-    client, service, bootstrap, monkeypatch
-):
-    from ficc_core.auth import service as auth_service
+class CountingStore:
+    """The real store, counting reads."""
 
+    def __init__(self, store) -> None:
+        self.store, self.reads = store, 0
+
+    async def read(self, fn):
+        self.reads += 1
+        return await self.store.read(fn)
+
+    async def write(self, fn):
+        return await self.store.write(fn)
+
+
+async def test_verified_credentials_are_checked_in_memory_but_never_past_a_revocation(
+    client, service, bootstrap
+):
+    counting = CountingStore(service.store)
+    auth = AuthService(counting, clock=FakeClock(time.time()))
     token = await issue_token(service, scopes=PROJECT_SCOPES, name="cached")
     credential_id = token.removeprefix("ficc_").split(".")[0]
-    reads = 0
-    real_read = service.store.read
-
-    async def counting_read(fn):
-        nonlocal reads
-        reads += 1
-        return await real_read(fn)
-
-    monkeypatch.setattr(service.store, "read", counting_read)
     for _ in range(5):
-        assert (await service.auth.authenticate_bearer(token)).id == credential_id
-    assert reads == 1, "four of the five checks come from memory"
+        assert (await auth.authenticate_bearer(token)).id == credential_id
+    assert counting.reads == 1, "four of the five checks come from memory"
     # The cache never skips the secret: a forged secret for the same id is refused.
     forged = token[:-4] + ("AAAA" if not token.endswith("AAAA") else "BBBB")
+    await _refused("invalid_credential", lambda: auth.authenticate_bearer(forged))
     response = await client.get("/api/v1/whoami", headers=bearer(forged))
     assert response.status_code == 401
     # A revocation through this controller applies at once.
+    assert (await client.get("/api/v1/whoami", headers=bearer(token))).status_code == 200
     await service.auth.revoke_credential(None, credential_id)
     response = await client.get("/api/v1/whoami", headers=bearer(token))
     assert (await response.get_json())["error"]["code"] == "credential_revoked"
 
-    # One written by another process (straight into the database) within the period.
-    monkeypatch.setattr(auth_service, "CREDENTIAL_CACHE_SECONDS", 0.2)
-    other = await issue_token(service, scopes=PROJECT_SCOPES, name="elsewhere")
-    other_id = other.removeprefix("ficc_").split(".")[0]
-    assert (await client.get("/api/v1/whoami", headers=bearer(other))).status_code == 200
+
+async def test_a_revocation_written_elsewhere_applies_once_the_cache_period_is_over(
+    service, bootstrap
+):
+    clock = FakeClock(time.time())
+    auth = AuthService(service.store, clock=clock)
+    token = await issue_token(service, scopes=PROJECT_SCOPES, name="elsewhere")
+    credential_id = token.removeprefix("ficc_").split(".")[0]
+    assert (await auth.authenticate_bearer(token)).id == credential_id
+    # Another process writes the revocation straight into the database.
     await service.store.write(
-        lambda tx: tx.execute("UPDATE credentials SET revoked_at = 1 WHERE id = ?", (other_id,))
+        lambda tx: tx.execute(
+            "UPDATE credentials SET revoked_at = ? WHERE id = ?", (clock.now, credential_id)
+        )
     )
-    await trio.sleep(0.3)
-    response = await client.get("/api/v1/whoami", headers=bearer(other))
-    assert (await response.get_json())["error"]["code"] == "credential_revoked"
+    clock.now += CREDENTIAL_CACHE_SECONDS - 0.1
+    assert (await auth.authenticate_bearer(token)).id == credential_id, "served from memory"
+    clock.now += 0.1
+    await _refused("credential_revoked", lambda: auth.authenticate_bearer(token))
+    # A clock set back does not stretch the period: the store is read again.
+    clock.now -= 3600
+    await _refused("credential_revoked", lambda: auth.authenticate_bearer(token))
 
 
 async def test_a_revocation_written_by_another_process_reaches_streaming_checks(service, bootstrap):
-    # `ficc admin revoke` writes the database directly; the controller learns of it
+    # `ficc admin revoke-token` writes the database directly; the controller learns of it
     # within its period, so a response streaming for that credential is cut too.
+    clock = FakeClock(time.time())
+    auth = AuthService(service.store, clock=clock)
     token = await issue_token(service, scopes=PROJECT_SCOPES, name="streaming")
-    principal = await service.auth.authenticate_bearer(token)
-    assert service.auth.still_valid(principal)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(partial(service.auth.watch_revocations, 0.05))
-        await trio.sleep(0.01)
-        await service.store.write(
-            lambda tx: tx.execute(
-                "UPDATE credentials SET revoked_at = ? WHERE id = ?",
-                (time.time() + 0.001, principal.id),
+    principal = await auth.authenticate_bearer(token)
+    assert auth.still_valid(principal)
+    with trio.fail_after(5):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(partial(auth.watch_revocations, 0.01))
+            # Revoked after the watcher began looking, on its clock.
+            await service.store.write(
+                lambda tx: tx.execute(
+                    "UPDATE credentials SET revoked_at = ? WHERE id = ?",
+                    (clock.now + 1, principal.id),
+                )
             )
-        )
-        with trio.fail_after(5):
-            while service.auth.still_valid(principal):  # noqa: ASYNC110
-                await trio.sleep(0.02)
-        nursery.cancel_scope.cancel()
+            while auth.still_valid(principal):  # noqa: ASYNC110
+                await trio.sleep(0.01)
+            nursery.cancel_scope.cancel()
+    with pytest.raises(Unauthenticated) as refused:
+        auth.check_valid(principal)
+    assert refused.value.code == "credential_revoked"
 
 
 def test_first_run_secrets_are_never_readable_by_others_even_while_written(tmp_path, monkeypatch):

@@ -11,15 +11,8 @@ import trio
 
 from ficc_core.auth.throttle import MAX_LOCK_FACTOR, LoginThrottle, LoginThrottled
 
+from .conftest import FakeClock
 from .serve_support import ServeProcess, first_run_secrets
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def _fail(throttle: LoginThrottle, user: str = "alice", address: str = "10.0.0.1") -> None:

@@ -204,9 +204,9 @@ async def test_progress_held_before_private_partials_moves_to_the_first_model_th
     async with open_service(config, background=True) as service:
         first = await service.models.get("p1", "first")
         second = await service.models.get("p2", "second")
-        assert first["files"][0]["received_bytes"] == 3000
-        assert second["files"][0]["received_bytes"] == 0
+        assert first.files[0].received_bytes == 3000
+        assert second.files[0].received_bytes == 0
         finished = await service.models.upload("p1", "first", 0, 3000, content[3000:])
-        assert finished["state"] == "verified"
-        assert (await service.models.get("p2", "second"))["state"] == "verified"
+        assert finished.state == "verified"
+        assert (await service.models.get("p2", "second")).state == "verified"
     assert blob_files(data) == {"sha256": [sha], "partial": []}

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import trio
 
-from ficc_core.auth.service import CREDENTIAL_CACHE_SECONDS, revocation_statement
+from ficc_core.auth.authority import CREDENTIAL_CACHE_SECONDS, revocation_statement
 
 from .gateway_support import chat, gateway_env
 from .serve_support import FICC

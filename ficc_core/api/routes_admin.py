@@ -8,6 +8,7 @@ import attrs
 from quart import Response, jsonify
 
 from .bodies import name_validator, read_json
+from .views_auth import project_view, user_view
 
 if TYPE_CHECKING:
     from quart_trio import QuartTrio
@@ -45,16 +46,17 @@ def register(app: QuartTrio, service: Service) -> None:
 
     @app.get("/api/v1/projects", endpoint="projects_list")
     async def projects_list() -> Response:
-        return jsonify({"projects": await service.auth.list_projects()})
+        projects = await service.auth.list_projects()
+        return jsonify({"projects": [project_view(project) for project in projects]})
 
     @app.post("/api/v1/projects", endpoint="projects_create")
     async def projects_create() -> tuple[Response, int]:
         body = await read_json(ProjectBody, limit)
-        return jsonify(await service.auth.create_project(body.name)), 201
+        return jsonify(project_view(await service.auth.create_project(body.name))), 201
 
     @app.get("/api/v1/users", endpoint="users_list")
     async def users_list() -> Response:
-        return jsonify({"users": await service.auth.list_users()})
+        return jsonify({"users": [user_view(user) for user in await service.auth.list_users()]})
 
     @app.post("/api/v1/users", endpoint="users_create")
     async def users_create() -> tuple[Response, int]:
@@ -65,10 +67,10 @@ def register(app: QuartTrio, service: Service) -> None:
             admin=body.admin,
             projects={ref: frozenset(scopes) for ref, scopes in body.projects.items()},
         )
-        return jsonify(user), 201
+        return jsonify(user_view(user)), 201
 
     @app.put("/api/v1/users/<user_id>/projects/<project>", endpoint="users_set_membership")
     async def users_set_membership(user_id: str, project: str) -> Response:
         body = await read_json(MembershipBody, limit)
         user = await service.auth.set_membership(user_id, project, frozenset(body.scopes))
-        return jsonify(user)
+        return jsonify(user_view(user))

@@ -16,6 +16,7 @@ from quart import Response, g, jsonify
 
 from ..inference import CONTROL_ACTIONS, ControlBody, ReplaceBody, TokenBody
 from .bodies import query_number, read_json, read_json_object
+from .views_auth import credential_view, issued_view, revocation_view
 
 if TYPE_CHECKING:
     from quart_trio import QuartTrio
@@ -72,15 +73,17 @@ def register(app: QuartTrio, service: Service) -> None:
     @app.post("/api/v1/inference/<service_id>/tokens", endpoint="inference_tokens_create")
     async def inference_tokens_create(service_id: str) -> tuple[Response, int]:
         body = await read_json(TokenBody, limit)
-        record, token = await inference.create_token(g.principal, service_id, body)
-        return jsonify({"credential": record, "token": token}), 201
+        credential, token = await inference.create_token(g.principal, service_id, body)
+        return jsonify(issued_view(credential, token)), 201
 
     @app.get("/api/v1/inference/<service_id>/tokens", endpoint="inference_tokens_list")
     async def inference_tokens_list(service_id: str) -> Response:
-        return jsonify({"tokens": await inference.list_tokens(g.principal, service_id)})
+        tokens = await inference.list_tokens(g.principal, service_id)
+        return jsonify({"tokens": [credential_view(token) for token in tokens]})
 
     @app.delete(
         "/api/v1/inference/<service_id>/tokens/<token_id>", endpoint="inference_tokens_revoke"
     )
     async def inference_tokens_revoke(service_id: str, token_id: str) -> Response:
-        return jsonify(await inference.revoke_token(g.principal, service_id, token_id))
+        revocation = await inference.revoke_token(g.principal, service_id, token_id)
+        return jsonify(revocation_view(revocation))

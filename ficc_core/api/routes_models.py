@@ -14,6 +14,7 @@ from ..models.registry import MAX_BYTES_CHUNK, MAX_JSON_CHUNK
 from ..schema import ModelManifest
 from ..schema._convert import MAX_LENGTH, MAX_SAFE_INTEGER, integer
 from .bodies import query_integer, read_body, read_json
+from .views_models import deletion_view, model_file_view, model_view
 
 if TYPE_CHECKING:
     from quart_trio import QuartTrio
@@ -72,34 +73,34 @@ def register(app: QuartTrio, service: Service) -> None:
 
     @app.get("/api/v1/models", endpoint="models_list")
     async def models_list() -> Response:
-        return jsonify({"models": await models.list(g.principal.project_id)})
+        listed = await models.list(g.principal.project_id)
+        return jsonify({"models": [model_view(model) for model in listed]})
 
     @app.get("/api/v1/models/<model_id>", endpoint="models_get")
     async def models_get(model_id: str) -> Response:
-        return jsonify(await models.get(g.principal.project_id, model_id))
+        return jsonify(model_view(await models.get(g.principal.project_id, model_id)))
 
     @app.post("/api/v1/models", endpoint="models_register")
     async def models_register() -> tuple[Response, int]:
         manifest = await read_json(ModelManifest, limit)
         model, created = await models.register(g.principal.project_id, manifest)
-        return jsonify(model), 201 if created else 200
+        return jsonify(model_view(model)), 201 if created else 200
 
     @app.post("/api/v1/models/<model_id>/acquire", endpoint="models_acquire")
     async def models_acquire(model_id: str) -> tuple[Response, int]:
-        return jsonify(await models.acquire(g.principal.project_id, model_id)), 202
+        return jsonify(model_view(await models.acquire(g.principal.project_id, model_id))), 202
 
     @app.post("/api/v1/models/<model_id>/pause", endpoint="models_pause")
     async def models_pause(model_id: str) -> Response:
-        return jsonify(await models.pause(g.principal.project_id, model_id))
+        return jsonify(model_view(await models.pause(g.principal.project_id, model_id)))
 
     @app.post("/api/v1/models/<model_id>/files/<int:index>", endpoint="models_upload_chunk")
     async def models_upload_chunk(model_id: str, index: int) -> Response:
         await models.upload_target(g.principal.project_id, model_id, index)
         body = await read_json(ChunkBody, _JSON_CHUNK_BODY)
         data = decode_canonical_base64(body.data)
-        return jsonify(
-            await models.upload(g.principal.project_id, model_id, index, body.offset, data)
-        )
+        file = await models.upload(g.principal.project_id, model_id, index, body.offset, data)
+        return jsonify(model_file_view(file))
 
     @app.post("/api/v1/models/<model_id>/files/<int:index>/bytes", endpoint="models_upload_bytes")
     async def models_upload_bytes(model_id: str, index: int) -> Response:
@@ -114,9 +115,8 @@ def register(app: QuartTrio, service: Service) -> None:
         await models.upload_target(project_id, model_id, index)
         async with models.upload_slot(project_id):
             data = await read_body(MAX_BYTES_CHUNK, idle=service.config.upload_idle_timeout)
-            return jsonify(
-                await models.upload(g.principal.project_id, model_id, index, offset, data)
-            )
+            file = await models.upload(project_id, model_id, index, offset, data)
+            return jsonify(model_file_view(file))
 
     @app.post("/api/v1/models/hub-preview", endpoint="models_hub_preview")
     async def models_hub_preview() -> Response:
@@ -131,6 +131,7 @@ def register(app: QuartTrio, service: Service) -> None:
         evict = request.args.get("evict", "false").lower()
         if evict not in ("true", "false", "1", "0"):
             raise InvalidRequest("evict must be true or false", code="invalid_request")
-        return jsonify(
-            await models.delete(g.principal.project_id, model_id, evict=evict in ("true", "1"))
+        deletion = await models.delete(
+            g.principal.project_id, model_id, evict=evict in ("true", "1")
         )
+        return jsonify(deletion_view(deletion))

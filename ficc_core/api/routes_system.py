@@ -8,7 +8,9 @@ import attrs
 from quart import Response, g, jsonify, request
 
 from .._version import __version__
+from ..auth import PrincipalKind
 from .bodies import read_json
+from .views_auth import principal_view
 
 if TYPE_CHECKING:
     from quart_trio import QuartTrio
@@ -44,7 +46,7 @@ def register(app: QuartTrio, service: Service) -> None:
 
     @app.get("/api/v1/whoami", endpoint="whoami")
     async def whoami() -> Response:
-        return jsonify(g.principal.describe())
+        return jsonify(principal_view(g.principal))
 
     @app.post("/api/v1/session", endpoint="session_login")
     async def login() -> tuple[Response, int]:
@@ -52,7 +54,7 @@ def register(app: QuartTrio, service: Service) -> None:
         principal, cookie, csrf = await service.auth.login(
             body.username, body.password, body.project, address=request.remote_addr or ""
         )
-        response = jsonify({"principal": principal.describe(), "csrf_token": csrf})
+        response = jsonify({"principal": principal_view(principal), "csrf_token": csrf})
         lifetime = int(service.config.session_lifetime)
         response.set_cookie(
             SESSION_COOKIE,
@@ -78,9 +80,9 @@ def register(app: QuartTrio, service: Service) -> None:
     @app.delete("/api/v1/session", endpoint="session_logout")
     async def logout() -> Response:
         principal = g.principal
-        if principal.kind == "session":
+        if principal.kind == PrincipalKind.SESSION:
             await service.auth.logout(principal.id)
-        response = jsonify({"logged_out": principal.kind == "session"})
+        response = jsonify({"logged_out": principal.kind == PrincipalKind.SESSION})
         response.delete_cookie(SESSION_COOKIE, path="/")
         response.delete_cookie(CSRF_COOKIE, path="/")
         return response

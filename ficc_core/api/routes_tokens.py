@@ -10,6 +10,7 @@ from quart import Response, g, jsonify
 from ..auth.scopes import ADMIN
 from ..schema import FieldError
 from .bodies import name_validator, read_json
+from .views_auth import credential_view, issued_view, revocation_view
 
 if TYPE_CHECKING:
     from quart_trio import QuartTrio
@@ -44,13 +45,13 @@ def register(app: QuartTrio, service: Service) -> None:
         tokens = await service.auth.list_credentials(
             g.principal.project_id, installation=installation()
         )
-        return jsonify({"tokens": tokens})
+        return jsonify({"tokens": [credential_view(token) for token in tokens]})
 
     @app.post("/api/v1/tokens", endpoint="tokens_create")
     async def tokens_create() -> tuple[Response, int]:
         body = await read_json(TokenBody, service.config.max_body_bytes)
         principal = g.principal
-        record, token = await service.auth.create_credential(
+        credential, token = await service.auth.create_credential(
             principal.project_id,
             name=body.name,
             scopes=frozenset(body.scopes),
@@ -58,20 +59,18 @@ def register(app: QuartTrio, service: Service) -> None:
             lifetime=body.lifetime,
             issuer=principal,
         )
-        return jsonify({"credential": record, "token": token}), 201
+        return jsonify(issued_view(credential, token)), 201
 
     @app.get("/api/v1/tokens/<token_id>", endpoint="tokens_get")
     async def tokens_get(token_id: str) -> Response:
-        return jsonify(
-            await service.auth.get_credential(
-                g.principal.project_id, token_id, installation=installation()
-            )
+        credential = await service.auth.get_credential(
+            g.principal.project_id, token_id, installation=installation()
         )
+        return jsonify(credential_view(credential))
 
     @app.delete("/api/v1/tokens/<token_id>", endpoint="tokens_revoke")
     async def tokens_revoke(token_id: str) -> Response:
-        return jsonify(
-            await service.auth.revoke_credential(
-                g.principal.project_id, token_id, installation=installation()
-            )
+        revocation = await service.auth.revoke_credential(
+            g.principal.project_id, token_id, installation=installation()
         )
+        return jsonify(revocation_view(revocation))

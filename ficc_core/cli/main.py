@@ -17,6 +17,7 @@ import click
 import trio
 
 from .._version import __version__
+from ..api.views_auth import credential_view, project_view, revocation_view, user_view
 from ..auth import ALL_SCOPES, PROJECT_SCOPES
 from ..config import Config, env_name, load_config, parse_duration, render_reference
 from ..controller.service import Service, open_service
@@ -366,7 +367,7 @@ def _echo_json(document: Any) -> None:
 def create_project(ctx: click.Context, name: str) -> None:
     """Create a project NAME."""
     config = _load(ctx, {})
-    _echo_json(_run(_with_service, config, lambda s: s.auth.create_project(name)))
+    _echo_json(project_view(_run(_with_service, config, lambda s: s.auth.create_project(name))))
 
 
 @admin.command("list-projects")
@@ -374,7 +375,8 @@ def create_project(ctx: click.Context, name: str) -> None:
 def list_projects(ctx: click.Context) -> None:
     """List every project."""
     config = _load(ctx, {})
-    _echo_json(_run(_with_service, config, lambda s: s.auth.list_projects()))
+    projects = _run(_with_service, config, lambda s: s.auth.list_projects())
+    _echo_json([project_view(project) for project in projects])
 
 
 @admin.command("create-user")
@@ -411,7 +413,7 @@ def create_user(
             username, password, admin=is_admin, projects={p: grant for p in projects}
         ),
     )
-    _echo_json(user)
+    _echo_json(user_view(user))
     if not password_stdin:
         click.echo(f"password (shown once): {password}")
 
@@ -455,7 +457,7 @@ def create_token(
         config,
         lambda s: s.auth.create_credential(project, name=name, scopes=granted, lifetime=lifetime),
     )
-    _echo_json(record)
+    _echo_json(credential_view(record))
     click.echo(f"token (shown once): {token}")
 
 
@@ -468,7 +470,7 @@ def list_tokens(ctx: click.Context, project: str) -> None:
 
     async def read(service: Service) -> Any:
         found = await service.auth.get_project(project)
-        return await service.auth.list_credentials(found["id"])
+        return [credential_view(c) for c in await service.auth.list_credentials(found.id)]
 
     _echo_json(_run(_with_service, config, read))
 
@@ -479,7 +481,10 @@ def list_tokens(ctx: click.Context, project: str) -> None:
 def revoke_token(ctx: click.Context, credential_id: str) -> None:
     """Revoke the credential CREDENTIAL_ID."""
     config = _load(ctx, {})
-    _echo_json(_run(_with_service, config, lambda s: s.auth.revoke_credential(None, credential_id)))
+    revocation = _run(
+        _with_service, config, lambda s: s.auth.revoke_credential(None, credential_id)
+    )
+    _echo_json(revocation_view(revocation))
 
 
 @admin.command("add-node")

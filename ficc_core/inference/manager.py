@@ -23,6 +23,7 @@ import trio
 
 from ..auth import secrets as sec
 from ..errors import Conflict, FiccError, InvalidRequest, NotFound
+from ..models.records import ModelState
 from ..schema import (
     FieldError,
     JobInput,
@@ -50,6 +51,7 @@ from .usage import UsageLedger
 
 if TYPE_CHECKING:
     from ..auth import AuthService, Principal
+    from ..auth.records import Credential, Revocation
     from ..config import Config
     from ..contributors import NodeRegistry
     from ..models.blobs import BlobStore
@@ -378,17 +380,17 @@ class InferenceManager:
             raise _field_errors(
                 [{"path": "$.model_id", "message": f"no model {model_id!r} in this project"}]
             ) from None
-        if model["state"] != "verified":
+        if model.state != ModelState.VERIFIED:
             raise _field_errors(
                 [
                     {
                         "path": "$.model_id",
-                        "message": f"model {model_id!r} is {model['state']}, not verified; "
+                        "message": f"model {model_id!r} is {model.state}, not verified; "
                         "upload or acquire its files first",
                     }
                 ]
             )
-        manifest = structure(model["manifest"], ModelManifest, what="stored manifest")
+        manifest = structure(model.manifest, ModelManifest, what="stored manifest")
         files = {f.path: f for f in manifest.files}
         if manifest.format == "gguf":
             [weights] = [f for f in manifest.files if f.path.endswith(".gguf")] or [
@@ -397,7 +399,7 @@ class InferenceManager:
             path = self.blobs.published_path(weights.sha256)
             inputs = (JobInput(id="model", path=str(path), digest="sha256:" + weights.sha256),)
             directories: dict[str, dict[str, tuple[str, int]]] = {}
-            metadata = await self._gguf_metadata(model["digest"], path)
+            metadata = await self._gguf_metadata(model.digest, path)
         else:
             tree = {p: (f.sha256, f.size) for p, f in files.items()}
             # Where this machine assembles it (the embedded node reads it in place);
@@ -406,7 +408,7 @@ class InferenceManager:
             directories = {"model": tree}
             metadata = ModelMetadata()
         record = ModelRecord(
-            id=model["id"], revision=model["digest"], manifest=manifest, metadata=metadata
+            id=model.id, revision=model.digest, manifest=manifest, metadata=metadata
         )
         return ModelContext(
             record=record,
@@ -781,7 +783,7 @@ class InferenceManager:
 
     async def create_token(
         self, principal: Principal, service_id: str, body: TokenBody
-    ) -> tuple[dict[str, Any], str]:
+    ) -> tuple[Credential, str]:
         """Issue one invoke credential bound to this service (shown once)."""
         service = await self.get(principal.project_id, service_id)
         return await self.auth.create_credential(
@@ -794,20 +796,20 @@ class InferenceManager:
             service_id=service_id,
         )
 
-    async def list_tokens(self, principal: Principal, service_id: str) -> list[dict[str, Any]]:
+    async def list_tokens(self, principal: Principal, service_id: str) -> list[Credential]:
         """The invoke credentials bound to this service."""
         await self.get(principal.project_id, service_id)
         return [
             credential
             for credential in await self.auth.list_credentials(principal.project_id)
-            if credential["service_id"] == service_id
+            if credential.service_id == service_id
         ]
 
     async def revoke_token(
         self, principal: Principal, service_id: str, token_id: str
-    ) -> dict[str, Any]:
+    ) -> Revocation:
         """Revoke one of this service's invoke credentials (in-flight requests end too)."""
-        tokens = {t["id"] for t in await self.list_tokens(principal, service_id)}
+        tokens = {t.id for t in await self.list_tokens(principal, service_id)}
         if token_id not in tokens:
             raise NotFound(
                 f"no invoke credential {token_id!r} for service {service_id!r}",

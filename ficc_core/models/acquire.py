@@ -16,23 +16,23 @@ the controller stopped resume when it starts.
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import time
+from collections.abc import Callable
 from typing import Any
 
 import trio
 
 from ..errors import FiccError
-from ..store import Store, Transaction
+from ..store import Store
+from . import repository
 from .blobs import BlobStore, DigestMismatch, FileRef, FileVerified, error_record
 from .download import receive_into_blob
 from .fetch import Fetcher, FetchError, FetchPolicy, Response, make_client, open_response
+from .records import AcquisitionFile, AcquisitionState
 
 log = logging.getLogger("ficc.models.acquire")
-
-RUNNING, PAUSED, DONE, FAILED = "running", "paused", "done", "failed"
 
 _CONTENT_RANGE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")
 _TRANSIENT_CODES = frozenset({"fetch_timeout", "fetch_failed", "connection_dropped", "server_busy"})
@@ -49,11 +49,11 @@ class _Transient(FiccError):
     code = "connection_dropped"
 
 
-def _failure(failures: list[tuple[dict[str, Any], FiccError]]) -> tuple[str, dict[str, Any]]:
+def _failure(failures: list[tuple[AcquisitionFile, FiccError]]) -> tuple[str, dict[str, Any]]:
     """The acquisition's reason and error from its failed files (the first one's code)."""
-    failures = sorted(failures, key=lambda failure: failure[0]["idx"])
+    failures = sorted(failures, key=lambda failure: failure[0].ref.index)
     files = [
-        {"index": file["idx"], "path": file["path"], **error_record(exc)} for file, exc in failures
+        {"index": file.ref.index, "path": file.path, **error_record(exc)} for file, exc in failures
     ]
     reason = "; ".join(f"{file['path']}: {file['message']}" for file in files)
     first = files[0]
@@ -69,27 +69,6 @@ def _failure(failures: list[tuple[dict[str, Any], FiccError]]) -> tuple[str, dic
     }
 
 
-async def set_acquisition(
-    store: Store,
-    model_id: str,
-    state: str,
-    reason: str | None = None,
-    error: dict[str, Any] | None = None,
-) -> None:
-    """Record the acquisition state of a model (``error``: the failure's code and details)."""
-    recorded = None if error is None else json.dumps(error)
-
-    def write(tx: Transaction) -> None:
-        tx.execute(
-            "INSERT INTO acquisitions (model_id, state, reason, error, updated_at)"
-            " VALUES (?, ?, ?, ?, ?) ON CONFLICT (model_id) DO UPDATE SET state = excluded.state,"
-            " reason = excluded.reason, error = excluded.error, updated_at = excluded.updated_at",
-            (model_id, state, reason, recorded, time.time()),
-        )
-
-    await store.write(write)
-
-
 class Acquirer:
     """Runs acquisitions in its own nursery; start it with ``await nursery.start(acquirer.run)``."""
 
@@ -103,8 +82,10 @@ class Acquirer:
         retries: int = 5,
         backoff: float = 0.5,
         max_backoff: float = 8.0,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.store = store
+        self.clock = clock
         self.blobs = blobs
         self.policy = policy
         self.retries = retries
@@ -120,14 +101,9 @@ class Acquirer:
         """Own the acquisition tasks; resume those left running by a previous controller."""
         async with make_client(self.policy) as client, trio.open_nursery() as nursery:
             self._client, self._nursery = client, nursery
-            rows = await self.store.read(
-                lambda tx: tx.fetch_all(
-                    "SELECT model_id FROM acquisitions WHERE state = ?", (RUNNING,)
-                )
-            )
-            for row in rows:
-                log.info("resuming the acquisition of model %s", row["model_id"])
-                self._spawn(row["model_id"])
+            for model_id in await self.store.read(repository.running_acquisitions):
+                log.info("resuming the acquisition of model %s", model_id)
+                self._spawn(model_id)
             task_status.started()
             try:
                 await trio.sleep_forever()
@@ -142,14 +118,29 @@ class Acquirer:
         """Mark the acquisition running and start its task (no-op if already running)."""
         if self._nursery is None:
             raise FiccError("the acquirer is not running", code="acquirer_stopped", status=503)
-        await set_acquisition(self.store, model_id, RUNNING)
+        await self._record(model_id, AcquisitionState.RUNNING)
         if model_id not in self._tasks:
             self._spawn(model_id)
 
     async def pause(self, model_id: str) -> None:
         """Stop the acquisition after any admitted write completes; keep its offsets."""
-        await set_acquisition(self.store, model_id, PAUSED)
+        await self._record(model_id, AcquisitionState.PAUSED)
         await self._stop_task(model_id)
+
+    async def _record(
+        self,
+        model_id: str,
+        state: AcquisitionState,
+        reason: str | None = None,
+        error: dict[str, Any] | None = None,
+    ) -> None:
+        """Record the acquisition state of a model (``error``: the failure's code and details)."""
+        now = self.clock()
+        await self.store.write(
+            lambda tx: repository.set_acquisition(
+                tx, model_id, state, reason=reason, error=error, now=now
+            )
+        )
 
     async def forget(self, model_id: str) -> None:
         """Stop the acquisition task (before its model is deleted)."""
@@ -177,17 +168,10 @@ class Acquirer:
     async def _acquire_model(self, model_id: str, scope: trio.CancelScope) -> None:
         try:
             with scope:
-                files = await self.store.read(
-                    lambda tx: tx.fetch_all(
-                        "SELECT f.model_id, f.idx, f.path, f.url, b.sha256, b.size, b.state"
-                        " FROM model_files f JOIN blobs b ON b.sha256 = f.sha256"
-                        " WHERE f.model_id = ? ORDER BY f.idx",
-                        (model_id,),
-                    )
-                )
-                failures: list[tuple[dict[str, Any], FiccError]] = []
+                files = await self.store.read(lambda tx: repository.acquisition_files(tx, model_id))
+                failures: list[tuple[AcquisitionFile, FiccError]] = []
 
-                async def one(file: dict[str, Any]) -> None:
+                async def one(file: AcquisitionFile) -> None:
                     try:
                         async with self._limiter:
                             await self._acquire_file(file)
@@ -196,21 +180,21 @@ class Acquirer:
 
                 async with trio.open_nursery() as nursery:
                     for file in files:
-                        if file["state"] != "verified" and file["url"]:
+                        if not file.verified and file.url:
                             nursery.start_soon(one, file)
                 with trio.CancelScope(shield=True):
                     if failures:
                         reason, error = _failure(failures)
-                        await set_acquisition(self.store, model_id, FAILED, reason, error)
+                        await self._record(model_id, AcquisitionState.FAILED, reason, error)
                     else:
-                        await set_acquisition(self.store, model_id, DONE)
+                        await self._record(model_id, AcquisitionState.DONE)
         finally:
             self._tasks.pop(model_id, None)
             self._finished.pop(model_id).set()
 
-    async def _acquire_file(self, file: dict[str, Any]) -> None:
-        url = file["url"]
-        ref = FileRef(file["model_id"], file["idx"], file["sha256"], file["size"])
+    async def _acquire_file(self, file: AcquisitionFile) -> None:
+        url, ref = file.url, file.ref
+        assert url is not None
         delay = self.backoff
         # What a failed attempt hashed and made durable, so that a retry resumes the hash too.
         hashed: dict[int, Any] = {}

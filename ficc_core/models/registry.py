@@ -6,19 +6,21 @@ shared (see :mod:`ficc_core.models.blobs`).
 
 from __future__ import annotations
 
-import json
 import logging
 import time
-from typing import Any
+from collections.abc import Callable
+from functools import partial
 
 import trio
 
 from ..auth.secrets import new_id
 from ..errors import Conflict, FiccError, InvalidRequest, NotFound
-from ..schema import ModelManifest, canonical_json, structure
+from ..schema import ModelManifest, structure
 from ..store import Store, Transaction
-from .acquire import RUNNING, Acquirer
-from .blobs import FAILED, VERIFIED, VERIFYING, BlobStatus, BlobStore, FileRef
+from . import repository
+from .acquire import Acquirer
+from .blobs import BlobStatus, BlobStore, FileRef
+from .records import AcquisitionState, Deletion, FileState, Model, ModelFile, ModelState
 
 log = logging.getLogger("ficc.models.registry")
 
@@ -43,106 +45,31 @@ def _model_not_found(model_id: str) -> NotFound:
     )
 
 
-def _file_state(file: dict[str, Any], acquiring: bool) -> str:
-    if file["state"] in (VERIFIED, VERIFYING, FAILED):
-        return file["state"]
-    if acquiring and file["url"]:
-        return "acquiring"
-    return "paused" if file["durable_offset"] > 0 else "absent"
-
-
-def _error(recorded: str | None) -> dict[str, Any] | None:
-    return None if recorded is None else json.loads(recorded)
-
-
-def _model_view(row: dict[str, Any], files: list[dict[str, Any]]) -> dict[str, Any]:
-    manifest = json.loads(row["manifest"])
-    acquiring = row["acquisition_state"] == RUNNING
-    views = []
-    for file in files:
-        state = _file_state(file, acquiring)
-        error = _error(file["error"]) if state == FAILED else None
-        views.append(
-            {
-                "index": file["idx"],
-                "path": file["path"],
-                "size": file["size"],
-                "sha256": file["sha256"],
-                "url": file["url"],
-                "state": state,
-                "received_bytes": file["durable_offset"],
-                "verified_bytes": file["size"] if state == VERIFIED else 0,
-                "reason": None if error is None else error["message"],
-                "error": error,
-            }
-        )
-    states = {view["state"] for view in views}
-    if states == {VERIFIED}:
-        state = VERIFIED
-    elif acquiring:
-        state = "acquiring"
-    elif FAILED in states or row["acquisition_state"] == "failed":
-        state = FAILED
-    elif row["acquisition_state"] == "paused":
-        state = "paused"
-    else:
-        state = "incomplete"
-    return {
-        "id": row["id"],
-        "name": row["name"],
-        "format": manifest["format"],
-        "digest": row["digest"],
-        "created_at": row["created_at"],
-        "manifest": manifest,
-        "state": state,
-        "acquisition": None
-        if row["acquisition_state"] is None
-        else {
-            "state": row["acquisition_state"],
-            "reason": row["acquisition_reason"],
-            "error": _error(row["acquisition_error"]),
-        },
-        "size": sum(view["size"] for view in views),
-        "received_bytes": sum(view["received_bytes"] for view in views),
-        "verified_bytes": sum(view["verified_bytes"] for view in views),
-        "files": views,
-    }
-
-
-_MODEL_SELECT = (
-    "SELECT m.*, a.state AS acquisition_state, a.reason AS acquisition_reason,"
-    " a.error AS acquisition_error FROM models m LEFT JOIN acquisitions a ON a.model_id = m.id"
-)
-# Verified content is shared; anything else is this model's own partial (none yet: absent).
-_FILES_SELECT = (
-    "SELECT f.idx, f.path, f.size, f.sha256, f.url,"
-    " CASE WHEN b.state = 'verified' THEN 'verified' ELSE COALESCE(p.state, 'partial') END"
-    " AS state,"
-    " CASE WHEN b.state = 'verified' THEN f.size ELSE COALESCE(p.durable_offset, 0) END"
-    " AS durable_offset,"
-    " CASE WHEN b.state = 'verified' THEN NULL ELSE p.error END AS error"
-    " FROM model_files f JOIN blobs b ON b.sha256 = f.sha256"
-    " LEFT JOIN partials p ON p.model_id = f.model_id AND p.idx = f.idx"
-    " WHERE f.model_id = ? ORDER BY f.idx"
-)
-
-
-def _read_model(tx: Transaction, project_id: str, model_id: str) -> dict[str, Any]:
-    row = tx.fetch_one(
-        f"{_MODEL_SELECT} WHERE m.id = ? AND m.project_id = ?", (model_id, project_id)
-    )
-    if row is None:
+def _require_model(tx: Transaction, project_id: str, model_id: str) -> Model:
+    model = repository.find_model(tx, project_id, model_id)
+    if model is None:
         raise _model_not_found(model_id)
-    return _model_view(row, tx.fetch_all(_FILES_SELECT, (model_id,)))
+    return model
 
 
 class ModelRegistry:
-    """Manifests, per-file progress, uploads, acquisition control and deletion."""
+    """Manifests, per-file progress, uploads, acquisition control and deletion.
 
-    def __init__(self, store: Store, blobs: BlobStore, acquirer: Acquirer) -> None:
+    :param clock: wall-clock seconds (a model's ``created_at``).
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        blobs: BlobStore,
+        acquirer: Acquirer,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.store = store
         self.blobs = blobs
         self.acquirer = acquirer
+        self.clock = clock
         self._active_uploads: dict[str, int] = {}
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -161,9 +88,7 @@ class ModelRegistry:
                 except FiccError as exc:
                     log.warning("file %s of model %s: %s", ref.index, ref.model_id, exc.message)
 
-    async def register(
-        self, project_id: str, manifest: ModelManifest
-    ) -> tuple[dict[str, Any], bool]:
+    async def register(self, project_id: str, manifest: ModelManifest) -> tuple[Model, bool]:
         """Register ``manifest``; return the model and whether it was created.
 
         An equal manifest under the same name is idempotent (same id back); another
@@ -175,73 +100,50 @@ class ModelRegistry:
         for file in manifest.files:
             if await self.blobs.is_published(file.sha256):
                 published.add(file.sha256)
+        now = self.clock()
 
-        def write(tx: Transaction) -> tuple[dict[str, Any], bool]:
-            existing = tx.fetch_one(
-                "SELECT id, digest FROM models WHERE project_id = ? AND name = ?",
-                (project_id, manifest.name),
-            )
+        def write(tx: Transaction) -> tuple[Model, bool]:
+            existing = repository.find_by_name(tx, project_id, manifest.name)
             if existing is not None:
-                if existing["digest"] == digest:
-                    return _read_model(tx, project_id, existing["id"]), False
+                existing_id, existing_digest = existing
+                if existing_digest == digest:
+                    return _require_model(tx, project_id, existing_id), False
                 raise Conflict(
                     f"a different model named {manifest.name!r} already exists in this project",
                     code="model_exists",
-                    details={"id": existing["id"], "digest": existing["digest"]},
+                    details={"id": existing_id, "digest": existing_digest},
                 )
             model_id = new_id()
-            tx.execute(
-                "INSERT INTO models (id, project_id, name, manifest, digest, created_at)"
-                " VALUES (?, ?, ?, ?, ?, ?)",
-                (
-                    model_id,
-                    project_id,
-                    manifest.name,
-                    canonical_json(manifest).decode("utf-8"),
-                    digest,
-                    time.time(),
-                ),
-            )
-            for index, file in enumerate(manifest.files):
+            for file in manifest.files:
                 BlobStore.ensure_row(tx, file.sha256, file.size, published=file.sha256 in published)
-                tx.execute(
-                    "INSERT INTO model_files (model_id, idx, path, size, sha256, url)"
-                    " VALUES (?, ?, ?, ?, ?, ?)",
-                    (model_id, index, file.path, file.size, file.sha256, file.url),
-                )
-            return _read_model(tx, project_id, model_id), True
+            repository.insert_model(
+                tx, model_id, project_id, manifest, digest=digest, created_at=now
+            )
+            return _require_model(tx, project_id, model_id), True
 
         return await self.store.write(write)
 
-    async def list(self, project_id: str) -> list[dict[str, Any]]:
+    async def list(self, project_id: str) -> list[Model]:
         """Every model of the project with its progress."""
+        return await self.store.read(partial(repository.list_models, project_id=project_id))
 
-        def read(tx: Transaction) -> list[dict[str, Any]]:
-            rows = tx.fetch_all(
-                f"{_MODEL_SELECT} WHERE m.project_id = ? ORDER BY m.created_at, m.name",
-                (project_id,),
-            )
-            return [_model_view(row, tx.fetch_all(_FILES_SELECT, (row["id"],))) for row in rows]
-
-        return await self.store.read(read)
-
-    async def get(self, project_id: str, model_id: str) -> dict[str, Any]:
+    async def get(self, project_id: str, model_id: str) -> Model:
         """One model of the project; another project's is not found."""
-        return await self.store.read(lambda tx: _read_model(tx, project_id, model_id))
+        return await self.store.read(lambda tx: _require_model(tx, project_id, model_id))
 
     async def manifest(self, project_id: str, model_id: str) -> ModelManifest:
         """The immutable manifest of a model."""
         model = await self.get(project_id, model_id)
-        return structure(model["manifest"], ModelManifest, what="stored manifest")
+        return structure(model.manifest, ModelManifest, what="stored manifest")
 
     # -- acquisition ------------------------------------------------------------
 
-    async def acquire(self, project_id: str, model_id: str) -> dict[str, Any]:
+    async def acquire(self, project_id: str, model_id: str) -> Model:
         """Start or resume the acquisition of every unverified file with a source URL."""
         model = await self.get(project_id, model_id)
-        if model["state"] == VERIFIED:
+        if model.state == ModelState.VERIFIED:
             return model
-        if not any(f["url"] and f["state"] != VERIFIED for f in model["files"]):
+        if not any(f.url and f.state != FileState.VERIFIED for f in model.files):
             raise Conflict(
                 "no unverified file of this model has a source URL; upload them instead",
                 code="nothing_to_acquire",
@@ -249,14 +151,14 @@ class ModelRegistry:
         await self.acquirer.start(model_id)
         return await self.get(project_id, model_id)
 
-    async def pause(self, project_id: str, model_id: str) -> dict[str, Any]:
+    async def pause(self, project_id: str, model_id: str) -> Model:
         """Stop the acquisition after any admitted write; keep the durable offsets."""
         model = await self.get(project_id, model_id)
-        if model["acquisition"] is None or model["acquisition"]["state"] != RUNNING:
+        if model.acquisition is None or model.acquisition.state != AcquisitionState.RUNNING:
             raise Conflict(
                 "this model is not being acquired",
                 code="not_acquiring",
-                details={"state": model["state"]},
+                details={"state": str(model.state)},
             )
         await self.acquirer.pause(model_id)
         return await self.get(project_id, model_id)
@@ -274,25 +176,17 @@ class ModelRegistry:
         an acquisition or holds an upload slot meanwhile.
         """
         model = await self.get(project_id, model_id)
-        if not 0 <= index < len(model["files"]):
+        if not 0 <= index < len(model.files):
             raise NotFound(
-                f"model {model_id!r} has no file {index}; it has {len(model['files'])}",
+                f"model {model_id!r} has no file {index}; it has {len(model.files)}",
                 code="file_not_found",
                 details={"index": index},
             )
-        file = model["files"][index]
-        acquiring = await self.store.read(
-            lambda tx: tx.fetch_all(
-                "SELECT DISTINCT f.model_id FROM model_files f"
-                " JOIN models m ON m.id = f.model_id"
-                " JOIN acquisitions a ON a.model_id = f.model_id"
-                " WHERE f.sha256 = ? AND m.project_id = ? AND a.state = ?"
-                " AND f.url IS NOT NULL ORDER BY f.model_id",
-                (file["sha256"], project_id, RUNNING),
-            )
+        file = model.files[index]
+        others = await self.store.read(
+            partial(repository.models_acquiring_content, project_id=project_id, sha256=file.sha256)
         )
-        if acquiring and file["state"] != VERIFIED:
-            others = [row["model_id"] for row in acquiring]
+        if others and file.state != FileState.VERIFIED:
             where = "this model" if others == [model_id] else f"model(s) {', '.join(others)}"
             raise Conflict(
                 f"this file's content is being acquired by {where}; wait for the "
@@ -300,11 +194,11 @@ class ModelRegistry:
                 code="acquisition_running",
                 details={"models": others},
             )
-        return FileRef(model_id, index, file["sha256"], file["size"])
+        return file.ref(model_id)
 
     async def upload(
         self, project_id: str, model_id: str, index: int, offset: int, data: bytes
-    ) -> dict[str, Any]:
+    ) -> ModelFile:
         """Write ``data`` at ``offset`` of file ``index``; verify and publish when complete."""
         ref = await self.upload_target(project_id, model_id, index)
         async with self.blobs.lock(ref):
@@ -315,7 +209,7 @@ class ModelRegistry:
                 if status.durable_offset == status.size:
                     await self.blobs.verify_and_publish(ref)
         model = await self.get(project_id, model_id)
-        return model["files"][index]
+        return model.files[index]
 
     async def _empty_upload(self, ref: FileRef, status: BlobStatus, offset: int) -> None:
         # The one empty write that means something: "verify the full-length partial
@@ -342,36 +236,24 @@ class ModelRegistry:
 
     # -- deletion ---------------------------------------------------------------
 
-    async def delete(self, project_id: str, model_id: str, *, evict: bool) -> dict[str, Any]:
+    async def delete(self, project_id: str, model_id: str, *, evict: bool) -> Deletion:
         """Remove the model's metadata; with ``evict``, also blobs no other model uses."""
         model = await self.get(project_id, model_id)
         await self.acquirer.forget(model_id)
 
         def write(tx: Transaction) -> list[str]:
-            referencing = _referencing_services(tx, model_id)
+            referencing = repository.services_using(tx, model_id)
             if referencing:
                 raise Conflict(
                     f"model {model_id!r} is used by inference service(s) {', '.join(referencing)}",
                     code="model_in_use",
                     details={"services": referencing},
                 )
-            shas = {
-                row["sha256"]
-                for row in tx.fetch_all(
-                    "SELECT sha256 FROM model_files WHERE model_id = ?", (model_id,)
-                )
-            }
-            tx.execute("DELETE FROM models WHERE id = ?", (model_id,))
-            return sorted(
-                sha
-                for sha in shas
-                if tx.fetch_one("SELECT 1 AS used FROM model_files WHERE sha256 = ?", (sha,))
-                is None
-            )
+            return repository.delete_model(tx, model_id)
 
         orphans = await self.store.write(write)
-        for file in model["files"]:
-            ref = FileRef(model_id, file["index"], file["sha256"], file["size"])
+        for file in model.files:
+            ref = file.ref(model_id)
             async with self.blobs.lock(ref):
                 await self.blobs.discard(ref)  # private to this model: nobody else can use it
         evicted = []
@@ -379,19 +261,10 @@ class ModelRegistry:
             for sha256 in orphans:
                 await self.blobs.remove(sha256)
                 evicted.append(sha256)
-            if evicted and model["format"] == "hf-directory":
+            if evicted and model.format == "hf-directory":
                 # Its assembled tree would keep the evicted content on disk.
-                await self.blobs.remove_tree(
-                    {f["path"]: (f["sha256"], f["size"]) for f in model["files"]}
-                )
-        return {"id": model["id"], "name": model["name"], "deleted": True, "evicted": evicted}
-
-
-def _referencing_services(tx: Transaction, model_id: str) -> list[str]:
-    rows = tx.fetch_all(
-        "SELECT id FROM inference_services WHERE model_id = ? ORDER BY id", (model_id,)
-    )
-    return [row["id"] for row in rows]
+                await self.blobs.remove_tree({f.path: (f.sha256, f.size) for f in model.files})
+        return Deletion(id=model.id, name=model.name, evicted=tuple(evicted))
 
 
 class _UploadSlot:

@@ -1,0 +1,337 @@
+"""Every SQL statement of authentication: projects, users, credentials, sessions.
+
+Plain functions over a :class:`~ficc_core.store.Transaction`, taking and returning
+the records of :mod:`.records`. Scopes are stored as a sorted JSON list.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import Any
+
+from ..errors import NotFound
+from ..store import Transaction
+from .records import (
+    Credential,
+    Membership,
+    NewSession,
+    Project,
+    StoredCredential,
+    StoredSession,
+    User,
+    UserLogin,
+)
+
+
+def _scopes(stored: str) -> tuple[str, ...]:
+    return tuple(json.loads(stored))
+
+
+def _stored_scopes(scopes: Iterable[str]) -> str:
+    return json.dumps(sorted(scopes))
+
+
+# -- projects ------------------------------------------------------------------------------
+
+
+def _project(row: dict[str, Any]) -> Project:
+    return Project(id=row["id"], name=row["name"], created_at=row["created_at"])
+
+
+def find_project(tx: Transaction, ref: str) -> Project | None:
+    """The project whose id or name is ``ref``."""
+    row = tx.fetch_one(
+        "SELECT id, name, created_at FROM projects WHERE id = ? OR name = ?", (ref, ref)
+    )
+    return None if row is None else _project(row)
+
+
+def require_project(tx: Transaction, ref: str) -> Project:
+    """The project whose id or name is ``ref``, or :class:`NotFound` (``project_not_found``)."""
+    project = find_project(tx, ref)
+    if project is None:
+        raise NotFound(f"no project {ref!r}", code="project_not_found", details={"project": ref})
+    return project
+
+
+def project_name_taken(tx: Transaction, name: str) -> bool:
+    """Whether a project is named ``name``."""
+    return tx.fetch_one("SELECT id FROM projects WHERE name = ?", (name,)) is not None
+
+
+def insert_project(tx: Transaction, project: Project) -> None:
+    """Store a new project."""
+    tx.execute(
+        "INSERT INTO projects (id, name, created_at) VALUES (?, ?, ?)",
+        (project.id, project.name, project.created_at),
+    )
+
+
+def list_projects(tx: Transaction) -> list[Project]:
+    """Every project, oldest first."""
+    rows = tx.fetch_all("SELECT id, name, created_at FROM projects ORDER BY created_at, name")
+    return [_project(row) for row in rows]
+
+
+# -- users and memberships -------------------------------------------------------------------
+
+
+def username_taken(tx: Transaction, username: str) -> bool:
+    """Whether a user is named ``username``."""
+    return tx.fetch_one("SELECT id FROM users WHERE username = ?", (username,)) is not None
+
+
+def has_users(tx: Transaction) -> bool:
+    """Whether any user exists."""
+    return tx.fetch_one("SELECT 1 AS found FROM users LIMIT 1") is not None
+
+
+def insert_user(
+    tx: Transaction,
+    user_id: str,
+    username: str,
+    password_hash: str,
+    *,
+    is_admin: bool,
+    created_at: float,
+) -> None:
+    """Store a new user (memberships are added with :func:`insert_membership`)."""
+    tx.execute(
+        "INSERT INTO users (id, username, password_hash, is_admin, created_at)"
+        " VALUES (?, ?, ?, ?, ?)",
+        (user_id, username, password_hash, int(is_admin), created_at),
+    )
+
+
+def find_user(tx: Transaction, user_id: str) -> User | None:
+    """A user with their memberships (ordered by project id)."""
+    row = tx.fetch_one(
+        "SELECT id, username, is_admin, created_at FROM users WHERE id = ?", (user_id,)
+    )
+    if row is None:
+        return None
+    memberships = tx.fetch_all(
+        "SELECT project_id, scopes FROM memberships WHERE user_id = ? ORDER BY project_id",
+        (user_id,),
+    )
+    return User(
+        id=row["id"],
+        username=row["username"],
+        is_admin=bool(row["is_admin"]),
+        created_at=row["created_at"],
+        projects=tuple(Membership(m["project_id"], _scopes(m["scopes"])) for m in memberships),
+    )
+
+
+def list_users(tx: Transaction) -> list[User]:
+    """Every user with their memberships, oldest first."""
+    rows = tx.fetch_all("SELECT id FROM users ORDER BY created_at, username")
+    return [user for row in rows if (user := find_user(tx, row["id"])) is not None]
+
+
+def user_login(tx: Transaction, username: str) -> UserLogin | None:
+    """What a login by ``username`` checks, if there is such a user."""
+    row = tx.fetch_one(
+        "SELECT id, is_admin, password_hash FROM users WHERE username = ?", (username,)
+    )
+    if row is None:
+        return None
+    return UserLogin(
+        id=row["id"], is_admin=bool(row["is_admin"]), password_hash=row["password_hash"]
+    )
+
+
+def insert_membership(
+    tx: Transaction, user_id: str, project_id: str, scopes: Iterable[str]
+) -> None:
+    """Give the user ``scopes`` in the project (which they are not a member of yet)."""
+    tx.execute(
+        "INSERT INTO memberships (user_id, project_id, scopes) VALUES (?, ?, ?)",
+        (user_id, project_id, _stored_scopes(scopes)),
+    )
+
+
+def delete_membership(tx: Transaction, user_id: str, project_id: str) -> None:
+    """Remove the user from the project."""
+    tx.execute(
+        "DELETE FROM memberships WHERE user_id = ? AND project_id = ?", (user_id, project_id)
+    )
+
+
+def is_member(tx: Transaction, user_id: str, project_id: str) -> bool:
+    """Whether the user has a membership in the project."""
+    return (
+        tx.fetch_one(
+            "SELECT 1 AS found FROM memberships WHERE user_id = ? AND project_id = ?",
+            (user_id, project_id),
+        )
+        is not None
+    )
+
+
+# -- credentials ---------------------------------------------------------------------------
+
+_CREDENTIAL_COLUMNS = (
+    "c.id, c.name, c.project_id, c.user_id, c.scopes, c.created_at, c.expires_at,"
+    " c.revoked_at, c.service_id, c.issuer_id"
+)
+
+
+def _credential(row: dict[str, Any]) -> Credential:
+    return Credential(
+        id=row["id"],
+        name=row["name"],
+        project_id=row["project_id"],
+        user_id=row["user_id"],
+        scopes=_scopes(row["scopes"]),
+        created_at=row["created_at"],
+        expires_at=row["expires_at"],
+        revoked_at=row["revoked_at"],
+        service_id=row["service_id"],
+        issuer_id=row["issuer_id"],
+    )
+
+
+def insert_credential(tx: Transaction, credential: Credential, secret_hash: str) -> None:
+    """Store a new credential with its secret's hash."""
+    tx.execute(
+        "INSERT INTO credentials (id, secret_hash, project_id, user_id, name, scopes,"
+        " created_at, expires_at, service_id, issuer_id)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (
+            credential.id,
+            secret_hash,
+            credential.project_id,
+            credential.user_id,
+            credential.name,
+            _stored_scopes(credential.scopes),
+            credential.created_at,
+            credential.expires_at,
+            credential.service_id,
+            credential.issuer_id,
+        ),
+    )
+
+
+def find_credential(tx: Transaction, credential_id: str) -> Credential | None:
+    """One credential of any project."""
+    row = tx.fetch_one(
+        f"SELECT {_CREDENTIAL_COLUMNS} FROM credentials c WHERE c.id = ?", (credential_id,)
+    )
+    return None if row is None else _credential(row)
+
+
+def list_credentials(tx: Transaction, project_id: str) -> list[Credential]:
+    """The project's credentials, oldest first."""
+    rows = tx.fetch_all(
+        f"SELECT {_CREDENTIAL_COLUMNS} FROM credentials c WHERE c.project_id = ?"
+        " ORDER BY c.created_at, c.id",
+        (project_id,),
+    )
+    return [_credential(row) for row in rows]
+
+
+def stored_credential(tx: Transaction, credential_id: str) -> StoredCredential | None:
+    """A credential with its secret's hash, project name and user, for authentication."""
+    row = tx.fetch_one(
+        f"SELECT {_CREDENTIAL_COLUMNS}, c.secret_hash, p.name AS project_name, u.username,"
+        " u.is_admin FROM credentials c JOIN projects p ON p.id = c.project_id"
+        " LEFT JOIN users u ON u.id = c.user_id WHERE c.id = ?",
+        (credential_id,),
+    )
+    if row is None:
+        return None
+    return StoredCredential(
+        credential=_credential(row),
+        secret_hash=row["secret_hash"],
+        project_name=row["project_name"],
+        username=row["username"],
+        is_admin=bool(row["is_admin"]),
+    )
+
+
+def minted_by(tx: Transaction, issuer_id: str) -> list[str]:
+    """The ids of every credential minted by ``issuer_id``, and by those, transitively."""
+    rows = tx.fetch_all(
+        "WITH RECURSIVE minted(id) AS ("
+        " SELECT id FROM credentials WHERE issuer_id = ?"
+        " UNION SELECT c.id FROM credentials c JOIN minted m ON c.issuer_id = m.id)"
+        " SELECT id FROM minted",
+        (issuer_id,),
+    )
+    return [row["id"] for row in rows]
+
+
+def revoke(tx: Transaction, credential_ids: Iterable[str], now: float) -> None:
+    """Mark the credentials revoked at ``now`` (those already revoked keep their time)."""
+    for credential_id in credential_ids:
+        tx.execute(
+            "UPDATE credentials SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL",
+            (now, credential_id),
+        )
+
+
+def revoked_since(tx: Transaction, since: float) -> list[tuple[str, float]]:
+    """``(id, revoked_at)`` of every credential revoked at or after ``since``."""
+    rows = tx.fetch_all("SELECT id, revoked_at FROM credentials WHERE revoked_at >= ?", (since,))
+    return [(row["id"], row["revoked_at"]) for row in rows]
+
+
+# -- sessions ------------------------------------------------------------------------------
+
+
+def insert_session(tx: Transaction, session: NewSession) -> None:
+    """Store a new session."""
+    tx.execute(
+        "INSERT INTO sessions (id, secret_hash, csrf_hash, user_id, project_id,"
+        " created_at, expires_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+        (
+            session.id,
+            session.secret_hash,
+            session.csrf_hash,
+            session.user_id,
+            session.project_id,
+            session.created_at,
+            session.expires_at,
+        ),
+    )
+
+
+def delete_expired_sessions(tx: Transaction, now: float) -> None:
+    """Forget sessions that expired by ``now``."""
+    tx.execute("DELETE FROM sessions WHERE expires_at <= ?", (now,))
+
+
+def delete_session(tx: Transaction, session_id: str) -> None:
+    """Forget one session."""
+    tx.execute("DELETE FROM sessions WHERE id = ?", (session_id,))
+
+
+def stored_session(tx: Transaction, session_id: str) -> StoredSession | None:
+    """A session with its user, project and the user's scopes there, for authentication."""
+    row = tx.fetch_one(
+        "SELECT s.id, s.secret_hash, s.csrf_hash, s.user_id, s.project_id, s.expires_at,"
+        " p.name AS project_name, u.username, u.is_admin"
+        " FROM sessions s JOIN projects p ON p.id = s.project_id"
+        " JOIN users u ON u.id = s.user_id WHERE s.id = ?",
+        (session_id,),
+    )
+    if row is None:
+        return None
+    membership = tx.fetch_one(
+        "SELECT scopes FROM memberships WHERE user_id = ? AND project_id = ?",
+        (row["user_id"], row["project_id"]),
+    )
+    return StoredSession(
+        id=row["id"],
+        secret_hash=row["secret_hash"],
+        csrf_hash=row["csrf_hash"],
+        user_id=row["user_id"],
+        username=row["username"],
+        is_admin=bool(row["is_admin"]),
+        project_id=row["project_id"],
+        project_name=row["project_name"],
+        expires_at=row["expires_at"],
+        scopes=() if membership is None else _scopes(membership["scopes"]),
+    )

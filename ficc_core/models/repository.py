@@ -1,0 +1,217 @@
+"""Every SQL statement of the model registry and its acquisitions.
+
+Plain functions over a :class:`~ficc_core.store.Transaction`, taking and returning
+the records of :mod:`.records`. The blob store keeps its own statements (blobs and
+partials, :mod:`.blobs`); a model's view reads them here, joined to its files.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from ..schema import ModelManifest, canonical_json
+from ..store import Transaction
+from .blobs import VERIFIED, FileRef
+from .records import (
+    Acquisition,
+    AcquisitionFile,
+    AcquisitionState,
+    Model,
+    StoredFile,
+)
+
+
+def _decoded(recorded: str | None) -> dict[str, Any] | None:
+    return None if recorded is None else json.loads(recorded)
+
+
+_MODEL_SELECT = (
+    "SELECT m.id, m.name, m.manifest, m.digest, m.created_at, a.state AS acquisition_state,"
+    " a.reason AS acquisition_reason, a.error AS acquisition_error"
+    " FROM models m LEFT JOIN acquisitions a ON a.model_id = m.id"
+)
+# Verified content is shared; anything else is this model's own partial (none yet: absent).
+_FILES_SELECT = (
+    "SELECT f.idx, f.path, f.size, f.sha256, f.url,"
+    " CASE WHEN b.state = 'verified' THEN 'verified' ELSE COALESCE(p.state, 'partial') END"
+    " AS state,"
+    " CASE WHEN b.state = 'verified' THEN f.size ELSE COALESCE(p.durable_offset, 0) END"
+    " AS durable_offset,"
+    " CASE WHEN b.state = 'verified' THEN NULL ELSE p.error END AS error"
+    " FROM model_files f JOIN blobs b ON b.sha256 = f.sha256"
+    " LEFT JOIN partials p ON p.model_id = f.model_id AND p.idx = f.idx"
+    " WHERE f.model_id = ? ORDER BY f.idx"
+)
+
+
+def _model(tx: Transaction, row: dict[str, Any]) -> Model:
+    files = [
+        StoredFile(
+            index=file["idx"],
+            path=file["path"],
+            size=file["size"],
+            sha256=file["sha256"],
+            url=file["url"],
+            state=file["state"],
+            durable_offset=file["durable_offset"],
+            error=_decoded(file["error"]),
+        )
+        for file in tx.fetch_all(_FILES_SELECT, (row["id"],))
+    ]
+    acquisition = (
+        None
+        if row["acquisition_state"] is None
+        else Acquisition(
+            state=AcquisitionState(row["acquisition_state"]),
+            reason=row["acquisition_reason"],
+            error=_decoded(row["acquisition_error"]),
+        )
+    )
+    return Model.shown(
+        id=row["id"],
+        name=row["name"],
+        digest=row["digest"],
+        created_at=row["created_at"],
+        manifest=json.loads(row["manifest"]),
+        acquisition=acquisition,
+        files=files,
+    )
+
+
+def find_model(tx: Transaction, project_id: str, model_id: str) -> Model | None:
+    """One model of the project, with its files' progress."""
+    row = tx.fetch_one(
+        f"{_MODEL_SELECT} WHERE m.id = ? AND m.project_id = ?", (model_id, project_id)
+    )
+    return None if row is None else _model(tx, row)
+
+
+def list_models(tx: Transaction, project_id: str) -> list[Model]:
+    """Every model of the project, oldest first."""
+    rows = tx.fetch_all(
+        f"{_MODEL_SELECT} WHERE m.project_id = ? ORDER BY m.created_at, m.name", (project_id,)
+    )
+    return [_model(tx, row) for row in rows]
+
+
+def find_by_name(tx: Transaction, project_id: str, name: str) -> tuple[str, str] | None:
+    """``(id, digest)`` of the project's model named ``name``, if any."""
+    row = tx.fetch_one(
+        "SELECT id, digest FROM models WHERE project_id = ? AND name = ?", (project_id, name)
+    )
+    return None if row is None else (row["id"], row["digest"])
+
+
+def insert_model(
+    tx: Transaction,
+    model_id: str,
+    project_id: str,
+    manifest: ModelManifest,
+    *,
+    digest: str,
+    created_at: float,
+) -> None:
+    """Store a new model: its canonical manifest and one row per declared file."""
+    tx.execute(
+        "INSERT INTO models (id, project_id, name, manifest, digest, created_at)"
+        " VALUES (?, ?, ?, ?, ?, ?)",
+        (
+            model_id,
+            project_id,
+            manifest.name,
+            canonical_json(manifest).decode("utf-8"),
+            digest,
+            created_at,
+        ),
+    )
+    for index, file in enumerate(manifest.files):
+        tx.execute(
+            "INSERT INTO model_files (model_id, idx, path, size, sha256, url)"
+            " VALUES (?, ?, ?, ?, ?, ?)",
+            (model_id, index, file.path, file.size, file.sha256, file.url),
+        )
+
+
+def models_acquiring_content(tx: Transaction, project_id: str, sha256: str) -> list[str]:
+    """The project's models whose running acquisition fetches content ``sha256``."""
+    rows = tx.fetch_all(
+        "SELECT DISTINCT f.model_id FROM model_files f"
+        " JOIN models m ON m.id = f.model_id"
+        " JOIN acquisitions a ON a.model_id = f.model_id"
+        " WHERE f.sha256 = ? AND m.project_id = ? AND a.state = ?"
+        " AND f.url IS NOT NULL ORDER BY f.model_id",
+        (sha256, project_id, AcquisitionState.RUNNING.value),
+    )
+    return [row["model_id"] for row in rows]
+
+
+def services_using(tx: Transaction, model_id: str) -> list[str]:
+    """The inference services that run the model (it cannot be deleted while they do)."""
+    rows = tx.fetch_all(
+        "SELECT id FROM inference_services WHERE model_id = ? ORDER BY id", (model_id,)
+    )
+    return [row["id"] for row in rows]
+
+
+def delete_model(tx: Transaction, model_id: str) -> list[str]:
+    """Delete a model and its files' rows; return the content no other model declares."""
+    shas = {
+        row["sha256"]
+        for row in tx.fetch_all("SELECT sha256 FROM model_files WHERE model_id = ?", (model_id,))
+    }
+    tx.execute("DELETE FROM models WHERE id = ?", (model_id,))
+    return sorted(
+        sha
+        for sha in shas
+        if tx.fetch_one("SELECT 1 AS used FROM model_files WHERE sha256 = ?", (sha,)) is None
+    )
+
+
+# -- acquisitions --------------------------------------------------------------------------
+
+
+def set_acquisition(
+    tx: Transaction,
+    model_id: str,
+    state: AcquisitionState,
+    *,
+    reason: str | None,
+    error: Mapping[str, Any] | None,
+    now: float,
+) -> None:
+    """Record the state of a model's acquisition (``error``: the failure's envelope)."""
+    tx.execute(
+        "INSERT INTO acquisitions (model_id, state, reason, error, updated_at)"
+        " VALUES (?, ?, ?, ?, ?) ON CONFLICT (model_id) DO UPDATE SET state = excluded.state,"
+        " reason = excluded.reason, error = excluded.error, updated_at = excluded.updated_at",
+        (model_id, state.value, reason, None if error is None else json.dumps(error), now),
+    )
+
+
+def running_acquisitions(tx: Transaction) -> list[str]:
+    """The models whose acquisition is running (to resume on start)."""
+    rows = tx.fetch_all(
+        "SELECT model_id FROM acquisitions WHERE state = ?", (AcquisitionState.RUNNING.value,)
+    )
+    return [row["model_id"] for row in rows]
+
+
+def acquisition_files(tx: Transaction, model_id: str) -> list[AcquisitionFile]:
+    """Every file of the model with its source and whether its content is verified."""
+    rows = tx.fetch_all(
+        "SELECT f.idx, f.path, f.url, b.sha256, b.size, b.state"
+        " FROM model_files f JOIN blobs b ON b.sha256 = f.sha256"
+        " WHERE f.model_id = ? ORDER BY f.idx",
+        (model_id,),
+    )
+    return [
+        AcquisitionFile(
+            ref=FileRef(model_id, row["idx"], row["sha256"], row["size"]),
+            path=row["path"],
+            url=row["url"],
+            verified=row["state"] == VERIFIED,
+        )
+        for row in rows
+    ]
