@@ -18,7 +18,8 @@ from ..errors import Conflict, FiccError, InvalidRequest, NotFound
 from ..schema import ModelManifest, canonical_json, structure
 from ..store import Store, Transaction
 from .acquire import RUNNING, Acquirer
-from .blobs import FAILED, VERIFIED, VERIFYING, BlobStatus, BlobStore, FileRef
+from .blob_records import FAILED, VERIFIED, VERIFYING, BlobStatus, FileRef
+from .blobs import BlobStore
 
 log = logging.getLogger("ficc.models.registry")
 
