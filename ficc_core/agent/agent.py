@@ -290,7 +290,7 @@ class Agent:
         stream_id: str,
         method: str,
         path: str,
-        headers: Sequence[tuple[str, str]] | Mapping[str, str],
+        headers: Headers,
         body: bytes,
         *,
         input_id: str | None = None,

@@ -4,7 +4,8 @@ Providers (``ficc-executor-process``, ``ficc-executor-container`` and third-part
 ones) import these names from ``ficc_core``.
 """
 
-from .base import ExecutorAttempt, SupervisingProvider, attempt_key
+from .attempts import ExecutorAttempt, attempt_key
+from .base import SupervisingProvider
 from .endpoint import (
     ALLOWED_REQUEST_HEADERS,
     CHUNK_SIZE,
