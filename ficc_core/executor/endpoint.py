@@ -38,7 +38,7 @@ from .errors import (
     UnknownStream,
 )
 from .event_queue import EventQueue
-from .types import ReadEvent, StreamFailed
+from .types import ReadEvent, StreamFailed, is_terminal
 
 if TYPE_CHECKING:
     from ..schema import EndpointContract, Fence
@@ -274,7 +274,7 @@ class EndpointStreams:
         """Return the next event: the head, a chunk of at most 64 KiB, then the end or an error."""
         attempt, stream = self._stream(fence, stream_id)
         event = await stream.queue.get()
-        if EventQueue.is_terminal(event):
+        if is_terminal(event):
             attempt.streams.pop(stream_id, None)
         return event
 

@@ -17,11 +17,9 @@ from collections import deque
 
 import trio
 
-from .types import EndOfStream, ReadEvent, StreamFailed
+from .types import ReadEvent, StreamFailed, is_terminal
 
 __all__ = ["EventQueue"]
-
-_TERMINAL = (EndOfStream, StreamFailed)
 
 
 class EventQueue:
@@ -53,7 +51,7 @@ class EventQueue:
         if self.ended:
             return
         self.events.append(event)
-        self.ended = isinstance(event, _TERMINAL)
+        self.ended = is_terminal(event)
         self._readers.unpark_all()
 
     async def put(self, event: ReadEvent) -> None:
@@ -84,8 +82,3 @@ class EventQueue:
         event = self.events.popleft()
         self._room.unpark_all()
         return event
-
-    @staticmethod
-    def is_terminal(event: ReadEvent) -> bool:
-        """Whether ``event`` ends its stream."""
-        return isinstance(event, _TERMINAL)
