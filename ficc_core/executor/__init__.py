@@ -22,6 +22,7 @@ from .errors import (
     IsolationUnavailable,
     LaunchFailed,
     PathNotAdmitted,
+    PayloadTooLarge,
     StaleFence,
     StreamExists,
     TooManyStreams,
@@ -30,7 +31,7 @@ from .errors import (
 )
 from .logs import BoundedLog
 from .node import measure_resources, package_digest, total_memory
-from .protocol import ExecutorProvider
+from .protocol import EndpointAction, ExecutorProvider, Headers
 from .types import (
     AttemptState,
     AttemptStatus,
@@ -52,16 +53,19 @@ __all__ = [
     "BodyChunk",
     "BoundedLog",
     "EndOfStream",
+    "EndpointAction",
     "EndpointStreams",
     "EngineUnavailable",
     "ExecutorAttempt",
     "ExecutorError",
     "ExecutorProvider",
+    "Headers",
     "ImageDigestMismatch",
     "InputNotAdmitted",
     "IsolationUnavailable",
     "LaunchFailed",
     "PathNotAdmitted",
+    "PayloadTooLarge",
     "ReadEvent",
     "ResponseHead",
     "StaleFence",
