@@ -36,8 +36,8 @@ sys.path.insert(0, str(ROOT))
 from ficc_core.api.app import create_app  # noqa: E402
 from ficc_core.config import load_config  # noqa: E402
 from ficc_core.controller.service import open_service  # noqa: E402
-from ficc_core.models.blobs import FileRef  # noqa: E402
-from ficc_core.models.partials import sha256_file  # noqa: E402
+from ficc_core.digests import sha256_file  # noqa: E402
+from ficc_core.models.blob_records import FileRef  # noqa: E402
 from tests.httpsd import ServedFile, open_https_server, write_ca_bundle  # noqa: E402
 
 MiB = 1 << 20

@@ -12,7 +12,8 @@ import pytest
 import trio
 from ficc_executor_process.provider import ProcessProvider
 
-from ficc_core.agent import Agent, AgentSettings, DeclaredRuntime, file_digest, parse_nvidia_smi
+from ficc_core.agent import Agent, AgentSettings, DeclaredRuntime, parse_nvidia_smi
+from ficc_core.digests import file_digest
 from ficc_core.errors import ConfigError
 from ficc_core.executor import BodyChunk, ResponseHead, UnknownAttempt
 from ficc_core.schema import GpuDevice

@@ -10,7 +10,7 @@ import pytest
 import trio
 
 from ficc_core.errors import NotFound
-from ficc_core.models.blobs import FileRef
+from ficc_core.models.blob_records import FileRef
 
 from .conftest import bearer
 from .models_support import blob_files, gguf_manifest, random_bytes

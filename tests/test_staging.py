@@ -16,6 +16,7 @@ import trio
 from ficc_core.agent import staging
 from ficc_core.agent.runtimes import AgentSettings
 from ficc_core.agent.staging import Stager, StagingError, stage_job_inputs, stager_from_settings
+from ficc_core.digests import UnsafePath
 from ficc_core.errors import ConfigError
 from ficc_core.schema import EndpointContract, Job, JobInput
 from ficc_core.testing.executor_kit import new_fence
@@ -389,9 +390,9 @@ async def test_a_directory_model_is_assembled_from_staged_blobs_read_only(setup,
         staged = await stage_job_inputs(stager, job, {}, {"model": files})
         assert staged.inputs[0].path == str(root)
         assert staged.argv[2] == str(root)
-        with pytest.raises(StagingError) as unsafe:
+        with pytest.raises(UnsafePath) as unsafe:
             await stage_directory(stager, {"../escape": files["config.json"]})
-        assert unsafe.value.code == "unsafe_path"
+        assert (unsafe.value.code, unsafe.value.status) == ("unsafe_path", 502)
 
 
 def staging_agents(provider, agent_dir: Path, url: str, token: str):

@@ -2,7 +2,7 @@
 
 from .agent import DEFAULT_LEASE, Agent, Lease
 from .gpus import parse_nvidia_smi, query_gpus
-from .runtimes import AgentSettings, DeclaredRuntime, check_runtime, file_digest
+from .runtimes import AgentSettings, DeclaredRuntime, check_runtime
 
 __all__ = [
     "DEFAULT_LEASE",
@@ -11,7 +11,6 @@ __all__ = [
     "DeclaredRuntime",
     "Lease",
     "check_runtime",
-    "file_digest",
     "parse_nvidia_smi",
     "query_gpus",
 ]

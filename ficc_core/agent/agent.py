@@ -34,7 +34,7 @@ from .runtimes import AgentSettings, RuntimeCheck, check_runtime
 from .staging import Stager, stage_job_inputs
 
 if TYPE_CHECKING:
-    from ..executor.protocol import ExecutorProvider
+    from ..executor.protocol import ExecutorProvider, Headers
     from ..executor.types import AttemptStatus, ReadEvent
     from ..plugins import ExecutorRegistry
     from ..schema import Fence, Job, ResourceLimits, Runtime
@@ -290,7 +290,7 @@ class Agent:
         stream_id: str,
         method: str,
         path: str,
-        headers: Sequence[tuple[str, str]] | Mapping[str, str],
+        headers: Headers,
         body: bytes,
         *,
         input_id: str | None = None,

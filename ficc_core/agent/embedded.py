@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from ..contributors.link import LocalNodeLink
 from ..errors import FiccError
+from ..nodelink.links import LocalNodeLink
 from ..plugins import build_plugin_manager
 from .agent import Agent
 from .runtimes import AgentSettings

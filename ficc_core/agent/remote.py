@@ -5,7 +5,7 @@ https, authenticated by its node credential. The controller names the node in
 its welcome; the agent then heartbeats its snapshot and attempts every
 ``heartbeat_interval`` seconds from one task and applies lease renewals as they
 arrive in another, so neither waits on the other; relayed endpoint streams
-(:mod:`~ficc_core.contributors.relay`) run in tasks of their own. A dropped connection is
+(:mod:`~ficc_core.nodelink.relay_node`) run in tasks of their own. A dropped connection is
 retried with exponential backoff (0.5 s doubling to 30 s, with jitter); a refused
 credential, or being fenced out by a newer connection of the same node, ends it.
 """
@@ -23,9 +23,10 @@ from urllib.parse import urlsplit, urlunsplit
 import trio
 from trio_websocket import ConnectionClosed, ConnectionRejected, HandshakeError, open_websocket_url
 
-from ..contributors.link import run_command
-from ..contributors.relay import RelayServer
 from ..errors import FiccError
+from ..nodelink.commands import run_command
+from ..nodelink.relay_node import RelayServer
+from ..nodelink.wire import decode
 from ..schema import unstructure
 from .agent import Agent
 
@@ -145,7 +146,7 @@ class RemoteAgent:
                 self.url, self.ssl_context, extra_headers=headers, connect_timeout=15
             )
             async with connection as ws:
-                welcome = _decode(await ws.get_message())
+                welcome = decode(await ws.get_message())
                 if welcome.get("type") != "welcome":
                     raise AgentRefused(f"the controller said {welcome!r} instead of welcome")
                 node_id = str(welcome["node_id"])
@@ -204,7 +205,7 @@ class RemoteAgent:
                     if isinstance(raw, bytes):
                         relay.deliver_binary(raw)
                         continue
-                    message = _decode(raw)
+                    message = decode(raw)
                     kind = message.get("type")
                     if kind == "renew":
                         agent.renew(duration=float(message["duration"]))
@@ -249,13 +250,6 @@ def _first(group: BaseExceptionGroup) -> Any:
     while isinstance(leaf, BaseExceptionGroup):
         leaf = leaf.exceptions[0]
     return leaf
-
-
-def _decode(raw: str | bytes) -> dict[str, Any]:
-    message = json.loads(raw)
-    if not isinstance(message, dict):
-        raise ValueError("a controller message must be a JSON object")
-    return message
 
 
 def _body_message(body: bytes | None) -> str:

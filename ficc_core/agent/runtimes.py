@@ -9,7 +9,6 @@ nothing is ever placed on an image other than the one a specification binds.
 
 from __future__ import annotations
 
-import hashlib
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -18,6 +17,7 @@ from typing import Any
 import attrs
 import trio
 
+from ..digests import file_digest
 from ..errors import ConfigError
 from ..schema import InstalledRuntime
 from ..schema.spec import DIGEST_PATTERN, NODE_ID_PATTERN
@@ -113,15 +113,6 @@ class AgentSettings:
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
             raise ConfigError(f"agent configuration file {path} is not valid TOML: {exc}") from None
         return cls.from_document(document, str(path))
-
-
-def file_digest(path: Path) -> str:
-    """``sha256:<hex>`` of a file's content (blocking: call it from a worker thread)."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(1 << 20):
-            digest.update(chunk)
-    return "sha256:" + digest.hexdigest()
 
 
 @attrs.frozen

@@ -21,7 +21,6 @@ event loop: file writes, hashing, renames and disk checks run in worker threads.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -35,8 +34,9 @@ import attrs
 import httpx
 import trio
 
+from ..digests import assemble_tree, rename_durably, sha256_file, tree_listing
+from ..digests import hex_digest as _hex
 from ..errors import FiccError
-from ..models.partials import sha256_file
 from ..schema import Job
 from .runtimes import AgentSettings
 
@@ -49,7 +49,6 @@ disk_usage = shutil.disk_usage
 DEFAULT_FREE_MARGIN = 1 << 30
 
 _INDEX = "verified.json"
-_HEX = frozenset("0123456789abcdef")
 
 
 class StagingError(FiccError):
@@ -57,21 +56,6 @@ class StagingError(FiccError):
 
     status = 502
     code = "staging_failed"
-
-
-def _hex(sha256: str) -> str:
-    value = sha256.removeprefix("sha256:")
-    if len(value) != 64 or not set(value) <= _HEX:
-        raise StagingError(f"{sha256!r} is not a sha256 digest", code="invalid_digest")
-    return value
-
-
-def _fsync_directory(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 @attrs.frozen
@@ -334,44 +318,11 @@ class Stager:
                 with open(part, "rb") as handle:
                     os.fsync(handle.fileno())
                 part.chmod(0o444)
-                os.replace(part, staged)
-                _fsync_directory(staged.parent)
+                rename_durably(part, staged)
                 return staged.stat()
 
             info = await trio.to_thread.run_sync(publish)
             await self._record(staged, _Seen(info.st_size, info.st_mtime_ns))
-
-
-def tree_listing(
-    files: Mapping[str, tuple[str, int]],
-) -> tuple[list[tuple[str, str, int]], str]:
-    """A directory input's files, sorted as ``(path, hex digest, size)``, and its tree name.
-
-    The name is the sha256 of the listing, so the same files make the same tree on
-    every node. Absolute paths and ``.``/``..`` or empty segments are refused.
-    """
-    listing = sorted((path, _hex(digest), size) for path, (digest, size) in files.items())
-    for path, _digest, _size in listing:
-        parts = path.split("/")
-        if path.startswith("/") or any(part in ("", ".", "..") for part in parts):
-            raise StagingError(f"unsafe path in a directory input: {path!r}", code="unsafe_path")
-    return listing, hashlib.sha256(json.dumps(listing).encode()).hexdigest()
-
-
-def assemble_tree(root: Path, sources: Mapping[str, Path]) -> None:
-    """Build ``root`` from ``relative path -> source file`` (hard links, else read-only
-    copies), atomically: a half-built tree is never at ``root``. Blocking."""
-    building = root.with_name(root.name + ".building")
-    shutil.rmtree(building, ignore_errors=True)
-    for path, source in sources.items():
-        target = building / path
-        target.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            os.link(source, target)
-        except OSError:
-            shutil.copyfile(source, target)
-            target.chmod(0o444)
-    os.replace(building, root)
 
 
 async def stage_directory(stager: Stager, files: Mapping[str, tuple[str, int]]) -> Path:

@@ -24,10 +24,12 @@ import trio
 
 from ..auth import secrets as sec
 from ..errors import Conflict, FiccError, InvalidRequest, NotFound, Unauthenticated
+from ..executor.protocol import EndpointAction
+from ..nodelink.links import NodeLink
+from ..nodelink.wire import status_from_wire
 from ..schema import ExecutorSnapshot, Fence, canonical_json, structure, unstructure
 from ..schema.spec import NODE_ID_PATTERN
 from ..store import Store, Transaction
-from .link import NodeEndpoint, NodeLink, status_from_wire
 
 if TYPE_CHECKING:
     from ..executor.types import AttemptStatus
@@ -460,7 +462,7 @@ class NodeRegistry:
                     await self._unwant(node_id, fence.attempt_id, "launch_failed")
         return status_from_wire(reply["status"])
 
-    def endpoint(self, node_id: str) -> NodeEndpoint:
+    def endpoint(self, node_id: str) -> EndpointAction:
         """The endpoint action (``open`` / ``read`` / ``cancel``) of a connected node.
 
         The same interface for the embedded agent (in-process) and a remote one

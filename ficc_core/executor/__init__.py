@@ -4,7 +4,8 @@ Providers (``ficc-executor-process``, ``ficc-executor-container`` and third-part
 ones) import these names from ``ficc_core``.
 """
 
-from .base import ExecutorAttempt, SupervisingProvider, attempt_key
+from .attempts import ExecutorAttempt, attempt_key
+from .base import SupervisingProvider
 from .endpoint import (
     ALLOWED_REQUEST_HEADERS,
     CHUNK_SIZE,
@@ -21,6 +22,7 @@ from .errors import (
     IsolationUnavailable,
     LaunchFailed,
     PathNotAdmitted,
+    PayloadTooLarge,
     StaleFence,
     StreamExists,
     TooManyStreams,
@@ -29,7 +31,7 @@ from .errors import (
 )
 from .logs import BoundedLog
 from .node import measure_resources, package_digest, total_memory
-from .protocol import ExecutorProvider
+from .protocol import EndpointAction, ExecutorProvider, Headers
 from .types import (
     AttemptState,
     AttemptStatus,
@@ -51,16 +53,19 @@ __all__ = [
     "BodyChunk",
     "BoundedLog",
     "EndOfStream",
+    "EndpointAction",
     "EndpointStreams",
     "EngineUnavailable",
     "ExecutorAttempt",
     "ExecutorError",
     "ExecutorProvider",
+    "Headers",
     "ImageDigestMismatch",
     "InputNotAdmitted",
     "IsolationUnavailable",
     "LaunchFailed",
     "PathNotAdmitted",
+    "PayloadTooLarge",
     "ReadEvent",
     "ResponseHead",
     "StaleFence",

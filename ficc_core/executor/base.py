@@ -11,84 +11,42 @@ is here, once.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import os
 import shutil
 import signal
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar
 
-import attrs
 import trio
 
-from .bootstrap import BootstrapFailed, run_bootstrap
+from .attempts import (
+    EngineProcess,
+    ExecutorAttempt,
+    attempt_key,
+    prepare_directory,
+    read_records,
+    write_record,
+)
+from .bootstrap import probe_until_ready
 from .endpoint import DEFAULT_MAX_STREAMS, EndpointStreams, check_fence
 from .errors import AttemptExists, EngineUnavailable, LaunchFailed
 from .logs import BoundedLog
 from .netns import open_tcp_in_netns
-from .types import AttemptState, AttemptStatus, ReadEvent
+from .types import AttemptStatus, ReadEvent
 from .watchdog import Watchdog, end_leftover_watchdog
 
 if TYPE_CHECKING:
     from ..schema import Fence, Job, ResourceLimits, Runtime
+    from .protocol import Headers
 
-__all__ = ["EngineProcess", "ExecutorAttempt", "SupervisingProvider", "attempt_key"]
+__all__ = ["SupervisingProvider"]
 
 #: The longest Unix socket path Linux accepts (sun_path is 108 bytes with the NUL).
 MAX_SOCKET_PATH = 107
-RECORD = "attempt.json"
 log = logging.getLogger("ficc.executor")
-
-
-def attempt_key(attempt_id: str) -> str:
-    """A short, file-name-safe key for an attempt ID (deterministic, collision-resistant)."""
-    return "a" + hashlib.sha256(attempt_id.encode()).hexdigest()[:20]
-
-
-class EngineProcess(Protocol):
-    """What ``_start`` returns: a running child whose output is the engine's log."""
-
-    stdout: trio.abc.ReceiveStream | None
-
-    async def wait(self) -> int:
-        """Wait for the child to end; return its exit status (negative for a signal)."""
-        ...
-
-
-@attrs.define(eq=False)
-class ExecutorAttempt:
-    """One launched job, as its provider tracks it."""
-
-    fence: Fence
-    job: Job
-    key: str
-    directory: Path
-    socket_path: Path
-    log: BoundedLog
-    limits: ResourceLimits | None
-    state: AttemptState = "starting"
-    exit_code: int | None = None
-    signal: int | None = None
-    reason: str | None = None
-    message: str | None = None
-    stop_requested: bool = False
-    process: Any = None
-    extra: dict[str, Any] = attrs.field(factory=dict)
-    ready: trio.Event = attrs.field(factory=trio.Event)
-    done: trio.Event = attrs.field(factory=trio.Event)
-
-    @property
-    def workdir(self) -> Path:
-        """The engine's private working directory."""
-        return self.directory / "work"
-
-    def settle(self) -> None:
-        """Wake everyone waiting for readiness: the attempt is ready or over."""
-        self.ready.set()
 
 
 class SupervisingProvider:
@@ -232,24 +190,24 @@ class SupervisingProvider:
             {item.id: item.path for item in job.inputs},
         )
         self._nursery.start_soon(self._supervise, attempt)
-        return self._status(attempt)
+        return attempt.status()
 
     async def status(self, fence: Fence) -> AttemptStatus:
         """Return where the attempt stands (with the log tail once it has ended)."""
         attempt = self._attempt(fence)
-        return await self._status_with_tail(attempt)
+        return await attempt.current_status()
 
     async def wait_ready(self, fence: Fence) -> AttemptStatus:
         """Wait until the attempt is ready or over; return its status."""
         attempt = self._attempt(fence)
         await attempt.ready.wait()
-        return await self._status_with_tail(attempt)
+        return await attempt.current_status()
 
     async def wait_ended(self, fence: Fence) -> AttemptStatus:
         """Wait until the attempt is over; return its final status."""
         attempt = self._attempt(fence)
         await attempt.done.wait()
-        return await self._status_with_tail(attempt)
+        return await attempt.current_status()
 
     async def stop(self, fence: Fence, grace: float = 10.0) -> AttemptStatus:
         """SIGTERM the engine (its whole group), wait ``grace`` seconds, then SIGKILL."""
@@ -262,7 +220,7 @@ class SupervisingProvider:
             if not attempt.done.is_set():
                 await self._signal(attempt, signal.SIGKILL)
                 await attempt.done.wait()
-        return await self._status_with_tail(attempt)
+        return await attempt.current_status()
 
     def hold(self, fence: Fence, seconds: float) -> None:
         """The attempt's lease now runs ``seconds`` more (an optional provider method).
@@ -296,7 +254,7 @@ class SupervisingProvider:
         stream_id: str,
         method: str,
         path: str,
-        headers: Sequence[tuple[str, str]] | Mapping[str, str],
+        headers: Headers,
         body: bytes,
         *,
         input_id: str | None = None,
@@ -330,29 +288,13 @@ class SupervisingProvider:
         check_fence({} if held is None else {fence.attempt_id: held.fence}, fence)
         return self._attempts[fence.attempt_id]
 
-    def _status(self, attempt: ExecutorAttempt, tail: Sequence[str] = ()) -> AttemptStatus:
-        return AttemptStatus(
-            attempt_id=attempt.fence.attempt_id,
-            state=attempt.state,
-            exit_code=attempt.exit_code,
-            signal=attempt.signal,
-            reason=attempt.reason,
-            message=attempt.message,
-            log_tail=tuple(tail),
-        )
-
-    async def _status_with_tail(self, attempt: ExecutorAttempt) -> AttemptStatus:
-        ended = attempt.done.is_set() or attempt.state not in ("starting", "ready")
-        tail = await attempt.log.tail(20) if ended else []
-        return self._status(attempt, tail)
-
     async def _supervise(self, attempt: ExecutorAttempt) -> None:
         process = attempt.process
         try:
             pumped = trio.Event()
             probing = trio.CancelScope()
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._pump_log, attempt, process.stdout, pumped)
+                nursery.start_soon(attempt.log.pump, process.stdout, pumped)
                 nursery.start_soon(self._probe_readiness, attempt, probing)
                 returncode = await process.wait()
                 probing.cancel()
@@ -381,74 +323,19 @@ class SupervisingProvider:
                     attempt.done.set()
 
     async def _conclude(self, attempt: ExecutorAttempt, returncode: int) -> None:
-        attempt.exit_code = returncode if returncode >= 0 else None
-        attempt.signal = -returncode if returncode < 0 else None
-        if attempt.state == "failed":
-            return
-        special = await self._exit_reason(attempt, returncode)
-        if special is not None:
-            attempt.state, attempt.reason, attempt.message = "exited", special[0], special[1]
-        elif attempt.stop_requested:
-            attempt.state, attempt.reason = "stopped", "stopped"
-            attempt.message = "the engine was stopped"
-        else:
-            attempt.state = "exited"
-            attempt.reason = "killed" if attempt.signal else "exited"
-            how = f"signal {attempt.signal}" if attempt.signal else f"status {returncode}"
-            attempt.message = f"the engine exited with {how}; see the log tail"
-
-    async def _pump_log(
-        self, attempt: ExecutorAttempt, output: trio.abc.ReceiveStream | None, pumped: trio.Event
-    ) -> None:
-        try:
-            if output is None:
-                return
-            async with output:
-                while True:
-                    data = await output.receive_some(65536)
-                    if not data:
-                        return
-                    await attempt.log.write(data)
-        finally:
-            pumped.set()
+        special = (
+            None if attempt.state == "failed" else await self._exit_reason(attempt, returncode)
+        )
+        attempt.conclude(returncode, special)
 
     async def _probe_readiness(self, attempt: ExecutorAttempt, scope: trio.CancelScope) -> None:
         with scope:
-            await self._probe_until_ready(attempt)
-
-    async def _probe_until_ready(self, attempt: ExecutorAttempt) -> None:
-        probe = attempt.job.readiness
-        status = 0
-        with trio.move_on_after(probe.timeout):
-            while True:
-                with trio.move_on_after(max(probe.interval, 2.0)):
-                    try:
-                        status, _ = await self.streams.request(
-                            attempt.fence.attempt_id, "GET", probe.path
-                        )
-                    except (EngineUnavailable, OSError, trio.BrokenResourceError):
-                        status = 0
-                if status == 200:
-                    break
-                await trio.sleep(probe.interval)
-        if status == 200:
-            if attempt.job.bootstrap:
-                try:
-                    await run_bootstrap(
-                        self.streams, attempt.fence.attempt_id, attempt.job.bootstrap
-                    )
-                except BootstrapFailed as exc:
-                    await self._fail(attempt, "bootstrap_failed", f"{exc.message}; it was stopped")
-                    return
+            failure = await probe_until_ready(self.streams, attempt.fence.attempt_id, attempt.job)
+            if failure is not None:
+                await self._fail(attempt, *failure)
+                return
             attempt.state = "ready"
             attempt.settle()
-            return
-        await self._fail(
-            attempt,
-            "readiness_timeout",
-            f"the engine did not answer 200 on {probe.path} within {probe.timeout:g} s; "
-            "it was stopped",
-        )
 
     async def _fail(self, attempt: ExecutorAttempt, reason: str, message: str) -> None:
         """Mark the attempt failed before it was ready, and stop its engine."""
@@ -486,44 +373,19 @@ class SupervisingProvider:
         return directory / "sock"
 
     def _prepare_directory(self, attempt: ExecutorAttempt) -> None:
-        if attempt.directory.exists():
-            shutil.rmtree(attempt.directory)
-        attempt.directory.mkdir(mode=0o700, parents=True)
-        attempt.workdir.mkdir(mode=0o700)
-        attempt.socket_path.parent.mkdir(mode=0o700, exist_ok=True)
-        self._write_record(attempt, {})
+        prepare_directory(attempt, self.name)
 
     def _write_record(self, attempt: ExecutorAttempt, changes: Mapping[str, Any]) -> None:
-        path = attempt.directory / RECORD
-        try:
-            record = json.loads(path.read_text())
-        except (FileNotFoundError, ValueError):
-            record = {
-                "attempt_id": attempt.fence.attempt_id,
-                "generation": attempt.fence.generation,
-                "plan_digest": attempt.fence.plan_digest,
-                "provider": self.name,
-            }
-        record.update(changes)
-        temporary = path.with_suffix(".tmp")
-        temporary.write_text(json.dumps(record, sort_keys=True))
-        os.replace(temporary, path)
+        """Update the attempt's record (blocking)."""
+        write_record(attempt, self.name, changes)
 
     def _remove_record(self, directory: Path) -> None:
+        """Remove an attempt's directory and record (blocking)."""
         shutil.rmtree(directory, ignore_errors=True)
 
     def _records(self) -> list[tuple[Path, dict[str, Any]]]:
-        """Every attempt directory with its record (``{}`` when the record is unreadable)."""
-        found = []
-        if not self.attempts_dir.exists():
-            return found
-        for directory in sorted(self.attempts_dir.iterdir()):
-            try:
-                record = json.loads((directory / RECORD).read_text())
-            except (OSError, ValueError):
-                record = {}
-            found.append((directory, record))
-        return found
+        """Every attempt directory with its record (blocking)."""
+        return read_records(self.attempts_dir)
 
     # -- what a concrete provider supplies ---------------------------------------------------
 

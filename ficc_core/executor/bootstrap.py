@@ -1,4 +1,7 @@
-"""The job's bootstrap requests: what the executor sends after readiness, before "ready".
+"""From a started engine to "ready": the readiness probe, then the job's bootstrap requests.
+
+The executor probes ``GET <readiness.path>`` every ``interval`` seconds until it
+answers 200, at most ``timeout`` seconds (:func:`probe_until_ready`).
 
 Some engines start empty and are handed their model through their own API
 (Ollama: upload the weights to ``/api/blobs/sha256:<digest>``, then ``/api/create``).
@@ -17,13 +20,13 @@ from typing import TYPE_CHECKING
 import h11
 import trio
 
-from .errors import ExecutorError
+from .errors import EngineUnavailable, ExecutorError
 
 if TYPE_CHECKING:
-    from ..schema import BootstrapRequest
+    from ..schema import BootstrapRequest, Job
     from .endpoint import EndpointStreams
 
-__all__ = ["BootstrapFailed", "run_bootstrap"]
+__all__ = ["BootstrapFailed", "probe_until_ready", "run_bootstrap"]
 
 #: How much of a refusing answer's body goes into the failure message.
 _ANSWER_SHOWN = 300
@@ -84,3 +87,37 @@ async def run_bootstrap(
 
 def _details(index: int, request: BootstrapRequest) -> dict[str, object]:
     return {"index": index, "method": request.method, "path": request.path}
+
+
+async def probe_until_ready(
+    streams: EndpointStreams, attempt_id: str, job: Job
+) -> tuple[str, str] | None:
+    """Probe the engine until it is ready, then bootstrap it; None, or (reason, message).
+
+    The reason is ``readiness_timeout`` or ``bootstrap_failed``; the message says
+    the engine was stopped, which the caller then does.
+    """
+    probe = job.readiness
+    status = 0
+    with trio.move_on_after(probe.timeout):
+        while True:
+            with trio.move_on_after(max(probe.interval, 2.0)):
+                try:
+                    status, _ = await streams.request(attempt_id, "GET", probe.path)
+                except (EngineUnavailable, OSError, trio.BrokenResourceError):
+                    status = 0
+            if status == 200:
+                break
+            await trio.sleep(probe.interval)
+    if status != 200:
+        return (
+            "readiness_timeout",
+            f"the engine did not answer 200 on {probe.path} within {probe.timeout:g} s; "
+            "it was stopped",
+        )
+    if job.bootstrap:
+        try:
+            await run_bootstrap(streams, attempt_id, job.bootstrap)
+        except BootstrapFailed as exc:
+            return "bootstrap_failed", f"{exc.message}; it was stopped"
+    return None

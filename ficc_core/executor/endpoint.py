@@ -9,38 +9,40 @@ most 64 KiB, then :class:`EndOfStream` or :class:`StreamFailed`.
 
 Each stream holds at most four events. While they are unread, the task that
 reads from the engine does not read, so the engine's writes block in the kernel:
-real backpressure, bounded memory. ``cancel`` closes the engine connection before
-it returns. Streams per attempt are bounded and a stream nobody reads for
-``idle_timeout`` seconds is closed.
+real backpressure, bounded memory (:mod:`~ficc_core.executor.event_queue`; the
+HTTP/1.1 exchanges and kept-alive connections are :mod:`~ficc_core.executor.engine_http`).
+``cancel`` closes the engine connection before it returns. Streams per attempt are
+bounded and a stream nobody reads for ``idle_timeout`` seconds is closed.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import stat
-from collections import deque
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import attrs
-import h11
 import trio
 
+from .engine_http import CHUNK_SIZE, Connector, EngineConnection, EnginePool, exchange, request_once
 from .errors import (
     EngineUnavailable,
     InputNotAdmitted,
     PathNotAdmitted,
+    PayloadTooLarge,
     StaleFence,
     StreamExists,
     TooManyStreams,
     UnknownAttempt,
     UnknownStream,
 )
-from .types import BodyChunk, EndOfStream, ReadEvent, ResponseHead, StreamFailed
+from .event_queue import EventQueue
+from .types import ReadEvent, StreamFailed, is_terminal
 
 if TYPE_CHECKING:
     from ..schema import EndpointContract, Fence
+    from .protocol import Headers
 
 __all__ = [
     "ALLOWED_REQUEST_HEADERS",
@@ -50,8 +52,6 @@ __all__ = [
     "check_fence",
 ]
 
-#: The largest body chunk ``read`` returns.
-CHUNK_SIZE = 64 * 1024
 #: The most events one stream holds before the engine feels backpressure.
 QUEUE_CHUNKS = 4
 #: The only request headers that reach an engine (lower case). Credentials,
@@ -59,12 +59,7 @@ QUEUE_CHUNKS = 4
 ALLOWED_REQUEST_HEADERS = frozenset({"accept", "content-type", "x-request-id"})
 #: The methods the endpoint action sends.
 ALLOWED_METHODS = frozenset({"GET", "POST"})
-_HOP_BY_HOP = frozenset(
-    {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "content-length"}
-)
 _STREAM_ID_MAX = 128
-
-Connector = Callable[[], Awaitable[trio.abc.Stream]]
 
 
 def check_fence(known: Mapping[str, Fence], fence: Fence) -> None:
@@ -97,57 +92,18 @@ DEFAULT_MAX_STREAMS = 256
 @attrs.define(eq=False)
 class _Stream:
     id: str
+    queue: EventQueue = attrs.field(factory=lambda: EventQueue(QUEUE_CHUNKS))
     scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
-    events: deque[ReadEvent] = attrs.field(factory=deque)
-    readers: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
-    room: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
     finished: trio.Event = attrs.field(factory=trio.Event)
-    last_read: float = attrs.field(factory=trio.current_time)
-    closed: bool = False
-
-    def push(self, event: ReadEvent) -> None:
-        self.events.append(event)
-        self.readers.unpark_all()
-
-    async def put(self, event: ReadEvent) -> None:
-        while len(self.events) >= QUEUE_CHUNKS:
-            await self.room.park()
-        if not self.closed:
-            self.push(event)
-
-    async def wait_room(self) -> None:
-        while len(self.events) >= QUEUE_CHUNKS:
-            await self.room.park()
-
-
-@attrs.define(eq=False)
-class _Connection:
-    """An engine connection and its HTTP/1.1 state, kept between requests when it can be."""
-
-    sock: trio.abc.Stream
-    conn: h11.Connection = attrs.field(factory=lambda: h11.Connection(h11.CLIENT))
-    idle_since: float = 0.0
 
 
 @attrs.define(eq=False)
 class _Attempt:
     fence: Fence
     contract: EndpointContract
-    connect: Connector
+    engine: EnginePool
     inputs: dict[str, str] = attrs.field(factory=dict)
     streams: dict[str, _Stream] = attrs.field(factory=dict)
-    #: Engine connections whose last exchange completed cleanly, most recent last.
-    idle: list[_Connection] = attrs.field(factory=list)
-    detached: bool = False
-
-
-#: Engine connections kept open per attempt for the next requests (HTTP/1.1 keep-alive).
-IDLE_CONNECTIONS = 32
-#: Seconds an idle engine connection may wait for reuse before it is closed instead.
-IDLE_CONNECTION_SECONDS = 20.0
-#: What _exchange_once returns when a reused connection turned out to be closed by the
-#: engine before it answered: the request is sent again on a new connection.
-_STALE = object()
 
 
 class EndpointStreams:
@@ -199,16 +155,16 @@ class EndpointStreams:
         :param inputs: the job's admitted inputs, ID -> host path; only these can be
             streamed to the engine as a request body (``open(..., input_id=...)``).
         """
-        self._attempts[fence.attempt_id] = _Attempt(fence, contract, connect, dict(inputs or {}))
+        self._attempts[fence.attempt_id] = _Attempt(
+            fence, contract, EnginePool(connect), dict(inputs or {})
+        )
 
     def detach(self, attempt_id: str) -> None:
         """Close every stream of the attempt and forget it."""
         attempt = self._attempts.pop(attempt_id, None)
         if attempt is None:
             return
-        attempt.detached = True
-        self._drop_idle(attempt, attempt.idle)
-        attempt.idle = []
+        self._drop(attempt.engine.close())
         for stream in list(attempt.streams.values()):
             self._close(
                 attempt, stream, StreamFailed(code="attempt_ended", message="the attempt ended")
@@ -216,7 +172,7 @@ class EndpointStreams:
 
     def held(self, fence: Fence, stream_id: str) -> int:
         """Return how many events the stream holds now (never more than four)."""
-        return len(self._stream(fence, stream_id)[1].events)
+        return len(self._stream(fence, stream_id)[1].queue)
 
     async def open(
         self,
@@ -224,7 +180,7 @@ class EndpointStreams:
         stream_id: str,
         method: str,
         path: str,
-        headers: Sequence[tuple[str, str]] | Mapping[str, str],
+        headers: Headers,
         body: bytes = b"",
         *,
         input_id: str | None = None,
@@ -255,10 +211,8 @@ class EndpointStreams:
                 details={"path": route, "admitted": list(attempt.contract.paths)},
             )
         if len(body) > self.max_body:
-            raise PathNotAdmitted(
-                f"the request body has {len(body)} bytes; at most {self.max_body} are admitted",
-                code="payload_too_large",
-                status=413,
+            raise PayloadTooLarge(
+                f"the request body has {len(body)} bytes; at most {self.max_body} are admitted"
             )
         upload: tuple[str, int] | None = None
         if input_id is not None:
@@ -319,15 +273,8 @@ class EndpointStreams:
     async def read(self, fence: Fence, stream_id: str) -> ReadEvent:
         """Return the next event: the head, a chunk of at most 64 KiB, then the end or an error."""
         attempt, stream = self._stream(fence, stream_id)
-        stream.last_read = math.inf  # a waiting reader is not idle
-        try:
-            while not stream.events:
-                await stream.readers.park()
-        finally:
-            stream.last_read = trio.current_time()
-        event = stream.events.popleft()
-        stream.room.unpark_all()
-        if isinstance(event, EndOfStream | StreamFailed):
+        event = await stream.queue.get()
+        if is_terminal(event):
             attempt.streams.pop(stream_id, None)
         return event
 
@@ -362,26 +309,10 @@ class EndpointStreams:
             upload = await self._admitted_input(attempt, input_id, method, body)
         headers = [] if content_type is None else [("content-type", content_type)]
         try:
-            sock = await attempt.connect()
+            sock = await attempt.engine.connect()
         except OSError as exc:
             raise EngineUnavailable(f"the engine refused the connection: {exc}") from None
-        async with sock:
-            conn = h11.Connection(h11.CLIENT)
-            if upload is None:
-                await sock.send_all(_request_bytes(conn, method, path, headers, body))
-            else:
-                await _send_file(conn, sock, method, path, headers, *upload)
-            status, body = 0, b""
-            while True:
-                event = conn.next_event()
-                if event is h11.NEED_DATA:
-                    conn.receive_data(await sock.receive_some(CHUNK_SIZE))
-                elif isinstance(event, h11.Response):
-                    status = event.status_code
-                elif isinstance(event, h11.Data):
-                    body = (body + bytes(event.data))[:limit]
-                elif isinstance(event, h11.EndOfMessage | h11.ConnectionClosed):
-                    return status, body
+        return await request_once(sock, method, path, headers, body, upload, limit)
 
     def _attempt(self, fence: Fence) -> _Attempt:
         held = self._attempts.get(fence.attempt_id)
@@ -401,11 +332,8 @@ class EndpointStreams:
 
     def _close(self, attempt: _Attempt, stream: _Stream, event: StreamFailed) -> None:
         attempt.streams.pop(stream.id, None)
-        stream.closed = True
         stream.scope.cancel()
-        stream.events.clear()
-        stream.push(event)
-        stream.room.unpark_all()
+        stream.queue.end(event)
 
     async def _expire_idle(self) -> None:
         while True:
@@ -413,7 +341,7 @@ class EndpointStreams:
             deadline = trio.current_time() - self.idle_timeout
             for attempt in list(self._attempts.values()):
                 for stream in list(attempt.streams.values()):
-                    if stream.last_read < deadline:
+                    if stream.queue.last_read < deadline:
                         self._close(
                             attempt,
                             stream,
@@ -433,190 +361,15 @@ class EndpointStreams:
         failure: StreamFailed | None = None
         try:
             with stream.scope:
-                failure = await self._exchange(
-                    attempt, stream, method, target, headers, body, upload
+                failure = await exchange(
+                    attempt.engine, stream.queue, method, target, headers, body, upload, self._drop
                 )
         finally:
-            if failure is not None and not stream.closed:
-                stream.push(failure)
+            if failure is not None:
+                stream.queue.push(failure)  # dropped if the stream was closed
             stream.finished.set()
 
-    async def _exchange(
-        self,
-        attempt: _Attempt,
-        stream: _Stream,
-        method: str,
-        target: str,
-        headers: list[tuple[str, str]],
-        body: bytes,
-        upload: tuple[str, int] | None = None,
-    ) -> StreamFailed | None:
-        """Send the request on an idle engine connection (or a new one) and relay the answer.
-
-        A reused connection the engine had closed meanwhile (no byte of an answer came
-        back) is replaced by a new one and the request sent again, once.
-        """
-        connection = None if upload is not None else self._take_idle(attempt)
-        while True:
-            if connection is None:
-                try:
-                    connection = _Connection(await attempt.connect())
-                except OSError as exc:
-                    return StreamFailed(
-                        code="engine_unavailable", message=f"cannot reach the engine: {exc}"
-                    )
-                reused = False
-            else:
-                reused = True
-            result = await self._exchange_once(
-                attempt, stream, connection, method, target, headers, body, upload, reused
-            )
-            if result is not _STALE:
-                return result  # type: ignore[return-value]
-            connection = None
-
-    async def _exchange_once(
-        self,
-        attempt: _Attempt,
-        stream: _Stream,
-        connection: _Connection,
-        method: str,
-        target: str,
-        headers: list[tuple[str, str]],
-        body: bytes,
-        upload: tuple[str, int] | None,
-        reused: bool,
-    ) -> StreamFailed | object | None:
-        sock, conn = connection.sock, connection.conn
-        answered = kept = False
-        try:
-            if upload is None:
-                await sock.send_all(
-                    _request_bytes(conn, method, target, headers, body, keep_alive=True)
-                )
-            else:
-                await _send_file(conn, sock, method, target, headers, *upload)
-            while True:
-                event = conn.next_event()
-                if event is h11.NEED_DATA:
-                    # Backpressure: read nothing more while the reader is behind.
-                    await stream.wait_room()
-                    data = await sock.receive_some(CHUNK_SIZE)
-                    if not data and reused and not answered:
-                        return _STALE
-                    conn.receive_data(data)
-                elif isinstance(event, h11.Response):
-                    answered = True
-                    await stream.put(
-                        ResponseHead(status=event.status_code, headers=_response_headers(event))
-                    )
-                elif isinstance(event, h11.Data):
-                    data = bytes(event.data)
-                    for start in range(0, len(data), CHUNK_SIZE):
-                        await stream.put(BodyChunk(data[start : start + CHUNK_SIZE]))
-                elif isinstance(event, h11.EndOfMessage):
-                    # Back in the pool before the reader learns of the end, so the
-                    # reader's next request finds it.
-                    kept = self._keep(attempt, connection)
-                    await stream.put(EndOfStream())
-                    return None
-                else:
-                    return StreamFailed(
-                        code="engine_closed", message="the engine closed the connection early"
-                    )
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-            if reused and not answered:
-                return _STALE
-            return StreamFailed(code="engine_closed", message=f"the engine connection broke: {exc}")
-        except h11.ProtocolError as exc:
-            return StreamFailed(code="bad_response", message=f"the engine sent invalid HTTP: {exc}")
-        finally:
-            if not kept:
-                await trio.aclose_forcefully(sock)
-
-    def _keep(self, attempt: _Attempt, connection: _Connection) -> bool:
-        """Put a connection whose exchange completed back in the attempt's idle pool."""
-        conn = connection.conn
-        if (
-            conn.our_state is not h11.DONE
-            or conn.their_state is not h11.DONE
-            or attempt.detached
-            or len(attempt.idle) >= IDLE_CONNECTIONS
-        ):
-            return False
-        conn.start_next_cycle()
-        connection.idle_since = trio.current_time()
-        attempt.idle.append(connection)
-        return True
-
-    def _take_idle(self, attempt: _Attempt) -> _Connection | None:
-        """The most recently used idle connection still young enough, or None."""
-        oldest = trio.current_time() - IDLE_CONNECTION_SECONDS
-        expired = [c for c in attempt.idle if c.idle_since < oldest]
-        if expired:
-            attempt.idle = [c for c in attempt.idle if c.idle_since >= oldest]
-            self._drop_idle(attempt, expired)
-        return attempt.idle.pop() if attempt.idle else None
-
-    def _drop_idle(self, attempt: _Attempt, connections: list[_Connection]) -> None:
+    def _drop(self, connections: list[EngineConnection]) -> None:
         for connection in connections:
             if self._nursery is not None:
                 self._nursery.start_soon(trio.aclose_forcefully, connection.sock)
-
-
-def _request_bytes(
-    conn: h11.Connection,
-    method: str,
-    target: str,
-    headers: list[tuple[str, str]],
-    body: bytes,
-    *,
-    keep_alive: bool = False,
-) -> bytes:
-    all_headers = [
-        ("host", "engine"),
-        *(() if keep_alive else (("connection", "close"),)),
-        ("content-length", str(len(body))),
-        *headers,
-    ]
-    data = conn.send(h11.Request(method=method, target=target, headers=all_headers)) or b""
-    if body:
-        data += conn.send(h11.Data(data=body)) or b""
-    data += conn.send(h11.EndOfMessage()) or b""
-    return data
-
-
-async def _send_file(
-    conn: h11.Connection,
-    sock: trio.abc.Stream,
-    method: str,
-    target: str,
-    headers: list[tuple[str, str]],
-    path: str,
-    size: int,
-) -> None:
-    all_headers = [
-        ("host", "engine"),
-        ("connection", "close"),
-        ("content-length", str(size)),
-        *[(name, value) for name, value in headers if name != "content-type"],
-        ("content-type", "application/octet-stream"),
-    ]
-    await sock.send_all(conn.send(h11.Request(method=method, target=target, headers=all_headers)))
-    sent = 0
-    async with await trio.open_file(path, "rb") as file:
-        while sent < size:
-            data = await file.read(min(CHUNK_SIZE, size - sent))
-            if not data:
-                raise OSError(f"input {path} shrank while it was being sent")
-            sent += len(data)
-            await sock.send_all(conn.send(h11.Data(data=data)))
-    await sock.send_all(conn.send(h11.EndOfMessage()))
-
-
-def _response_headers(response: Any) -> tuple[tuple[str, str], ...]:
-    return tuple(
-        (name.decode("latin-1"), value.decode("latin-1"))
-        for name, value in response.headers
-        if name.decode("latin-1").lower() not in _HOP_BY_HOP
-    )

@@ -17,6 +17,7 @@ __all__ = [
     "IsolationUnavailable",
     "LaunchFailed",
     "PathNotAdmitted",
+    "PayloadTooLarge",
     "StaleFence",
     "StreamExists",
     "TooManyStreams",
@@ -79,6 +80,13 @@ class PathNotAdmitted(ExecutorError):
 
     status = 403
     code = "path_not_admitted"
+
+
+class PayloadTooLarge(PathNotAdmitted):
+    """The request body is larger than the endpoint action relays."""
+
+    status = 413
+    code = "payload_too_large"
 
 
 class InputNotAdmitted(ExecutorError):

@@ -50,6 +50,17 @@ class BoundedLog:
         with open(self.path, "ab") as file:
             file.write(data)
 
+    async def pump(self, output: trio.abc.ReceiveStream | None, pumped: trio.Event) -> None:
+        """Write everything ``output`` (the engine's stdout) gives until it ends; set ``pumped``."""
+        try:
+            if output is None:
+                return
+            async with output:
+                while data := await output.receive_some(65536):
+                    await self.write(data)
+        finally:
+            pumped.set()
+
     def close(self) -> None:
         """Mark the log complete: followers stop after the last line."""
         self._closed = True

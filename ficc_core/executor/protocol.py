@@ -28,12 +28,57 @@ from .types import AttemptStatus, ReadEvent
 if TYPE_CHECKING:
     from ..schema import ExecutorSnapshot, Fence, Job, ResourceLimits, Runtime
 
-__all__ = ["ExecutorProvider"]
+__all__ = ["EndpointAction", "ExecutorProvider", "Headers"]
+
+#: Request headers as the endpoint action takes them: pairs, or a mapping.
+Headers = Sequence[tuple[str, str]] | Mapping[str, str]
 
 
 @runtime_checkable
-class ExecutorProvider(Protocol):
-    """What an executor provider class declares and what its instances do."""
+class EndpointAction(Protocol):
+    """The fenced endpoint action: ``open`` a stream to an attempt's engine, ``read``, ``cancel``.
+
+    A provider implements it (:class:`ExecutorProvider` includes it, and
+    :class:`~ficc_core.executor.EndpointStreams` does the work for the built-in
+    ones); so does the node agent (it routes to the attempt's provider) and a
+    remote node's relay (:class:`~ficc_core.nodelink.relay_controller.RelayEndpoint`).
+    A gateway holds one per node and never connects to an engine itself.
+    """
+
+    async def open(
+        self,
+        fence: Fence,
+        stream_id: str,
+        method: str,
+        path: str,
+        headers: Headers,
+        body: bytes,
+        *,
+        input_id: str | None = None,
+    ) -> None:
+        """Send one request to the engine through the endpoint contract.
+
+        With ``input_id`` (and an empty ``body``), the executor streams that admitted
+        input's file as the body: the engine's native model-blob upload route.
+        """
+        ...
+
+    async def read(self, fence: Fence, stream_id: str) -> ReadEvent:
+        """Return the stream's next event: the head, a body chunk, then the end or an error."""
+        ...
+
+    async def cancel(self, fence: Fence, stream_id: str) -> None:
+        """Close the stream's engine connection at once."""
+        ...
+
+
+@runtime_checkable
+class ExecutorProvider(EndpointAction, Protocol):
+    """What an executor provider class declares and what its instances do.
+
+    Besides the methods below, the endpoint action (:class:`EndpointAction`):
+    ``open``, ``read``, ``cancel``.
+    """
 
     #: Must be 1, the plugin API version.
     API_VERSION: ClassVar[int]
@@ -84,30 +129,4 @@ class ExecutorProvider(Protocol):
 
     def follow_logs(self, fence: Fence) -> AsyncIterator[str]:
         """Yield the attempt's log lines as they are written, until it ends."""
-        ...
-
-    async def open(
-        self,
-        fence: Fence,
-        stream_id: str,
-        method: str,
-        path: str,
-        headers: Sequence[tuple[str, str]] | Mapping[str, str],
-        body: bytes,
-        *,
-        input_id: str | None = None,
-    ) -> None:
-        """Send one request to the engine through the endpoint contract.
-
-        With ``input_id`` (and an empty ``body``), the executor streams that admitted
-        input's file as the body: the engine's native model-blob upload route.
-        """
-        ...
-
-    async def read(self, fence: Fence, stream_id: str) -> ReadEvent:
-        """Return the stream's next event: the head, a body chunk, then the end or an error."""
-        ...
-
-    async def cancel(self, fence: Fence, stream_id: str) -> None:
-        """Close the stream's engine connection at once."""
         ...

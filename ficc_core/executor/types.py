@@ -79,3 +79,8 @@ class StreamFailed:
 
 
 ReadEvent = ResponseHead | BodyChunk | EndOfStream | StreamFailed
+
+
+def is_terminal(event: ReadEvent) -> bool:
+    """Whether ``event`` ends its stream (:class:`EndOfStream` or :class:`StreamFailed`)."""
+    return isinstance(event, EndOfStream | StreamFailed)

@@ -78,7 +78,7 @@ if TYPE_CHECKING:
     from ..auth import AuthService, Principal
     from ..config import Config
     from ..contributors import NodeRegistry
-    from ..contributors.link import NodeEndpoint
+    from ..executor.protocol import EndpointAction
     from ..inference.live import LiveReplica, LiveService, LiveTable
     from ..metrics import Metrics
 
@@ -280,7 +280,7 @@ class _Request:
     deadline: float
     queue_wait: float
     replica: LiveReplica | None = None
-    endpoint: NodeEndpoint | None = None
+    endpoint: EndpointAction | None = None
     stream_id: str = ""
     status: int = 0
     opened: bool = False

@@ -27,7 +27,8 @@ import trio
 from ..errors import FiccError
 from ..store import Store
 from . import repository
-from .blobs import BlobStore, DigestMismatch, FileRef, FileVerified, error_record
+from .blob_records import DigestMismatch, FileRef, FileVerified, error_record
+from .blobs import BlobStore
 from .download import receive_into_blob
 from .fetch import Fetcher, FetchError, FetchPolicy, Response, make_client, open_response
 from .records import AcquisitionFile, AcquisitionState

@@ -16,15 +16,15 @@ in the store as the partial's ``durable_offset``. Bytes past the durable offset
 Publishing checks the sha256 of the whole partial (hashed in a worker thread, or
 by an acquisition as it was received: :mod:`~ficc_core.models.download`) and
 renames it into place only when it matches, so nothing is ever published
-unverified. The bytes themselves are written and hashed by
-:mod:`~ficc_core.models.partials`.
+unverified. The bytes themselves are written by :mod:`~ficc_core.models.partials`
+and hashed by :mod:`~ficc_core.digests`; the records this store returns (and its
+errors) are in :mod:`~ficc_core.models.blob_records`.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import time
 from collections.abc import AsyncIterator, Mapping
@@ -35,76 +35,22 @@ from typing import Any
 import attrs
 import trio
 
+from ..digests import assemble_tree, hash_file, rename_durably, sha256_file, tree_listing
 from ..errors import Conflict, FiccError, InvalidRequest, NotFound
 from ..store import Store, Transaction
-from .partials import PartialWriter, hash_file, sha256_file
-
-#: Blob states, as stored and reported.
-PARTIAL, VERIFYING, VERIFIED, FAILED = "partial", "verifying", "verified", "failed"
-
-
-class DigestMismatch(FiccError):
-    """The bytes of a complete file do not hash to the declared sha256."""
-
-    status = 422
-    code = "digest_mismatch"
-
-
-class OffsetMismatch(Conflict):
-    """A write did not start at the partial's durable offset."""
-
-    code = "offset_mismatch"
-
-
-class FileVerified(Conflict):
-    """The file's content is already verified (perhaps through another model): nothing to write."""
-
-    code = "file_verified"
-
-
-@attrs.frozen
-class FileRef:
-    """One file of one model: the owner of a private partial, and the content it must hash to."""
-
-    model_id: str
-    index: int
-    sha256: str
-    size: int
-
-
-@attrs.frozen
-class BlobStatus:
-    """What the store knows of one model file's content: verified, or its own partial."""
-
-    sha256: str
-    size: int
-    state: str
-    durable_offset: int
-    #: The failure of the last attempt, as an error envelope's ``error`` object.
-    error: dict[str, Any] | None = None
-
-    @property
-    def verified(self) -> bool:
-        """Whether the content is published."""
-        return self.state == VERIFIED
-
-    @property
-    def reason(self) -> str | None:
-        """The failure's message, if the last attempt failed."""
-        return None if self.error is None else self.error["message"]
-
-
-def error_record(error: FiccError) -> dict[str, Any]:
-    """What a failure state stores and shows: the envelope's code, message and details."""
-    return error.envelope()["error"]
-
-
-def _fsync_directory(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+from .blob_records import (
+    FAILED,
+    PARTIAL,
+    VERIFIED,
+    VERIFYING,
+    BlobStatus,
+    DigestMismatch,
+    FileRef,
+    FileVerified,
+    OffsetMismatch,
+    error_record,
+)
+from .partials import PartialWriter, partial_name, sweep_partials
 
 
 class BlobStore:
@@ -129,12 +75,10 @@ class BlobStore:
 
     def partial_path(self, ref: FileRef) -> Path:
         """Where the private partial of one model file lives."""
-        return self._partial / f"{ref.sha256}.{ref.model_id}.{ref.index}.part"
+        return self._partial / partial_name(ref)
 
     def tree_path(self, files: Mapping[str, tuple[str, int]]) -> Path:
         """Where the directory model made of ``files`` (path -> (sha256, size)) is assembled."""
-        from ..agent.staging import tree_listing
-
         return self.root / "trees" / tree_listing(files)[1]
 
     async def assemble_tree(self, files: Mapping[str, tuple[str, int]]) -> Path:
@@ -143,8 +87,6 @@ class BlobStore:
         Every blob must be published (verified). The same files give the same tree,
         built once; engines on this machine read it in place, as they read a GGUF blob.
         """
-        from ..agent.staging import assemble_tree, tree_listing
-
         listing, name = tree_listing(files)
         root = self.root / "trees" / name
         if await trio.to_thread.run_sync(root.is_dir):
@@ -439,16 +381,9 @@ class BlobStore:
         return BlobStatus(ref.sha256, ref.size, VERIFIED, ref.size)
 
     async def _publish(self, ref: FileRef, path: Path) -> None:
+        # Published through another model meanwhile: the same bytes, kept.
         target = self.published_path(ref.sha256)
-
-        def publish() -> None:
-            if target.exists():  # Published through another model meanwhile: same bytes.
-                path.unlink()
-                return
-            os.replace(path, target)
-            _fsync_directory(self._published)
-
-        await trio.to_thread.run_sync(publish)
+        await trio.to_thread.run_sync(lambda: rename_durably(path, target, unless_present=True))
 
         def write(tx: Transaction) -> list[dict[str, Any]]:
             tx.execute(
@@ -489,10 +424,8 @@ class BlobStore:
 
         A partial that holds every byte but is not verified was cut by a crash between
         its last write and verification, or during verification: the caller verifies
-        those. Files of a partial taken over from before partials were private are
-        renamed to their owner's name; files no partial row owns, and partials of
-        content verified meanwhile, are removed; a row whose file lost bytes (it is
-        shorter than the durable offset) starts over.
+        those. Partials of content verified meanwhile are removed, and one whose file
+        lost bytes starts over (see :func:`~ficc_core.models.partials.sweep_partials`).
         """
         rows = await self.store.read(
             lambda tx: tx.fetch_all(
@@ -500,31 +433,16 @@ class BlobStore:
                 " b.state AS blob_state FROM partials p JOIN blobs b ON b.sha256 = p.sha256"
             )
         )
-
-        def sweep() -> tuple[list[FileRef], list[FileRef], list[FileRef]]:
-            complete, lost, done = [], [], []
-            owned = set()
-            for row in rows:
-                ref = FileRef(row["model_id"], row["idx"], row["sha256"], row["size"])
-                if row["blob_state"] == VERIFIED:
-                    done.append(ref)
-                    continue
-                path = self.partial_path(ref)
-                owned.add(path.name)
-                legacy = self._partial / f"{ref.sha256}.part"
-                if row["durable_offset"] and not path.exists() and legacy.exists():
-                    os.replace(legacy, path)
-                held = path.stat().st_size if path.exists() else 0
-                if held < row["durable_offset"]:
-                    lost.append(ref)
-                elif row["durable_offset"] == ref.size and row["state"] in (PARTIAL, VERIFYING):
-                    complete.append(ref)
-            for name in os.listdir(self._partial):
-                if name not in owned:
-                    (self._partial / name).unlink(missing_ok=True)
-            return complete, lost, done
-
-        complete, lost, done = await trio.to_thread.run_sync(sweep)
+        refs = [
+            (
+                FileRef(row["model_id"], row["idx"], row["sha256"], row["size"]),
+                row["state"],
+                row["durable_offset"],
+                row["blob_state"] == VERIFIED,
+            )
+            for row in rows
+        ]
+        complete, lost, done = await trio.to_thread.run_sync(sweep_partials, self._partial, refs)
         for ref in lost:
             await self.reset(ref)
         for ref in done:

@@ -27,7 +27,8 @@ import outcome
 import trio
 
 from ..errors import FiccError
-from .blobs import BlobStore, FileRef
+from .blob_records import FileRef
+from .blobs import BlobStore
 from .fetch import FetchError, Response
 from .http1 import Http1Connection
 from .partials import PartialWriter

@@ -1,50 +1,24 @@
-"""The bytes of a private partial file: writing and hashing them (blocking, for worker threads).
+"""The bytes of a private partial file: writing them (blocking, for worker threads).
 
 :class:`~ficc_core.models.blobs.BlobStore` decides what may be written and records
 what is durable; this module only moves bytes. A :class:`PartialWriter` appends
 from the partial's durable offset (truncating anything past it, which was never
-acknowledged) and fsyncs on request; :func:`hash_file` feeds a file's prefix to a
-hash, so that an acquisition resumed at an offset goes on hashing from there.
+acknowledged) and fsyncs on request. Hashing is :mod:`~ficc_core.digests`'
+(:func:`~ficc_core.digests.hash_file` feeds a file's prefix to a hash, so that an
+acquisition resumed at an offset goes on hashing from there).
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
-from collections.abc import Callable
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
-_HASH_CHUNK = 1 << 20
+from .blob_records import PARTIAL, VERIFYING, FileRef
+
 #: The most one pwrite hands the kernel. Single writes of 1 MiB were 2-5x slower to
 #: land in the page cache than 256 KiB ones on the 2-core VM of docs/performance.md.
 _WRITE_PIECE = 256 << 10
-
-
-def sha256_file(path: Path, length: int, progress: Callable[[int], None] | None = None) -> str:
-    """Return the hex sha256 of the first ``length`` bytes of ``path`` (blocking)."""
-    return hash_file(hashlib.sha256(), path, length, progress).hexdigest()
-
-
-def hash_file(
-    digest: Any, path: Path, length: int, progress: Callable[[int], None] | None = None
-) -> Any:
-    """Feed the first ``length`` bytes of ``path`` to the hashlib object ``digest``; return it."""
-    remaining = length
-    with open(path, "rb", buffering=0) as handle:
-        buffer = bytearray(_HASH_CHUNK)
-        view = memoryview(buffer)
-        while remaining > 0:
-            read = handle.readinto(view[: min(_HASH_CHUNK, remaining)])
-            if not read:
-                break
-            digest.update(view[:read])
-            remaining -= read
-            if progress is not None:
-                progress(length - remaining)
-    if remaining:
-        raise OSError(f"{path} is shorter than {length} bytes")
-    return digest
 
 
 class PartialWriter:
@@ -87,3 +61,41 @@ class PartialWriter:
     def close(self) -> None:
         """Close the file (what was not synced is not durable)."""
         os.close(self._fd)
+
+
+def partial_name(ref: FileRef) -> str:
+    """The file name of one model file's private partial."""
+    return f"{ref.sha256}.{ref.model_id}.{ref.index}.part"
+
+
+def sweep_partials(
+    directory: Path, recorded: Sequence[tuple[FileRef, str, int, bool]]
+) -> tuple[list[FileRef], list[FileRef], list[FileRef]]:
+    """Tidy the partial files on start, against what the store recorded (blocking).
+
+    ``recorded`` holds each partial row as (file, state, durable offset, whether
+    its content is verified meanwhile). Returns the files complete but not yet
+    verified, those whose file lost bytes (shorter than the durable offset) and
+    those verified meanwhile. A file of a partial taken over from before partials
+    were private is renamed to its owner's name; a file no row owns is removed.
+    """
+    complete, lost, done = [], [], []
+    owned = set()
+    for ref, state, durable_offset, verified in recorded:
+        if verified:
+            done.append(ref)
+            continue
+        path = directory / partial_name(ref)
+        owned.add(path.name)
+        legacy = directory / f"{ref.sha256}.part"
+        if durable_offset and not path.exists() and legacy.exists():
+            os.replace(legacy, path)
+        held = path.stat().st_size if path.exists() else 0
+        if held < durable_offset:
+            lost.append(ref)
+        elif durable_offset == ref.size and state in (PARTIAL, VERIFYING):
+            complete.append(ref)
+    for name in os.listdir(directory):
+        if name not in owned:
+            (directory / name).unlink(missing_ok=True)
+    return complete, lost, done

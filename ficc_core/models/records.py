@@ -13,7 +13,7 @@ from typing import Any
 
 import attrs
 
-from .blobs import FileRef
+from .blob_records import FileRef
 
 
 class AcquisitionState(enum.StrEnum):

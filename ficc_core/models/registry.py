@@ -19,7 +19,8 @@ from ..schema import ModelManifest, structure
 from ..store import Store, Transaction
 from . import repository
 from .acquire import Acquirer
-from .blobs import BlobStatus, BlobStore, FileRef
+from .blob_records import BlobStatus, FileRef
+from .blobs import BlobStore
 from .records import AcquisitionState, Deletion, FileState, Model, ModelFile, ModelState
 
 log = logging.getLogger("ficc.models.registry")

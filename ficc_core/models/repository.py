@@ -13,7 +13,7 @@ from typing import Any
 
 from ..schema import ModelManifest, canonical_json
 from ..store import Transaction
-from .blobs import VERIFIED, FileRef
+from .blob_records import VERIFIED, FileRef
 from .records import (
     Acquisition,
     AcquisitionFile,

@@ -1,0 +1,34 @@
+"""The node protocol, both ends: how the controller and a node agent talk.
+
+One WebSocket per node, dialled by the agent (``/api/v1/contributors/connect``,
+the node credential as a Bearer token). JSON text messages, and binary frames for
+relayed bytes:
+
+- controller → agent ``{"type": "welcome", "node_id", "connection_id",
+  "heartbeat_interval", "lease_duration"}`` once, first;
+- agent → controller ``{"type": "heartbeat", "snapshot": {...}, "attempts": [...]}``;
+- controller → agent ``{"type": "renew", "duration": seconds}`` from a task of its
+  own, every third of the lease, so no slow request can delay a renewal;
+- controller → agent ``{"type": "command", "request_id", "op", ...}`` (``launch``,
+  ``stop``, ``status``), answered by agent → controller ``{"type": "reply",
+  "request_id", "ok": true, "status": {...}}`` or ``"ok": false`` with an
+  ``error`` (``code``, ``message``, ``status``);
+- both ways ``{"type": "relay", ...}`` and binary frames: relayed endpoint streams;
+- controller → agent ``{"type": "fenced"}`` or ``{"type": "error", "code", "message"}``
+  just before the controller closes the connection.
+
+Modules:
+
+- :mod:`~ficc_core.nodelink.wire`: message forms, frames, bounds, and the one
+  mapping of an error's code back to its class (so a node's ``UnknownAttempt``
+  is caught as that class on the controller);
+- :mod:`~ficc_core.nodelink.links`: the controller's end of commands, local (the
+  embedded agent) or over a connection;
+- :mod:`~ficc_core.nodelink.relay_controller`: the controller's end of relayed
+  streams, the same endpoint action as a provider's;
+- :mod:`~ficc_core.nodelink.commands` and :mod:`~ficc_core.nodelink.relay_node`:
+  the node's end, running commands and relayed streams on its agent.
+
+The node's end imports nothing of the controller's; the controller's end knows no
+registry (``ficc_core.contributors`` serves each connection with it).
+"""

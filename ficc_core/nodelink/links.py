@@ -1,0 +1,107 @@
+"""The controller's end of commands: one interface, to a local agent or over a connection.
+
+The embedded agent answers in-process (:class:`LocalNodeLink`); a remote one answers
+over its WebSocket (:class:`ConnectionLink`). Both go through the same wire forms
+(:func:`~ficc_core.nodelink.commands.run_command` and
+:func:`~ficc_core.nodelink.wire.raise_for_reply`), so a refusal arrives as the same
+class either way.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Protocol
+
+import trio
+
+from ..auth import secrets as sec
+from ..executor.protocol import EndpointAction
+from .commands import CommandTarget, run_command
+from .relay_controller import RelayEndpoint
+from .wire import NodeGone, NodeTimeout, raise_for_reply
+
+
+class MessageChannel(Protocol):
+    """What a node connection runs over (the WebSocket route passes Quart's)."""
+
+    async def send(self, data: str | bytes) -> None:
+        """Send one text (str) or binary (bytes) message."""
+
+    async def receive(self) -> str | bytes:
+        """Receive one message."""
+
+
+class NodeLink(Protocol):
+    """Carries one command to a node and returns its reply (raising the node's refusal)."""
+
+    #: The node's endpoint action.
+    endpoint: EndpointAction
+
+    async def call(self, message: dict[str, Any]) -> dict[str, Any]:
+        """Run ``message`` on the node; return the reply of a successful command."""
+
+
+class LocalAgent(CommandTarget, EndpointAction, Protocol):
+    """An agent in this process: commands and the endpoint action, called directly."""
+
+
+class LocalNodeLink:
+    """The embedded agent's link: commands run in this process, no wire between."""
+
+    def __init__(self, agent: LocalAgent) -> None:
+        self.agent = agent
+        #: The endpoint action: the agent's own, called directly.
+        self.endpoint: EndpointAction = agent
+
+    async def call(self, message: dict[str, Any]) -> dict[str, Any]:
+        """Run ``message`` on the local agent."""
+        return raise_for_reply(await run_command(self.agent, message))
+
+
+class ConnectionLink:
+    """Commands to a remote node over its connection, each matched to its reply by ID."""
+
+    def __init__(self, channel: MessageChannel, *, timeout: float = 60.0) -> None:
+        self.channel = channel
+        self.timeout = timeout
+        self._pending: dict[str, list[Any]] = {}
+        self._closed = False
+        #: The node's endpoint action, relayed over this connection.
+        self.endpoint = RelayEndpoint(channel.send)
+
+    async def call(self, message: dict[str, Any]) -> dict[str, Any]:
+        """Send one command and wait (bounded) for its reply."""
+        if self._closed:
+            raise NodeGone("the node's connection closed")
+        request_id = sec.new_id()
+        slot: list[Any] = [trio.Event()]
+        self._pending[request_id] = slot
+        try:
+            await self.channel.send(
+                json.dumps({**message, "type": "command", "request_id": request_id})
+            )
+            with trio.fail_after(self.timeout):
+                await slot[0].wait()
+        except trio.TooSlowError:
+            raise NodeTimeout(
+                f"the node did not answer {message.get('op')!r} within {self.timeout:g} s"
+            ) from None
+        finally:
+            self._pending.pop(request_id, None)
+        if len(slot) == 1:
+            raise NodeGone("the node's connection closed")
+        return raise_for_reply(slot[1])
+
+    def deliver(self, message: dict[str, Any]) -> None:
+        """Hand a reply to the command waiting for it (unknown IDs are dropped)."""
+        slot = self._pending.get(str(message.get("request_id")))
+        if slot is not None and len(slot) == 1:
+            slot.append(message)
+            slot[0].set()
+
+    def close(self) -> None:
+        """Fail every waiting command: peer loss ends them without replay."""
+        self._closed = True
+        for slot in self._pending.values():
+            slot[0].set()
+        self.endpoint.close()

@@ -1,0 +1,182 @@
+"""What travels on a node connection: message forms, relay frames, bounds, errors.
+
+Both ends encode and decode here, so the two never disagree. A refusal travels as
+``{"code", "message", "status"}`` and comes back as its own class when it is one
+both ends know (:func:`error_from_wire`): a node's :class:`UnknownAttempt` or
+:class:`StaleFence` is caught as that class on the controller, relayed or not.
+
+Relay frames are binary: ``struct "!BI"`` (kind, channel) followed by at most
+64 KiB of payload; kind :data:`KIND_CHUNK` carries a response body chunk (agent →
+controller), :data:`KIND_BODY` a piece of a request body (controller → agent).
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from .. import digests
+from ..errors import FiccError, InvalidRequest
+from ..executor import errors as executor_errors
+from ..executor.types import AttemptStatus, BodyChunk, EndOfStream, ReadEvent, ResponseHead
+
+if TYPE_CHECKING:
+    from ..executor.types import StreamFailed
+
+#: The largest message an agent may send (a snapshot with many runtimes and attempts).
+MAX_MESSAGE = 1 << 20
+#: Events a relayed stream may have in flight between agent and controller (and queued on each).
+WINDOW = 4
+#: Relayed streams one connection may have open at once.
+MAX_CHANNELS = 256
+#: The largest request body relayed (the executor's own bound).
+MAX_BODY = 16 * 1024 * 1024
+#: Binary frame kinds.
+KIND_CHUNK = 1
+KIND_BODY = 2
+_HEADER = struct.Struct("!BI")
+
+#: Sends one message on the connection: text (str) or a binary frame (bytes).
+Send = Callable[[str | bytes], Awaitable[None]]
+
+#: The refusals a node may report that come back as their own class, by code.
+_KNOWN: dict[str, type[FiccError]] = {
+    cls.code: cls
+    for cls in (
+        *(getattr(executor_errors, name) for name in executor_errors.__all__),
+        digests.InvalidDigest,
+        digests.UnsafePath,
+    )
+}
+
+
+class NodeGone(FiccError):
+    """The node could not answer: its connection closed."""
+
+    status = 409
+    code = "node_unavailable"
+
+
+class NodeTimeout(NodeGone):
+    """The node did not answer in time."""
+
+    status = 504
+    code = "node_timeout"
+
+
+# -- errors ------------------------------------------------------------------------------------
+
+
+def error_to_wire(exc: FiccError) -> dict[str, Any]:
+    """A refusal as it travels."""
+    return {"code": exc.code, "message": exc.message, "status": exc.status}
+
+
+def error_from_wire(
+    error: Mapping[str, Any], *, details: Mapping[str, Any] | None = None
+) -> FiccError:
+    """The refusal a node reported, as its own class when it is one we know."""
+    code = str(error.get("code", "node_error"))
+    message = str(error.get("message", "the node refused the request"))
+    known = _KNOWN.get(code)
+    if known is not None:
+        return known(message, details=details)
+    return FiccError(message, code=code, status=int(error.get("status", 502)), details=details)
+
+
+def raise_for_reply(reply: dict[str, Any]) -> dict[str, Any]:
+    """Return a successful command reply; raise the node's refusal for a failed one."""
+    if reply.get("ok"):
+        return reply
+    raise error_from_wire(reply.get("error") or {}, details={"node_error": True})
+
+
+# -- command replies ----------------------------------------------------------------------------
+
+
+def status_to_wire(status: AttemptStatus) -> dict[str, Any]:
+    """An :class:`AttemptStatus` as JSON."""
+    document = attrs.asdict(status)
+    document["log_tail"] = list(status.log_tail)
+    return document
+
+
+def status_from_wire(document: dict[str, Any]) -> AttemptStatus:
+    """An :class:`AttemptStatus` from its JSON."""
+    return AttemptStatus(**{**document, "log_tail": tuple(document.get("log_tail", ()))})
+
+
+def decode(raw: str | bytes) -> dict[str, Any]:
+    """One JSON text message; raises :class:`ValueError` unless it is an object."""
+    message = json.loads(raw)
+    if not isinstance(message, dict):
+        raise ValueError("a message must be a JSON object")
+    return message
+
+
+def heartbeat_attempts(value: Any) -> list[dict[str, Any]]:
+    """The attempts of a heartbeat, checked and bounded; ``bad_heartbeat`` otherwise."""
+    if not isinstance(value, list):
+        raise InvalidRequest("attempts must be a list", code="bad_heartbeat")
+    found = []
+    for item in value:
+        if not isinstance(item, dict):
+            raise InvalidRequest("each attempt must be an object", code="bad_heartbeat")
+        try:
+            found.append(
+                {
+                    "attempt_id": str(item["attempt_id"])[:128],
+                    "generation": int(item["generation"]),
+                    "plan_digest": str(item["plan_digest"])[:80],
+                    "provider": str(item["provider"])[:64],
+                    "state": str(item["state"])[:32],
+                }
+            )
+        except (KeyError, TypeError, ValueError):
+            raise InvalidRequest(
+                "an attempt needs attempt_id, generation, plan_digest, provider and state",
+                code="bad_heartbeat",
+            ) from None
+    return found
+
+
+# -- relayed streams ----------------------------------------------------------------------------
+
+
+def frame(kind: int, channel: int, payload: bytes) -> bytes:
+    """One binary relay frame."""
+    return _HEADER.pack(kind, channel) + payload
+
+
+def unframe(data: bytes) -> tuple[int, int, bytes] | None:
+    """(kind, channel, payload) of a binary frame, or None when it is too short to be one."""
+    if len(data) < _HEADER.size:
+        return None
+    kind, channel = _HEADER.unpack_from(data)
+    return kind, channel, data[_HEADER.size :]
+
+
+def relay_message(channel: int, **fields: Any) -> str:
+    """A relay control message on ``channel``."""
+    return json.dumps({"type": "relay", "ch": channel, **fields})
+
+
+def event_to_wire(channel: int, event: ReadEvent) -> str | bytes:
+    """A stream's event as the agent sends it: a chunk frame or a relay message."""
+    if isinstance(event, BodyChunk):
+        return frame(KIND_CHUNK, channel, event.data)
+    if isinstance(event, ResponseHead):
+        return relay_message(
+            channel,
+            event="head",
+            status=event.status,
+            headers=[list(pair) for pair in event.headers],
+        )
+    if isinstance(event, EndOfStream):
+        return relay_message(channel, event="end")
+    failed: StreamFailed = event
+    return relay_message(channel, event="failed", code=failed.code, message=failed.message)
