@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+import pytest
 import trio
 
 from ficc_core.agent import Agent
@@ -87,3 +88,18 @@ async def wait_connected(service: Service, node_id: str) -> None:
     """Wait until the controller lists ``node_id`` as connected."""
     while (await service.contributors.get(node_id))["state"] != "connected":  # noqa: ASYNC110
         await trio.sleep(0.05)
+
+
+async def controller_missed(caplog: pytest.LogCaptureFixture, dials: int = 2) -> None:
+    """Wait until a remote agent failed ``dials`` dials of its controller (from its log).
+
+    Needs ``caplog.set_level(logging.WARNING, logger="ficc.agent")`` before the agent runs.
+    """
+
+    def failed() -> int:
+        return sum("unreachable" in record.getMessage() for record in caplog.records)
+
+    seen = failed()
+    with trio.fail_after(30):
+        while failed() < seen + dials:  # noqa: ASYNC110
+            await trio.sleep(0.05)

@@ -12,7 +12,13 @@ import trio
 
 from ficc_core.agent.remote import AgentRefused, RemoteAgent, websocket_url
 
-from .agent_support import heartbeats, lease_carried, process_agent_maker, wait_connected
+from .agent_support import (
+    controller_missed,
+    heartbeats,
+    lease_carried,
+    process_agent_maker,
+    wait_connected,
+)
 from .agent_support import open_controller as _controller
 from .conftest import issue_token
 
@@ -137,10 +143,6 @@ async def test_leases_arrive_over_the_connection_and_keep_an_attempt_running(tmp
 
 async def test_an_agent_reconnects_after_the_controller_restarts(tmp_path, agent_dir, caplog):
     caplog.set_level(logging.WARNING, logger="ficc.agent")
-
-    def refused_dials() -> int:
-        return sum("unreachable" in record.getMessage() for record in caplog.records)
-
     with trio.fail_after(40):
         async with _controller(tmp_path) as (service, url):
             _, token = await service.contributors.add_node("gpu-1")
@@ -153,9 +155,8 @@ async def test_an_agent_reconnects_after_the_controller_restarts(tmp_path, agent
                 agent = await nursery.start(remote.run)
                 await wait_connected(service, "gpu-1")
             assert remote.sessions == 1
-            # The controller is gone: the agent keeps trying (two refused dials) ...
-            while refused_dials() < 2:  # noqa: ASYNC110
-                await trio.sleep(0.05)
+            # The controller is gone: the agent keeps trying (two failed dials) ...
+            await controller_missed(caplog, dials=2)
             assert remote.sessions == 1
             # ... then finds it back, as the same agent and node.
             async with _controller(tmp_path, port=port) as (service, _):
