@@ -33,14 +33,14 @@ import trio
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from doc_section import write_section  # noqa: E402
+
 from ficc_core.agent.remote import RemoteAgent  # noqa: E402
 from ficc_core.executor.types import BodyChunk, EndOfStream  # noqa: E402
 from ficc_core.testing.executor_kit import new_fence, standin_job  # noqa: E402
 from tests.agent_support import open_controller, process_agent_maker, wait_connected  # noqa: E402
 
 MiB = 1 << 20
-DOC = ROOT / "docs" / "performance.md"
-START, END = "<!-- bench:relay:start -->", "<!-- bench:relay:end -->"
 #: The relayed stream's floor: below it a replica's tokens would queue on the relay.
 GOAL_RELAY_MIB_S = 5.0
 ROUNDS = 50
@@ -123,15 +123,6 @@ def render(size: int, runs: list[dict[str, float]]) -> tuple[str, bool]:
     return "\n".join(lines), met
 
 
-def write_doc(table: str) -> None:
-    text = DOC.read_text(encoding="utf-8")
-    if START not in text:
-        text += f"\n## Relayed endpoint\n\n{START}\n{END}\n"
-    head, _, rest = text.partition(START)
-    _, _, tail = rest.partition(END)
-    DOC.write_text(f"{head}{START}\n{table}{END}{tail}", encoding="utf-8")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size-mib", type=int, default=64)
@@ -151,7 +142,7 @@ def main() -> None:
     table, met = render(size, runs)
     print(table)
     if not args.no_write:
-        write_doc(table)
+        write_section("relay", "Relayed endpoint", table)
     sys.exit(0 if met else 1)
 
 
