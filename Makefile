@@ -31,9 +31,10 @@ test: install  ## the whole test suite, slow tests included (what CI runs)
 test-fast: install  ## everyday loop: skip tests marked slow
 	$(BIN)/python -m pytest -q -m "not slow"
 
-lint: install
+lint: install  ## ruff, and the layering contracts in pyproject.toml ([tool.importlinter])
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
 
 format: install
 	$(BIN)/ruff check --fix .

@@ -47,11 +47,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from doc_section import DOC, write_section
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
-DOC = ROOT / "docs" / "performance.md"
-START, END = "<!-- bench:gateway:start -->", "<!-- bench:gateway:end -->"
 PY = sys.executable
 LITELLM_VENV = BENCH / ".venv-litellm"
 LITELLM_VERSION = "1.108.7"
@@ -999,17 +998,6 @@ def render(runs: list[dict[str, Any]], machine: str, engine_note: str) -> tuple[
     return "\n".join(lines), verdicts
 
 
-def write_doc(block: str) -> None:
-    text = DOC.read_text()
-    if START in text and END in text:
-        before, rest = text.split(START, 1)
-        _, after = rest.split(END, 1)
-        text = before + START + "\n" + block + "\n" + END + after
-    else:
-        text = text.rstrip("\n") + "\n\n## Gateway\n\n" + START + "\n" + block + "\n" + END + "\n"
-    DOC.write_text(text)
-
-
 # -- main ----------------------------------------------------------------------------------------
 
 PINNED = True
@@ -1142,7 +1130,7 @@ def main() -> None:
         )
         print(block)
         if not args.no_write:
-            write_doc(block)
+            write_section("gateway", "Gateway", block)
             print(f"\nwritten to {DOC.relative_to(ROOT)}")
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not skip this

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import trio
 import trustme
+from doc_section import write_section
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -41,8 +42,6 @@ from ficc_core.models.blob_records import FileRef  # noqa: E402
 from tests.httpsd import ServedFile, open_https_server, write_ca_bundle  # noqa: E402
 
 MiB = 1 << 20
-DOC = ROOT / "docs" / "performance.md"
-START, END = "<!-- bench:models:start -->", "<!-- bench:models:end -->"
 
 
 def make_file(path: Path, size: int) -> str:
@@ -291,15 +290,6 @@ def render(size: int, runs: list[dict[str, float]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_doc(table: str) -> None:
-    text = DOC.read_text(encoding="utf-8") if DOC.exists() else "# Performance\n"
-    if START not in text:
-        text += f"\n## Model registry\n\n{START}\n{END}\n"
-    head, _, rest = text.partition(START)
-    _, _, tail = rest.partition(END)
-    DOC.write_text(f"{head}{START}\n{table}{END}{tail}", encoding="utf-8")
-
-
 def main() -> None:
     if sys.argv[1:2] == ["--serve"]:
         trio.run(serve_file, Path(sys.argv[2]), Path(sys.argv[3]))
@@ -322,7 +312,7 @@ def main() -> None:
     table = render(size, runs)
     print(table)
     if not args.no_write:
-        write_doc(table)
+        write_section("models", "Model registry", table)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,8 @@ from ficc_core.executor import BodyChunk, ResponseHead, UnknownAttempt
 from ficc_core.schema import GpuDevice
 from ficc_core.testing.executor_kit import new_fence, standin_job
 
+from .agent_support import lease_carried
+
 
 @pytest.fixture
 def state_dir() -> Iterator[Path]:
@@ -186,10 +188,13 @@ def test_agent_settings_load_from_toml(tmp_path):
 async def test_an_attempt_whose_lease_is_renewed_keeps_running(running):
     fence = new_fence()
     with trio.fail_after(30):
-        await running.launch("process", standin_job(), fence)
+        # Four seconds on a one-second lease, renewed every half second (the controller's
+        # pace, driven here).
+        await running.launch("process", standin_job(), fence, lease=1.0)
         for _ in range(8):
             await trio.sleep(0.5)
-            assert running.renew([fence.attempt_id]) == [fence.attempt_id]
+            assert running.renew([fence.attempt_id], duration=1.0) == [fence.attempt_id]
+        assert running.expired == []
         assert (await running.status(fence)).running
         await running.stop(fence, grace=1.0)
     assert running.leases() == []
@@ -220,14 +225,14 @@ async def test_leases_keep_renewing_while_an_endpoint_read_is_held_open(running)
 
         async def renew_from_its_own_task():
             while True:
-                running.renew()
+                running.renew(duration=1.0)
                 await trio.sleep(0.2)
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(renew_from_its_own_task)
             # The reader takes one chunk and then stalls for three lease lengths.
             assert isinstance(await running.read(fence, "s1"), (BodyChunk, ResponseHead))
-            await trio.sleep(3.0)
+            await lease_carried(running, fence, 3)
             assert running.expired == []
             assert (await running.status(fence)).running
             nursery.cancel_scope.cancel()

@@ -17,6 +17,7 @@ from ficc_core.config import load_config
 from ficc_core.controller.service import open_service
 from ficc_core.testing.executor_kit import new_fence, standin_job
 
+from .agent_support import lease_carried
 from .serve_support import ServeProcess
 
 
@@ -84,7 +85,7 @@ async def test_the_embedded_agent_reports_its_attempts_and_renews_their_leases(t
                 await agent.launch("process", standin_job(), fence)
                 await agent.providers["process"].wait_ready(fence)
                 # Three lease lengths later it still runs: the controller keeps renewing.
-                await trio.sleep(3)
+                await lease_carried(agent, fence, 3)
                 assert agent.expired == []
                 node = await service.contributors.get("local")
                 assert node["state"] == "connected"

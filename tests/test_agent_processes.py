@@ -264,23 +264,23 @@ async def test_a_frozen_controller_lets_the_leases_run_out_and_the_agent_stops_i
     from ficc_core.agent.remote import RemoteAgent
     from ficc_core.testing.executor_kit import new_fence, standin_job
 
-    from .test_agent_remote import _maker
+    from .agent_support import lease_carried, process_agent_maker
 
     config = tmp_path / "ficc.toml"
     config.write_text('lease_duration = "1s"\nheartbeat_interval = "200ms"\n')
     server = ServeProcess(tmp_path / "data", "--no-embedded-agent", config=config)
     try:
         url = await server.wait_ready()
-        await server.admin_token()
+        admin = await server.admin_token()
         token = _add_node(tmp_path / "data", "gpu-1")
         with trio.fail_after(60):
             async with trio.open_nursery() as nursery:
-                remote = RemoteAgent(url, token, _maker(agent_dir))
+                remote = RemoteAgent(url, token, process_agent_maker(agent_dir))
                 agent = await nursery.start(remote.run)
                 fence = new_fence()
                 await agent.launch("process", standin_job(), fence)
                 await agent.providers["process"].wait_ready(fence)
-                await trio.sleep(2)  # renewals arrive: it keeps running
+                await lease_carried(agent, fence, 2)  # renewals arrive: it keeps running
                 assert agent.expired == []
 
                 server.proc.send_signal(signal.SIGSTOP)
@@ -291,8 +291,14 @@ async def test_a_frozen_controller_lets_the_leases_run_out_and_the_agent_stops_i
                     assert status.state == "stopped"
                 finally:
                     server.proc.send_signal(signal.SIGCONT)
-                # Resumed, the controller renews nothing stale: no engine runs for that fence.
-                await trio.sleep(1.5)
+                # Resumed, the controller renews nothing stale: once it has taken five more
+                # heartbeats (200 ms apart: a lease length, three renewal periods), no
+                # engine runs for that fence.
+                seen = (await _node(url, admin, "gpu-1"))["last_heartbeat"]
+                for _ in range(5):
+                    while (latest := await _node(url, admin, "gpu-1"))["last_heartbeat"] == seen:  # noqa: ASYNC110
+                        await trio.sleep(0.05)
+                    seen = latest["last_heartbeat"]
                 assert agent.leases() == []
                 assert not any(_alive(pid) for pid in _engine_pids(agent_dir))
                 nursery.cancel_scope.cancel()

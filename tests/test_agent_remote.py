@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import shutil
 import tempfile
 from pathlib import Path
@@ -9,11 +10,15 @@ from pathlib import Path
 import pytest
 import trio
 
-from ficc_core.agent import Agent
 from ficc_core.agent.remote import AgentRefused, RemoteAgent, websocket_url
-from ficc_core.controller.service import Service
-from ficc_core.schema import GpuDevice
 
+from .agent_support import (
+    controller_missed,
+    heartbeats,
+    lease_carried,
+    process_agent_maker,
+    wait_connected,
+)
 from .agent_support import open_controller as _controller
 from .conftest import issue_token
 
@@ -23,31 +28,6 @@ def agent_dir():
     path = Path(tempfile.mkdtemp(prefix="fr-", dir="/tmp"))
     yield path
     shutil.rmtree(path, ignore_errors=True)
-
-
-async def _no_gpus() -> tuple[GpuDevice, ...]:
-    return ()
-
-
-def _maker(agent_dir: Path, node_id: str | None = None):
-    from ficc_executor_process.provider import ProcessProvider
-
-    def make(named: str) -> Agent:
-        provider = ProcessProvider(state_dir=agent_dir / "p", default_grace=1.0)
-        return Agent(
-            node_id=node_id or named,
-            providers={"process": provider},
-            state_dir=agent_dir,
-            gpu_query=_no_gpus,
-            stop_grace=1.0,
-        )
-
-    return make
-
-
-async def _connected(service: Service, node_id: str) -> None:
-    while (await service.contributors.get(node_id))["state"] != "connected":  # noqa: ASYNC110
-        await trio.sleep(0.05)
 
 
 def test_controller_urls_become_websocket_urls():
@@ -67,7 +47,7 @@ async def test_a_remote_agent_connects_and_the_controller_lists_its_measured_res
     with trio.fail_after(30):
         async with _controller(tmp_path) as (service, url):
             _, token = await service.contributors.add_node("gpu-1")
-            remote = RemoteAgent(url, token, _maker(agent_dir))
+            remote = RemoteAgent(url, token, process_agent_maker(agent_dir))
             async with trio.open_nursery() as nursery:
                 agent = await nursery.start(remote.run)
                 assert agent.node_id == "gpu-1"
@@ -86,7 +66,7 @@ async def test_a_project_credential_cannot_connect_as_a_node(tmp_path, agent_dir
             await service.auth.bootstrap()
             token = await issue_token(service)
             with pytest.raises(AgentRefused) as refused:
-                await RemoteAgent(url, token, _maker(agent_dir)).run()
+                await RemoteAgent(url, token, process_agent_maker(agent_dir)).run()
             assert refused.value.code == "credential_refused"
 
 
@@ -95,7 +75,7 @@ async def test_a_node_credential_cannot_report_as_another_node(tmp_path, agent_d
         async with _controller(tmp_path) as (service, url):
             _, token = await service.contributors.add_node("gpu-1")
             await service.contributors.add_node("gpu-2")
-            remote = RemoteAgent(url, token, _maker(agent_dir, node_id="gpu-2"))
+            remote = RemoteAgent(url, token, process_agent_maker(agent_dir, node_id="gpu-2"))
             with pytest.raises(AgentRefused) as refused:
                 await remote.run()
             assert refused.value.code == "node_mismatch"
@@ -107,16 +87,18 @@ async def test_a_revoked_node_credential_is_refused(tmp_path, agent_dir):
         async with _controller(tmp_path) as (service, url):
             _, token = await service.contributors.add_node("gpu-1")
             await service.contributors.revoke_node("gpu-1")
-            with pytest.raises(AgentRefused):
-                await RemoteAgent(url, token, _maker(agent_dir)).run()
+            with pytest.raises(AgentRefused) as refused:
+                await RemoteAgent(url, token, process_agent_maker(agent_dir)).run()
+            assert refused.value.code == "credential_refused"
+            assert "revoked" in str(refused.value)
 
 
 async def test_a_newer_connection_of_the_node_fences_out_the_older(tmp_path, agent_dir):
     with trio.fail_after(30):
         async with _controller(tmp_path) as (service, url):
             _, token = await service.contributors.add_node("gpu-1")
-            older = RemoteAgent(url, token, _maker(agent_dir / "a"))
-            newer = RemoteAgent(url, token, _maker(agent_dir / "b"))
+            older = RemoteAgent(url, token, process_agent_maker(agent_dir / "a"))
+            newer = RemoteAgent(url, token, process_agent_maker(agent_dir / "b"))
             fenced = []
             async with trio.open_nursery() as nursery:
 
@@ -131,8 +113,11 @@ async def test_a_newer_connection_of_the_node_fences_out_the_older(tmp_path, age
                 while not fenced:  # noqa: ASYNC110
                     await trio.sleep(0.05)
                 assert fenced == ["connection_fenced"]
-                await trio.sleep(0.5)
-                assert (await service.contributors.get("gpu-1"))["state"] == "connected"
+                # The older one's end does not disconnect the node: the newer one's next
+                # heartbeats keep it connected.
+                node = await heartbeats(service, "gpu-1", 3)
+                assert node["state"] == "connected"
+                assert newer.sessions == 1
                 nursery.cancel_scope.cancel()
 
 
@@ -143,10 +128,12 @@ async def test_leases_arrive_over_the_connection_and_keep_an_attempt_running(tmp
         async with _controller(tmp_path, lease_duration="1s") as (service, url):
             _, token = await service.contributors.add_node("gpu-1")
             async with trio.open_nursery() as nursery:
-                agent = await nursery.start(RemoteAgent(url, token, _maker(agent_dir)).run)
+                agent = await nursery.start(
+                    RemoteAgent(url, token, process_agent_maker(agent_dir)).run
+                )
                 fence = new_fence()
                 await agent.launch("process", standin_job(), fence)
-                await trio.sleep(3)
+                await lease_carried(agent, fence, 3)  # three lease lengths, renewed
                 assert agent.expired == []
                 assert (await agent.status(fence)).running
                 node = await service.contributors.get("gpu-1")
@@ -154,21 +141,32 @@ async def test_leases_arrive_over_the_connection_and_keep_an_attempt_running(tmp
                 nursery.cancel_scope.cancel()
 
 
-async def test_an_agent_reconnects_after_the_controller_restarts(tmp_path, agent_dir):
+async def test_an_agent_reconnects_after_the_controller_restarts(tmp_path, agent_dir, caplog):
+    caplog.set_level(logging.WARNING, logger="ficc.agent")
     with trio.fail_after(40):
         async with _controller(tmp_path) as (service, url):
             _, token = await service.contributors.add_node("gpu-1")
             port = url.rsplit(":", 1)[1]
-        remote = RemoteAgent(url, token, _maker(agent_dir), backoff_initial=0.1, backoff_max=0.5)
+        remote = RemoteAgent(
+            url, token, process_agent_maker(agent_dir), backoff_initial=0.1, backoff_max=0.5
+        )
         async with trio.open_nursery() as nursery:
             async with _controller(tmp_path, port=port) as (service, _):
-                await nursery.start(remote.run)
-            # The controller is gone: the agent keeps trying, then finds it back.
-            await trio.sleep(0.5)
+                agent = await nursery.start(remote.run)
+                await wait_connected(service, "gpu-1")
+            assert remote.sessions == 1
+            # The controller is gone: the agent keeps trying (two failed dials) ...
+            await controller_missed(caplog, dials=2)
+            assert remote.sessions == 1
+            # ... then finds it back, as the same agent and node.
             async with _controller(tmp_path, port=port) as (service, _):
                 while remote.sessions < 2:  # noqa: ASYNC110
                     await trio.sleep(0.05)
-                await _connected(service, "gpu-1")
+                await wait_connected(service, "gpu-1")
+                assert remote.agent is agent and agent.node_id == "gpu-1"
+                node = await heartbeats(service, "gpu-1", 1)
+                assert node["state"] == "connected" and node["snapshot"] is not None
+            assert remote.sessions == 2
             nursery.cancel_scope.cancel()
 
 
@@ -180,8 +178,10 @@ async def test_the_controller_launches_and_stops_attempts_over_the_connection(tm
         async with _controller(tmp_path) as (service, url):
             _, token = await service.contributors.add_node("gpu-1")
             async with trio.open_nursery() as nursery:
-                agent = await nursery.start(RemoteAgent(url, token, _maker(agent_dir)).run)
-                await _connected(service, "gpu-1")
+                agent = await nursery.start(
+                    RemoteAgent(url, token, process_agent_maker(agent_dir)).run
+                )
+                await wait_connected(service, "gpu-1")
                 fence = new_fence()
                 status = await service.contributors.launch("gpu-1", "process", standin_job(), fence)
                 assert status.state == "starting"
@@ -223,9 +223,9 @@ async def test_an_https_controller_is_reached_over_tls(tmp_path, agent_dir, ca):
         ):
             assert url.startswith("https://")
             _, token = await service.contributors.add_node("gpu-1")
-            remote = RemoteAgent(url, token, _maker(agent_dir), ssl_context=context)
+            remote = RemoteAgent(url, token, process_agent_maker(agent_dir), ssl_context=context)
             assert remote.url.startswith("wss://")
             async with trio.open_nursery() as nursery:
                 await nursery.start(remote.run)
-                await _connected(service, "gpu-1")
+                await wait_connected(service, "gpu-1")
                 nursery.cancel_scope.cancel()

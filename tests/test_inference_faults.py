@@ -6,6 +6,7 @@ HTTP from the controller's blob store.
 
 from __future__ import annotations
 
+import logging
 import signal
 
 import pytest
@@ -15,6 +16,7 @@ from ficc_core.agent import Agent
 from ficc_core.agent.remote import RemoteAgent
 from ficc_core.agent.runtimes import AgentSettings
 
+from .agent_support import controller_missed
 from .inference_support import (
     llama_spec,
     open_inference_controller,
@@ -228,7 +230,9 @@ def _remote_agent_factory(folder, settings_file):
 async def test_a_restarted_controller_adopts_the_running_replica_instead_of_launching_another(
     tmp_path,
     agent_dir,  # noqa: F811
+    caplog,
 ):
+    caplog.set_level(logging.WARNING, logger="ficc.agent")
     settings_file = write_agent_settings(tmp_path)
     with trio.fail_after(180):
         async with open_inference_controller(tmp_path, embedded=False) as controller:
@@ -250,7 +254,8 @@ async def test_a_restarted_controller_adopts_the_running_replica_instead_of_laun
                 [engine_pid] = _engine_pids(agent_dir)
 
             # The controller is gone; the node keeps its engine (its lease outlives this).
-            await trio.sleep(0.5)
+            await controller_missed(caplog, dials=2)
+            assert _alive(engine_pid)
             async with open_inference_controller(tmp_path, embedded=False, port=port) as controller:
                 while not controller.service.contributors.connected_here("gpu-1"):  # noqa: ASYNC110
                     await trio.sleep(0.05)

@@ -10,10 +10,9 @@ from ficc_core.agent.remote import RemoteAgent
 from ficc_core.schema import JobInput
 from ficc_core.testing.executor_kit import new_fence, standin_job
 
-from .agent_support import open_controller
+from .agent_support import open_controller, wait_connected
 from .conftest import bearer, issue_token
 from .models_support import random_bytes
-from .test_agent_remote import _connected
 from .test_staging import _verified_model, staging_agents
 
 MiB = 1 << 20
@@ -58,7 +57,7 @@ async def test_a_node_fetches_exactly_its_assigned_inputs_and_loses_them_when_st
                     make = staging_agents(provider, agent_dir, url, node)
                     async with trio.open_nursery() as nursery:
                         await nursery.start(RemoteAgent(url, node, make).run)
-                        await _connected(service, "gpu-1")
+                        await wait_connected(service, "gpu-1")
                         job = standin_job(
                             inputs=(
                                 JobInput(id="model", path="/not/here", digest=f"sha256:{mine}"),

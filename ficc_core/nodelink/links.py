@@ -10,11 +10,11 @@ class either way.
 from __future__ import annotations
 
 import json
+import secrets
 from typing import Any, Protocol
 
 import trio
 
-from ..auth import secrets as sec
 from ..executor.protocol import EndpointAction
 from .commands import CommandTarget, run_command
 from .relay_controller import RelayEndpoint
@@ -73,7 +73,7 @@ class ConnectionLink:
         """Send one command and wait (bounded) for its reply."""
         if self._closed:
             raise NodeGone("the node's connection closed")
-        request_id = sec.new_id()
+        request_id = secrets.token_hex(8)
         slot: list[Any] = [trio.Event()]
         self._pending[request_id] = slot
         try:

@@ -24,31 +24,39 @@ import os
 import shutil
 import socket
 import struct
-import sys
 import tempfile
-import time
 import uuid
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
-from typing import Any, NamedTuple
 
 import trio
 
-from ..errors import FiccError
 from ..executor import (
     CHUNK_SIZE,
-    QUEUE_CHUNKS,
-    AttemptStatus,
     BodyChunk,
     EndOfStream,
     ExecutorProvider,
     ResponseHead,
     StreamFailed,
 )
-from ..schema import EndpointContract, Fence, Job, JobInput, ReadinessProbe, ResourceLimits
-from .standin_engine import ROUTES
+from ..schema import JobInput, ResourceLimits
+from .endpoint_checks import (
+    check_cancel,
+    check_endpoint_backpressure,
+    check_fences_and_contract,
+)
+from .executor_support import (
+    Exchange,
+    JobFactory,
+    exchange,
+    job_from,
+    launched,
+    new_fence,
+    refused,
+    request_json,
+    standin_job,
+    wait_ended,
+)
 
 __all__ = [
     "CHECKS",
@@ -73,132 +81,6 @@ __all__ = [
     "standin_job",
 ]
 
-JobFactory = Callable[..., Job]
-
-
-def standin_job(
-    *,
-    ready_after: float = 0.0,
-    ignore_sigterm: bool = False,
-    exit_after: float | None = None,
-    readiness_timeout: float = 30.0,
-    inputs: tuple[JobInput, ...] = (),
-    python: str = sys.executable,
-    env: dict[str, str] | None = None,
-    port: int | None = None,
-) -> Job:
-    """A job that runs the stand-in engine with the given Python (default: this one).
-
-    With ``port``, the engine listens on ``127.0.0.1:port`` in its own network
-    namespace and the endpoint contract uses the TCP transport.
-    """
-    argv = [python, "-m", "ficc_core.testing.standin_engine"]
-    if port is None:
-        argv += ["--socket", "{endpoint_socket}"]
-        endpoint = EndpointContract.unix(ROUTES)
-    else:
-        argv += ["--port", str(port)]
-        endpoint = EndpointContract.tcp(port, ROUTES)
-    argv += ["--ready-after", str(ready_after)]
-    if ignore_sigterm:
-        argv.append("--ignore-sigterm")
-    if exit_after is not None:
-        argv += ["--exit-after", str(exit_after)]
-    return Job(
-        argv=argv,
-        env=env or {},
-        inputs=inputs,
-        endpoint=endpoint,
-        readiness=ReadinessProbe(path="/health", timeout=readiness_timeout, interval=0.1),
-        capabilities=("chat",),
-    )
-
-
-def new_fence(generation: int = 1) -> Fence:
-    """A fresh fence with a random attempt ID."""
-    return Fence(
-        attempt_id=f"kit-{uuid.uuid4().hex[:12]}",
-        generation=generation,
-        plan_digest="sha256:" + "ab" * 32,
-    )
-
-
-@asynccontextmanager
-async def launched(
-    provider: ExecutorProvider,
-    job: Job,
-    *,
-    limits: ResourceLimits | None = None,
-    wait_ready: bool = True,
-) -> AsyncIterator[Fence]:
-    """Launch ``job``, wait until it is ready (asserting it is), and always stop it."""
-    fence = new_fence()
-    status = await provider.launch(job, fence, limits=limits)
-    assert status.state == "starting", status
-    try:
-        if wait_ready:
-            status = await provider.wait_ready(fence)
-            assert status.state == "ready", status
-        yield fence
-    finally:
-        with trio.CancelScope(shield=True), trio.move_on_after(30):
-            await provider.stop(fence, grace=2.0)
-
-
-class Exchange(NamedTuple):
-    """One finished request through the endpoint action."""
-
-    status: int
-    headers: dict[str, str]
-    chunks: list[bytes]
-
-    @property
-    def body(self) -> bytes:
-        """The whole response body."""
-        return b"".join(self.chunks)
-
-
-async def exchange(
-    provider: ExecutorProvider, fence: Fence, method: str, path: str, payload: Any = None
-) -> Exchange:
-    """Send one request (a JSON ``payload``, if any) and read its whole answer."""
-    stream_id = uuid.uuid4().hex
-    body = b"" if payload is None else json.dumps(payload).encode()
-    headers = {"content-type": "application/json"}
-    await provider.open(fence, stream_id, method, path, headers, body)
-    head, chunks = None, []
-    while True:
-        event = await provider.read(fence, stream_id)
-        if isinstance(event, ResponseHead):
-            head = event
-        elif isinstance(event, BodyChunk):
-            chunks.append(event.data)
-        elif isinstance(event, EndOfStream) and head is not None:
-            return Exchange(head.status, dict(head.headers), chunks)
-        else:
-            raise AssertionError(f"{method} {path} failed: {event}")
-
-
-async def request_json(
-    provider: ExecutorProvider, fence: Fence, method: str, path: str, payload: Any = None
-) -> tuple[int, Any]:
-    """Send one request through the endpoint action and decode its JSON answer."""
-    answer = await exchange(provider, fence, method, path, payload)
-    return answer.status, json.loads(answer.body) if answer.chunks else None
-
-
-async def _wait_ended(provider: ExecutorProvider, fence: Fence, seconds: float) -> AttemptStatus:
-    with trio.fail_after(seconds):
-        while True:
-            status = await provider.status(fence)
-            if not status.running:
-                return status
-            await trio.sleep(0.05)
-
-
-def _job(job_factory: JobFactory | None, **options: Any) -> Job:
-    return (job_factory or standin_job)(**options)
-
 
 # -- the checks ------------------------------------------------------------------------------
 
@@ -207,7 +89,7 @@ async def check_readiness(
     provider: ExecutorProvider, *, job_factory: JobFactory | None = None
 ) -> None:
     """An attempt is ``starting`` until its probe answers 200; a silent one fails on time."""
-    job = _job(job_factory, ready_after=1.0)
+    job = job_from(job_factory, ready_after=1.0)
     fence = new_fence()
     begin = trio.current_time()
     assert (await provider.launch(job, fence)).state == "starting"
@@ -218,7 +100,7 @@ async def check_readiness(
     finally:
         with trio.CancelScope(shield=True):
             await provider.stop(fence, grace=2.0)
-    job = _job(job_factory, ready_after=3600.0, readiness_timeout=1.0)
+    job = job_from(job_factory, ready_after=3600.0, readiness_timeout=1.0)
     fence = new_fence()
     await provider.launch(job, fence)
     try:
@@ -226,7 +108,7 @@ async def check_readiness(
         assert status.state == "failed", status
         assert status.reason == "readiness_timeout", status
         assert "/health" in (status.message or "")
-        status = await _wait_ended(provider, fence, 30)
+        status = await wait_ended(provider, fence, 30)
         assert status.state == "failed"
     finally:
         with trio.CancelScope(shield=True):
@@ -237,8 +119,8 @@ async def check_exit_reported(
     provider: ExecutorProvider, *, job_factory: JobFactory | None = None
 ) -> None:
     """An engine that exits on its own is reported with its status and log tail."""
-    async with launched(provider, _job(job_factory, exit_after=0.5)) as fence:
-        status = await _wait_ended(provider, fence, 30)
+    async with launched(provider, job_from(job_factory, exit_after=0.5)) as fence:
+        status = await wait_ended(provider, fence, 30)
         assert status.state == "exited", status
         assert status.exit_code == 3, status
         assert status.reason == "exited", status
@@ -280,7 +162,7 @@ async def check_network_isolation(
         # Listening on every host address, on a port the OS chooses.
         [listener] = await nursery.start(partial(trio.serve_tcp, count, 0, host="0.0.0.0"))
         port = listener.socket.getsockname()[1]
-        async with launched(provider, _job(job_factory)) as fence:
+        async with launched(provider, job_from(job_factory)) as fence:
             targets = [["127.0.0.1", port], ["localhost", port]]
             targets += [[address, port] for address in _host_addresses()]
             status, answer = await request_json(
@@ -302,12 +184,12 @@ async def check_limits(
     """Exceeding the memory limit kills the engine with reason ``memory_limit``; CPU is capped."""
     limits = ResourceLimits(cpus=0.25, memory_bytes=256 * 1024 * 1024, pids=64)
     if cpu_quota:
-        async with launched(provider, _job(job_factory), limits=limits) as fence:
+        async with launched(provider, job_from(job_factory), limits=limits) as fence:
             status, answer = await request_json(provider, fence, "POST", "/burn", {"seconds": 1.0})
             assert status == 200
             # A quarter of one CPU for one second, with slack for the scheduler's period.
             assert answer["cpu_seconds"] < 0.5, answer
-    async with launched(provider, _job(job_factory), limits=limits) as fence:
+    async with launched(provider, job_from(job_factory), limits=limits) as fence:
         stream_id = uuid.uuid4().hex
         body = json.dumps({"bytes": 1024 * 1024 * 1024}).encode()
         await provider.open(fence, stream_id, "POST", "/alloc", {}, body)
@@ -316,141 +198,10 @@ async def check_limits(
         assert isinstance(event, StreamFailed | EndOfStream) or (
             isinstance(event, ResponseHead) and event.status >= 500
         ), event
-        status = await _wait_ended(provider, fence, 30)
+        status = await wait_ended(provider, fence, 30)
         assert status.state == "exited", status
         assert status.reason == "memory_limit", status
         assert "memory limit" in (status.message or ""), status
-
-
-async def check_endpoint_backpressure(
-    provider: ExecutorProvider, *, job_factory: JobFactory | None = None
-) -> None:
-    """A reader that does not read holds at most four chunks and blocks the engine's writes.
-
-    Chunks are never larger than 64 KiB, and cancelling a blocked stream is seen
-    by the engine at once.
-    """
-    async with launched(provider, _job(job_factory)) as fence:
-        stream_id = "backpressure"
-        await provider.open(fence, stream_id, "GET", "/stream", {}, b"")
-        head = await provider.read(fence, stream_id)
-        assert isinstance(head, ResponseHead) and head.status == 200, head
-        written = await _settled_stream_bytes(provider, fence)
-        # Four queued chunks plus what the kernel buffers: bounded, and no longer growing.
-        assert written < 8 * 1024 * 1024, written
-        held = getattr(getattr(provider, "streams", None), "held", None)
-        if held is not None:
-            assert held(fence, stream_id) <= QUEUE_CHUNKS
-        for _ in range(QUEUE_CHUNKS * 4):
-            event = await provider.read(fence, stream_id)
-            assert isinstance(event, BodyChunk), event
-            assert 0 < len(event.data) <= CHUNK_SIZE
-        # Reading let the engine write again.
-        assert await _settled_stream_bytes(provider, fence) > written
-        await _assert_cancel_seen(provider, fence, stream_id, within=0.1)
-
-
-async def _settled_stream_bytes(provider: ExecutorProvider, fence: Fence) -> int:
-    previous = -1
-    with trio.fail_after(20):
-        while True:
-            await trio.sleep(0.3)
-            _, stats = await request_json(provider, fence, "GET", "/stats")
-            if stats["stream_bytes"] == previous and previous > 0:
-                return previous
-            previous = stats["stream_bytes"]
-
-
-async def _assert_cancel_seen(
-    provider: ExecutorProvider, fence: Fence, stream_id: str, *, within: float
-) -> float:
-    _, before = await request_json(provider, fence, "GET", "/stats")
-    begin = time.time()
-    await provider.cancel(fence, stream_id)
-    with trio.fail_after(10):
-        while True:
-            _, stats = await request_json(provider, fence, "GET", "/stats")
-            if stats["disconnects"] > before["disconnects"]:
-                break
-            await trio.sleep(0.01)
-    latency = stats["last_disconnect_at"] - begin
-    assert latency <= within, f"the engine saw the cancel after {latency * 1000:.0f} ms"
-    try:
-        await provider.read(fence, stream_id)
-    except FiccError as exc:
-        assert exc.code == "unknown_stream", exc.code
-    else:
-        raise AssertionError("a cancelled stream can still be read")
-    return latency
-
-
-async def check_cancel(
-    provider: ExecutorProvider, *, job_factory: JobFactory | None = None, within: float = 0.1
-) -> float:
-    """``cancel`` closes the engine connection: the engine sees it within ``within`` seconds."""
-    async with launched(provider, _job(job_factory)) as fence:
-        await provider.open(fence, "slow", "GET", "/slow", {}, b"")
-        assert isinstance(await provider.read(fence, "slow"), ResponseHead)
-        assert isinstance(await provider.read(fence, "slow"), BodyChunk)
-        return await _assert_cancel_seen(provider, fence, "slow", within=within)
-
-
-async def _refused(code: str, operation: Any) -> None:
-    try:
-        await operation
-    except FiccError as exc:
-        assert exc.code == code, f"expected {code}, got {exc.code}: {exc.message}"
-    else:
-        raise AssertionError(f"expected a refusal with code {code}")
-
-
-async def check_fences_and_contract(
-    provider: ExecutorProvider, *, job_factory: JobFactory | None = None
-) -> None:
-    """Stale and unknown fences, paths outside the contract and extra headers are refused."""
-    async with launched(provider, _job(job_factory)) as fence:
-        stale = Fence(
-            attempt_id=fence.attempt_id,
-            generation=fence.generation + 1,
-            plan_digest=fence.plan_digest,
-        )
-        other_plan = Fence(
-            attempt_id=fence.attempt_id,
-            generation=fence.generation,
-            plan_digest="sha256:" + "cd" * 32,
-        )
-        unknown = new_fence()
-        await provider.open(fence, "s1", "GET", "/slow", {}, b"")
-        await _refused("stale_fence", provider.read(stale, "s1"))
-        await _refused("stale_fence", provider.read(other_plan, "s1"))
-        await _refused("stale_fence", provider.open(stale, "s2", "GET", "/health", {}, b""))
-        await _refused("stale_fence", provider.cancel(stale, "s1"))
-        await _refused("stale_fence", provider.status(stale))
-        await _refused("unknown_attempt", provider.read(unknown, "s1"))
-        await _refused("unknown_stream", provider.read(fence, "never-opened"))
-        await _refused("path_not_admitted", provider.open(fence, "s3", "GET", "/admin", {}, b""))
-        await _refused("path_not_admitted", provider.open(fence, "s4", "GET", "/../etc", {}, b""))
-        await _refused(
-            "path_not_admitted", provider.open(fence, "s5", "DELETE", "/health", {}, b"")
-        )
-        await provider.cancel(fence, "s1")
-        headers = {
-            "Authorization": "Bearer secret",
-            "Cookie": "session=1",
-            "X-Forwarded-For": "10.0.0.1",
-            "Content-Type": "application/json",
-            "X-Request-Id": "r-1",
-        }
-        await provider.open(fence, "echo", "POST", "/echo", headers, b"{}")
-        data = b""
-        while not isinstance(event := await provider.read(fence, "echo"), EndOfStream):
-            assert not isinstance(event, StreamFailed), event
-            if isinstance(event, BodyChunk):
-                data += event.data
-        seen = json.loads(data)["headers"]
-        assert "authorization" not in seen and "cookie" not in seen
-        assert "x-forwarded-for" not in seen
-        assert seen["x-request-id"] == "r-1"
 
 
 async def check_input_upload(
@@ -463,7 +214,7 @@ async def check_input_upload(
         content = os.urandom(300_000)
         await trio.to_thread.run_sync(blob.write_bytes, content)
         inputs = (JobInput(id="model", path=str(blob)), JobInput(id="folder", path=str(folder)))
-        async with launched(provider, _job(job_factory, inputs=inputs)) as fence:
+        async with launched(provider, job_from(job_factory, inputs=inputs)) as fence:
             await provider.open(fence, "up", "POST", "/echo", {}, b"", input_id="model")
             data = b""
             while not isinstance(event := await provider.read(fence, "up"), EndOfStream):
@@ -477,7 +228,7 @@ async def check_input_upload(
                 ("GET", "model", b""),
             ]
             for method, input_id, body in refusals:
-                await _refused(
+                await refused(
                     "input_not_admitted",
                     provider.open(fence, "x", method, "/echo", {}, body, input_id=input_id),
                 )
@@ -507,7 +258,7 @@ async def check_tcp_transport(
     async with trio.open_nursery() as nursery:
         [listener] = await nursery.start(partial(trio.serve_tcp, count, 0, host="127.0.0.1"))
         port = listener.socket.getsockname()[1]
-        job = _job(job_factory, port=port)
+        job = job_from(job_factory, port=port)
         async with launched(provider, job) as first, launched(provider, job) as second:
             # Both answer, on the same port number, at the same time.
             assert (await request_json(provider, first, "GET", "/health"))[0] == 200
@@ -530,7 +281,7 @@ async def check_tcp_transport(
 
 async def check_logs(provider: ExecutorProvider, *, job_factory: JobFactory | None = None) -> None:
     """The engine's output is in its log: tail gives the last lines, follow streams them."""
-    async with launched(provider, _job(job_factory)) as fence:
+    async with launched(provider, job_from(job_factory)) as fence:
         await request_json(provider, fence, "POST", "/log", {"lines": 50})
         with trio.fail_after(10):
             while True:
@@ -552,11 +303,11 @@ async def check_clean_stop(
     provider: ExecutorProvider, *, job_factory: JobFactory | None = None
 ) -> None:
     """``stop`` ends the engine (SIGTERM, then SIGKILL after the grace) and closes its endpoint."""
-    async with launched(provider, _job(job_factory)) as fence:
+    async with launched(provider, job_from(job_factory)) as fence:
         status = await provider.stop(fence, grace=5.0)
         assert status.state == "stopped", status
-        await _refused("engine_unavailable", provider.open(fence, "x", "GET", "/health", {}, b""))
-    async with launched(provider, _job(job_factory, ignore_sigterm=True)) as fence:
+        await refused("engine_unavailable", provider.open(fence, "x", "GET", "/health", {}, b""))
+    async with launched(provider, job_from(job_factory, ignore_sigterm=True)) as fence:
         begin = trio.current_time()
         status = await provider.stop(fence, grace=1.0)
         assert status.state == "stopped", status

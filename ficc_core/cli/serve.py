@@ -1,0 +1,131 @@
+"""``ficc serve``: the controller, its embedded agent, the first run and the demo."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any
+
+import attrs
+import click
+import trio
+
+from .._version import __version__
+from ..config import Config
+from ..controller.service import Service, open_service
+from ..errors import FiccError
+from .settings import config_options, load_settings, run_trio
+
+
+@click.command()
+@config_options(exclude=("data_dir",))
+@click.option(
+    "--demo",
+    is_flag=True,
+    help="Also register the SmolLM2 model, start a llama.cpp chat service on the embedded "
+    "node and print an invoke token with curl and openai snippets (reused on later runs).",
+)
+@click.pass_context
+def serve(ctx: click.Context, demo: bool, **flags: Any) -> None:
+    """Run the controller: the HTTP API on hypercorn, until SIGINT or SIGTERM.
+
+    On first start with an empty data directory it creates the project 'default',
+    the administrator 'admin' and an admin bearer token, and writes them once to
+    data_dir/first-run-secrets, readable only by this user (with first_run_secrets
+    'stdout', prints them instead).
+    """
+    config = load_settings(ctx, flags)
+    logging.basicConfig(
+        level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    if demo:
+        from .demo import write_agent_settings
+
+        if not config.embedded_agent:
+            raise click.UsageError("--demo runs its service on the embedded agent")
+        if config.agent_config is None:
+            try:
+                settings = write_agent_settings(config.data_dir)
+            except FiccError as exc:
+                raise click.ClickException(f"{exc.message} [{exc.code}]") from None
+            config = attrs.evolve(config, agent_config=settings)
+    run_trio(_serve, config, demo)
+
+
+async def _serve(config: Config, demo: bool = False) -> None:
+    from ..agent.embedded import run_embedded_agent
+    from ..controller.server import run_until_signalled
+
+    async with open_service(config, background=True) as service:
+        first_run = await service.auth.bootstrap()
+        if first_run and config.first_run_secrets == "file":
+            from ..auth.first_run import write_first_run_secrets
+
+            try:
+                first_run["file"] = await trio.to_thread.run_sync(
+                    write_first_run_secrets, config.data_dir, first_run
+                )
+            except OSError as exc:
+                raise click.ClickException(
+                    f"could not write the first-run secrets: {exc}; recover with "
+                    "'ficc admin create-user NAME --admin' and 'ficc admin create-token'"
+                ) from None
+
+        async with trio.open_nursery() as nursery:
+
+            def ready(urls: list[str], metrics_urls: list[str]) -> None:
+                _print_ready(service, urls, first_run, metrics_urls)
+                if demo:
+                    nursery.start_soon(_demo, service, urls[0])
+
+            if config.embedded_agent:
+                await nursery.start(run_embedded_agent, service)
+            await run_until_signalled(service, on_ready=ready)
+            nursery.cancel_scope.cancel()
+    click.echo("ficc: stopped", err=True)
+
+
+async def _demo(service: Service, url: str) -> None:
+    from .demo import run_demo
+
+    try:
+        await run_demo(service, url)
+    except FiccError as exc:
+        click.echo(f"demo: {exc.message} [{exc.code}]; the controller keeps serving", err=True)
+
+
+def _print_ready(
+    service: Service,
+    urls: list[str],
+    first_run: dict[str, Any] | None,
+    metrics_urls: list[str],
+) -> None:
+    url = urls[0] if urls else "?"
+    lines = [
+        f"FICC {__version__} listening on {', '.join(urls)}",
+        f"  data directory: {service.config.data_dir}",
+    ]
+    if metrics_urls:
+        lines.append(f"  metrics on {', '.join(u + '/metrics' for u in metrics_urls)}")
+    if first_run and "file" in first_run:
+        lines += [
+            f"  first run: created project {first_run['project']!r} and administrator "
+            f"{first_run['username']!r}; their password and token are in a file only this "
+            "user can read (store them, then delete it):",
+            f"    secrets file: {first_run['file']}",
+        ]
+    elif first_run:
+        lines += [
+            f"  first run: created project {first_run['project']!r} and administrator "
+            f"{first_run['username']!r}; these are shown only once:",
+            f"    admin password: {first_run['password']}",
+            f"    admin token:    {first_run['token']}",
+            f"  try: curl -H 'Authorization: Bearer {first_run['token']}' {url}/api/v1/whoami",
+        ]
+    else:
+        lines += [
+            "  authenticate with 'Authorization: Bearer <token>'; to issue a token run:",
+            "    ficc admin create-token --project default --all-scopes",
+        ]
+    click.echo("\n".join(lines), nl=True)
+    sys.stdout.flush()

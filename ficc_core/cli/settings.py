@@ -1,0 +1,82 @@
+"""Settings on the command line: a flag per setting, loading, ``ficc config``.
+
+Settings come from embedded defaults, then the TOML file named by ``--config`` (or
+``FICC_CONFIG``), then ``FICC_*`` environment variables, then flags.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import attrs
+import click
+import trio
+
+from ..config import Config, env_name, load_config, render_reference
+from ..errors import FiccError
+
+_FLAG_TYPES = {"int": int, "bool": bool, "path": click.Path(path_type=Path), "str": str}
+
+
+def config_options(exclude: tuple[str, ...] = ()):
+    """Decorate a command with one flag per :class:`Config` setting, help from its metadata."""
+
+    def decorate(command):
+        for field in reversed(attrs.fields(Config)):
+            if field.name in exclude:
+                continue
+            flag = "--" + field.name.replace("_", "-")
+            help_text = f"{field.metadata['help']} [env: {env_name(field)}]"
+            if field.metadata["kind"] == "bool":
+                command = click.option(
+                    f"{flag}/--no-{flag[2:]}", field.name, default=None, help=help_text
+                )(command)
+            else:
+                command = click.option(
+                    flag,
+                    field.name,
+                    type=_FLAG_TYPES.get(field.metadata["kind"], str),
+                    default=None,
+                    help=help_text,
+                )(command)
+        return command
+
+    return decorate
+
+
+def load_settings(ctx: click.Context, overrides: dict[str, Any]) -> Config:
+    """The settings of this invocation: the group's file and data directory, then ``overrides``."""
+    try:
+        return load_config(ctx.obj["config_path"], overrides={**ctx.obj["overrides"], **overrides})
+    except FiccError as exc:
+        raise click.ClickException(exc.message) from None
+
+
+def run_trio(fn, *args: Any) -> Any:
+    """``trio.run(fn, *args)``, a :class:`FiccError` shown as the command's error."""
+    try:
+        return trio.run(fn, *args)
+    except FiccError as exc:
+        raise click.ClickException(f"{exc.message} [{exc.code}]") from None
+
+
+@click.command("config")
+@click.option("--reference", is_flag=True, help="Print the table of every setting instead.")
+@click.pass_context
+def config_command(ctx: click.Context, reference: bool) -> None:
+    """Print the effective configuration as JSON (after file, environment and flags)."""
+    if reference:
+        click.echo(render_reference(), nl=False)
+        return
+    config = load_settings(ctx, {})
+    document = {
+        field.name: (str(value) if isinstance(value, Path) else value)
+        for field in attrs.fields(Config)
+        for value in [getattr(config, field.name)]
+    }
+    click.echo(json.dumps(document, indent=2, sort_keys=True))
+
+
+# -- administration ----------------------------------------------------------------
