@@ -271,14 +271,14 @@ async def test_requests_spread_over_replicas_and_avoid_one_at_its_cap(tmp_path):
                 loads = (env.gateway.load(first.attempt_id), env.gateway.load(second.attempt_id))
                 assert loads == (2, 2)
                 # Fill the first to its cap by hand: new requests all go to the second.
-                env.gateway._load[first.attempt_id] += 1
+                env.gateway.admission._load[first.attempt_id] += 1
                 for _ in range(5):
                     response = await http.post(
                         "/api/v1/inference/svc/v1/chat/completions", json=chat(deltas=1)
                     )
                     assert response.status_code == 200
                 assert {u.replica for u in list(env.gateway.usage)[-5:]} == {second.attempt_id}
-                env.gateway._load[first.attempt_id] -= 1
+                env.gateway.admission._load[first.attempt_id] -= 1
                 release.set()
             # The clients went away: the gateway notices and frees the slots.
             await eventually(

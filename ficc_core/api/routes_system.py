@@ -8,6 +8,7 @@ import attrs
 from quart import Response, g, jsonify, request
 
 from .._version import __version__
+from .authn import CSRF_COOKIE, SESSION_COOKIE
 from .bodies import read_json
 
 if TYPE_CHECKING:
@@ -27,8 +28,6 @@ class LoginBody:
 
 def register(app: QuartTrio, service: Service) -> None:
     """Add the system routes to ``app``."""
-    from .app import CSRF_COOKIE, SESSION_COOKIE
-
     secure = service.config.secure_cookies or service.config.tls
 
     @app.get("/api/v1/health", endpoint="health")
