@@ -165,8 +165,9 @@ class ResponseChunks:
         free the slot, account the request. Idempotent."""
         self._done = True
         self._pending.clear()
-        if self._request is not None and self._relay is not None:
-            await self._relay.finish(self._request, "cancelled")
+        request = self._request
+        if request is not None and not request.finished and self._relay is not None:
+            await self._relay.finish(request, "cancelled")
 
 
 class Relay:
