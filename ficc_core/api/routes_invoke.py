@@ -40,6 +40,7 @@ from .authn import SESSION_COOKIE, authenticate
 if TYPE_CHECKING:
     from quart_trio import QuartTrio
 
+    from ..auth import Principal
     from ..controller.service import Service
     from ..gateway import ResponseChunks
 
@@ -121,7 +122,7 @@ class InvokeRoutes:
             metrics.http_requests.labels(route, scope["method"], str(status)).inc()
             metrics.http_duration.labels(route).observe(time.perf_counter() - started)
 
-    async def _principal(self, scope: Scope) -> Any:
+    async def _principal(self, scope: Scope) -> Principal:
         authorization: str | None = None
         csrf: str | None = None
         cookies: list[str] = []
