@@ -148,7 +148,6 @@ class Gateway:
         self.live = live
         self.max_attempts = max(1, max_attempts)
         self.prefetch_bytes = prefetch_bytes
-        self.send_grace = send_grace
         self.checks = RequestChecks(auth, live, max_body_bytes=config.max_body_bytes)
         self.accounting = Accounting(metrics, usage_records=usage_records, usage_sinks=usage_sinks)
         self.admission = Admission(

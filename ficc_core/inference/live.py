@@ -80,7 +80,7 @@ class LiveService:
 
 
 class _InFlight:
-    """One request counted in flight (a plain context manager: it is on every request)."""
+    """One request counted in flight for a ``with`` block (:meth:`LiveTable.request`)."""
 
     __slots__ = ("service_id", "table")
 
