@@ -7,6 +7,7 @@ gateway and the agent's endpoint action. Service views are published by hand.
 
 from __future__ import annotations
 
+import random
 from functools import partial
 
 import openai
@@ -14,7 +15,8 @@ import pytest
 import trio
 
 from ficc_core.errors import FiccError
-from ficc_core.inference.live import LiveReplica
+from ficc_core.gateway import Gateway
+from ficc_core.inference.live import LiveReplica, LiveService
 from ficc_core.testing.executor_kit import new_fence
 
 from .gateway_support import ALIAS, chat, eventually, gateway_env
@@ -271,14 +273,14 @@ async def test_requests_spread_over_replicas_and_avoid_one_at_its_cap(tmp_path):
                 loads = (env.gateway.load(first.attempt_id), env.gateway.load(second.attempt_id))
                 assert loads == (2, 2)
                 # Fill the first to its cap by hand: new requests all go to the second.
-                env.gateway._load[first.attempt_id] += 1
+                env.gateway.admission._load[first.attempt_id] += 1
                 for _ in range(5):
                     response = await http.post(
                         "/api/v1/inference/svc/v1/chat/completions", json=chat(deltas=1)
                     )
                     assert response.status_code == 200
                 assert {u.replica for u in list(env.gateway.usage)[-5:]} == {second.attempt_id}
-                env.gateway._load[first.attempt_id] -= 1
+                env.gateway.admission._load[first.attempt_id] -= 1
                 release.set()
             # The clients went away: the gateway notices and frees the slots.
             await eventually(
@@ -391,11 +393,94 @@ async def test_the_internal_seam_relays_and_cancels_without_http(tmp_path):
             with pytest.raises(FiccError) as caught:
                 await gateway.invoke("svc", "/v1/chat/completions", b"{}", actor)
             assert caught.value.code == "invalid_request"
+            with pytest.raises(FiccError) as caught:
+                async with gateway.open_response("svc", "/v1/chat/completions", b"{}", actor):
+                    raise AssertionError("no response for a refused request")
+            assert caught.value.code == "invalid_request"
 
 
-async def test_a_browser_session_invokes_through_the_quart_routes_like_a_bearer_does(tmp_path):
-    # Bearer requests take the direct ASGI path; cookie sessions go through Quart's
-    # routes. Both answer the same way.
+async def test_leaving_an_open_response_frees_its_slot_and_cancels_the_engine(tmp_path):
+    with trio.fail_after(60):
+        async with gateway_env(tmp_path) as env:
+            fence = await env.launch()
+            env.publish("svc", [fence])
+            _, token = await env.token("svc")
+            actor = await env.service.auth.authenticate_bearer(token)
+            gateway = env.service.inference.gateway
+            long = chat(True, deltas=10_000, interval=0.005)
+            # Read to its end: the response ends by itself.
+            async with gateway.open_response(
+                "svc", "/v1/chat/completions", chat(True, deltas=3), actor
+            ) as response:
+                assert response.status == 200 and response.streaming
+                body = b"".join([chunk async for chunk in response])
+            assert b"data: [DONE]" in body
+            # Left before its first chunk was read (nothing else closes it).
+            async with gateway.open_response("svc", "/v1/chat/completions", long, actor):
+                assert gateway.load(fence.attempt_id) == 1
+                assert env.service.live.inflight("svc") == 1
+            assert gateway.load(fence.attempt_id) == 0
+            assert env.service.live.inflight("svc") == 0
+            # Left by an exception in the middle of the stream.
+            with pytest.raises(KeyError):
+                async with gateway.open_response(
+                    "svc", "/v1/chat/completions", long, actor
+                ) as response:
+                    async for _ in response:
+                        raise KeyError("the transport failed")
+            assert gateway.load(fence.attempt_id) == 0
+            assert env.service.live.inflight("svc") == 0
+            assert [u.outcome for u in gateway.usage] == ["ok", "cancelled", "cancelled"]
+            stats = await env.engine_stats(fence)
+            with trio.fail_after(5):
+                while stats["chat_streams_open"]:
+                    await trio.sleep(0.02)
+                    stats = await env.engine_stats(fence)
+
+
+class _Fixed(random.Random):
+    """A random source that always draws ``value``."""
+
+    def __init__(self, value: float) -> None:
+        super().__init__()
+        self.value = value
+
+    def random(self) -> float:
+        return self.value
+
+
+async def test_the_injected_random_source_breaks_ties_between_equally_loaded_replicas(service):
+    first, second = new_fence(1), new_fence(1)
+    view = LiveService(
+        id="svc",
+        project_id="p",
+        alias=ALIAS,
+        generation=1,
+        admission="serving",
+        concurrency=2,
+        replicas=(
+            LiveReplica(index=0, node_id="n", fence=first),
+            LiveReplica(index=1, node_id="n", fence=second),
+        ),
+    )
+    picks = {}
+    for value in (0.0, 0.99):
+        gateway = Gateway(
+            live=service.live,
+            contributors=service.contributors,
+            auth=service.auth,
+            metrics=service.metrics,
+            config=service.config,
+            rng=_Fixed(value),
+        )
+        picks[value] = gateway.admission.pick(view, set()).key
+    # A draw below 1/ties takes the later replica; above it keeps the earlier one.
+    assert picks == {0.0: second.attempt_id, 0.99: first.attempt_id}
+
+
+async def test_a_browser_session_invokes_like_a_bearer_does(tmp_path):
+    # Bearer requests and cookie sessions take the one invoke handler: both answer
+    # the same way.
     import httpx
 
     with trio.fail_after(60):

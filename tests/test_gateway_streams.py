@@ -7,6 +7,7 @@ import json
 from functools import partial
 
 import attrs
+import httpx
 import openai
 import pytest
 import trio
@@ -238,20 +239,43 @@ async def test_a_new_generation_serves_the_queue_and_ends_the_old_answer(tmp_pat
             assert [u.replica for u in env.gateway.usage if u.outcome == "ok"] == [new.attempt_id]
 
 
-async def test_a_client_that_stops_reading_frees_its_slot_at_the_send_deadline(tmp_path):
+async def _login(env, password="a long enough password") -> tuple[str, str]:
+    """A browser session holding ``inference:invoke``: (session cookie, CSRF token)."""
+    await env.service.auth.create_user(
+        "viewer", password, projects={"default": frozenset({"inference:invoke"})}
+    )
+    async with httpx.AsyncClient(base_url=env.url, timeout=30) as browser:
+        login = await browser.post(
+            "/api/v1/session",
+            json={"username": "viewer", "password": password, "project": "default"},
+        )
+    assert login.status_code == 201, login.text
+    return login.cookies["ficc_session"], login.json()["csrf_token"]
+
+
+@pytest.mark.parametrize("credential", ["bearer", "cookie"])
+async def test_a_client_that_stops_reading_frees_its_slot_at_the_send_deadline(
+    tmp_path, credential
+):
     # A raw client with a tiny receive buffer asks for a long stream and never reads:
     # the server's send blocks, so the gateway never reaches its own deadline check.
-    # The fast (bearer) path must stop sending at the send deadline and free the slot.
+    # The invoke handler must stop sending at the send deadline and free the slot,
+    # for a bearer token and for a browser session alike.
     deadline, grace = 1.0, 1.5
     with trio.fail_after(60):
         async with gateway_env(tmp_path, send_grace=grace) as env:
             fence = await env.launch()
             env.publish("svc", [fence], concurrency=1, request_deadline=deadline)
             _, token = await env.token("svc")
+            if credential == "bearer":
+                authority = f"Authorization: Bearer {token}\r\n"
+            else:
+                cookie, csrf = await _login(env)
+                authority = f"Cookie: ficc_session={cookie}\r\nX-CSRF-Token: {csrf}\r\n"
             host, port = env.url.removeprefix("http://").rsplit(":", 1)
             body = json.dumps(chat(True, deltas=2_000_000)).encode()
             head = (
-                f"POST {PATH} HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {token}\r\n"
+                f"POST {PATH} HTTP/1.1\r\nHost: {host}\r\n{authority}"
                 f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
             )
             sock = trio.socket.socket()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hmac
 import logging
 import secrets
 import time
@@ -14,9 +13,7 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from ..auth import Principal
-from ..auth import secrets as sec
-from ..contributors import is_node_token
-from ..errors import FiccError, Forbidden, Unauthenticated
+from ..errors import FiccError, Forbidden
 from ..models.registry import MAX_BYTES_CHUNK
 from ..strictjson import dumps_error
 from . import (
@@ -29,16 +26,12 @@ from . import (
     routes_tokens,
 )
 from .access import ROUTE_ACCESS, Access
+from .authn import CSRF_HEADER, SESSION_COOKIE, authenticate
 
 if TYPE_CHECKING:
     from ..controller.service import Service
 
 log = logging.getLogger("ficc.api")
-
-SESSION_COOKIE = "ficc_session"
-CSRF_COOKIE = "ficc_csrf"
-CSRF_HEADER = "X-CSRF-Token"
-_SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 _HTTP_CODES = {
     400: "bad_request",
@@ -98,20 +91,6 @@ def _http_error(exc: HTTPException) -> FiccError:
 def current_principal() -> Principal:
     """Return the principal the current request was authenticated as."""
     return g.principal
-
-
-def _authenticate_session_csrf(principal: Principal) -> None:
-    if request.method in _SAFE_METHODS:
-        return
-    presented = request.headers.get(CSRF_HEADER, "")
-    if not presented or not hmac.compare_digest(
-        sec.hash_secret(presented), principal.csrf_hash or ""
-    ):
-        raise Forbidden(
-            f"a request authenticated by the session cookie must carry the {CSRF_HEADER} "
-            "header returned at login",
-            code="csrf_failed",
-        )
 
 
 def create_app(service: Service) -> QuartTrio:
@@ -200,27 +179,10 @@ def create_app(service: Service) -> QuartTrio:
 
 async def _principal(service: Service) -> Principal:
     authorization = request.headers.get("Authorization")
-    if authorization is not None:
-        scheme, _, token = authorization.partition(" ")
-        if scheme.lower() != "bearer" or not token.strip():
-            raise Unauthenticated(
-                "the Authorization header must be 'Bearer <token>'", code="invalid_credential"
-            )
-        if is_node_token(token.strip()):
-            # A node credential connects its node and stages blobs, nothing else.
-            raise Forbidden(
-                "a node credential can only connect its node to /api/v1/contributors/connect "
-                "and download blobs from /api/v1/contributors/blobs/<sha256>; "
-                "use a project credential for management routes",
-                code="node_credential_refused",
-            )
-        return await service.auth.authenticate_bearer(token.strip())
-    cookie = request.cookies.get(SESSION_COOKIE)
-    if cookie:
-        principal = await service.auth.authenticate_session(cookie)
-        _authenticate_session_csrf(principal)
-        return principal
-    raise Unauthenticated(
-        "this route needs a credential: send 'Authorization: Bearer <token>' or log in",
-        code="unauthenticated",
+    return await authenticate(
+        service.auth,
+        method=request.method,
+        authorization=authorization,
+        session=None if authorization is not None else request.cookies.get(SESSION_COOKIE),
+        csrf=request.headers.get(CSRF_HEADER, ""),
     )

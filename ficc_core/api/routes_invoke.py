@@ -1,55 +1,243 @@
-"""The invoke routes (``/api/v1/inference/{id}/v1/...``): OpenAI-compatible, via the gateway.
+"""The invoke routes (``/api/v1/inference/{id}`` and each of ``gateway.PATHS``): one handler.
 
-Each route only reads the (bounded) body and calls the one seam,
-``service.inference.gateway.invoke``; authority, routing and relaying are the
-gateway's. The response streams chunk by chunk; when the client goes away, the
-body iterator is closed, which cancels the engine request.
+:func:`register` puts the routes in Quart's URL map (its routing answers 405 for
+another method, and the route table lists them) and :class:`InvokeRoutes` in front
+of Quart's own handling (``app.asgi_app``): every request to an invoke route with
+the route's method is served there, however it is authenticated, by the rules
+every route follows (:func:`~ficc_core.api.authn.authenticate`: a bearer
+credential, from memory when it was verified recently, or a browser session with
+its CSRF header). Its body is read within ``max_body_bytes`` and
+``gateway.open_response`` does the rest.
+
+The response goes out chunk by chunk (a whole JSON answer as one body with its
+length). A client disconnect cancels the relay, which closes the response and so
+cancels the engine request; so does the response's send deadline, when the client
+stopped reading: the response is closed there even while a write to the client is
+blocked (hypercorn does not cancel a socket write), which frees the replica slot.
+
+Skipping Quart's request and response objects, its hooks and its routing on the
+hottest path is why this is plain ASGI: they cost more CPU per request than the
+rest of the gateway (see docs/performance.md).
 """
 
 from __future__ import annotations
 
-import math
+import logging
+import re
+import secrets
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
 from typing import TYPE_CHECKING, Any
 
 import trio
-from quart import Response, g
+from werkzeug.http import parse_cookie
 
-from .bodies import read_body
+from ..errors import FiccError, PayloadTooLarge
+from ..gateway import PATHS
+from ..strictjson import dumps_error
+from .authn import SESSION_COOKIE, authenticate
 
 if TYPE_CHECKING:
     from quart_trio import QuartTrio
 
+    from ..auth import Principal
     from ..controller.service import Service
+    from ..gateway import ResponseChunks
 
-PREFIX = "/api/v1/inference/<service_id>/v1"
+log = logging.getLogger("ficc.api")
+
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+PREFIX = "/api/v1/inference/"
+#: An invoke route: the service ID, then one of the gateway's paths.
+_ROUTE = re.compile(re.escape(PREFIX) + r"([^/]+)(" + "|".join(map(re.escape, PATHS)) + ")")
+#: Gateway path -> (method, the route as Quart's URL map and the HTTP metrics name it).
+ROUTES = {path: (method, f"{PREFIX}<service_id>{path}") for path, method in PATHS.items()}
+
+
+def endpoint_name(path: str) -> str:
+    """The route's name in the route-scope table (``invoke_chat_completions``)."""
+    return "invoke_" + path.removeprefix("/v1/").replace("/", "_")
 
 
 def register(app: QuartTrio, service: Service) -> None:
-    """Add the invoke routes to ``app``."""
+    """Add the invoke routes to ``app``, served by :class:`InvokeRoutes` in front of it."""
 
-    async def relay(service_id: str, path: str, body: Any) -> Response:
-        status, chunks = await service.inference.gateway.invoke(service_id, path, body, g.principal)
-        response = Response(chunks, status=status, content_type=chunks.content_type)
-        # Sending stops at the gateway's send deadline (a client that stopped reading).
-        if math.isinf(chunks.send_deadline):
-            response.timeout = None
-        else:
-            response.timeout = max(chunks.send_deadline - trio.current_time(), 0.0)
-        if chunks.streaming:
-            response.headers["Cache-Control"] = "no-cache"
-            response.headers["X-Accel-Buffering"] = "no"
-        return response
+    async def served_in_front(service_id: str) -> None:
+        raise RuntimeError("the invoke routes are served by InvokeRoutes, in front of Quart")
 
-    @app.get(f"{PREFIX}/models", endpoint="invoke_models")
-    async def invoke_models(service_id: str) -> Response:
-        return await relay(service_id, "/v1/models", b"")
+    for path, (method, rule) in ROUTES.items():
+        app.add_url_rule(
+            rule, endpoint=endpoint_name(path), view_func=served_in_front, methods=[method]
+        )
+    app.asgi_app = InvokeRoutes(app.asgi_app, service)  # type: ignore[method-assign]
 
-    @app.post(f"{PREFIX}/chat/completions", endpoint="invoke_chat_completions")
-    async def invoke_chat_completions(service_id: str) -> Response:
-        body = await read_body(service.config.max_body_bytes)
-        return await relay(service_id, "/v1/chat/completions", body)
 
-    @app.post(f"{PREFIX}/embeddings", endpoint="invoke_embeddings")
-    async def invoke_embeddings(service_id: str) -> Response:
-        body = await read_body(service.config.max_body_bytes)
-        return await relay(service_id, "/v1/embeddings", body)
+class InvokeRoutes:
+    """ASGI middleware: requests to the invoke routes to the gateway, everything else to ``app``."""
+
+    def __init__(self, app: ASGIApp, service: Service) -> None:
+        self.app = app
+        self.service = service
+        self.limit = service.config.max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            match = _ROUTE.fullmatch(scope["path"])
+            if match is not None:
+                method, route = ROUTES[match.group(2)]
+                if scope["method"] == method or (scope["method"] == "HEAD" and method == "GET"):
+                    await self._invoke(scope, receive, send, match.group(1), match.group(2), route)
+                    return
+        await self.app(scope, receive, send)
+
+    async def _invoke(
+        self, scope: Scope, receive: Receive, send: Send, service_id: str, path: str, route: str
+    ) -> None:
+        started = time.perf_counter()
+        status, answered = 500, False
+        try:
+            principal = await self._principal(scope)
+            if scope["method"] == "POST":
+                body = await self._body(receive)
+                if body is None:
+                    return  # the client left before it finished sending
+            else:
+                body = b""
+            gateway = self.service.inference.gateway
+            async with gateway.open_response(service_id, path, body, principal) as response:
+                status, answered = response.status, True
+                await self._relay(scope, receive, send, response)
+        except Exception as exc:
+            if answered:
+                raise  # the head may be out: nothing else can be sent
+            error = exc if isinstance(exc, FiccError) else self._internal(scope, exc)
+            status = error.status
+            await self._refuse(send, error)
+        finally:
+            metrics = self.service.metrics
+            metrics.http_requests.labels(route, scope["method"], str(status)).inc()
+            metrics.http_duration.labels(route).observe(time.perf_counter() - started)
+
+    async def _principal(self, scope: Scope) -> Principal:
+        authorization: str | None = None
+        csrf: str | None = None
+        cookies: list[str] = []
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                if authorization is None:
+                    authorization = value.decode("latin-1")
+            elif name == b"cookie":
+                cookies.append(value.decode("latin-1"))
+            elif name == b"x-csrf-token" and csrf is None:
+                csrf = value.decode("latin-1")
+        session = None
+        if authorization is None and cookies:
+            session = parse_cookie(";".join(cookies)).get(SESSION_COOKIE)
+        return await authenticate(
+            self.service.auth,
+            method=scope["method"],
+            authorization=authorization,
+            session=session,
+            csrf=csrf or "",
+        )
+
+    async def _body(self, receive: Receive) -> bytes | None:
+        received = bytearray()
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return None
+            received += message.get("body", b"")
+            if len(received) > self.limit:
+                raise PayloadTooLarge(
+                    f"the request body is larger than this route accepts ({self.limit} bytes)",
+                    details={"limit": self.limit},
+                )
+            if not message.get("more_body", False):
+                return bytes(received)
+
+    @staticmethod
+    def _internal(scope: Scope, exc: Exception) -> FiccError:
+        reference = secrets.token_hex(6)
+        log.error(
+            "unexpected error (reference %s) on %s %s",
+            reference,
+            scope["method"],
+            scope["path"],
+            exc_info=exc,
+        )
+        return FiccError(
+            "an internal error occurred; the operator can find it in the log under "
+            f"reference {reference}",
+            details={"reference": reference},
+        )
+
+    async def _refuse(self, send: Send, error: FiccError) -> None:
+        if error.status >= 500:
+            log.error("%s: %s", error.code, error.message)
+        body = dumps_error(error.envelope())
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode("ascii")),
+            (b"cache-control", b"no-store"),
+            *((k.lower().encode(), v.encode()) for k, v in error.headers.items()),
+        ]
+        if error.status == 401:
+            headers.append((b"www-authenticate", b'Bearer realm="ficc"'))
+        await send({"type": "http.response.start", "status": error.status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    async def _relay(
+        self, scope: Scope, receive: Receive, send: Send, response: ResponseChunks
+    ) -> None:
+        headers = [
+            (b"content-type", response.content_type.encode("latin-1")),
+            (b"cache-control", b"no-cache" if response.streaming else b"no-store"),
+        ]
+        if response.streaming:
+            headers.append((b"x-accel-buffering", b"no"))
+        # A whole JSON answer is already read: one write with its length, nothing to cancel.
+        pending = None if response.streaming else response.take_pending()
+        if pending is not None:
+            body = b"".join(pending)
+            headers.append((b"content-length", str(len(body)).encode("ascii")))
+        start = {"type": "http.response.start", "status": response.status, "headers": headers}
+        if scope["method"] == "HEAD":
+            await send(start)
+            await send({"type": "http.response.body", "body": b""})
+            return
+        if pending is not None:
+            await send(start)
+            await send({"type": "http.response.body", "body": body})
+            return
+
+        async def watch(cancel_scope: trio.CancelScope) -> None:
+            # Until the client goes away or the send deadline passes (it stopped reading).
+            with trio.move_on_at(response.send_deadline) as waiting:
+                while (await receive())["type"] != "http.disconnect":
+                    pass
+            cancel_scope.cancel()
+            if waiting.cancelled_caught:
+                # hypercorn shields its socket writes, so a send blocked on a client that
+                # stopped reading is not cancelled: free the slot here, not after it.
+                log.info("response cut at its send deadline: the client stopped reading")
+                with trio.CancelScope(shield=True):
+                    await response.aclose()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(watch, nursery.cancel_scope)
+            await send(start)
+            try:
+                async for chunk in response:
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            except FiccError as error:
+                # The head is out: the connection closes without a complete body.
+                log.info("response cut after it started: %s (%s)", error.message, error.code)
+                nursery.cancel_scope.cancel()
+                return
+            await send({"type": "http.response.body", "body": b""})
+            nursery.cancel_scope.cancel()

@@ -9,6 +9,7 @@ from quart import Response, g, jsonify, request
 
 from .._version import __version__
 from ..auth import PrincipalKind
+from .authn import CSRF_COOKIE, SESSION_COOKIE
 from .bodies import read_json
 from .views_auth import principal_view
 
@@ -29,8 +30,6 @@ class LoginBody:
 
 def register(app: QuartTrio, service: Service) -> None:
     """Add the system routes to ``app``."""
-    from .app import CSRF_COOKIE, SESSION_COOKIE
-
     secure = service.config.secure_cookies or service.config.tls
 
     @app.get("/api/v1/health", endpoint="health")

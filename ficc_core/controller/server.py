@@ -11,7 +11,6 @@ from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
 
 from ..api.app import create_app
-from ..api.fast_invoke import FastInvoke
 from ..api.metrics_app import MetricsApp
 from .service import Service
 
@@ -39,10 +38,8 @@ async def serve_http(
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the API until ``shutdown_trigger`` returns; report the bound URLs when ready."""
-    # Bearer-authenticated invoke requests take the direct path; the rest is Quart's.
-    app = FastInvoke(create_app(service), service)
     await hypercorn_serve(
-        app,
+        create_app(service),
         _hypercorn_config(service),
         shutdown_trigger=shutdown_trigger,
         task_status=task_status,

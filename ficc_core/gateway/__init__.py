@@ -1,7 +1,15 @@
-"""The inference gateway: the one seam every invoke path (HTTP, federation) goes through."""
+"""The inference gateway: the one seam every invoke path (HTTP, federation) goes through.
+
+:mod:`.gateway` runs a request through the concerns beside it: :mod:`.checks`
+(authority, admission, the body), :mod:`.admission` (replica slots, the wait
+queue), :mod:`.relay` (the engine's stream, the response) and :mod:`.accounting`
+(usage records, metrics); :mod:`.request` is the state they share and
+:mod:`.errors` the refusals.
+"""
 
 from __future__ import annotations
 
+from .accounting import UsageRecord
 from .errors import (
     CapabilityNotServed,
     DeadlineExceeded,
@@ -17,7 +25,8 @@ from .errors import (
     ServiceStopped,
     StreamInterrupted,
 )
-from .gateway import PATHS, Gateway, ResponseChunks, UsageRecord
+from .gateway import PATHS, Gateway
+from .relay import ResponseChunks
 
 __all__ = [
     "PATHS",

@@ -13,8 +13,10 @@ once the answer is out the gateway already refuses new requests. The table then
 ignores any view the reconciler computed from an older record of the service
 (its ``revision``), so a step that was under way cannot open admission again.
 
-The gateway reports in-flight requests back (:meth:`LiveTable.enter` /
-:meth:`LiveTable.leave`) so a drain can wait until they finish.
+The gateway reports in-flight requests back so a drain can wait until they
+finish: :meth:`LiveTable.enter` when it admits one, :meth:`LiveTable.leave` when
+the response ends (its ``aclose``); :meth:`LiveTable.request` is the same pair as a
+``with`` block, for a request served within one.
 """
 
 from __future__ import annotations
@@ -78,7 +80,7 @@ class LiveService:
 
 
 class _InFlight:
-    """One request counted in flight (a plain context manager: it is on every request)."""
+    """One request counted in flight for a ``with`` block (:meth:`LiveTable.request`)."""
 
     __slots__ = ("service_id", "table")
 
@@ -87,10 +89,10 @@ class _InFlight:
         self.service_id = service_id
 
     def __enter__(self) -> None:
-        self.table._enter(self.service_id)
+        self.table.enter(self.service_id)
 
     def __exit__(self, *exc_info: object) -> None:
-        self.table._leave(self.service_id)
+        self.table.leave(self.service_id)
 
 
 class LiveTable:
@@ -162,10 +164,12 @@ class LiveTable:
         """Count one request to ``service_id`` in flight for the duration of a ``with`` block."""
         return _InFlight(self, service_id)
 
-    def _enter(self, service_id: str) -> None:
+    def enter(self, service_id: str) -> None:
+        """Count one more request to ``service_id`` in flight; :meth:`leave` ends it, once."""
         self._inflight[service_id] = self._inflight.get(service_id, 0) + 1
 
-    def _leave(self, service_id: str) -> None:
+    def leave(self, service_id: str) -> None:
+        """A request counted by :meth:`enter` ended; wake :meth:`wait_idle` at zero."""
         left = self._inflight[service_id] - 1
         if left:
             self._inflight[service_id] = left

@@ -1,0 +1,175 @@
+"""Accounting: what each request used (a :class:`UsageRecord`) and the gateway's metrics."""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import trio
+
+if TYPE_CHECKING:
+    from ..metrics import Metrics
+    from .request import Request
+
+log = logging.getLogger("ficc.gateway")
+usage_log = logging.getLogger("ficc.gateway.usage")
+
+_PROMPT = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
+_COMPLETION = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
+#: Outcomes that are not errors.
+_FINE = ("ok", "cancelled")
+
+
+@attrs.frozen(kw_only=True)
+class UsageRecord:
+    """What one request used: tokens and time, for accounting.
+
+    :ivar outcome: ``ok``, ``cancelled`` (the client went away) or an error code.
+    :ivar queue_wait: seconds waited for a replica slot.
+    :ivar ttfb: seconds from admission to the first response byte, or None.
+    :ivar duration: seconds from admission to the end.
+    """
+
+    service_id: str
+    generation: int
+    replica: str
+    node_id: str
+    credential_id: str
+    credential_kind: str
+    path: str
+    status: int
+    outcome: str
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    queue_wait: float
+    ttfb: float | None
+    duration: float
+    finished_at: float
+
+
+@attrs.frozen
+class Series:
+    """The labelled metric children of one (service, replica), looked up once."""
+
+    inflight: Any
+    requests: Any
+    ttft: Any
+    duration: Any
+
+
+def usage_of(tail: bytes) -> tuple[int | None, int | None]:
+    """Prompt and completion tokens from the last ``"usage"`` object in ``tail``."""
+    at = tail.rfind(b'"usage"')
+    if at < 0:
+        return None, None
+    segment = tail[at : at + 1024]
+    prompt, completion = _PROMPT.search(segment), _COMPLETION.search(segment)
+    return (
+        int(prompt.group(1)) if prompt else None,
+        int(completion.group(1)) if completion else None,
+    )
+
+
+class Accounting:
+    """Usage records and the ``ficc_gateway_*`` metrics.
+
+    :param metrics: the controller's Prometheus collectors.
+    :param usage_records: how many :class:`UsageRecord` are kept in :attr:`usage`.
+    :param usage_sinks: called with each record (e.g. to persist it); must not block.
+    """
+
+    def __init__(
+        self,
+        metrics: Metrics,
+        *,
+        usage_records: int = 10_000,
+        usage_sinks: Iterable[Callable[[UsageRecord], None]] = (),
+    ) -> None:
+        self.metrics = metrics
+        #: The latest requests' usage, oldest first.
+        self.usage: deque[UsageRecord] = deque(maxlen=usage_records)
+        #: Called with each :class:`UsageRecord`; must not block.
+        self.usage_sinks: list[Callable[[UsageRecord], None]] = list(usage_sinks)
+        # Labelled metric series per (service, replica), made once.
+        self._series: dict[tuple[str, str], Series] = {}
+
+    def series(self, service_id: str, key: str) -> Series:
+        """The metric series of replica ``key`` of ``service_id``."""
+        series = self._series.get((service_id, key))
+        if series is None:
+            metrics = self.metrics
+            series = self._series[(service_id, key)] = Series(
+                inflight=metrics.gateway_inflight.labels(service_id, key),
+                requests=metrics.gateway_requests.labels(service_id, key),
+                ttft=metrics.gateway_ttft.labels(service_id, key),
+                duration=metrics.gateway_duration.labels(service_id, key),
+            )
+        return series
+
+    def refused(self, service_id: str, code: str) -> None:
+        """Count a refusal made before a replica was chosen (``service_id`` may be empty)."""
+        self.metrics.gateway_errors.labels(service_id, "", code).inc()
+
+    def retried(self, service_id: str, key: str, code: str) -> None:
+        """Count a request moved off replica ``key``, which failed before answering."""
+        self.metrics.gateway_retries.labels(service_id, key).inc()
+        self.metrics.gateway_errors.labels(service_id, key, code).inc()
+
+    def waiting(self, service_id: str) -> Any:
+        """The gauge of requests of ``service_id`` waiting for a slot."""
+        return self.metrics.gateway_queued.labels(service_id)
+
+    def waited(self, request: Request) -> None:
+        """Observe the time ``request`` waited for its first slot."""
+        self.metrics.gateway_queue_wait.labels(request.service_id).observe(request.queue_wait)
+
+    def settle(self, request: Request, outcome: str) -> None:
+        """Account an ended request: its metrics and its :class:`UsageRecord`."""
+        replica = request.replica
+        if replica is None:
+            if outcome not in _FINE:
+                self.refused(request.service_id, outcome)
+            return
+        key, service = replica.key, request.service_id
+        if outcome not in _FINE:
+            self.metrics.gateway_errors.labels(service, key, outcome).inc()
+        ttfb = None if request.first_byte is None else request.first_byte - request.started
+        series = self.series(service, key)
+        if ttfb is not None:
+            series.ttft.observe(ttfb)
+        duration = trio.current_time() - request.started
+        series.duration.observe(duration)
+        prompt, completion = usage_of(request.prev_chunk + request.last_chunk)
+        if prompt:
+            self.metrics.gateway_tokens.labels(service, key, "prompt").inc(prompt)
+        if completion:
+            self.metrics.gateway_tokens.labels(service, key, "completion").inc(completion)
+        record = UsageRecord(
+            service_id=service,
+            generation=request.view.generation,
+            replica=key,
+            node_id=replica.node_id,
+            credential_id=request.actor.id,
+            credential_kind=request.actor.kind,
+            path=request.path,
+            status=request.status,
+            outcome=outcome,
+            prompt_tokens=prompt,
+            completion_tokens=completion,
+            queue_wait=request.queue_wait,
+            ttfb=ttfb,
+            duration=duration,
+            finished_at=time.time(),
+        )
+        self.usage.append(record)
+        usage_log.debug("%s", record)
+        for sink in self.usage_sinks:
+            try:
+                sink(record)
+            except Exception:
+                log.exception("a usage sink failed")

@@ -1,0 +1,222 @@
+"""Request checks: who may invoke what, whether the service admits it, and its body.
+
+Everything here is in memory (no SQLite, no I/O), cheap enough for every request
+and, for :meth:`RequestChecks.problem`, for every read of a response stream.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from ..errors import FiccError, Forbidden, InvalidRequest, PayloadTooLarge, Unauthenticated
+from ..strictjson import dumps, loads
+from .errors import (
+    CapabilityNotServed,
+    DeadlineExceeded,
+    GenerationChanged,
+    ModelNotFound,
+    NotForThisService,
+    ServiceDraining,
+    ServiceNotFound,
+    ServiceStopped,
+)
+
+if TYPE_CHECKING:
+    from ..auth import AuthService, Principal
+    from ..inference.live import LiveService, LiveTable
+    from .request import Request
+
+INVOKE_SCOPE = "inference:invoke"
+
+
+def _invalid(message: str, path: str, expected: str, **kwargs: Any) -> InvalidRequest:
+    return InvalidRequest(
+        message, details={"errors": [{"path": path, "message": f"expected {expected}"}]}, **kwargs
+    )
+
+
+class RequestChecks:
+    """The gateway's checks of a request before and while it is served.
+
+    :param auth: the authentication service (revocations and expiry, in memory).
+    :param live: the live routing table.
+    :param max_body_bytes: the largest request body accepted.
+    """
+
+    def __init__(self, auth: AuthService, live: LiveTable, *, max_body_bytes: int) -> None:
+        self.auth = auth
+        self.live = live
+        self.max_body_bytes = max_body_bytes
+
+    # -- authority ------------------------------------------------------------------------
+
+    def authority(self, actor: Principal) -> FiccError | None:
+        """Why ``actor``'s credential no longer holds (revoked, expired), or None."""
+        if self.auth.still_valid(actor):
+            return None
+        try:
+            self.auth.check_valid(actor)
+        except FiccError as exc:
+            return exc
+        return Unauthenticated("the credential is no longer valid", code="credential_revoked")
+
+    def authorise(self, service_id: str, actor: Principal) -> LiveService:
+        """The view of ``service_id`` if ``actor`` may invoke it; else raise the refusal."""
+        problem = self.authority(actor)
+        if problem is not None:
+            raise problem
+        if INVOKE_SCOPE not in actor.scopes:
+            raise Forbidden(
+                f"this credential lacks the scope {INVOKE_SCOPE}",
+                code="missing_scope",
+                details={"required": [INVOKE_SCOPE], "missing": [INVOKE_SCOPE]},
+            )
+        if actor.service_id not in (None, service_id):
+            raise NotForThisService(
+                "this credential is bound to another inference service",
+                details={"service": service_id},
+            )
+        view = self.live.get(service_id)
+        if view is None or view.project_id != actor.project_id:
+            raise ServiceNotFound(
+                f"no inference service {service_id!r} in this project", details={"id": service_id}
+            )
+        return view
+
+    # -- admission ------------------------------------------------------------------------
+
+    @staticmethod
+    def admit(view: LiveService) -> None:
+        """Raise unless ``view`` admits new requests (draining, stopped)."""
+        if view.admission == "draining":
+            raise ServiceDraining(
+                f"service {view.id!r} is draining: requests in flight finish, new ones are refused",
+                details={"service": view.id},
+            )
+        if view.admission != "serving":
+            raise ServiceStopped(
+                f"service {view.id!r} is stopped; start it to serve requests",
+                details={"service": view.id},
+            )
+
+    def current(self, request: Request) -> LiveService:
+        """The service's view for a request still waiting for a replica.
+
+        Nothing was sent yet, so a request queued across a new generation is served
+        by the new generation's replicas.
+        """
+        view = self.live.get(request.service_id)
+        if view is None:
+            raise ServiceNotFound(
+                f"service {request.service_id!r} was removed", details={"id": request.service_id}
+            )
+        if view.admission == "stopped":
+            raise ServiceStopped(f"service {request.service_id!r} stopped")
+        request.view = view
+        return view
+
+    def problem(self, request: Request) -> FiccError | None:
+        """Why a request being served must end now, or None (it runs before every read)."""
+        problem = self.authority(request.actor)
+        if problem is not None:
+            return problem
+        view = self.live.get(request.service_id)
+        if view is not request.view:
+            if view is None:
+                return ServiceStopped(f"service {request.service_id!r} was removed")
+            if view.generation != request.view.generation:
+                return GenerationChanged(
+                    f"service {request.service_id!r} moved to generation {view.generation} "
+                    "while the response streamed; send the request again",
+                    details={"generation": view.generation},
+                )
+            if view.admission == "stopped":
+                return ServiceStopped(
+                    f"service {request.service_id!r} stopped while the response streamed"
+                )
+            request.view = view
+        if trio.current_time() >= request.deadline:
+            return DeadlineExceeded(
+                f"the request ran past the service's deadline of {request.view.request_deadline} s",
+                details={"request_deadline": request.view.request_deadline},
+            )
+        return None
+
+    # -- the body ----------------------------------------------------------------------------
+
+    def prepare(
+        self, view: LiveService, path: str, body: bytes | Mapping[str, Any]
+    ) -> tuple[bytes, bool]:
+        """The bytes to send the engine for ``body`` and whether the answer streams.
+
+        The client's bytes go unchanged unless something must be set: the alias as
+        ``model``, usage reporting for a streamed chat.
+        """
+        if path == "/v1/embeddings" and "embeddings" not in view.capabilities:
+            raise CapabilityNotServed(
+                f"service {view.id!r} does not serve embeddings (its engine's capabilities: "
+                f"{', '.join(view.capabilities) or 'none declared'})",
+                details={"capabilities": list(view.capabilities)},
+            )
+        if isinstance(body, Mapping):
+            document: Any = dict(body)
+        else:
+            limit = self.max_body_bytes
+            if len(body) > limit:
+                raise PayloadTooLarge(
+                    f"the request body is {len(body)} bytes; at most {limit} are accepted",
+                    details={"limit": limit, "size": len(body)},
+                )
+            if not bytes(body).strip():
+                raise InvalidRequest(
+                    "the request body is empty; send a JSON object", code="invalid_json"
+                )
+            document = loads(body)
+        if not isinstance(document, dict):
+            raise _invalid("the request body must be a JSON object", "$", "object")
+        model = document.get("model")
+        if model is not None and model != view.alias:
+            raise ModelNotFound(
+                f"The model `{model}` does not exist: this service serves `{view.alias}`",
+                details={"model": model, "served": view.alias},
+            )
+        changed = model is None or not isinstance(body, bytes | bytearray | memoryview)
+        document["model"] = view.alias
+        stream = document.get("stream", False)
+        if not isinstance(stream, bool):
+            raise _invalid("`stream` must be a boolean", "$.stream", "boolean")
+        if path == "/v1/chat/completions":
+            if not isinstance(document.get("messages"), list):
+                raise _invalid("a chat completion needs a `messages` array", "$.messages", "array")
+            if stream:
+                options = document.get("stream_options")
+                if options is None:
+                    options = {}
+                if not isinstance(options, dict):
+                    raise _invalid(
+                        "`stream_options` must be an object", "$.stream_options", "object"
+                    )
+                if options.get("include_usage") is not True:
+                    document["stream_options"] = {**options, "include_usage": True}
+                    changed = True
+        elif path == "/v1/embeddings":
+            stream = False
+            if not isinstance(document.get("input"), str | list):
+                raise _invalid(
+                    "an embeddings request needs an `input` string or array",
+                    "$.input",
+                    "string or array",
+                )
+        if not changed:
+            return bytes(body), stream  # type: ignore[arg-type]
+        try:
+            return dumps(document), stream
+        except (ValueError, TypeError) as exc:
+            # Only a mapping handed to the seam can get here; bytes were decoded strictly.
+            raise InvalidRequest(
+                f"the request body cannot be sent as strict JSON: {type(exc).__name__}",
+                code="invalid_json",
+            ) from None

@@ -1,0 +1,275 @@
+"""Relay: the engine's stream to the client, with authority re-checked before every read.
+
+Chunks pass through as the endpoint action hands them over (at most 64 KiB each,
+four queued per stream): the engine is read only as fast as the consumer takes
+chunks. A non-streamed (JSON) answer is read to its end (up to ``prefetch_bytes``)
+before the response is handed out, so an engine failing or a deadline passing
+before it is complete still gets the envelope.
+
+A :class:`ResponseChunks` is an ``async with`` resource: leaving it (or
+``aclose()``) cancels the engine request if the response did not end by itself,
+frees the replica slot and accounts the request.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import uuid
+from collections import deque
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
+
+import trio
+
+from ..errors import FiccError
+from ..executor.types import BodyChunk, EndOfStream, ReadEvent, ResponseHead, StreamFailed
+from ..strictjson import dumps_error
+from .errors import DeadlineExceeded, EngineFailed, StreamInterrupted
+
+if TYPE_CHECKING:
+    from types import TracebackType
+
+    from ..contributors import NodeRegistry
+    from .checks import RequestChecks
+    from .request import Request
+
+SSE = "text/event-stream"
+#: Engine response headers passed on to the client (lower case).
+PASSED_HEADERS = frozenset({"content-type"})
+
+
+def _sse_error(error: FiccError) -> bytes:
+    return b"data: " + dumps_error(error.envelope()) + b"\n\n"
+
+
+def _failed(event: ReadEvent, what: str) -> EngineFailed:
+    return EngineFailed(
+        f"the engine's stream failed{what}: {getattr(event, 'message', event)}",
+        details={"engine_code": getattr(event, "code", None)},
+    )
+
+
+class ResponseChunks:
+    """One relayed response: an async iterator of body chunks, and an ``async with`` resource.
+
+    :ivar status: the engine's HTTP status.
+    :ivar content_type: the response's content type.
+    :ivar headers: the engine response headers passed on (only ``content-type``).
+    :ivar streaming: whether it is a server-sent-event stream.
+    :ivar deadline: the request deadline on the trio clock, or None.
+    :ivar send_deadline: when sending this response must stop (the client not reading),
+        on the trio clock: ``send_grace`` after the request deadline, or ``math.inf``.
+    """
+
+    def __init__(
+        self,
+        *,
+        status: int,
+        content_type: str,
+        headers: tuple[tuple[str, str], ...] = (),
+        deadline: float | None = None,
+        send_deadline: float = math.inf,
+        pending: Iterable[bytes] = (),
+        relay: Relay | None = None,
+        request: Request | None = None,
+    ) -> None:
+        self.status = status
+        self.content_type = content_type
+        self.headers = headers
+        self.streaming = content_type.startswith(SSE)
+        self.deadline = deadline
+        self.send_deadline = send_deadline
+        self._pending = deque(pending)
+        self._relay = relay
+        self._request = request
+        self._done = request is None or request.ended
+
+    async def __aenter__(self) -> ResponseChunks:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    def __aiter__(self) -> ResponseChunks:
+        return self
+
+    async def prefetch(self, limit: int) -> None:
+        """Read the body up to its end or ``limit`` bytes, to hand it out whole.
+
+        Raises the request's refusal (the envelope) when the stream fails or the
+        request must end before the body is complete; the response then stays open
+        for its owner to close.
+        """
+        request, relay = self._request, self._relay
+        assert request is not None and relay is not None
+        held = 0
+        while held < limit:
+            event = await relay.next_event(request)
+            if isinstance(event, BodyChunk):
+                request.took(event.data)
+                self._pending.append(event.data)
+                held += len(event.data)
+            elif isinstance(event, EndOfStream):
+                self._done = True
+                status = request.status
+                await relay.finish(request, "ok" if status < 400 else f"engine_{status}")
+                return
+            elif isinstance(event, FiccError):
+                raise event
+            else:
+                raise _failed(event, " before the answer was complete")
+
+    def take_pending(self) -> list[bytes] | None:
+        """The whole body when it is already read to its end (a prefetched JSON answer).
+
+        Returns the chunks and leaves the iterator exhausted, or None (taking nothing)
+        when more of the body is still to come from the engine.
+        """
+        if not self._done:
+            return None
+        pending = list(self._pending)
+        self._pending.clear()
+        return pending
+
+    async def __anext__(self) -> bytes:
+        if self._pending:
+            return self._pending.popleft()
+        request, relay = self._request, self._relay
+        if self._done or request is None or relay is None:
+            raise StopAsyncIteration
+        event = await relay.next_event(request)
+        if isinstance(event, BodyChunk):
+            request.took(event.data)
+            return event.data
+        self._done = True
+        if isinstance(event, EndOfStream):
+            await relay.finish(request, "ok")
+            raise StopAsyncIteration
+        error = event if isinstance(event, FiccError) else _failed(event, "")
+        await relay.finish(request, error.code)
+        if self.streaming:
+            return _sse_error(error)
+        raise StreamInterrupted(
+            f"the response was cut after it started: {error.message}",
+            details={"cause": error.code},
+        )
+
+    async def aclose(self) -> None:
+        """End the response: cancel the engine request if it did not end by itself,
+        free the slot, account the request. Idempotent."""
+        self._done = True
+        self._pending.clear()
+        request = self._request
+        if request is not None and not request.finished and self._relay is not None:
+            await self._relay.finish(request, "cancelled")
+
+
+class Relay:
+    """Opens, reads and cancels engine streams through the nodes' endpoint actions.
+
+    :param contributors: the node registry (``endpoint(node_id)``).
+    :param checks: what is re-checked before every read (:meth:`RequestChecks.problem`).
+    :param settle: called once when a request ends (free its slot, account it).
+    :param recheck_interval: how often a waiting read re-checks, in seconds.
+    :param send_grace: seconds a response may take to send after the request deadline.
+    """
+
+    def __init__(
+        self,
+        contributors: NodeRegistry,
+        checks: RequestChecks,
+        *,
+        settle: Callable[[Request, str], None],
+        recheck_interval: float,
+        send_grace: float,
+    ) -> None:
+        self.contributors = contributors
+        self.checks = checks
+        self.settle = settle
+        self.recheck_interval = recheck_interval
+        self.send_grace = send_grace
+        # Stream IDs: unique per gateway (a random prefix, then a counter), cheap to make.
+        self._stream_prefix = f"g{uuid.uuid4().hex[:8]}-"
+        self._stream_numbers = itertools.count(1)
+
+    async def open(
+        self, request: Request, method: str, headers: list[tuple[str, str]], payload: bytes
+    ) -> ReadEvent | FiccError:
+        """Open a stream on the request's replica; return its first event (its head, mostly).
+
+        Raises the endpoint's refusal of the open, or :class:`DeadlineExceeded`.
+        """
+        replica = request.replica
+        assert replica is not None
+        request.stream_id = f"{self._stream_prefix}{next(self._stream_numbers)}"
+        request.opened = request.ended = False
+        request.endpoint = self.contributors.endpoint(replica.node_id)
+        with trio.move_on_at(request.deadline):
+            await request.endpoint.open(
+                replica.fence, request.stream_id, method, request.path, headers, payload
+            )
+            request.opened = True
+        if not request.opened:
+            raise DeadlineExceeded("the request deadline passed before the engine answered")
+        return await self.next_event(request)
+
+    def response(self, request: Request, head: ResponseHead) -> ResponseChunks:
+        """The response to relay for ``head``, the stream's first event."""
+        request.status = head.status
+        headers = tuple((k.lower(), v) for k, v in head.headers if k.lower() in PASSED_HEADERS)
+        deadline = None if math.isinf(request.deadline) else request.deadline
+        return ResponseChunks(
+            status=head.status,
+            content_type=dict(headers).get("content-type", "application/json"),
+            headers=headers,
+            deadline=deadline,
+            send_deadline=math.inf if deadline is None else deadline + self.send_grace,
+            relay=self,
+            request=request,
+        )
+
+    async def next_event(self, request: Request) -> ReadEvent | FiccError:
+        """The stream's next event, or the error that ends it (authority, generation, deadline)."""
+        endpoint, replica = request.endpoint, request.replica
+        assert endpoint is not None and replica is not None
+        while True:
+            problem = self.checks.problem(request)
+            if problem is not None:
+                return problem
+            wake = min(request.deadline, trio.current_time() + self.recheck_interval)
+            with trio.move_on_at(wake):
+                try:
+                    event = await endpoint.read(replica.fence, request.stream_id)
+                except FiccError as exc:
+                    request.ended = True
+                    return StreamFailed(code=exc.code, message=exc.message)
+                if isinstance(event, EndOfStream | StreamFailed):
+                    request.ended = True
+                return event
+
+    async def cancel(self, request: Request) -> None:
+        """Cancel the engine request of a stream that is open and did not end by itself."""
+        if not request.opened or request.ended or request.endpoint is None:
+            return
+        request.ended = True
+        replica = request.replica
+        assert replica is not None
+        with trio.CancelScope(shield=True), trio.move_on_after(10):
+            try:
+                await request.endpoint.cancel(replica.fence, request.stream_id)
+            except FiccError:
+                pass  # the stream or attempt is already gone
+
+    async def finish(self, request: Request, outcome: str) -> None:
+        """Cancel the engine stream (if open), then settle the request. Idempotent."""
+        if request.finished:
+            return
+        await self.cancel(request)
+        if not request.finished:
+            self.settle(request, outcome)

@@ -1,0 +1,52 @@
+"""One admitted request, from admission to its end: the state every part of the gateway shares."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import attrs
+import trio
+
+if TYPE_CHECKING:
+    from ..auth import Principal
+    from ..executor.protocol import EndpointAction
+    from ..inference.live import LiveReplica, LiveService
+
+
+@attrs.define(eq=False)
+class Request:
+    """One admitted request of ``actor`` to ``path`` of a service, on one replica at a time.
+
+    :ivar view: the service's view it was admitted under (the generation it streams from).
+    :ivar started: admission time, on the trio clock.
+    :ivar deadline: the request deadline on the trio clock (``math.inf`` without one).
+    :ivar replica: the replica holding (or last holding) its slot.
+    :ivar opened: the engine stream of the current attempt is open.
+    :ivar ended: that stream ended by itself (``EndOfStream`` or ``StreamFailed``).
+    :ivar finished: slot freed and accounted; nothing more happens to it.
+    """
+
+    service_id: str
+    path: str
+    actor: Principal
+    view: LiveService
+    started: float
+    deadline: float
+    queue_wait: float = 0.0
+    replica: LiveReplica | None = None
+    endpoint: EndpointAction | None = None
+    stream_id: str = ""
+    status: int = 0
+    opened: bool = False
+    ended: bool = False
+    finished: bool = False
+    holds_slot: bool = False
+    first_byte: float | None = None
+    prev_chunk: bytes = b""
+    last_chunk: bytes = b""
+
+    def took(self, data: bytes) -> None:
+        """Note a body chunk relayed: the first byte's time, the last two chunks (usage)."""
+        if self.first_byte is None:
+            self.first_byte = trio.current_time()
+        self.prev_chunk, self.last_chunk = self.last_chunk, data
