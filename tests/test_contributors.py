@@ -59,7 +59,7 @@ async def test_a_node_credential_authenticates_as_its_node_only(nodes):
     with trio.fail_after(10):
         record, token = await nodes.add_node("gpu-1")
         await nodes.add_node("gpu-2")
-        assert record["state"] == "registered"
+        assert record.state == "registered"
         assert await nodes.authenticate(token) == "gpu-1"
         with pytest.raises(Unauthenticated):
             await nodes.authenticate(token[:-2] + "xx")
@@ -86,25 +86,25 @@ async def test_heartbeats_make_a_node_connected_then_silence_unreachable_then_lo
         view = await nodes.heartbeat(
             "gpu-1", connection, _snapshot("gpu-1"), [_attempt("a1"), _attempt("a2", "exited")]
         )
-        assert view["state"] == "connected"
-        assert view["last_heartbeat"] == clock.now
-        assert view["snapshot"]["resources"]["cpus"] == 4
+        assert view.state == "connected"
+        assert view.last_heartbeat == clock.now
+        assert view.snapshot["resources"]["cpus"] == 4
         clock.now += 9
         assert await nodes.sweep() == []
         clock.now += 1
         assert await nodes.sweep() == [("gpu-1", "unreachable")]
-        assert (await nodes.get("gpu-1"))["attempts"][0]["state"] == "ready"
+        assert (await nodes.get("gpu-1")).attempts[0].state == "ready"
         clock.now += 20
         assert await nodes.sweep() == [("gpu-1", "lost")]
         view = await nodes.get("gpu-1")
-        assert view["state"] == "lost"
-        assert {a["attempt_id"]: a["state"] for a in view["attempts"]} == {
+        assert view.state == "lost"
+        assert {a.attempt_id: a.state for a in view.attempts} == {
             "a1": "unknown",
             "a2": "exited",
         }
         # Heard again: connected, with what it reports now.
         await nodes.heartbeat("gpu-1", connection, _snapshot("gpu-1"), [])
-        assert (await nodes.get("gpu-1"))["state"] == "connected"
+        assert (await nodes.get("gpu-1")).state == "connected"
 
 
 async def test_a_newer_connection_fences_out_the_older_one(nodes):
@@ -133,8 +133,8 @@ async def test_a_revoked_node_cannot_authenticate_connect_or_heartbeat(nodes):
         connection = await nodes.connect("gpu-1")
         await nodes.heartbeat("gpu-1", connection, _snapshot("gpu-1"), [_attempt("a1")])
         revoked = await nodes.revoke_node("gpu-1")
-        assert revoked["state"] == "revoked"
-        assert revoked["attempts"][0]["state"] == "unknown"
+        assert revoked.state == "revoked"
+        assert revoked.attempts[0].state == "unknown"
         with pytest.raises(Unauthenticated):
             await nodes.authenticate(token)
         with pytest.raises(Unauthenticated):
@@ -223,6 +223,6 @@ async def test_a_node_without_endpoint_version_1_is_refused_for_inference_only(n
     # Everything else the old node does keeps working: it is connected and its
     # reported attempts stand.
     view = await nodes.get("old-1")
-    assert view["state"] == "connected"
-    assert [a["attempt_id"] for a in view["attempts"]] == ["running-job"]
-    assert (await nodes.heartbeat("old-1", old, legacy, []))["state"] == "connected"
+    assert view.state == "connected"
+    assert [a.attempt_id for a in view.attempts] == ["running-job"]
+    assert (await nodes.heartbeat("old-1", old, legacy, [])).state == "connected"

@@ -17,6 +17,7 @@ import click
 import trio
 
 from .._version import __version__
+from ..api.views_contributors import node_view
 from ..auth import ALL_SCOPES, PROJECT_SCOPES
 from ..config import Config, env_name, load_config, parse_duration, render_reference
 from ..controller.service import Service, open_service
@@ -503,7 +504,7 @@ def add_node(ctx: click.Context, name: str, labels: tuple[str, ...]) -> None:
     record, token = _run(
         _with_service, config, lambda s: s.contributors.add_node(name, labels=parsed)
     )
-    _echo_json(record)
+    _echo_json(node_view(record))
     click.echo(f"node credential (shown once): {token}")
 
 
@@ -513,7 +514,9 @@ def add_node(ctx: click.Context, name: str, labels: tuple[str, ...]) -> None:
 def revoke_node(ctx: click.Context, node_id: str) -> None:
     """Revoke node NODE_ID's credential; its attempts become unknown."""
     config = _load(ctx, {})
-    _echo_json(_run(_with_service, config, lambda s: s.contributors.revoke_node(node_id)))
+    _echo_json(
+        node_view(_run(_with_service, config, lambda s: s.contributors.revoke_node(node_id)))
+    )
 
 
 @admin.command("list-nodes")
@@ -521,7 +524,8 @@ def revoke_node(ctx: click.Context, node_id: str) -> None:
 def list_nodes(ctx: click.Context) -> None:
     """List contributor nodes with their states (as GET /api/v1/contributors shows them)."""
     config = _load(ctx, {})
-    _echo_json(_run(_with_service, config, lambda s: s.contributors.list()))
+    nodes = _run(_with_service, config, lambda s: s.contributors.list())
+    _echo_json([node_view(node) for node in nodes])
 
 
 def main() -> None:

@@ -1,22 +1,47 @@
 """Contributors: the nodes that run engines for the controller (embedded or remote)."""
 
-from .link import NodeEndpoint
-from .registry import (
-    NODE_STATES,
-    NODE_TOKEN_PREFIX,
+from .assignments import Reconciliation
+from .credentials import NODE_TOKEN_PREFIX, is_node_token
+from .errors import (
     ConnectionFenced,
-    NodeRegistry,
-    Reconciliation,
-    is_node_token,
+    InvalidNodeCredential,
+    NodeCredentialRevoked,
+    NodeExists,
+    NodeNotFound,
+    NodeUnavailable,
 )
+from .link import NodeEndpoint
+from .records import (
+    Assignment,
+    AssignmentReason,
+    GpuShare,
+    Node,
+    NodeAttempt,
+    NodeAttemptState,
+    NodeReservation,
+    NodeState,
+)
+from .registry import NodeRegistry
 from .relay import RelayEndpoint
 
 __all__ = [
-    "NODE_STATES",
     "NODE_TOKEN_PREFIX",
+    "Assignment",
+    "AssignmentReason",
     "ConnectionFenced",
+    "GpuShare",
+    "InvalidNodeCredential",
+    "Node",
+    "NodeAttempt",
+    "NodeAttemptState",
+    "NodeCredentialRevoked",
     "NodeEndpoint",
+    "NodeExists",
+    "NodeNotFound",
     "NodeRegistry",
+    "NodeReservation",
+    "NodeState",
+    "NodeUnavailable",
     "Reconciliation",
     "RelayEndpoint",
     "is_node_token",

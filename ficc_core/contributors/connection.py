@@ -29,8 +29,10 @@ import trio
 from ..auth import secrets as sec
 from ..errors import FiccError, InvalidRequest
 from ..schema import ExecutorSnapshot, Fence, SchemaError, structure, unstructure
+from .assignments import Reconciliation
+from .errors import ConnectionFenced
 from .link import NodeLink, raise_for_reply
-from .registry import ConnectionFenced, NodeRegistry, Reconciliation
+from .registry import NodeRegistry
 from .relay import RelayEndpoint
 
 log = logging.getLogger("ficc.contributors")
@@ -140,7 +142,7 @@ async def serve_node_connection(
     """Serve one authenticated node connection until it ends, is fenced out or fails."""
     link = ConnectionLink(channel)
     # What the controller wanted before this connection: reconciled with the first report.
-    known = [row["attempt_id"] for row in await registry.assignments(node_id) if row["wanted"]]
+    known = await registry.wanted_attempt_ids(node_id)
     reconciled = False
     async with trio.open_nursery() as nursery:
         connection_id = await registry.connect(node_id, nursery.cancel_scope, link)
