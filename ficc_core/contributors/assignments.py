@@ -17,7 +17,7 @@ import attrs
 from ..schema import Fence
 from ..store import Store, Transaction
 from . import repository
-from .records import Assignment, AssignmentReason
+from .records import Assignment, AssignmentReason, NodeAttempt
 
 
 @attrs.frozen
@@ -131,14 +131,7 @@ class Assignments:
         node does not report are no longer wanted.
         """
         now = self.clock()
-        fences = [
-            Fence(
-                attempt_id=attempt["attempt_id"],
-                generation=attempt["generation"],
-                plan_digest=attempt["plan_digest"],
-            )
-            for attempt in reported
-        ]
+        fences = [NodeAttempt.from_report(attempt, updated_at=now).fence for attempt in reported]
 
         def write(tx: Transaction) -> Reconciliation:
             wanted = {
