@@ -137,8 +137,9 @@ class Node:
     :ivar labels: what the administrator recorded with it (``ficc/embedded`` marks
         the embedded agent's node).
     :ivar connection_id: the newest connection's ID; heartbeats from others are fenced.
-    :ivar snapshot: the executor snapshot document the node last sent (as it sent it,
-        so an older document still shows), or None before its first heartbeat.
+    :ivar snapshot: the executor snapshot of its last heartbeat, as the JSON document
+        stored (so one written by an older version still shows; see
+        :meth:`executor_snapshot`), or None before its first heartbeat.
     :ivar attempts: what it reported running in its last heartbeat, by attempt ID.
     :ivar reservations: what inference replicas reserve on it, by service and replica.
     """

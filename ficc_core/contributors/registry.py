@@ -74,8 +74,11 @@ class NodeRegistry:
         return await self.enrolment.ensure_local_node(name)
 
     async def revoke_node(self, node_id: str) -> Node:
-        """Revoke the node's credential: its connection here ends at once, elsewhere at the
-        next heartbeat; what it ran becomes unknown."""
+        """Revoke the node's credential; what it ran becomes unknown.
+
+        Its connection to this controller ends at once; one served elsewhere ends at
+        its next heartbeat.
+        """
         node = await self.enrolment.revoke(node_id)
         self.live.end(node_id)
         return node
