@@ -11,6 +11,7 @@ import trio
 
 from ficc_core.agent import Agent
 from ficc_core.config import load_config
+from ficc_core.contributors import Node
 from ficc_core.controller.server import serve_http
 from ficc_core.controller.service import Service, open_service
 from ficc_core.schema import Fence, GpuDevice
@@ -50,16 +51,16 @@ async def lease_carried(agent: Agent, fence: Fence, seconds: float) -> None:
             await trio.sleep(0.02)
 
 
-async def heartbeats(service: Service, node_id: str, count: int) -> dict:
+async def heartbeats(service: Service, node_id: str, count: int) -> Node:
     """Wait until the controller recorded ``count`` more heartbeats of ``node_id``."""
     node = await service.contributors.get(node_id)
-    seen = node["last_heartbeat"]
+    seen = node.last_heartbeat
     with trio.fail_after(10 + count):
         while count:
             await trio.sleep(0.02)
             node = await service.contributors.get(node_id)
-            if node["last_heartbeat"] != seen:
-                seen, count = node["last_heartbeat"], count - 1
+            if node.last_heartbeat != seen:
+                seen, count = node.last_heartbeat, count - 1
     return node
 
 
@@ -86,7 +87,7 @@ def process_agent_maker(agent_dir: Path, node_id: str | None = None) -> Callable
 
 async def wait_connected(service: Service, node_id: str) -> None:
     """Wait until the controller lists ``node_id`` as connected."""
-    while (await service.contributors.get(node_id))["state"] != "connected":  # noqa: ASYNC110
+    while (await service.contributors.get(node_id)).state != "connected":  # noqa: ASYNC110
         await trio.sleep(0.05)
 
 

@@ -88,8 +88,8 @@ async def test_the_embedded_agent_reports_its_attempts_and_renews_their_leases(t
                 await lease_carried(agent, fence, 3)
                 assert agent.expired == []
                 node = await service.contributors.get("local")
-                assert node["state"] == "connected"
-                assert [(a["attempt_id"], a["state"]) for a in node["attempts"]] == [
+                assert node.state == "connected"
+                assert [(a.attempt_id, a.state) for a in node.attempts] == [
                     (fence.attempt_id, "ready")
                 ]
                 nursery.cancel_scope.cancel()

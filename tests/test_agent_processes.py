@@ -215,11 +215,11 @@ async def test_a_killed_executor_goes_unreachable_then_lost_and_a_restart_leaves
                 _, token = await service.contributors.add_node("gpu-1")
                 executor = ExecutorProcess(url, token, agent_dir)
                 await executor.wait_connected()
-                while (await service.contributors.get("gpu-1"))["state"] != "connected":  # noqa: ASYNC110
+                while (await service.contributors.get("gpu-1")).state != "connected":  # noqa: ASYNC110
                     await trio.sleep(0.05)
                 fence = new_fence()
                 await service.contributors.launch("gpu-1", "process", standin_job(), fence)
-                while not (await service.contributors.get("gpu-1"))["attempts"]:  # noqa: ASYNC110
+                while not (await service.contributors.get("gpu-1")).attempts:  # noqa: ASYNC110
                     await trio.sleep(0.05)
                 (engine,) = _engine_pids(agent_dir)
                 (watchdog,) = _watchdog_pids(agent_dir)
@@ -228,20 +228,20 @@ async def test_a_killed_executor_goes_unreachable_then_lost_and_a_restart_leaves
                 executor.proc.send_signal(signal.SIGKILL)
                 executor.proc.wait()
                 started = trio.current_time()
-                while (await service.contributors.get("gpu-1"))["state"] != "unreachable":  # noqa: ASYNC110
+                while (await service.contributors.get("gpu-1")).state != "unreachable":  # noqa: ASYNC110
                     await trio.sleep(0.05)
                 assert 0.5 < trio.current_time() - started < 3
-                while (node := await service.contributors.get("gpu-1"))["state"] != "lost":  # noqa: ASYNC110
+                while (node := await service.contributors.get("gpu-1")).state != "lost":  # noqa: ASYNC110
                     await trio.sleep(0.05)
                 assert trio.current_time() - started >= 2.5
-                assert [a["state"] for a in node["attempts"]] == ["unknown"]
+                assert [a.state for a in node.attempts] == ["unknown"]
 
                 # Restarted, it removes what it left behind and reports a clean node.
                 executor = ExecutorProcess(url, token, agent_dir)
                 await executor.wait_connected()
-                while (node := await service.contributors.get("gpu-1"))["state"] != "connected":  # noqa: ASYNC110
+                while (node := await service.contributors.get("gpu-1")).state != "connected":  # noqa: ASYNC110
                     await trio.sleep(0.05)
-                assert node["attempts"] == []
+                assert node.attempts == ()
                 assert not _alive(engine)
                 # Restarted within the lease, the agent also ends the old watchdog.
                 assert not _alive(watchdog)
@@ -337,7 +337,7 @@ async def test_a_reconnecting_executor_keeps_wanted_engines_and_stops_given_up_o
     async def ready(service, attempt_id: str) -> None:
         while True:
             node = await service.contributors.get("gpu-1")
-            states = {a["attempt_id"]: a["state"] for a in node["attempts"]}
+            states = {a.attempt_id: a.state for a in node.attempts}
             if states.get(attempt_id) == "ready":
                 return
             await trio.sleep(0.05)
@@ -357,7 +357,7 @@ async def test_a_reconnecting_executor_keeps_wanted_engines_and_stops_given_up_o
                 engine = _engines_by_attempt(agent_dir)[kept.attempt_id]
 
                 # The connection drops; the agent reconnects and its engine is adopted.
-                registry._live["gpu-1"][1].cancel()
+                registry.drop_connection("gpu-1")
                 second = await reconnected(service, first.connection_id)
                 assert second.adopted == (kept.attempt_id,) and second.stop == ()
                 assert _engines_by_attempt(agent_dir) == {kept.attempt_id: engine}
@@ -370,8 +370,8 @@ async def test_a_reconnecting_executor_keeps_wanted_engines_and_stops_given_up_o
                 dropped_engine = _engines_by_attempt(agent_dir)[dropped.attempt_id]
                 executor.proc.send_signal(signal.SIGSTOP)
                 try:
-                    registry._live["gpu-1"][1].cancel()
-                    while "gpu-1" in registry._live:  # noqa: ASYNC110
+                    registry.drop_connection("gpu-1")
+                    while registry.connected_here("gpu-1"):  # noqa: ASYNC110
                         await trio.sleep(0.05)
                     assert await registry.give_up("gpu-1", dropped.attempt_id)
                 finally:
@@ -385,7 +385,7 @@ async def test_a_reconnecting_executor_keeps_wanted_engines_and_stops_given_up_o
                 running = [pid for pid in _engines_by_attempt(agent_dir).values() if _alive(pid)]
                 assert running == [engine]
                 node = await registry.get("gpu-1")
-                while [a["attempt_id"] for a in node["attempts"]] != [kept.attempt_id]:
+                while [a.attempt_id for a in node.attempts] != [kept.attempt_id]:
                     await trio.sleep(0.05)
                     node = await registry.get("gpu-1")
     finally:
@@ -409,10 +409,10 @@ async def test_an_engine_is_stopped_on_its_node_once_its_killed_agent_s_lease_pa
                 _, token = await service.contributors.add_node("gpu-1")
                 executor = ExecutorProcess(url, token, agent_dir)
                 await executor.wait_connected()
-                while (await service.contributors.get("gpu-1"))["state"] != "connected":  # noqa: ASYNC110
+                while (await service.contributors.get("gpu-1")).state != "connected":  # noqa: ASYNC110
                     await trio.sleep(0.05)
                 await service.contributors.launch("gpu-1", "process", standin_job(), new_fence())
-                while not (await service.contributors.get("gpu-1"))["attempts"]:  # noqa: ASYNC110
+                while not (await service.contributors.get("gpu-1")).attempts:  # noqa: ASYNC110
                     await trio.sleep(0.05)
                 (engine,) = _engine_pids(agent_dir)
                 watchdogs = _watchdog_pids(agent_dir)

@@ -200,7 +200,7 @@ async def test_peer_loss_fails_open_streams_at_once_and_cancels_them_on_the_agen
                     await trio.sleep(0.01)
 
                 # The controller drops the connection (as a network failure would).
-                service.contributors._live["gpu-1"][1].cancel()
+                service.contributors.drop_connection("gpu-1")
                 with trio.fail_after(2):
                     while True:
                         event = await endpoint.read(fence, "slow")
@@ -324,7 +324,7 @@ async def test_a_reconnecting_agent_is_reconciled_adopting_wanted_and_stopping_t
                 assert await registry.give_up("gpu-1", given_up.attempt_id)
                 await agent.stop(vanished, 1.0)  # gone from the node behind the controller's back
 
-                registry._live["gpu-1"][1].cancel()  # drop the connection
+                registry.drop_connection("gpu-1")
                 result = await _reconnected(service, "gpu-1", first.connection_id)
                 assert result.adopted == (wanted.attempt_id,)
                 assert {fence.attempt_id for fence in result.stop} == {
@@ -336,10 +336,10 @@ async def test_a_reconnecting_agent_is_reconciled_adopting_wanted_and_stopping_t
                 while [lease.fence for lease in agent.leases()] != [wanted]:  # noqa: ASYNC110
                     await trio.sleep(0.05)
                 assert (await agent.status(wanted)).state == "ready"
-                rows = {row["attempt_id"]: row for row in await registry.assignments("gpu-1")}
-                assert rows[wanted.attempt_id]["wanted"]
-                assert rows[vanished.attempt_id]["reason"] == "not_reported"
-                assert rows[given_up.attempt_id]["reason"] == "given_up"
+                rows = {row.attempt_id: row for row in await registry.assignments("gpu-1")}
+                assert rows[wanted.attempt_id].wanted
+                assert rows[vanished.attempt_id].reason == "not_reported"
+                assert rows[given_up.attempt_id].reason == "given_up"
                 nursery.cancel_scope.cancel()
 
 

@@ -51,12 +51,12 @@ async def test_a_remote_agent_connects_and_the_controller_lists_its_measured_res
             async with trio.open_nursery() as nursery:
                 agent = await nursery.start(remote.run)
                 assert agent.node_id == "gpu-1"
-                while (await service.contributors.get("gpu-1"))["snapshot"] is None:  # noqa: ASYNC110
+                while (await service.contributors.get("gpu-1")).snapshot is None:  # noqa: ASYNC110
                     await trio.sleep(0.05)
                 node = await service.contributors.get("gpu-1")
-                assert node["state"] == "connected"
-                assert node["snapshot"]["resources"]["cpus"] >= 1
-                assert node["snapshot"]["endpoint_version"] == 1
+                assert node.state == "connected"
+                assert node.snapshot["resources"]["cpus"] >= 1
+                assert node.snapshot["endpoint_version"] == 1
                 nursery.cancel_scope.cancel()
 
 
@@ -79,7 +79,7 @@ async def test_a_node_credential_cannot_report_as_another_node(tmp_path, agent_d
             with pytest.raises(AgentRefused) as refused:
                 await remote.run()
             assert refused.value.code == "node_mismatch"
-            assert (await service.contributors.get("gpu-2"))["snapshot"] is None
+            assert (await service.contributors.get("gpu-2")).snapshot is None
 
 
 async def test_a_revoked_node_credential_is_refused(tmp_path, agent_dir):
@@ -116,7 +116,7 @@ async def test_a_newer_connection_of_the_node_fences_out_the_older(tmp_path, age
                 # The older one's end does not disconnect the node: the newer one's next
                 # heartbeats keep it connected.
                 node = await heartbeats(service, "gpu-1", 3)
-                assert node["state"] == "connected"
+                assert node.state == "connected"
                 assert newer.sessions == 1
                 nursery.cancel_scope.cancel()
 
@@ -137,7 +137,7 @@ async def test_leases_arrive_over_the_connection_and_keep_an_attempt_running(tmp
                 assert agent.expired == []
                 assert (await agent.status(fence)).running
                 node = await service.contributors.get("gpu-1")
-                assert [a["attempt_id"] for a in node["attempts"]] == [fence.attempt_id]
+                assert [a.attempt_id for a in node.attempts] == [fence.attempt_id]
                 nursery.cancel_scope.cancel()
 
 
@@ -165,7 +165,7 @@ async def test_an_agent_reconnects_after_the_controller_restarts(tmp_path, agent
                 await wait_connected(service, "gpu-1")
                 assert remote.agent is agent and agent.node_id == "gpu-1"
                 node = await heartbeats(service, "gpu-1", 1)
-                assert node["state"] == "connected" and node["snapshot"] is not None
+                assert node.state == "connected" and node.snapshot is not None
             assert remote.sessions == 2
             nursery.cancel_scope.cancel()
 

@@ -63,7 +63,7 @@ async def test_a_remote_nodes_fence_refusals_arrive_as_their_own_classes(tmp_pat
             remote = RemoteAgent(url, token, lambda named: _agent(agent_dir, named))
             async with trio.open_nursery() as nursery:
                 await nursery.start(remote.run)
-                while (await service.contributors.get("gpu-1"))["state"] != "connected":  # noqa: ASYNC110
+                while (await service.contributors.get("gpu-1")).state != "connected":  # noqa: ASYNC110
                     await trio.sleep(0.05)
                 with pytest.raises(UnknownAttempt) as unknown:
                     await service.contributors.status("gpu-1", new_fence())

@@ -325,7 +325,7 @@ async def test_a_remote_launch_stages_the_blob_input_and_the_engine_reads_it(set
                 make = staging_agents(provider, agent_dir, url, node)
                 async with trio.open_nursery() as nursery:
                     await nursery.start(RemoteAgent(url, node, make).run)
-                    while (await service.contributors.get("gpu-1"))["state"] != "connected":  # noqa: ASYNC110
+                    while (await service.contributors.get("gpu-1")).state != "connected":  # noqa: ASYNC110
                         await trio.sleep(0.05)
                     # The controller names the blob by digest; the path is the
                     # controller's own and does not exist on the node.

@@ -72,11 +72,7 @@ async def run_embedded_agent(
         task_status.started(None)
         return
     await service.contributors.ensure_local_node(node_id)
-    known = [
-        row["attempt_id"]
-        for row in await service.contributors.assignments(node_id)
-        if row["wanted"]
-    ]
+    known = await service.contributors.wanted_attempt_ids(node_id)
     async with trio.open_nursery() as nursery:
         await nursery.start(agent.run)
         connection = await service.contributors.connect(

@@ -18,6 +18,7 @@ from quart import Response, jsonify, request, websocket
 
 from ..contributors.connection import serve_node_connection
 from ..errors import FiccError, NotFound
+from .views_contributors import node_view
 
 if TYPE_CHECKING:
     from quart_trio import QuartTrio
@@ -93,11 +94,12 @@ def register(app: QuartTrio, service: Service) -> None:
 
     @app.get("/api/v1/contributors", endpoint="contributors_list")
     async def contributors_list() -> Response:
-        return jsonify({"contributors": await service.contributors.list()})
+        nodes = await service.contributors.list()
+        return jsonify({"contributors": [node_view(node) for node in nodes]})
 
     @app.get("/api/v1/contributors/<node_id>", endpoint="contributors_get")
     async def contributors_get(node_id: str) -> Response:
-        return jsonify(await service.contributors.get(node_id))
+        return jsonify(node_view(await service.contributors.get(node_id)))
 
     @app.get("/api/v1/contributors/blobs/<sha256>", endpoint="contributors_blob")
     async def contributors_blob(sha256: str) -> Response:

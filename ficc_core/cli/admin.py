@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from ..api.views_auth import credential_view, project_view, revocation_view, user_view
+from ..api.views_contributors import node_view
 from ..auth import ALL_SCOPES, PROJECT_SCOPES
 from ..config import Config, parse_duration
 from ..controller.service import Service, open_service
@@ -177,7 +178,7 @@ def add_node(ctx: click.Context, name: str, labels: tuple[str, ...]) -> None:
     record, token = run_trio(
         _with_service, config, lambda s: s.contributors.add_node(name, labels=parsed)
     )
-    echo_json(record)
+    echo_json(node_view(record))
     click.echo(f"node credential (shown once): {token}")
 
 
@@ -187,7 +188,8 @@ def add_node(ctx: click.Context, name: str, labels: tuple[str, ...]) -> None:
 def revoke_node(ctx: click.Context, node_id: str) -> None:
     """Revoke node NODE_ID's credential; its attempts become unknown."""
     config = load_settings(ctx, {})
-    echo_json(run_trio(_with_service, config, lambda s: s.contributors.revoke_node(node_id)))
+    revoked = run_trio(_with_service, config, lambda s: s.contributors.revoke_node(node_id))
+    echo_json(node_view(revoked))
 
 
 @admin.command("list-nodes")
@@ -195,4 +197,5 @@ def revoke_node(ctx: click.Context, node_id: str) -> None:
 def list_nodes(ctx: click.Context) -> None:
     """List contributor nodes with their states (as GET /api/v1/contributors shows them)."""
     config = load_settings(ctx, {})
-    echo_json(run_trio(_with_service, config, lambda s: s.contributors.list()))
+    nodes = run_trio(_with_service, config, lambda s: s.contributors.list())
+    echo_json([node_view(node) for node in nodes])

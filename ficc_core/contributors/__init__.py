@@ -1,19 +1,44 @@
 """Contributors: the nodes that run engines for the controller (embedded or remote)."""
 
-from .registry import (
-    NODE_STATES,
-    NODE_TOKEN_PREFIX,
+from .assignments import Reconciliation
+from .credentials import NODE_TOKEN_PREFIX, is_node_token
+from .errors import (
     ConnectionFenced,
-    NodeRegistry,
-    Reconciliation,
-    is_node_token,
+    InvalidNodeCredential,
+    NodeCredentialRevoked,
+    NodeExists,
+    NodeNotFound,
+    NodeUnavailable,
 )
+from .records import (
+    Assignment,
+    AssignmentReason,
+    GpuShare,
+    Node,
+    NodeAttempt,
+    NodeAttemptState,
+    NodeReservation,
+    NodeState,
+)
+from .registry import NodeRegistry
 
 __all__ = [
-    "NODE_STATES",
     "NODE_TOKEN_PREFIX",
+    "Assignment",
+    "AssignmentReason",
     "ConnectionFenced",
+    "GpuShare",
+    "InvalidNodeCredential",
+    "Node",
+    "NodeAttempt",
+    "NodeAttemptState",
+    "NodeCredentialRevoked",
+    "NodeExists",
+    "NodeNotFound",
     "NodeRegistry",
+    "NodeReservation",
+    "NodeState",
+    "NodeUnavailable",
     "Reconciliation",
     "is_node_token",
 ]

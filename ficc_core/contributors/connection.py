@@ -20,7 +20,9 @@ from ..errors import FiccError, InvalidRequest
 from ..nodelink.links import ConnectionLink, MessageChannel, NodeLink
 from ..nodelink.wire import MAX_MESSAGE, heartbeat_attempts
 from ..schema import ExecutorSnapshot, Fence, SchemaError, structure, unstructure
-from .registry import ConnectionFenced, NodeRegistry, Reconciliation
+from .assignments import Reconciliation
+from .errors import ConnectionFenced
+from .registry import NodeRegistry
 
 log = logging.getLogger("ficc.contributors")
 
@@ -36,7 +38,7 @@ async def serve_node_connection(
     """Serve one authenticated node connection until it ends, is fenced out or fails."""
     link = ConnectionLink(channel)
     # What the controller wanted before this connection: reconciled with the first report.
-    known = [row["attempt_id"] for row in await registry.assignments(node_id) if row["wanted"]]
+    known = await registry.wanted_attempt_ids(node_id)
     reconciled = False
     async with trio.open_nursery() as nursery:
         connection_id = await registry.connect(node_id, nursery.cancel_scope, link)

@@ -1,0 +1,144 @@
+"""Node states: what heartbeats, silence and connections make of a node.
+
+A node is ``connected`` while its heartbeats arrive, ``unreachable`` once none
+came for ``unreachable_after`` seconds (no new work goes there), and ``lost``
+after ``lost_after`` seconds, when every attempt it last reported becomes
+``unknown`` and nothing assigned to it is wanted any more. A node that never
+connected is ``registered``; a revoked one stays ``revoked``.
+
+Each connection gets a new ID, recorded here; a heartbeat from any other
+connection of the node is refused (:class:`~.errors.ConnectionFenced`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import trio
+
+from ..errors import InvalidRequest
+from ..schema import ExecutorSnapshot, canonical_json
+from ..store import Store, Transaction
+from . import repository
+from .errors import ConnectionFenced, NodeCredentialRevoked, NodeNotFound
+from .records import AssignmentReason, Node, NodeAttempt, NodeState
+
+
+def forget_attempts(tx: Transaction, node_id: str, now: float) -> None:
+    """A lost or revoked node: its running attempts are unknown, its assignments unwanted."""
+    repository.mark_attempts_unknown(tx, node_id, now)
+    repository.unwant_all(tx, node_id, AssignmentReason.UNKNOWN, now)
+
+
+def _connectable(tx: Transaction, node_id: str) -> Node:
+    node = repository.fetch_node(tx, node_id)
+    if node is None:
+        raise NodeNotFound(node_id)
+    if node.revoked_at is not None:
+        raise NodeCredentialRevoked(node_id)
+    return node
+
+
+class NodeStates:
+    """Records connections and heartbeats, and sweeps silent nodes to unreachable or lost.
+
+    :param unreachable_after: seconds without a heartbeat before a node is unreachable.
+    :param lost_after: seconds without a heartbeat before it is lost (at least
+        ``unreachable_after``).
+    :param clock: wall-clock seconds.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        unreachable_after: float,
+        lost_after: float,
+        clock: Callable[[], float],
+    ) -> None:
+        self.store = store
+        self.unreachable_after = unreachable_after
+        self.lost_after = max(lost_after, unreachable_after)
+        self.clock = clock
+
+    async def connect(self, node_id: str, connection_id: str) -> None:
+        """Record ``connection_id`` as the node's newest connection (refused when revoked)."""
+
+        def write(tx: Transaction) -> None:
+            _connectable(tx, node_id)
+            repository.set_connection(tx, node_id, connection_id)
+
+        await self.store.write(write)
+
+    async def heartbeat(
+        self,
+        node_id: str,
+        connection_id: str,
+        snapshot: ExecutorSnapshot,
+        attempts: Sequence[Mapping[str, Any]] = (),
+    ) -> Node:
+        """Record a heartbeat: the node is connected; its snapshot and attempts are current.
+
+        ``attempts`` are the agent's report (``attempt_id``, ``generation``,
+        ``plan_digest``, ``provider``, ``state``); they replace what the node
+        reported before.
+        """
+        if snapshot.node_id != node_id:
+            raise InvalidRequest(
+                f"the snapshot names node {snapshot.node_id!r}, but this is node {node_id!r}",
+                code="node_mismatch",
+            )
+        document = canonical_json(snapshot).decode("utf-8")
+        now = self.clock()
+        reported = [NodeAttempt.from_report(attempt, updated_at=now) for attempt in attempts]
+
+        def write(tx: Transaction) -> Node:
+            if _connectable(tx, node_id).connection_id != connection_id:
+                raise ConnectionFenced(
+                    f"a newer connection of node {node_id!r} replaced this one",
+                    details={"node": node_id},
+                )
+            repository.record_heartbeat(tx, node_id, now=now, snapshot=document, attempts=reported)
+            node = repository.fetch_node(tx, node_id)
+            assert node is not None  # checked above, in this transaction
+            return node
+
+        return await self.store.write(write)
+
+    async def sweep(self) -> list[tuple[str, NodeState]]:
+        """Move silent nodes to unreachable or lost; return the ``(node, state)`` changes."""
+        now = self.clock()
+
+        def write(tx: Transaction) -> list[tuple[str, NodeState]]:
+            lost = repository.silent_node_ids(
+                tx,
+                now=now,
+                silent_for=self.lost_after,
+                states=(NodeState.CONNECTED, NodeState.UNREACHABLE),
+            )
+            unreachable = [
+                node_id
+                for node_id in repository.silent_node_ids(
+                    tx, now=now, silent_for=self.unreachable_after, states=(NodeState.CONNECTED,)
+                )
+                if node_id not in lost
+            ]
+            for node_id in lost:
+                repository.set_state(tx, node_id, NodeState.LOST)
+                forget_attempts(tx, node_id, now)
+            for node_id in unreachable:
+                repository.set_state(tx, node_id, NodeState.UNREACHABLE)
+            changes = [(node_id, NodeState.LOST) for node_id in lost]
+            changes += [(node_id, NodeState.UNREACHABLE) for node_id in unreachable]
+            return sorted(changes)
+
+        return await self.store.write(write)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Sweep node states on a short period until cancelled."""
+        period = max(0.05, min(1.0, self.unreachable_after / 4))
+        task_status.started()
+        while True:
+            await self.sweep()
+            await trio.sleep(period)
