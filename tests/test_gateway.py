@@ -360,7 +360,7 @@ async def test_the_internal_seam_relays_and_cancels_without_http(tmp_path):
             env.publish("svc", [fence])
             _, token = await env.token("svc")
             actor = await env.service.auth.authenticate_bearer(token)
-            gateway = env.service.inference.gateway
+            gateway = env.service.gateway
             status, chunks = await gateway.invoke(
                 "svc", "/v1/chat/completions", chat(True, deltas=3), actor
             )

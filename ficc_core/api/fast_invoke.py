@@ -4,7 +4,7 @@ Every request with ``Authorization: Bearer ficc_...`` to one of the three invoke
 routes (``/api/v1/inference/{id}/v1/models``, ``.../chat/completions``,
 ``.../embeddings``) is served here: the credential is authenticated (from the
 in-memory cache when it was verified recently), the body is read within
-``max_body_bytes``, and the one seam ``service.inference.gateway.invoke`` does
+``max_body_bytes``, and the one seam ``service.gateway.invoke`` does
 the rest. The response goes out chunk by chunk; a client disconnect cancels the
 relay, which closes the stream (and so cancels the engine request); so does the
 response's send deadline (a client that stopped reading).
@@ -103,7 +103,7 @@ class FastInvoke:
                     return  # the client left before it finished sending
             else:
                 body = b""
-            gateway = self.service.inference.gateway
+            gateway = self.service.gateway
             status, chunks = await gateway.invoke(service_id, "/v1/" + suffix, body, principal)
         except FiccError as error:
             status = error.status

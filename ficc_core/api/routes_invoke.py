@@ -1,7 +1,7 @@
 """The invoke routes (``/api/v1/inference/{id}/v1/...``): OpenAI-compatible, via the gateway.
 
 Each route only reads the (bounded) body and calls the one seam,
-``service.inference.gateway.invoke``; authority, routing and relaying are the
+``service.gateway.invoke``; authority, routing and relaying are the
 gateway's. The response streams chunk by chunk; when the client goes away, the
 body iterator is closed, which cancels the engine request.
 """
@@ -28,7 +28,7 @@ def register(app: QuartTrio, service: Service) -> None:
     """Add the invoke routes to ``app``."""
 
     async def relay(service_id: str, path: str, body: Any) -> Response:
-        status, chunks = await service.inference.gateway.invoke(service_id, path, body, g.principal)
+        status, chunks = await service.gateway.invoke(service_id, path, body, g.principal)
         response = Response(chunks, status=status, content_type=chunks.content_type)
         # Sending stops at the gateway's send deadline (a client that stopped reading).
         if math.isinf(chunks.send_deadline):

@@ -77,13 +77,10 @@ def raise_for_reply(reply: dict[str, Any]) -> dict[str, Any]:
     """Return a successful reply; raise the node's error for a failed one."""
     if reply.get("ok"):
         return reply
-    error = reply.get("error") or {}
-    raise FiccError(
-        str(error.get("message", "the node refused the command")),
-        code=str(error.get("code", "node_error")),
-        status=int(error.get("status", 502)),
-        details={"node_error": True},
-    )
+    from .relay import error_from_wire
+
+    # As its own class (StaleFence, UnknownAttempt...) when it is one: callers catch by class.
+    raise error_from_wire(reply.get("error") or {"message": "the node refused the command"})
 
 
 async def run_command(agent: Agent, message: dict[str, Any]) -> dict[str, Any]:
