@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from typing import TYPE_CHECKING
 
 import attrs
 import trio
@@ -19,9 +18,6 @@ import trio
 from ..store import Store, Transaction
 from . import repository
 from .records import UsageEntry, UsageSummary
-
-if TYPE_CHECKING:
-    from ..gateway import UsageRecord
 
 log = logging.getLogger("ficc.inference.usage")
 
@@ -45,8 +41,13 @@ class UsageLedger:
         #: Records dropped because the buffer overflowed before a write.
         self.dropped = 0
 
-    def record(self, usage: UsageRecord) -> None:
-        """Queue one request's usage (called by the gateway; never blocks)."""
+    def record(self, usage: object) -> None:
+        """Queue one request's usage (called by the gateway; never blocks).
+
+        ``usage`` is the gateway's ``UsageRecord``, read by the fields of
+        :class:`UsageEntry` (so this package does not import the gateway, which
+        imports it).
+        """
         if len(self._pending) == self._pending.maxlen:
             self.dropped += 1
         self._pending.append(UsageEntry(**{name: getattr(usage, name) for name in _ENTRY_FIELDS}))
