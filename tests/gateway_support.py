@@ -2,8 +2,8 @@
 
 :func:`gateway_env` opens a controller (real SQLite, background tasks), runs the
 embedded agent with the real process provider, serves the API with hypercorn on
-an OS-chosen loopback port, and installs a :class:`Gateway` (with the test's
-options) as ``service.inference.gateway``. Tests launch stand-in engines through
+an OS-chosen loopback port; its :class:`Gateway` (``service.gateway``) has the
+test's options. Tests launch stand-in engines through
 the agent and publish :class:`LiveService` views by hand (the reconciler does
 that in production).
 """
@@ -148,19 +148,13 @@ async def gateway_env(tmp_path: Path, **gateway_options: Any) -> AsyncIterator[G
         environ={},
     )
     try:
-        async with open_service(config, background=True) as service:
+        async with open_service(
+            config, background=True, gateway_options=gateway_options
+        ) as service:
             created = await service.auth.bootstrap()
             assert created is not None
             project = await service.auth.get_project("default")
-            gateway = Gateway(
-                live=service.live,
-                contributors=service.contributors,
-                auth=service.auth,
-                metrics=service.metrics,
-                config=config,
-                **gateway_options,
-            )
-            service.inference.gateway = gateway
+            gateway = service.gateway
             stop = trio.Event()
             async with trio.open_nursery() as nursery:
                 agent = await nursery.start(run_embedded_agent, service)

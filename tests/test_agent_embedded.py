@@ -9,6 +9,7 @@ import tempfile
 from pathlib import Path
 
 import httpx
+import pluggy
 import pytest
 import trio
 
@@ -94,3 +95,28 @@ async def test_the_embedded_agent_reports_its_attempts_and_renews_their_leases(t
                 ]
                 nursery.cancel_scope.cancel()
     assert not any((Path(agent_dir) / "process" / "attempts").iterdir())
+
+
+async def test_the_controller_and_its_embedded_agent_load_one_plugin_set(
+    tmp_path, agent_dir, monkeypatch
+):
+    built = []
+
+    class CountedPluginManager(pluggy.PluginManager):
+        def __init__(self, project_name: str) -> None:
+            built.append(project_name)
+            super().__init__(project_name)
+
+    monkeypatch.setattr(pluggy, "PluginManager", CountedPluginManager)
+    config = load_config(
+        overrides={"data_dir": str(tmp_path / "data"), "agent_dir": agent_dir}, environ={}
+    )
+    with trio.fail_after(40):
+        async with open_service(config, background=True) as service:
+            async with trio.open_nursery() as nursery:
+                agent = await nursery.start(run_embedded_agent, service)
+                # What a submission checks its engine against, and what the agent runs.
+                assert "llama_cpp" in service.inference.adapters
+                assert isinstance(agent.providers["process"], service.plugins.executors["process"])
+                nursery.cancel_scope.cancel()
+    assert built == ["ficc"]

@@ -254,19 +254,29 @@ async def _record_unknown_attempt(controller, service_id: str, node_id: str) -> 
     (tests/test_inference_faults.py produces one for real by killing a remote executor;
     here the record alone is enough to drive the CLI's refusal and acknowledgement.)
     """
-    from ficc_core.inference.manager import bump
+    from ficc_core.inference import repository
+    from ficc_core.inference.records import AttemptRecord, AttemptState
 
     attempt_id = f"{service_id}.r0.g0.a1.lost"
     now = controller.service.inference.clock()
+    lost = AttemptRecord(
+        attempt_id=attempt_id,
+        service_id=service_id,
+        replica=0,
+        generation=0,
+        number=1,
+        node_id=node_id,
+        provider="process",
+        plan_digest="sha256:" + "1" * 64,
+        state=AttemptState.UNKNOWN,
+        reason="node_lost",
+        created_at=now,
+        updated_at=now,
+    )
 
     def write(tx) -> None:
-        tx.execute(
-            "INSERT INTO inference_attempts (attempt_id, service_id, replica, generation, number,"
-            " node_id, provider, plan_digest, state, reason, released, created_at, updated_at)"
-            " VALUES (?, ?, 0, 0, 1, ?, 'process', ?, 'unknown', 'node_lost', 0, ?, ?)",
-            (attempt_id, service_id, node_id, "sha256:" + "1" * 64, now, now),
-        )
-        bump(tx, service_id, now)
+        repository.insert_attempt(tx, lost)
+        repository.bump(tx, service_id, now)
 
     await controller.service.store.write(write)
     return attempt_id

@@ -362,7 +362,7 @@ async def test_the_internal_seam_relays_and_cancels_without_http(tmp_path):
             env.publish("svc", [fence])
             _, token = await env.token("svc")
             actor = await env.service.auth.authenticate_bearer(token)
-            gateway = env.service.inference.gateway
+            gateway = env.service.gateway
             status, chunks = await gateway.invoke(
                 "svc", "/v1/chat/completions", chat(True, deltas=3), actor
             )
@@ -406,7 +406,7 @@ async def test_leaving_an_open_response_frees_its_slot_and_cancels_the_engine(tm
             env.publish("svc", [fence])
             _, token = await env.token("svc")
             actor = await env.service.auth.authenticate_bearer(token)
-            gateway = env.service.inference.gateway
+            gateway = env.service.gateway
             long = chat(True, deltas=10_000, interval=0.005)
             # Read to its end: the response ends by itself.
             async with gateway.open_response(

@@ -120,7 +120,7 @@ async def test_openai_client_streams_spreads_and_is_cut_by_revocation_and_stop(t
 
             assert await trio.to_thread.run_sync(stream_once)
             # Requests spread across both replicas.
-            gateway = controller.service.inference.gateway
+            gateway = controller.service.gateway
             before = len(gateway.usage)
             async with trio.open_nursery() as nursery:
                 for _ in range(6):

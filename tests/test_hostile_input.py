@@ -309,10 +309,15 @@ async def test_huge_integers_are_400s_naming_the_field(controller):
 
 def _api_and_schema_classes() -> list[type]:
     import ficc_core.schema as schema
-    from ficc_core.api import routes_admin, routes_models, routes_system, routes_tokens
-    from ficc_core.inference import manager
+    from ficc_core.api import (
+        routes_admin,
+        routes_inference,
+        routes_models,
+        routes_system,
+        routes_tokens,
+    )
 
-    modules = [schema, routes_admin, routes_models, routes_system, routes_tokens, manager]
+    modules = [schema, routes_admin, routes_inference, routes_models, routes_system, routes_tokens]
     found = {
         value
         for module in modules

@@ -475,7 +475,7 @@ async def test_a_start_arriving_while_the_driver_settles_a_stop_is_acted_on(
     # a start recorded while it settles must be acted on, never lost in between.
     await _gpu_node(controller, "gpu-1")
     model_id = await _tiny_model(controller)
-    reconciler = controller.service.inference.reconciler
+    reconciler = controller.service.reconciler
     settling = trio.Event()
     original = reconciler._stop_all
 

@@ -32,7 +32,7 @@ async def test_one_services_unexpected_exception_is_shown_retried_and_leaves_the
                 services[alias] = created["id"]
             faulty, healthy = services["faulty"], services["healthy"]
 
-            reconciler = controller.service.inference.reconciler
+            reconciler = controller.service.reconciler
             original = reconciler._step
             faulting = True
             raised = 0

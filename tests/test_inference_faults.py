@@ -63,8 +63,10 @@ async def _lose_and_stop(controller, folder, settings_file) -> dict:
         executor.proc.send_signal(signal.SIGKILL)
     finally:
         executor.kill()
+    # The service's own state follows its replica's: once both show it, nothing else
+    # is written before the stop (which names the revision read).
     view = await controller.wait_service(
-        service_id, lambda v: v["replicas"][0]["state"] == "unknown"
+        service_id, lambda v: v["replicas"][0]["state"] == "unknown" and v["state"] == "unknown"
     )
     assert view["replicas"][0]["reason"] == "node_lost"
     assert view["unknown_attempts"] == [lost_attempt]

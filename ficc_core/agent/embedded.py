@@ -15,13 +15,13 @@ import trio
 
 from ..errors import FiccError
 from ..nodelink.links import LocalNodeLink
-from ..plugins import build_plugin_manager
 from .agent import Agent
 from .runtimes import AgentSettings
 
 if TYPE_CHECKING:
     from ..config import Config
     from ..controller.service import Service
+    from ..plugins import ExecutorRegistry
 
 log = logging.getLogger("ficc.agent")
 
@@ -30,12 +30,16 @@ EMBEDDED_PROVIDERS = ("process",)
 
 
 def agent_from_config(
-    config: Config, *, node_id: str, providers: Sequence[str] = EMBEDDED_PROVIDERS
+    config: Config,
+    executors: ExecutorRegistry,
+    *,
+    node_id: str,
+    providers: Sequence[str] = EMBEDDED_PROVIDERS,
 ) -> Agent:
-    """Build an agent with the installed providers, its settings file and lease duration."""
-    plugins = build_plugin_manager()
+    """Build an agent with the named providers of ``executors`` (the process's plugin set),
+    its settings file and lease duration."""
     return Agent.from_plugins(
-        plugins.executors,
+        executors,
         names=providers,
         state_dir=config.agent_path,
         node_id=node_id,
@@ -60,13 +64,14 @@ async def run_embedded_agent(
 ) -> None:
     """Run the local agent as node ``config.node_name`` until cancelled.
 
+    Its providers come from the controller's plugin set (``service.plugins``).
     Reports ``None`` (and returns) when no executor provider is installed, so a
     controller without one still serves its API.
     """
     config = service.config
     node_id = config.node_name
     try:
-        agent = agent_from_config(config, node_id=node_id)
+        agent = agent_from_config(config, service.plugins.executors, node_id=node_id)
     except FiccError as exc:
         log.warning("no embedded agent: %s", exc.message)
         task_status.started(None)

@@ -10,18 +10,51 @@ Each control action is its own route so the scope table can name its scopes.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+import attrs
 from quart import Response, g, jsonify
 
-from ..inference import CONTROL_ACTIONS, ControlBody, ReplaceBody, TokenBody
+from ..inference import CONTROL_ACTIONS
+from ..schema import FieldError
+from ..schema._convert import MAX_SAFE_INTEGER, integer
 from .bodies import query_number, read_json, read_json_object
 from .views_auth import credential_view, issued_view, revocation_view
+from .views_inference import preview_view, service_view, usage_view
 
 if TYPE_CHECKING:
     from quart_trio import QuartTrio
 
     from ..controller.service import Service
+
+
+@attrs.frozen(kw_only=True)
+class ControlBody:
+    """``POST /inference/{id}/control/{action}``."""
+
+    revision: int = integer(0, MAX_SAFE_INTEGER)
+    acknowledge_unknown: bool = False
+
+
+@attrs.frozen(kw_only=True)
+class ReplaceBody:
+    """``PUT /inference/{id}``: the revision read, and the new specification."""
+
+    revision: int = integer(0, MAX_SAFE_INTEGER)
+    spec: dict[str, Any]
+
+
+def _positive_lifetime(_instance: Any, attribute: attrs.Attribute, value: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise FieldError(attribute.name, "must be a positive number of seconds")
+
+
+@attrs.frozen(kw_only=True)
+class TokenBody:
+    """``POST /inference/{id}/tokens``: how long the invoke credential lives, in seconds."""
+
+    lifetime: float = attrs.field(validator=_positive_lifetime)
+    name: str | None = None
 
 
 def register(app: QuartTrio, service: Service) -> None:
@@ -31,34 +64,46 @@ def register(app: QuartTrio, service: Service) -> None:
 
     @app.get("/api/v1/inference", endpoint="inference_list")
     async def inference_list() -> Response:
-        return jsonify({"services": await inference.list(g.principal.project_id)})
+        services = await inference.list(g.principal.project_id)
+        return jsonify({"services": [service_view(detail) for detail in services]})
 
     @app.get("/api/v1/inference/<service_id>", endpoint="inference_get")
     async def inference_get(service_id: str) -> Response:
-        return jsonify(await inference.get(g.principal.project_id, service_id))
+        return jsonify(service_view(await inference.get(g.principal.project_id, service_id)))
 
     @app.get("/api/v1/inference/<service_id>/usage", endpoint="inference_usage")
     async def inference_usage(service_id: str) -> Response:
         since = query_number("since")  # seconds since the epoch
-        return jsonify(await inference.usage_summary(g.principal.project_id, service_id, since))
+        summary = await inference.usage_summary(g.principal.project_id, service_id, since)
+        return jsonify(usage_view(summary))
 
     @app.post("/api/v1/inference/preview", endpoint="inference_preview")
     async def inference_preview() -> Response:
-        return jsonify(await inference.preview(g.principal, await read_json_object(limit)))
+        preview = await inference.preview(g.principal, await read_json_object(limit))
+        return jsonify(preview_view(preview))
 
     @app.post("/api/v1/inference", endpoint="inference_create")
     async def inference_create() -> tuple[Response, int]:
-        return jsonify(await inference.create(g.principal, await read_json_object(limit))), 201
+        created = await inference.create(g.principal, await read_json_object(limit))
+        return jsonify(service_view(created)), 201
 
     @app.put("/api/v1/inference/<service_id>", endpoint="inference_replace")
     async def inference_replace(service_id: str) -> Response:
         body = await read_json(ReplaceBody, limit)
-        return jsonify(await inference.replace(g.principal, service_id, body.revision, body.spec))
+        replaced = await inference.replace(g.principal, service_id, body.revision, body.spec)
+        return jsonify(service_view(replaced))
 
     def control_route(action: str) -> None:
         async def control(service_id: str) -> Response:
             body = await read_json(ControlBody, limit)
-            return jsonify(await inference.control(g.principal, service_id, action, body))
+            controlled = await inference.control(
+                g.principal,
+                service_id,
+                action,
+                revision=body.revision,
+                acknowledge_unknown=body.acknowledge_unknown,
+            )
+            return jsonify(service_view(controlled))
 
         app.add_url_rule(
             f"/api/v1/inference/<service_id>/control/{action}",
@@ -73,8 +118,10 @@ def register(app: QuartTrio, service: Service) -> None:
     @app.post("/api/v1/inference/<service_id>/tokens", endpoint="inference_tokens_create")
     async def inference_tokens_create(service_id: str) -> tuple[Response, int]:
         body = await read_json(TokenBody, limit)
-        credential, token = await inference.create_token(g.principal, service_id, body)
-        return jsonify(issued_view(credential, token)), 201
+        record, token = await inference.create_token(
+            g.principal, service_id, lifetime=body.lifetime, name=body.name
+        )
+        return jsonify(issued_view(record, token)), 201
 
     @app.get("/api/v1/inference/<service_id>/tokens", endpoint="inference_tokens_list")
     async def inference_tokens_list(service_id: str) -> Response:

@@ -107,7 +107,7 @@ class InvokeRoutes:
                     return  # the client left before it finished sending
             else:
                 body = b""
-            gateway = self.service.inference.gateway
+            gateway = self.service.gateway
             async with gateway.open_response(service_id, path, body, principal) as response:
                 status, answered = response.status, True
                 await self._relay(scope, receive, send, response)

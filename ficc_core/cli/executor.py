@@ -82,6 +82,7 @@ async def _executor(
     from ..agent.embedded import agent_from_config
     from ..agent.remote import RemoteAgent
     from ..agent.staging import stager_from_settings
+    from ..plugins import build_plugin_manager
 
     context = None
     if config.ca_bundle is not None and controller.startswith("https"):
@@ -91,8 +92,11 @@ async def _executor(
         click.echo(f"ficc executor: connected to {controller} as node {node_id}")
         sys.stdout.flush()
 
+    # One plugin set for the process (entry points are read off the event loop).
+    executors = (await trio.to_thread.run_sync(build_plugin_manager)).executors
+
     def make_agent(node_id: str) -> Agent:
-        agent = agent_from_config(config, node_id=node_id, providers=providers)
+        agent = agent_from_config(config, executors, node_id=node_id, providers=providers)
         # Blob inputs this node lacks are fetched from the controller before a launch.
         agent.stager = stager_from_settings(
             config.agent_path, controller, credential, agent.settings, ssl_context=context

@@ -1,12 +1,13 @@
-"""The controller as one object: configuration, store, authentication, models, metrics.
+"""The controller as one object, assembled in one function: :func:`open_service`.
 
-The HTTP routes, the CLI and (later) federation transports all work through a
-:class:`Service`; nothing reaches the store around it.
+Every component is built once, there, with its collaborators passed to its
+constructor; the HTTP routes, the CLI and the embedded agent all work through the
+:class:`Service` it yields, and nothing reaches the store around it.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -18,12 +19,13 @@ from ..auth.throttle import LoginThrottle
 from ..config import Config
 from ..contributors import NodeRegistry
 from ..gateway import Gateway
-from ..inference import InferenceManager, LiveTable, Reconciler
+from ..inference import InferenceManager, LiveTable, ModelContexts, Reconciler, UsageLedger
 from ..metrics import Metrics
 from ..models.acquire import Acquirer
 from ..models.blobs import BlobStore
 from ..models.fetch import FetchPolicy, make_client
 from ..models.registry import ModelRegistry
+from ..plugins import PluginSet, build_plugin_manager
 from ..store import Store, open_sqlite_store
 
 if TYPE_CHECKING:
@@ -36,15 +38,23 @@ class Service:
 
     config: Config
     store: Store
+    #: The process's one plugin set: the engine adapters and the executor providers.
+    plugins: PluginSet
     auth: AuthService
     blobs: BlobStore
     models: ModelRegistry
     metrics: Metrics
     contributors: NodeRegistry
-    #: Managed inference services; ``inference.gateway`` serves their invoke routes.
+    #: Managed inference services (what operators ask).
     inference: InferenceManager
+    #: Drives the services' attempts (running only with ``background``).
+    reconciler: Reconciler
     #: The routing view the reconciler publishes and the gateway reads.
     live: LiveTable
+    #: Serves the services' invoke routes.
+    gateway: Gateway
+    #: Every invoke request's usage, written in batches.
+    usage: UsageLedger
 
     @property
     def fetch_policy(self) -> FetchPolicy:
@@ -71,13 +81,26 @@ class Service:
 
 
 @asynccontextmanager
-async def open_service(config: Config, *, background: bool = False) -> AsyncIterator[Service]:
+async def open_service(
+    config: Config,
+    *,
+    background: bool = False,
+    plugins: PluginSet | None = None,
+    gateway_options: Mapping[str, Any] | None = None,
+) -> AsyncIterator[Service]:
     """Open the store (running migrations) and yield the :class:`Service`; close on exit.
 
     With ``background``, the controller's own tasks run too (acquisitions resume,
-    node states follow heartbeats);
-    ``ficc serve`` asks for them, one-shot admin commands do not.
+    node states follow heartbeats, the reconciler drives the services, usage is
+    written); ``ficc serve`` asks for them, one-shot admin commands do not.
+
+    :param plugins: the plugin set to use (by default the installed plugins are loaded,
+        once for the process).
+    :param gateway_options: the gateway's tuning (queue bounds, attempts, send grace),
+        as :class:`~ficc_core.gateway.Gateway` keywords; tests narrow them.
     """
+    if plugins is None:
+        plugins = await trio.to_thread.run_sync(build_plugin_manager)
     store = await open_sqlite_store(config.database_path, readers=config.store_read_threads)
     try:
         blobs = await trio.to_thread.run_sync(BlobStore, config.blobs_path, store)
@@ -106,29 +129,50 @@ async def open_service(config: Config, *, background: bool = False) -> AsyncIter
             lost_after=config.lost_after,
         )
         live = LiveTable()
-        inference = InferenceManager(
+        contexts = ModelContexts(models=models, blobs=blobs)
+        usage = UsageLedger(store)
+        reconciler = Reconciler(
             store=store,
-            config=config,
-            auth=auth,
-            models=models,
-            blobs=blobs,
             contributors=contributors,
             live=live,
+            adapters=plugins.adapters,
+            contexts=contexts,
+            blobs=blobs,
+            retry_max=config.replica_retry_max,
         )
-        inference.gateway = Gateway(
-            live=live, contributors=contributors, auth=auth, metrics=metrics, config=config
+        inference = InferenceManager(
+            store=store,
+            auth=auth,
+            adapters=plugins.adapters,
+            contexts=contexts,
+            live=live,
+            usage=usage,
+            drain_timeout=config.drain_timeout,
+            notify=reconciler.wake,
         )
-        inference.gateway.usage_sinks.append(inference.usage.record)
+        gateway = Gateway(
+            live=live,
+            contributors=contributors,
+            auth=auth,
+            metrics=metrics,
+            config=config,
+            usage_sinks=[usage.record],
+            **(gateway_options or {}),
+        )
         service = Service(
             config=config,
             store=store,
+            plugins=plugins,
             auth=auth,
             blobs=blobs,
             models=models,
             metrics=metrics,
             contributors=contributors,
             inference=inference,
+            reconciler=reconciler,
             live=live,
+            gateway=gateway,
+            usage=usage,
         )
         if not background:
             yield service
@@ -136,10 +180,9 @@ async def open_service(config: Config, *, background: bool = False) -> AsyncIter
         async with trio.open_nursery() as nursery:
             await nursery.start(models.run)
             await nursery.start(acquirer.run)
-            await nursery.start(service.contributors.run)
-            inference.reconciler = Reconciler(inference)
-            await nursery.start(inference.reconciler.run)
-            await nursery.start(inference.usage.run)
+            await nursery.start(contributors.run)
+            await nursery.start(reconciler.run)
+            await nursery.start(usage.run)
             await nursery.start(auth.watch_revocations)
             yield service
             nursery.cancel_scope.cancel()

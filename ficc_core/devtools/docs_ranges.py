@@ -36,8 +36,8 @@ _NAMED = {
 
 def api_bodies() -> list[tuple[str, type]]:
     """The routes whose JSON bodies hold numbers, and the class each body is."""
+    from ..api.routes_inference import ControlBody, ReplaceBody
     from ..api.routes_models import ChunkBody
-    from ..inference.manager import ControlBody, ReplaceBody
     from ..schema import ModelManifest, Specification
 
     return [

@@ -1,29 +1,29 @@
 """Managed inference services: specification, placement, revisions, reconciliation."""
 
+from .errors import PlacementFailed, StaleRevision, UnknownOutcome
 from .live import LiveReplica, LiveService, LiveTable
-from .manager import (
-    CONTROL_ACTIONS,
-    ControlBody,
-    InferenceManager,
-    PlacementFailed,
-    ReplaceBody,
-    StaleRevision,
-    TokenBody,
-    UnknownOutcome,
-)
+from .manager import CONTROL_ACTIONS, InferenceManager, Preview
+from .model_context import ModelContext, ModelContexts
 from .reconciler import Reconciler
+from .records import AttemptState, Desired, ServiceDetail, ServiceState
+from .usage import UsageLedger
 
 __all__ = [
     "CONTROL_ACTIONS",
-    "ControlBody",
+    "AttemptState",
+    "Desired",
     "InferenceManager",
     "LiveReplica",
     "LiveService",
     "LiveTable",
+    "ModelContext",
+    "ModelContexts",
     "PlacementFailed",
+    "Preview",
     "Reconciler",
-    "ReplaceBody",
+    "ServiceDetail",
+    "ServiceState",
     "StaleRevision",
-    "TokenBody",
     "UnknownOutcome",
+    "UsageLedger",
 ]

@@ -15,14 +15,12 @@ sentence an operator can act on.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
 
-from ..schema import ExecutorSnapshot, Specification, digest, structure
-from ..schema import SchemaError as _SchemaError
+from ..schema import ExecutorSnapshot, Specification, digest
 
 GIB = 1024**3
 _EPSILON = 1e-9
@@ -154,23 +152,6 @@ class _Used:
         self.disk += reservation.disk_bytes
         for index, size in reservation.gpus:
             self.gpus[index] = self.gpus.get(index, 0) + size
-
-
-def node_state_from_row(row: Mapping[str, Any]) -> NodeState:
-    """A :class:`NodeState` from a ``nodes`` row (a snapshot that no longer parses is None)."""
-    snapshot = None
-    if row.get("snapshot"):
-        try:
-            snapshot = structure(json.loads(row["snapshot"]), ExecutorSnapshot)
-        except (_SchemaError, ValueError):
-            snapshot = None
-    labels = json.loads(row.get("labels") or "{}")
-    return NodeState(
-        node_id=row["id"],
-        state=row["state"],
-        snapshot=snapshot,
-        embedded=labels.get("ficc/embedded") == "true",
-    )
 
 
 def _node_reasons(
@@ -409,40 +390,11 @@ def _copy(used: _Used) -> _Used:
     return _Used(used.cpus, used.memory, used.disk, dict(used.gpus))
 
 
-def reservation_from_row(row: Mapping[str, Any]) -> Reservation:
-    """A :class:`Reservation` from an ``inference_reservations`` row."""
-    return Reservation(
-        service_id=row["service_id"],
-        replica=row["replica"],
-        node_id=row["node_id"],
-        cpus=row["cpus"],
-        memory_bytes=row["memory_bytes"],
-        disk_bytes=row["disk_bytes"],
-        gpus=tuple((int(i), int(m)) for i, m in json.loads(row["gpus"])),
-    )
-
-
-def reservation_row(reservation: Reservation) -> tuple[Any, ...]:
-    """The column values of ``reservation`` (without ``created_at``)."""
-    return (
-        reservation.service_id,
-        reservation.replica,
-        reservation.node_id,
-        reservation.cpus,
-        reservation.memory_bytes,
-        reservation.disk_bytes,
-        json.dumps([list(gpu) for gpu in reservation.gpus]),
-    )
-
-
 __all__: Sequence[str] = [
     "NodeState",
     "Plan",
     "Reason",
     "ReplicaPlan",
     "Reservation",
-    "node_state_from_row",
     "plan",
-    "reservation_from_row",
-    "reservation_row",
 ]

@@ -11,37 +11,18 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from typing import TYPE_CHECKING, Any
 
+import attrs
 import trio
 
 from ..store import Store, Transaction
-
-if TYPE_CHECKING:
-    from ..gateway import UsageRecord
+from . import repository
+from .records import UsageEntry, UsageSummary
 
 log = logging.getLogger("ficc.inference.usage")
 
-_COLUMNS = (
-    "service_id",
-    "generation",
-    "replica",
-    "node_id",
-    "credential_id",
-    "path",
-    "status",
-    "outcome",
-    "prompt_tokens",
-    "completion_tokens",
-    "queue_wait",
-    "ttfb",
-    "duration",
-    "finished_at",
-)
-_INSERT = (
-    f"INSERT INTO inference_usage ({', '.join(_COLUMNS)})"
-    f" VALUES ({', '.join('?' for _ in _COLUMNS)})"
-)
+#: What of a gateway's usage record is kept.
+_ENTRY_FIELDS = tuple(field.name for field in attrs.fields(UsageEntry))
 
 
 class UsageLedger:
@@ -55,16 +36,21 @@ class UsageLedger:
     def __init__(self, store: Store, *, period: float = 1.0, capacity: int = 100_000) -> None:
         self.store = store
         self.period = period
-        self._pending: deque[tuple[Any, ...]] = deque(maxlen=capacity)
+        self._pending: deque[UsageEntry] = deque(maxlen=capacity)
         self._wake = trio.Event()
         #: Records dropped because the buffer overflowed before a write.
         self.dropped = 0
 
-    def record(self, usage: UsageRecord) -> None:
-        """Queue one request's usage (called by the gateway; never blocks)."""
+    def record(self, usage: object) -> None:
+        """Queue one request's usage (called by the gateway; never blocks).
+
+        ``usage`` is the gateway's ``UsageRecord``, read by the fields of
+        :class:`UsageEntry` (so this package does not import the gateway, which
+        imports it).
+        """
         if len(self._pending) == self._pending.maxlen:
             self.dropped += 1
-        self._pending.append(tuple(getattr(usage, column) for column in _COLUMNS))
+        self._pending.append(UsageEntry(**{name: getattr(usage, name) for name in _ENTRY_FIELDS}))
 
     async def flush(self) -> int:
         """Write every queued record now; return how many were written."""
@@ -74,8 +60,7 @@ class UsageLedger:
         self._pending.clear()
 
         def write(tx: Transaction) -> None:
-            for row in batch:
-                tx.execute(_INSERT, row)
+            repository.insert_usage(tx, batch)
 
         await self.store.write(write)
         return len(batch)
@@ -96,40 +81,9 @@ class UsageLedger:
 
     async def summary(
         self, service_id: str, *, since: float | None = None, recent: int = 50
-    ) -> dict[str, Any]:
+    ) -> UsageSummary:
         """Totals, per-credential totals and the latest requests of one service."""
         await self.flush()
-        start = 0.0 if since is None else since
-
-        def read(tx: Transaction) -> dict[str, Any]:
-            totals = tx.fetch_one(
-                "SELECT COUNT(*) AS requests,"
-                " SUM(CASE WHEN outcome NOT IN ('ok', 'cancelled') THEN 1 ELSE 0 END) AS errors,"
-                " COALESCE(SUM(prompt_tokens), 0) AS prompt_tokens,"
-                " COALESCE(SUM(completion_tokens), 0) AS completion_tokens,"
-                " AVG(ttfb) AS mean_ttfb, AVG(duration) AS mean_duration"
-                " FROM inference_usage WHERE service_id = ? AND finished_at >= ?",
-                (service_id, start),
-            )
-            by_credential = tx.fetch_all(
-                "SELECT credential_id, COUNT(*) AS requests,"
-                " COALESCE(SUM(prompt_tokens), 0) AS prompt_tokens,"
-                " COALESCE(SUM(completion_tokens), 0) AS completion_tokens"
-                " FROM inference_usage WHERE service_id = ? AND finished_at >= ?"
-                " GROUP BY credential_id ORDER BY credential_id",
-                (service_id, start),
-            )
-            latest = tx.fetch_all(
-                f"SELECT {', '.join(_COLUMNS)} FROM inference_usage"
-                " WHERE service_id = ? AND finished_at >= ? ORDER BY id DESC LIMIT ?",
-                (service_id, start, recent),
-            )
-            return {
-                "service_id": service_id,
-                "since": since,
-                "totals": {**totals, "errors": totals["errors"] or 0},
-                "by_credential": by_credential,
-                "recent": latest,
-            }
-
-        return await self.store.read(read)
+        return await self.store.read(
+            lambda tx: repository.usage_summary(tx, service_id, since, recent)
+        )

@@ -1,0 +1,87 @@
+"""The JSON views of inference services, their previews and their usage."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from ..inference import Preview, ServiceDetail
+from ..inference.records import AttemptRecord, AttemptState, ServiceState, UsageSummary
+from ..schema import unstructure
+
+
+def service_view(detail: ServiceDetail) -> dict[str, Any]:
+    """A service as the API shows it: specification, revision, generation, replicas."""
+    service, attempts = detail.service, detail.attempts
+    spec = service.document()
+    held = {r.replica: r.to_json() for r in detail.reservations}
+    latest: dict[int, AttemptRecord] = {}
+    for attempt in attempts:
+        current = latest.get(attempt.replica)
+        if current is None or (attempt.generation, attempt.number) > (
+            current.generation,
+            current.number,
+        ):
+            latest[attempt.replica] = attempt
+    replicas = []
+    for index, placement in enumerate(spec["placements"]):
+        last = latest.get(index)
+        replicas.append(
+            {
+                "index": index,
+                "node_id": placement["node_id"],
+                "state": "stopped" if last is None else str(last.state),
+                "reason": None if last is None else last.reason,
+                "message": None if last is None else last.message,
+                "generation": None if last is None else last.generation,
+                "attempt": None if last is None else last.number,
+                "attempt_id": None if last is None else last.attempt_id,
+                "plan_digest": None if last is None else last.plan_digest,
+                "reservation": held.get(index),
+            }
+        )
+    unknown = [a.attempt_id for a in attempts if a.state == AttemptState.UNKNOWN and not a.released]
+    reason = service.reason
+    if unknown and service.state in (ServiceState.STOPPED, ServiceState.REMOVING):
+        # Derived from the attempts held now, never stored: it cannot outlive them.
+        count = len({a.replica for a in attempts if a.attempt_id in unknown})
+        reason = f"{count} replica(s) have an unknown outcome; " + (
+            "start with acknowledge_unknown: true to give them up"
+            if service.state == ServiceState.STOPPED
+            else "the service is removed once their node is back or revoked"
+        )
+    return {
+        "id": service.id,
+        "project_id": service.project_id,
+        "alias": service.alias,
+        "model_id": service.model_id,
+        "engine": spec["engine"],
+        "spec": spec,
+        "revision": service.revision,
+        "generation": service.generation,
+        "desired": str(service.desired),
+        "state": str(service.state),
+        "reason": reason,
+        "plan_digest": service.plan_digest,
+        "replicas": replicas,
+        "unknown_attempts": unknown,
+        "created_at": service.created_at,
+        "updated_at": service.updated_at,
+    }
+
+
+def preview_view(preview: Preview) -> dict[str, Any]:
+    """A preview: the specification as checked, and the plan."""
+    return {"spec": unstructure(preview.specification), **preview.plan.to_json()}
+
+
+def usage_view(summary: UsageSummary) -> dict[str, Any]:
+    """A service's usage: totals, per-credential totals and the latest requests."""
+    return {
+        "service_id": summary.service_id,
+        "since": summary.since,
+        "totals": attrs.asdict(summary.totals),
+        "by_credential": [attrs.asdict(row) for row in summary.by_credential],
+        "recent": [attrs.asdict(row) for row in summary.recent],
+    }

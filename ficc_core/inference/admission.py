@@ -1,0 +1,123 @@
+"""Admitting a specification: its checks (engine, model, adapter) and its placement.
+
+A specification is checked field by field (every refusal names its path), then
+placed beside every other service's reservations in the transaction that records
+it, so two submissions never both take the last GPU.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ..errors import FiccError
+from ..schema import FieldError, SchemaError, Specification, structure
+from ..store import Transaction
+from . import repository
+from .errors import PlacementFailed
+from .placement import Plan, plan
+
+if TYPE_CHECKING:
+    from ..plugins import AdapterRegistry
+    from .model_context import ModelContext, ModelContexts
+
+
+async def check_specification(
+    document: Any, project_id: str, *, adapters: AdapterRegistry, contexts: ModelContexts
+) -> tuple[Specification, ModelContext]:
+    """Structure and check a specification; every refusal names its field path."""
+    specification = structure(document, Specification, what="specification")
+    errors: list[dict[str, str]] = []
+    if specification.engine not in adapters:
+        installed = ", ".join(sorted(adapters)) or "none"
+        errors.append(
+            {
+                "path": "$.engine",
+                "message": f"no engine adapter {specification.engine!r} is installed "
+                f"(installed: {installed}); see 'ficc plugins'",
+            }
+        )
+    if specification.tensor_split is not None:
+        for index, placement in enumerate(specification.placements):
+            gpus = len(placement.limits.gpus)
+            if gpus != len(specification.tensor_split):
+                errors.append(
+                    {
+                        "path": "$.tensor_split",
+                        "message": f"lists {len(specification.tensor_split)} share(s), but "
+                        f"placement {index} reserves {gpus} GPU(s); give one share per GPU",
+                    }
+                )
+                break
+    model = await contexts.get(project_id, specification.model_id)
+    if not errors:
+        adapter = adapters[specification.engine]
+        for index, placement in enumerate(specification.placements):
+            try:
+                adapter.job(specification, model.record, placement, model.inputs)
+            except FieldError as exc:
+                errors.append({"path": f"$.{exc.field}", "message": exc.message})
+                break
+            except FiccError:
+                raise
+            except Exception as exc:  # a third-party adapter's own refusal
+                errors.append(
+                    {
+                        "path": "$",
+                        "message": f"the {specification.engine} adapter refused placement "
+                        f"{index}: {type(exc).__name__}: {exc}",
+                    }
+                )
+                break
+    if errors:
+        raise SchemaError(errors, what="specification")
+    return specification, model
+
+
+def plan_in(
+    tx: Transaction, service_id: str, specification: Specification, model: ModelContext
+) -> Plan:
+    """Plan ``specification`` beside every reservation but the service's own, in ``tx``."""
+    node_ids = list(dict.fromkeys(p.node_id for p in specification.placements))
+    return plan(
+        service_id,
+        specification,
+        repository.node_states(tx, node_ids),
+        repository.reservations_but(tx, service_id),
+        model_bytes=model.size,
+        model_revision=model.record.revision,
+    )
+
+
+def refuse_plan(result: Plan) -> PlacementFailed:
+    """The refusal of a plan that does not fit: its first reason, and every one in details."""
+    reasons = result.reasons()
+    first = reasons[0]["message"]
+    more = f" (and {len(reasons) - 1} more reason(s))" if len(reasons) > 1 else ""
+    return PlacementFailed(
+        f"the service does not fit: {first}{more}; preview it to see every reason",
+        details={"reasons": reasons, "plan": result.to_json()},
+    )
+
+
+def place(
+    tx: Transaction, service_id: str, specification: Specification, model: ModelContext
+) -> Plan:
+    """A plan that fits; refuse with :class:`PlacementFailed` otherwise."""
+    result = plan_in(tx, service_id, specification, model)
+    if not result.fits:
+        raise refuse_plan(result)
+    return result
+
+
+def reserve(
+    tx: Transaction,
+    service_id: str,
+    specification: Specification,
+    model: ModelContext,
+    now: float,
+) -> Plan:
+    """Place ``specification`` and replace the service's reservations with the plan's."""
+    result = place(tx, service_id, specification, model)
+    repository.delete_reservations(tx, service_id)
+    repository.insert_reservations(tx, result.reservations, now)
+    return result

@@ -1,0 +1,361 @@
+"""One attempt's life on its node: launched, watched until it ends, stopped.
+
+``pending`` → ``staging`` (a remote node stages the model's files it lacks) or
+``launching`` → ``loading`` (the engine is up, its readiness probe not yet
+answering) → ``ready``. An attempt that ends by itself or never becomes ready is
+``failed``; one whose node is lost while it runs becomes ``unknown``. An attempt
+is ``released`` once its executor confirmed it ended (or it was given up): only
+then may its reservation go.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import trio
+
+from ..errors import FiccError
+from ..executor.errors import StaleFence, UnknownAttempt
+from ..schema import Specification, Workload, canonical_json
+from .records import ENDED, AttemptRecord, AttemptState, ServiceRecord
+
+if TYPE_CHECKING:
+    from ..contributors import NodeRegistry
+    from ..models.blobs import BlobStore
+    from ..plugins import AdapterRegistry
+    from .model_context import ModelContext, ModelContexts
+    from .observed import Observations
+
+log = logging.getLogger("ficc.inference")
+
+#: How long a stopped engine has to end before its executor kills it, in seconds.
+STOP_GRACE = 10.0
+
+
+def new_attempt_id(service_id: str, index: int, generation: int, number: int) -> str:
+    """A fresh attempt id that says which service, replica, generation and try it is."""
+    return f"{service_id}.r{index}.g{generation}.a{number}.{secrets.token_hex(3)}"
+
+
+class Attempts:
+    """Launches, watches and stops attempts through the nodes' links.
+
+    :param observations: where each attempt's state is recorded.
+    :param contributors: the nodes (launch, status, stop; whether one is connected here).
+    :param adapters: the engine adapters that turn a replica into a job.
+    :param contexts: the verified models' job inputs (each read once, then kept).
+    :param blobs: where the embedded node's model directories are assembled.
+    :param clock: seconds since the epoch, for the records' times.
+    :param ready_period: seconds between status checks of a ready attempt.
+    :param loading_period: seconds between status checks of a loading one.
+    """
+
+    def __init__(
+        self,
+        *,
+        observations: Observations,
+        contributors: NodeRegistry,
+        adapters: AdapterRegistry,
+        contexts: ModelContexts,
+        blobs: BlobStore,
+        clock: Callable[[], float],
+        ready_period: float = 1.0,
+        loading_period: float = 0.2,
+    ) -> None:
+        self.observations = observations
+        self.contributors = contributors
+        self.adapters = adapters
+        self.contexts = contexts
+        self.blobs = blobs
+        self.clock = clock
+        self.ready_period = ready_period
+        self.loading_period = loading_period
+        self._models: dict[tuple[str, str], ModelContext] = {}
+
+    async def model(self, record: ServiceRecord, specification: Specification) -> ModelContext:
+        """The service's model context (read once per project and model)."""
+        key = (record.project_id, specification.model_id)
+        model = self._models.get(key)
+        if model is None:
+            model = await self.contexts.get(record.project_id, specification.model_id)
+            self._models[key] = model
+        return model
+
+    async def capabilities(
+        self, record: ServiceRecord, specification: Specification
+    ) -> tuple[str, ...] | None:
+        """What the engine serves (for an attempt this reconciler did not launch): the
+        adapter's translation is pure, so ask it. None when it cannot be computed."""
+        try:
+            model = await self.model(record, specification)
+            job = self.adapters[specification.engine].job(
+                specification, model.record, specification.placements[0], model.inputs
+            )
+        except Exception as exc:
+            log.warning("service %s: cannot compute its capabilities: %s", record.id, exc)
+            return None
+        return tuple(job.capabilities)
+
+    # -- launching ---------------------------------------------------------------------------
+
+    async def launch(
+        self, record: ServiceRecord, specification: Specification, index: int, number: int
+    ) -> tuple[str, ...] | None:
+        """Record and launch attempt ``number`` of replica ``index``.
+
+        Returns the launched job's capabilities; None when the job was refused.
+        """
+        service_id = record.id
+        placement = specification.placements[index]
+        generation = record.generation
+        attempt_id = new_attempt_id(service_id, index, generation, number)
+        provider = specification.runtime.executor_provider
+        now = self.clock()
+        await self.observations.add_attempt(
+            AttemptRecord(
+                attempt_id=attempt_id,
+                service_id=service_id,
+                replica=index,
+                generation=generation,
+                number=number,
+                node_id=placement.node_id,
+                provider=provider,
+                state=AttemptState.PENDING,
+                created_at=now,
+                updated_at=now,
+            )
+        )
+        try:
+            model = await self.model(record, specification)
+            adapter = self.adapters[specification.engine]
+            job = adapter.job(specification, model.record, placement, model.inputs)
+        except Exception as exc:  # the model vanished, or the adapter refused
+            message = exc.message if isinstance(exc, FiccError) else f"{type(exc).__name__}: {exc}"
+            await self._end(
+                service_id, attempt_id, AttemptState.FAILED, "job_refused", message=message
+            )
+            return None
+        workload = Workload(
+            workload_id=f"{service_id}/{index}",
+            project_id=record.project_id,
+            node_id=placement.node_id,
+            runtime=specification.runtime,
+            argv=job.argv,
+            limits=placement.limits,
+            generation=generation,
+            model_revision=model.record.revision,
+            endpoint=job.endpoint,
+        )
+        fence = workload.fence(attempt_id)
+        # A remote node first stages the model's files it lacks (the embedded node reads
+        # the controller's blob store in place); the launch call covers both.
+        node = await self.observations.node(placement.node_id)
+        embedded = node is not None and node.embedded
+        if embedded and model.directories:
+            try:
+                for files in model.directories.values():
+                    await self.blobs.assemble_tree(files)
+            except FiccError as exc:
+                await self._refused(service_id, attempt_id, exc)
+                return tuple(job.capabilities)
+        await self.observations.set_attempt(
+            service_id,
+            attempt_id,
+            state=AttemptState.LAUNCHING if embedded else AttemptState.STAGING,
+            plan_digest=fence.plan_digest,
+            workload=canonical_json(workload).decode("utf-8"),
+        )
+        try:
+            # Shielded: a launch cut short could leave an engine nobody recorded.
+            with trio.CancelScope(shield=True):
+                status = await self.contributors.launch(
+                    placement.node_id,
+                    provider,
+                    job,
+                    fence,
+                    limits=placement.limits,
+                    runtime=specification.runtime,
+                    blobs=model.blobs,
+                    directories=model.directories,
+                )
+        except FiccError as exc:
+            await self._refused(service_id, attempt_id, exc)
+            return tuple(job.capabilities)
+        await self.observations.set_attempt(
+            service_id,
+            attempt_id,
+            state=AttemptState.READY if status.state == "ready" else AttemptState.LOADING,
+        )
+        return tuple(job.capabilities)
+
+    async def _end(
+        self,
+        service_id: str,
+        attempt_id: str,
+        state: AttemptState,
+        reason: str,
+        message: str | None = None,
+    ) -> None:
+        """The attempt ended (or never started): released, with why (its message kept
+        unless a new one is given)."""
+        extra = {} if message is None else {"message": message}
+        await self.observations.set_attempt(
+            service_id, attempt_id, state=state, reason=reason, released=True, **extra
+        )
+
+    async def _refused(self, service_id: str, attempt_id: str, exc: FiccError) -> None:
+        """The attempt never started (its inputs or its launch were refused): it failed."""
+        await self._end(service_id, attempt_id, AttemptState.FAILED, exc.code, exc.message)
+
+    async def never_launched(self, attempt: AttemptRecord, state: AttemptState) -> None:
+        """An attempt recorded but never sent to its node (the controller stopped between):
+        nothing can be running, so it ends at once."""
+        await self.observations.set_attempt(
+            attempt.service_id,
+            attempt.attempt_id,
+            state=state,
+            reason="never_launched",
+            released=True,
+        )
+
+    # -- watching ------------------------------------------------------------------------------
+
+    async def watch(self, attempt: AttemptRecord) -> None:
+        """Follow an attempt until it ends (failed or unknown) or the caller is cancelled."""
+        if attempt.plan_digest is None:
+            await self.never_launched(attempt, AttemptState.FAILED)
+            return
+        service_id, attempt_id, node_id = attempt.service_id, attempt.attempt_id, attempt.node_id
+        state = attempt.state
+        while True:
+            try:
+                status = await self.contributors.status(node_id, attempt.fence)
+            except (UnknownAttempt, StaleFence):
+                await self._end(
+                    service_id,
+                    attempt_id,
+                    AttemptState.FAILED,
+                    "not_reported",
+                    f"node {node_id} no longer runs attempt {attempt_id}",
+                )
+                return
+            except FiccError as exc:
+                node = await self.observations.node(node_id)
+                if node is None or node.state in ("lost", "revoked"):
+                    await self._node_trouble(attempt, exc)
+                    return
+                await trio.sleep(self.loading_period)
+                continue
+            if status.state == "ready":
+                new = AttemptState.READY
+            elif status.state == "starting":
+                new = AttemptState.LOADING
+            else:
+                await self._end(
+                    service_id,
+                    attempt_id,
+                    AttemptState.FAILED,
+                    status.reason or status.state,
+                    status.message or f"the engine {status.state}",
+                )
+                return
+            if new != state:
+                await self.observations.set_attempt(service_id, attempt_id, state=new)
+                state = new
+            await trio.sleep(
+                self.ready_period if state == AttemptState.READY else self.loading_period
+            )
+
+    async def _node_trouble(self, attempt: AttemptRecord, exc: FiccError) -> None:
+        """The node could not be asked: lost means unknown, revoked means it cannot run it."""
+        node = await self.observations.node(attempt.node_id)
+        if node is not None and node.state == "lost":
+            await self.observations.set_attempt(
+                attempt.service_id,
+                attempt.attempt_id,
+                state=AttemptState.UNKNOWN,
+                reason="node_lost",
+                message=f"node {attempt.node_id} was lost while the attempt ran; whether it "
+                "still runs is unknown",
+            )
+        elif node is None or node.state == "revoked":
+            await self._end(
+                attempt.service_id,
+                attempt.attempt_id,
+                AttemptState.STOPPED,
+                "node_revoked",
+                f"node {attempt.node_id} was revoked; it can no longer run anything",
+            )
+        else:
+            log.info(
+                "attempt %s on node %s: %s; trying again",
+                attempt.attempt_id,
+                attempt.node_id,
+                exc.message,
+            )
+
+    # -- stopping ------------------------------------------------------------------------------
+
+    async def stop(self, attempt: AttemptRecord) -> None:
+        """Ask the attempt's node to stop it; released once the node confirms it ended."""
+        service_id, attempt_id = attempt.service_id, attempt.attempt_id
+        if attempt.state == AttemptState.UNKNOWN:
+            await self._resolve_unknown(attempt)
+            return
+        if attempt.plan_digest is None:
+            await self.never_launched(attempt, AttemptState.STOPPED)
+            return
+        if attempt.state not in ENDED:
+            await self.observations.set_attempt(service_id, attempt_id, state=AttemptState.STOPPING)
+        try:
+            status = await self.contributors.stop(attempt.node_id, attempt.fence, grace=STOP_GRACE)
+        except (UnknownAttempt, StaleFence):
+            # The node does not run it (any more): confirmed ended.
+            await self.observations.set_attempt(
+                service_id,
+                attempt_id,
+                state=attempt.state if attempt.state in ENDED else AttemptState.STOPPED,
+                released=True,
+            )
+            return
+        except FiccError as exc:
+            await self._node_trouble(attempt, exc)
+            return
+        failed = attempt.state == AttemptState.FAILED
+        await self.observations.set_attempt(
+            service_id,
+            attempt_id,
+            state=AttemptState.FAILED if failed else AttemptState.STOPPED,
+            reason=attempt.reason if failed else status.reason or "stopped",
+            released=True,
+        )
+
+    async def _resolve_unknown(self, attempt: AttemptRecord) -> None:
+        """An unknown attempt ends when its node is back and no longer runs it (or is revoked)."""
+        service_id, attempt_id, node_id = attempt.service_id, attempt.attempt_id, attempt.node_id
+        node = await self.observations.node(node_id)
+        if node is None or node.state == "revoked":
+            await self.observations.set_attempt(
+                service_id, attempt_id, reason="node_revoked", released=True
+            )
+            return
+        if node.state != "connected" or not self.contributors.connected_here(node_id):
+            return
+        try:
+            status = await self.contributors.stop(node_id, attempt.fence, grace=STOP_GRACE)
+        except (UnknownAttempt, StaleFence):
+            await self._end(
+                service_id, attempt_id, AttemptState.STOPPED, "not_running_after_reconnect"
+            )
+            return
+        except FiccError:
+            return
+        await self._end(
+            service_id,
+            attempt_id,
+            AttemptState.STOPPED,
+            status.reason or "stopped_after_reconnect",
+        )

@@ -1,0 +1,114 @@
+"""A verified model as a service needs it: its record for the adapters and its job inputs."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import trio
+
+from ..errors import NotFound
+from ..models.records import ModelState
+from ..schema import JobInput, ModelManifest, ModelMetadata, ModelRecord, SchemaError, structure
+from ..schema._convert import MAX_SAFE_INTEGER, integer
+
+if TYPE_CHECKING:
+    from ..models.blobs import BlobStore
+    from ..models.registry import ModelRegistry
+
+log = logging.getLogger("ficc.inference")
+
+
+@attrs.frozen(kw_only=True)
+class ModelContext:
+    """A verified model as the adapters and the launch need it."""
+
+    record: ModelRecord
+    size: int = integer(0, MAX_SAFE_INTEGER)
+    inputs: tuple[JobInput, ...]
+    blobs: Mapping[str, int]
+    directories: Mapping[str, Mapping[str, tuple[str, int]]]
+
+
+def _model_field_error(message: str) -> SchemaError:
+    return SchemaError([{"path": "$.model_id", "message": message}], what="specification")
+
+
+class ModelContexts:
+    """Builds :class:`ModelContext` values, reading each GGUF header once per revision.
+
+    :param models: the model registry the contexts come from.
+    :param blobs: where the verified files are (their paths become job inputs).
+    """
+
+    def __init__(self, *, models: ModelRegistry, blobs: BlobStore) -> None:
+        self.models = models
+        self.blobs = blobs
+        self._metadata: dict[str, ModelMetadata] = {}
+
+    async def get(self, project_id: str, model_id: str) -> ModelContext:
+        """The verified model ``model_id`` of the project, with its job inputs.
+
+        :raises SchemaError: at ``$.model_id`` when it is missing or not verified.
+        """
+        try:
+            model = await self.models.get(project_id, model_id)
+        except NotFound:
+            raise _model_field_error(f"no model {model_id!r} in this project") from None
+        if model.state != ModelState.VERIFIED:
+            raise _model_field_error(
+                f"model {model_id!r} is {model.state}, not verified; "
+                "upload or acquire its files first"
+            )
+        manifest = structure(model.manifest, ModelManifest, what="stored manifest")
+        files = {f.path: f for f in manifest.files}
+        if manifest.format == "gguf":
+            [weights] = [f for f in manifest.files if f.path.endswith(".gguf")] or [
+                manifest.files[0]
+            ]
+            path = self.blobs.published_path(weights.sha256)
+            inputs = (JobInput(id="model", path=str(path), digest="sha256:" + weights.sha256),)
+            directories: dict[str, dict[str, tuple[str, int]]] = {}
+            metadata = await self._gguf_metadata(model.digest, path)
+        else:
+            tree = {p: (f.sha256, f.size) for p, f in files.items()}
+            # Where this machine assembles it (the embedded node reads it in place);
+            # a remote node stages the same files and assembles its own copy.
+            inputs = (JobInput(id="model", path=str(self.blobs.tree_path(tree))),)
+            directories = {"model": tree}
+            metadata = ModelMetadata()
+        record = ModelRecord(
+            id=model.id, revision=model.digest, manifest=manifest, metadata=metadata
+        )
+        return ModelContext(
+            record=record,
+            size=sum(f.size for f in manifest.files),
+            inputs=inputs,
+            blobs={"sha256:" + f.sha256: f.size for f in manifest.files},
+            directories=directories,
+        )
+
+    async def _gguf_metadata(self, revision: str, path: Path | Any) -> ModelMetadata:
+        cached = self._metadata.get(revision)
+        if cached is not None:
+            return cached
+        from ..models.gguf import InvalidGguf, read_gguf_file
+
+        try:
+            header = await trio.to_thread.run_sync(read_gguf_file, path)
+        except (InvalidGguf, OSError) as exc:
+            log.warning("cannot read the GGUF header of %s: %s", path, exc)
+            return ModelMetadata()
+        metadata = ModelMetadata(
+            architecture=header.architecture,
+            context_length=header.context_length,
+            parameter_count=header.parameter_count,
+            quantisation=header.quantisation,
+            chat_template=header.chat_template,
+            embedding=header.embedding,
+        )
+        self._metadata[revision] = metadata
+        return metadata

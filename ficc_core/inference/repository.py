@@ -1,0 +1,406 @@
+"""Every SQL statement of the inference package, as functions of a :class:`Transaction`.
+
+The domain code composes these inside one ``store.read``/``store.write`` so that a
+check and the write it guards happen in one transaction. They take and return the
+records of :mod:`~ficc_core.inference.records` (and placement's
+:class:`~ficc_core.inference.placement.Reservation`/``NodeState``); nothing outside
+this module sees a row. The SQL is what SQLite and PostgreSQL both run.
+
+Tables: ``inference_services``, ``inference_attempts``, ``inference_reservations``,
+``inference_usage``; and two reads of ``nodes`` placement needs in the same
+transaction, and one write of ``node_assignments`` (giving up acknowledged unknown
+attempts together with their service's record).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from ..schema import ExecutorSnapshot, SchemaError, structure
+from ..store import Transaction
+from .placement import NodeState, Reservation
+from .records import (
+    AttemptRecord,
+    CredentialUsage,
+    ServiceDetail,
+    ServiceRecord,
+    UsageEntry,
+    UsageSummary,
+    UsageTotals,
+)
+
+_SERVICE_COLUMNS = (
+    "id, project_id, alias, model_id, spec, revision, generation, desired, state, reason,"
+    " plan_digest, drain_deadline, created_at, updated_at"
+)
+_ATTEMPT_COLUMNS = (
+    "attempt_id, service_id, replica, generation, number, node_id, provider, plan_digest,"
+    " workload, state, reason, message, released, created_at, updated_at"
+)
+_RESERVATION_COLUMNS = (
+    "service_id, replica, node_id, cpus, memory_bytes, disk_bytes, gpus, created_at"
+)
+_USAGE_COLUMNS = (
+    "service_id, generation, replica, node_id, credential_id, path, status, outcome,"
+    " prompt_tokens, completion_tokens, queue_wait, ttfb, duration, finished_at"
+)
+
+
+# -- services --------------------------------------------------------------------------------
+
+
+def _service(row: Mapping[str, Any]) -> ServiceRecord:
+    return ServiceRecord(**row)
+
+
+def service(tx: Transaction, service_id: str) -> ServiceRecord | None:
+    """The service ``service_id``, or None."""
+    row = tx.fetch_one(
+        f"SELECT {_SERVICE_COLUMNS} FROM inference_services WHERE id = ?", (service_id,)
+    )
+    return None if row is None else _service(row)
+
+
+def service_ids(tx: Transaction, project_id: str | None = None) -> list[str]:
+    """The ids of every service (of ``project_id`` when given), oldest first."""
+    if project_id is None:
+        rows = tx.fetch_all("SELECT id FROM inference_services ORDER BY created_at, id")
+    else:
+        rows = tx.fetch_all(
+            "SELECT id FROM inference_services WHERE project_id = ? ORDER BY created_at, id",
+            (project_id,),
+        )
+    return [row["id"] for row in rows]
+
+
+def alias_holder(
+    tx: Transaction, project_id: str, alias: str, *, other_than: str = ""
+) -> str | None:
+    """The id of the project's service called ``alias`` (other than ``other_than``), or None."""
+    row = tx.fetch_one(
+        "SELECT id FROM inference_services WHERE project_id = ? AND alias = ? AND id != ?",
+        (project_id, alias, other_than),
+    )
+    return None if row is None else row["id"]
+
+
+def insert_service(tx: Transaction, record: ServiceRecord) -> None:
+    """Record a new service."""
+    tx.execute(
+        f"INSERT INTO inference_services ({_SERVICE_COLUMNS})"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (
+            record.id,
+            record.project_id,
+            record.alias,
+            record.model_id,
+            record.spec,
+            record.revision,
+            record.generation,
+            str(record.desired),
+            str(record.state),
+            record.reason,
+            record.plan_digest,
+            record.drain_deadline,
+            record.created_at,
+            record.updated_at,
+        ),
+    )
+
+
+def update_service(tx: Transaction, record: ServiceRecord, now: float) -> None:
+    """Write ``record``'s changeable fields and move the service to its next revision."""
+    tx.execute(
+        "UPDATE inference_services SET revision = revision + 1, updated_at = ?, alias = ?,"
+        " model_id = ?, spec = ?, generation = ?, desired = ?, state = ?, reason = ?,"
+        " plan_digest = ?, drain_deadline = ? WHERE id = ?",
+        (
+            now,
+            record.alias,
+            record.model_id,
+            record.spec,
+            record.generation,
+            str(record.desired),
+            str(record.state),
+            record.reason,
+            record.plan_digest,
+            record.drain_deadline,
+            record.id,
+        ),
+    )
+
+
+def bump(tx: Transaction, service_id: str, now: float) -> None:
+    """Move the service to its next revision (one of its attempts changed)."""
+    tx.execute(
+        "UPDATE inference_services SET revision = revision + 1, updated_at = ? WHERE id = ?",
+        (now, service_id),
+    )
+
+
+def delete_service(tx: Transaction, service_id: str) -> None:
+    """Forget a removed service (its attempts and reservations go with it)."""
+    tx.execute("DELETE FROM inference_services WHERE id = ?", (service_id,))
+
+
+def detail(tx: Transaction, service_id: str) -> ServiceDetail | None:
+    """The service with its attempts and reservations, or None."""
+    record = service(tx, service_id)
+    if record is None:
+        return None
+    return ServiceDetail(
+        service=record,
+        attempts=tuple(attempts(tx, service_id)),
+        reservations=tuple(reservations(tx, service_id)),
+    )
+
+
+# -- attempts --------------------------------------------------------------------------------
+
+
+def attempts(tx: Transaction, service_id: str) -> list[AttemptRecord]:
+    """The service's attempts, by replica, generation and number."""
+    return [
+        AttemptRecord(**row)
+        for row in tx.fetch_all(
+            f"SELECT {_ATTEMPT_COLUMNS} FROM inference_attempts WHERE service_id = ?"
+            " ORDER BY replica, generation, number",
+            (service_id,),
+        )
+    ]
+
+
+def unreleased_attempts(tx: Transaction, service_id: str) -> list[AttemptRecord]:
+    """The service's attempts whose end the executor has not confirmed (nor was given up)."""
+    return [a for a in attempts(tx, service_id) if not a.released]
+
+
+def attempt(tx: Transaction, attempt_id: str) -> AttemptRecord | None:
+    """The attempt ``attempt_id``, or None."""
+    row = tx.fetch_one(
+        f"SELECT {_ATTEMPT_COLUMNS} FROM inference_attempts WHERE attempt_id = ?", (attempt_id,)
+    )
+    return None if row is None else AttemptRecord(**row)
+
+
+def insert_attempt(tx: Transaction, record: AttemptRecord) -> None:
+    """Record a new attempt."""
+    tx.execute(
+        f"INSERT INTO inference_attempts ({_ATTEMPT_COLUMNS})"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (
+            record.attempt_id,
+            record.service_id,
+            record.replica,
+            record.generation,
+            record.number,
+            record.node_id,
+            record.provider,
+            record.plan_digest,
+            record.workload,
+            str(record.state),
+            record.reason,
+            record.message,
+            int(record.released),
+            record.created_at,
+            record.updated_at,
+        ),
+    )
+
+
+def update_attempt(tx: Transaction, record: AttemptRecord, now: float) -> None:
+    """Write ``record``'s changeable fields."""
+    tx.execute(
+        "UPDATE inference_attempts SET plan_digest = ?, workload = ?, state = ?, reason = ?,"
+        " message = ?, released = ?, updated_at = ? WHERE attempt_id = ?",
+        (
+            record.plan_digest,
+            record.workload,
+            str(record.state),
+            record.reason,
+            record.message,
+            int(record.released),
+            now,
+            record.attempt_id,
+        ),
+    )
+
+
+def give_up_attempts(tx: Transaction, service_id: str, reason: str, now: float) -> None:
+    """Release every unreleased attempt of the service, and tell their nodes to drop them."""
+    for record in unreleased_attempts(tx, service_id):
+        tx.execute(
+            "UPDATE node_assignments SET wanted = 0, reason = ?, updated_at = ?"
+            " WHERE node_id = ? AND attempt_id = ?",
+            (reason, now, record.node_id, record.attempt_id),
+        )
+    tx.execute(
+        "UPDATE inference_attempts SET released = 1, reason = ?, updated_at = ?"
+        " WHERE service_id = ? AND released = 0",
+        (reason, now, service_id),
+    )
+
+
+# -- reservations ------------------------------------------------------------------------------
+
+
+def _reservation(row: Mapping[str, Any]) -> Reservation:
+    return Reservation(
+        service_id=row["service_id"],
+        replica=row["replica"],
+        node_id=row["node_id"],
+        cpus=row["cpus"],
+        memory_bytes=row["memory_bytes"],
+        disk_bytes=row["disk_bytes"],
+        gpus=tuple((int(i), int(m)) for i, m in json.loads(row["gpus"])),
+    )
+
+
+def reservations(tx: Transaction, service_id: str) -> list[Reservation]:
+    """What the service's replicas hold, by replica."""
+    return [
+        _reservation(row)
+        for row in tx.fetch_all(
+            f"SELECT {_RESERVATION_COLUMNS} FROM inference_reservations WHERE service_id = ?"
+            " ORDER BY replica",
+            (service_id,),
+        )
+    ]
+
+
+def reservations_but(tx: Transaction, service_id: str) -> list[Reservation]:
+    """What every other service holds (what ``service_id`` is planned beside)."""
+    return [
+        _reservation(row)
+        for row in tx.fetch_all(
+            f"SELECT {_RESERVATION_COLUMNS} FROM inference_reservations WHERE service_id != ?",
+            (service_id,),
+        )
+    ]
+
+
+def insert_reservations(tx: Transaction, held: Iterable[Reservation], now: float) -> None:
+    """Record what each replica holds."""
+    for reservation in held:
+        tx.execute(
+            f"INSERT INTO inference_reservations ({_RESERVATION_COLUMNS})"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                reservation.service_id,
+                reservation.replica,
+                reservation.node_id,
+                reservation.cpus,
+                reservation.memory_bytes,
+                reservation.disk_bytes,
+                json.dumps([list(gpu) for gpu in reservation.gpus]),
+                now,
+            ),
+        )
+
+
+def delete_reservations(tx: Transaction, service_id: str) -> None:
+    """Drop every reservation of the service."""
+    tx.execute("DELETE FROM inference_reservations WHERE service_id = ?", (service_id,))
+
+
+def delete_reservation(tx: Transaction, service_id: str, replica: int) -> None:
+    """Drop one replica's reservation."""
+    tx.execute(
+        "DELETE FROM inference_reservations WHERE service_id = ? AND replica = ?",
+        (service_id, replica),
+    )
+
+
+# -- nodes (read in the transaction that places or launches on them) --------------------------
+
+
+def _node_state(row: Mapping[str, Any]) -> NodeState:
+    snapshot = None
+    if row["snapshot"]:
+        try:
+            snapshot = structure(json.loads(row["snapshot"]), ExecutorSnapshot)
+        except (SchemaError, ValueError):
+            snapshot = None  # a snapshot that no longer parses
+    return NodeState(
+        node_id=row["id"],
+        state=row["state"],
+        snapshot=snapshot,
+        embedded=json.loads(row["labels"] or "{}").get("ficc/embedded") == "true",
+    )
+
+
+def node_states(tx: Transaction, node_ids: Sequence[str]) -> dict[str, NodeState]:
+    """The nodes of ``node_ids`` that are on record, as placement sees them."""
+    found = {}
+    for node_id in node_ids:
+        row = tx.fetch_one("SELECT id, state, snapshot, labels FROM nodes WHERE id = ?", (node_id,))
+        if row is not None:
+            found[node_id] = _node_state(row)
+    return found
+
+
+# -- usage -------------------------------------------------------------------------------------
+
+
+def insert_usage(tx: Transaction, entries: Iterable[UsageEntry]) -> None:
+    """Record finished requests' usage."""
+    for entry in entries:
+        tx.execute(
+            f"INSERT INTO inference_usage ({_USAGE_COLUMNS})"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                entry.service_id,
+                entry.generation,
+                entry.replica,
+                entry.node_id,
+                entry.credential_id,
+                entry.path,
+                entry.status,
+                entry.outcome,
+                entry.prompt_tokens,
+                entry.completion_tokens,
+                entry.queue_wait,
+                entry.ttfb,
+                entry.duration,
+                entry.finished_at,
+            ),
+        )
+
+
+def usage_summary(
+    tx: Transaction, service_id: str, since: float | None, recent: int
+) -> UsageSummary:
+    """What the service's requests finished since ``since`` used, and the latest of them."""
+    start = 0.0 if since is None else since
+    totals = tx.fetch_one(
+        "SELECT COUNT(*) AS requests,"
+        " SUM(CASE WHEN outcome NOT IN ('ok', 'cancelled') THEN 1 ELSE 0 END) AS errors,"
+        " COALESCE(SUM(prompt_tokens), 0) AS prompt_tokens,"
+        " COALESCE(SUM(completion_tokens), 0) AS completion_tokens,"
+        " AVG(ttfb) AS mean_ttfb, AVG(duration) AS mean_duration"
+        " FROM inference_usage WHERE service_id = ? AND finished_at >= ?",
+        (service_id, start),
+    )
+    assert totals is not None  # an aggregate always has one row
+    by_credential = tx.fetch_all(
+        "SELECT credential_id, COUNT(*) AS requests,"
+        " COALESCE(SUM(prompt_tokens), 0) AS prompt_tokens,"
+        " COALESCE(SUM(completion_tokens), 0) AS completion_tokens"
+        " FROM inference_usage WHERE service_id = ? AND finished_at >= ?"
+        " GROUP BY credential_id ORDER BY credential_id",
+        (service_id, start),
+    )
+    latest = tx.fetch_all(
+        f"SELECT {_USAGE_COLUMNS} FROM inference_usage"
+        " WHERE service_id = ? AND finished_at >= ? ORDER BY id DESC LIMIT ?",
+        (service_id, start, recent),
+    )
+    return UsageSummary(
+        service_id=service_id,
+        since=since,
+        totals=UsageTotals(**{**totals, "errors": totals["errors"] or 0}),
+        by_credential=tuple(CredentialUsage(**row) for row in by_credential),
+        recent=tuple(UsageEntry(**row) for row in latest),
+    )
