@@ -362,7 +362,9 @@ async def test_the_internal_seam_relays_and_cancels_without_http(tmp_path):
             env.publish("svc", [fence])
             _, token = await env.token("svc")
             actor = await env.service.auth.authenticate_bearer(token)
-            gateway = env.service.gateway
+            # The contract names the seam service.inference.gateway: the one gateway.
+            gateway = env.service.inference.gateway
+            assert gateway is env.service.gateway
             status, chunks = await gateway.invoke(
                 "svc", "/v1/chat/completions", chat(True, deltas=3), actor
             )

@@ -140,16 +140,6 @@ async def open_service(
             blobs=blobs,
             retry_max=config.replica_retry_max,
         )
-        inference = InferenceManager(
-            store=store,
-            auth=auth,
-            adapters=plugins.adapters,
-            contexts=contexts,
-            live=live,
-            usage=usage,
-            drain_timeout=config.drain_timeout,
-            notify=reconciler.wake,
-        )
         gateway = Gateway(
             live=live,
             contributors=contributors,
@@ -158,6 +148,17 @@ async def open_service(
             config=config,
             usage_sinks=[usage.record],
             **(gateway_options or {}),
+        )
+        inference = InferenceManager(
+            store=store,
+            auth=auth,
+            adapters=plugins.adapters,
+            contexts=contexts,
+            live=live,
+            usage=usage,
+            gateway=gateway,
+            drain_timeout=config.drain_timeout,
+            notify=reconciler.wake,
         )
         service = Service(
             config=config,

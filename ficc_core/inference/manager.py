@@ -34,6 +34,7 @@ from .usage import UsageLedger
 if TYPE_CHECKING:
     from ..auth import AuthService, Principal
     from ..auth.records import Credential, Revocation
+    from ..gateway import Gateway
     from ..plugins import AdapterRegistry
     from .model_context import ModelContext, ModelContexts
 
@@ -81,6 +82,7 @@ class InferenceManager:
         contexts: ModelContexts,
         live: LiveTable,
         usage: UsageLedger,
+        gateway: Gateway,
         drain_timeout: float,
         notify: Callable[[str], None] = lambda _service_id: None,
         clock: Callable[[], float] = time.time,
@@ -91,6 +93,8 @@ class InferenceManager:
         self.contexts = contexts
         self.live = live
         self.usage = usage
+        #: The invoke seam (the contract's ``service.inference.gateway.invoke``).
+        self.gateway = gateway
         self.drain_timeout = drain_timeout
         self.notify = notify
         self.clock = clock
