@@ -67,7 +67,7 @@ class BlobStatus:
 
     sha256: str
     size: int
-    state: str
+    state: BlobState
     durable_offset: int
     #: The failure of the last attempt, as an error envelope's ``error`` object.
     error: dict[str, Any] | None = None
@@ -81,6 +81,27 @@ class BlobStatus:
     def reason(self) -> str | None:
         """The failure's message, if the last attempt failed."""
         return None if self.error is None else self.error["message"]
+
+
+@attrs.frozen
+class Partial:
+    """One model file's private partial, as recorded: how much of it is durable, and why not more.
+
+    ``durable_offset`` bytes of the partial file were fsynced before being recorded;
+    ``error`` is the failure of the last attempt (an envelope's ``error`` object).
+    """
+
+    ref: FileRef
+    state: BlobState
+    durable_offset: int
+    error: dict[str, Any] | None = None
+
+    @property
+    def status(self) -> BlobStatus:
+        """The file's status while its content is not verified: this partial's."""
+        return BlobStatus(
+            self.ref.sha256, self.ref.size, self.state, self.durable_offset, self.error
+        )
 
 
 def error_record(error: FiccError) -> dict[str, Any]:

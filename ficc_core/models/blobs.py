@@ -18,13 +18,13 @@ by an acquisition as it was received: :mod:`~ficc_core.models.download`) and
 renames it into place only when it matches, so nothing is ever published
 unverified. The bytes themselves are written by :mod:`~ficc_core.models.partials`
 and hashed by :mod:`~ficc_core.digests`; the records this store returns (and its
-errors) are in :mod:`~ficc_core.models.blob_records`.
+errors) are in :mod:`~ficc_core.models.blob_records`, its rows are read and
+written by :mod:`~ficc_core.models.repository`.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import shutil
 import time
 from collections.abc import AsyncIterator, Mapping
@@ -32,22 +32,24 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-import attrs
 import trio
 
 from ..digests import assemble_tree, hash_file, rename_durably, sha256_file, tree_listing
 from ..errors import Conflict, FiccError, InvalidRequest, NotFound
 from ..store import Store, Transaction
+from . import repository
 from .blob_records import (
     FAILED,
     PARTIAL,
     VERIFIED,
     VERIFYING,
+    BlobState,
     BlobStatus,
     DigestMismatch,
     FileRef,
     FileVerified,
     OffsetMismatch,
+    Partial,
     error_record,
 )
 from .partials import PartialWriter, partial_name, sweep_partials
@@ -121,89 +123,47 @@ class BlobStore:
     @staticmethod
     def ensure_row(tx: Transaction, sha256: str, size: int, *, published: bool) -> None:
         """Record a blob a manifest declares (inside the registering transaction)."""
-        row = tx.fetch_one("SELECT size, state FROM blobs WHERE sha256 = ?", (sha256,))
-        if row is not None:
-            if row["size"] != size:
+        known = repository.find_blob(tx, sha256)
+        if known is not None:
+            if known.size != size:
                 raise Conflict(
-                    f"blob {sha256} is already known with size {row['size']}, not {size}",
+                    f"blob {sha256} is already known with size {known.size}, not {size}",
                     code="blob_size_conflict",
-                    details={"sha256": sha256, "known_size": row["size"], "declared": size},
+                    details={"sha256": sha256, "known_size": known.size, "declared": size},
                 )
-            if published and row["state"] != VERIFIED:
-                tx.execute(
-                    "UPDATE blobs SET state = ?, durable_offset = size, reason = NULL,"
-                    " updated_at = ? WHERE sha256 = ?",
-                    (VERIFIED, time.time(), sha256),
-                )
+            if published and not known.verified:
+                repository.mark_blob_verified(tx, sha256, now=time.time())
             return
-        tx.execute(
-            "INSERT INTO blobs (sha256, size, state, durable_offset, updated_at)"
-            " VALUES (?, ?, ?, ?, ?)",
-            (
-                sha256,
-                size,
-                VERIFIED if published else PARTIAL,
-                size if published else 0,
-                time.time(),
-            ),
+        blob = (
+            BlobStatus(sha256, size, VERIFIED, size)
+            if published
+            else BlobStatus(sha256, size, PARTIAL, 0)
         )
+        repository.insert_blob(tx, blob, now=time.time())
 
     async def status(self, ref: FileRef) -> BlobStatus:
         """Return the file's status: verified content, else its own partial's."""
-
-        def read(tx: Transaction) -> dict[str, Any] | None:
-            return tx.fetch_one(
-                "SELECT b.state AS blob_state, p.state, p.durable_offset, p.error FROM blobs b"
-                " LEFT JOIN partials p ON p.model_id = ? AND p.idx = ? WHERE b.sha256 = ?",
-                (ref.model_id, ref.index, ref.sha256),
-            )
-
-        row = await self.store.read(read)
-        if row is None:
+        status = await self.store.read(lambda tx: repository.file_status(tx, ref))
+        if status is None:
             raise FiccError(f"blob {ref.sha256} is not recorded", code="blob_unknown", status=404)
-        if row["blob_state"] == VERIFIED:
-            return BlobStatus(ref.sha256, ref.size, VERIFIED, ref.size)
-        if row["state"] is None:
-            return BlobStatus(ref.sha256, ref.size, PARTIAL, 0)
-        error = None if row["error"] is None else json.loads(row["error"])
-        return BlobStatus(ref.sha256, ref.size, row["state"], row["durable_offset"], error)
+        return status
 
     async def _record(
-        self, ref: FileRef, state: str, durable_offset: int, error: FiccError | None = None
+        self, ref: FileRef, state: BlobState, durable_offset: int, error: FiccError | None = None
     ) -> BlobStatus:
-        recorded = None if error is None else error_record(error)
-
-        def write(tx: Transaction) -> int:
-            # Only while the model file exists: a model deleted during a write leaves
-            # nothing behind (its file is swept on the next start).
-            return tx.execute(
-                "INSERT INTO partials (model_id, idx, sha256, size, state, durable_offset,"
-                " error, updated_at) SELECT ?, ?, ?, ?, ?, ?, ?, ? WHERE EXISTS"
-                " (SELECT 1 FROM model_files WHERE model_id = ? AND idx = ?)"
-                " ON CONFLICT (model_id, idx) DO UPDATE SET state = excluded.state,"
-                " durable_offset = excluded.durable_offset, error = excluded.error,"
-                " updated_at = excluded.updated_at",
-                (
-                    ref.model_id,
-                    ref.index,
-                    ref.sha256,
-                    ref.size,
-                    state,
-                    durable_offset,
-                    None if recorded is None else json.dumps(recorded),
-                    time.time(),
-                    ref.model_id,
-                    ref.index,
-                ),
-            )
-
-        if not await self.store.write(write):
+        partial = Partial(
+            ref, state, durable_offset, None if error is None else error_record(error)
+        )
+        # Only while the model file exists: a model deleted during a write leaves
+        # nothing behind (its file is swept on the next start).
+        now = time.time()
+        if not await self.store.write(lambda tx: repository.record_partial(tx, partial, now=now)):
             raise NotFound(
                 f"model {ref.model_id!r} was deleted",
                 code="model_not_found",
                 details={"id": ref.model_id},
             )
-        return BlobStatus(ref.sha256, ref.size, state, durable_offset, recorded)
+        return partial.status
 
     # -- writing ----------------------------------------------------------------
 
@@ -322,11 +282,7 @@ class BlobStore:
         """Forget the file's partial: its bytes and its row (the model is gone, or verified)."""
         path = self.partial_path(ref)
         await trio.to_thread.run_sync(lambda: path.unlink(missing_ok=True))
-        await self.store.write(
-            lambda tx: tx.execute(
-                "DELETE FROM partials WHERE model_id = ? AND idx = ?", (ref.model_id, ref.index)
-            )
-        )
+        await self.store.write(lambda tx: repository.delete_partial(tx, ref))
         lock = self._locks.get((ref.model_id, ref.index))
         if lock is not None and not lock.locked():
             del self._locks[(ref.model_id, ref.index)]
@@ -385,24 +341,17 @@ class BlobStore:
         target = self.published_path(ref.sha256)
         await trio.to_thread.run_sync(lambda: rename_durably(path, target, unless_present=True))
 
-        def write(tx: Transaction) -> list[dict[str, Any]]:
-            tx.execute(
-                "UPDATE blobs SET state = ?, durable_offset = size, reason = NULL,"
-                " updated_at = ? WHERE sha256 = ?",
-                (VERIFIED, time.time(), ref.sha256),
-            )
-            tx.execute(
-                "DELETE FROM partials WHERE model_id = ? AND idx = ?", (ref.model_id, ref.index)
-            )
-            return tx.fetch_all(
-                "SELECT model_id, idx FROM partials WHERE sha256 = ?", (ref.sha256,)
-            )
+        now = time.time()
+
+        def write(tx: Transaction) -> list[FileRef]:
+            repository.mark_blob_verified(tx, ref.sha256, now=now)
+            repository.delete_partial(tx, ref)
+            return repository.partials_of(tx, ref.sha256)
 
         others = await self.store.write(write)
         # Other models' partials of this content are useless now. One busy with a write
         # (its lock held) discards its own when it next looks; never wait for it here.
-        for row in others:
-            other = attrs.evolve(ref, model_id=row["model_id"], index=row["idx"])
+        for other in others:
             lock = self.lock(other)
             if not lock.locked():
                 async with lock:
@@ -415,9 +364,7 @@ class BlobStore:
     async def remove(self, sha256: str) -> None:
         """Delete a blob's published file and row (the caller checked nothing references it)."""
         await trio.to_thread.run_sync(lambda: self.published_path(sha256).unlink(missing_ok=True))
-        await self.store.write(
-            lambda tx: tx.execute("DELETE FROM blobs WHERE sha256 = ?", (sha256,))
-        )
+        await self.store.write(lambda tx: repository.delete_blob(tx, sha256))
 
     async def recover(self) -> list[FileRef]:
         """Tidy the partials on start; return the complete ones that still need verifying.
@@ -427,22 +374,10 @@ class BlobStore:
         those. Partials of content verified meanwhile are removed, and one whose file
         lost bytes starts over (see :func:`~ficc_core.models.partials.sweep_partials`).
         """
-        rows = await self.store.read(
-            lambda tx: tx.fetch_all(
-                "SELECT p.model_id, p.idx, p.sha256, p.size, p.state, p.durable_offset,"
-                " b.state AS blob_state FROM partials p JOIN blobs b ON b.sha256 = p.sha256"
-            )
+        recorded = await self.store.read(repository.list_partials)
+        complete, lost, done = await trio.to_thread.run_sync(
+            sweep_partials, self._partial, recorded
         )
-        refs = [
-            (
-                FileRef(row["model_id"], row["idx"], row["sha256"], row["size"]),
-                row["state"],
-                row["durable_offset"],
-                row["blob_state"] == VERIFIED,
-            )
-            for row in rows
-        ]
-        complete, lost, done = await trio.to_thread.run_sync(sweep_partials, self._partial, refs)
         for ref in lost:
             await self.reset(ref)
         for ref in done:

@@ -14,7 +14,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from .blob_records import PARTIAL, VERIFYING, FileRef
+from .blob_records import PARTIAL, VERIFYING, FileRef, Partial
 
 #: The most one pwrite hands the kernel. Single writes of 1 MiB were 2-5x slower to
 #: land in the page cache than 256 KiB ones on the 2-core VM of docs/performance.md.
@@ -69,19 +69,20 @@ def partial_name(ref: FileRef) -> str:
 
 
 def sweep_partials(
-    directory: Path, recorded: Sequence[tuple[FileRef, str, int, bool]]
+    directory: Path, recorded: Sequence[tuple[Partial, bool]]
 ) -> tuple[list[FileRef], list[FileRef], list[FileRef]]:
     """Tidy the partial files on start, against what the store recorded (blocking).
 
-    ``recorded`` holds each partial row as (file, state, durable offset, whether
-    its content is verified meanwhile). Returns the files complete but not yet
+    ``recorded`` holds each partial with whether its content is verified meanwhile
+    (:func:`~ficc_core.models.repository.list_partials`). Returns the files complete but not yet
     verified, those whose file lost bytes (shorter than the durable offset) and
     those verified meanwhile. A file of a partial taken over from before partials
     were private is renamed to its owner's name; a file no row owns is removed.
     """
     complete, lost, done = [], [], []
     owned = set()
-    for ref, state, durable_offset, verified in recorded:
+    for partial, verified in recorded:
+        ref, durable_offset = partial.ref, partial.durable_offset
         if verified:
             done.append(ref)
             continue
@@ -93,7 +94,7 @@ def sweep_partials(
         held = path.stat().st_size if path.exists() else 0
         if held < durable_offset:
             lost.append(ref)
-        elif durable_offset == ref.size and state in (PARTIAL, VERIFYING):
+        elif durable_offset == ref.size and partial.state in (PARTIAL, VERIFYING):
             complete.append(ref)
     for name in os.listdir(directory):
         if name not in owned:

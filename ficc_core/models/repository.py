@@ -1,8 +1,10 @@
-"""Every SQL statement of the model registry and its acquisitions.
+"""Every SQL statement of the models package: the registry, acquisitions and blob store.
 
 Plain functions over a :class:`~ficc_core.store.Transaction`, taking and returning
-the records of :mod:`.records`. The blob store keeps its own statements (blobs and
-partials, :mod:`.blobs`); a model's view reads them here, joined to its files.
+the records of :mod:`.records` and :mod:`.blob_records`. The blob store
+(:mod:`.blobs`) keeps its rows here (``blobs``: whether content is verified;
+``partials``: each model file's private progress); a model's view reads them
+joined to its files.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import Any
 
 from ..schema import ModelManifest, canonical_json
 from ..store import Transaction
-from .blob_records import VERIFIED, FileRef
+from .blob_records import PARTIAL, VERIFIED, BlobState, BlobStatus, FileRef, Partial
 from .records import (
     Acquisition,
     AcquisitionFile,
@@ -212,6 +214,123 @@ def acquisition_files(tx: Transaction, model_id: str) -> list[AcquisitionFile]:
             path=row["path"],
             url=row["url"],
             verified=row["state"] == VERIFIED,
+        )
+        for row in rows
+    ]
+
+
+# -- the blob store: content rows and private partials --------------------------------------
+
+
+def find_blob(tx: Transaction, sha256: str) -> BlobStatus | None:
+    """What is recorded of content ``sha256``: its size, and whether it is verified."""
+    row = tx.fetch_one(
+        "SELECT sha256, size, state, durable_offset FROM blobs WHERE sha256 = ?", (sha256,)
+    )
+    if row is None:
+        return None
+    return BlobStatus(row["sha256"], row["size"], BlobState(row["state"]), row["durable_offset"])
+
+
+def insert_blob(tx: Transaction, blob: BlobStatus, *, now: float) -> None:
+    """Record content a manifest declares (``blob.error`` is not stored)."""
+    tx.execute(
+        "INSERT INTO blobs (sha256, size, state, durable_offset, updated_at)"
+        " VALUES (?, ?, ?, ?, ?)",
+        (blob.sha256, blob.size, blob.state.value, blob.durable_offset, now),
+    )
+
+
+def mark_blob_verified(tx: Transaction, sha256: str, *, now: float) -> None:
+    """Record content ``sha256`` as verified (published)."""
+    tx.execute(
+        "UPDATE blobs SET state = ?, durable_offset = size, reason = NULL,"
+        " updated_at = ? WHERE sha256 = ?",
+        (VERIFIED.value, now, sha256),
+    )
+
+
+def delete_blob(tx: Transaction, sha256: str) -> None:
+    """Forget content ``sha256`` (nothing references it any more)."""
+    tx.execute("DELETE FROM blobs WHERE sha256 = ?", (sha256,))
+
+
+def file_status(tx: Transaction, ref: FileRef) -> BlobStatus | None:
+    """The file's status: its verified content, else its own partial's (none: empty).
+
+    ``None`` when its content is not recorded at all.
+    """
+    row = tx.fetch_one(
+        "SELECT b.state AS blob_state, p.state, p.durable_offset, p.error FROM blobs b"
+        " LEFT JOIN partials p ON p.model_id = ? AND p.idx = ? WHERE b.sha256 = ?",
+        (ref.model_id, ref.index, ref.sha256),
+    )
+    if row is None:
+        return None
+    if row["blob_state"] == VERIFIED:
+        return BlobStatus(ref.sha256, ref.size, VERIFIED, ref.size)
+    if row["state"] is None:
+        return BlobStatus(ref.sha256, ref.size, PARTIAL, 0)
+    return Partial(
+        ref, BlobState(row["state"]), row["durable_offset"], _decoded(row["error"])
+    ).status
+
+
+def record_partial(tx: Transaction, partial: Partial, *, now: float) -> bool:
+    """Record a model file's partial; ``False`` (nothing written) if the model file is gone."""
+    ref = partial.ref
+    return bool(
+        tx.execute(
+            "INSERT INTO partials (model_id, idx, sha256, size, state, durable_offset,"
+            " error, updated_at) SELECT ?, ?, ?, ?, ?, ?, ?, ? WHERE EXISTS"
+            " (SELECT 1 FROM model_files WHERE model_id = ? AND idx = ?)"
+            " ON CONFLICT (model_id, idx) DO UPDATE SET state = excluded.state,"
+            " durable_offset = excluded.durable_offset, error = excluded.error,"
+            " updated_at = excluded.updated_at",
+            (
+                ref.model_id,
+                ref.index,
+                ref.sha256,
+                ref.size,
+                partial.state.value,
+                partial.durable_offset,
+                None if partial.error is None else json.dumps(partial.error),
+                now,
+                ref.model_id,
+                ref.index,
+            ),
+        )
+    )
+
+
+def delete_partial(tx: Transaction, ref: FileRef) -> None:
+    """Forget the file's partial row."""
+    tx.execute("DELETE FROM partials WHERE model_id = ? AND idx = ?", (ref.model_id, ref.index))
+
+
+def partials_of(tx: Transaction, sha256: str) -> list[FileRef]:
+    """The model files that hold a partial of content ``sha256``."""
+    rows = tx.fetch_all(
+        "SELECT model_id, idx, sha256, size FROM partials WHERE sha256 = ?", (sha256,)
+    )
+    return [FileRef(row["model_id"], row["idx"], row["sha256"], row["size"]) for row in rows]
+
+
+def list_partials(tx: Transaction) -> list[tuple[Partial, bool]]:
+    """Every partial, each with whether its content is verified meanwhile (another model's)."""
+    rows = tx.fetch_all(
+        "SELECT p.model_id, p.idx, p.sha256, p.size, p.state, p.durable_offset, p.error,"
+        " b.state AS blob_state FROM partials p JOIN blobs b ON b.sha256 = p.sha256"
+    )
+    return [
+        (
+            Partial(
+                FileRef(row["model_id"], row["idx"], row["sha256"], row["size"]),
+                BlobState(row["state"]),
+                row["durable_offset"],
+                _decoded(row["error"]),
+            ),
+            row["blob_state"] == VERIFIED,
         )
         for row in rows
     ]
