@@ -24,6 +24,7 @@ _EXPORTS: dict[str, str] = {
     "AdapterRegistry": "ficc_core.plugins",
     "ExecutorProvider": "ficc_core.executor",
     "ExecutorRegistry": "ficc_core.plugins",
+    "RuntimeRegistry": "ficc_core.plugins",
     "PluginError": "ficc_core.errors",
     # What executor providers share (ficc_core.executor).
     "ExecutorAttempt": "ficc_core.executor",
@@ -136,6 +137,7 @@ __all__ = [
     "ResourceLimits",
     "ResponseHead",
     "Runtime",
+    "RuntimeRegistry",
     "Specification",
     "StaleFence",
     "StreamExists",
@@ -194,7 +196,7 @@ if TYPE_CHECKING:
         total_memory,
     )
     from .hookspecs import API_VERSION
-    from .plugins import Adapter, AdapterRegistry, ExecutorRegistry, hookimpl
+    from .plugins import Adapter, AdapterRegistry, ExecutorRegistry, RuntimeRegistry, hookimpl
     from .schema import (
         BootstrapRequest,
         EndpointContract,

@@ -12,6 +12,9 @@ the hooks below, each decorated with ``ficc_core.hookimpl``::
     def ficc_register_adapters(registry):
         registry.add("my_engine", MyEngineAdapter)
 
+A plugin implements only the hooks it needs: a hook added within API version 1
+is an addition, which plugins written before it simply do not implement.
+
 Hooks are few and synchronous: they only register things. The work itself
 (translating a specification into a job, running an engine) lives in the
 registered objects, whose methods core calls later.
@@ -28,7 +31,7 @@ from typing import TYPE_CHECKING
 import pluggy
 
 if TYPE_CHECKING:
-    from .plugins import AdapterRegistry, ExecutorRegistry
+    from .plugins import AdapterRegistry, ExecutorRegistry, RuntimeRegistry
 
 #: The plugin API version this FICC implements. A plugin, and every adapter or
 #: executor provider it registers, must declare the same ``API_VERSION``.
@@ -92,6 +95,43 @@ def ficc_register_executor_providers(registry: ExecutorRegistry) -> None:
 
     :param registry:
         The ``ficc_core.ExecutorRegistry`` to add provider classes to.
+
+    .. versionadded:: API 1
+    """
+
+
+@_hookspec
+def ficc_register_runtimes(registry: RuntimeRegistry) -> None:
+    """Declare the engine runtimes this distribution installs on a node.
+
+    A runtime distribution (``ficc-llama-server``) installs an engine executable;
+    this hook tells every node agent of the same installation about it, so a node
+    advertises the runtime without any agent configuration. Call
+    ``registry.add(name, provider=..., executable=..., engines=[...],
+    isolation=..., network="none")`` once per runtime. ``name`` is the runtime's
+    name in the node snapshot (``llama_server``); ``provider`` is the executor
+    provider that runs it (``process``); ``executable`` is the absolute path of
+    the installed executable, which a specification's ``image_executable`` names;
+    ``engines`` are the engines (adapters) it serves (``llama_cpp``);
+    ``isolation`` and ``network`` are what a specification's runtime binds
+    (managed services need ``network`` ``none``, the default). It is an addition
+    to API 1: a plugin that declares no runtime does not implement it.
+
+    Declare where the executable is; do not read it: the agent hashes it off its
+    event loop, advertises that sha256 as the runtime's image digest, and leaves
+    out (reporting why) a runtime whose executable is missing or whose provider
+    is not loaded on the node. A runtime the operator declares in the agent's
+    TOML file under the same name replaces the plugin's.
+
+    ``registry.add`` raises ``ficc_core.PluginError`` when the name is already
+    taken or is not a runtime name, when the executable is not an absolute path,
+    when no engine is named, or when the provider, an engine, the isolation or
+    the network is not an identifier. Let the error propagate: the plugin is then
+    refused, the error names its distribution, and every other plugin keeps
+    working.
+
+    :param registry:
+        The ``ficc_core.RuntimeRegistry`` to declare runtimes in.
 
     .. versionadded:: API 1
     """

@@ -86,6 +86,8 @@ async def test_serve_demo_gives_a_working_chat_service_and_reuses_it_on_the_next
             assert await trio.to_thread.run_sync(lambda: proc.wait(timeout=60)) == 0
             first_log = log_path.read_text()
             assert "uploading SmolLM2-135M-Instruct.Q4_1.gguf" in first_log
+            # The runtime came from the installed ficc-llama-server plugin: no agent TOML.
+            assert not list((tmp_path / "data").glob("*.toml"))
             assert "ficc: stopped" in first_log
 
             # Again: the model and the service are reused, a new token works.

@@ -32,7 +32,10 @@ BUILTINS = {
     ("vllm", "adapter", "ficc-adapter-vllm"),
     ("process", "executor", "ficc-executor-process"),
     ("container", "executor", "ficc-executor-container"),
+    ("llama_server", "runtime", "ficc-llama-server"),
 }
+#: Installed on a node on its own (an engine runtime): it does not depend on ficc-core.
+STANDALONE = {"ficc-llama-server"}
 
 FUTURE_PLUGIN = """
     from ficc_core import hookimpl
@@ -109,9 +112,10 @@ def assert_builtins_loaded(plugin_set: PluginSet) -> None:
     assert BUILTINS <= loaded
     assert {"llama_cpp", "ollama", "vllm"} <= set(plugin_set.adapters)
     assert {"process", "container"} <= set(plugin_set.executors)
+    assert "llama_server" in plugin_set.runtimes
 
 
-def test_the_five_builtin_plugins_are_discovered_through_their_entry_points(monkeypatch):
+def test_the_builtin_plugins_are_discovered_through_their_entry_points(monkeypatch):
     monkeypatch.delenv(DISABLE_AUTOLOAD_ENV, raising=False)
     plugin_set = build_plugin_manager()
     assert plugin_set.autoload
@@ -129,6 +133,9 @@ def test_builtin_distributions_move_in_lockstep_with_ficc_core():
     for _name, _kind, distribution in BUILTINS:
         assert metadata.version(distribution) == core
         requirement = metadata.requires(distribution)
+        if distribution in STANDALONE:
+            assert not any(item.startswith("ficc-core") for item in requirement)
+            continue
         assert requirement == ["ficc-core<0.2,>=0.1"] or requirement == ["ficc-core>=0.1,<0.2"]
 
 
@@ -415,7 +422,8 @@ def test_ficc_plugins_reports_refused_plugins_and_exits_zero(site):
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines[0].split() == ["NAME", "KIND", "DISTRIBUTION", "VERSION", "API", "STATUS"]
-    rows = {line.split()[0]: line for line in lines[1:]}
+    # The plugin table ends at the first empty line (the runtimes' table follows).
+    rows = {line.split()[0]: line for line in lines[1 : lines.index("")]}
     for name, kind, distribution in BUILTINS:
         assert rows[name].split()[1:6] == [kind, distribution, "0.1.0", "1", "loaded"]
     assert rows["future"].split()[1:5] == ["plugin", "ficc-example-future", "1.0", "2"]
@@ -463,4 +471,4 @@ def test_ficc_console_script_reports_refusals(site):
     )
     assert result.returncode == 0, result.stderr
     assert f"refused: {FUTURE_REASON}" in result.stdout
-    assert "llama_cpp  adapter" in result.stdout
+    assert ["llama_cpp", "adapter"] in [line.split()[:2] for line in result.stdout.splitlines()]

@@ -18,10 +18,11 @@ BUILTIN_ROWS = [
     ["vllm", "adapter", "ficc-adapter-vllm", "0.1.0", "1", "loaded"],
     ["container", "executor", "ficc-executor-container", "0.1.0", "1", "loaded"],
     ["process", "executor", "ficc-executor-process", "0.1.0", "1", "loaded"],
+    ["llama_server", "runtime", "ficc-llama-server", "0.1.0", "1", "loaded"],
 ]
 
 
-def test_plugins_command_lists_the_five_builtin_plugins(monkeypatch):
+def test_plugins_command_lists_the_builtin_plugins(monkeypatch):
     monkeypatch.delenv(DISABLE_AUTOLOAD_ENV, raising=False)
     result = CliRunner().invoke(plugins_command, [])
     assert result.exit_code == 0, result.output
@@ -54,7 +55,7 @@ def test_plugins_command_says_when_autoloading_is_off(monkeypatch):
     monkeypatch.setenv(DISABLE_AUTOLOAD_ENV, "1")
     result = CliRunner().invoke(plugins_command, ["--json"])
     assert result.exit_code == 0
-    assert json.loads(result.output) == {"autoload": False, "plugins": []}
+    assert json.loads(result.output) == {"autoload": False, "plugins": [], "runtimes": []}
 
 
 def test_plugins_command_runs_as_a_real_process():

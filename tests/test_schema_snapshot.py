@@ -140,3 +140,44 @@ def test_workload_fence_carries_its_generation_and_plan_digest():
 def test_workload_refuses_unknown_fields_at_their_path():
     document = {**unstructure(_workload()), "endpoint": {"paths": ["/"], "extra": 1}}
     assert _refusal(document, Workload) == {"path": "$.endpoint.extra", "message": "unknown field"}
+
+
+def _with_runtime(**fields: object) -> dict:
+    runtime = {
+        "name": "llama_server",
+        "executor_provider": "process",
+        "package_digest": D1,
+        "image_digest": D1,
+        **fields,
+    }
+    return {**OLD_SNAPSHOT, "runtimes": [runtime]}
+
+
+def test_a_runtime_without_the_later_fields_serialises_without_their_keys():
+    document = _with_runtime()
+    assert unstructure(structure(document, ExecutorSnapshot))["runtimes"] == document["runtimes"]
+
+
+def test_a_runtime_carries_what_a_specification_binds_for_it():
+    document = _with_runtime(
+        engines=["llama_cpp"],
+        executable="/opt/bin/llama-server",
+        isolation="process",
+        network="none",
+    )
+    snapshot = structure(document, ExecutorSnapshot)
+    assert snapshot.runtimes[0].engines == ("llama_cpp",)
+    assert unstructure(snapshot)["runtimes"] == document["runtimes"]
+
+
+@pytest.mark.parametrize(
+    ("fields", "path"),
+    [
+        ({"engines": ["Llama CPP"]}, "$.runtimes[0].engines"),
+        ({"engines": "llama_cpp"}, "$.runtimes[0].engines"),
+        ({"executable": ""}, "$.runtimes[0].executable"),
+        ({"isolation": "Process"}, "$.runtimes[0].isolation"),
+    ],
+)
+def test_a_runtime_refuses_malformed_later_fields(fields, path):
+    assert _refusal(_with_runtime(**fields))["path"] == path

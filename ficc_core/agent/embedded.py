@@ -21,7 +21,7 @@ from .runtimes import AgentSettings
 if TYPE_CHECKING:
     from ..config import Config
     from ..controller.service import Service
-    from ..plugins import ExecutorRegistry
+    from ..plugins import PluginSet
 
 log = logging.getLogger("ficc.agent")
 
@@ -31,19 +31,24 @@ EMBEDDED_PROVIDERS = ("process",)
 
 def agent_from_config(
     config: Config,
-    executors: ExecutorRegistry,
+    plugins: PluginSet,
     *,
     node_id: str,
     providers: Sequence[str] = EMBEDDED_PROVIDERS,
 ) -> Agent:
-    """Build an agent with the named providers of ``executors`` (the process's plugin set),
-    its settings file and lease duration."""
+    """Build an agent from the process's plugin set and the node's configuration.
+
+    It gets the named executor providers of ``plugins``, the runtimes the plugins
+    declare beside those of its settings file (which win by name), and its lease
+    duration.
+    """
+    settings = AgentSettings.load(config.agent_config).beside(plugins.runtimes.declared())
     return Agent.from_plugins(
-        executors,
+        plugins.executors,
         names=providers,
         state_dir=config.agent_path,
         node_id=node_id,
-        settings=AgentSettings.load(config.agent_config),
+        settings=settings,
         lease_duration=config.lease_duration,
     )
 
@@ -64,14 +69,15 @@ async def run_embedded_agent(
 ) -> None:
     """Run the local agent as node ``config.node_name`` until cancelled.
 
-    Its providers come from the controller's plugin set (``service.plugins``).
+    Its providers and installed runtimes come from the controller's plugin set
+    (``service.plugins``).
     Reports ``None`` (and returns) when no executor provider is installed, so a
     controller without one still serves its API.
     """
     config = service.config
     node_id = config.node_name
     try:
-        agent = agent_from_config(config, service.plugins.executors, node_id=node_id)
+        agent = agent_from_config(config, service.plugins, node_id=node_id)
     except FiccError as exc:
         log.warning("no embedded agent: %s", exc.message)
         task_status.started(None)

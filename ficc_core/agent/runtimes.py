@@ -1,16 +1,20 @@
-"""Runtimes an operator declares installed on a node, and the agent's check of their digests.
+"""The runtimes installed on a node, and the agent's check of their digests.
 
-A declaration names the runtime, the provider that runs it, the image digest the
-operator expects and, for the process provider, the executable. The agent hashes
-the executable itself (off the event loop); a declaration whose file is missing
-or whose digest differs is left out of the snapshot and reported as a problem, so
-nothing is ever placed on an image other than the one a specification binds.
+Installed runtime distributions declare runtimes through the plugin hook
+``ficc_register_runtimes`` (the process's plugin set holds them); the operator
+declares more in the agent's TOML file, whose runtimes replace a plugin's of the
+same name. A declaration names the runtime, the provider that runs it, for the
+process provider the executable and, in the TOML file, the image digest the
+operator expects. The agent hashes the executable itself (off the event loop); a
+declaration whose file is missing or whose digest differs from the declared one
+is left out of the snapshot and reported as a problem, so nothing is ever placed
+on an image other than the one a specification binds.
 """
 
 from __future__ import annotations
 
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -19,26 +23,20 @@ import trio
 
 from ..digests import file_digest
 from ..errors import ConfigError
+from ..plugins.runtimes import DeclaredRuntime
 from ..schema import InstalledRuntime
-from ..schema.spec import DIGEST_PATTERN, NODE_ID_PATTERN
+from ..schema.spec import DIGEST_PATTERN, IDENTIFIER_PATTERN, NODE_ID_PATTERN
 
 _hash_limiter = trio.CapacityLimiter(2)
-
-
-@attrs.frozen(kw_only=True)
-class DeclaredRuntime:
-    """One runtime image the operator says is installed on this node.
-
-    :ivar name: the runtime's name (``llama_server``, ...).
-    :ivar provider: the executor provider that runs it (``process``, ``container``).
-    :ivar image_digest: the ``sha256:<hex>`` the operator expects.
-    :ivar executable: for the process provider, the file whose sha256 is the image digest.
-    """
-
-    name: str
-    provider: str
-    image_digest: str
-    executable: Path | None = attrs.field(default=None, converter=attrs.converters.optional(Path))
+_RUNTIME_KEYS = {
+    "name",
+    "provider",
+    "image_digest",
+    "executable",
+    "engines",
+    "isolation",
+    "network",
+}
 
 
 @attrs.frozen(kw_only=True)
@@ -46,7 +44,8 @@ class AgentSettings:
     """What an agent's TOML file declares: labels, installed runtimes, input staging.
 
     ``[labels]`` is a table of strings; each ``[[runtimes]]`` has ``name``,
-    ``provider``, ``image_digest`` and (process provider) ``executable``;
+    ``provider``, ``image_digest``, (process provider) ``executable`` and,
+    optionally, ``engines`` (a list), ``isolation`` and ``network``;
     ``[staging] shared_dirs`` lists read-only directories (a shared filer) that may
     already hold model blobs named by their digest (see :mod:`.staging`).
     """
@@ -71,12 +70,22 @@ class AgentSettings:
             where = f"{source}: runtimes[{position}]"
             if not isinstance(item, dict):
                 raise ConfigError(f"{where} must be a table")
-            extra = sorted(set(item) - {"name", "provider", "image_digest", "executable"})
+            extra = sorted(set(item) - _RUNTIME_KEYS)
             if extra:
                 raise ConfigError(f"{where}: unknown key(s) {', '.join(extra)}")
             for key in ("name", "provider", "image_digest"):
                 if not isinstance(item.get(key), str):
                     raise ConfigError(f"{where}.{key} is required and must be a string")
+            for key in ("isolation", "network"):
+                if key in item and not (
+                    isinstance(item[key], str) and IDENTIFIER_PATTERN.fullmatch(item[key])
+                ):
+                    raise ConfigError(f"{where}.{key} must be an identifier such as process")
+            engines = item.get("engines", [])
+            if not isinstance(engines, list) or not all(
+                isinstance(e, str) and IDENTIFIER_PATTERN.fullmatch(e) for e in engines
+            ):
+                raise ConfigError(f"{where}.engines must be a list of engine names")
             if not NODE_ID_PATTERN.fullmatch(item["name"]):
                 raise ConfigError(f"{where}.name {item['name']!r} is not a runtime name")
             if not DIGEST_PATTERN.fullmatch(item["image_digest"]):
@@ -100,6 +109,15 @@ class AgentSettings:
             runtimes=tuple(runtimes),
             staging_shared_dirs=tuple(Path(d) for d in shared),
         )
+
+    def beside(self, installed: Iterable[DeclaredRuntime]) -> AgentSettings:
+        """These settings with the ``installed`` runtimes (the plugins') added before its own.
+
+        A runtime these settings declare replaces an installed one of the same name.
+        """
+        own = {runtime.name for runtime in self.runtimes}
+        kept = tuple(runtime for runtime in installed if runtime.name not in own)
+        return attrs.evolve(self, runtimes=(*kept, *self.runtimes))
 
     @classmethod
     def load(cls, path: Path | None) -> AgentSettings:
@@ -138,6 +156,8 @@ async def check_runtime(
     if declared.executable is None:
         if declared.provider == "process":
             return refuse("a process runtime must name its executable")
+        if declared.image_digest is None:
+            return refuse("a runtime without an executable must declare its image digest")
         # Other providers' images (container) are verified by the provider at launch.
         actual = declared.image_digest
     else:
@@ -147,7 +167,7 @@ async def check_runtime(
             )
         except OSError as exc:
             return refuse(f"cannot read {declared.executable}: {exc.strerror or exc}")
-        if actual != declared.image_digest:
+        if declared.image_digest is not None and actual != declared.image_digest:
             return refuse(
                 f"{declared.executable} has digest {actual}, not the declared "
                 f"{declared.image_digest}"
@@ -157,5 +177,9 @@ async def check_runtime(
         executor_provider=declared.provider,
         package_digest=package,
         image_digest=actual,
+        engines=declared.engines or None,
+        executable=None if declared.executable is None else str(declared.executable),
+        isolation=declared.isolation,
+        network=declared.network,
     )
     return RuntimeCheck(declared, installed, None)

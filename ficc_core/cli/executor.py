@@ -15,7 +15,8 @@ from .settings import load_settings, run_trio
 
 _AGENT_DIR_HELP = "Agent state directory (keep it short). [env: FICC_AGENT_DIR]"
 _AGENT_CONFIG_HELP = (
-    "TOML file with the node's labels and installed runtimes. [env: FICC_AGENT_CONFIG]"
+    "TOML file with the node's labels and more installed runtimes (the installed runtime "
+    "distributions' are found without it). [env: FICC_AGENT_CONFIG]"
 )
 
 
@@ -62,8 +63,8 @@ def executor(
     """Run a node agent that dials out to CONTROLLER and runs what it is told, fenced.
 
     It authenticates with a node credential, reports its snapshot (providers,
-    measured resources, checked runtimes), holds leases, and reconnects with
-    backoff until SIGINT or SIGTERM.
+    measured resources, the runtimes installed here with their computed digests),
+    holds leases, and reconnects with backoff until SIGINT or SIGTERM.
     """
     config = load_settings(ctx, flags)
     logging.basicConfig(
@@ -92,11 +93,12 @@ async def _executor(
         click.echo(f"ficc executor: connected to {controller} as node {node_id}")
         sys.stdout.flush()
 
-    # One plugin set for the process (entry points are read off the event loop).
-    executors = (await trio.to_thread.run_sync(build_plugin_manager)).executors
+    # One plugin set for the process (entry points are read off the event loop): its
+    # executor providers and the runtimes installed distributions declare.
+    plugins = await trio.to_thread.run_sync(build_plugin_manager)
 
     def make_agent(node_id: str) -> Agent:
-        agent = agent_from_config(config, executors, node_id=node_id, providers=providers)
+        agent = agent_from_config(config, plugins, node_id=node_id, providers=providers)
         # Blob inputs this node lacks are fetched from the controller before a launch.
         agent.stager = stager_from_settings(
             config.agent_path, controller, credential, agent.settings, ssl_context=context

@@ -6,7 +6,6 @@ import logging
 import sys
 from typing import Any
 
-import attrs
 import click
 import trio
 
@@ -38,17 +37,8 @@ def serve(ctx: click.Context, demo: bool, **flags: Any) -> None:
     logging.basicConfig(
         level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    if demo:
-        from .demo import write_agent_settings
-
-        if not config.embedded_agent:
-            raise click.UsageError("--demo runs its service on the embedded agent")
-        if config.agent_config is None:
-            try:
-                settings = write_agent_settings(config.data_dir)
-            except FiccError as exc:
-                raise click.ClickException(f"{exc.message} [{exc.code}]") from None
-            config = attrs.evolve(config, agent_config=settings)
+    if demo and not config.embedded_agent:
+        raise click.UsageError("--demo runs its service on the embedded agent")
     run_trio(_serve, config, demo)
 
 

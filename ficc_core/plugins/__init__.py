@@ -4,7 +4,8 @@
   ``ficc.inference`` into a fresh plugin set (one per process, passed to what
   needs it) and reports what loaded and what was refused;
 - :mod:`.registries`: the adapter and executor registries a plugin's
-  registration hooks add to, and the records of the report.
+  registration hooks add to, and the records of the report;
+- :mod:`.runtimes`: the runtime registry, and the runtime declarations it holds.
 """
 
 import pluggy
@@ -18,6 +19,7 @@ from .loader import (
     build_plugin_manager,
 )
 from .registries import Adapter, AdapterRegistry, ExecutorRegistry, PluginOrigin, PluginRecord
+from .runtimes import DeclaredRuntime, RuntimeRegistry
 
 #: Marks a function of a plugin as the implementation of the hook of the same name.
 hookimpl = pluggy.HookimplMarker("ficc")
@@ -27,11 +29,13 @@ __all__ = [
     "ENTRY_POINT_GROUP",
     "Adapter",
     "AdapterRegistry",
+    "DeclaredRuntime",
     "ExecutorProvider",
     "ExecutorRegistry",
     "PluginOrigin",
     "PluginRecord",
     "PluginSet",
+    "RuntimeRegistry",
     "autoload_enabled",
     "build_plugin_manager",
     "hookimpl",

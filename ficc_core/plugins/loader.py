@@ -41,6 +41,7 @@ from .registries import (
     _RegistryRefusal,
     _reported_api_version,
 )
+from .runtimes import RuntimeRegistry
 
 #: The entry-point group FICC loads plugins from.
 ENTRY_POINT_GROUP = "ficc.inference"
@@ -50,11 +51,12 @@ DISABLE_AUTOLOAD_ENV = "FICC_DISABLE_PLUGIN_AUTOLOAD"
 
 @attrs.frozen(eq=False)
 class PluginSet:
-    """The outcome of loading plugins: the manager, both registries and the report."""
+    """The outcome of loading plugins: the manager, the registries and the report."""
 
     manager: pluggy.PluginManager
     adapters: AdapterRegistry
     executors: ExecutorRegistry
+    runtimes: RuntimeRegistry
     report: tuple[PluginRecord, ...]
     autoload: bool
 
@@ -93,6 +95,7 @@ def build_plugin_manager(
         manager=loader.manager,
         adapters=loader.adapters,
         executors=loader.executors,
+        runtimes=loader.runtimes,
         report=tuple(loader.records),
         autoload=autoload,
     )
@@ -125,6 +128,7 @@ class _Loader:
         self.manager.add_hookspecs(hookspecs)
         self.adapters = AdapterRegistry()
         self.executors = ExecutorRegistry()
+        self.runtimes = RuntimeRegistry()
         self.records: list[PluginRecord] = []
         self._origins: dict[str, PluginOrigin] = {}
 
@@ -213,6 +217,7 @@ class _Loader:
         registries: list[tuple[str, _Registry]] = [
             ("ficc_register_adapters", self.adapters),
             ("ficc_register_executor_providers", self.executors),
+            ("ficc_register_runtimes", self.runtimes),
         ]
         others = [other for other in self.manager.get_plugins() if other is not plugin]
         for _hook, registry in registries:

@@ -1,4 +1,4 @@
-"""The adapter and executor registries plugins register into, and the plugin report's records.
+"""The registries plugins register into, and the plugin report's records.
 
 ``registry.add(name, factory)`` checks what a plugin registers against the plugin
 contract (a valid, unused name; ``API_VERSION = 1``; a callable ``job`` for an
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from ..schema import Job
 
 
-Kind = Literal["adapter", "executor", "plugin"]
+Kind = Literal["adapter", "executor", "runtime", "plugin"]
 Status = Literal["loaded", "refused"]
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
@@ -67,9 +67,9 @@ class PluginOrigin:
 class PluginRecord:
     """One line of the plugin report: something that loaded, or was refused and why."""
 
-    #: The adapter or executor name; for kind "plugin", the plugin (entry point) name.
+    #: The adapter, executor or runtime name; for kind "plugin", the plugin (entry point) name.
     name: str
-    #: "adapter" or "executor" for what a plugin registered; "plugin" for a plugin as a
+    #: "adapter", "executor" or "runtime" for what a plugin registered; "plugin" for a plugin as a
     #: whole (refused, or loaded without registering anything).
     kind: Kind
     #: The plugin (entry point) name; None for a registry used outside any plugin.
@@ -121,9 +121,9 @@ def _reported_api_version(value: Any) -> int | None:
 
 
 class _Registry:
-    """The shared part of the adapter and executor registries."""
+    """The shared part of the adapter, executor and runtime registries."""
 
-    kind: ClassVar[Literal["adapter", "executor"]]
+    kind: ClassVar[Literal["adapter", "executor", "runtime"]]
     noun: ClassVar[str]
 
     def __init__(self) -> None:

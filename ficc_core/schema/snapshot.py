@@ -21,6 +21,7 @@ from .spec import (
     _identifier,
     _items,
     _node_id,
+    _optional,
     _shown,
     _text,
 )
@@ -94,12 +95,28 @@ class InstalledRuntime:
     :ivar executor_provider: the provider that runs it.
     :ivar package_digest: ``sha256:<hex>`` of that provider's package.
     :ivar image_digest: ``sha256:<hex>`` of the runtime image.
+
+    Later additions, each left out when its declaration does not say (older
+    executors never send them): what a specification for this runtime needs.
+
+    :ivar engines: the engines (adapters) it serves.
+    :ivar executable: the absolute path of its engine executable (``image_executable``).
+    :ivar isolation: the isolation a specification's runtime binds for it.
+    :ivar network: the network a specification's runtime binds for it.
     """
 
     name: str = attrs.field(validator=_identifier)
     executor_provider: str = attrs.field(validator=_identifier)
     package_digest: str = attrs.field(validator=_digest_string)
     image_digest: str = attrs.field(validator=_digest_string)
+    engines: tuple[str, ...] | None = attrs.field(
+        default=None,
+        converter=attrs.converters.optional(_as_tuple),
+        validator=attrs.validators.optional(attrs.validators.deep_iterable(_identifier)),
+    )
+    executable: str | None = attrs.field(default=None, validator=_optional(_text(4096)))
+    isolation: str | None = attrs.field(default=None, validator=_optional(_identifier))
+    network: str | None = attrs.field(default=None, validator=_optional(_identifier))
 
 
 def _labels(_instance: Any, attribute: "attrs.Attribute[Any]", value: Any) -> None:
