@@ -162,6 +162,8 @@ class GgufMetadata:
         a ``{architecture}.pooling_type`` key).
     :ivar header_bytes: where the header (magic, metadata, tensor infos) ends.
     :ivar data_offset: where the tensor data starts (``header_bytes`` aligned).
+    :ivar split_count: ``split.count``: how many parts the model is split into
+        (None when the file is not a part of a split GGUF).
     """
 
     version: int
@@ -177,6 +179,7 @@ class GgufMetadata:
     embedding: bool
     header_bytes: int
     data_offset: int
+    split_count: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         """Return the fields as a JSON object."""
@@ -432,7 +435,43 @@ def _metadata(header: _Header) -> GgufMetadata:
         or f"{architecture}.pooling_type" in values,
         header_bytes=header.header_end,
         data_offset=-(-header.header_end // header.alignment) * header.alignment,
+        split_count=_count(values.get("split.count")),
     )
+
+
+def _count(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def merge_split(parts: list[GgufMetadata]) -> GgufMetadata:
+    """One model's metadata from the headers of its split parts, first part first.
+
+    The first part holds the model's key/value metadata; every part holds some of
+    its tensors, so the parameter and tensor counts are summed over the parts.
+
+    :raises InvalidGguf: the first part says the model has another number of parts.
+    """
+    first = parts[0]
+    if len(parts) > 1 and first.split_count != len(parts):
+        raise InvalidGguf(
+            f"the first part of this split GGUF says split.count = {first.split_count}, "
+            f"but {len(parts)} parts were given",
+            details={"split_count": first.split_count, "parts": len(parts)},
+        )
+    return attrs.evolve(
+        first,
+        parameter_count=sum(part.parameter_count for part in parts),
+        tensor_count=sum(part.tensor_count for part in parts),
+    )
+
+
+def read_gguf_files(paths: list[Path], *, cap: int = DEFAULT_CAP) -> GgufMetadata:
+    """The metadata of a model whose parts are ``paths`` (one file, or a split GGUF's
+    parts in order), reading only their headers (blocking).
+
+    :raises InvalidGguf: a header is malformed, or the parts do not make one model.
+    """
+    return merge_split([read_gguf_file(path, cap=cap) for path in paths])
 
 
 def _next_length(have: int, needed: int, limit: int) -> int:
