@@ -145,7 +145,7 @@ async def test_every_gguf_is_listed_and_unpreviewable_ones_say_why(ca, policy):
     by_name = {result.filename: result for result in results}
     assert list(by_name) == [FILE, "copy.Q4_1.gguf", "big-00001-of-00002.gguf", "unlisted.gguf"]
     assert by_name["copy.Q4_1.gguf"].manifest.name == "copy.Q4_1"
-    assert by_name["big-00001-of-00002.gguf"].refusal.code == "gguf_split_unsupported"
+    assert by_name["big-00001-of-00002.gguf"].refusal.code == "gguf_split_incomplete"
     assert by_name["unlisted.gguf"].refusal.code == "hub_unverifiable"
     assert "sha256" in by_name["unlisted.gguf"].refusal.message
     assert server.bytes_served[resolve("unlisted.gguf")] == 0

@@ -164,6 +164,8 @@ class GgufMetadata:
     :ivar data_offset: where the tensor data starts (``header_bytes`` aligned).
     :ivar split_count: ``split.count``: how many parts the model is split into
         (None when the file is not a part of a split GGUF).
+    :ivar split_no: ``split.no``: which part this is, from 0 (None when not split).
+        A split GGUF's later parts hold tensors only: their ``architecture`` is empty.
     """
 
     version: int
@@ -180,6 +182,7 @@ class GgufMetadata:
     header_bytes: int
     data_offset: int
     split_count: int | None = None
+    split_no: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         """Return the fields as a JSON object."""
@@ -406,8 +409,11 @@ def _text(values: dict[str, Any], key: str) -> str | None:
 def _metadata(header: _Header) -> GgufMetadata:
     values = header.values
     architecture = _text(values, "general.architecture")
-    if not architecture:
+    split_no = values.get("split.no")
+    later_part = isinstance(split_no, int) and not isinstance(split_no, bool) and split_no > 0
+    if not architecture and not later_part:
         raise InvalidGguf("GGUF header has no general.architecture string")
+    architecture = architecture or ""
     context = values.get(f"{architecture}.context_length")
     file_type = values.get("general.file_type")
     file_type = (
@@ -436,6 +442,7 @@ def _metadata(header: _Header) -> GgufMetadata:
         header_bytes=header.header_end,
         data_offset=-(-header.header_end // header.alignment) * header.alignment,
         split_count=_count(values.get("split.count")),
+        split_no=split_no if isinstance(split_no, int) and not isinstance(split_no, bool) else None,
     )
 
 
@@ -449,15 +456,22 @@ def merge_split(parts: list[GgufMetadata]) -> GgufMetadata:
     The first part holds the model's key/value metadata; every part holds some of
     its tensors, so the parameter and tensor counts are summed over the parts.
 
-    :raises InvalidGguf: the first part says the model has another number of parts.
+    :raises InvalidGguf: a part says it is another part, or of another number of
+        parts, or the first part names no architecture.
     """
     first = parts[0]
-    if len(parts) > 1 and first.split_count != len(parts):
-        raise InvalidGguf(
-            f"the first part of this split GGUF says split.count = {first.split_count}, "
-            f"but {len(parts)} parts were given",
-            details={"split_count": first.split_count, "parts": len(parts)},
-        )
+    if len(parts) > 1:
+        for number, part in enumerate(parts):
+            if (part.split_no, part.split_count) != (number, len(parts)):
+                raise InvalidGguf(
+                    f"part {number + 1} of these {len(parts)} GGUF files says it is part "
+                    f"split.no = {part.split_no} of split.count = {part.split_count}, "
+                    f"not {number} of {len(parts)}",
+                    details={"part": number, "split_no": part.split_no,
+                             "split_count": part.split_count, "parts": len(parts)},
+                )  # fmt: skip
+    if not first.architecture:
+        raise InvalidGguf("GGUF header has no general.architecture string")
     return attrs.evolve(
         first,
         parameter_count=sum(part.parameter_count for part in parts),
