@@ -82,24 +82,18 @@ def register(
 def resolve_model(client: ApiClient, name_or_id: str) -> dict[str, Any]:
     """The project's model whose ID, else whose name, is ``name_or_id`` (as listed).
 
-    :raises click.ClickException: none matches, or several share the name (listing
-        their IDs).
+    A name is unique in a project (a second manifest under it is refused), so a
+    name names one model.
+
+    :raises click.ClickException: no model has that ID or name.
     """
     found = client.json("GET", "/api/v1/models")["models"]
-    for model in found:
-        if model["id"] == name_or_id:
-            return model
-    named = [model for model in found if model["name"] == name_or_id]
-    if len(named) == 1:
-        return named[0]
-    if not named:
-        raise click.ClickException(
-            f"no model with the ID or name {name_or_id!r} in this project [model_not_found]"
-        )
+    for key in ("id", "name"):
+        for model in found:
+            if model[key] == name_or_id:
+                return model
     raise click.ClickException(
-        f"{len(named)} models are named {name_or_id!r}; give one of their IDs: "
-        + ", ".join(model["id"] for model in named)
-        + " [ambiguous_name]"
+        f"no model with the ID or name {name_or_id!r} in this project [model_not_found]"
     )
 
 
