@@ -92,7 +92,9 @@ async def test_add_resumes_an_interrupted_upload_and_show_prints_the_gguf_metada
     assert as_json["metadata"]["parameter_count"] == parameters
 
     # Registering it again: short human lines, the JSON only with --json.
-    again = await ficc("models", "register", "--gguf", str(path), "--name", "smollm2", env_extra=env)
+    again = await ficc(
+        "models", "register", "--gguf", str(path), "--name", "smollm2", env_extra=env
+    )
     assert again.returncode == 0, again.stderr
     assert len(again.stdout.decode().splitlines()) == 2
     assert b"next: ficc inference create --model smollm2" in again.stdout
