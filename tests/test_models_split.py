@@ -37,6 +37,8 @@ async def test_the_llama_cpp_job_of_a_split_model_has_every_part_beside_the_firs
         ],
     }  # fmt: skip
     model = await (await client.post("/api/v1/models", headers=admin, json=manifest)).get_json()
+    shown = await (await client.get(f"/api/v1/models/{model['id']}", headers=admin)).get_json()
+    assert shown["metadata"] is None  # read from the verified files only
     for index, file in enumerate(manifest["files"]):
         content = (tmp_path / "split" / file["path"].removeprefix("q4/")).read_bytes()
         for offset in range(0, len(content), 16 << 20):
@@ -47,6 +49,10 @@ async def test_the_llama_cpp_job_of_a_split_model_has_every_part_beside_the_firs
             )
             assert uploaded.status_code == 200, await uploaded.get_json()
     project = (await (await client.get("/api/v1/whoami", headers=admin)).get_json())["project"]
+    shown = await (await client.get(f"/api/v1/models/{model['id']}", headers=admin)).get_json()
+    assert shown["state"] == "verified"
+    assert shown["metadata"]["split_count"] == 2
+    assert [f["path"] for f in shown["files"]] == [f["path"] for f in manifest["files"]]
 
     context = await ModelContexts(models=service.models, blobs=service.blobs).get(
         project["id"], model["id"]
