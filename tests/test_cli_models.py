@@ -61,7 +61,7 @@ async def test_register_upload_show_list_delete_through_the_cli(tmp_path, serve_
     listed = (await ficc("models", "list", env_extra=env)).stdout.decode()
     assert model["id"] in listed and "verified" in listed
 
-    deleted = await ficc("models", "delete", model["id"], "--evict", env_extra=env)
+    deleted = await ficc("models", "delete", model["id"], "--evict", "--json", env_extra=env)
     assert json.loads(deleted.stdout)["evicted"] == [hashlib.sha256(content).hexdigest()]
     missing = await ficc("models", "show", model["id"], env_extra=env)
     assert missing.returncode != 0

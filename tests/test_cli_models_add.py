@@ -152,7 +152,12 @@ async def test_pull_previews_registers_and_acquires_single_and_split_ggufs(
         token = await server.admin_token()
         env = {"FICC_URL": url, "FICC_TOKEN": token}
 
-        previews = json.loads((await ficc("models", "preview", REPO, env_extra=env)).stdout)
+        previews = json.loads(
+            (await ficc("models", "preview", REPO, "--json", env_extra=env)).stdout
+        )
+        table = (await ficc("models", "preview", REPO, env_extra=env)).stdout.decode()
+        [split_row] = [line for line in table.splitlines() if split_parts[0].name in line]
+        assert split_row.split()[3:6] == ["3", "llama", "Q4_1"]  # one row, three parts
         split = [p for p in previews["previews"] if p.get("parts")]
         assert [p["filename"] for p in previews["previews"]] == [single.name, split_parts[0].name]
         assert split[0]["parts"] == [part.name for part in split_parts]

@@ -193,73 +193,129 @@ def show(ctx: click.Context, model: str, as_json: bool) -> None:
         click.echo(line)
 
 
+_JSON = click.option("--json", "as_json", is_flag=True, help="Print the API's JSON instead.")
+
+
+def _state_line(model: dict[str, Any]) -> str:
+    return (
+        f"{model['name']} (ID {model['id']}): {model['state']}, "
+        f"{model['received_bytes'] / _MiB:.1f}/{model['size'] / _MiB:.1f} MiB received"
+    )
+
+
 @models.command("acquire")
 @click.argument("model")
 @click.option("--wait", is_flag=True, help="Follow the acquisition with a progress bar.")
 @click.option("--interval", default=0.5, show_default=True, help="Seconds between polls.")
+@_JSON
 @click.pass_context
-def acquire(ctx: click.Context, model: str, wait: bool, interval: float) -> None:
+def acquire(ctx: click.Context, model: str, wait: bool, interval: float, as_json: bool) -> None:
     """Start or resume the HTTPS acquisition of MODEL (a name or ID)."""
     client = _client(ctx)
     found = client.json("POST", f"/api/v1/models/{_model_id(ctx, model)}/acquire")
-    if not wait:
+    if wait:
+        found = follow_acquisition(client, found, interval)
+    if as_json:
         echo_json(found)
-        return
-    found = follow_acquisition(client, found, interval)
-    click.echo(f"{found['name']}: {found['state']}")
+    elif wait:
+        click.echo(f"{found['name']}: {found['state']}")
+    else:
+        click.echo(_state_line(found))
 
 
 @models.command("pause")
 @click.argument("model")
+@_JSON
 @click.pass_context
-def pause(ctx: click.Context, model: str) -> None:
+def pause(ctx: click.Context, model: str, as_json: bool) -> None:
     """Pause MODEL's acquisition; `acquire` resumes it from the durable offset."""
-    echo_json(_client(ctx).json("POST", f"/api/v1/models/{_model_id(ctx, model)}/pause"))
+    found = _client(ctx).json("POST", f"/api/v1/models/{_model_id(ctx, model)}/pause")
+    if as_json:
+        echo_json(found)
+    else:
+        click.echo(_state_line(found))
 
 
 @models.command("upload")
 @click.argument("model")
 @click.argument("path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--index", default=0, show_default=True, help="Which file of the manifest.")
+@_JSON
 @click.pass_context
-def upload(ctx: click.Context, model: str, path: Path, index: int) -> None:
+def upload(ctx: click.Context, model: str, path: Path, index: int, as_json: bool) -> None:
     """Upload PATH as file --index of MODEL; an interrupted upload resumes where it stopped."""
     file = upload_file(_client(ctx), _model_id(ctx, model), index, path)
-    click.echo(f"{file['path']}: {file['state']}")
+    if as_json:
+        echo_json(file)
+    else:
+        click.echo(f"{file['path']}: {file['state']}")
     if file["state"] != "verified":
         raise click.ClickException(file.get("reason") or f"the file is {file['state']}")
+
+
+def _preview_row(preview: dict[str, Any]) -> tuple[Any, ...]:
+    metadata = preview.get("metadata") or {}
+    refusal = preview.get("refusal")
+    return (
+        preview["filename"],
+        f"{preview['size'] / _MiB:.1f} MiB" if "size" in preview else "?",
+        len(preview["parts"]) if preview.get("parts") else 1,
+        metadata.get("architecture", ""),
+        metadata.get("quantisation") or "",
+        metadata.get("context_length") or "",
+        f"{refusal['code']}: {refusal['message']}" if refusal else "",
+    )
 
 
 @models.command("preview")
 @click.argument("repository")
 @click.option("--revision", default="main", show_default=True)
-@click.option("--filename", help="Only this GGUF file of the repository.")
+@click.option("--file", "--filename", "filename", help="Only this GGUF model of the repository.")
 @click.option("--licence", help="Licence to record (default: the repository's card).")
+@_JSON
 @click.pass_context
 def preview(
-    ctx: click.Context, repository: str, revision: str, filename: str | None, licence: str | None
+    ctx: click.Context,
+    repository: str,
+    revision: str,
+    filename: str | None,
+    licence: str | None,
+    as_json: bool,
 ) -> None:
-    """Resolve a hub repository's GGUF files into manifests without downloading weights."""
+    """Resolve a hub repository's GGUF models into manifests without downloading weights."""
     body = {"repository": repository, "revision": revision}
     if filename:
         body["filename"] = filename
     if licence:
         body["licence"] = licence
-    echo_json(_client(ctx).json("POST", "/api/v1/models/hub-preview", json=body))
+    found = _client(ctx).json("POST", "/api/v1/models/hub-preview", json=body)
+    if as_json:
+        echo_json(found)
+        return
+    header = ("FILE", "SIZE", "PARTS", "ARCHITECTURE", "QUANTISATION", "CONTEXT", "REFUSED")
+    echo_table([header, *(_preview_row(preview) for preview in found["previews"])])
+    click.echo(f"next: ficc models pull {repository} --file FILE")
 
 
 @models.command("delete")
 @click.argument("model")
 @click.option("--evict", is_flag=True, help="Also delete content no other model shares.")
+@_JSON
 @click.pass_context
-def delete(ctx: click.Context, model: str, evict: bool) -> None:
+def delete(ctx: click.Context, model: str, evict: bool, as_json: bool) -> None:
     """Delete MODEL's metadata (a name or ID; refused while an inference service uses it)."""
-    echo_json(
-        _client(ctx).json(
-            "DELETE",
-            f"/api/v1/models/{_model_id(ctx, model)}",
-            params={"evict": "true" if evict else "false"},
-        )
+    deleted = _client(ctx).json(
+        "DELETE",
+        f"/api/v1/models/{_model_id(ctx, model)}",
+        params={"evict": "true" if evict else "false"},
+    )
+    if as_json:
+        echo_json(deleted)
+        return
+    evicted = len(deleted["evicted"])
+    click.echo(
+        f"deleted model {deleted['name']} (ID {deleted['id']})"
+        + (f"; evicted {evicted} blob{'s' * (evicted != 1)}" if evict else "")
     )
 
 
