@@ -172,6 +172,7 @@ def test_gguf_manifest_accepts_every_part_of_one_split_gguf_and_orders_them():
         ["a/x-00001-of-00002.gguf", "b/x-00002-of-00002.gguf"],  # not side by side
         ["x-00001-of-00002.gguf", "x-00002-of-00002.gguf", "other.gguf"],
         ["x-00000-of-00001.gguf", "x-00001-of-00001.gguf"],  # no part 0
+        ["x-00002-of-00003.gguf"],  # one part alone: the others are missing
     ],
 )
 def test_gguf_manifest_refuses_gguf_files_that_are_not_one_complete_split(names):

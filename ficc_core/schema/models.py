@@ -122,7 +122,9 @@ def _files(instance: Any, attribute: "attrs.Attribute[Any]", files: Any) -> None
         seen.add(file.path)
     if instance.format == "gguf":
         weights = [file.path for file in files if file.path.endswith(".gguf")]
-        if len(weights) != 1 and gguf_split_parts(weights) is None:
+        # One file, unless its name says it is one part of several.
+        single = len(weights) == 1 and (gguf_split_part(weights[0]) or ("", 1, 1))[2] == 1
+        if not single and gguf_split_parts(weights) is None:
             raise FieldError(
                 "files",
                 f'must hold exactly one ".gguf" file for format "gguf", or every part of '
