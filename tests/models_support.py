@@ -98,3 +98,20 @@ async def project_token(data_dir: Path, project: str) -> str:
         [*admin, "create-token", "--project", project, *scopes], env=env, capture_stdout=True
     )
     return re.search(r"token \(shown once\): (\S+)", created.stdout.decode()).group(1)
+
+
+def tiny_gguf(path: Path, *, size: int = 3 << 20, seed: int = 0) -> bytes:
+    """Write a small valid GGUF (a llama header, one F32 tensor of about ``size`` bytes of
+    pseudo-random content) at ``path``; return its bytes."""
+    import gguf
+    import numpy as np
+
+    writer = gguf.GGUFWriter(path, "llama")
+    writer.add_context_length(2048)
+    weights = np.frombuffer(random_bytes(size // 4 * 4, seed), dtype=np.uint8).view(np.float32)
+    writer.add_tensor("token_embd.weight", weights.copy())
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path.read_bytes()

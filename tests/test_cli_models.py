@@ -11,11 +11,11 @@ import httpx
 import trio
 
 from ficc_core.cli.client import ApiClient
-from ficc_core.cli.models import upload_file
+from ficc_core.cli.models_transfer import upload_file
 
 from .conftest import bearer
 from .httpsd import ServedFile
-from .models_support import gguf_manifest, random_bytes
+from .models_support import gguf_manifest, random_bytes, tiny_gguf
 
 MiB = 1 << 20
 
@@ -36,10 +36,9 @@ async def test_register_upload_show_list_delete_through_the_cli(tmp_path, serve_
     url, token = serve_process
     env = {"FICC_URL": url, "FICC_TOKEN": token}
     local = tmp_path / "tiny.gguf"
-    content = random_bytes(3 * MiB + 5, seed=31)
-    local.write_bytes(content)
+    content = tiny_gguf(local, size=3 * MiB + 5, seed=31)
 
-    registered = await ficc("models", "register", "--gguf", str(local), env_extra=env)
+    registered = await ficc("models", "register", "--gguf", str(local), "--json", env_extra=env)
     assert registered.returncode == 0, registered.stderr
     model = json.loads(registered.stdout)
     assert model["files"][0]["sha256"] == hashlib.sha256(content).hexdigest()
@@ -57,16 +56,17 @@ async def test_register_upload_show_list_delete_through_the_cli(tmp_path, serve_
     assert b"tiny.gguf: verified" in uploaded.stdout
     assert b"%" in uploaded.stderr  # the progress bar
 
-    shown = json.loads((await ficc("models", "show", model["id"], env_extra=env)).stdout)
+    shown = json.loads((await ficc("models", "show", model["id"], "--json", env_extra=env)).stdout)
     assert shown["state"] == "verified"
     listed = (await ficc("models", "list", env_extra=env)).stdout.decode()
     assert model["id"] in listed and "verified" in listed
 
-    deleted = await ficc("models", "delete", model["id"], "--evict", env_extra=env)
+    deleted = await ficc("models", "delete", model["id"], "--evict", "--json", env_extra=env)
     assert json.loads(deleted.stdout)["evicted"] == [hashlib.sha256(content).hexdigest()]
     missing = await ficc("models", "show", model["id"], env_extra=env)
     assert missing.returncode != 0
     assert b"[model_not_found]" in missing.stderr
+    assert model["id"].encode() in missing.stderr
 
 
 async def test_acquire_wait_follows_progress_to_verified(tmp_path, serve_process, https_server):
@@ -76,7 +76,8 @@ async def test_acquire_wait_follows_progress_to_verified(tmp_path, serve_process
     env = {"FICC_URL": url, "FICC_TOKEN": token}
     manifest = tmp_path / "m.json"
     manifest.write_text(json.dumps(gguf_manifest("m", content, url=https_server.url("/m.gguf"))))
-    model = json.loads((await ficc("models", "register", str(manifest), env_extra=env)).stdout)
+    registered = await ficc("models", "register", str(manifest), "--json", env_extra=env)
+    model = json.loads(registered.stdout)
     result = await ficc(
         "models", "acquire", model["id"], "--wait", "--interval", "0.1", env_extra=env
     )

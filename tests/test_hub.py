@@ -145,7 +145,7 @@ async def test_every_gguf_is_listed_and_unpreviewable_ones_say_why(ca, policy):
     by_name = {result.filename: result for result in results}
     assert list(by_name) == [FILE, "copy.Q4_1.gguf", "big-00001-of-00002.gguf", "unlisted.gguf"]
     assert by_name["copy.Q4_1.gguf"].manifest.name == "copy.Q4_1"
-    assert by_name["big-00001-of-00002.gguf"].refusal.code == "gguf_split_unsupported"
+    assert by_name["big-00001-of-00002.gguf"].refusal.code == "gguf_split_incomplete"
     assert by_name["unlisted.gguf"].refusal.code == "hub_unverifiable"
     assert "sha256" in by_name["unlisted.gguf"].refusal.message
     assert server.bytes_served[resolve("unlisted.gguf")] == 0
@@ -176,6 +176,50 @@ async def test_filename_selects_one_file(ca, policy):
     assert results[0].manifest.licence == "my-licence"
     assert server.bytes_served[resolve("other.gguf")] == 0
     assert server.requests_for(resolve("other.gguf")) == []
+
+
+def _split_parts(folder: str) -> list[tuple[Path, int, str]]:
+    from ficc_core.testing.models import split_gguf
+
+    parts = split_gguf(smollm2()[0], Path(folder), parts=3, stem="smol")
+    return [(p, p.stat().st_size, hashlib.sha256(p.read_bytes()).hexdigest()) for p in parts]
+
+
+async def test_a_split_gguf_missing_a_part_is_refused_naming_it(ca, policy, tmp_path):
+    parts = _split_parts(str(tmp_path / "split"))
+    present = [parts[0], parts[2]]
+    routes = {LISTING: listing(*(sibling(p.name, size, sha) for p, size, sha in present))}
+    routes |= {resolve(p.name): ServedFile(p) for p, _size, _sha in present}
+    with trio.fail_after(30):
+        async with open_https_server(ca, routes) as server:
+            (listed,) = await preview(server, policy)
+            with pytest.raises(FiccError) as caught:
+                await preview(server, policy, filename=parts[2][0].name)
+    assert listed.refusal.code == "gguf_split_incomplete"
+    assert parts[1][0].name in listed.refusal.message
+    assert listed.parts == (parts[0][0].name, parts[2][0].name)
+    assert (caught.value.code, caught.value.status) == ("gguf_split_incomplete", 422)
+    assert sum(server.bytes_served.values()) < 1 << 20  # no header was read
+
+
+async def test_a_split_whose_headers_disagree_with_its_names_is_refused(ca, policy, tmp_path):
+    parts = _split_parts(str(tmp_path / "split"))
+    # The same three files under the names of a two-part split plus a lone file:
+    # the first part's header says split.count = 3.
+    routes = {
+        LISTING: listing(
+            sibling("two-00001-of-00002.gguf", parts[0][1], parts[0][2]),
+            sibling("two-00002-of-00002.gguf", parts[1][1], parts[1][2]),
+        ),
+        resolve("two-00001-of-00002.gguf"): ServedFile(parts[0][0]),
+        resolve("two-00002-of-00002.gguf"): ServedFile(parts[1][0]),
+    }
+    with trio.fail_after(30):
+        async with open_https_server(ca, routes) as server:
+            (listed,) = await preview(server, policy)
+    assert listed.manifest is None
+    assert listed.refusal.code == "invalid_gguf"
+    assert "split.count = 3" in listed.refusal.message
 
 
 async def test_a_filename_not_in_the_repository_is_not_found(ca, policy):

@@ -96,7 +96,8 @@ def test_gguf_manifest_may_carry_other_files_beside_its_gguf():
 def test_gguf_manifest_refuses_no_gguf_file():
     assert _refusal({**MANIFEST, "files": [_file("model.bin")]}) == {
         "path": "$.files",
-        "message": 'must hold exactly one ".gguf" file for format "gguf", found 0',
+        "message": 'must hold exactly one ".gguf" file for format "gguf", or every part of '
+        "one split GGUF (<name>-00001-of-0000N.gguf ...), found 0",
     }
 
 
@@ -152,3 +153,29 @@ def test_absent_licence_and_source_are_omitted():
 def test_source_refuses_an_empty_revision():
     error = _refusal({"repository": "a/b", "revision": ""}, ModelSource)
     assert error == {"path": "$.revision", "message": "must not be empty"}
+
+
+def test_gguf_manifest_accepts_every_part_of_one_split_gguf_and_orders_them():
+    names = ["m/x-00002-of-00003.gguf", "m/x-00003-of-00003.gguf", "m/x-00001-of-00003.gguf"]
+    files = [_file(name) for name in names] + [_file("README.md")]
+    manifest = structure({**MANIFEST, "files": files}, ModelManifest)
+    assert [f.path for f in manifest.weights] == sorted(names)
+    assert [f.path for f in structure(MANIFEST, ModelManifest).weights] == [GGUF_FILE["path"]]
+
+
+@pytest.mark.parametrize(
+    "names",
+    [
+        ["x-00001-of-00003.gguf", "x-00002-of-00003.gguf"],  # a part missing
+        ["x-00001-of-00002.gguf", "y-00002-of-00002.gguf"],  # two prefixes
+        ["x-00001-of-00002.gguf", "x-00002-of-00003.gguf"],  # two counts
+        ["a/x-00001-of-00002.gguf", "b/x-00002-of-00002.gguf"],  # not side by side
+        ["x-00001-of-00002.gguf", "x-00002-of-00002.gguf", "other.gguf"],
+        ["x-00000-of-00001.gguf", "x-00001-of-00001.gguf"],  # no part 0
+        ["x-00002-of-00003.gguf"],  # one part alone: the others are missing
+    ],
+)
+def test_gguf_manifest_refuses_gguf_files_that_are_not_one_complete_split(names):
+    error = _refusal({**MANIFEST, "files": [_file(name) for name in names]})
+    assert error["path"] == "$.files"
+    assert error["message"].endswith(f"found {len(names)}")

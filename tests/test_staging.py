@@ -383,13 +383,23 @@ async def test_a_directory_model_is_assembled_from_staged_blobs_read_only(setup,
         assert await stage_directory(stager, files) == root
         assert len(stager.requests) == 2
         job = Job(
-            argv=("vllm", "serve", "/controller/models/m"),
+            argv=(
+                "vllm", "serve", "/controller/models/m",
+                # A file inside the directory (a split GGUF's first part), bare or after "=".
+                "/controller/models/m/config.json", "--x=/controller/models/m/config.json",
+                "/controller/models/mx",  # only the same prefix, not inside: left alone
+            ),
             endpoint=EndpointContract.unix(["/health"]),
             inputs=(JobInput(id="model", path="/controller/models/m"),),
-        )
+        )  # fmt: skip
         staged = await stage_job_inputs(stager, job, {}, {"model": files})
         assert staged.inputs[0].path == str(root)
-        assert staged.argv[2] == str(root)
+        assert staged.argv[2:] == (
+            str(root),
+            f"{root}/config.json",
+            f"--x={root}/config.json",
+            "/controller/models/mx",
+        )
         with pytest.raises(UnsafePath) as unsafe:
             await stage_directory(stager, {"../escape": files["config.json"]})
         assert (unsafe.value.code, unsafe.value.status) == ("unsafe_path", 502)

@@ -361,8 +361,9 @@ async def stage_job_inputs(
     ``digests`` maps each blob's digest (``sha256:<hex>`` or ``<hex>``) to its size,
     as the model's manifest lists them. Every input whose ``digest`` is there is
     staged (concurrently) and its ``path`` rewritten to the staged, read-only file;
-    so is every argv item or environment value that is the old path (or ends in
-    ``=<old path>``), since adapters pass an input's path on the command line.
+    so is every argv item or environment value that is the old path or a path
+    inside it (or ends in ``=`` and one of those), since adapters pass an input's
+    path, or a file in a directory input, on the command line.
     ``directories`` maps a directory input's id to its files (see
     :func:`stage_directory`); those inputs are assembled and rewritten the same way.
     Other inputs are left as they are. Raises :class:`StagingError` if any fails.
@@ -390,12 +391,21 @@ async def stage_job_inputs(
                 nursery.start_soon(tree, item.id)
     moved = {item.path: str(staged[item.id]) for item in job.inputs if item.id in staged}
 
-    def rewrite(value: str) -> str:
+    def path(value: str) -> str | None:
+        # The input's path, or a path inside a directory input (a split GGUF's first part).
         if value in moved:
             return moved[value]
+        for old, new in moved.items():
+            if value.startswith(old + "/"):
+                return new + value[len(old) :]
+        return None
+
+    def rewrite(value: str) -> str:
         head, equals, tail = value.rpartition("=")
-        if equals and tail in moved:
-            return f"{head}={moved[tail]}"
+        if (moved_value := path(value)) is not None:
+            return moved_value
+        if equals and (moved_tail := path(tail)) is not None:
+            return f"{head}={moved_tail}"
         return value
 
     inputs = tuple(

@@ -14,7 +14,7 @@ from ..models.registry import MAX_BYTES_CHUNK, MAX_JSON_CHUNK
 from ..schema import ModelManifest
 from ..schema._convert import MAX_LENGTH, MAX_SAFE_INTEGER, integer
 from .bodies import query_integer, read_body, read_json
-from .views_models import deletion_view, model_file_view, model_view
+from .views_models import deletion_view, model_detail_view, model_file_view, model_view
 
 if TYPE_CHECKING:
     from quart_trio import QuartTrio
@@ -78,7 +78,8 @@ def register(app: QuartTrio, service: Service) -> None:
 
     @app.get("/api/v1/models/<model_id>", endpoint="models_get")
     async def models_get(model_id: str) -> Response:
-        return jsonify(model_view(await models.get(g.principal.project_id, model_id)))
+        model = await models.get(g.principal.project_id, model_id)
+        return jsonify(model_detail_view(model, await models.metadata(model)))
 
     @app.post("/api/v1/models", endpoint="models_register")
     async def models_register() -> tuple[Response, int]:

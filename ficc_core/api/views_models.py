@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..models.gguf import GgufMetadata
 from ..models.records import Deletion, Model, ModelFile
 
 
@@ -46,6 +47,12 @@ def model_view(model: Model) -> dict[str, Any]:
         "verified_bytes": model.verified_bytes,
         "files": [model_file_view(file) for file in model.files],
     }
+
+
+def model_detail_view(model: Model, metadata: GgufMetadata | None) -> dict[str, Any]:
+    """A model as ``GET /models/{id}`` shows it: :func:`model_view` and, as an extension
+    beside it, ``metadata``: what a verified GGUF model's headers say (null otherwise)."""
+    return {**model_view(model), "metadata": None if metadata is None else metadata.to_json()}
 
 
 def deletion_view(deletion: Deletion) -> dict[str, Any]:

@@ -2,83 +2,24 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import click
 
-from ..models.registry import MAX_BYTES_CHUNK
-from .client import ApiClient, ApiError, client_from, connection_options, echo_json
+from .client import ApiClient, client_from, connection_options, echo_json, echo_table
+from .models_transfer import (
+    COMMANDS,
+    follow_acquisition,
+    gguf_document,
+    gguf_parts,
+    read_local_gguf,
+    summary,
+    upload_file,
+)
 
 _MiB = 1 << 20
-
-
-class Progress:
-    """A progress line with percentage, rate and ETA on stderr.
-
-    On a terminal it redraws one line; otherwise (logs, CI) it prints a line at most
-    every ``every`` seconds and a final one, so progress is visible there too.
-    """
-
-    def __init__(self, total: int, label: str, *, start: int = 0, every: float = 2.0) -> None:
-        self.total, self.label, self.done = total, label, start
-        self._base, self._started = start, time.monotonic()
-        self._tty = sys.stderr.isatty()
-        self._every, self._last = every, 0.0
-
-    def __enter__(self) -> Progress:
-        self._render(force=True)
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self._render(force=True)
-        if self._tty:
-            sys.stderr.write("\n")
-        sys.stderr.flush()
-
-    def update_to(self, done: int) -> None:
-        """Record that ``done`` bytes of ``total`` are complete."""
-        self.done = done
-        self._render()
-
-    def line(self) -> str:
-        """The progress line as it is shown."""
-        elapsed = max(time.monotonic() - self._started, 1e-6)
-        rate = (self.done - self._base) / elapsed
-        percent = 100.0 * self.done / self.total if self.total else 100.0
-        remaining = (self.total - self.done) / rate if rate > 0 else float("inf")
-        eta = (
-            "--:--" if remaining == float("inf") else time.strftime("%M:%S", time.gmtime(remaining))
-        )
-        return (
-            f"{self.label} {percent:5.1f}% {self.done / _MiB:.1f}/{self.total / _MiB:.1f} MiB "
-            f"{rate / _MiB:.1f} MiB/s ETA {eta}"
-        )
-
-    def _render(self, *, force: bool = False) -> None:
-        now = time.monotonic()
-        if self._tty:
-            sys.stderr.write("\r" + self.line())
-        elif force or now - self._last >= self._every:
-            sys.stderr.write(self.line() + "\n")
-        else:
-            return
-        self._last = now
-        sys.stderr.flush()
-
-
-def _file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    size = path.stat().st_size
-    with path.open("rb") as handle, Progress(size, f"hashing {path.name}") as progress:
-        while chunk := handle.read(4 * _MiB):
-            digest.update(chunk)
-            progress.update_to(progress.done + len(chunk))
-    return digest.hexdigest()
 
 
 @click.group()
@@ -100,10 +41,12 @@ def _client(ctx: click.Context) -> ApiClient:
 @click.option(
     "--gguf",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    help="Build a one-file GGUF manifest from this local file (hashes it).",
+    help="Build the manifest from this local GGUF (hashes it; any part of a split GGUF "
+    "registers all its parts).",
 )
 @click.option("--name", help="Model name for --gguf (default: the file name without .gguf).")
 @click.option("--licence", help="Licence for --gguf.")
+@click.option("--json", "as_json", is_flag=True, help="Print the API's JSON instead.")
 @click.pass_context
 def register(
     ctx: click.Context,
@@ -111,31 +54,63 @@ def register(
     gguf: Path | None,
     name: str | None,
     licence: str | None,
+    as_json: bool,
 ) -> None:
-    """Register a manifest from MANIFEST (JSON) or from a local --gguf file."""
+    """Register a manifest from MANIFEST (JSON) or from a local --gguf file.
+
+    This registers only; `ficc models add FILE` registers and uploads in one step.
+    """
     if (manifest is None) == (gguf is None):
         raise click.UsageError("give either MANIFEST or --gguf PATH")
     if manifest is not None:
         document = json.loads(manifest.read_text(encoding="utf-8"))
     else:
-        document = {
-            "name": name or gguf.name.removesuffix(".gguf"),
-            "format": "gguf",
-            "files": [
-                {"path": gguf.name, "size": gguf.stat().st_size, "sha256": _file_sha256(gguf)}
-            ],
-        }
-        if licence:
-            document["licence"] = licence
-    echo_json(_client(ctx).json("POST", "/api/v1/models", json=document))
+        parts = gguf_parts(gguf)
+        read_local_gguf(parts)
+        document = gguf_document(parts, name, licence)
+    model = _client(ctx).json("POST", "/api/v1/models", json=document)
+    if as_json:
+        echo_json(model)
+        return
+    lines = summary(model, "registered")
+    if model["state"] != "verified" and gguf is not None:
+        lines[-1] = f"next: ficc models add {gguf}  (uploads it; or ficc models upload)"
+    for line in lines:
+        click.echo(line)
+
+
+def resolve_model(client: ApiClient, name_or_id: str) -> dict[str, Any]:
+    """The project's model whose ID, else whose name, is ``name_or_id`` (as listed).
+
+    A name is unique in a project (a second manifest under it is refused), so a
+    name names one model.
+
+    :raises click.ClickException: no model has that ID or name.
+    """
+    found = client.json("GET", "/api/v1/models")["models"]
+    for key in ("id", "name"):
+        for model in found:
+            if model[key] == name_or_id:
+                return model
+    raise click.ClickException(
+        f"no model with the ID or name {name_or_id!r} in this project [model_not_found]"
+    )
+
+
+def _model_id(ctx: click.Context, name_or_id: str) -> str:
+    return resolve_model(_client(ctx), name_or_id)["id"]
 
 
 @models.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Print the API's JSON instead.")
 @click.pass_context
-def list_models(ctx: click.Context) -> None:
+def list_models(ctx: click.Context, as_json: bool) -> None:
     """List the project's models with their state."""
     found = _client(ctx).json("GET", "/api/v1/models")["models"]
-    rows = [("ID", "NAME", "FORMAT", "STATE", "VERIFIED")]
+    if as_json:
+        echo_json({"models": found})
+        return
+    rows: list[tuple[Any, ...]] = [("ID", "NAME", "FORMAT", "STATE", "VERIFIED")]
     for model in found:
         rows.append(
             (
@@ -146,143 +121,203 @@ def list_models(ctx: click.Context) -> None:
                 f"{model['verified_bytes'] / _MiB:.1f}/{model['size'] / _MiB:.1f} MiB",
             )
         )
-    widths = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        click.echo(
-            "  ".join(str(cell).ljust(width) for cell, width in zip(row, widths, strict=True))
+    echo_table(rows)
+
+
+def _count(value: int) -> str:
+    for unit, scale in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if value >= scale:
+            return f"{value / scale:.1f}{unit}"
+    return str(value)
+
+
+def _yes(flag: bool) -> str:
+    return "yes" if flag else "no"
+
+
+def show_lines(model: dict[str, Any]) -> list[str]:
+    """``ficc models show``'s human form of a model (``GET /models/{id}``)."""
+    rows: list[tuple[str, Any]] = [
+        ("model", f"{model['name']} (ID {model['id']})"),
+        ("state", model["state"]),
+        ("format", model["format"]),
+        ("size", f"{model['size'] / _MiB:.1f} MiB"),
+    ]
+    metadata = model.get("metadata")
+    if metadata:
+        quantisation = metadata["quantisation"] or "unknown"
+        if metadata["file_type"] is not None:
+            quantisation += f" (file type {metadata['file_type']})"
+        rows += [
+            ("architecture", metadata["architecture"]),
+            ("parameters", _count(metadata["parameter_count"])),
+            ("context length", metadata["context_length"] or "unknown"),
+            ("quantisation", quantisation),
+            ("chat template", _yes(metadata["chat_template"])),
+            ("embedding model", _yes(metadata["embedding"])),
+        ]
+        if metadata.get("split_count"):
+            rows.append(("split", f"{metadata['split_count']} parts"))
+    elif model["format"] == "gguf":
+        rows.append(("metadata", "read once the model is verified"))
+    manifest = model["manifest"]
+    if manifest.get("licence"):
+        rows.append(("licence", manifest["licence"]))
+    if manifest.get("source"):
+        source = manifest["source"]
+        rows.append(("source", f"{source['repository']} @ {source['revision']}"))
+    width = max(len(label) for label, _ in rows)
+    lines = [f"{label.ljust(width)}  {value}" for label, value in rows]
+    lines += ["", "files:"]
+    for file in model["files"]:
+        lines.append(
+            f"  {file['index']}  {file['path']}  {file['state']}  "
+            f"{file['received_bytes'] / _MiB:.1f}/{file['size'] / _MiB:.1f} MiB"
+            + (f"  ({file['reason']})" if file.get("reason") else "")
         )
+    return lines
 
 
 @models.command("show")
-@click.argument("model_id")
+@click.argument("model")
+@click.option("--json", "as_json", is_flag=True, help="Print the API's JSON instead.")
 @click.pass_context
-def show(ctx: click.Context, model_id: str) -> None:
-    """Show a model: manifest, per-file state and progress."""
-    echo_json(_client(ctx).json("GET", f"/api/v1/models/{model_id}"))
+def show(ctx: click.Context, model: str, as_json: bool) -> None:
+    """Show MODEL (a name or ID): its GGUF metadata, and each file's state and progress."""
+    client = _client(ctx)
+    shown = client.json("GET", f"/api/v1/models/{resolve_model(client, model)['id']}")
+    if as_json:
+        echo_json(shown)
+        return
+    for line in show_lines(shown):
+        click.echo(line)
+
+
+_JSON = click.option("--json", "as_json", is_flag=True, help="Print the API's JSON instead.")
+
+
+def _state_line(model: dict[str, Any]) -> str:
+    return (
+        f"{model['name']} (ID {model['id']}): {model['state']}, "
+        f"{model['received_bytes'] / _MiB:.1f}/{model['size'] / _MiB:.1f} MiB received"
+    )
 
 
 @models.command("acquire")
-@click.argument("model_id")
+@click.argument("model")
 @click.option("--wait", is_flag=True, help="Follow the acquisition with a progress bar.")
 @click.option("--interval", default=0.5, show_default=True, help="Seconds between polls.")
+@_JSON
 @click.pass_context
-def acquire(ctx: click.Context, model_id: str, wait: bool, interval: float) -> None:
-    """Start or resume the HTTPS acquisition of MODEL_ID."""
+def acquire(ctx: click.Context, model: str, wait: bool, interval: float, as_json: bool) -> None:
+    """Start or resume the HTTPS acquisition of MODEL (a name or ID)."""
     client = _client(ctx)
-    model = client.json("POST", f"/api/v1/models/{model_id}/acquire")
-    if not wait:
-        echo_json(model)
-        return
-    with Progress(model["size"], model["name"], start=model["received_bytes"]) as progress:
-        while model["state"] not in ("verified", "failed", "paused"):
-            time.sleep(interval)
-            model = client.json("GET", f"/api/v1/models/{model_id}")
-            progress.update_to(model["received_bytes"])
-    click.echo(f"{model['name']}: {model['state']}")
-    if model["state"] != "verified":
-        reasons = [f"{f['path']}: {f['reason']}" for f in model["files"] if f.get("reason")]
-        raise click.ClickException("; ".join(reasons) or f"the acquisition is {model['state']}")
+    found = client.json("POST", f"/api/v1/models/{_model_id(ctx, model)}/acquire")
+    if wait:
+        found = follow_acquisition(client, found, interval)
+    if as_json:
+        echo_json(found)
+    elif wait:
+        click.echo(f"{found['name']}: {found['state']}")
+    else:
+        click.echo(_state_line(found))
 
 
 @models.command("pause")
-@click.argument("model_id")
+@click.argument("model")
+@_JSON
 @click.pass_context
-def pause(ctx: click.Context, model_id: str) -> None:
-    """Pause MODEL_ID's acquisition; `acquire` resumes it from the durable offset."""
-    echo_json(_client(ctx).json("POST", f"/api/v1/models/{model_id}/pause"))
-
-
-def upload_file(
-    client: ApiClient, model_id: str, index: int, path: Path, *, label: str | None = None
-) -> dict[str, Any]:
-    """Upload ``path`` as file ``index`` of a model, resuming from the server's offset."""
-    model = client.json("GET", f"/api/v1/models/{model_id}")
-    try:
-        file = model["files"][index]
-    except IndexError:
-        raise click.ClickException(f"model {model_id} has no file {index}") from None
-    size = path.stat().st_size
-    if size != file["size"]:
-        raise click.ClickException(
-            f"{path} has {size} bytes; the manifest declares {file['size']} for {file['path']}"
-        )
-    if file["state"] == "verified":
-        return file
-    offset = file["received_bytes"]
-    route = f"/api/v1/models/{model_id}/files/{index}"
-    with (
-        path.open("rb") as handle,
-        Progress(size, label or file["path"], start=offset) as progress,
-    ):
-        while offset < size:
-            handle.seek(offset)
-            chunk = handle.read(MAX_BYTES_CHUNK)
-            try:
-                file = client.json(
-                    "POST",
-                    f"{route}/bytes",
-                    params={"offset": offset},
-                    content=chunk,
-                    headers={"Content-Type": "application/octet-stream"},
-                )
-            except ApiError as exc:
-                if exc.error["code"] == "offset_mismatch":
-                    offset = exc.error["details"]["offset"]  # resume where the server is
-                    continue
-                if exc.error["code"] == "too_many_uploads":
-                    time.sleep(float(exc.response.headers.get("Retry-After", "1")))
-                    continue
-                if exc.error["code"] == "file_verified":
-                    # The same content was verified through another model meanwhile.
-                    return client.json("GET", f"/api/v1/models/{model_id}")["files"][index]
-                raise
-            offset = file["received_bytes"]
-            progress.update_to(offset)
-    if file["state"] != "verified":
-        # A complete file left unverified by an interruption: the empty upload verifies it.
-        file = client.json("POST", route, json={"offset": size, "data": ""})
-    return file
+def pause(ctx: click.Context, model: str, as_json: bool) -> None:
+    """Pause MODEL's acquisition; `acquire` resumes it from the durable offset."""
+    found = _client(ctx).json("POST", f"/api/v1/models/{_model_id(ctx, model)}/pause")
+    if as_json:
+        echo_json(found)
+    else:
+        click.echo(_state_line(found))
 
 
 @models.command("upload")
-@click.argument("model_id")
+@click.argument("model")
 @click.argument("path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--index", default=0, show_default=True, help="Which file of the manifest.")
+@_JSON
 @click.pass_context
-def upload(ctx: click.Context, model_id: str, path: Path, index: int) -> None:
-    """Upload PATH as file --index of MODEL_ID; an interrupted upload resumes where it stopped."""
-    file = upload_file(_client(ctx), model_id, index, path)
-    click.echo(f"{file['path']}: {file['state']}")
+def upload(ctx: click.Context, model: str, path: Path, index: int, as_json: bool) -> None:
+    """Upload PATH as file --index of MODEL; an interrupted upload resumes where it stopped."""
+    file = upload_file(_client(ctx), _model_id(ctx, model), index, path)
+    if as_json:
+        echo_json(file)
+    else:
+        click.echo(f"{file['path']}: {file['state']}")
     if file["state"] != "verified":
         raise click.ClickException(file.get("reason") or f"the file is {file['state']}")
+
+
+def _preview_row(preview: dict[str, Any]) -> tuple[Any, ...]:
+    metadata = preview.get("metadata") or {}
+    refusal = preview.get("refusal")
+    return (
+        preview["filename"],
+        f"{preview['size'] / _MiB:.1f} MiB" if "size" in preview else "?",
+        len(preview["parts"]) if preview.get("parts") else 1,
+        metadata.get("architecture", ""),
+        metadata.get("quantisation") or "",
+        metadata.get("context_length") or "",
+        f"{refusal['code']}: {refusal['message']}" if refusal else "",
+    )
 
 
 @models.command("preview")
 @click.argument("repository")
 @click.option("--revision", default="main", show_default=True)
-@click.option("--filename", help="Only this GGUF file of the repository.")
+@click.option("--file", "--filename", "filename", help="Only this GGUF model of the repository.")
 @click.option("--licence", help="Licence to record (default: the repository's card).")
+@_JSON
 @click.pass_context
 def preview(
-    ctx: click.Context, repository: str, revision: str, filename: str | None, licence: str | None
+    ctx: click.Context,
+    repository: str,
+    revision: str,
+    filename: str | None,
+    licence: str | None,
+    as_json: bool,
 ) -> None:
-    """Resolve a hub repository's GGUF files into manifests without downloading weights."""
+    """Resolve a hub repository's GGUF models into manifests without downloading weights."""
     body = {"repository": repository, "revision": revision}
     if filename:
         body["filename"] = filename
     if licence:
         body["licence"] = licence
-    echo_json(_client(ctx).json("POST", "/api/v1/models/hub-preview", json=body))
+    found = _client(ctx).json("POST", "/api/v1/models/hub-preview", json=body)
+    if as_json:
+        echo_json(found)
+        return
+    header = ("FILE", "SIZE", "PARTS", "ARCHITECTURE", "QUANTISATION", "CONTEXT", "REFUSED")
+    echo_table([header, *(_preview_row(preview) for preview in found["previews"])])
+    click.echo(f"next: ficc models pull {repository} --file FILE")
 
 
 @models.command("delete")
-@click.argument("model_id")
+@click.argument("model")
 @click.option("--evict", is_flag=True, help="Also delete content no other model shares.")
+@_JSON
 @click.pass_context
-def delete(ctx: click.Context, model_id: str, evict: bool) -> None:
-    """Delete MODEL_ID's metadata (refused while an inference service uses it)."""
-    echo_json(
-        _client(ctx).json(
-            "DELETE", f"/api/v1/models/{model_id}", params={"evict": "true" if evict else "false"}
-        )
+def delete(ctx: click.Context, model: str, evict: bool, as_json: bool) -> None:
+    """Delete MODEL's metadata (a name or ID; refused while an inference service uses it)."""
+    deleted = _client(ctx).json(
+        "DELETE",
+        f"/api/v1/models/{_model_id(ctx, model)}",
+        params={"evict": "true" if evict else "false"},
     )
+    if as_json:
+        echo_json(deleted)
+        return
+    evicted = len(deleted["evicted"])
+    click.echo(
+        f"deleted model {deleted['name']} (ID {deleted['id']})"
+        + (f"; evicted {evicted} blob{'s' * (evicted != 1)}" if evict else "")
+    )
+
+
+for _command in COMMANDS:
+    models.add_command(_command)

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import attrs
-import trio
 
 from ..errors import NotFound
 from ..models.records import ModelState
@@ -17,9 +14,8 @@ from ..schema._convert import MAX_SAFE_INTEGER, integer
 
 if TYPE_CHECKING:
     from ..models.blobs import BlobStore
+    from ..models.records import Model
     from ..models.registry import ModelRegistry
-
-log = logging.getLogger("ficc.inference")
 
 
 @attrs.frozen(kw_only=True)
@@ -38,7 +34,7 @@ def _model_field_error(message: str) -> SchemaError:
 
 
 class ModelContexts:
-    """Builds :class:`ModelContext` values, reading each GGUF header once per revision.
+    """Builds :class:`ModelContext` values (the registry reads each GGUF header once).
 
     :param models: the model registry the contexts come from.
     :param blobs: where the verified files are (their paths become job inputs).
@@ -47,7 +43,6 @@ class ModelContexts:
     def __init__(self, *, models: ModelRegistry, blobs: BlobStore) -> None:
         self.models = models
         self.blobs = blobs
-        self._metadata: dict[str, ModelMetadata] = {}
 
     async def get(self, project_id: str, model_id: str) -> ModelContext:
         """The verified model ``model_id`` of the project, with its job inputs.
@@ -65,21 +60,21 @@ class ModelContexts:
             )
         manifest = structure(model.manifest, ModelManifest, what="stored manifest")
         files = {f.path: f for f in manifest.files}
-        if manifest.format == "gguf":
-            [weights] = [f for f in manifest.files if f.path.endswith(".gguf")] or [
-                manifest.files[0]
-            ]
+        directories: dict[str, dict[str, tuple[str, int]]] = {}
+        if len(manifest.weights) == 1:
+            [weights] = manifest.weights
             path = self.blobs.published_path(weights.sha256)
             inputs = (JobInput(id="model", path=str(path), digest="sha256:" + weights.sha256),)
-            directories: dict[str, dict[str, tuple[str, int]]] = {}
-            metadata = await self._gguf_metadata(model.digest, path)
+            metadata = await self._gguf_metadata(model)
         else:
+            # A directory (every file under its own path): a split GGUF's parts must lie
+            # side by side under their names, and a Hugging Face directory is one.
             tree = {p: (f.sha256, f.size) for p, f in files.items()}
             # Where this machine assembles it (the embedded node reads it in place);
             # a remote node stages the same files and assembles its own copy.
             inputs = (JobInput(id="model", path=str(self.blobs.tree_path(tree))),)
             directories = {"model": tree}
-            metadata = ModelMetadata()
+            metadata = await self._gguf_metadata(model)
         record = ModelRecord(
             id=model.id, revision=model.digest, manifest=manifest, metadata=metadata
         )
@@ -91,18 +86,11 @@ class ModelContexts:
             directories=directories,
         )
 
-    async def _gguf_metadata(self, revision: str, path: Path | Any) -> ModelMetadata:
-        cached = self._metadata.get(revision)
-        if cached is not None:
-            return cached
-        from ..models.gguf import InvalidGguf, read_gguf_file
-
-        try:
-            header = await trio.to_thread.run_sync(read_gguf_file, path)
-        except (InvalidGguf, OSError) as exc:
-            log.warning("cannot read the GGUF header of %s: %s", path, exc)
+    async def _gguf_metadata(self, model: Model) -> ModelMetadata:
+        header = await self.models.metadata(model)
+        if header is None:
             return ModelMetadata()
-        metadata = ModelMetadata(
+        return ModelMetadata(
             architecture=header.architecture,
             context_length=header.context_length,
             parameter_count=header.parameter_count,
@@ -110,5 +98,3 @@ class ModelContexts:
             chat_template=header.chat_template,
             embedding=header.embedding,
         )
-        self._metadata[revision] = metadata
-        return metadata

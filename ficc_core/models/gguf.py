@@ -24,102 +24,13 @@ import attrs
 import trio
 
 from ..errors import FiccError
+from .gguf_types import EMBEDDING_ARCHITECTURES, FILE_TYPES, TENSOR_TYPES
 
 #: The most bytes a header may span before it is refused (llama.cpp vocabularies of
 #: 256k tokens need about 8 MiB; this leaves room without inviting abuse).
 DEFAULT_CAP = 32 * 1024 * 1024
 #: The first read; each later read at least doubles what has been read.
 FIRST_READ = 256 * 1024
-
-#: ``ggml_type`` number: (name, elements per block, bytes per block).
-TENSOR_TYPES: dict[int, tuple[str, int, int]] = {
-    0: ("F32", 1, 4),
-    1: ("F16", 1, 2),
-    2: ("Q4_0", 32, 18),
-    3: ("Q4_1", 32, 20),
-    6: ("Q5_0", 32, 22),
-    7: ("Q5_1", 32, 24),
-    8: ("Q8_0", 32, 34),
-    9: ("Q8_1", 32, 40),
-    10: ("Q2_K", 256, 84),
-    11: ("Q3_K", 256, 110),
-    12: ("Q4_K", 256, 144),
-    13: ("Q5_K", 256, 176),
-    14: ("Q6_K", 256, 210),
-    15: ("Q8_K", 256, 292),
-    16: ("IQ2_XXS", 256, 66),
-    17: ("IQ2_XS", 256, 74),
-    18: ("IQ3_XXS", 256, 98),
-    19: ("IQ1_S", 256, 50),
-    20: ("IQ4_NL", 32, 18),
-    21: ("IQ3_S", 256, 110),
-    22: ("IQ2_S", 256, 82),
-    23: ("IQ4_XS", 256, 136),
-    24: ("I8", 1, 1),
-    25: ("I16", 1, 2),
-    26: ("I32", 1, 4),
-    27: ("I64", 1, 8),
-    28: ("F64", 1, 8),
-    29: ("IQ1_M", 256, 56),
-    30: ("BF16", 1, 2),
-    34: ("TQ1_0", 256, 54),
-    35: ("TQ2_0", 256, 66),
-    39: ("MXFP4", 32, 17),
-    40: ("NVFP4", 64, 36),
-    41: ("Q1_0", 128, 18),
-}
-
-#: ``general.file_type`` (llama.cpp's ``llama_ftype``) as llama.cpp names it.
-FILE_TYPES: dict[int, str] = {
-    0: "F32",
-    1: "F16",
-    2: "Q4_0",
-    3: "Q4_1",
-    7: "Q8_0",
-    8: "Q5_0",
-    9: "Q5_1",
-    10: "Q2_K",
-    11: "Q3_K_S",
-    12: "Q3_K_M",
-    13: "Q3_K_L",
-    14: "Q4_K_S",
-    15: "Q4_K_M",
-    16: "Q5_K_S",
-    17: "Q5_K_M",
-    18: "Q6_K",
-    19: "IQ2_XXS",
-    20: "IQ2_XS",
-    21: "Q2_K_S",
-    22: "IQ3_XS",
-    23: "IQ3_XXS",
-    24: "IQ1_S",
-    25: "IQ4_NL",
-    26: "IQ3_S",
-    27: "IQ3_M",
-    28: "IQ2_S",
-    29: "IQ2_M",
-    30: "IQ4_XS",
-    31: "IQ1_M",
-    32: "BF16",
-    36: "TQ1_0",
-    37: "TQ2_0",
-    38: "MXFP4_MOE",
-    39: "NVFP4",
-    40: "Q1_0",
-}
-
-#: Encoder architectures that llama.cpp serves as embedding models.
-EMBEDDING_ARCHITECTURES = frozenset(
-    {
-        "bert",
-        "nomic-bert",
-        "nomic-bert-moe",
-        "jina-bert-v2",
-        "jina-bert-v3",
-        "neo-bert",
-        "t5encoder",
-    }
-)
 
 _MAGIC = b"GGUF"
 _VERSIONS = (2, 3)
@@ -162,6 +73,10 @@ class GgufMetadata:
         a ``{architecture}.pooling_type`` key).
     :ivar header_bytes: where the header (magic, metadata, tensor infos) ends.
     :ivar data_offset: where the tensor data starts (``header_bytes`` aligned).
+    :ivar split_count: ``split.count``: how many parts the model is split into
+        (None when the file is not a part of a split GGUF).
+    :ivar split_no: ``split.no``: which part this is, from 0 (None when not split).
+        A split GGUF's later parts hold tensors only: their ``architecture`` is empty.
     """
 
     version: int
@@ -177,6 +92,8 @@ class GgufMetadata:
     embedding: bool
     header_bytes: int
     data_offset: int
+    split_count: int | None = None
+    split_no: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         """Return the fields as a JSON object."""
@@ -403,8 +320,11 @@ def _text(values: dict[str, Any], key: str) -> str | None:
 def _metadata(header: _Header) -> GgufMetadata:
     values = header.values
     architecture = _text(values, "general.architecture")
-    if not architecture:
+    split_no = values.get("split.no")
+    later_part = isinstance(split_no, int) and not isinstance(split_no, bool) and split_no > 0
+    if not architecture and not later_part:
         raise InvalidGguf("GGUF header has no general.architecture string")
+    architecture = architecture or ""
     context = values.get(f"{architecture}.context_length")
     file_type = values.get("general.file_type")
     file_type = (
@@ -432,7 +352,51 @@ def _metadata(header: _Header) -> GgufMetadata:
         or f"{architecture}.pooling_type" in values,
         header_bytes=header.header_end,
         data_offset=-(-header.header_end // header.alignment) * header.alignment,
+        split_count=_count(values.get("split.count")),
+        split_no=split_no if isinstance(split_no, int) and not isinstance(split_no, bool) else None,
     )
+
+
+def _count(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def merge_split(parts: list[GgufMetadata]) -> GgufMetadata:
+    """One model's metadata from the headers of its split parts, first part first.
+
+    The first part holds the model's key/value metadata; every part holds some of
+    its tensors, so the parameter and tensor counts are summed over the parts.
+
+    :raises InvalidGguf: a part says it is another part, or of another number of
+        parts, or the first part names no architecture.
+    """
+    first = parts[0]
+    if len(parts) > 1:
+        for number, part in enumerate(parts):
+            if (part.split_no, part.split_count) != (number, len(parts)):
+                raise InvalidGguf(
+                    f"part {number + 1} of these {len(parts)} GGUF files says it is part "
+                    f"split.no = {part.split_no} of split.count = {part.split_count}, "
+                    f"not {number} of {len(parts)}",
+                    details={"part": number, "split_no": part.split_no,
+                             "split_count": part.split_count, "parts": len(parts)},
+                )  # fmt: skip
+    if not first.architecture:
+        raise InvalidGguf("GGUF header has no general.architecture string")
+    return attrs.evolve(
+        first,
+        parameter_count=sum(part.parameter_count for part in parts),
+        tensor_count=sum(part.tensor_count for part in parts),
+    )
+
+
+def read_gguf_files(paths: list[Path], *, cap: int = DEFAULT_CAP) -> GgufMetadata:
+    """The metadata of a model whose parts are ``paths`` (one file, or a split GGUF's
+    parts in order), reading only their headers (blocking).
+
+    :raises InvalidGguf: a header is malformed, or the parts do not make one model.
+    """
+    return merge_split([read_gguf_file(path, cap=cap) for path in paths])
 
 
 def _next_length(have: int, needed: int, limit: int) -> int:

@@ -28,8 +28,9 @@ import trio
 from ..errors import FiccError, InvalidRequest, NotFound
 from ..schema import ModelFile, ModelManifest, ModelSource, unstructure
 from ..schema._convert import FieldError
+from ..schema.models import gguf_split_part
 from .fetch import Fetcher, FetchPolicy, Response, open_response
-from .gguf import DEFAULT_CAP, GgufMetadata, read_gguf_header
+from .gguf import DEFAULT_CAP, GgufMetadata, merge_split, read_gguf_header
 
 #: The largest repository listing read from the hub API.
 MAX_LISTING_BYTES = 16 * 1024 * 1024
@@ -42,7 +43,6 @@ _REPOSITORY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9
 _REVISION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,254}")
 _COMMIT = re.compile(r"[0-9a-f]{40}")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
-_SPLIT = re.compile(r"-\d{5}-of-\d{5}\.gguf", re.IGNORECASE)
 _FILENAME_BAD = re.compile(r"[\x00-\x1f\x7f\\]")
 
 
@@ -63,10 +63,14 @@ class HubRefusal:
 
 @attrs.frozen(kw_only=True)
 class HubPreview:
-    """One GGUF file of a hub repository: its manifest and header metadata, or a refusal.
+    """One GGUF model of a hub repository: its manifest and header metadata, or a refusal.
 
-    :ivar filename: the file's path in the repository.
-    :ivar size: its size as the hub lists it, if it does.
+    A model is one ``.gguf`` file, or every part of a split GGUF (one preview, its
+    manifest listing every part, its metadata from every part's header).
+
+    :ivar filename: the file's path in the repository (a split GGUF's first part).
+    :ivar size: its size as the hub lists it, if it does (every part's, summed).
+    :ivar parts: a split GGUF's part paths in order (None for a single file).
     :ivar manifest: a registrable single-file GGUF manifest (None when refused).
     :ivar metadata: what its GGUF header says (None when refused).
     :ivar refusal: why it was not previewed (None when it was).
@@ -74,6 +78,7 @@ class HubPreview:
 
     filename: str
     size: int | None
+    parts: tuple[str, ...] | None = None
     manifest: ModelManifest | None = None
     metadata: GgufMetadata | None = None
     refusal: HubRefusal | None = None
@@ -83,6 +88,8 @@ class HubPreview:
         result: dict[str, Any] = {"filename": self.filename}
         if self.size is not None:
             result["size"] = self.size
+        if self.parts is not None:
+            result["parts"] = list(self.parts)
         if self.manifest is not None:
             result["manifest"] = unstructure(self.manifest)
         if self.metadata is not None:
@@ -243,11 +250,6 @@ def _sibling_refusal(sibling: Mapping[str, Any]) -> HubRefusal | None:
     problem = _filename_problem(name)
     if problem:
         return HubRefusal(code="hub_invalid_filename", message=f"the hub's file name {problem}")
-    if _SPLIT.search(name):
-        return HubRefusal(
-            code="gguf_split_unsupported",
-            message=f"{name!r} is one part of a split GGUF; split models are not supported yet",
-        )
     lfs = sibling.get("lfs")
     sha256 = lfs.get("sha256") if isinstance(lfs, Mapping) else None
     size = _size(sibling)
@@ -275,25 +277,68 @@ def _card_licence(info: Mapping[str, Any]) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
-async def _preview_file(
-    client, policy, *, base, repository, pinned, sibling, licence, cap
+def _models(siblings: list[Mapping[str, Any]]) -> list[list[Mapping[str, Any]]]:
+    """The GGUF files grouped into models: a file alone, or a split GGUF's parts in order.
+
+    A split GGUF missing a part is a group too; :func:`_preview_model` refuses it.
+    """
+    groups: list[list[Mapping[str, Any]]] = []
+    splits: dict[tuple[str, int], list[Mapping[str, Any]]] = {}
+    for sibling in siblings:
+        part = gguf_split_part(sibling["rfilename"])
+        if part is None:
+            groups.append([sibling])
+            continue
+        prefix, _number, count = part
+        if (prefix, count) not in splits:
+            splits[prefix, count] = []
+            groups.append(splits[prefix, count])
+        splits[prefix, count].append(sibling)
+    for parts in splits.values():
+        parts.sort(key=lambda sibling: gguf_split_part(sibling["rfilename"]))
+    return groups
+
+
+def _split_refusal(parts: list[Mapping[str, Any]]) -> HubRefusal | None:
+    found = [gguf_split_part(part["rfilename"]) for part in parts]
+    prefix, _number, count = found[0]
+    missing = sorted(set(range(1, count + 1)) - {part[1] for part in found})
+    if not missing:
+        return None
+    shown = ", ".join(f"{prefix}-{number:05d}-of-{count:05d}.gguf" for number in missing[:5])
+    return HubRefusal(
+        code="gguf_split_incomplete",
+        message=f"this split GGUF has {count} parts, but the repository lacks "
+        f"{len(missing)} of them ({shown}{', ...' if len(missing) > 5 else ''})",
+    )
+
+
+async def _preview_model(
+    client, policy, *, base, repository, pinned, parts, licence, cap
 ) -> HubPreview:
-    filename = sibling["rfilename"]
-    size = _size(sibling)
-    refusal = _sibling_refusal(sibling)
+    filename = parts[0]["rfilename"]
+    split = gguf_split_part(filename)
+    refusal = _split_refusal(parts) if split is not None else None
+    for part in parts:
+        refusal = refusal or _sibling_refusal(part)
     if refusal is not None:
-        return HubPreview(filename=filename, size=size, refusal=refusal)
-    assert size is not None
-    path = "/".join(quote(segment, safe="") for segment in filename.split("/"))
-    url = f"{base}/{repository}/resolve/{quote(pinned, safe='')}/{path}"
-    reader = _RangeReader(client, policy, url, size, filename)
-    metadata = await read_gguf_header(reader, size=size, cap=cap)
-    stem = PurePosixPath(filename).name
+        return _listed(parts, refusal)
+    files, headers = [], []
+    for part in parts:
+        name, size = part["rfilename"], _size(part)
+        path = "/".join(quote(segment, safe="") for segment in name.split("/"))
+        url = f"{base}/{repository}/resolve/{quote(pinned, safe='')}/{path}"
+        reader = _RangeReader(client, policy, url, size, name)
+        headers.append(await read_gguf_header(reader, size=size, cap=cap))
+        files.append(ModelFile(path=name, size=size, sha256=part["lfs"]["sha256"], url=url))
+    metadata = merge_split(headers)
+    stem = PurePosixPath(split[0] if split is not None else filename).name
     name = stem[: -len(".gguf")] if stem.lower().endswith(".gguf") else stem
     try:
-        manifest = ModelManifest.gguf(
-            name,
-            ModelFile(path=filename, size=size, sha256=sibling["lfs"]["sha256"], url=url),
+        manifest = ModelManifest(
+            name=name,
+            format="gguf",
+            files=files,
             licence=licence or metadata.licence,
             source=ModelSource(repository=repository, revision=pinned),
         )
@@ -302,7 +347,8 @@ async def _preview_file(
             f"the hub's metadata for {filename!r} does not make a valid manifest: {exc}",
             code="hub_invalid_response",
         ) from None
-    return HubPreview(filename=filename, size=size, manifest=manifest, metadata=metadata)
+    preview = _listed(parts, None)
+    return attrs.evolve(preview, manifest=manifest, metadata=metadata)
 
 
 async def hub_preview(
@@ -316,14 +362,16 @@ async def hub_preview(
     licence: str | None = None,
     cap: int = DEFAULT_CAP,
 ) -> list[HubPreview]:
-    """Preview a hub repository's GGUF files (or only ``filename``) as manifests.
+    """Preview a hub repository's GGUF models (or only ``filename``'s) as manifests.
 
-    Each preview holds a single-file GGUF manifest (size and sha256 from the hub's
-    LFS metadata, the resolve URL at the commit the hub reported, the licence given,
-    else the model card's, else the header's) and the header's metadata, or a
-    :class:`HubRefusal` saying why not: split GGUFs, files without an LFS sha256,
-    malformed headers. Only the header region of each file is read (at most ``cap``
-    bytes).
+    A model is one ``.gguf`` file, or every part of a split GGUF
+    (``<name>-00001-of-0000N.gguf`` ...; any part's name given as ``filename``
+    previews the whole model). Each preview holds a GGUF manifest (sizes and sha256
+    from the hub's LFS metadata, the resolve URLs at the commit the hub reported,
+    the licence given, else the model card's, else the header's) and the headers'
+    metadata, or a :class:`HubRefusal` saying why not: split GGUFs missing a part,
+    files without an LFS sha256, malformed headers. Only the header region of each
+    file is read (at most ``cap`` bytes).
 
     :param client: from :func:`~ficc_core.models.fetch.make_client` with ``policy``.
     :param base_url: the hub, such as ``https://huggingface.co``.
@@ -332,7 +380,7 @@ async def hub_preview(
     :raises NotFound: ``hub_repository_not_found``, or ``hub_file_not_found`` for a
         ``filename`` the repository does not hold.
     :raises FiccError: for a named ``filename``, whatever refuses it
-        (``hub_unverifiable``, ``gguf_split_unsupported``, ``invalid_gguf``); the
+        (``hub_unverifiable``, ``gguf_split_incomplete``, ``invalid_gguf``); the
         hub's or the fetch's own errors (:class:`HubError`, ``FetchError``).
     """
     _validate(repository, revision, filename)
@@ -349,15 +397,17 @@ async def hub_preview(
     arguments = {"base": base, "repository": repository, "pinned": pinned, "licence": licence}
     arguments["cap"] = cap
 
+    ggufs = [s for s in siblings if s["rfilename"].lower().endswith(".gguf")]
     if filename is not None:
-        sibling = next((s for s in siblings if s["rfilename"] == filename), None)
-        if sibling is None:
+        if not any(s["rfilename"] == filename for s in siblings):
             raise NotFound(
                 f"{repository!r} at {revision!r} has no file {filename!r}",
                 code="hub_file_not_found",
                 details={"repository": repository, "revision": revision, "filename": filename},
             )
-        preview = await _preview_file(client, policy, sibling=sibling, **arguments)
+        # Any part of a split GGUF names the whole model.
+        [parts] = [group for group in _models(ggufs) if filename in _names(group)]
+        preview = await _preview_model(client, policy, parts=parts, **arguments)
         if preview.refusal is not None:
             raise FiccError(
                 preview.refusal.message,
@@ -367,36 +417,48 @@ async def hub_preview(
             )
         return [preview]
 
-    candidates = [s for s in siblings if s["rfilename"].lower().endswith(".gguf")]
-    if not candidates:
+    if not ggufs:
         raise NotFound(
             f"{repository!r} at {revision!r} holds no .gguf file",
             code="hub_no_gguf",
             details={"repository": repository, "revision": revision},
         )
+    candidates = _models(ggufs)
     results: list[HubPreview | None] = [None] * len(candidates)
     limiter = trio.CapacityLimiter(CONCURRENCY)
 
-    async def one(index: int, sibling: Mapping[str, Any]) -> None:
+    async def one(index: int, parts: list[Mapping[str, Any]]) -> None:
         async with limiter:
             try:
-                results[index] = await _preview_file(client, policy, sibling=sibling, **arguments)
+                results[index] = await _preview_model(client, policy, parts=parts, **arguments)
             except FiccError as exc:
-                # One bad file does not hide the others: it is listed with its reason.
+                # One bad model does not hide the others: it is listed with its reason.
                 refusal = HubRefusal(code=exc.code, message=exc.message)
-                results[index] = HubPreview(
-                    filename=sibling["rfilename"], size=_size(sibling), refusal=refusal
-                )
+                results[index] = _listed(parts, refusal)
 
     async with trio.open_nursery() as nursery:
-        for index, sibling in enumerate(candidates):
+        for index, parts in enumerate(candidates):
             if index >= MAX_FILES:
-                message = f"more than {MAX_FILES} GGUF files; name this one with filename"
-                results[index] = HubPreview(
-                    filename=sibling["rfilename"],
-                    size=_size(sibling),
-                    refusal=HubRefusal(code="hub_too_many_files", message=message),
+                message = f"more than {MAX_FILES} GGUF models; name this one with filename"
+                results[index] = _listed(
+                    parts, HubRefusal(code="hub_too_many_files", message=message)
                 )
                 continue
-            nursery.start_soon(one, index, sibling)
+            nursery.start_soon(one, index, parts)
     return [result for result in results if result is not None]
+
+
+def _names(parts: list[Mapping[str, Any]]) -> list[str]:
+    return [part["rfilename"] for part in parts]
+
+
+def _listed(parts: list[Mapping[str, Any]], refusal: HubRefusal | None) -> HubPreview:
+    """A model as the listing shows it (name, summed size, parts), with its refusal."""
+    sizes = [_size(part) for part in parts]
+    split = gguf_split_part(parts[0]["rfilename"]) is not None
+    return HubPreview(
+        filename=parts[0]["rfilename"],
+        size=None if None in sizes else sum(sizes),
+        parts=tuple(_names(parts)) if split else None,
+        refusal=refusal,
+    )

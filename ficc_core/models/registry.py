@@ -21,6 +21,7 @@ from . import repository
 from .acquire import Acquirer
 from .blob_records import BlobStatus, FileRef
 from .blobs import BlobStore
+from .gguf import GgufMetadata, InvalidGguf, read_gguf_files
 from .records import AcquisitionState, Deletion, FileState, Model, ModelFile, ModelState
 
 log = logging.getLogger("ficc.models.registry")
@@ -72,6 +73,7 @@ class ModelRegistry:
         self.acquirer = acquirer
         self.clock = clock
         self._active_uploads: dict[str, int] = {}
+        self._metadata: dict[str, GgufMetadata] = {}
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Tidy the partials left by the previous controller, then finish their verification.
@@ -136,6 +138,27 @@ class ModelRegistry:
         """The immutable manifest of a model."""
         model = await self.get(project_id, model_id)
         return structure(model.manifest, ModelManifest, what="stored manifest")
+
+    async def metadata(self, model: Model) -> GgufMetadata | None:
+        """What a verified GGUF model's headers say; None for other models.
+
+        Read in a worker thread from the published files (every part of a split
+        GGUF), once per revision: a manifest never changes.
+        """
+        if model.format != "gguf" or model.state != ModelState.VERIFIED:
+            return None
+        cached = self._metadata.get(model.digest)
+        if cached is not None:
+            return cached
+        manifest = structure(model.manifest, ModelManifest, what="stored manifest")
+        paths = [self.blobs.published_path(file.sha256) for file in manifest.weights]
+        try:
+            metadata = await trio.to_thread.run_sync(read_gguf_files, paths)
+        except (InvalidGguf, OSError) as exc:
+            log.warning("cannot read the GGUF header of model %s: %s", model.id, exc)
+            return None
+        self._metadata[model.digest] = metadata
+        return metadata
 
     # -- acquisition ------------------------------------------------------------
 

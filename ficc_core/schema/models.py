@@ -15,6 +15,8 @@ from ._convert import digest as _digest
 from .spec import _as_tuple, _items, _matches, _one_of, _optional, _shown, _text
 
 SHA256_PATTERN = re.compile(r"[0-9a-f]{64}")
+#: One part of a split GGUF as llama.cpp names it: ``<prefix>-00001-of-00003.gguf``.
+GGUF_SPLIT_PATTERN = re.compile(r"(?P<prefix>.+)-(?P<number>\d{5})-of-(?P<count>\d{5})\.gguf")
 
 #: The layouts a manifest can describe.
 ModelFormat = Literal["gguf", "hf-directory"]
@@ -80,6 +82,35 @@ class ModelFile:
     url: str | None = attrs.field(default=None, validator=_https)
 
 
+def gguf_split_part(path: str) -> tuple[str, int, int] | None:
+    """``(prefix, number, count)`` if ``path`` names a part of a split GGUF, else None."""
+    match = GGUF_SPLIT_PATTERN.fullmatch(path)
+    if match is None:
+        return None
+    number, count = int(match["number"]), int(match["count"])
+    return (match["prefix"], number, count) if 1 <= number <= count else None
+
+
+def gguf_split_parts(paths: "list[str] | tuple[str, ...]") -> list[str] | None:
+    """``paths`` in part order if they are every part of one split GGUF, else None.
+
+    Every path must be ``<prefix>-<number>-of-<count>.gguf`` with one prefix and
+    one count, and the numbers exactly 1 to count: llama.cpp opens the first part
+    and finds the others beside it by these names.
+    """
+    parts = [gguf_split_part(path) for path in paths]
+    if not paths or None in parts:
+        return None
+    prefixes = {(part[0], part[2]) for part in parts if part is not None}
+    if len(prefixes) != 1:
+        return None
+    [(_prefix, count)] = prefixes
+    numbered = sorted(zip((part[1] for part in parts if part is not None), paths, strict=True))
+    if [number for number, _path in numbered] != list(range(1, count + 1)):
+        return None
+    return [path for _number, path in numbered]
+
+
 def _files(instance: Any, attribute: "attrs.Attribute[Any]", files: Any) -> None:
     _items(ModelFile, non_empty=True, noun="file")(instance, attribute, files)
     seen: set[str] = set()
@@ -91,10 +122,13 @@ def _files(instance: Any, attribute: "attrs.Attribute[Any]", files: Any) -> None
         seen.add(file.path)
     if instance.format == "gguf":
         weights = [file.path for file in files if file.path.endswith(".gguf")]
-        if len(weights) != 1:
+        # One file, unless its name says it is one part of several.
+        single = len(weights) == 1 and (gguf_split_part(weights[0]) or ("", 1, 1))[2] == 1
+        if not single and gguf_split_parts(weights) is None:
             raise FieldError(
                 "files",
-                f'must hold exactly one ".gguf" file for format "gguf", found {len(weights)}',
+                f'must hold exactly one ".gguf" file for format "gguf", or every part of '
+                f"one split GGUF (<name>-00001-of-0000N.gguf ...), found {len(weights)}",
             )
     elif "config.json" not in seen:
         raise FieldError(
@@ -108,8 +142,9 @@ class ModelManifest:
 
     :ivar name: a display name for operators (not an identifier; any text).
     :ivar format: ``"gguf"`` (exactly one ``.gguf`` file, which llama.cpp and Ollama
-        load) or ``"hf-directory"`` (a Hugging Face directory with ``config.json``,
-        which vLLM loads).
+        load, or every part of one split GGUF, which llama.cpp loads) or
+        ``"hf-directory"`` (a Hugging Face directory with ``config.json``, which vLLM
+        loads).
     :ivar licence: the model's licence as its publisher names it, if known.
     :ivar source: the hub repository and revision it came from, if any.
     :ivar files: every file, at least one, each path once.
@@ -146,6 +181,19 @@ class ModelManifest:
     ) -> "ModelManifest":
         """Describe a Hugging Face-format directory (it must include ``config.json``)."""
         return cls(name=name, format="hf-directory", files=files, licence=licence, source=source)
+
+    @property
+    def weights(self) -> "tuple[ModelFile, ...]":
+        """A GGUF model's ``.gguf`` files in load order; empty for other formats.
+
+        One file, or the parts of a split GGUF by part number: an engine is handed
+        the first, with the others beside it under their own names.
+        """
+        if self.format != "gguf":
+            return ()
+        by_path = {file.path: file for file in self.files if file.path.endswith(".gguf")}
+        order = gguf_split_parts(list(by_path)) if len(by_path) > 1 else list(by_path)
+        return tuple(by_path[path] for path in order or ())
 
     @property
     def size(self) -> int:

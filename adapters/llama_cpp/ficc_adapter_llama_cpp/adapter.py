@@ -8,7 +8,9 @@ is pure: no I/O, no processes, the same job for the same arguments.
 Flag mapping (checked against llama.cpp's ``tools/server/README.md``):
 
 =====================  ===========================================================
-``--model``            the one admitted GGUF input's path
+``--model``            the one admitted GGUF input's path; for a split GGUF, the
+                       first part's path inside the directory input that holds
+                       every part under its own name
 ``--host``             ``{endpoint_socket}``: a path ending in ``.sock`` makes
                        llama-server listen on that Unix socket
 ``--ctx-size``         ``context * concurrency``: without a unified KV cache
@@ -74,7 +76,9 @@ def _format_share(share: float) -> str:
     return str(int(share)) if share.is_integer() else repr(share)
 
 
-def _model_input(model_record: ModelRecord, references: Any) -> JobInput:
+def _model_input(model_record: ModelRecord, references: Any) -> tuple[JobInput, str]:
+    """The model's input and the path ``--model`` names: the GGUF file, or the first part
+    of a split GGUF inside its directory input (llama.cpp opens the others beside it)."""
     references = tuple(references)
     if model_record.manifest.format != "gguf":
         raise LlamaCppUnsupported(
@@ -85,18 +89,26 @@ def _model_input(model_record: ModelRecord, references: Any) -> JobInput:
     if len(references) != 1 or not isinstance(references[0], JobInput):
         raise LlamaCppUnsupported(
             "immutable_input_references",
-            f"a GGUF model needs exactly one file input, got {len(references)}",
+            f"a GGUF model needs exactly one input, got {len(references)}",
         )
     [reference] = references
-    [weights] = [file for file in model_record.manifest.files if file.path.endswith(".gguf")]
-    expected = "sha256:" + weights.sha256
+    weights = model_record.manifest.weights
+    if len(weights) > 1:
+        if reference.digest is not None:
+            raise LlamaCppUnsupported(
+                "immutable_input_references",
+                f"a split GGUF of {len(weights)} parts needs a directory input holding "
+                f"them under their names, but input {reference.id!r} is one file",
+            )
+        return reference, f"{reference.path.rstrip('/')}/{weights[0].path}"
+    expected = "sha256:" + weights[0].sha256
     if reference.digest is not None and reference.digest != expected:
         raise LlamaCppUnsupported(
             "immutable_input_references",
             f"input {reference.id!r} has digest {reference.digest}, but the model's "
-            f"{weights.path} is {expected}",
+            f"{weights[0].path} is {expected}",
         )
-    return reference
+    return reference, reference.path
 
 
 def _gpu_flags(specification: Specification, placement: Placement) -> list[str]:
@@ -148,11 +160,12 @@ class LlamaCppAdapter:
     ) -> Job:
         """Return the job that runs one replica of ``specification`` on ``placement``.
 
-        :raises LlamaCppUnsupported: the model is not one GGUF file input, or the
+        :raises LlamaCppUnsupported: the model is not one GGUF file input (or, split,
+            one directory input), or the
             specification asks for GPUs or tensor parallelism the placement or
             llama.cpp cannot give.
         """
-        model = _model_input(model_record, immutable_input_references)
+        model, model_path = _model_input(model_record, immutable_input_references)
         if specification.parallelism not in (None, 1):
             raise LlamaCppUnsupported(
                 "parallelism",
@@ -164,7 +177,7 @@ class LlamaCppAdapter:
         threads = max(1, math.ceil(placement.limits.cpus))
         argv = [
             specification.image_executable,
-            "--model", model.path,
+            "--model", model_path,
             "--host", ENDPOINT_SOCKET,
             "--ctx-size", str(specification.context * specification.concurrency),
             "--parallel", str(specification.concurrency),

@@ -174,3 +174,30 @@ async def test_an_embedding_model_serves_embeddings(provider, embedding_model):
     assert len(vectors) == 2
     assert all(len(vector) == 576 for vector in vectors)  # SmolLM2 135M's embedding width
     assert vectors[0] != vectors[1]
+
+
+@pytest.mark.slow
+async def test_a_split_gguf_loads_from_its_first_part_and_answers(
+    provider, smollm2_gguf, runtime_executable, tmp_path
+):
+    from ficc_core.testing.models import split_gguf
+
+    folder = tmp_path / "model"
+    parts = split_gguf(smollm2_gguf, folder, parts=3, stem="smol")
+    files = []
+    for part in parts:
+        with part.open("rb") as file:
+            sha = hashlib.file_digest(file, "sha256").hexdigest()
+        files.append(ModelFile(path=part.name, size=part.stat().st_size, sha256=sha))
+    manifest = ModelManifest(name="smol", format="gguf", files=files)
+    record = ModelRecord(id="smol", revision=manifest.digest(), manifest=manifest)
+    directory = JobInput(id="model", path=str(folder))  # every part under its own name
+    job, limits = _job(((record, directory), runtime_executable))
+    assert job.argv[job.argv.index("--model") + 1] == str(parts[0])
+    with trio.fail_after(60):
+        async with kit.launched(provider, job, limits=limits) as fence:
+            status, answer = await kit.request_json(
+                provider, fence, "POST", "/v1/chat/completions", _chat(stream=False)
+            )
+    assert status == 200, answer
+    assert answer["choices"][0]["message"]["content"].strip()

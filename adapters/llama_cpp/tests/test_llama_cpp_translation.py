@@ -216,7 +216,7 @@ def test_a_model_that_is_not_gguf_is_refused():
     ids=["none", "two"],
 )
 def test_a_gguf_model_needs_exactly_one_input(inputs):
-    with pytest.raises(LlamaCppUnsupported, match="exactly one file input"):
+    with pytest.raises(LlamaCppUnsupported, match="exactly one input"):
         _translate(inputs=inputs)
 
 
@@ -249,3 +249,26 @@ def test_translation_does_no_io_and_starts_nothing(monkeypatch):
     embedding_job = _translate(record=_record(embedding=True))
     monkeypatch.undo()
     assert job.argv[0] == "llama-server" and "--embedding" in embedding_job.argv
+
+
+def _split_record(parts: int = 3) -> ModelRecord:
+    files = [
+        ModelFile(path=f"q4/big-{n:05d}-of-{parts:05d}.gguf", size=10 + n, sha256=f"{n}" * 64)
+        for n in (2, 3, 1)  # listed out of order: the adapter hands llama.cpp part 1
+    ]
+    manifest = ModelManifest(name="big", format="gguf", files=files)
+    return ModelRecord(id="big", revision=manifest.digest(), manifest=manifest)
+
+
+def test_a_split_gguf_is_loaded_from_its_first_part_inside_the_directory_input():
+    tree = JobInput(id="model", path="/var/lib/ficc/blobs/trees/" + "a" * 64)
+    job = _translate(record=_split_record(), inputs=(tree,))
+    model = job.argv[job.argv.index("--model") + 1]
+    assert model == f"{tree.path}/q4/big-00001-of-00003.gguf"
+    assert job.inputs == (tree,)  # the whole directory is admitted, every part beside part 1
+
+
+def test_a_split_gguf_refuses_a_single_file_input():
+    with pytest.raises(LlamaCppUnsupported, match="needs a directory input") as refused:
+        _translate(record=_split_record(), inputs=(MODEL_INPUT,))
+    assert refused.value.field == "immutable_input_references"

@@ -79,6 +79,12 @@ def _model_input(model_record: ModelRecord, inputs: tuple[JobInput, ...]) -> Job
             f"the ollama adapter serves GGUF models; model {model_record.id!r} is "
             f"{manifest.format!r} (use the vllm adapter for a Hugging Face directory)",
         )
+    if len(manifest.weights) > 1:
+        raise OllamaUnsupported(
+            "model_id",
+            f"the ollama adapter serves single-file GGUF models; model {model_record.id!r} "
+            f"is a split GGUF of {len(manifest.weights)} parts (use the llama_cpp adapter)",
+        )
     if len(inputs) != 1 or inputs[0].digest is None:
         raise OllamaUnsupported(
             "inputs",

@@ -163,6 +163,18 @@ def test_a_hugging_face_directory_is_refused(cases):
         _job(cases, record=cases.model_record(hf_directory=True))
 
 
+def test_a_split_gguf_is_refused_naming_the_llama_cpp_adapter(cases):
+    from ficc_core import ModelFile, ModelManifest, ModelRecord
+
+    parts = [ModelFile(path=f"m-{n:05d}-of-00002.gguf", size=1, sha256=SHA) for n in (1, 2)]
+    manifest = ModelManifest(name="m", format="gguf", files=parts)
+    record = ModelRecord(id="m", revision=manifest.digest(), manifest=manifest)
+    with pytest.raises(OllamaUnsupported, match="split GGUF of 2 parts") as caught:
+        _job(cases, record=record)
+    assert caught.value.field == "model_id"
+    assert "llama_cpp" in str(caught.value)
+
+
 def test_an_input_without_digest_is_refused(cases):
     with pytest.raises(OllamaUnsupported, match="with its digest"):
         _job(cases, inputs=(cases.model_input(digest=None),))
