@@ -451,7 +451,9 @@ async def test_receiving_goes_on_during_an_fsync_but_only_so_far(
             release.set()
         done = await api.acquire_and_wait(model["id"])
     assert done["state"] == "verified", done
-    assert began[0] == download.SYNC_BYTES
+    # The first fsync starts once SYNC_BYTES are written (a little later when the
+    # receiving thread wrote on before the event loop ran it), well before the bound.
+    assert download.SYNC_BYTES <= began[0] < bound
     assert began[1] >= bound  # the next fsync covered everything written meanwhile
 
 
