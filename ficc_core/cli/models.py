@@ -12,7 +12,8 @@ from typing import Any
 import click
 
 from ..models.registry import MAX_BYTES_CHUNK
-from .client import ApiClient, ApiError, client_from, connection_options, echo_json
+from .client import ApiClient, ApiError, client_from, echo_json
+from .resolve import resolve
 
 _MiB = 1 << 20
 
@@ -82,11 +83,8 @@ def _file_sha256(path: Path) -> str:
 
 
 @click.group()
-@connection_options
-@click.pass_context
-def models(ctx: click.Context, url: str, token: str | None) -> None:
+def models() -> None:
     """Register, acquire, upload, preview and delete models (scopes models:read/manage)."""
-    ctx.obj = {"url": url, "token": token}
 
 
 def _client(ctx: click.Context) -> ApiClient:
@@ -158,7 +156,8 @@ def list_models(ctx: click.Context) -> None:
 @click.pass_context
 def show(ctx: click.Context, model_id: str) -> None:
     """Show a model: manifest, per-file state and progress."""
-    echo_json(_client(ctx).json("GET", f"/api/v1/models/{model_id}"))
+    client = _client(ctx)
+    echo_json(client.json("GET", f"/api/v1/models/{resolve(client, 'models', model_id)}"))
 
 
 @models.command("acquire")
@@ -169,6 +168,7 @@ def show(ctx: click.Context, model_id: str) -> None:
 def acquire(ctx: click.Context, model_id: str, wait: bool, interval: float) -> None:
     """Start or resume the HTTPS acquisition of MODEL_ID."""
     client = _client(ctx)
+    model_id = resolve(client, "models", model_id)
     model = client.json("POST", f"/api/v1/models/{model_id}/acquire")
     if not wait:
         echo_json(model)
@@ -189,7 +189,8 @@ def acquire(ctx: click.Context, model_id: str, wait: bool, interval: float) -> N
 @click.pass_context
 def pause(ctx: click.Context, model_id: str) -> None:
     """Pause MODEL_ID's acquisition; `acquire` resumes it from the durable offset."""
-    echo_json(_client(ctx).json("POST", f"/api/v1/models/{model_id}/pause"))
+    client = _client(ctx)
+    echo_json(client.json("POST", f"/api/v1/models/{resolve(client, 'models', model_id)}/pause"))
 
 
 def upload_file(
@@ -281,8 +282,11 @@ def preview(
 @click.pass_context
 def delete(ctx: click.Context, model_id: str, evict: bool) -> None:
     """Delete MODEL_ID's metadata (refused while an inference service uses it)."""
+    client = _client(ctx)
     echo_json(
-        _client(ctx).json(
-            "DELETE", f"/api/v1/models/{model_id}", params={"evict": "true" if evict else "false"}
+        client.json(
+            "DELETE",
+            f"/api/v1/models/{resolve(client, 'models', model_id)}",
+            params={"evict": "true" if evict else "false"},
         )
     )

@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 
 import click
 
 from ..plugins import DISABLE_AUTOLOAD_ENV, PluginRecord, PluginSet, build_plugin_manager
+from .output import echo_json, json_option
 
 _HEADERS = ("NAME", "KIND", "DISTRIBUTION", "VERSION", "API", "STATUS")
 
 
 @click.command("plugins")
-@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@json_option
 def plugins_command(as_json: bool) -> None:
     """List discovered plugins: what loaded, and why anything was refused.
 
@@ -22,7 +22,7 @@ def plugins_command(as_json: bool) -> None:
     """
     plugin_set = build_plugin_manager()
     if as_json:
-        click.echo(json.dumps(report_data(plugin_set), indent=2, sort_keys=True))
+        echo_json(report_data(plugin_set))
         return
     click.echo(render_table(plugin_set.report))
     if not plugin_set.autoload:
