@@ -13,6 +13,7 @@ import click
 
 from ..models.registry import MAX_BYTES_CHUNK
 from .client import ApiClient, ApiError, client_from, echo_json
+from .output import json_option
 from .resolve import resolve
 
 _MiB = 1 << 20
@@ -129,10 +130,14 @@ def register(
 
 
 @models.command("list")
+@json_option
 @click.pass_context
-def list_models(ctx: click.Context) -> None:
+def list_models(ctx: click.Context, as_json: bool) -> None:
     """List the project's models with their state."""
     found = _client(ctx).json("GET", "/api/v1/models")["models"]
+    if as_json:
+        echo_json({"models": found})
+        return
     rows = [("ID", "NAME", "FORMAT", "STATE", "VERIFIED")]
     for model in found:
         rows.append(
