@@ -25,11 +25,19 @@ async def test_names_and_aliases_resolve_and_chat_streams_an_answer(tmp_path):
         async with open_inference_controller(tmp_path, agent_config=str(settings)) as controller:
             run = Cli(controller.url, controller.token)
             model = await register_tiny_hf(controller, files)
-            ids = {}
-            for alias in ("tiny", "other"):
-                spec = await vllm_spec(controller, model["id"], engine, alias=alias)
-                created = await controller.ok("POST", "/api/v1/inference", status=201, json=spec)
-                ids[alias] = created["id"]
+            spec = await vllm_spec(controller, model["id"], engine, alias="tiny")
+            created = await controller.ok("POST", "/api/v1/inference", status=201, json=spec)
+            ids = {"tiny": created["id"]}
+            spec_file = tmp_path / "other.json"
+            spec_file.write_text(
+                json.dumps(await vllm_spec(controller, model["id"], engine, alias="other"))
+            )
+            created = await run.ok("create", str(spec_file))
+            ids["other"] = created.stdout.split()[0]
+            # The hint names the controller in use (not the default one).
+            assert f"start it with: ficc inference start other --url {controller.url}" in (
+                created.stdout
+            )
 
             # A model by its name, a service by its alias or the start of its ID.
             runner = CliRunner()

@@ -20,6 +20,7 @@ import click
 
 from .client import ApiClient, ApiError, client_from
 from .inference_io import BASE
+from .options import url_flag
 from .output import echo_json, hint, json_option
 from .resolve import resolve
 
@@ -102,7 +103,8 @@ def chat(
             if exc.code == "missing_scope":
                 hint(
                     "this credential cannot invoke services; use one holding inference:invoke, "
-                    f"or an invoke token: 'ficc inference token {service_id} --lifetime 1h' "
+                    f"or an invoke token: 'ficc inference token {service_id} --lifetime 1h"
+                    f"{url_flag(client.url)}' "
                     "(run by someone holding inference:manage), then --token"
                 )
             raise

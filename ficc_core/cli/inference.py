@@ -27,6 +27,7 @@ from .inference_io import (
     refusals,
     seconds,
 )
+from .options import url_flag
 from .output import json_option, when
 from .resolve import resolve
 
@@ -76,13 +77,14 @@ def create(ctx: click.Context, spec_file: Path, as_json: bool) -> None:
     generation 1.
     """
     document = read_spec(spec_file)
-    view = refusals(lambda: client_from(ctx).json("POST", BASE, json=document))
+    client = client_from(ctx)
+    view = refusals(lambda: client.json("POST", BASE, json=document))
     if as_json:
         echo_json(view)
         return
     click.echo(f"{view['id']} {view['state']}")
     echo_outcome(view, "created")
-    click.echo(f"start it with: ficc inference start {view['id']}")
+    click.echo(f"start it with: ficc inference start {view['alias']}{url_flag(client.url)}")
 
 
 @inference.command("show")
@@ -206,6 +208,7 @@ def token(
         click.echo(f"token: {issued['token']}")
     click.echo(
         "warning: the token is shown only once; store it now (revoke it with "
-        f"'ficc inference token {service_id} --revoke {issued['credential']['id']}')",
+        f"'ficc inference token {service_id} --revoke {issued['credential']['id']}"
+        f"{url_flag(client.url)}')",
         err=True,
     )

@@ -99,11 +99,12 @@ def data_dir_flag(config: Config) -> str:
 
 
 def url_flag(url: str) -> str:
-    """``--url U`` when ``url`` is not where a bare client command connects, else ``""``."""
-    stored = credentials.load().current
-    if url.rstrip("/") == (stored or os.environ.get("FICC_URL") or DEFAULT_URL).rstrip("/"):
-        return ""
-    return f" --url {_quote(url)}"
+    """``--url U`` when ``url`` is not where a bare client command connects, else ``""``.
+
+    What a printed hint adds so that, run as printed, it talks to this controller.
+    """
+    bare = os.environ.get("FICC_URL") or credentials.load().current or DEFAULT_URL
+    return "" if url.rstrip("/") == bare.rstrip("/") else f" --url {_quote(url)}"
 
 
 def _quote(text: str) -> str:
