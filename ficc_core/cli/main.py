@@ -36,7 +36,7 @@ cli.add_command(plugins_command, "plugins")
 cli.add_command(login, "login")
 cli.add_command(logout, "logout")
 cli.add_command(whoami, "whoami")
-install_global_options(cli)
+install_global_options(cli, frozenset({"models", "inference", "login", "logout", "whoami"}))
 
 
 def main() -> None:

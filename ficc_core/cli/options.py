@@ -35,9 +35,15 @@ def _remember(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
     return value
 
 
-def _global_options() -> list[click.Option]:
+_SETTINGS, _CONNECTION = ("config_path", "data_dir"), ("url", "token")
+
+
+def _global_options(hidden: tuple[str, ...]) -> list[click.Option]:
     def option(*decls: str, **kwargs: Any) -> click.Option:
-        return click.Option(decls, callback=_remember, expose_value=False, **kwargs)
+        name = decls[1]
+        return click.Option(
+            decls, callback=_remember, expose_value=False, hidden=name in hidden, **kwargs
+        )
 
     return [
         option(
@@ -66,13 +72,22 @@ def _global_options() -> list[click.Option]:
     ]
 
 
-def install_global_options(command: click.Command) -> None:
-    """Give ``command`` and every command under it the global options (once each)."""
+def install_global_options(
+    command: click.Command, clients: frozenset[str], *, hidden: tuple[str, ...] = ()
+) -> None:
+    """Give ``command`` and every command under it the global options (once each).
+
+    Every command accepts all four; help shows ``--url``/``--token`` only on the
+    ``clients`` (the top-level commands that talk to a controller's API) and
+    ``--data-dir``/``--config`` only on the others.
+    """
     taken = {param.name for param in command.params}
-    command.params.extend(option for option in _global_options() if option.name not in taken)
+    options = _global_options(hidden)
+    command.params.extend(option for option in options if option.name not in taken)
     if isinstance(command, click.Group):
-        for sub in command.commands.values():
-            install_global_options(sub)
+        for name, sub in command.commands.items():
+            below = hidden or (_SETTINGS if name in clients else _CONNECTION)
+            install_global_options(sub, clients, hidden=below)
 
 
 def given(ctx: click.Context, name: str) -> Any:
