@@ -118,7 +118,11 @@ def url_flag(url: str) -> str:
 
     What a printed hint adds so that, run as printed, it talks to this controller.
     """
-    bare = os.environ.get("FICC_URL") or credentials.load().current or DEFAULT_URL
+    try:
+        stored = credentials.load().current
+    except click.ClickException:
+        stored = None
+    bare = os.environ.get("FICC_URL") or stored or DEFAULT_URL
     return "" if url.rstrip("/") == bare.rstrip("/") else f" --url {_quote(url)}"
 
 
@@ -133,7 +137,6 @@ class Connection:
     url: str
     token: str | None
     source: str
-    login: credentials.Login | None = None
 
 
 def connection(ctx: click.Context) -> Connection:
@@ -143,14 +146,16 @@ def connection(ctx: click.Context) -> Connection:
     else :data:`DEFAULT_URL`. The credential is ``--token``, else ``FICC_TOKEN``, else
     the one ``ficc login`` stored for that URL.
     """
+    url = given(ctx, "url") or os.environ.get("FICC_URL")
+    token = given(ctx, "token") or os.environ.get("FICC_TOKEN")
+    source = "--token" if given(ctx, "token") else "FICC_TOKEN"
+    if url and token:  # the stored logins are not even read
+        return Connection(url.rstrip("/"), token, source)
     stored = credentials.load()
-    url = given(ctx, "url") or os.environ.get("FICC_URL") or stored.current or DEFAULT_URL
-    url = url.rstrip("/")
+    url = (url or stored.current or DEFAULT_URL).rstrip("/")
+    if token:
+        return Connection(url, token, source)
     login = stored.servers.get(url)
-    if given(ctx, "token"):
-        return Connection(url, given(ctx, "token"), "--token")
-    if os.environ.get("FICC_TOKEN"):
-        return Connection(url, os.environ["FICC_TOKEN"], "FICC_TOKEN")
     if login is not None:
-        return Connection(url, login.token, str(credentials.path()), login)
+        return Connection(url, login.token, str(credentials.path()))
     return Connection(url, None, "none")
