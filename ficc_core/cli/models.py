@@ -257,7 +257,8 @@ def upload_file(
 @click.pass_context
 def upload(ctx: click.Context, model_id: str, path: Path, index: int) -> None:
     """Upload PATH as file --index of MODEL_ID; an interrupted upload resumes where it stopped."""
-    file = upload_file(_client(ctx), model_id, index, path)
+    client = _client(ctx)
+    file = upload_file(client, resolve(client, "models", model_id), index, path)
     click.echo(f"{file['path']}: {file['state']}")
     if file["state"] != "verified":
         raise click.ClickException(file.get("reason") or f"the file is {file['state']}")
