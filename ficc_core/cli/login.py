@@ -61,6 +61,8 @@ def _password_login(
     )
     session, csrf = answer.cookies.get(_SESSION_COOKIE), answer.json()["csrf_token"]
     principal = answer.json()["principal"]
+    if not session:
+        raise click.ClickException(f"{url} answered the login without a session cookie")
     opened = _session_client(url, session, csrf)
     try:
         issued = _mint(opened, principal["scopes"], lifetime)
