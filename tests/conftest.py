@@ -19,6 +19,14 @@ from .httpsd import open_https_server, write_ca_bundle
 from .serve_support import ServeProcess
 
 
+@pytest.fixture(autouse=True)
+def _own_user_config(tmp_path_factory, monkeypatch) -> Path:
+    """A user configuration directory of the test's own: no stored `ficc login` leaks in."""
+    folder = tmp_path_factory.mktemp("xdg-config")
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(folder))
+    return folder
+
+
 @pytest.fixture
 def config(tmp_path: Path) -> Config:
     return load_config(overrides={"data_dir": str(tmp_path / "data")}, environ={})

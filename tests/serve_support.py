@@ -13,6 +13,19 @@ import trio
 FICC = [sys.executable, "-m", "ficc_core"]
 
 
+def make_data_dir(data_dir: Path) -> None:
+    """Create the database in ``data_dir`` as a first ``ficc serve`` does (admin commands
+    refuse a data directory without one)."""
+    from ficc_core.config import load_config
+    from ficc_core.controller.service import open_service
+
+    async def create() -> None:
+        async with open_service(load_config(overrides={"data_dir": str(data_dir)}, environ={})):
+            pass
+
+    trio.run(create)
+
+
 def first_run_secrets(path: Path) -> dict[str, str]:
     """The ``key: value`` lines of a first-run secrets file."""
     lines = path.read_text(encoding="utf-8").splitlines()

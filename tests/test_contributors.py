@@ -14,6 +14,7 @@ from ficc_core.errors import Conflict, InvalidRequest, NotFound, Unauthenticated
 from ficc_core.schema import ExecutorSnapshot, NodeResources, ProviderInfo
 
 from .conftest import bearer, issue_token
+from .serve_support import make_data_dir
 
 DIGEST = "sha256:" + "ab" * 32
 
@@ -186,6 +187,7 @@ async def test_a_node_credential_is_refused_on_management_routes(service, client
 
 
 def test_admin_add_node_prints_a_credential_once_and_revoke_node_revokes_it(tmp_path):
+    make_data_dir(tmp_path / "data")
     runner = CliRunner()
 
     def invoke(*args):
@@ -195,10 +197,10 @@ def test_admin_add_node_prints_a_credential_once_and_revoke_node_revokes_it(tmp_
     assert added.exit_code == 0, added.output
     assert "node credential (shown once): ficcnode_" in added.output
     assert invoke("admin", "add-node", "gpu-1").exit_code != 0
-    listed = invoke("admin", "list-nodes")
+    listed = invoke("admin", "list-nodes", "--json")
     (node,) = json.loads(listed.output)
     assert (node["id"], node["labels"], node["state"]) == ("gpu-1", {"zone": "a"}, "registered")
-    revoked = invoke("admin", "revoke-node", "gpu-1")
+    revoked = invoke("admin", "revoke-node", "gpu-1", "--json")
     assert revoked.exit_code == 0, revoked.output
     assert json.loads(revoked.output)["state"] == "revoked"
     assert invoke("admin", "add-node", "bad name").exit_code != 0

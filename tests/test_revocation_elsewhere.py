@@ -48,7 +48,7 @@ async def test_a_revocation_by_another_process_refuses_requests_and_ends_streams
                 environment = {**os.environ, "FICC_DATA_DIR": str(env.service.config.data_dir)}
                 environment.pop("FICC_CONFIG", None)
                 done = await trio.run_process(
-                    [*FICC, "admin", "revoke-token", credential_id],
+                    [*FICC, "admin", "revoke-token", credential_id, "--json"],
                     env=environment,
                     capture_stdout=True,
                     capture_stderr=True,

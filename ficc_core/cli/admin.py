@@ -3,17 +3,25 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import click
 
-from ..api.views_auth import credential_view, project_view, revocation_view, user_view
+from ..api.views_auth import (
+    credential_view,
+    issued_view,
+    project_view,
+    revocation_view,
+    user_view,
+)
 from ..api.views_contributors import node_view
 from ..auth import ALL_SCOPES, PROJECT_SCOPES
-from ..config import Config, parse_duration
+from ..config import parse_duration
 from ..controller.service import Service, open_service
 from ..errors import FiccError
-from .client import echo_json
+from .options import data_dir_flag
+from .output import echo_table, emit, json_option, when
 from .settings import load_settings, run_trio
 
 
@@ -22,31 +30,59 @@ def admin() -> None:
     """Administer projects, users and credentials directly in the data directory.
 
     These commands open the database themselves, so they work with or without a
-    running `ficc serve` (SQLite WAL allows both).
+    running `ficc serve` (SQLite WAL allows both). They never create one: the data
+    directory (--data-dir, FICC_DATA_DIR or the configuration file) must hold the
+    database `ficc serve` made there.
     """
 
 
-async def _with_service(config: Config, fn) -> Any:
-    async with open_service(config) as service:
-        return await fn(service)
+def _admin(ctx: click.Context, fn: Callable[[Service], Awaitable[Any]]) -> Any:
+    """Run ``fn`` on the service of the invocation's data directory, which must exist.
+
+    A refusal names the data directory, so an operator who meant another one sees it.
+    """
+    config = load_settings(ctx, {})
+    database = config.database_path
+    if not database.is_file():
+        raise click.ClickException(
+            f"no FICC database at {database}; admin commands do not create one. Name the "
+            f"data directory 'ficc serve' uses with --data-dir (or FICC_DATA_DIR), or start "
+            f"'ficc serve{data_dir_flag(config)}' once to create it [no_database]"
+        )
+
+    async def run() -> Any:
+        async with open_service(config) as service:
+            return await fn(service)
+
+    try:
+        return run_trio(run)
+    except click.ClickException as exc:
+        exc.message = f"{exc.message} (data directory {config.data_dir})"
+        raise
 
 
 @admin.command("create-project")
 @click.argument("name")
+@json_option
 @click.pass_context
-def create_project(ctx: click.Context, name: str) -> None:
+def create_project(ctx: click.Context, name: str, as_json: bool) -> None:
     """Create a project NAME."""
-    config = load_settings(ctx, {})
-    echo_json(project_view(run_trio(_with_service, config, lambda s: s.auth.create_project(name))))
+    view = project_view(_admin(ctx, lambda s: s.auth.create_project(name)))
+    emit(view, as_json, lambda p: click.echo(f"created project {p['name']} ({p['id']})"))
 
 
 @admin.command("list-projects")
+@json_option
 @click.pass_context
-def list_projects(ctx: click.Context) -> None:
+def list_projects(ctx: click.Context, as_json: bool) -> None:
     """List every project."""
-    config = load_settings(ctx, {})
-    projects = run_trio(_with_service, config, lambda s: s.auth.list_projects())
-    echo_json([project_view(project) for project in projects])
+    views = [project_view(p) for p in _admin(ctx, lambda s: s.auth.list_projects())]
+    rows = [("ID", "NAME", "CREATED")]
+    emit(views, as_json, lambda ps: echo_table(rows + [_project_row(p) for p in ps]))
+
+
+def _project_row(project: dict[str, Any]) -> tuple[Any, ...]:
+    return (project["id"], project["name"], when(project["created_at"]))
 
 
 @admin.command("create-user")
@@ -61,6 +97,7 @@ def list_projects(ctx: click.Context) -> None:
     help="Scope in each --project; repeat. Default: every project scope.",
 )
 @click.option("--password-stdin", is_flag=True, help="Read the password from standard input.")
+@json_option
 @click.pass_context
 def create_user(
     ctx: click.Context,
@@ -69,23 +106,33 @@ def create_user(
     projects: tuple[str, ...],
     scopes: tuple[str, ...],
     password_stdin: bool,
+    as_json: bool,
 ) -> None:
-    """Create user USERNAME; without --password-stdin a password is generated and printed."""
+    """Create user USERNAME; without --password-stdin a password is generated and printed.
+
+    --json prints {"user": ..., "password": ...} (the password null when read from stdin).
+    """
     from ..auth.secrets import new_secret
 
-    config = load_settings(ctx, {})
     password = sys.stdin.readline().rstrip("\n") if password_stdin else new_secret()[:24]
     grant = frozenset(scopes or PROJECT_SCOPES)
-    user = run_trio(
-        _with_service,
-        config,
+    user = _admin(
+        ctx,
         lambda s: s.auth.create_user(
             username, password, admin=is_admin, projects={p: grant for p in projects}
         ),
     )
-    echo_json(user_view(user))
-    if not password_stdin:
-        click.echo(f"password (shown once): {password}")
+    document = {"user": user_view(user), "password": None if password_stdin else password}
+
+    def human(doc: dict[str, Any]) -> None:
+        view = doc["user"]
+        role = "administrator" if view["admin"] else "user"
+        joined = ", ".join(m["project_id"] for m in view["projects"]) or "no project"
+        click.echo(f"created {role} {view['username']} ({view['id']}) in {joined}")
+        if doc["password"]:
+            click.echo(f"password (shown once): {doc['password']}")
+
+    emit(document, as_json, human)
 
 
 @admin.command("create-token")
@@ -104,6 +151,7 @@ def create_user(
     default=None,
     help="Lifetime, e.g. 3600, 12h, 30d. Default and maximum: token_max_lifetime.",
 )
+@json_option
 @click.pass_context
 def create_token(
     ctx: click.Context,
@@ -112,9 +160,12 @@ def create_token(
     scopes: tuple[str, ...],
     all_scopes: bool,
     expires_in: str | None,
+    as_json: bool,
 ) -> None:
-    """Create a bearer credential and print its token (shown only once)."""
-    config = load_settings(ctx, {})
+    """Create a bearer credential and print its token (shown only once).
+
+    --json prints {"credential": ..., "token": ...}, as POST /api/v1/tokens answers.
+    """
     granted = frozenset(ALL_SCOPES if all_scopes else scopes)
     if not granted:
         raise click.UsageError("give --scope at least once, or --all-scopes")
@@ -122,39 +173,63 @@ def create_token(
         lifetime = parse_duration(expires_in) if expires_in is not None else None
     except FiccError as exc:
         raise click.BadParameter(exc.message, param_hint="--expires-in") from None
-    record, token = run_trio(
-        _with_service,
-        config,
+    record, token = _admin(
+        ctx,
         lambda s: s.auth.create_credential(project, name=name, scopes=granted, lifetime=lifetime),
     )
-    echo_json(credential_view(record))
-    click.echo(f"token (shown once): {token}")
+
+    def human(doc: dict[str, Any]) -> None:
+        credential = doc["credential"]
+        click.echo(
+            f"credential {credential['id']} ({credential['name']}): "
+            f"{', '.join(credential['scopes'])}; expires {when(credential['expires_at'])}"
+        )
+        click.echo(f"token (shown once): {doc['token']}")
+
+    emit(issued_view(record, token), as_json, human)
 
 
 @admin.command("list-tokens")
 @click.option("--project", required=True, help="Project (name or id).")
+@json_option
 @click.pass_context
-def list_tokens(ctx: click.Context, project: str) -> None:
+def list_tokens(ctx: click.Context, project: str, as_json: bool) -> None:
     """List a project's credentials (never their secrets)."""
-    config = load_settings(ctx, {})
 
     async def read(service: Service) -> Any:
         found = await service.auth.get_project(project)
         return [credential_view(c) for c in await service.auth.list_credentials(found.id)]
 
-    echo_json(run_trio(_with_service, config, read))
+    def human(views: list[dict[str, Any]]) -> None:
+        rows: list[tuple[Any, ...]] = [("ID", "NAME", "SCOPES", "EXPIRES", "REVOKED")]
+        rows += [
+            (
+                view["id"],
+                view["name"],
+                ",".join(view["scopes"]),
+                when(view["expires_at"]),
+                when(view["revoked_at"]),
+            )
+            for view in views
+        ]
+        echo_table(rows)
+
+    emit(_admin(ctx, read), as_json, human)
 
 
 @admin.command("revoke-token")
 @click.argument("credential_id")
+@json_option
 @click.pass_context
-def revoke_token(ctx: click.Context, credential_id: str) -> None:
-    """Revoke the credential CREDENTIAL_ID."""
-    config = load_settings(ctx, {})
-    revocation = run_trio(
-        _with_service, config, lambda s: s.auth.revoke_credential(None, credential_id)
-    )
-    echo_json(revocation_view(revocation))
+def revoke_token(ctx: click.Context, credential_id: str, as_json: bool) -> None:
+    """Revoke the credential CREDENTIAL_ID (and what it minted)."""
+    revocation = _admin(ctx, lambda s: s.auth.revoke_credential(None, credential_id))
+
+    def human(view: dict[str, Any]) -> None:
+        also = f"; also revoked {', '.join(view['also_revoked'])}" if view["also_revoked"] else ""
+        click.echo(f"revoked {view['id']} ({view['name']}){also}")
+
+    emit(revocation_view(revocation), as_json, human)
 
 
 @admin.command("add-node")
@@ -162,40 +237,52 @@ def revoke_token(ctx: click.Context, credential_id: str) -> None:
 @click.option(
     "--label", "labels", multiple=True, help="A label KEY=VALUE recorded with the node; repeat."
 )
+@json_option
 @click.pass_context
-def add_node(ctx: click.Context, name: str, labels: tuple[str, ...]) -> None:
+def add_node(ctx: click.Context, name: str, labels: tuple[str, ...], as_json: bool) -> None:
     """Register contributor node NAME and print its node credential (shown only once).
 
     The credential can do nothing but connect as this node ('ficc executor').
+    --json prints {"node": ..., "credential": ...}.
     """
-    config = load_settings(ctx, {})
     parsed = {}
     for label in labels:
         key, equals, value = label.partition("=")
         if not equals or not key:
             raise click.BadParameter(f"{label!r} is not KEY=VALUE", param_hint="--label")
         parsed[key] = value
-    record, token = run_trio(
-        _with_service, config, lambda s: s.contributors.add_node(name, labels=parsed)
-    )
-    echo_json(node_view(record))
-    click.echo(f"node credential (shown once): {token}")
+    record, token = _admin(ctx, lambda s: s.contributors.add_node(name, labels=parsed))
+
+    def human(doc: dict[str, Any]) -> None:
+        click.echo(f"registered node {doc['node']['name']} ({doc['node']['id']})")
+        click.echo(f"node credential (shown once): {doc['credential']}")
+
+    emit({"node": node_view(record), "credential": token}, as_json, human)
+
+
+def _echo_nodes(views: list[dict[str, Any]]) -> None:
+    rows: list[tuple[Any, ...]] = [("ID", "NAME", "STATE", "LAST HEARTBEAT", "REVOKED")]
+    rows += [
+        (v["id"], v["name"], v["state"], when(v["last_heartbeat"]), when(v["revoked_at"]))
+        for v in views
+    ]
+    echo_table(rows)
 
 
 @admin.command("revoke-node")
 @click.argument("node_id")
+@json_option
 @click.pass_context
-def revoke_node(ctx: click.Context, node_id: str) -> None:
+def revoke_node(ctx: click.Context, node_id: str, as_json: bool) -> None:
     """Revoke node NODE_ID's credential; its attempts become unknown."""
-    config = load_settings(ctx, {})
-    revoked = run_trio(_with_service, config, lambda s: s.contributors.revoke_node(node_id))
-    echo_json(node_view(revoked))
+    revoked = _admin(ctx, lambda s: s.contributors.revoke_node(node_id))
+    emit(node_view(revoked), as_json, lambda v: _echo_nodes([v]))
 
 
 @admin.command("list-nodes")
+@json_option
 @click.pass_context
-def list_nodes(ctx: click.Context) -> None:
+def list_nodes(ctx: click.Context, as_json: bool) -> None:
     """List contributor nodes with their states (as GET /api/v1/contributors shows them)."""
-    config = load_settings(ctx, {})
-    nodes = run_trio(_with_service, config, lambda s: s.contributors.list())
-    echo_json([node_view(node) for node in nodes])
+    nodes = _admin(ctx, lambda s: s.contributors.list())
+    emit([node_view(node) for node in nodes], as_json, _echo_nodes)

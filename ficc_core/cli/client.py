@@ -1,30 +1,47 @@
-"""What the API-talking command groups (``ficc models``, ``ficc inference``) share.
+"""What the API-talking commands (``ficc models``, ``ficc inference``, ``ficc whoami``) share.
 
 A small synchronous client that turns the API's error envelope into a
-:class:`click.ClickException` (message and code, non-zero exit), the ``--url`` and
-``--token`` options every such group takes, and plain-text output helpers.
+:class:`click.ClickException` (message and code, non-zero exit), built for the
+invocation's controller and credential (:func:`~.options.connection`: ``--url``,
+``--token``, their environment variables, the stored login).
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import click
 import httpx
 
+from .options import connection
+from .output import echo_json, echo_table
+
+__all__ = ["ApiClient", "ApiError", "client_from", "echo_json", "echo_table"]
+
 
 class ApiClient:
     """A small synchronous client of the management API that turns envelopes into errors."""
 
-    def __init__(self, url: str, token: str | None, *, timeout: float = 120.0) -> None:
-        if not token:
-            raise click.UsageError("give --token or set FICC_TOKEN (a bearer credential)")
+    def __init__(
+        self,
+        url: str,
+        token: str | None,
+        *,
+        timeout: float = 120.0,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        """A client of ``url`` with bearer ``token`` (or, when given, only ``headers``)."""
+        if not token and headers is None:
+            raise click.UsageError(
+                f"no credential for {url}: run 'ficc login {url}', or give --token or set "
+                "FICC_TOKEN (a bearer credential)"
+            )
+        auth = {"Authorization": f"Bearer {token}"} if token else {}
+        self.url = url.rstrip("/")
         self.http = httpx.Client(
-            base_url=url.rstrip("/"),
-            headers={"Authorization": f"Bearer {token}"},
-            timeout=timeout,
+            base_url=self.url, headers={**auth, **(headers or {})}, timeout=timeout
         )
 
     def call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
@@ -40,6 +57,18 @@ class ApiClient:
     def json(self, method: str, path: str, **kwargs: Any) -> Any:
         """Send a request and return its JSON body."""
         return self.call(method, path, **kwargs).json()
+
+    @contextlib.contextmanager
+    def stream(self, method: str, path: str, **kwargs: Any) -> Iterator[httpx.Response]:
+        """Send a request and yield its response unread; a refusal raises :class:`ApiError`."""
+        try:
+            with self.http.stream(method, path, **kwargs) as response:
+                if response.status_code >= 400:
+                    response.read()
+                    raise ApiError(response)
+                yield response
+        except httpx.HTTPError as exc:
+            raise click.ClickException(f"cannot reach {self.http.base_url}: {exc}") from None
 
 
 class ApiError(click.ClickException):
@@ -65,38 +94,7 @@ class ApiError(click.ClickException):
         return self.error.get("details") or {}
 
 
-def connection_options(command: Callable[..., Any]) -> Callable[..., Any]:
-    """Add ``--url`` (``FICC_URL``) and ``--token`` (``FICC_TOKEN``) to a command group."""
-    command = click.option(
-        "--token", envvar="FICC_TOKEN", help="Bearer credential. [env: FICC_TOKEN]"
-    )(command)
-    return click.option(
-        "--url",
-        envvar="FICC_URL",
-        default="http://127.0.0.1:8484",
-        show_default=True,
-        help="Base URL of the controller. [env: FICC_URL]",
-    )(command)
-
-
 def client_from(ctx: click.Context) -> ApiClient:
-    """The client for the group's ``--url`` and ``--token`` (kept in ``ctx.obj``)."""
-    return ApiClient(ctx.obj["url"], ctx.obj["token"])
-
-
-def echo_json(document: Any) -> None:
-    """Print ``document`` as indented, key-sorted JSON."""
-    click.echo(json.dumps(document, indent=2, sort_keys=True))
-
-
-def echo_table(rows: Sequence[Sequence[Any]], *, err: bool = False) -> None:
-    """Print ``rows`` (the first is the header) as left-aligned columns."""
-    if not rows:
-        return
-    texts = [["" if cell is None else str(cell) for cell in row] for row in rows]
-    widths = [max(len(row[i]) for row in texts) for i in range(len(texts[0]))]
-    for row in texts:
-        click.echo(
-            "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip(),
-            err=err,
-        )
+    """The client for this invocation's controller and credential."""
+    found = connection(ctx)
+    return ApiClient(found.url, found.token)

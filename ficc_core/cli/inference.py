@@ -1,7 +1,8 @@
 """``ficc inference ...``: managed inference services from the command line, through the API.
 
-Every command talks to ``/api/v1/inference``; give ``--url``/``FICC_URL`` and
-``--token``/``FICC_TOKEN``. Control commands read the service's current revision
+Every command talks to ``/api/v1/inference`` of the controller ``ficc login`` stored
+(or ``--url``/``FICC_URL`` with ``--token``/``FICC_TOKEN``); a service is named by its
+ID or its alias (:func:`~.resolve.resolve`). Control commands read the service's current revision
 first unless ``--revision`` names one, and ``--wait`` follows the service to the
 state the action rests in.
 """
@@ -13,7 +14,8 @@ from typing import Any
 
 import click
 
-from .client import client_from, connection_options, echo_json, echo_table
+from .chat import chat
+from .client import client_from, echo_json, echo_table
 from .inference_control import COMMANDS
 from .inference_io import (
     BASE,
@@ -24,28 +26,28 @@ from .inference_io import (
     read_spec,
     refusals,
     seconds,
-    when,
 )
+from .options import url_flag
+from .output import json_option, when
+from .resolve import resolve
 
 # -- the group -------------------------------------------------------------------------------
 
 
 @click.group()
-@connection_options
-@click.pass_context
-def inference(ctx: click.Context, url: str, token: str | None) -> None:
+def inference() -> None:
     """Preview, create, start, drain, stop, replace and remove managed inference services.
 
     Reading needs inference:read; preview inference:manage; create, replace and
     start also jobs:execute, contributors:read and models:read; drain, stop and
-    remove jobs:cancel; tokens inference:manage, inference:invoke and tokens:manage.
+    remove jobs:cancel; tokens inference:manage, inference:invoke and tokens:manage;
+    chat inference:invoke.
     """
-    ctx.obj = {"url": url, "token": token}
 
 
 @inference.command("preview")
 @click.argument("spec_file", type=SPEC_FILE)
-@click.option("--json", "as_json", is_flag=True, help="Print the API's JSON instead.")
+@json_option
 @click.pass_context
 def preview(ctx: click.Context, spec_file: Path, as_json: bool) -> None:
     """Show SPEC_FILE's placement and why any replica does not fit.
@@ -65,7 +67,7 @@ def preview(ctx: click.Context, spec_file: Path, as_json: bool) -> None:
 
 @inference.command("create")
 @click.argument("spec_file", type=SPEC_FILE)
-@click.option("--json", "as_json", is_flag=True, help="Print the API's JSON instead.")
+@json_option
 @click.pass_context
 def create(ctx: click.Context, spec_file: Path, as_json: bool) -> None:
     """Submit SPEC_FILE as a new, stopped service.
@@ -75,22 +77,24 @@ def create(ctx: click.Context, spec_file: Path, as_json: bool) -> None:
     generation 1.
     """
     document = read_spec(spec_file)
-    view = refusals(lambda: client_from(ctx).json("POST", BASE, json=document))
+    client = client_from(ctx)
+    view = refusals(lambda: client.json("POST", BASE, json=document))
     if as_json:
         echo_json(view)
         return
     click.echo(f"{view['id']} {view['state']}")
     echo_outcome(view, "created")
-    click.echo(f"start it with: ficc inference start {view['id']}")
+    click.echo(f"start it with: ficc inference start {view['alias']}{url_flag(client.url)}")
 
 
 @inference.command("show")
-@click.argument("service_id")
-@click.option("--json", "as_json", is_flag=True, help="Print the API's JSON instead.")
+@click.argument("service_id", metavar="SERVICE")
+@json_option
 @click.pass_context
 def show(ctx: click.Context, service_id: str, as_json: bool) -> None:
-    """Show a service: specification, state and replicas."""
-    view = client_from(ctx).json("GET", f"{BASE}/{service_id}")
+    """Show a service (its ID or alias): specification, state and replicas."""
+    client = client_from(ctx)
+    view = client.json("GET", f"{BASE}/{resolve(client, 'inference', service_id)}")
     if as_json:
         echo_json(view)
     else:
@@ -98,7 +102,7 @@ def show(ctx: click.Context, service_id: str, as_json: bool) -> None:
 
 
 @inference.command("list")
-@click.option("--json", "as_json", is_flag=True, help="Print the API's JSON instead.")
+@json_option
 @click.pass_context
 def list_services(ctx: click.Context, as_json: bool) -> None:
     """List the project's services."""
@@ -127,7 +131,7 @@ def list_services(ctx: click.Context, as_json: bool) -> None:
     echo_table(rows)
 
 
-for _command in COMMANDS:
+for _command in (*COMMANDS, chat):
     inference.add_command(_command)
 
 
@@ -135,12 +139,12 @@ for _command in COMMANDS:
 
 
 @inference.command("token")
-@click.argument("service_id")
+@click.argument("service_id", metavar="SERVICE")
 @click.option("--lifetime", help="Issue a token living this long (e.g. 30s, 10m, 12h, 1d).")
 @click.option("--name", help="A label for the issued token.")
 @click.option("--list", "list_them", is_flag=True, help="List the service's invoke tokens.")
 @click.option("--revoke", "revoke_id", metavar="TOKEN_ID", help="Revoke this invoke token.")
-@click.option("--json", "as_json", is_flag=True, help="Print the API's JSON instead.")
+@json_option
 @click.pass_context
 def token(
     ctx: click.Context,
@@ -161,6 +165,7 @@ def token(
     if sum((lifetime is not None, list_them, revoke_id is not None)) != 1:
         raise click.UsageError("give exactly one of --lifetime DURATION, --list or --revoke ID")
     client = client_from(ctx)
+    service_id = resolve(client, "inference", service_id)
     path = f"{BASE}/{service_id}/tokens"
     if list_them:
         found = client.json("GET", path)
@@ -203,6 +208,7 @@ def token(
         click.echo(f"token: {issued['token']}")
     click.echo(
         "warning: the token is shown only once; store it now (revoke it with "
-        f"'ficc inference token {service_id} --revoke {issued['credential']['id']}')",
+        f"'ficc inference token {service_id} --revoke {issued['credential']['id']}"
+        f"{url_flag(client.url)}')",
         err=True,
     )

@@ -15,6 +15,8 @@ import click
 
 from .client import ApiClient, ApiError, client_from, echo_json
 from .inference_io import BASE, SPEC_FILE, echo_outcome, read_spec, refusals, seconds
+from .output import json_option
+from .resolve import resolve
 
 #: The state each control action rests in, as ``--wait`` waits for it.
 _RESTING = {
@@ -45,6 +47,7 @@ def _wait_options(command: Callable[..., Any]) -> Callable[..., Any]:
             click.option(
                 "--interval", default=0.5, show_default=True, help="Seconds between polls."
             ),
+            json_option,
         )
     ):
         command = option(command)
@@ -124,17 +127,25 @@ def _finish(
     wait: bool,
     timeout: str,
     interval: float,
-    quiet: bool = False,
+    as_json: bool = False,
 ) -> None:
-    if not quiet:
+    """Print the accepted action and, with ``wait``, where the service came to rest.
+
+    With ``--json`` only one document is printed: the service as it rests (``--wait``;
+    ``{"id": ..., "gone": true}`` once removed) or as the action left it.
+    """
+    if not as_json:
         echo_outcome(view, f"{action} accepted")
     if not wait:
+        if as_json:
+            echo_json(view)
         return
     resting = _RESTING[action]
     rested = _wait(
         client, view["id"], resting, timeout=seconds(timeout, "--timeout"), interval=interval
     )
-    if quiet:
+    if as_json:
+        echo_json({"id": view["id"], "gone": True} if rested is None else rested)
         return
     if rested is None:
         click.echo(f"{view['id']} gone")
@@ -153,10 +164,12 @@ def _control(
     wait: bool,
     timeout: str,
     interval: float,
+    as_json: bool,
     acknowledge_unknown: bool = False,
 ) -> None:
     client = client_from(ctx)
     seconds(timeout, "--timeout")  # refuse a bad --timeout before changing anything
+    service_id = resolve(client, "inference", service_id)
 
     def send() -> dict[str, Any]:
         body: dict[str, Any] = {"revision": _current_revision(client, service_id, revision)}
@@ -165,11 +178,11 @@ def _control(
         return client.json("POST", f"{BASE}/{service_id}/control/{action}", json=body)
 
     view = refusals(send)
-    _finish(client, view, action, wait=wait, timeout=timeout, interval=interval)
+    _finish(client, view, action, wait=wait, timeout=timeout, interval=interval, as_json=as_json)
 
 
 @click.command("start")
-@click.argument("service_id")
+@click.argument("service_id", metavar="SERVICE")
 @click.option(
     "--acknowledge-unknown",
     is_flag=True,
@@ -185,8 +198,9 @@ def start(
     wait: bool,
     timeout: str,
     interval: float,
+    as_json: bool,
 ) -> None:
-    """Start a stopped service's next generation.
+    """Start a stopped service's next generation (SERVICE: its ID or alias).
 
     --wait waits until every replica is ready.
     """
@@ -198,6 +212,7 @@ def start(
         wait=wait,
         timeout=timeout,
         interval=interval,
+        as_json=as_json,
         acknowledge_unknown=acknowledge_unknown,
     )
 
@@ -212,6 +227,7 @@ def _simple_control(action: str, doc: str) -> click.Command:
         wait: bool,
         timeout: str,
         interval: float,
+        as_json: bool,
     ) -> None:
         _control(
             ctx,
@@ -221,10 +237,11 @@ def _simple_control(action: str, doc: str) -> click.Command:
             wait=wait,
             timeout=timeout,
             interval=interval,
+            as_json=as_json,
         )
 
     command.__doc__ = doc
-    return click.command(action)(click.argument("service_id")(command))
+    return click.command(action)(click.argument("service_id", metavar="SERVICE")(command))
 
 
 drain = _simple_control(
@@ -245,10 +262,9 @@ remove = _simple_control(
 
 
 @click.command("replace")
-@click.argument("service_id")
+@click.argument("service_id", metavar="SERVICE")
 @click.argument("spec_file", type=SPEC_FILE)
 @_wait_options
-@click.option("--json", "as_json", is_flag=True, help="Print the API's JSON instead.")
 @click.pass_context
 def replace(
     ctx: click.Context,
@@ -260,7 +276,7 @@ def replace(
     interval: float,
     as_json: bool,
 ) -> None:
-    """Replace a stopped service's specification and start it.
+    """Replace a stopped service's specification and start it (SERVICE: ID or alias).
 
     The new specification is placed like a new one and runs as the next
     generation. --wait waits until it is ready.
@@ -268,23 +284,14 @@ def replace(
     document = read_spec(spec_file)
     client = client_from(ctx)
     seconds(timeout, "--timeout")
+    service_id = resolve(client, "inference", service_id)
 
     def send() -> dict[str, Any]:
         body = {"revision": _current_revision(client, service_id, revision), "spec": document}
         return client.json("PUT", f"{BASE}/{service_id}", json=body)
 
     view = refusals(send)
-    if as_json:
-        echo_json(view)
-    _finish(
-        client,
-        view,
-        "replace",
-        wait=wait,
-        timeout=timeout,
-        interval=interval,
-        quiet=as_json,
-    )
+    _finish(client, view, "replace", wait=wait, timeout=timeout, interval=interval, as_json=as_json)
 
 
 #: The commands of this module, as the ``inference`` group adds them.

@@ -7,7 +7,6 @@ print is chosen by the envelope's wire ``code``, the one thing a client has.
 
 from __future__ import annotations
 
-import datetime
 import json
 import sys
 import tomllib
@@ -19,7 +18,8 @@ import click
 
 from ..config import parse_duration
 from ..errors import FiccError
-from .client import ApiError, echo_table
+from .client import ApiError
+from .output import echo_table
 
 BASE = "/api/v1/inference"
 
@@ -45,13 +45,6 @@ def _gpus(reservation: Mapping[str, Any] | None) -> str:
     if not reservation or not reservation.get("gpus"):
         return "-"
     return ",".join(f"{gpu['index']}:{_size(gpu['memory_bytes'])}" for gpu in reservation["gpus"])
-
-
-def when(timestamp: float | None) -> str:
-    if timestamp is None:
-        return "-"
-    moment = datetime.datetime.fromtimestamp(timestamp, tz=datetime.UTC)
-    return moment.strftime("%Y-%m-%d %H:%M:%SZ")
 
 
 def _short(digest: str | None, keep: int = 19) -> str:

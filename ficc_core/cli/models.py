@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from .client import ApiClient, client_from, connection_options, echo_json, echo_table
+from .client import ApiClient, client_from
 from .models_transfer import (
     COMMANDS,
     follow_acquisition,
@@ -18,16 +18,15 @@ from .models_transfer import (
     summary,
     upload_file,
 )
+from .output import echo_json, echo_table, json_option
+from .resolve import resolve
 
 _MiB = 1 << 20
 
 
 @click.group()
-@connection_options
-@click.pass_context
-def models(ctx: click.Context, url: str, token: str | None) -> None:
+def models() -> None:
     """Register, acquire, upload, preview and delete models (scopes models:read/manage)."""
-    ctx.obj = {"url": url, "token": token}
 
 
 def _client(ctx: click.Context) -> ApiClient:
@@ -46,7 +45,7 @@ def _client(ctx: click.Context) -> ApiClient:
 )
 @click.option("--name", help="Model name for --gguf (default: the file name without .gguf).")
 @click.option("--licence", help="Licence for --gguf.")
-@click.option("--json", "as_json", is_flag=True, help="Print the API's JSON instead.")
+@json_option
 @click.pass_context
 def register(
     ctx: click.Context,
@@ -79,30 +78,12 @@ def register(
         click.echo(line)
 
 
-def resolve_model(client: ApiClient, name_or_id: str) -> dict[str, Any]:
-    """The project's model whose ID, else whose name, is ``name_or_id`` (as listed).
-
-    A name is unique in a project (a second manifest under it is refused), so a
-    name names one model.
-
-    :raises click.ClickException: no model has that ID or name.
-    """
-    found = client.json("GET", "/api/v1/models")["models"]
-    for key in ("id", "name"):
-        for model in found:
-            if model[key] == name_or_id:
-                return model
-    raise click.ClickException(
-        f"no model with the ID or name {name_or_id!r} in this project [model_not_found]"
-    )
-
-
 def _model_id(ctx: click.Context, name_or_id: str) -> str:
-    return resolve_model(_client(ctx), name_or_id)["id"]
+    return resolve(_client(ctx), "models", name_or_id)
 
 
 @models.command("list")
-@click.option("--json", "as_json", is_flag=True, help="Print the API's JSON instead.")
+@json_option
 @click.pass_context
 def list_models(ctx: click.Context, as_json: bool) -> None:
     """List the project's models with their state."""
@@ -180,20 +161,17 @@ def show_lines(model: dict[str, Any]) -> list[str]:
 
 @models.command("show")
 @click.argument("model")
-@click.option("--json", "as_json", is_flag=True, help="Print the API's JSON instead.")
+@json_option
 @click.pass_context
 def show(ctx: click.Context, model: str, as_json: bool) -> None:
     """Show MODEL (a name or ID): its GGUF metadata, and each file's state and progress."""
     client = _client(ctx)
-    shown = client.json("GET", f"/api/v1/models/{resolve_model(client, model)['id']}")
+    shown = client.json("GET", f"/api/v1/models/{resolve(client, 'models', model)}")
     if as_json:
         echo_json(shown)
         return
     for line in show_lines(shown):
         click.echo(line)
-
-
-_JSON = click.option("--json", "as_json", is_flag=True, help="Print the API's JSON instead.")
 
 
 def _state_line(model: dict[str, Any]) -> str:
@@ -207,7 +185,7 @@ def _state_line(model: dict[str, Any]) -> str:
 @click.argument("model")
 @click.option("--wait", is_flag=True, help="Follow the acquisition with a progress bar.")
 @click.option("--interval", default=0.5, show_default=True, help="Seconds between polls.")
-@_JSON
+@json_option
 @click.pass_context
 def acquire(ctx: click.Context, model: str, wait: bool, interval: float, as_json: bool) -> None:
     """Start or resume the HTTPS acquisition of MODEL (a name or ID)."""
@@ -225,7 +203,7 @@ def acquire(ctx: click.Context, model: str, wait: bool, interval: float, as_json
 
 @models.command("pause")
 @click.argument("model")
-@_JSON
+@json_option
 @click.pass_context
 def pause(ctx: click.Context, model: str, as_json: bool) -> None:
     """Pause MODEL's acquisition; `acquire` resumes it from the durable offset."""
@@ -240,7 +218,7 @@ def pause(ctx: click.Context, model: str, as_json: bool) -> None:
 @click.argument("model")
 @click.argument("path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--index", default=0, show_default=True, help="Which file of the manifest.")
-@_JSON
+@json_option
 @click.pass_context
 def upload(ctx: click.Context, model: str, path: Path, index: int, as_json: bool) -> None:
     """Upload PATH as file --index of MODEL; an interrupted upload resumes where it stopped."""
@@ -272,7 +250,7 @@ def _preview_row(preview: dict[str, Any]) -> tuple[Any, ...]:
 @click.option("--revision", default="main", show_default=True)
 @click.option("--file", "--filename", "filename", help="Only this GGUF model of the repository.")
 @click.option("--licence", help="Licence to record (default: the repository's card).")
-@_JSON
+@json_option
 @click.pass_context
 def preview(
     ctx: click.Context,
@@ -300,7 +278,7 @@ def preview(
 @models.command("delete")
 @click.argument("model")
 @click.option("--evict", is_flag=True, help="Also delete content no other model shares.")
-@_JSON
+@json_option
 @click.pass_context
 def delete(ctx: click.Context, model: str, evict: bool, as_json: bool) -> None:
     """Delete MODEL's metadata (a name or ID; refused while an inference service uses it)."""

@@ -19,7 +19,8 @@ import click
 from ..models.gguf import GgufMetadata, InvalidGguf, read_gguf_files
 from ..models.registry import MAX_BYTES_CHUNK
 from ..schema.models import gguf_split_part
-from .client import ApiClient, ApiError, client_from, echo_json
+from .client import ApiClient, ApiError, client_from
+from .output import echo_json, json_option
 
 _MiB = 1 << 20
 
@@ -246,7 +247,7 @@ def _finish(model: dict[str, Any], verb: str, as_json: bool) -> None:
 @click.argument("path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--name", help="Model name (default: the file name without .gguf, or the split's).")
 @click.option("--licence", help="Licence to record.")
-@click.option("--json", "as_json", is_flag=True, help="Print the model's JSON instead.")
+@json_option
 @click.pass_context
 def add(
     ctx: click.Context, path: Path, name: str | None, licence: str | None, as_json: bool
@@ -298,7 +299,7 @@ def _choose(previews: list[dict[str, Any]], repository: str) -> dict[str, Any]:
 @click.option("--licence", help="Licence to record (default: the repository's card).")
 @click.option("--no-wait", is_flag=True, help="Start the acquisition and return at once.")
 @click.option("--interval", default=0.5, show_default=True, help="Seconds between polls.")
-@click.option("--json", "as_json", is_flag=True, help="Print the model's JSON instead.")
+@json_option
 @click.pass_context
 def pull(
     ctx: click.Context,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -16,13 +15,14 @@ from ..plugins import (
     PluginSet,
     build_plugin_manager,
 )
+from .output import echo_json, json_option
 
 _HEADERS = ("NAME", "KIND", "DISTRIBUTION", "VERSION", "API", "STATUS")
 _RUNTIME_HEADERS = ("RUNTIME", "ENGINES", "PROVIDER", "ISOLATION", "EXECUTABLE", "IMAGE DIGEST")
 
 
 @click.command("plugins")
-@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@json_option
 def plugins_command(as_json: bool) -> None:
     """List discovered plugins: what loaded, and why anything was refused.
 
@@ -33,7 +33,7 @@ def plugins_command(as_json: bool) -> None:
     """
     plugin_set = build_plugin_manager()
     if as_json:
-        click.echo(json.dumps(report_data(plugin_set), indent=2, sort_keys=True))
+        echo_json(report_data(plugin_set))
         return
     click.echo(render_table(plugin_set.report))
     runtimes = [runtime_data(runtime) for runtime in plugin_set.runtimes.declared()]

@@ -13,6 +13,7 @@ from .._version import __version__
 from ..config import Config
 from ..controller.service import Service, open_service
 from ..errors import FiccError
+from .options import data_dir_flag
 from .settings import config_options, load_settings, run_trio
 
 
@@ -56,9 +57,11 @@ async def _serve(config: Config, demo: bool = False) -> None:
                     write_first_run_secrets, config.data_dir, first_run
                 )
             except OSError as exc:
+                flag = data_dir_flag(config)
                 raise click.ClickException(
                     f"could not write the first-run secrets: {exc}; recover with "
-                    "'ficc admin create-user NAME --admin' and 'ficc admin create-token'"
+                    f"'ficc admin create-user NAME --admin{flag}' and "
+                    f"'ficc admin create-token --project default --all-scopes{flag}'"
                 ) from None
 
         async with trio.open_nursery() as nursery:
@@ -91,6 +94,7 @@ def _print_ready(
     metrics_urls: list[str],
 ) -> None:
     url = urls[0] if urls else "?"
+    flag = data_dir_flag(service.config)
     lines = [
         f"FICC {__version__} listening on {', '.join(urls)}",
         f"  data directory: {service.config.data_dir}",
@@ -112,10 +116,11 @@ def _print_ready(
             f"    admin token:    {first_run['token']}",
             f"  try: curl -H 'Authorization: Bearer {first_run['token']}' {url}/api/v1/whoami",
         ]
-    else:
-        lines += [
-            "  authenticate with 'Authorization: Bearer <token>'; to issue a token run:",
-            "    ficc admin create-token --project default --all-scopes",
-        ]
+    lines += [
+        "  log in from another shell (then every ficc command uses it):",
+        f"    ficc login {url} --username admin",
+        "  to issue a token on this machine instead:",
+        f"    ficc admin create-token --project default --all-scopes{flag}",
+    ]
     click.echo("\n".join(lines), nl=True)
     sys.stdout.flush()

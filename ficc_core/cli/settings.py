@@ -16,6 +16,8 @@ import trio
 
 from ..config import Config, env_name, load_config, render_reference
 from ..errors import FiccError
+from .options import settings_sources
+from .output import echo_table, emit, json_option
 
 _FLAG_TYPES = {"int": int, "bool": bool, "path": click.Path(path_type=Path), "str": str}
 
@@ -47,9 +49,11 @@ def config_options(exclude: tuple[str, ...] = ()):
 
 
 def load_settings(ctx: click.Context, overrides: dict[str, Any]) -> Config:
-    """The settings of this invocation: the group's file and data directory, then ``overrides``."""
+    """The settings of this invocation: the global ``--config`` and ``--data-dir``, then
+    ``overrides`` (a command's own setting flags)."""
+    path, given = settings_sources(ctx)
     try:
-        return load_config(ctx.obj["config_path"], overrides={**ctx.obj["overrides"], **overrides})
+        return load_config(path, overrides={**given, **overrides})
     except FiccError as exc:
         raise click.ClickException(exc.message) from None
 
@@ -64,9 +68,10 @@ def run_trio(fn, *args: Any) -> Any:
 
 @click.command("config")
 @click.option("--reference", is_flag=True, help="Print the table of every setting instead.")
+@json_option
 @click.pass_context
-def config_command(ctx: click.Context, reference: bool) -> None:
-    """Print the effective configuration as JSON (after file, environment and flags)."""
+def config_command(ctx: click.Context, reference: bool, as_json: bool) -> None:
+    """Print the effective configuration (after file, environment and flags)."""
     if reference:
         click.echo(render_reference(), nl=False)
         return
@@ -76,7 +81,13 @@ def config_command(ctx: click.Context, reference: bool) -> None:
         for field in attrs.fields(Config)
         for value in [getattr(config, field.name)]
     }
-    click.echo(json.dumps(document, indent=2, sort_keys=True))
+
+    def human(settings: dict[str, Any]) -> None:
+        rows = [("SETTING", "VALUE")]
+        rows += [(name, json.dumps(value)) for name, value in sorted(settings.items())]
+        echo_table(rows)
+
+    emit(document, as_json, human)
 
 
 # -- administration ----------------------------------------------------------------
