@@ -44,7 +44,7 @@ async def test_names_and_aliases_resolve_and_chat_streams_an_answer(tmp_path):
             shown = await trio.to_thread.run_sync(
                 lambda: runner.invoke(
                     cli,
-                    ["models", "show", "tiny-hf", "--url", controller.url],
+                    ["models", "show", "tiny-hf", "--url", controller.url, "--json"],
                     env={"FICC_TOKEN": controller.token, "FICC_URL": None},
                 )
             )
