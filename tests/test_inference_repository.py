@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import attrs
 
+from ficc_core.contributors import repository as contributors
+from ficc_core.contributors.records import Assignment, AssignmentReason, NodeState
 from ficc_core.inference import repository
-from ficc_core.inference.placement import Reservation
+from ficc_core.inference.placement import PlacementNode, Reservation
 from ficc_core.inference.records import (
     AttemptRecord,
     AttemptState,
@@ -14,6 +16,7 @@ from ficc_core.inference.records import (
     ServiceState,
     UsageEntry,
 )
+from ficc_core.schema import ExecutorSnapshot, NodeResources, ProviderInfo, canonical_json
 
 
 async def _project_id(service) -> str:
@@ -143,3 +146,106 @@ async def test_usage_is_summed_per_service_and_credential_with_the_latest_first(
     assert (summary.totals.prompt_tokens, summary.totals.completion_tokens) == (6, 10)
     assert [(c.credential_id, c.requests) for c in summary.by_credential] == [("cred_a", 2)]
     assert summary.recent == (entries[2],)
+
+
+# -- the contributors' tables, through their repository -----------------------------------------
+
+
+def _node(tx, name: str, labels: dict[str, str] | None = None) -> None:
+    contributors.insert_node(
+        tx,
+        name=name,
+        labels=labels or {},
+        credential_id=f"cred_{name}",
+        secret_hash="hash",
+        created_at=1.0,
+    )
+
+
+async def test_placement_sees_each_node_by_its_contributor_record(service):
+    snapshot = ExecutorSnapshot(
+        node_id="gpu-1",
+        providers=[ProviderInfo(name="process", package_digest="sha256:" + "ab" * 32)],
+        resources=NodeResources(cpus=4, memory_bytes=8 << 30, disk_free_bytes=100 << 30),
+        endpoint_version=1,
+    )
+
+    def write(tx) -> None:
+        _node(tx, "gpu-1")
+        _node(tx, "edge-1", {"ficc/embedded": "true"})
+        _node(tx, "old-1")
+        encoded = canonical_json(snapshot).decode("utf-8")
+        contributors.record_heartbeat(tx, "gpu-1", now=2.0, snapshot=encoded, attempts=[])
+        # A snapshot this version no longer reads counts as none (the node is refused).
+        contributors.record_heartbeat(tx, "old-1", now=2.0, snapshot='{"cpus":1}', attempts=[])
+        contributors.set_state(tx, "old-1", NodeState.UNREACHABLE)
+
+    await service.store.write(write)
+    seen = await service.store.read(
+        lambda tx: repository.placement_nodes(tx, ["gpu-1", "edge-1", "old-1", "gone-1"])
+    )
+    assert sorted(seen) == ["edge-1", "gpu-1", "old-1"]
+    assert canonical_json(seen["gpu-1"].snapshot) == canonical_json(snapshot)
+    assert attrs.evolve(seen["gpu-1"], snapshot=None) == PlacementNode(
+        node_id="gpu-1", state=NodeState.CONNECTED, snapshot=None
+    )
+    assert seen["edge-1"] == PlacementNode(
+        node_id="edge-1", state=NodeState.REGISTERED, snapshot=None, embedded=True
+    )
+    assert seen["old-1"] == PlacementNode(
+        node_id="old-1", state=NodeState.UNREACHABLE, snapshot=None
+    )
+    assert all(type(node.state) is NodeState for node in seen.values())
+
+
+async def test_giving_up_attempts_tells_their_nodes_even_where_a_loss_already_unwanted_them(
+    service, bootstrap
+):
+    # An acknowledged unknown outcome replaces the "unknown" the node's loss wrote: the
+    # assignment says the operator gave it up (unlike unwant, which leaves an unwanted one).
+    record = _service(await _project_id(service))
+    lost = attrs.evolve(_attempt(), attempt_id="lost", state=AttemptState.UNKNOWN)
+    back = attrs.evolve(_attempt(), attempt_id="back", replica=1, state=AttemptState.UNKNOWN)
+    done = attrs.evolve(
+        _attempt(), attempt_id="done", replica=2, state=AttemptState.STOPPED, released=True
+    )
+
+    def assignment(attempt_id: str, wanted: bool, reason: AssignmentReason) -> Assignment:
+        return Assignment(
+            node_id="gpu-1",
+            attempt_id=attempt_id,
+            generation=1,
+            plan_digest="sha256:" + "2" * 64,
+            provider="process",
+            wanted=wanted,
+            reason=reason,
+            updated_at=3.0,
+        )
+
+    def write(tx) -> None:
+        repository.insert_service(tx, record)
+        _node(tx, "gpu-1")
+        for attempt in (lost, back, done):
+            repository.insert_attempt(tx, attempt)
+        contributors.put_assignment(tx, assignment("lost", False, AssignmentReason.UNKNOWN))
+        contributors.put_assignment(tx, assignment("back", True, AssignmentReason.LAUNCHED))
+        contributors.put_assignment(tx, assignment("done", False, AssignmentReason.STOPPED))
+
+    await service.store.write(write)
+    await service.store.write(
+        lambda tx: repository.give_up_attempts(
+            tx, "svc_a", AssignmentReason.ACKNOWLEDGED_UNKNOWN, 9.0
+        )
+    )
+    assignments = await service.store.read(lambda tx: contributors.fetch_assignments(tx, "gpu-1"))
+    assert {a.attempt_id: (a.wanted, a.reason, a.updated_at) for a in assignments} == {
+        "lost": (False, AssignmentReason.ACKNOWLEDGED_UNKNOWN, 9.0),
+        "back": (False, AssignmentReason.ACKNOWLEDGED_UNKNOWN, 9.0),
+        "done": (False, AssignmentReason.STOPPED, 3.0),
+    }
+    attempts = await service.store.read(lambda tx: repository.attempts(tx, "svc_a"))
+    assert {a.attempt_id: (a.released, a.reason) for a in attempts} == {
+        "lost": (True, "acknowledged_unknown"),
+        "back": (True, "acknowledged_unknown"),
+        "done": (True, None),
+    }

@@ -273,6 +273,22 @@ def unwant(
     )
 
 
+def set_unwanted(
+    tx: Transaction, node_id: str, attempt_id: str, reason: AssignmentReason, now: float
+) -> None:
+    """The controller does not want the attempt, for ``reason``, wanted or not until now.
+
+    Unlike :func:`unwant`, an assignment already unwanted takes the new reason too: an
+    operator's acknowledgement (``acknowledged_unknown``) replaces the ``unknown`` that
+    the node's loss left.
+    """
+    tx.execute(
+        "UPDATE node_assignments SET wanted = 0, reason = ?, updated_at = ?"
+        " WHERE node_id = ? AND attempt_id = ?",
+        (reason.value, now, node_id, attempt_id),
+    )
+
+
 def unwant_all(tx: Transaction, node_id: str, reason: AssignmentReason, now: float) -> None:
     """The controller no longer wants anything it assigned to ``node_id``."""
     tx.execute(

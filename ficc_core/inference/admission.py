@@ -81,7 +81,7 @@ def plan_in(
     return plan(
         service_id,
         specification,
-        repository.node_states(tx, node_ids),
+        repository.placement_nodes(tx, node_ids),
         repository.reservations_but(tx, service_id),
         model_bytes=model.size,
         model_revision=model.record.revision,

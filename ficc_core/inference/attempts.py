@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from ..contributors.records import NodeState
 from ..errors import FiccError
 from ..executor.errors import StaleFence, UnknownAttempt
 from ..schema import Specification, Workload, canonical_json
@@ -244,7 +245,7 @@ class Attempts:
                 return
             except FiccError as exc:
                 node = await self.observations.node(node_id)
-                if node is None or node.state in ("lost", "revoked"):
+                if node is None or node.state in (NodeState.LOST, NodeState.REVOKED):
                     await self._node_trouble(attempt, exc)
                     return
                 await trio.sleep(self.loading_period)
@@ -272,7 +273,7 @@ class Attempts:
     async def _node_trouble(self, attempt: AttemptRecord, exc: FiccError) -> None:
         """The node could not be asked: lost means unknown, revoked means it cannot run it."""
         node = await self.observations.node(attempt.node_id)
-        if node is not None and node.state == "lost":
+        if node is not None and node.state == NodeState.LOST:
             await self.observations.set_attempt(
                 attempt.service_id,
                 attempt.attempt_id,
@@ -281,7 +282,7 @@ class Attempts:
                 message=f"node {attempt.node_id} was lost while the attempt ran; whether it "
                 "still runs is unknown",
             )
-        elif node is None or node.state == "revoked":
+        elif node is None or node.state == NodeState.REVOKED:
             await self._end(
                 attempt.service_id,
                 attempt.attempt_id,
@@ -337,12 +338,12 @@ class Attempts:
         """An unknown attempt ends when its node is back and no longer runs it (or is revoked)."""
         service_id, attempt_id, node_id = attempt.service_id, attempt.attempt_id, attempt.node_id
         node = await self.observations.node(node_id)
-        if node is None or node.state == "revoked":
+        if node is None or node.state == NodeState.REVOKED:
             await self.observations.set_attempt(
                 service_id, attempt_id, reason="node_revoked", released=True
             )
             return
-        if node.state != "connected" or not self.contributors.connected_here(node_id):
+        if node.state != NodeState.CONNECTED or not self.contributors.connected_here(node_id):
             return
         try:
             status = await self.contributors.stop(node_id, attempt.fence, grace=STOP_GRACE)

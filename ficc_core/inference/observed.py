@@ -12,9 +12,10 @@ from typing import Any
 
 import attrs
 
+from ..contributors import repository as contributors
+from ..contributors.records import Node
 from ..store import Store, Transaction
 from . import repository
-from .placement import NodeState
 from .records import AttemptRecord, Desired, ServiceRecord, ServiceState
 
 
@@ -148,6 +149,6 @@ class Observations:
 
         return await self.store.write(write)
 
-    async def node(self, node_id: str) -> NodeState | None:
-        """The node as placement sees it (its state, whether it is the embedded one)."""
-        return await self.store.read(lambda tx: repository.node_states(tx, [node_id]).get(node_id))
+    async def node(self, node_id: str) -> Node | None:
+        """The node's record (its state, whether it is the embedded one), or None."""
+        return await self.store.read(lambda tx: contributors.fetch_node(tx, node_id))

@@ -20,7 +20,8 @@ from typing import Any
 
 import attrs
 
-from ..schema import ExecutorSnapshot, Specification, digest
+from ..contributors.records import Node, NodeState
+from ..schema import ExecutorSnapshot, SchemaError, Specification, digest
 
 GIB = 1024**3
 _EPSILON = 1e-9
@@ -63,13 +64,22 @@ class Reservation:
 
 
 @attrs.frozen(kw_only=True)
-class NodeState:
+class PlacementNode:
     """A node as placement sees it: its record's state and last snapshot."""
 
     node_id: str
-    state: str
+    state: NodeState
     snapshot: ExecutorSnapshot | None
     embedded: bool = False
+
+    @classmethod
+    def of(cls, node: Node) -> PlacementNode:
+        """The contributor node ``node``; a snapshot that no longer parses counts as none."""
+        try:
+            snapshot = node.executor_snapshot()
+        except (SchemaError, ValueError):
+            snapshot = None
+        return cls(node_id=node.id, state=node.state, snapshot=snapshot, embedded=node.embedded)
 
 
 @attrs.frozen(kw_only=True)
@@ -155,7 +165,7 @@ class _Used:
 
 
 def _node_reasons(
-    node: NodeState | None, node_id: str, specification: Specification
+    node: PlacementNode | None, node_id: str, specification: Specification
 ) -> list[Reason]:
     if node is None:
         return [
@@ -165,7 +175,7 @@ def _node_reasons(
                 "'ficc admin add-node' or place the replica elsewhere",
             )
         ]
-    if node.state != "connected":
+    if node.state != NodeState.CONNECTED:
         return [
             Reason(
                 code="node_unavailable",
@@ -228,7 +238,7 @@ def _node_reasons(
 
 
 def _capacity_reasons(
-    node: NodeState, reservation: Reservation, used: _Used, model_bytes: int
+    node: PlacementNode, reservation: Reservation, used: _Used, model_bytes: int
 ) -> list[Reason]:
     assert node.snapshot is not None
     resources = node.snapshot.resources
@@ -285,7 +295,7 @@ def _capacity_reasons(
     return reasons
 
 
-def _node_summary(node_id: str, node: NodeState | None, before: _Used, after: _Used) -> dict:
+def _node_summary(node_id: str, node: PlacementNode | None, before: _Used, after: _Used) -> dict:
     resources = None if node is None or node.snapshot is None else node.snapshot.resources
     gpus = []
     if resources is not None:
@@ -324,7 +334,7 @@ def _node_summary(node_id: str, node: NodeState | None, before: _Used, after: _U
 def plan(
     service_id: str,
     specification: Specification,
-    nodes: Mapping[str, NodeState],
+    nodes: Mapping[str, PlacementNode],
     existing: Iterable[Reservation],
     *,
     model_bytes: int,
@@ -391,7 +401,7 @@ def _copy(used: _Used) -> _Used:
 
 
 __all__: Sequence[str] = [
-    "NodeState",
+    "PlacementNode",
     "Plan",
     "Reason",
     "ReplicaPlan",

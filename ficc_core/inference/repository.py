@@ -3,13 +3,13 @@
 The domain code composes these inside one ``store.read``/``store.write`` so that a
 check and the write it guards happen in one transaction. They take and return the
 records of :mod:`~ficc_core.inference.records` (and placement's
-:class:`~ficc_core.inference.placement.Reservation`/``NodeState``); nothing outside
+:class:`~ficc_core.inference.placement.Reservation`/``PlacementNode``); nothing outside
 this module sees a row. The SQL is what SQLite and PostgreSQL both run.
 
 Tables: ``inference_services``, ``inference_attempts``, ``inference_reservations``,
-``inference_usage``; and two reads of ``nodes`` placement needs in the same
-transaction, and one write of ``node_assignments`` (giving up acknowledged unknown
-attempts together with their service's record).
+``inference_usage``. The contributors' tables (``nodes``, ``node_assignments``) are
+theirs: what placement reads of a node, and telling nodes to drop given-up attempts,
+go through :mod:`ficc_core.contributors.repository` in the same transaction.
 """
 
 from __future__ import annotations
@@ -18,9 +18,10 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from ..schema import ExecutorSnapshot, SchemaError, structure
+from ..contributors import repository as contributors
+from ..contributors.records import AssignmentReason
 from ..store import Transaction
-from .placement import NodeState, Reservation
+from .placement import PlacementNode, Reservation
 from .records import (
     AttemptRecord,
     CredentialUsage,
@@ -228,18 +229,17 @@ def update_attempt(tx: Transaction, record: AttemptRecord, now: float) -> None:
     )
 
 
-def give_up_attempts(tx: Transaction, service_id: str, reason: str, now: float) -> None:
-    """Release every unreleased attempt of the service, and tell their nodes to drop them."""
+def give_up_attempts(
+    tx: Transaction, service_id: str, reason: AssignmentReason, now: float
+) -> None:
+    """Release every unreleased attempt of the service, and tell their nodes to drop them
+    (each assignment takes ``reason``, even one its node's loss already unwanted)."""
     for record in unreleased_attempts(tx, service_id):
-        tx.execute(
-            "UPDATE node_assignments SET wanted = 0, reason = ?, updated_at = ?"
-            " WHERE node_id = ? AND attempt_id = ?",
-            (reason, now, record.node_id, record.attempt_id),
-        )
+        contributors.set_unwanted(tx, record.node_id, record.attempt_id, reason, now)
     tx.execute(
         "UPDATE inference_attempts SET released = 1, reason = ?, updated_at = ?"
         " WHERE service_id = ? AND released = 0",
-        (reason, now, service_id),
+        (reason.value, now, service_id),
     )
 
 
@@ -316,28 +316,13 @@ def delete_reservation(tx: Transaction, service_id: str, replica: int) -> None:
 # -- nodes (read in the transaction that places or launches on them) --------------------------
 
 
-def _node_state(row: Mapping[str, Any]) -> NodeState:
-    snapshot = None
-    if row["snapshot"]:
-        try:
-            snapshot = structure(json.loads(row["snapshot"]), ExecutorSnapshot)
-        except (SchemaError, ValueError):
-            snapshot = None  # a snapshot that no longer parses
-    return NodeState(
-        node_id=row["id"],
-        state=row["state"],
-        snapshot=snapshot,
-        embedded=json.loads(row["labels"] or "{}").get("ficc/embedded") == "true",
-    )
-
-
-def node_states(tx: Transaction, node_ids: Sequence[str]) -> dict[str, NodeState]:
+def placement_nodes(tx: Transaction, node_ids: Sequence[str]) -> dict[str, PlacementNode]:
     """The nodes of ``node_ids`` that are on record, as placement sees them."""
     found = {}
     for node_id in node_ids:
-        row = tx.fetch_one("SELECT id, state, snapshot, labels FROM nodes WHERE id = ?", (node_id,))
-        if row is not None:
-            found[node_id] = _node_state(row)
+        node = contributors.fetch_node(tx, node_id)
+        if node is not None:
+            found[node_id] = PlacementNode.of(node)
     return found
 
 

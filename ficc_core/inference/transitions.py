@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import attrs
 
+from ..contributors.records import AssignmentReason
 from ..errors import Conflict
 from ..store import Transaction
 from . import repository
@@ -105,7 +106,7 @@ def start_in(
     if acknowledge:
         # Give up every attempt whose end was never confirmed: its node stops it if it
         # ever reconnects, and nothing it served is replayed.
-        repository.give_up_attempts(tx, record.id, "acknowledged_unknown", now)
+        repository.give_up_attempts(tx, record.id, AssignmentReason.ACKNOWLEDGED_UNKNOWN, now)
     result = reserve(tx, record.id, specification, model, now)
     repository.update_service(
         tx,
