@@ -157,5 +157,6 @@ async def check_runtime(
         executor_provider=declared.provider,
         package_digest=package,
         image_digest=actual,
+        executable=None if declared.executable is None else str(declared.executable),
     )
     return RuntimeCheck(declared, installed, None)

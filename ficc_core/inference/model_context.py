@@ -10,13 +10,14 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 
-from ..errors import NotFound
+from ..errors import Conflict, NotFound
 from ..models.records import ModelState
 from ..schema import JobInput, ModelManifest, ModelMetadata, ModelRecord, SchemaError, structure
 from ..schema._convert import MAX_SAFE_INTEGER, integer
 
 if TYPE_CHECKING:
     from ..models.blobs import BlobStore
+    from ..models.gguf import AttentionShape
     from ..models.registry import ModelRegistry
 
 log = logging.getLogger("ficc.inference")
@@ -31,6 +32,8 @@ class ModelContext:
     inputs: tuple[JobInput, ...]
     blobs: Mapping[str, int]
     directories: Mapping[str, Mapping[str, tuple[str, int]]]
+    #: What sizes its KV cache, when its GGUF header says (the suggested memory limit).
+    attention: AttentionShape | None = None
 
 
 def _model_field_error(message: str) -> SchemaError:
@@ -47,7 +50,26 @@ class ModelContexts:
     def __init__(self, *, models: ModelRegistry, blobs: BlobStore) -> None:
         self.models = models
         self.blobs = blobs
-        self._metadata: dict[str, ModelMetadata] = {}
+        self._metadata: dict[str, tuple[ModelMetadata, AttentionShape | None]] = {}
+
+    async def resolve(self, project_id: str, reference: str) -> str:
+        """The ID of the project's model ``reference``: its ID or its name.
+
+        Names are unique in a project, but a name may be another model's ID.
+
+        :raises Conflict: ``model_ambiguous`` when ``reference`` is one model's ID and
+            another's name; its ``details.candidates`` lists both IDs.
+        """
+        found = [m for m in await self.models.list(project_id) if reference in (m.id, m.name)]
+        if len(found) > 1:
+            ids = sorted(m.id for m in found)
+            raise Conflict(
+                f"{reference!r} names {len(found)} models of this project (as an ID and as a "
+                f"name: {', '.join(ids)}); give the model_id of one",
+                code="model_ambiguous",
+                details={"reference": reference, "candidates": ids, "path": "$.model_id"},
+            )
+        return found[0].id if found else reference
 
     async def get(self, project_id: str, model_id: str) -> ModelContext:
         """The verified model ``model_id`` of the project, with its job inputs.
@@ -72,14 +94,14 @@ class ModelContexts:
             path = self.blobs.published_path(weights.sha256)
             inputs = (JobInput(id="model", path=str(path), digest="sha256:" + weights.sha256),)
             directories: dict[str, dict[str, tuple[str, int]]] = {}
-            metadata = await self._gguf_metadata(model.digest, path)
+            metadata, attention = await self._gguf_metadata(model.digest, path)
         else:
             tree = {p: (f.sha256, f.size) for p, f in files.items()}
             # Where this machine assembles it (the embedded node reads it in place);
             # a remote node stages the same files and assembles its own copy.
             inputs = (JobInput(id="model", path=str(self.blobs.tree_path(tree))),)
             directories = {"model": tree}
-            metadata = ModelMetadata()
+            metadata, attention = ModelMetadata(), None
         record = ModelRecord(
             id=model.id, revision=model.digest, manifest=manifest, metadata=metadata
         )
@@ -89,19 +111,23 @@ class ModelContexts:
             inputs=inputs,
             blobs={"sha256:" + f.sha256: f.size for f in manifest.files},
             directories=directories,
+            attention=attention,
         )
 
-    async def _gguf_metadata(self, revision: str, path: Path | Any) -> ModelMetadata:
+    async def _gguf_metadata(
+        self, revision: str, path: Path | Any
+    ) -> tuple[ModelMetadata, AttentionShape | None]:
         cached = self._metadata.get(revision)
         if cached is not None:
             return cached
-        from ..models.gguf import InvalidGguf, read_gguf_file
+        from ..models.gguf import InvalidGguf, read_attention_shape, read_gguf_file
 
         try:
             header = await trio.to_thread.run_sync(read_gguf_file, path)
+            attention = await trio.to_thread.run_sync(read_attention_shape, path)
         except (InvalidGguf, OSError) as exc:
             log.warning("cannot read the GGUF header of %s: %s", path, exc)
-            return ModelMetadata()
+            return ModelMetadata(), None
         metadata = ModelMetadata(
             architecture=header.architecture,
             context_length=header.context_length,
@@ -110,5 +136,5 @@ class ModelContexts:
             chat_template=header.chat_template,
             embedding=header.embedding,
         )
-        self._metadata[revision] = metadata
-        return metadata
+        self._metadata[revision] = metadata, attention
+        return metadata, attention

@@ -477,6 +477,57 @@ def read_gguf_file(path: Path, *, cap: int = DEFAULT_CAP) -> GgufMetadata:
 
     :raises InvalidGguf: the header is malformed, hostile, truncated or too large.
     """
+    return _metadata(_read_file_header(path, cap))
+
+
+@attrs.frozen(kw_only=True)
+class AttentionShape:
+    """What sizes a model's KV cache: its layers and attention heads (from the header).
+
+    :ivar layers: ``{architecture}.block_count``.
+    :ivar kv_heads: ``{architecture}.attention.head_count_kv`` (else ``head_count``).
+    :ivar key_length: the size of one key head (``attention.key_length``, else the
+        embedding length over ``head_count``); ``value_length`` likewise.
+    """
+
+    layers: int
+    kv_heads: int
+    key_length: int
+    value_length: int
+
+    def kv_cache_bytes(self, tokens: int, element_bytes: int = 2) -> int:
+        """The K and V cache of ``tokens`` tokens at ``element_bytes`` per element (f16: 2)."""
+        per_token = self.kv_heads * (self.key_length + self.value_length) * element_bytes
+        return self.layers * tokens * per_token
+
+
+def read_attention_shape(path: Path, *, cap: int = DEFAULT_CAP) -> AttentionShape | None:
+    """The local GGUF's :class:`AttentionShape`, or None when its header does not say.
+
+    :raises InvalidGguf: the header is malformed, hostile, truncated or too large.
+    """
+    values = _read_file_header(path, cap).values
+    architecture = _text(values, "general.architecture")
+
+    def number(key: str) -> int | None:
+        value = values.get(f"{architecture}.{key}")
+        ok = isinstance(value, int) and not isinstance(value, bool) and value > 0
+        return value if ok else None
+
+    layers, heads = number("block_count"), number("attention.head_count")
+    embedding = number("embedding_length")
+    if layers is None or heads is None:
+        return None
+    default = embedding // heads if embedding else None
+    key = number("attention.key_length") or default
+    value = number("attention.value_length") or default
+    if key is None or value is None:
+        return None
+    kv_heads = number("attention.head_count_kv") or heads
+    return AttentionShape(layers=layers, kv_heads=kv_heads, key_length=key, value_length=value)
+
+
+def _read_file_header(path: Path, cap: int) -> _Header:
     with open(path, "rb") as handle:
         size = handle.seek(0, 2)
         limit = min(cap, size)
@@ -485,8 +536,6 @@ def read_gguf_file(path: Path, *, cap: int = DEFAULT_CAP) -> GgufMetadata:
             handle.seek(0)
             data = handle.read(want)
             try:
-                header = _parse(data, limit, size, len(data) < want or len(data) == size)
+                return _parse(data, limit, size, len(data) < want or len(data) == size)
             except _NeedMore as more:
                 want = _next_length(len(data), more.end, limit)
-                continue
-            return _metadata(header)

@@ -21,6 +21,7 @@ from .spec import (
     _identifier,
     _items,
     _node_id,
+    _optional,
     _shown,
     _text,
 )
@@ -94,12 +95,16 @@ class InstalledRuntime:
     :ivar executor_provider: the provider that runs it.
     :ivar package_digest: ``sha256:<hex>`` of that provider's package.
     :ivar image_digest: ``sha256:<hex>`` of the runtime image.
+    :ivar executable: the engine executable in that image, when the node knows it (a
+        process runtime's file); a suggested specification's ``image_executable``.
+        Older executors leave it out.
     """
 
     name: str = attrs.field(validator=_identifier)
     executor_provider: str = attrs.field(validator=_identifier)
     package_digest: str = attrs.field(validator=_digest_string)
     image_digest: str = attrs.field(validator=_digest_string)
+    executable: str | None = attrs.field(default=None, validator=_optional(_text(4096)))
 
 
 def _labels(_instance: Any, attribute: "attrs.Attribute[Any]", value: Any) -> None:
