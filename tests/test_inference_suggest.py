@@ -89,6 +89,10 @@ async def test_a_partial_specification_previews_as_the_complete_one_submit_accep
             )
             assert [p["node_id"] for p in two["spec"]["placements"]] == ["local", "local"]
             assert "$.placements[1].limits" in two["suggested"]
+            # They share the node's free CPUs.
+            shares = [p["limits"]["cpus"] for p in two["spec"]["placements"]]
+            assert shares[0] == shares[1] and sum(shares) <= node["snapshot"]["resources"]["cpus"]
+            assert two["fits"] is True
 
             # The completed specification is what submit takes, unchanged; it is stored.
             created = await controller.ok("POST", "/api/v1/inference", status=201, json=spec)
@@ -98,6 +102,24 @@ async def test_a_partial_specification_previews_as_the_complete_one_submit_accep
             # A complete specification previews as before: no suggested, no warnings.
             again = await controller.ok("POST", "/api/v1/inference/preview", json=spec)
             assert "suggested" not in again and "warnings" not in again
+
+
+async def test_what_cannot_be_suggested_is_refused_at_the_path_to_give(tmp_path):
+    with trio.fail_after(60):
+        async with open_inference_controller(tmp_path, embedded=False) as controller:
+            await register_smollm2(controller)
+            response = await controller.call(
+                "POST", "/api/v1/inference/preview", json=_partial("smollm2")
+            )
+            assert response.status_code == 400, response.text
+            [error] = response.json()["error"]["details"]["errors"]
+            assert error["path"] == "$.placements[0].node_id"
+            assert "no connected node has a runtime for the llama_cpp engine" in error["message"]
+            # Submit never completes a specification: it is the contract's, complete.
+            response = await controller.call("POST", "/api/v1/inference", json=_partial("smollm2"))
+            assert response.status_code == 400
+            paths = [e["path"] for e in response.json()["error"]["details"]["errors"]]
+            assert "$.runtime" in paths
 
 
 async def test_a_memory_limit_below_the_estimate_is_a_preview_warning_with_it(tmp_path):
@@ -197,10 +219,35 @@ async def test_inference_create_shows_the_suggestion_and_submits_it(tmp_path):
             assert service["alias"] == "smollm2"
             assert service["spec"] == document["preview"]["spec"] | {"alias": "smollm2"}
             assert service["desired"] == "stopped"
+            # A stopped service holds its reservations: remove it to make room again.
+            assert (await controller.control(service["id"], "remove")).status_code == 200
+            while (await controller.ok("GET", "/api/v1/inference"))["services"]:  # noqa: ASYNC110
+                await trio.sleep(0.05)
+
+            scripted = await trio.to_thread.run_sync(
+                lambda: _cli(
+                    url,
+                    token,
+                    "create",
+                    "--model",
+                    model_id,
+                    "--engine",
+                    "llama_cpp",
+                    "--alias",
+                    "smol-2",
+                    "--no-start",
+                    "--yes",
+                    "--json",
+                )
+            )
+            assert scripted.exit_code == 0, scripted.output
+            document = json.loads(scripted.stdout)
+            assert document["service"]["alias"] == "smol-2"
+            assert document["service"]["spec"] == document["preview"]["spec"]
 
 
 @pytest.mark.slow
-async def test_a_replica_failing_the_same_way_gives_up_and_start_wait_ends_with_why(tmp_path):
+async def test_a_replica_failing_the_same_way_stops_retrying_and_start_wait_ends_with_why(tmp_path):
     engine = tmp_path / "broken-llama-server"
     engine.write_text("#!/bin/sh\necho 'cannot load the model' >&2\nexit 3\n")
     engine.chmod(0o755)
@@ -230,7 +277,7 @@ async def test_a_replica_failing_the_same_way_gives_up_and_start_wait_ends_with_
             assert "stopped retrying" in waited.output and "(exited)" in waited.output
             assert took < 60
             view = await controller.ok("GET", f"/api/v1/inference/{service_id}")
-            assert view["given_up"] == [0]
+            assert view["stopped_retrying"] == [0]
             assert view["state"] == "failed"
             assert "its last 3 attempts failed the same way (exited)" in view["reason"]
             assert view["replicas"][0]["attempt"] == 3

@@ -15,7 +15,7 @@ from ..schema import unstructure
 def service_view(detail: ServiceDetail, give_up_after: int = 0) -> dict[str, Any]:
     """A service as the API shows it: specification, revision, generation, replicas.
 
-    ``given_up`` lists the replicas that stopped retrying because their last
+    ``stopped_retrying`` lists the replicas that stopped retrying because their last
     ``give_up_after`` attempts failed the same way (the service's reason says how).
     """
     service, attempts = detail.service, detail.attempts
@@ -71,7 +71,7 @@ def service_view(detail: ServiceDetail, give_up_after: int = 0) -> dict[str, Any
         "plan_digest": service.plan_digest,
         "replicas": replicas,
         "unknown_attempts": unknown,
-        "given_up": [
+        "stopped_retrying": [
             index
             for index in range(len(spec["placements"]))
             if service.desired == Desired.RUNNING

@@ -97,7 +97,7 @@ def _wait(
                 raise click.ClickException(
                     f"service {service_id} is now {view['desired']}; it will not become ready"
                 )
-            if view.get("given_up"):
+            if view.get("stopped_retrying"):
                 raise click.ClickException(
                     f"service {service_id} will not become ready: {view['reason']}"
                 )

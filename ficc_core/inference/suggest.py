@@ -9,8 +9,8 @@ on record, and names every JSON path it filled:
   room for the replica beside every reservation;
 - ``runtime`` and ``image_executable``: the first placement's node's runtime for
   the engine (:data:`ENGINE_RUNTIMES`), as its snapshot advertises it;
-- ``limits``: the node's CPUs (at most :data:`SUGGESTED_CPUS`) and
-  :func:`memory_estimate` bytes.
+- ``limits``: the replica's share of the node's free CPUs (the replicas suggested
+  there share them; at most :data:`SUGGESTED_CPUS`) and :func:`memory_estimate` bytes.
 
 The completed document is an explicit specification that submit accepts unchanged;
 nothing is stored from a preview. :func:`memory_warnings` compares any
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import math
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -121,10 +122,13 @@ def _integer(value: Any) -> int | None:
     return value if ok else None
 
 
-def _limits(node: PlacementNode, estimate: int) -> dict[str, Any]:
-    assert node.snapshot is not None
-    cpus = max(1, min(SUGGESTED_CPUS, math.floor(node.snapshot.resources.cpus)))
-    return {"cpus": float(cpus), "memory_bytes": estimate}
+def _cpus(share: float) -> float:
+    """The CPUs a suggested replica reserves from its ``share`` of a node's free CPUs."""
+    if share >= 1:
+        return float(min(SUGGESTED_CPUS, math.floor(share)))
+    if share >= 0.25:
+        return math.floor(share * 4) / 4
+    return 1.0  # the node has no CPU to spare: the plan says so
 
 
 def complete(
@@ -161,6 +165,7 @@ def complete(
             cpus, memory = free[reservation.node_id]
             free[reservation.node_id] = (cpus - reservation.cpus, memory - reservation.memory_bytes)
     runtime = filled.get("runtime")
+    wanting: list[tuple[int, dict[str, Any]]] = []
     for index, placement in enumerate(placements):
         if not isinstance(placement, dict):
             continue
@@ -178,13 +183,22 @@ def complete(
             placement["node_id"] = (roomy or usable)[0].node_id
             suggested.append(f"{where}.node_id")
         node = by_id.get(placement["node_id"]) if isinstance(placement["node_id"], str) else None
-        if "limits" not in placement and node is not None and node.snapshot is not None:
-            if estimate is not None:
-                placement["limits"] = _limits(node, estimate)
-                suggested.append(f"{where}.limits")
-                cpus, memory = free[node.node_id]
-                limits = placement["limits"]
-                free[node.node_id] = (cpus - limits["cpus"], memory - limits["memory_bytes"])
+        if node is None or node.snapshot is None:
+            continue
+        cpus, memory = free[node.node_id]
+        if "limits" not in placement and estimate is not None:
+            wanting.append((index, placement))
+            free[node.node_id] = (cpus, memory - estimate)
+        elif isinstance(limits := placement.get("limits"), dict):
+            given_cpus, given_memory = limits.get("cpus"), limits.get("memory_bytes")
+            if isinstance(given_cpus, int | float) and isinstance(given_memory, int | float):
+                free[node.node_id] = (cpus - given_cpus, memory - given_memory)
+    # The replicas suggested on one node share its free CPUs.
+    sharing = Counter(placement["node_id"] for _, placement in wanting)
+    for index, placement in wanting:
+        share = free[placement["node_id"]][0] / sharing[placement["node_id"]]
+        placement["limits"] = {"cpus": _cpus(share), "memory_bytes": estimate}
+        suggested.append(f"$.placements[{index}].limits")
     first = placements[0] if placements and isinstance(placements[0], dict) else {}
     node = by_id.get(first.get("node_id")) if isinstance(first.get("node_id"), str) else None
     found = None if node is None else _runtime_for(node, engine)
