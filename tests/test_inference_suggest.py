@@ -289,3 +289,34 @@ async def test_a_replica_failing_the_same_way_stops_retrying_and_start_wait_ends
             assert (await controller.ok("GET", f"/api/v1/inference/{service_id}"))["replicas"][0][
                 "attempt"
             ] == 3
+
+
+@pytest.mark.slow
+async def test_a_too_small_memory_limit_warns_then_the_real_engine_stops_retrying(tmp_path):
+    with trio.fail_after(150):
+        async with open_inference_controller(
+            tmp_path, replica_retry_max="1s", replica_give_up_after=3
+        ) as controller:
+            model_id = await register_smollm2(controller)
+            spec = await llama_spec(
+                controller, model_id, memory_bytes=48 * MIB, context=2048, concurrency=4
+            )
+            preview = await controller.ok("POST", "/api/v1/inference/preview", json=spec)
+            assert preview["fits"] is True
+            assert preview["warnings"][0]["details"]["estimate_bytes"] == _estimate(2048, 4)
+            created = await controller.ok("POST", "/api/v1/inference", status=201, json=spec)
+            service_id = created["id"]
+            url, token = controller.url, controller.token
+            waited = await trio.to_thread.run_sync(
+                lambda: _cli(url, token, "start", service_id, "--wait", "--timeout", "120s")
+            )
+            assert waited.exit_code != 0, waited.output
+            view = await controller.ok("GET", f"/api/v1/inference/{service_id}")
+            assert view["stopped_retrying"] == [0]
+            reason = view["replicas"][0]["reason"]
+            assert f"failed the same way ({reason})" in view["reason"]
+            assert view["reason"] in waited.output
+            labels = (await controller.node("local"))["snapshot"]["labels"]
+            if labels["limits.memory"].startswith("cgroup"):
+                # The kernel killed it at its limit, and the executor says so.
+                assert reason == "memory_limit", view
