@@ -94,6 +94,15 @@ async def test_a_partial_specification_previews_as_the_complete_one_submit_accep
             assert shares[0] == shares[1] and sum(shares) <= node["snapshot"]["resources"]["cpus"]
             assert two["fits"] is True
 
+            # A runtime given: the executable is that runtime's, and only it is suggested.
+            given = await controller.ok(
+                "POST",
+                "/api/v1/inference/preview",
+                json=_partial(model_id, runtime=spec["runtime"], placements=spec["placements"]),
+            )
+            assert given["suggested"] == ["$.image_executable"]
+            assert given["spec"] == spec
+
             # The completed specification is what submit takes, unchanged; it is stored.
             created = await controller.ok("POST", "/api/v1/inference", status=201, json=spec)
             assert created["spec"] == spec
@@ -115,6 +124,12 @@ async def test_what_cannot_be_suggested_is_refused_at_the_path_to_give(tmp_path)
             [error] = response.json()["error"]["details"]["errors"]
             assert error["path"] == "$.placements[0].node_id"
             assert "no connected node has a runtime for the llama_cpp engine" in error["message"]
+            response = await controller.call(
+                "POST", "/api/v1/inference/preview", json=_partial("smollm2", placements=[])
+            )
+            assert response.status_code == 400
+            paths = [e["path"] for e in response.json()["error"]["details"]["errors"]]
+            assert paths == ["$.runtime", "$.image_executable"]  # no node to ask
             # Submit never completes a specification: it is the contract's, complete.
             response = await controller.call("POST", "/api/v1/inference", json=_partial("smollm2"))
             assert response.status_code == 400
@@ -276,9 +291,8 @@ async def test_a_replica_failing_the_same_way_stops_retrying_and_start_wait_ends
             assert waited.exit_code != 0, waited.output
             assert "stopped retrying" in waited.output and "(exited)" in waited.output
             assert took < 60
-            view = await controller.ok("GET", f"/api/v1/inference/{service_id}")
+            view = await controller.wait_service(service_id, lambda v: v["state"] == "failed")
             assert view["stopped_retrying"] == [0]
-            assert view["state"] == "failed"
             assert "its last 3 attempts failed the same way (exited)" in view["reason"]
             assert view["replicas"][0]["attempt"] == 3
             # It stays given up: no fourth attempt comes after the backoff.

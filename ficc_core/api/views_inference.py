@@ -7,7 +7,7 @@ from typing import Any
 import attrs
 
 from ..inference import Preview, ServiceDetail
-from ..inference.publication import given_up
+from ..inference.publication import give_up_reason, given_up
 from ..inference.records import AttemptRecord, AttemptState, Desired, ServiceState, UsageSummary
 from ..schema import unstructure
 
@@ -56,6 +56,16 @@ def service_view(detail: ServiceDetail, give_up_after: int = 0) -> dict[str, Any
             if service.state == ServiceState.STOPPED
             else "the service is removed once their node is back or revoked"
         )
+    stopped_retrying = {}
+    if service.desired == Desired.RUNNING:
+        for index in range(len(spec["placements"])):
+            last = given_up(attempts, service.generation, index, give_up_after)
+            if last is not None:
+                stopped_retrying[index] = last
+    if stopped_retrying:
+        # Derived from the attempts as they are read, so it never lags the list above.
+        index, last = next(iter(stopped_retrying.items()))
+        reason = give_up_reason(index, last, give_up_after)
     return {
         "id": service.id,
         "project_id": service.project_id,
@@ -71,12 +81,7 @@ def service_view(detail: ServiceDetail, give_up_after: int = 0) -> dict[str, Any
         "plan_digest": service.plan_digest,
         "replicas": replicas,
         "unknown_attempts": unknown,
-        "stopped_retrying": [
-            index
-            for index in range(len(spec["placements"]))
-            if service.desired == Desired.RUNNING
-            and given_up(attempts, service.generation, index, give_up_after) is not None
-        ],
+        "stopped_retrying": list(stopped_retrying),
         "created_at": service.created_at,
         "updated_at": service.updated_at,
     }

@@ -94,9 +94,13 @@ def _mib(value: int) -> str:
     return f"{value / MIB:,.0f} MiB"
 
 
-def _runtime_for(node: PlacementNode, engine: str) -> InstalledRuntime | None:
+def _runtime_for(node: PlacementNode, engine: str, given: Any = None) -> InstalledRuntime | None:
+    """The node's runtime with the ``given`` runtime's image, else its runtime for ``engine``."""
     if node.snapshot is None:
         return None
+    if isinstance(given, dict):
+        same = [r for r in node.snapshot.runtimes if r.image_digest == given.get("image_digest")]
+        return same[0] if same else None
     names = ENGINE_RUNTIMES.get(engine, (engine,))
     found = [r for r in node.snapshot.runtimes if r.name in names]
     found.sort(key=lambda r: names.index(r.name))
@@ -108,9 +112,7 @@ def _usable(node: PlacementNode, engine: str, runtime: Any) -> bool:
         return False
     if not node.snapshot.supports_inference:
         return False
-    if isinstance(runtime, dict):
-        return any(r.image_digest == runtime.get("image_digest") for r in node.snapshot.runtimes)
-    return _runtime_for(node, engine) is not None
+    return _runtime_for(node, engine, runtime) is not None
 
 
 def _refuse(path: str, message: str) -> SchemaError:
@@ -152,7 +154,7 @@ def complete(
         filled["placements"] = [{}]
         suggested.append("$.placements")
     placements = filled["placements"]
-    if not isinstance(placements, list) or not isinstance(engine, str):
+    if not isinstance(placements, list) or not placements or not isinstance(engine, str):
         return Suggestion(document=filled, suggested=tuple(suggested))
     estimate = None
     if context is not None and concurrency is not None:
@@ -201,7 +203,7 @@ def complete(
         suggested.append(f"$.placements[{index}].limits")
     first = placements[0] if placements and isinstance(placements[0], dict) else {}
     node = by_id.get(first.get("node_id")) if isinstance(first.get("node_id"), str) else None
-    found = None if node is None else _runtime_for(node, engine)
+    found = None if node is None else _runtime_for(node, engine, runtime)
     if "runtime" not in filled:
         if found is None:
             raise _refuse(
