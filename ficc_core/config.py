@@ -257,6 +257,14 @@ class Config:
         "from one second up to this (duration).",
         kind="duration",
     )
+    replica_give_up_after: int = _setting(
+        3,
+        "After this many attempts in a row of an inference replica fail the same way (same "
+        "reason, such as memory_limit), the replica stops retrying and the service shows that "
+        "reason until it is started again; 0 retries forever.",
+        kind="int",
+        validator=attrs.validators.ge(0),
+    )
 
     @property
     def blobs_path(self) -> Path:

@@ -209,7 +209,7 @@ async def test_a_failing_engine_is_retried_with_new_attempts_and_a_growing_backo
     )
     with trio.fail_after(120):
         async with open_inference_controller(
-            tmp_path, agent_config=str(settings), replica_retry_max="2s"
+            tmp_path, agent_config=str(settings), replica_retry_max="2s", replica_give_up_after=0
         ) as controller:
             model_id = await register_smollm2(controller)
             spec = await llama_spec(controller, model_id)

@@ -241,7 +241,8 @@ ROUTES: dict[str, Route] = {
         "POST",
         "/api/v1/inference/preview",
         needs(s.INFERENCE_MANAGE),
-        "a specification → planned reservations per node and device, plan digest, reasons; "
+        "a specification (or a partial one) → the completed specification, planned "
+        "reservations per node and device, plan digest, reasons, suggested paths, warnings; "
         "writes nothing",
     ),
     "inference_create": Route(

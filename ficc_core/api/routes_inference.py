@@ -20,12 +20,14 @@ from ..schema import FieldError
 from ..schema._convert import MAX_SAFE_INTEGER, integer
 from .bodies import query_number, read_json, read_json_object
 from .views_auth import credential_view, issued_view, revocation_view
-from .views_inference import preview_view, service_view, usage_view
+from .views_inference import preview_view, usage_view
+from .views_inference import service_view as view_of_service
 
 if TYPE_CHECKING:
     from quart_trio import QuartTrio
 
     from ..controller.service import Service
+    from ..inference import ServiceDetail
 
 
 @attrs.frozen(kw_only=True)
@@ -61,6 +63,9 @@ def register(app: QuartTrio, service: Service) -> None:
     """Add the inference management routes to ``app``."""
     inference = service.inference
     limit = service.config.max_body_bytes
+
+    def service_view(detail: ServiceDetail) -> dict[str, Any]:
+        return view_of_service(detail, service.config.replica_give_up_after)
 
     @app.get("/api/v1/inference", endpoint="inference_list")
     async def inference_list() -> Response:

@@ -7,12 +7,17 @@ from typing import Any
 import attrs
 
 from ..inference import Preview, ServiceDetail
-from ..inference.records import AttemptRecord, AttemptState, ServiceState, UsageSummary
+from ..inference.publication import give_up_reason, given_up
+from ..inference.records import AttemptRecord, AttemptState, Desired, ServiceState, UsageSummary
 from ..schema import unstructure
 
 
-def service_view(detail: ServiceDetail) -> dict[str, Any]:
-    """A service as the API shows it: specification, revision, generation, replicas."""
+def service_view(detail: ServiceDetail, give_up_after: int = 0) -> dict[str, Any]:
+    """A service as the API shows it: specification, revision, generation, replicas.
+
+    ``stopped_retrying`` lists the replicas that stopped retrying because their last
+    ``give_up_after`` attempts failed the same way (the service's reason says how).
+    """
     service, attempts = detail.service, detail.attempts
     spec = service.document()
     held = {r.replica: r.to_json() for r in detail.reservations}
@@ -51,6 +56,16 @@ def service_view(detail: ServiceDetail) -> dict[str, Any]:
             if service.state == ServiceState.STOPPED
             else "the service is removed once their node is back or revoked"
         )
+    stopped_retrying = {}
+    if service.desired == Desired.RUNNING:
+        for index in range(len(spec["placements"])):
+            last = given_up(attempts, service.generation, index, give_up_after)
+            if last is not None:
+                stopped_retrying[index] = last
+    if stopped_retrying:
+        # Derived from the attempts as they are read, so it never lags the list above.
+        index, last = next(iter(stopped_retrying.items()))
+        reason = give_up_reason(index, last, give_up_after)
     return {
         "id": service.id,
         "project_id": service.project_id,
@@ -66,14 +81,24 @@ def service_view(detail: ServiceDetail) -> dict[str, Any]:
         "plan_digest": service.plan_digest,
         "replicas": replicas,
         "unknown_attempts": unknown,
+        "stopped_retrying": list(stopped_retrying),
         "created_at": service.created_at,
         "updated_at": service.updated_at,
     }
 
 
 def preview_view(preview: Preview) -> dict[str, Any]:
-    """A preview: the specification as checked, and the plan."""
-    return {"spec": unstructure(preview.specification), **preview.plan.to_json()}
+    """A preview: the specification as checked (completed), and the plan.
+
+    ``suggested`` (the paths filled) and ``warnings`` are there only when not empty,
+    so a complete specification's preview that warns of nothing is unchanged.
+    """
+    view = {"spec": unstructure(preview.specification), **preview.plan.to_json()}
+    if preview.suggested:
+        view["suggested"] = list(preview.suggested)
+    if preview.warnings:
+        view["warnings"] = list(preview.warnings)
+    return view
 
 
 def usage_view(summary: UsageSummary) -> dict[str, Any]:

@@ -17,10 +17,10 @@ import click
 from .chat import chat
 from .client import client_from, echo_json, echo_table
 from .inference_control import COMMANDS
+from .inference_create import create
 from .inference_io import (
     BASE,
     SPEC_FILE,
-    echo_outcome,
     echo_plan,
     echo_service,
     read_spec,
@@ -63,28 +63,6 @@ def preview(ctx: click.Context, spec_file: Path, as_json: bool) -> None:
         echo_plan(result)
     if not result["fits"]:
         ctx.exit(1)
-
-
-@inference.command("create")
-@click.argument("spec_file", type=SPEC_FILE)
-@json_option
-@click.pass_context
-def create(ctx: click.Context, spec_file: Path, as_json: bool) -> None:
-    """Submit SPEC_FILE as a new, stopped service.
-
-    Every replica's reservation is recorded, or none is (409 placement_failed
-    with every reason). The service starts at generation 0; `start` starts
-    generation 1.
-    """
-    document = read_spec(spec_file)
-    client = client_from(ctx)
-    view = refusals(lambda: client.json("POST", BASE, json=document))
-    if as_json:
-        echo_json(view)
-        return
-    click.echo(f"{view['id']} {view['state']}")
-    echo_outcome(view, "created")
-    click.echo(f"start it with: ficc inference start {view['alias']}{url_flag(client.url)}")
 
 
 @inference.command("show")
@@ -133,6 +111,7 @@ def list_services(ctx: click.Context, as_json: bool) -> None:
 
 for _command in (*COMMANDS, chat):
     inference.add_command(_command)
+inference.add_command(create)
 
 
 # -- invoke tokens ---------------------------------------------------------------------------

@@ -100,6 +100,10 @@ def _wait(
                 raise click.ClickException(
                     f"service {service_id} is now {view['desired']}; it will not become ready"
                 )
+            if view.get("stopped_retrying"):
+                raise click.ClickException(
+                    f"service {service_id} will not become ready: {view['reason']}"
+                )
             if view["state"] == "unknown":
                 raise click.ClickException(
                     f"every replica of {service_id} has an unknown outcome; stop it, then "

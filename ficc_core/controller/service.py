@@ -139,6 +139,7 @@ async def open_service(
             contexts=contexts,
             blobs=blobs,
             retry_max=config.replica_retry_max,
+            give_up_after=config.replica_give_up_after,
         )
         gateway = Gateway(
             live=live,

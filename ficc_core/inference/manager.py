@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from ..auth import secrets as sec
+from ..contributors import repository as contributors_repository
 from ..errors import Conflict, InvalidRequest, NotFound
 from ..schema import Specification, canonical_json
 from ..store import Store, Transaction
@@ -26,8 +27,9 @@ from . import repository
 from .admission import check_specification, place, plan_in, reserve
 from .errors import service_not_found
 from .live import LiveTable
-from .placement import Plan
+from .placement import PlacementNode, Plan
 from .records import Desired, ServiceDetail, ServiceRecord, ServiceState, UsageSummary
+from .suggest import Suggestion, complete, memory_warnings
 from .transitions import check_revision, require_released, require_stopped, start_in, writable
 from .usage import UsageLedger
 
@@ -45,10 +47,16 @@ CLOSES_ADMISSION = {"drain": "draining", "stop": "stopped", "remove": "stopped"}
 
 @attrs.frozen(kw_only=True)
 class Preview:
-    """A checked specification and where it would go (nothing written)."""
+    """A checked specification and where it would go (nothing written).
+
+    :ivar suggested: the JSON paths that were filled in a partial specification.
+    :ivar warnings: what would likely fail although it fits (``memory_limit_low``).
+    """
 
     specification: Specification
     plan: Plan
+    suggested: tuple[str, ...] = ()
+    warnings: tuple[dict[str, Any], ...] = ()
 
 
 def _detail(tx: Transaction, service_id: str, project_id: str | None = None) -> ServiceDetail:
@@ -99,18 +107,44 @@ class InferenceManager:
         self.notify = notify
         self.clock = clock
 
+    async def _resolved(self, project_id: str, document: Any) -> Any:
+        """``document`` with its ``model_id`` a model ID (a model name is resolved)."""
+        if isinstance(document, dict) and isinstance(document.get("model_id"), str):
+            model_id = await self.contexts.resolve(project_id, document["model_id"])
+            if model_id != document["model_id"]:
+                return {**document, "model_id": model_id}
+        return document
+
     async def _check(self, project_id: str, document: Any) -> tuple[Specification, ModelContext]:
         return await check_specification(
-            document, project_id, adapters=self.adapters, contexts=self.contexts
+            await self._resolved(project_id, document),
+            project_id,
+            adapters=self.adapters,
+            contexts=self.contexts,
         )
 
     # -- preview and submit --------------------------------------------------------------------
 
     async def preview(self, principal: Principal, document: Any) -> Preview:
-        """Validate and place a specification; write nothing."""
-        specification, model = await self._check(principal.project_id, document)
+        """Complete (a partial one), validate and place a specification; write nothing."""
+        document = await self._resolved(principal.project_id, document)
+        suggestion = Suggestion(document=document)
+        if isinstance(document, dict) and isinstance(document.get("model_id"), str):
+            model = await self.contexts.get(principal.project_id, document["model_id"])
+
+            def suggest(tx: Transaction) -> Suggestion:
+                nodes = [PlacementNode.of(n) for n in contributors_repository.list_nodes(tx)]
+                return complete(document, model, nodes, repository.reservations_but(tx, ""))
+
+            suggestion = await self.store.read(suggest)
+        specification, model = await self._check(principal.project_id, suggestion.document)
         result = await self.store.read(lambda tx: plan_in(tx, "", specification, model))
-        return Preview(specification=specification, plan=result)
+        return Preview(
+            specification=specification,
+            plan=result,
+            suggested=suggestion.suggested,
+            warnings=tuple(memory_warnings(specification, model)),
+        )
 
     async def create(self, principal: Principal, document: Any) -> ServiceDetail:
         """Submit a service: the service, its replicas and reservations in one transaction.

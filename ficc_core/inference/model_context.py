@@ -7,13 +7,14 @@ from typing import TYPE_CHECKING
 
 import attrs
 
-from ..errors import NotFound
+from ..errors import Conflict, NotFound
 from ..models.records import ModelState
 from ..schema import JobInput, ModelManifest, ModelMetadata, ModelRecord, SchemaError, structure
 from ..schema._convert import MAX_SAFE_INTEGER, integer
 
 if TYPE_CHECKING:
     from ..models.blobs import BlobStore
+    from ..models.gguf import AttentionShape
     from ..models.records import Model
     from ..models.registry import ModelRegistry
 
@@ -27,6 +28,8 @@ class ModelContext:
     inputs: tuple[JobInput, ...]
     blobs: Mapping[str, int]
     directories: Mapping[str, Mapping[str, tuple[str, int]]]
+    #: What sizes its KV cache, when its GGUF header says (the suggested memory limit).
+    attention: AttentionShape | None = None
 
 
 def _model_field_error(message: str) -> SchemaError:
@@ -43,6 +46,25 @@ class ModelContexts:
     def __init__(self, *, models: ModelRegistry, blobs: BlobStore) -> None:
         self.models = models
         self.blobs = blobs
+
+    async def resolve(self, project_id: str, reference: str) -> str:
+        """The ID of the project's model ``reference``: its ID or its name.
+
+        Names are unique in a project, but a name may be another model's ID.
+
+        :raises Conflict: ``model_ambiguous`` when ``reference`` is one model's ID and
+            another's name; its ``details.candidates`` lists both IDs.
+        """
+        found = [m for m in await self.models.list(project_id) if reference in (m.id, m.name)]
+        if len(found) > 1:
+            ids = sorted(m.id for m in found)
+            raise Conflict(
+                f"{reference!r} names {len(found)} models of this project (as an ID and as a "
+                f"name: {', '.join(ids)}); give the model_id of one",
+                code="model_ambiguous",
+                details={"reference": reference, "candidates": ids, "path": "$.model_id"},
+            )
+        return found[0].id if found else reference
 
     async def get(self, project_id: str, model_id: str) -> ModelContext:
         """The verified model ``model_id`` of the project, with its job inputs.
@@ -65,7 +87,6 @@ class ModelContexts:
             [weights] = manifest.weights
             path = self.blobs.published_path(weights.sha256)
             inputs = (JobInput(id="model", path=str(path), digest="sha256:" + weights.sha256),)
-            metadata = await self._gguf_metadata(model)
         else:
             # A directory (every file under its own path): a split GGUF's parts must lie
             # side by side under their names, and a Hugging Face directory is one.
@@ -74,7 +95,7 @@ class ModelContexts:
             # a remote node stages the same files and assembles its own copy.
             inputs = (JobInput(id="model", path=str(self.blobs.tree_path(tree))),)
             directories = {"model": tree}
-            metadata = await self._gguf_metadata(model)
+        metadata, attention = await self._gguf_metadata(model)
         record = ModelRecord(
             id=model.id, revision=model.digest, manifest=manifest, metadata=metadata
         )
@@ -84,13 +105,14 @@ class ModelContexts:
             inputs=inputs,
             blobs={"sha256:" + f.sha256: f.size for f in manifest.files},
             directories=directories,
+            attention=attention,
         )
 
-    async def _gguf_metadata(self, model: Model) -> ModelMetadata:
+    async def _gguf_metadata(self, model: Model) -> tuple[ModelMetadata, AttentionShape | None]:
         header = await self.models.metadata(model)
         if header is None:
-            return ModelMetadata()
-        return ModelMetadata(
+            return ModelMetadata(), None
+        metadata = ModelMetadata(
             architecture=header.architecture,
             context_length=header.context_length,
             parameter_count=header.parameter_count,
@@ -98,3 +120,4 @@ class ModelContexts:
             chat_template=header.chat_template,
             embedding=header.embedding,
         )
+        return metadata, header.attention

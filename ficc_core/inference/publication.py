@@ -27,8 +27,37 @@ def latest(attempts: Iterable[AttemptRecord], generation: int) -> dict[int, Atte
     return found
 
 
+def given_up(
+    attempts: Iterable[AttemptRecord], generation: int, replica: int, limit: int
+) -> AttemptRecord | None:
+    """The replica's last attempt when its last ``limit`` attempts all failed the same way.
+
+    The same way is the same failure ``reason`` (``memory_limit``, ``exited``, ...). Such a
+    replica stops retrying until the service starts its next generation; ``limit`` 0 never
+    gives up.
+    """
+    mine = [a for a in attempts if a.generation == generation and a.replica == replica]
+    tail = mine[-limit:] if limit > 0 else []
+    if len(tail) < limit or not tail:
+        return None
+    if all(a.state == AttemptState.FAILED and a.released for a in tail):
+        if len({a.reason for a in tail}) == 1:
+            return tail[-1]
+    return None
+
+
+def give_up_reason(replica: int, attempt: AttemptRecord, limit: int) -> str:
+    """The service's reason once ``replica`` gave up after ``attempt``."""
+    said = f": {attempt.message}" if attempt.message else ""
+    return (
+        f"replica {replica} stopped retrying: its last {limit} attempts failed the same way "
+        f"({attempt.reason}){said}; change the specification (preview it to see the estimate) "
+        "or the node, then stop and start the service"
+    )
+
+
 def rolled_up(
-    replicas: int, attempts: Sequence[AttemptRecord], generation: int
+    replicas: int, attempts: Sequence[AttemptRecord], generation: int, give_up_after: int = 0
 ) -> tuple[ServiceState, str | None]:
     """A running service's state from its replicas' latest attempts, and why it is not ready."""
     current = latest(attempts, generation)
@@ -41,6 +70,10 @@ def rolled_up(
         state = ServiceState.UNKNOWN if AttemptState.UNKNOWN in states else ServiceState.FAILED
     else:
         state = ServiceState.STARTING
+    for index in range(replicas):
+        last = given_up(attempts, generation, index, give_up_after)
+        if last is not None:
+            return state, give_up_reason(index, last, give_up_after)
     failures = [a.message for a in current.values() if a.state == AttemptState.FAILED and a.message]
     return state, failures[0] if failures and state != ServiceState.READY else None
 

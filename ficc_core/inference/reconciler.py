@@ -38,7 +38,7 @@ from ..errors import FiccError
 from .attempts import Attempts
 from .live import Admission, LiveTable
 from .observed import Observations
-from .publication import publish, rolled_up
+from .publication import given_up, publish, rolled_up
 from .records import ACTIVE, AttemptRecord, AttemptState, Desired, ServiceRecord, ServiceState
 
 if TYPE_CHECKING:
@@ -97,6 +97,8 @@ class Reconciler:
     :param blobs: where the embedded node's model directories are assembled.
     :param retry_max: the cap of the backoff between attempts (and between a driver's
         restarts after an unexpected exception), in seconds.
+    :param give_up_after: a replica whose last this many attempts failed the same way
+        stops retrying until the next generation (0: never).
     :param clock: seconds since the epoch, for the records' times.
     :param period: seconds between checks when nothing wakes a driver.
     :param ready_period: seconds between status checks of a ready attempt.
@@ -113,6 +115,7 @@ class Reconciler:
         contexts: ModelContexts,
         blobs: BlobStore,
         retry_max: float,
+        give_up_after: int = 0,
         clock: Callable[[], float] = time.time,
         period: float = 1.0,
         ready_period: float = 1.0,
@@ -123,6 +126,7 @@ class Reconciler:
         self.clock = clock
         self.period = period
         self.retry_max = max(1.0, retry_max)
+        self.give_up_after = give_up_after
         self.observations = Observations(store, clock=clock, changed=self._poke)
         self.attempts = Attempts(
             observations=self.observations,
@@ -289,7 +293,9 @@ class Reconciler:
                 nursery.start_soon(
                     self._replica, record.id, index, record.generation, specification, driver, task
                 )
-        state, reason = rolled_up(len(specification.placements), attempts, record.generation)
+        state, reason = rolled_up(
+            len(specification.placements), attempts, record.generation, self.give_up_after
+        )
         await self.observations.set_service(record.id, state=state, reason=reason)
         await self._publish(record, specification, attempts, driver, "serving")
 
@@ -360,7 +366,7 @@ class Reconciler:
         finally:
             task.done.set()
             if driver.replicas.get(index) is task and not task.scope.cancel_called:
-                # It ended by itself (an unknown outcome): let the driver see it.
+                # It ended by itself (an unknown outcome, or it gave up): let the driver see it.
                 driver.wake.set()
 
     async def _replica_loop(
@@ -387,6 +393,8 @@ class Reconciler:
             if last is not None and last.state in ACTIVE and not last.released:
                 await self.attempts.watch(last)
                 continue
+            if given_up(attempts, generation, index, self.give_up_after) is not None:
+                return  # it failed the same way too often: the service shows why
             if last is not None:
                 # The previous attempt failed: wait, doubling up to the cap.
                 await backoff.wait()

@@ -1,0 +1,149 @@
+"""``ficc inference create``: a service from a specification file, or suggested from a model.
+
+``create SPEC_FILE`` submits a complete specification. ``create --model M --engine E``
+sends the partial specification it builds (alias, model, engine, context,
+concurrency, one placement per replica with neither node nor limits) to
+``POST /inference/preview``, shows the completed specification the controller
+suggests (runtime, executable, limits, nodes) with any warning, and on
+confirmation (``--yes`` for scripts) submits exactly that specification and starts
+it. ``M`` is a model ID or name (the controller resolves it).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+from .client import client_from, echo_json
+from .inference_control import _finish
+from .inference_io import BASE, SPEC_FILE, echo_outcome, echo_plan, read_spec, refusals, seconds
+
+
+def partial_spec(
+    *, model: str, engine: str, alias: str, replicas: int, context: int, concurrency: int
+) -> dict[str, Any]:
+    """The partial specification that preview completes: no runtime, nodes or limits."""
+    return {
+        "alias": alias,
+        "model_id": model,
+        "engine": engine,
+        "context": context,
+        "concurrency": concurrency,
+        "placements": [{} for _ in range(replicas)],
+    }
+
+
+def echo_suggestion(preview: dict[str, Any]) -> None:
+    """The completed specification in a few lines, the plan, what was filled, warnings."""
+    spec = preview["spec"]
+    runtime = spec["runtime"]
+    click.echo(f"alias:       {spec['alias']}")
+    click.echo(f"model:       {spec['model_id']}")
+    click.echo(
+        f"engine:      {spec['engine']} (context {spec['context']} x concurrency "
+        f"{spec['concurrency']})"
+    )
+    click.echo(f"runtime:     {runtime['executor_provider']} {runtime['image_digest'][:19]}...")
+    click.echo(f"executable:  {spec['image_executable']}")
+    click.echo("")
+    echo_plan(preview)
+    if preview.get("suggested"):
+        click.echo(f"suggested:   {', '.join(preview['suggested'])}")
+    for warning in preview.get("warnings", []):
+        click.echo(f"warning: {warning['message']} [{warning['code']}]", err=True)
+
+
+@click.command("create")
+@click.argument("spec_file", type=SPEC_FILE, required=False)
+@click.option("--model", help="The model's ID or name (suggests the rest of the specification).")
+@click.option("--engine", help="The engine adapter (llama_cpp, ollama, vllm, ...).")
+@click.option("--alias", help="The service's alias (default: the --model given).")
+@click.option("--replicas", type=click.IntRange(1, 64), default=1, show_default=True)
+@click.option("--context", type=click.IntRange(1), default=2048, show_default=True)
+@click.option("--concurrency", type=click.IntRange(1), default=4, show_default=True)
+@click.option("--yes", is_flag=True, help="Submit the suggestion without asking.")
+@click.option("--start/--no-start", default=True, help="Start it once created (--model).")
+@click.option("--wait", is_flag=True, help="Wait until it is ready (with --start).")
+@click.option("--timeout", default="10m", show_default=True, help="How long --wait waits.")
+@click.option("--json", "as_json", is_flag=True, help="Print the API's JSON instead.")
+@click.pass_context
+def create(
+    ctx: click.Context,
+    spec_file: Path | None,
+    model: str | None,
+    engine: str | None,
+    alias: str | None,
+    replicas: int,
+    context: int,
+    concurrency: int,
+    yes: bool,
+    start: bool,
+    wait: bool,
+    timeout: str,
+    as_json: bool,
+) -> None:
+    """Submit SPEC_FILE, or a specification suggested for --model and --engine.
+
+    With SPEC_FILE (JSON or TOML, `-`: JSON on standard input) the service is
+    created stopped; `start` starts generation 1. With --model and --engine the
+    controller suggests the runtime, executable, nodes and limits (memory: the
+    weights plus the KV cache of context x concurrency, plus the engine's
+    overhead); the suggestion is shown and, once confirmed (--yes), submitted as
+    it is and started. With --json, the preview and the created service are
+    printed as JSON and nothing is asked: give --yes to submit.
+    """
+    client = client_from(ctx)
+    if spec_file is not None:
+        if model or engine:
+            raise click.UsageError("give SPEC_FILE or --model/--engine, not both")
+        document = read_spec(spec_file)
+        view = refusals(lambda: client.json("POST", BASE, json=document))
+        if as_json:
+            echo_json(view)
+            return
+        click.echo(f"{view['id']} {view['state']}")
+        echo_outcome(view, "created")
+        click.echo(f"start it with: ficc inference start {view['id']}")
+        return
+    if not model or not engine:
+        raise click.UsageError("give SPEC_FILE, or --model and --engine")
+    seconds(timeout, "--timeout")
+    partial = partial_spec(
+        model=model,
+        engine=engine,
+        alias=alias or model,
+        replicas=replicas,
+        context=context,
+        concurrency=concurrency,
+    )
+    preview = refusals(lambda: client.json("POST", f"{BASE}/preview", json=partial))
+    if as_json:
+        if not yes:
+            echo_json({"preview": preview})
+            return
+    else:
+        echo_suggestion(preview)
+    if not preview["fits"]:
+        raise click.ClickException("the suggested specification does not fit; nothing submitted")
+    if not yes and not click.confirm("create this service?", default=True, err=True):
+        raise click.ClickException("nothing submitted")
+    view = refusals(lambda: client.json("POST", BASE, json=preview["spec"]))
+    if start:
+        body = {"revision": view["revision"]}
+        view = refusals(
+            lambda: client.json("POST", f"{BASE}/{view['id']}/control/start", json=body)
+        )
+    if as_json:
+        if start and wait:
+            _finish(client, view, "start", wait=True, timeout=timeout, interval=0.5, quiet=True)
+            view = client.json("GET", f"{BASE}/{view['id']}")
+        echo_json({"preview": preview, "service": view})
+        return
+    click.echo(f"{view['id']} {view['state']}")
+    if start:
+        _finish(client, view, "start", wait=wait, timeout=timeout, interval=0.5)
+    else:
+        echo_outcome(view, "created")
+        click.echo(f"start it with: ficc inference start {view['id']}")

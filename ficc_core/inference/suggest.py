@@ -1,0 +1,245 @@
+"""Suggested specifications: a partial specification completed from its nodes and its model.
+
+A preview may leave out ``runtime``, ``image_executable``, ``placements``, a
+placement's ``node_id`` or its ``limits``. :func:`complete` fills each from what is
+on record, and names every JSON path it filled:
+
+- ``placements``: one replica; a placement without ``node_id`` goes on the first
+  connected node (the embedded one first) that has a runtime for the engine and the
+  room for the replica beside every reservation;
+- ``runtime`` and ``image_executable``: the first placement's node's runtime for
+  the engine (:data:`ENGINE_RUNTIMES`), as its snapshot advertises it;
+- ``limits``: the replica's share of the node's free CPUs (the replicas suggested
+  there share them; at most :data:`SUGGESTED_CPUS`) and :func:`memory_estimate` bytes.
+
+The completed document is an explicit specification that submit accepts unchanged;
+nothing is stored from a preview. :func:`memory_warnings` compares any
+specification's memory limits with the estimate.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from ..contributors.records import NodeState
+from ..schema import InstalledRuntime, SchemaError, Specification
+from .placement import PlacementNode, Reservation
+
+if TYPE_CHECKING:
+    from .model_context import ModelContext
+
+MIB = 1024**2
+#: For a runtime that does not declare its engines: the runtimes (by the name a node
+#: gives them) that run each engine, preferred first; an engine not listed runs on a
+#: runtime of its own name.
+ENGINE_RUNTIMES: Mapping[str, tuple[str, ...]] = {
+    "llama_cpp": ("llama_server", "llama_cpp", "llama-server"),
+    "ollama": ("ollama",),
+    "vllm": ("vllm",),
+}
+#: What an engine holds beside the weights and the KV cache (its code, compute buffers,
+#: the server), measured for llama_cpp: see docs/inference.md ("Suggested specifications").
+ENGINE_OVERHEAD: Mapping[str, int] = {"llama_cpp": 64 * MIB}
+#: The overhead assumed for an engine not measured.
+DEFAULT_OVERHEAD = 256 * MIB
+#: The most CPUs a suggested placement reserves (llama.cpp gains little past a few).
+SUGGESTED_CPUS = 4
+
+
+@attrs.frozen(kw_only=True)
+class Suggestion:
+    """A completed specification document and the JSON paths that were filled."""
+
+    document: Any
+    suggested: tuple[str, ...] = ()
+
+
+def memory_estimate(model: ModelContext, engine: str, context: int, concurrency: int) -> int:
+    """Bytes one replica needs: weights, an f16 KV cache of ``context x concurrency``
+    tokens (the engine's pool for every slot), and the engine's overhead."""
+    tokens = context * concurrency
+    cache = model.attention.kv_cache_bytes(tokens) if model.attention is not None else 0
+    return model.size + cache + ENGINE_OVERHEAD.get(engine, DEFAULT_OVERHEAD)
+
+
+def memory_warnings(specification: Specification, model: ModelContext) -> list[dict[str, Any]]:
+    """A ``memory_limit_low`` warning for each placement whose memory is below the estimate."""
+    estimate = memory_estimate(
+        model, specification.engine, specification.context, specification.concurrency
+    )
+    warnings = []
+    for index, placement in enumerate(specification.placements):
+        limit = placement.limits.memory_bytes
+        if limit < estimate:
+            path = f"$.placements[{index}].limits.memory_bytes"
+            warnings.append(
+                {
+                    "code": "memory_limit_low",
+                    "message": f"placement {index} allows {_mib(limit)} of memory, but the "
+                    f"model needs about {_mib(estimate)} at context {specification.context} x "
+                    f"concurrency {specification.concurrency}; the engine would be killed at "
+                    "its limit",
+                    "details": {"estimate_bytes": estimate, "limit_bytes": limit, "path": path},
+                }
+            )
+    return warnings
+
+
+def _mib(value: int) -> str:
+    return f"{value / MIB:,.0f} MiB"
+
+
+def _runtime_for(node: PlacementNode, engine: str, given: Any = None) -> InstalledRuntime | None:
+    """The node's runtime with the ``given`` runtime's image, else its runtime for ``engine``."""
+    if node.snapshot is None:
+        return None
+    if isinstance(given, dict):
+        same = [r for r in node.snapshot.runtimes if r.image_digest == given.get("image_digest")]
+        return same[0] if same else None
+    # A runtime that says which engines it serves (a runtime plugin's declaration) is
+    # matched by that; one that does not (an agent TOML's) by the conventional names.
+    declared = [r for r in node.snapshot.runtimes if r.engines and engine in r.engines]
+    if declared:
+        return declared[0]
+    names = ENGINE_RUNTIMES.get(engine, (engine,))
+    found = [r for r in node.snapshot.runtimes if r.name in names and not r.engines]
+    found.sort(key=lambda r: names.index(r.name))
+    return found[0] if found else None
+
+
+def _usable(node: PlacementNode, engine: str, runtime: Any) -> bool:
+    if node.state != NodeState.CONNECTED or node.snapshot is None:
+        return False
+    if not node.snapshot.supports_inference:
+        return False
+    return _runtime_for(node, engine, runtime) is not None
+
+
+def _refuse(path: str, message: str) -> SchemaError:
+    return SchemaError([{"path": path, "message": message}], what="specification")
+
+
+def _integer(value: Any) -> int | None:
+    ok = isinstance(value, int) and not isinstance(value, bool) and value > 0
+    return value if ok else None
+
+
+def _cpus(share: float) -> float:
+    """The CPUs a suggested replica reserves from its ``share`` of a node's free CPUs."""
+    if share >= 1:
+        return float(min(SUGGESTED_CPUS, math.floor(share)))
+    if share >= 0.25:
+        return math.floor(share * 4) / 4
+    return 1.0  # the node has no CPU to spare: the plan says so
+
+
+def complete(
+    document: Any,
+    model: ModelContext,
+    nodes: Sequence[PlacementNode],
+    existing: Iterable[Reservation],
+) -> Suggestion:
+    """Fill what ``document`` leaves out (see the module); a complete one comes back as is.
+
+    :raises SchemaError: a part cannot be suggested (no connected node runs the engine),
+        at the path of what to give.
+    """
+    if not isinstance(document, dict):
+        return Suggestion(document=document)
+    filled = copy.deepcopy(document)
+    suggested: list[str] = []
+    engine = filled.get("engine")
+    context, concurrency = _integer(filled.get("context")), _integer(filled.get("concurrency"))
+    if "placements" not in filled:
+        filled["placements"] = [{}]
+        suggested.append("$.placements")
+    placements = filled["placements"]
+    if not isinstance(placements, list) or not placements or not isinstance(engine, str):
+        return Suggestion(document=filled, suggested=tuple(suggested))
+    estimate = None
+    if context is not None and concurrency is not None:
+        estimate = memory_estimate(model, engine, context, concurrency)
+    by_id = {node.node_id: node for node in nodes}
+    ordered = sorted(nodes, key=lambda n: (not n.embedded, n.node_id))
+    free = {node.node_id: _free(node) for node in ordered}
+    for reservation in existing:
+        if reservation.node_id in free:
+            cpus, memory = free[reservation.node_id]
+            free[reservation.node_id] = (cpus - reservation.cpus, memory - reservation.memory_bytes)
+    runtime = filled.get("runtime")
+    wanting: list[tuple[int, dict[str, Any]]] = []
+    for index, placement in enumerate(placements):
+        if not isinstance(placement, dict):
+            continue
+        where = f"$.placements[{index}]"
+        if "node_id" not in placement:
+            usable = [n for n in ordered if _usable(n, engine, runtime)]
+            if not usable:
+                raise _refuse(
+                    f"{where}.node_id",
+                    f"no connected node has a runtime for the {engine} engine; give node_id, "
+                    "or install the engine's runtime on a node ('ficc plugins' lists runtimes)",
+                )
+            need = estimate or 0
+            roomy = [n for n in usable if free[n.node_id][1] >= need and free[n.node_id][0] > 0]
+            placement["node_id"] = (roomy or usable)[0].node_id
+            suggested.append(f"{where}.node_id")
+        node = by_id.get(placement["node_id"]) if isinstance(placement["node_id"], str) else None
+        if node is None or node.snapshot is None:
+            continue
+        cpus, memory = free[node.node_id]
+        if "limits" not in placement and estimate is not None:
+            wanting.append((index, placement))
+            free[node.node_id] = (cpus, memory - estimate)
+        elif isinstance(limits := placement.get("limits"), dict):
+            given_cpus, given_memory = limits.get("cpus"), limits.get("memory_bytes")
+            if isinstance(given_cpus, int | float) and isinstance(given_memory, int | float):
+                free[node.node_id] = (cpus - given_cpus, memory - given_memory)
+    # The replicas suggested on one node share its free CPUs.
+    sharing = Counter(placement["node_id"] for _, placement in wanting)
+    for index, placement in wanting:
+        share = free[placement["node_id"]][0] / sharing[placement["node_id"]]
+        placement["limits"] = {"cpus": _cpus(share), "memory_bytes": estimate}
+        suggested.append(f"$.placements[{index}].limits")
+    first = placements[0] if placements and isinstance(placements[0], dict) else {}
+    node = by_id.get(first.get("node_id")) if isinstance(first.get("node_id"), str) else None
+    found = None if node is None else _runtime_for(node, engine, runtime)
+    if "runtime" not in filled:
+        if found is None:
+            raise _refuse(
+                "$.runtime",
+                f"node {first.get('node_id')!r} has no runtime for the {engine} engine "
+                f"(runtimes named {', '.join(ENGINE_RUNTIMES.get(engine, (engine,)))}); give "
+                "runtime, or place the service on a node that has one",
+            )
+        filled["runtime"] = {
+            "executor_provider": found.executor_provider,
+            "package_digest": found.package_digest,
+            "image_digest": found.image_digest,
+            # What the runtime's declaration binds, else what its provider applies; a
+            # managed service's network is always none.
+            "isolation": found.isolation or found.executor_provider,
+            "network": "none",
+        }
+        suggested.append("$.runtime")
+    if "image_executable" not in filled:
+        if found is None or found.executable is None:
+            raise _refuse(
+                "$.image_executable",
+                "the node does not advertise its runtime's executable; give image_executable",
+            )
+        filled["image_executable"] = found.executable
+        suggested.append("$.image_executable")
+    return Suggestion(document=filled, suggested=tuple(suggested))
+
+
+def _free(node: PlacementNode) -> tuple[float, int]:
+    if node.snapshot is None:
+        return 0.0, 0
+    return node.snapshot.resources.cpus, node.snapshot.resources.memory_bytes
