@@ -109,7 +109,7 @@ async def test_add_of_any_part_registers_a_split_gguf_as_one_model(serve_process
     added = await ficc("models", "add", str(split_parts[1]), "--json", env_extra=env)
     assert added.returncode == 0, added.stderr
     model = json.loads(added.stdout)
-    assert model["name"] == "smol"
+    assert model["name"] == "smollm2"  # named by its header's general.basename
     assert model["state"] == "verified"
     assert [(f["path"], f["sha256"], f["state"]) for f in model["files"]] == [
         (part.name, sha256_of(part), "verified") for part in split_parts
@@ -128,7 +128,7 @@ async def test_add_of_any_part_registers_a_split_gguf_as_one_model(serve_process
     assert refused.returncode != 0
     assert split_parts[1].name.encode() in refused.stderr
     listed = json.loads((await ficc("models", "list", "--json", env_extra=env)).stdout)
-    assert [m["name"] for m in listed["models"]] == ["smol"]
+    assert [m["name"] for m in listed["models"]] == ["smollm2"]
 
 
 def _sibling(path: Path) -> dict:

@@ -53,7 +53,8 @@ async def test_plain_serve_login_add_create_and_chat_get_an_answer(tmp_path):
             password = first_run_secrets(Path(secrets_file))["admin password"]
 
             await ficc("login", url, "--username", "admin", "--password-stdin", stdin=password)
-            added = await ficc("models", "add", str(smollm2_path()), "--name", "smollm2")
+            # Named by the GGUF header's general.basename: the acceptance's "smollm2".
+            added = await ficc("models", "add", str(smollm2_path()))
             assert "ficc inference create --model smollm2" in added  # the next step
             model = json.loads(await ficc("models", "show", "smollm2", "--json"))
             assert model["state"] == "verified"

@@ -43,7 +43,9 @@ def _client(ctx: click.Context) -> ApiClient:
     help="Build the manifest from this local GGUF (hashes it; any part of a split GGUF "
     "registers all its parts).",
 )
-@click.option("--name", help="Model name for --gguf (default: the file name without .gguf).")
+@click.option(
+    "--name", help="Model name for --gguf (default: its general.basename, else the file name)."
+)
 @click.option("--licence", help="Licence for --gguf.")
 @json_option
 @click.pass_context
@@ -65,8 +67,7 @@ def register(
         document = json.loads(manifest.read_text(encoding="utf-8"))
     else:
         parts = gguf_parts(gguf)
-        read_local_gguf(parts)
-        document = gguf_document(parts, name, licence)
+        document = gguf_document(parts, name, licence, read_local_gguf(parts))
     model = _client(ctx).json("POST", "/api/v1/models", json=document)
     if as_json:
         echo_json(model)

@@ -129,10 +129,18 @@ def read_local_gguf(parts: list[Path]) -> GgufMetadata:
     return metadata
 
 
-def gguf_document(parts: list[Path], name: str | None, licence: str | None) -> dict[str, Any]:
-    """The manifest of a local GGUF model (each file hashed here, with a progress line)."""
+def gguf_document(
+    parts: list[Path], name: str | None, licence: str | None, metadata: GgufMetadata | None = None
+) -> dict[str, Any]:
+    """The manifest of a local GGUF model (each file hashed here, with a progress line).
+
+    Without ``name``, the model is named by its header's ``general.basename`` (the
+    family's short name, such as ``smollm2``), else by its file name.
+    """
     split = gguf_split_part(parts[0].name)
     default = split[0] if split is not None else parts[0].name.removesuffix(".gguf")
+    if metadata is not None and metadata.basename and metadata.basename.strip():
+        default = metadata.basename.strip()
     document: dict[str, Any] = {
         "name": name or default,
         "format": "gguf",
@@ -245,7 +253,10 @@ def _finish(model: dict[str, Any], verb: str, as_json: bool) -> None:
 
 @click.command("add")
 @click.argument("path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--name", help="Model name (default: the file name without .gguf, or the split's).")
+@click.option(
+    "--name",
+    help="Model name (default: the GGUF's general.basename, else the file name without .gguf).",
+)
 @click.option("--licence", help="Licence to record.")
 @json_option
 @click.pass_context
@@ -259,9 +270,10 @@ def add(
     again after an interruption resumes each upload where the server stopped.
     """
     parts = gguf_parts(path)
-    read_local_gguf(parts)  # refuse a file that is no GGUF model before hashing it
+    metadata = read_local_gguf(parts)  # refuse a file that is no GGUF model before hashing it
     client = client_from(ctx)
-    model = client.json("POST", "/api/v1/models", json=gguf_document(parts, name, licence))
+    document = gguf_document(parts, name, licence, metadata)
+    model = client.json("POST", "/api/v1/models", json=document)
     for index, part in enumerate(parts):
         label = part.name if len(parts) == 1 else f"{part.name} ({index + 1}/{len(parts)})"
         file = upload_file(client, model["id"], index, part, label=label)
@@ -295,7 +307,10 @@ def _choose(previews: list[dict[str, Any]], repository: str) -> dict[str, Any]:
 @click.argument("repository")
 @click.option("--file", "filename", help="The GGUF file (any part of a split GGUF names it all).")
 @click.option("--revision", default="main", show_default=True)
-@click.option("--name", help="Model name (default: the file name without .gguf, or the split's).")
+@click.option(
+    "--name",
+    help="Model name (default: the GGUF's general.basename, else the file name without .gguf).",
+)
 @click.option("--licence", help="Licence to record (default: the repository's card).")
 @click.option("--no-wait", is_flag=True, help="Start the acquisition and return at once.")
 @click.option("--interval", default=0.5, show_default=True, help="Seconds between polls.")

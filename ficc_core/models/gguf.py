@@ -61,6 +61,8 @@ class GgufMetadata:
     :ivar version: the GGUF version (2 or 3).
     :ivar architecture: ``general.architecture`` (``"llama"``, ``"qwen2"``, ``"bert"``).
     :ivar name: ``general.name``, if present.
+    :ivar basename: ``general.basename``, the model family's short name (``"smollm2"``),
+        if present: what ``ficc models add`` names a model by default.
     :ivar licence: ``general.license``, if present.
     :ivar context_length: ``{architecture}.context_length``, if present.
     :ivar parameter_count: the number of weights: the sum over tensors of their elements.
@@ -97,6 +99,7 @@ class GgufMetadata:
     split_count: int | None = None
     split_no: int | None = None
     attention: AttentionShape | None = None
+    basename: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         """Return the fields as a JSON object."""
@@ -358,6 +361,7 @@ def _metadata(header: _Header) -> GgufMetadata:
         split_count=_count(values.get("split.count")),
         split_no=split_no if isinstance(split_no, int) and not isinstance(split_no, bool) else None,
         attention=_attention(values, architecture),
+        basename=_text(values, "general.basename"),
     )
 
 
