@@ -14,7 +14,7 @@ from ..schema._convert import MAX_SAFE_INTEGER, integer
 
 if TYPE_CHECKING:
     from ..models.blobs import BlobStore
-    from ..models.gguf import AttentionShape
+    from ..models.gguf_types import AttentionShape
     from ..models.records import Model
     from ..models.registry import ModelRegistry
 

@@ -24,7 +24,13 @@ import attrs
 import trio
 
 from ..errors import FiccError
-from .gguf_types import EMBEDDING_ARCHITECTURES, FILE_TYPES, TENSOR_TYPES
+from .gguf_types import (
+    EMBEDDING_ARCHITECTURES,
+    FILE_TYPES,
+    TENSOR_TYPES,
+    AttentionShape,
+    attention_shape,
+)
 
 #: The most bytes a header may span before it is refused (llama.cpp vocabularies of
 #: 256k tokens need about 8 MiB; this leaves room without inviting abuse).
@@ -360,7 +366,7 @@ def _metadata(header: _Header) -> GgufMetadata:
         data_offset=-(-header.header_end // header.alignment) * header.alignment,
         split_count=_count(values.get("split.count")),
         split_no=split_no if isinstance(split_no, int) and not isinstance(split_no, bool) else None,
-        attention=_attention(values, architecture),
+        attention=attention_shape(values, architecture),
         basename=_text(values, "general.basename"),
     )
 
@@ -450,46 +456,6 @@ def read_gguf_file(path: Path, *, cap: int = DEFAULT_CAP) -> GgufMetadata:
     :raises InvalidGguf: the header is malformed, hostile, truncated or too large.
     """
     return _metadata(_read_file_header(path, cap))
-
-
-@attrs.frozen(kw_only=True)
-class AttentionShape:
-    """What sizes a model's KV cache: its layers and attention heads (from the header).
-
-    :ivar layers: ``{architecture}.block_count``.
-    :ivar kv_heads: ``{architecture}.attention.head_count_kv`` (else ``head_count``).
-    :ivar key_length: the size of one key head (``attention.key_length``, else the
-        embedding length over ``head_count``); ``value_length`` likewise.
-    """
-
-    layers: int
-    kv_heads: int
-    key_length: int
-    value_length: int
-
-    def kv_cache_bytes(self, tokens: int, element_bytes: int = 2) -> int:
-        """The K and V cache of ``tokens`` tokens at ``element_bytes`` per element (f16: 2)."""
-        per_token = self.kv_heads * (self.key_length + self.value_length) * element_bytes
-        return self.layers * tokens * per_token
-
-
-def _attention(values: dict[str, Any], architecture: str) -> AttentionShape | None:
-    def number(key: str) -> int | None:
-        value = values.get(f"{architecture}.{key}")
-        ok = isinstance(value, int) and not isinstance(value, bool) and value > 0
-        return value if ok else None
-
-    layers, heads = number("block_count"), number("attention.head_count")
-    embedding = number("embedding_length")
-    if not architecture or layers is None or heads is None:
-        return None
-    default = embedding // heads if embedding else None
-    key = number("attention.key_length") or default
-    value = number("attention.value_length") or default
-    if key is None or value is None:
-        return None
-    kv_heads = number("attention.head_count_kv") or heads
-    return AttentionShape(layers=layers, kv_heads=kv_heads, key_length=key, value_length=value)
 
 
 def _read_file_header(path: Path, cap: int) -> _Header:

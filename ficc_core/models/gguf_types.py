@@ -1,10 +1,15 @@
 """ggml's and llama.cpp's numbering, as the GGUF reader (:mod:`.gguf`) names it.
 
-The tensor types with their block sizes, llama.cpp's file types and the encoder
-architectures it serves as embedding models.
+The tensor types with their block sizes, llama.cpp's file types, the encoder
+architectures it serves as embedding models, and the attention shape that sizes a
+model's KV cache.
 """
 
 from __future__ import annotations
+
+from typing import Any
+
+import attrs
 
 #: ``ggml_type`` number: (name, elements per block, bytes per block).
 TENSOR_TYPES: dict[int, tuple[str, int, int]] = {
@@ -95,3 +100,45 @@ EMBEDDING_ARCHITECTURES = frozenset(
         "t5encoder",
     }
 )
+
+
+@attrs.frozen(kw_only=True)
+class AttentionShape:
+    """What sizes a model's KV cache: its layers and attention heads (from the header).
+
+    :ivar layers: ``{architecture}.block_count``.
+    :ivar kv_heads: ``{architecture}.attention.head_count_kv`` (else ``head_count``).
+    :ivar key_length: the size of one key head (``attention.key_length``, else the
+        embedding length over ``head_count``); ``value_length`` likewise.
+    """
+
+    layers: int
+    kv_heads: int
+    key_length: int
+    value_length: int
+
+    def kv_cache_bytes(self, tokens: int, element_bytes: int = 2) -> int:
+        """The K and V cache of ``tokens`` tokens at ``element_bytes`` per element (f16: 2)."""
+        per_token = self.kv_heads * (self.key_length + self.value_length) * element_bytes
+        return self.layers * tokens * per_token
+
+
+def attention_shape(values: dict[str, Any], architecture: str) -> AttentionShape | None:
+    """The attention shape a header's ``values`` give for ``architecture``, if they do."""
+
+    def number(key: str) -> int | None:
+        value = values.get(f"{architecture}.{key}")
+        ok = isinstance(value, int) and not isinstance(value, bool) and value > 0
+        return value if ok else None
+
+    layers, heads = number("block_count"), number("attention.head_count")
+    embedding = number("embedding_length")
+    if not architecture or layers is None or heads is None:
+        return None
+    default = embedding // heads if embedding else None
+    key = number("attention.key_length") or default
+    value = number("attention.value_length") or default
+    if key is None or value is None:
+        return None
+    kv_heads = number("attention.head_count_kv") or heads
+    return AttentionShape(layers=layers, kv_heads=kv_heads, key_length=key, value_length=value)
