@@ -42,9 +42,10 @@ def runtime_digest(executable: Path) -> str:
     return "sha256:" + hashlib.sha256(executable.read_bytes()).hexdigest()
 
 
-def write_agent_settings(folder: Path) -> Path:
-    """An agent settings file declaring the llama.cpp runtime for the process provider."""
-    executable = llama_server_executable()
+def write_agent_settings(folder: Path, executable: Path | None = None) -> Path:
+    """An agent settings file declaring the llama.cpp runtime for the process provider
+    (``executable``, by default the installed llama-server)."""
+    executable = executable or llama_server_executable()
     path = folder / "agent.toml"
     path.write_text(
         "[[runtimes]]\n"
@@ -54,6 +55,15 @@ def write_agent_settings(folder: Path) -> Path:
         f'executable = "{executable}"\n'
     )
     return path
+
+
+def broken_engine(folder: Path) -> tuple[Path, Path]:
+    """An engine executable that always fails at start, and agent settings declaring it
+    as the llama_server runtime."""
+    engine = folder / "broken-llama-server"
+    engine.write_text("#!/bin/sh\necho 'cannot load the model' >&2\nexit 3\n")
+    engine.chmod(0o755)
+    return engine, write_agent_settings(folder, engine)
 
 
 @attrs.define

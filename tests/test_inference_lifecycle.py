@@ -11,7 +11,12 @@ import trio
 
 from ficc_core.testing.executor_kit import request_json
 
-from .inference_support import llama_spec, open_inference_controller, register_smollm2
+from .inference_support import (
+    broken_engine,
+    llama_spec,
+    open_inference_controller,
+    register_smollm2,
+)
 
 
 def _ready(view: dict) -> bool:
@@ -195,18 +200,7 @@ async def test_drain_waits_for_in_flight_requests_and_stops_at_its_bound(tmp_pat
 
 @pytest.mark.slow
 async def test_a_failing_engine_is_retried_with_new_attempts_and_a_growing_backoff(tmp_path):
-    import hashlib
-
-    engine = tmp_path / "broken-llama-server"
-    engine.write_text("#!/bin/sh\necho 'cannot load the model' >&2\nexit 3\n")
-    engine.chmod(0o755)
-    settings = tmp_path / "agent.toml"
-    digest = "sha256:" + hashlib.sha256(engine.read_bytes()).hexdigest()
-    settings.write_text(
-        "[[runtimes]]\n"
-        'name = "llama_server"\nprovider = "process"\n'
-        f'image_digest = "{digest}"\nexecutable = "{engine}"\n'
-    )
+    engine, settings = broken_engine(tmp_path)
     with trio.fail_after(120):
         async with open_inference_controller(
             tmp_path, agent_config=str(settings), replica_retry_max="2s", replica_give_up_after=0

@@ -6,7 +6,6 @@ Against a real controller with an embedded agent that has the llama.cpp runtime
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 
@@ -17,6 +16,7 @@ from click.testing import CliRunner
 from ficc_core.cli.main import cli
 
 from .inference_support import (
+    broken_engine,
     llama_server_executable,
     llama_spec,
     open_inference_controller,
@@ -263,16 +263,7 @@ async def test_inference_create_shows_the_suggestion_and_submits_it(tmp_path):
 
 @pytest.mark.slow
 async def test_a_replica_failing_the_same_way_stops_retrying_and_start_wait_ends_with_why(tmp_path):
-    engine = tmp_path / "broken-llama-server"
-    engine.write_text("#!/bin/sh\necho 'cannot load the model' >&2\nexit 3\n")
-    engine.chmod(0o755)
-    settings = tmp_path / "agent.toml"
-    digest = "sha256:" + hashlib.sha256(engine.read_bytes()).hexdigest()
-    settings.write_text(
-        "[[runtimes]]\n"
-        'name = "llama_server"\nprovider = "process"\n'
-        f'image_digest = "{digest}"\nexecutable = "{engine}"\n'
-    )
+    engine, settings = broken_engine(tmp_path)
     with trio.fail_after(120):
         async with open_inference_controller(
             tmp_path, agent_config=str(settings), replica_retry_max="1s", replica_give_up_after=3
