@@ -128,7 +128,14 @@ async def test_a_killed_executor_leaves_an_unknown_replica_that_start_refuses_un
                 )
                 await executor.wait_connected()
                 await controller.wait_node("gpu-1")
-                response = await controller.control(service_id, "start", acknowledge_unknown=True)
+                # Reconciling the node's first report may move the revision between the
+                # read and the start: a client reads it again and retries, as this does.
+                for _ in range(5):
+                    response = await controller.control(
+                        service_id, "start", acknowledge_unknown=True
+                    )
+                    if response.status_code != 409 or "stale_revision" not in response.text:
+                        break
                 assert response.status_code == 200, response.text
                 assert response.json()["generation"] == ready["generation"] + 1
                 again = await controller.wait_service(service_id, _state("ready"))

@@ -16,9 +16,10 @@ from typing import Any
 
 import click
 
-from .client import client_from, echo_json
+from .client import ApiClient, client_from, echo_json
 from .inference_control import _finish
 from .inference_io import BASE, SPEC_FILE, echo_outcome, echo_plan, read_spec, refusals, seconds
+from .options import url_flag
 
 
 def partial_spec(
@@ -105,7 +106,7 @@ def create(
             return
         click.echo(f"{view['id']} {view['state']}")
         echo_outcome(view, "created")
-        click.echo(f"start it with: ficc inference start {view['id']}")
+        _start_hint(client, view)
         return
     if not model or not engine:
         raise click.UsageError("give SPEC_FILE, or --model and --engine")
@@ -146,4 +147,9 @@ def create(
         _finish(client, view, "start", wait=wait, timeout=timeout, interval=0.5)
     else:
         echo_outcome(view, "created")
-        click.echo(f"start it with: ficc inference start {view['id']}")
+        _start_hint(client, view)
+
+
+def _start_hint(client: ApiClient, view: dict[str, Any]) -> None:
+    """How to start the created service, run as printed against this controller."""
+    click.echo(f"start it with: ficc inference start {view['alias']}{url_flag(client.url)}")
