@@ -16,9 +16,8 @@ import click
 import httpx
 
 from .options import connection
-from .output import echo_json, echo_table
 
-__all__ = ["ApiClient", "ApiError", "client_from", "echo_json", "echo_table"]
+__all__ = ["ApiClient", "ApiError", "client_from"]
 
 
 class ApiClient:

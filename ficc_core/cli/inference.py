@@ -15,7 +15,7 @@ from typing import Any
 import click
 
 from .chat import chat
-from .client import client_from, echo_json, echo_table
+from .client import client_from
 from .inference_control import COMMANDS
 from .inference_create import create
 from .inference_io import (
@@ -28,7 +28,7 @@ from .inference_io import (
     seconds,
 )
 from .options import url_flag
-from .output import json_option, when
+from .output import echo_json, echo_table, json_option, when
 from .resolve import resolve
 
 # -- the group -------------------------------------------------------------------------------

@@ -13,9 +13,9 @@ from typing import Any
 
 import click
 
-from .client import ApiClient, ApiError, client_from, echo_json
+from .client import ApiClient, ApiError, client_from
 from .inference_io import BASE, SPEC_FILE, echo_outcome, read_spec, refusals, seconds
-from .output import json_option
+from .output import echo_json, json_option
 from .resolve import resolve
 
 #: The state each control action rests in, as ``--wait`` waits for it.

@@ -16,10 +16,11 @@ from typing import Any
 
 import click
 
-from .client import ApiClient, client_from, echo_json
+from .client import ApiClient, client_from
 from .inference_control import _finish
 from .inference_io import BASE, SPEC_FILE, echo_outcome, echo_plan, read_spec, refusals, seconds
 from .options import url_flag
+from .output import echo_json
 
 
 def partial_spec(
