@@ -10,6 +10,7 @@ suggestion, every command its own `ficc` process.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import signal
@@ -23,18 +24,9 @@ import trio
 
 from .models_support import smollm2_path
 from .serve_support import FICC, ServeProcess
+from .test_agent_processes import _engine_pids, agent_dir  # noqa: F401
 
 pytestmark = pytest.mark.slow
-
-
-def _engine_pids(agent_dir: Path) -> list[int]:
-    """The engines' PIDs from the agent's attempt records (one per running attempt)."""
-    pids = []
-    for record in agent_dir.glob("*/attempts/*/attempt.json"):
-        pid = json.loads(record.read_text()).get("pid")
-        if pid:
-            pids.append(pid)
-    return pids
 
 
 def _drain(pipe, lines: list[str]) -> threading.Thread:
@@ -147,3 +139,70 @@ async def test_a_killed_engine_is_an_event_with_its_reason_a_restart_and_an_info
             pass
         serve.kill()
         shutil.rmtree(data, ignore_errors=True)
+
+
+async def test_a_lost_remote_node_and_its_unknown_attempt_are_in_the_service_s_events(
+    tmp_path,
+    agent_dir,  # noqa: F811
+    caplog,
+):
+    from .inference_support import open_inference_controller, write_agent_settings
+    from .test_agent_processes import ExecutorProcess
+    from .test_inference_faults import FAST_NODES, _lose_and_stop
+
+    caplog.set_level(logging.INFO, logger="ficc.events")
+    settings_file = write_agent_settings(tmp_path)
+    executor = None
+    try:
+        with trio.fail_after(180):
+            async with open_inference_controller(
+                tmp_path, embedded=False, **FAST_NODES
+            ) as controller:
+                lost = await _lose_and_stop(controller, agent_dir, settings_file)
+                service_id, lost_attempt = lost["service_id"], lost["lost_attempt"]
+                executor = ExecutorProcess(
+                    controller.url,
+                    lost["credential"],
+                    agent_dir,
+                    "--agent-config",
+                    str(settings_file),
+                )
+                await executor.wait_connected()
+                await controller.wait_node("gpu-1")
+                for _ in range(5):  # the node's reconciliation may move the revision
+                    response = await controller.control(
+                        service_id, "start", acknowledge_unknown=True
+                    )
+                    if response.status_code != 409 or "stale_revision" not in response.text:
+                        break
+                assert response.status_code == 200, response.text
+                page = await controller.ok(
+                    "GET", f"/api/v1/inference/{service_id}/events", params={"limit": 500}
+                )
+    finally:
+        if executor is not None:
+            executor.kill()
+
+    found = page["events"]
+    nodes = [
+        (e["details"]["state"]["from"], e["details"]["state"]["to"], e["reason"])
+        for e in found
+        if e["kind"] == "node.state"
+    ]
+    # Connected before the service was created; then silent, lost, back (a busy
+    # machine may have made it unreachable for a moment before: that is an event too).
+    lost_at = nodes.index(("unreachable", "lost", "node_lost"))
+    assert nodes[lost_at - 1 : lost_at + 2] == [
+        ("connected", "unreachable", "no_heartbeat"),
+        ("unreachable", "lost", "node_lost"),
+        ("lost", "connected", "heartbeat"),
+    ]
+    mine = [e for e in found if e["kind"] == "attempt.state" and e["attempt_id"] == lost_attempt]
+    moves = [(e["details"]["state"]["to"], e["reason"], e["details"]["released"]) for e in mine]
+    assert ("unknown", "node_lost", False) in moves
+    assert moves[-1] == ("unknown", "acknowledged_unknown", True)  # given up by the start
+    # The node's events sit between the service's in the order they happened.
+    ids = [e["id"] for e in found]
+    assert ids == sorted(ids)
+    lines = [r.getMessage() for r in caplog.records if r.name == "ficc.events"]
+    assert any(line.startswith("node.state node gpu-1 (node_lost): ") for line in lines)

@@ -310,7 +310,12 @@ class InferenceManager:
             check_revision(record, revision)
             if action == "start":
                 assert specification is not None and model is not None
+                unreleased = repository.unreleased_attempts(tx, service_id)
                 start_in(tx, record, specification, model, acknowledge=acknowledge_unknown, now=now)
+                for attempt in unreleased:  # given up (acknowledged unknown): each an event
+                    given_up = repository.attempt(tx, attempt.attempt_id)
+                    if given_up is not None:
+                        history.attempt_changed(tx, record, attempt, given_up, now)
             elif action == "drain":
                 if record.desired != Desired.RUNNING:
                     raise Conflict(
