@@ -98,7 +98,8 @@ async def test_each_change_of_a_failing_service_is_an_event_and_a_log_line(faili
     failed = [
         e for e in found if e.kind == "service.state" and e.details["state"]["to"] == "failed"
     ]
-    assert failed[0].reason and "exited with status 3" in failed[0].reason
+    assert "exited with status 3" in failed[0].details["reason"]
+    assert failed[0].message.startswith("state starting → failed: ")
 
     # Each event was logged at INFO once its change committed, one line each.
     lines = [r.getMessage() for r in caplog.records if r.name == "ficc.events"]

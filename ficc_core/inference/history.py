@@ -72,13 +72,18 @@ def service_changed(
         return service_event(
             tx, new, EventKind.SERVICE_DESIRED, now, reason=action, message=message, details=details
         )
+    # A service's reason is a sentence: it goes in the message (and the details), not
+    # in the event's reason, which stays a word.
+    details["reason"] = new.reason
     if old.reason != new.reason:
         details["previous_reason"] = old.reason
     message = f"state {old.state} → {new.state}" if old.state != new.state else f"{new.state}"
-    if old.reason and not new.reason:
+    if new.reason:
+        message += f": {new.reason}"
+    elif old.reason:
         message += f"; the reason cleared (was: {old.reason})"
     return service_event(
-        tx, new, EventKind.SERVICE_STATE, now, reason=new.reason, message=message, details=details
+        tx, new, EventKind.SERVICE_STATE, now, reason=None, message=message, details=details
     )
 
 
