@@ -291,6 +291,14 @@ ROUTES: dict[str, Route] = {
         needs(s.INFERENCE_MANAGE, s.TOKENS_MANAGE),
         "revoke; in-flight requests end too",
     ),
+    "inference_events": Route(
+        "GET",
+        "/api/v1/inference/{id}/events?after=&limit=",
+        needs(s.INFERENCE_READ),
+        "what happened to the service, its replicas and attempts, and the nodes they ran "
+        "on, oldest first: the newest `limit` (default 100, at most 500), or the first "
+        "`limit` after event `after`; `next_after` reads on",
+    ),
     # the inference gateway (the gateway checks the service binding and the project)
     "invoke_models": Route(
         "GET",

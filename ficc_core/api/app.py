@@ -19,6 +19,7 @@ from ..strictjson import dumps_error
 from . import (
     routes_admin,
     routes_contributors,
+    routes_events,
     routes_inference,
     routes_invoke,
     routes_models,
@@ -108,6 +109,7 @@ def create_app(service: Service) -> QuartTrio:
     routes_models.register(app, service)
     routes_contributors.register(app, service)
     routes_inference.register(app, service)
+    routes_events.register(app, service)
     routes_invoke.register(app, service)
 
     missing = sorted(

@@ -18,6 +18,7 @@ from .chat import chat
 from .client import client_from
 from .inference_control import COMMANDS
 from .inference_create import create
+from .inference_events import events, print_recent_events
 from .inference_io import (
     BASE,
     SPEC_FILE,
@@ -77,6 +78,7 @@ def show(ctx: click.Context, service_id: str, as_json: bool) -> None:
         echo_json(view)
     else:
         echo_service(view)
+        print_recent_events(client, view["id"])
 
 
 @inference.command("list")
@@ -112,6 +114,7 @@ def list_services(ctx: click.Context, as_json: bool) -> None:
 for _command in (*COMMANDS, chat):
     inference.add_command(_command)
 inference.add_command(create)
+inference.add_command(events)
 
 
 # -- invoke tokens ---------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from ..auth import AuthService
 from ..auth.throttle import LoginThrottle
 from ..config import Config
 from ..contributors import NodeRegistry
+from ..events import EventRetention
 from ..gateway import Gateway
 from ..inference import InferenceManager, LiveTable, ModelContexts, Reconciler, UsageLedger
 from ..metrics import Metrics
@@ -186,6 +187,13 @@ async def open_service(
             await nursery.start(reconciler.run)
             await nursery.start(usage.run)
             await nursery.start(auth.watch_revocations)
+            await nursery.start(
+                EventRetention(
+                    store,
+                    retention=config.events_retention,
+                    max_per_service=config.events_max_per_service,
+                ).run
+            )
             yield service
             nursery.cancel_scope.cancel()
     finally:

@@ -242,4 +242,27 @@ MIGRATIONS: list[tuple[str, ...]] = [
         " WHERE state != 'verified'",
         "ALTER TABLE acquisitions ADD COLUMN error TEXT",
     ),
+    # 11: events: every state change of a service, replica, attempt and node, written in
+    # the transaction of its change. AUTOINCREMENT: an ID is never reused after a prune,
+    # so a reader's `after` cursor never skips an event.
+    (
+        """CREATE TABLE events (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            at REAL NOT NULL,
+            kind TEXT NOT NULL,
+            subject TEXT NOT NULL,
+            subject_id TEXT NOT NULL,
+            service_id TEXT,
+            project_id TEXT,
+            node_id TEXT,
+            attempt_id TEXT,
+            replica INTEGER,
+            reason TEXT,
+            message TEXT,
+            details TEXT NOT NULL DEFAULT '{}'
+        )""",
+        "CREATE INDEX events_service ON events(service_id, id)",
+        "CREATE INDEX events_node ON events(node_id, id)",
+        "CREATE INDEX events_at ON events(at)",
+    ),
 ]
