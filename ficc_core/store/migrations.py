@@ -242,4 +242,16 @@ MIGRATIONS: list[tuple[str, ...]] = [
         " WHERE state != 'verified'",
         "ALTER TABLE acquisitions ADD COLUMN error TEXT",
     ),
+    # 12: what each attempt's executor last said of its engine: process ID, exit status
+    # or signal, when it started (the node's clock) and became ready (the controller's),
+    # and the readiness probe's last answer with when it came.
+    (
+        "ALTER TABLE inference_attempts ADD COLUMN pid INTEGER",
+        "ALTER TABLE inference_attempts ADD COLUMN exit_code INTEGER",
+        "ALTER TABLE inference_attempts ADD COLUMN signal INTEGER",
+        "ALTER TABLE inference_attempts ADD COLUMN started_at REAL",
+        "ALTER TABLE inference_attempts ADD COLUMN ready_at REAL",
+        "ALTER TABLE inference_attempts ADD COLUMN health TEXT",
+        "ALTER TABLE inference_attempts ADD COLUMN health_at REAL",
+    ),
 ]
