@@ -140,8 +140,7 @@ def test_a_connected_node_that_dropped_or_went_silent_shows_so_and_stops_serving
 # -- the route and the CLI -------------------------------------------------------------------
 
 
-async def _standin_service(controller, tmp_path) -> str:
-    engine, _ = standin_engine(tmp_path)
+async def _standin_service(controller, tmp_path, engine) -> str:
     tiny_gguf(tmp_path / "tiny.gguf", size=64 << 10)
     model_id = await register_gguf(controller, tmp_path / "tiny.gguf", "tiny")
     spec = await llama_spec(controller, model_id, memory_bytes=256 << 20)
@@ -159,7 +158,7 @@ async def test_a_killed_engine_shows_its_exit_and_restart_and_show_says_why(tmp_
     engine, settings = standin_engine(tmp_path)
     with trio.fail_after(120):
         async with open_inference_controller(tmp_path, agent_config=str(settings)) as controller:
-            service_id = await _standin_service(controller, tmp_path)
+            service_id = await _standin_service(controller, tmp_path, engine)
             path = f"/api/v1/inference/{service_id}/status"
 
             # Stopped: no attempt yet; its node is the embedded one, connected here.
