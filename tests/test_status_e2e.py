@@ -57,7 +57,8 @@ async def test_a_killed_engine_shows_its_exit_restart_new_pid_and_health(tmp_pat
             assert first["serving"] and first["node"]["state"] == "connected"
             assert first["started_at"] <= first["ready_at"]
             # The PID is the engine's own: llama.cpp's server runs as it.
-            comm = Path(f"/proc/{first['pid']}/cmdline").read_bytes().split(b"\0")
+            cmdline = Path(f"/proc/{first['pid']}/cmdline")
+            comm = (await trio.to_thread.run_sync(cmdline.read_bytes)).split(b"\0")
             assert any(b"llama" in part for part in comm), comm
 
             os.kill(first["pid"], signal.SIGKILL)
