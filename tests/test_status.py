@@ -137,6 +137,24 @@ def test_a_connected_node_that_dropped_or_went_silent_shows_so_and_stops_serving
         assert (second.state, second.attempt_id, second.serving) == ("stopped", None, False)
 
 
+def test_a_ready_replica_on_a_node_that_cannot_be_reached_does_not_count_as_ready():
+    from ficc_core.inference.publication import rolled_up
+
+    attempts = [_attempt(0, 1, 1, "ready", node_id="n1"), _attempt(1, 1, 1, "ready", node_id="n2")]
+    assert rolled_up(2, attempts, 1) == ("ready", None)
+    troubles = {"n2": "node n2 is not connected to this controller"}
+    state, reason = rolled_up(2, attempts, 1, trouble=troubles.get)
+    assert state == "degraded"
+    assert reason == (
+        "replica 1 is ready but cannot be reached: node n2 is not connected to this controller"
+    )
+    troubles["n1"] = "node n1 missed its heartbeats (none for over 4 s)"
+    assert rolled_up(2, attempts, 1, trouble=troubles.get)[0] == "starting"
+    # A failure's message comes first: it says more than an unreachable node.
+    failed = [_attempt(0, 1, 1, "failed", message="it broke"), attempts[1]]
+    assert rolled_up(2, failed, 1, trouble=troubles.get) == ("starting", "it broke")
+
+
 # -- the route and the CLI -------------------------------------------------------------------
 
 
