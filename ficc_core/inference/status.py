@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 import attrs
 
+from ..contributors import repository as nodes_repository
 from ..contributors.records import NodeState
 from .records import ENDED, ROUTABLE, AttemptRecord, ServiceDetail
 
@@ -260,10 +261,12 @@ async def read_status(
 ) -> ServiceStatus:
     """The status of ``service_id`` (of ``project_id``; ``service_not_found`` otherwise)."""
     detail = await manager.get(project_id, service_id)
-    recorded = {node.id: node for node in await contributors.list()}
-    now = contributors.clock()
     wanted = {a.node_id for a in detail.attempts}
     wanted |= {str(p["node_id"]) for p in detail.service.document()["placements"]}
+    recorded = await contributors.store.read(
+        lambda tx: {node_id: nodes_repository.fetch_node(tx, node_id) for node_id in wanted}
+    )
+    now = contributors.clock()
     nodes = {
         node_id: node_status(
             node_id,
