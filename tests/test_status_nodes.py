@@ -17,8 +17,8 @@ from .models_support import tiny_gguf
 from .test_agent_processes import ExecutorProcess, agent_dir  # noqa: F401
 
 HEARTBEAT = 0.5
-#: Two heartbeat intervals, and at least one second more than one (the registry's rule).
-STALE_AFTER = max(2 * HEARTBEAT, HEARTBEAT + 1.0)
+#: Two heartbeat intervals, and at least two seconds more than one (the registry's rule).
+STALE_AFTER = max(2 * HEARTBEAT, HEARTBEAT + 2.0)
 SLOW_SWEEP = {
     "heartbeat_interval": f"{int(HEARTBEAT * 1000)}ms",
     "unreachable_after": "30s",

@@ -38,9 +38,10 @@ if TYPE_CHECKING:
 
 def stale_after(heartbeat_interval: float) -> float:
     """Seconds of silence after which a connected node missed a heartbeat: two intervals
-    (so it shows within one interval of the heartbeat it missed), and at least one
-    second more than one, so a late heartbeat on a busy host is not taken for a miss."""
-    return max(2 * heartbeat_interval, heartbeat_interval + 1.0)
+    (so it shows within one interval of the heartbeat it missed), and at least two
+    seconds more than one, so a late heartbeat on a busy host is not taken for a miss
+    (the default 2 s interval: 4 s)."""
+    return max(2 * heartbeat_interval, heartbeat_interval + 2.0)
 
 
 class NodeRegistry:
