@@ -212,8 +212,8 @@ class Attempts:
         **engine: Any,
     ) -> None:
         """The attempt ended (or never started): released, with why (its message kept
-        unless a new one is given) and what its executor last said of the engine
-        (``engine``: :func:`engine_fields`)."""
+        unless a new one is given) and what its executor last said of the engine that
+        is not on record yet (``engine``: fields of :data:`ENGINE_FIELDS`)."""
         extra = {} if message is None else {"message": message}
         await self.observations.set_attempt(
             service_id, attempt_id, state=state, reason=reason, released=True, **extra, **engine
@@ -267,6 +267,12 @@ class Attempts:
                 await trio.sleep(self.loading_period)
                 continue
             engine = engine_fields(status)
+            # The probe's time alone is no change: health_at says since when it answers so.
+            changes: dict[str, Any] = {
+                k: v for k, v in engine.items() if k != "health_at" and recorded[k] != v
+            }
+            if "health" in changes:
+                changes["health_at"] = engine["health_at"]
             if status.state == "ready":
                 new = AttemptState.READY
             elif status.state == "starting":
@@ -278,15 +284,9 @@ class Attempts:
                     AttemptState.FAILED,
                     status.reason or status.state,
                     status.message or f"the engine {status.state}",
-                    **engine,
+                    **changes,
                 )
                 return
-            # The probe's time alone is no change: health_at says since when it answers so.
-            changes: dict[str, Any] = {
-                k: v for k, v in engine.items() if k != "health_at" and recorded[k] != v
-            }
-            if "health" in changes:
-                changes["health_at"] = engine["health_at"]
             if new == AttemptState.READY and ready_at is None:
                 ready_at = changes["ready_at"] = self.clock()
             if new != state or changes:

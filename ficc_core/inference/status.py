@@ -93,8 +93,8 @@ class ReplicaStatus:
     """One replica's status (see the module docs).
 
     :ivar state: its current attempt's state (``stopped`` before any).
-    :ivar serving: whether the gateway may route to it now (ready, or draining, on a
-        node that can be reached).
+    :ivar serving: whether it counts as serving: ready (or draining) on a node that is
+        connected here and heard from (what the service's rolled-up state counts).
     :ivar restarts: attempts of this replica in its current generation after the first.
     :ivar health: the readiness probe's last answer (``200``, ``503``, ``connection
         refused``); ``health_at``: since when it answers so (the node's clock).
