@@ -237,6 +237,15 @@ ROUTES: dict[str, Route] = {
         needs(s.INFERENCE_READ),
         "tokens and latency of its invoke requests: totals, per credential, the latest",
     ),
+    "inference_status": Route(
+        "GET",
+        "/api/v1/inference/{id}/status",
+        needs(s.INFERENCE_READ),
+        "each replica's status: state, node (its state, heartbeat age, connected here), "
+        "attempt, engine PID, started and ready times, restarts, last exit (code, signal, "
+        "`memory_limit`, reason), the readiness probe's last answer, in-flight requests; "
+        "another project's is 404 `service_not_found`",
+    ),
     "inference_preview": Route(
         "POST",
         "/api/v1/inference/preview",

@@ -128,6 +128,9 @@ async def open_service(
             store,
             unreachable_after=config.unreachable_after,
             lost_after=config.lost_after,
+            heartbeat_interval=config.heartbeat_interval,
+            # The reconciler is built with the registry, so it is named when called.
+            notify=lambda node_id: reconciler.node_changed(node_id),
         )
         live = LiveTable()
         contexts = ModelContexts(models=models, blobs=blobs)

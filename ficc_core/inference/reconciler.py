@@ -169,6 +169,12 @@ class Reconciler:
         driver = self._drivers[service_id] = _Driver(scope=trio.CancelScope())
         self._nursery.start_soon(self._drive, service_id, driver)
 
+    def node_changed(self, node_id: str) -> None:
+        """A node's connection here ended, or it was heard again after a silence: every
+        driver looks again at once (the node registry's ``notify``)."""
+        for service_id in list(self._drivers):
+            self._poke(service_id)
+
     def _poke(self, service_id: str) -> None:
         """One of the service's attempts changed: its driver (if any) looks again."""
         driver = self._drivers.get(service_id)
@@ -294,7 +300,11 @@ class Reconciler:
                     self._replica, record.id, index, record.generation, specification, driver, task
                 )
         state, reason = rolled_up(
-            len(specification.placements), attempts, record.generation, self.give_up_after
+            len(specification.placements),
+            attempts,
+            record.generation,
+            self.give_up_after,
+            self.contributors.trouble,
         )
         await self.observations.set_service(record.id, state=state, reason=reason)
         await self._publish(record, specification, attempts, driver, "serving")

@@ -242,7 +242,7 @@ MIGRATIONS: list[tuple[str, ...]] = [
         " WHERE state != 'verified'",
         "ALTER TABLE acquisitions ADD COLUMN error TEXT",
     ),
-    # 11: events: every state change of a service, replica, attempt and node, written in
+    # 10: events: every state change of a service, replica, attempt and node, written in
     # the transaction of its change. AUTOINCREMENT: an ID is never reused after a prune,
     # so a reader's `after` cursor never skips an event.
     (
@@ -264,5 +264,17 @@ MIGRATIONS: list[tuple[str, ...]] = [
         "CREATE INDEX events_service ON events(service_id, id)",
         "CREATE INDEX events_node ON events(node_id, id)",
         "CREATE INDEX events_at ON events(at)",
+    ),
+    # 11: what each attempt's executor last said of its engine: process ID, exit status
+    # or signal, when it started (the node's clock) and became ready (the controller's),
+    # and the readiness probe's last answer with when it came.
+    (
+        "ALTER TABLE inference_attempts ADD COLUMN pid INTEGER",
+        "ALTER TABLE inference_attempts ADD COLUMN exit_code INTEGER",
+        "ALTER TABLE inference_attempts ADD COLUMN signal INTEGER",
+        "ALTER TABLE inference_attempts ADD COLUMN started_at REAL",
+        "ALTER TABLE inference_attempts ADD COLUMN ready_at REAL",
+        "ALTER TABLE inference_attempts ADD COLUMN health TEXT",
+        "ALTER TABLE inference_attempts ADD COLUMN health_at REAL",
     ),
 ]
