@@ -269,6 +269,20 @@ async def test_preview_suggests_the_runtimes_gpu_memory_and_skips_nodes_without_
     ]
     assert "$.placements[0].limits.gpus" in given["suggested"]
     assert "$.placements[1].limits.gpus" in given["suggested"]
+    # A replica's given GPU memory counts: the suggestion goes where memory is left.
+    taken = {**limits, "gpus": [{"index": 0, "memory_bytes": 70 * GIB}]}
+    mixed = await controller.ok(
+        "POST",
+        "/api/v1/inference/preview",
+        json={
+            **partial,
+            "placements": [
+                {"node_id": "gpu-1", "limits": taken},
+                {"node_id": "gpu-1", "limits": limits},
+            ],
+        },
+    )
+    assert mixed["spec"]["placements"][1]["limits"]["gpus"][0]["index"] == 1
     # Given gpus (even none) are the operator's: nothing is suggested for them.
     none = await controller.ok(
         "POST",

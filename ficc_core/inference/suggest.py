@@ -194,10 +194,10 @@ def complete(
         if reservation.node_id in free:
             cpus, memory = free[reservation.node_id]
             free[reservation.node_id] = (cpus - reservation.cpus, memory - reservation.memory_bytes)
-            for index, size in reservation.gpus:
-                gpus = free_gpus[reservation.node_id]
-                if index in gpus:
-                    gpus[index] -= size
+            _take_gpus(
+                free_gpus[reservation.node_id],
+                [{"index": index, "memory_bytes": size} for index, size in reservation.gpus],
+            )
     runtime = filled.get("runtime")
     wanting: list[tuple[int, dict[str, Any]]] = []
     for index, placement in enumerate(placements):
@@ -232,6 +232,8 @@ def complete(
                 if gpus is not None:
                     limits["gpus"] = gpus
                     suggested.append(f"{where}.limits.gpus")
+            elif isinstance(limits["gpus"], list):
+                _take_gpus(free_gpus[node.node_id], limits["gpus"])
     # The replicas suggested on one node share its free CPUs.
     sharing = Counter(placement["node_id"] for _, placement in wanting)
     for index, placement in wanting:
@@ -272,6 +274,15 @@ def complete(
         filled["image_executable"] = found.executable
         suggested.append("$.image_executable")
     return Suggestion(document=filled, suggested=tuple(suggested))
+
+
+def _take_gpus(free: dict[int, int], gpus: list[Any]) -> None:
+    """Take the given ``gpus`` (a placement's, as the document says) from ``free``."""
+    for gpu in gpus:
+        if isinstance(gpu, dict) and gpu.get("index") in free:
+            size = gpu.get("memory_bytes")
+            if isinstance(size, int) and not isinstance(size, bool):
+                free[gpu["index"]] -= size
 
 
 def _free_gpus(node: PlacementNode) -> dict[int, int]:
