@@ -21,7 +21,7 @@ from ..schema import InstalledRuntime, SchemaError
 
 if TYPE_CHECKING:
     from ..contributors.records import Node
-    from ..schema import Runtime, Specification
+    from ..schema import ExecutorSnapshot, Runtime, Specification
     from ..store import Transaction
 
 
@@ -55,14 +55,8 @@ def check_tier(
         )
 
 
-def installed_runtime(node: Node, runtime: Runtime) -> InstalledRuntime | None:
-    """The runtime ``node``'s snapshot advertises with ``runtime``'s provider and image."""
-    try:
-        snapshot = node.executor_snapshot()
-    except (SchemaError, ValueError):
-        return None
-    if snapshot is None:
-        return None
+def installed_runtime(snapshot: ExecutorSnapshot, runtime: Runtime) -> InstalledRuntime | None:
+    """The runtime ``snapshot`` advertises with ``runtime``'s provider and image digest."""
     for installed in snapshot.runtimes:
         if (
             installed.executor_provider == runtime.executor_provider
@@ -75,15 +69,18 @@ def installed_runtime(node: Node, runtime: Runtime) -> InstalledRuntime | None:
 def check_node(node: Node, specification: Specification, *, action: str) -> None:
     """:func:`check_tier` for ``specification``'s runtime on ``node``.
 
-    A node without a snapshot or without the runtime passes: placement refuses
-    those with its own reasons (``runtime_not_installed``, ...).
+    A node without a (readable) snapshot or without the runtime passes: placement
+    refuses those with its own reasons (``runtime_not_installed``, ...).
     """
-    installed = installed_runtime(node, specification.runtime)
-    if installed is None or not installed.requires_gpu:
+    try:
+        snapshot = node.executor_snapshot()
+    except (SchemaError, ValueError):
         return
-    snapshot = node.executor_snapshot()
-    gpus = 0 if snapshot is None else len(snapshot.resources.gpus)
-    check_tier(installed.name, True, node.name, gpus, action=action)
+    if snapshot is None:
+        return
+    installed = installed_runtime(snapshot, specification.runtime)
+    if installed is not None and installed.requires_gpu:
+        check_tier(installed.name, True, node.name, len(snapshot.resources.gpus), action=action)
 
 
 def check_placements(tx: Transaction, specification: Specification, *, action: str) -> None:
