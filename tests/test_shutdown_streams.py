@@ -1,6 +1,7 @@
 """SIGTERM with streams open: they keep streaming through the shutdown grace, then each gets a
 last SSE event ``{"error": {"code": "server_shutting_down", ...}}`` and a clean end of
-stream, so the ``openai`` client raises an ``APIError`` with that code, not a connection error.
+stream, so the ``openai`` client raises an ``APIError`` with that code, not a connection error;
+a request still queued for a slot is answered 503 with the same code.
 
 A real ``ficc serve`` subprocess, its embedded agent and a managed llama_cpp service whose
 runtime is a stand-in for ``llama-server`` (the stand-in engine, streaming one delta every
@@ -96,6 +97,13 @@ async def _ready_service(http: httpx.AsyncClient) -> str:
     return service["id"]
 
 
+async def _wait_queued(http: httpx.AsyncClient, service_id: str) -> None:
+    """Until the gateway's queue gauge shows one request of the service waiting."""
+    line = f'ficc_gateway_queued_requests{{service="{service_id}"}} 1.0'
+    while line not in (await http.get("/metrics")).text:  # noqa: ASYNC110
+        await trio.sleep(0.02)
+
+
 def _chat() -> dict:
     return {
         "model": "standin",
@@ -152,11 +160,16 @@ async def test_sigterm_ends_open_streams_with_a_last_server_shutting_down_event(
                 base_url = f"{url}/api/v1/inference/{service_id}/v1"
                 first = threading.Event()
                 ended: dict = {}
+                queued: list[httpx.Response] = []
 
                 async def with_openai() -> None:
                     ended.update(
                         await trio.to_thread.run_sync(_openai_stream, base_url, token, first)
                     )
+
+                async def waiting_for_a_slot() -> None:
+                    body = {**_chat(), "stream": False}
+                    queued.append(await http.post(f"{base_url}/chat/completions", json=body))
 
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(with_openai)
@@ -169,6 +182,9 @@ async def test_sigterm_ends_open_streams_with_a_last_server_shutting_down_event(
                         while b"data: " not in raw:
                             raw += await chunks.__anext__()
                         await trio.to_thread.run_sync(first.wait, 30)
+                        # Both slots (concurrency 2) are taken: a third request queues.
+                        nursery.start_soon(waiting_for_a_slot)
+                        await _wait_queued(http, service_id)
                         signalled = time.monotonic()
                         server.proc.send_signal(signal.SIGTERM)
                         # The stream keeps going through the grace, then ends cleanly.
@@ -188,6 +204,11 @@ async def test_sigterm_ends_open_streams_with_a_last_server_shutting_down_event(
         assert ended["error"] == "APIError", ended
         assert ended["code"] == "server_shutting_down"
         assert ended["n"] > 0
+        # The queued request was answered too, before its connection closed.
+        [answer] = queued
+        assert answer.status_code == 503, answer.text
+        assert answer.json()["error"]["code"] == "server_shutting_down"
+        assert answer.headers["retry-after"] == "1"
         with trio.fail_after(30):
             assert await trio.to_thread.run_sync(server.proc.wait) == 0
     finally:

@@ -74,9 +74,10 @@ async def run_until_signalled(
     """Serve until SIGINT or SIGTERM, then shut down gracefully within the configured grace.
 
     In-flight requests may finish within ``shutdown_grace``; at its end every response
-    still open ends with ``server_shutting_down`` (a streamed one as its last SSE event,
-    :meth:`~ficc_core.gateway.relay.Relay.end_streams`), which hypercorn gives
-    :data:`SHUTDOWN_NOTICE` more seconds to send before it closes the connections.
+    still open or queued ends with ``server_shutting_down`` (a streamed one as its last
+    SSE event, :meth:`~ficc_core.gateway.checks.RequestChecks.shut_down`), which
+    hypercorn gives :data:`SHUTDOWN_NOTICE` more seconds to send before it closes the
+    connections.
     ``on_ready`` gets the API's URLs and the metrics listener's (empty unless
     ``metrics_listen`` is set).
     """
@@ -86,7 +87,7 @@ async def run_until_signalled(
     async def end_streams_after_grace() -> None:
         await trio.sleep(grace)
         log.info("the %g s shutdown grace ended; ending the responses still open", grace)
-        service.gateway.relay.end_streams(grace)
+        service.gateway.checks.shut_down(grace)
 
     with trio.open_signal_receiver(*signals) as received:
         async with trio.open_nursery() as nursery:

@@ -25,7 +25,7 @@ import trio
 from ..errors import FiccError
 from ..executor.types import BodyChunk, EndOfStream, ReadEvent, ResponseHead, StreamFailed
 from ..strictjson import dumps_error
-from .errors import DeadlineExceeded, EngineFailed, ServerShuttingDown, StreamInterrupted
+from .errors import DeadlineExceeded, EngineFailed, StreamInterrupted
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -197,22 +197,6 @@ class Relay:
         # Stream IDs: unique per gateway (a random prefix, then a counter), cheap to make.
         self._stream_prefix = f"g{uuid.uuid4().hex[:8]}-"
         self._stream_numbers = itertools.count(1)
-        #: Set by :meth:`end_streams`: what ends every response still being read.
-        self.closing: FiccError | None = None
-
-    def end_streams(self, grace: float) -> None:
-        """The server's shutdown grace ended: every response still open ends at its next
-        read (within ``recheck_interval``) with :class:`ServerShuttingDown`, a streamed one
-        with that error as its last SSE event.
-
-        One shared attribute, read where a response already waits for its next event:
-        nothing is registered per request.
-        """
-        self.closing = ServerShuttingDown(
-            f"the server is shutting down; its {grace:g} s grace period ended before this "
-            "response did: retry the request",
-            details={"grace_seconds": grace},
-        )
 
     async def open(
         self, request: Request, method: str, headers: list[tuple[str, str]], payload: bytes
@@ -255,7 +239,7 @@ class Relay:
         endpoint, replica = request.endpoint, request.replica
         assert endpoint is not None and replica is not None
         while True:
-            problem = self.closing or self.checks.problem(request)
+            problem = self.checks.problem(request)
             if problem is not None:
                 return problem
             wake = min(request.deadline, trio.current_time() + self.recheck_interval)
