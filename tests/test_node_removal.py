@@ -115,15 +115,17 @@ async def test_a_lost_node_is_removed_once_no_replica_names_it(tmp_path):
 
 
 async def test_an_unreleased_attempt_on_the_node_keeps_it(tmp_path):
+    timings = {"unreachable_after": "300ms", "lost_after": "600ms"}
     with trio.fail_after(60):
-        async with open_inference_controller(tmp_path, embedded=False) as controller:
+        async with open_inference_controller(tmp_path, embedded=False, **timings) as controller:
             await _gpu_node(controller, "gpu-1")
             await _gpu_node(controller, "gpu-2")
             model_id = await _tiny_model(controller)
             spec = _spec(model_id, _placement("gpu-1"), alias="chat")
             created = await controller.ok("POST", "/api/v1/inference", status=201, json=spec)
-            # The service's replica 0 has an attempt on gpu-2 that is not released (as a
-            # move's target holds while it deploys); the placements name only gpu-1.
+            # Replica 0 has an attempt on gpu-2 that was launched and never confirmed
+            # ended (as a move's target holds while it deploys); the placements name only
+            # gpu-1. Once gpu-2 is lost the attempt's outcome is unknown: not released.
             attempt = AttemptRecord(
                 attempt_id="att_target",
                 service_id=created["id"],
@@ -132,17 +134,13 @@ async def test_an_unreleased_attempt_on_the_node_keeps_it(tmp_path):
                 number=1,
                 node_id="gpu-2",
                 provider="process",
-                plan_digest=None,
-                workload=None,
-                state="launching",
-                reason=None,
-                message=None,
-                released=False,
+                plan_digest="sha256:" + "d" * 64,
+                state="ready",
                 created_at=0.0,
                 updated_at=0.0,
             )
             await controller.service.store.write(lambda tx: insert_attempt(tx, attempt))
-            await controller.service.contributors.revoke_node("gpu-2")
+            await _wait_state(controller, "gpu-2", "lost")
             response = await controller.call("DELETE", "/api/v1/contributors/gpu-2")
             assert response.status_code == 409, response.text
             error = response.json()["error"]
@@ -150,6 +148,7 @@ async def test_an_unreleased_attempt_on_the_node_keeps_it(tmp_path):
             assert error["details"]["replicas"] == [
                 {"service_id": created["id"], "alias": "chat", "replica": 0}
             ]
+            assert (await controller.node("gpu-2"))["state"] == "lost"
 
 
 async def test_removing_a_node_needs_the_admin_scope(tmp_path):
