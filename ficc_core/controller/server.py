@@ -78,6 +78,7 @@ async def run_until_signalled(
     SSE event, :meth:`~ficc_core.gateway.checks.RequestChecks.shut_down`), which
     hypercorn gives :data:`SHUTDOWN_NOTICE` more seconds to send before it closes the
     connections.
+
     ``on_ready`` gets the API's URLs and the metrics listener's (empty unless
     ``metrics_listen`` is set).
     """
