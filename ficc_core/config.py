@@ -136,7 +136,8 @@ class Config:
     )
     shutdown_grace: float = _setting(
         10.0,
-        "On SIGINT/SIGTERM, how long in-flight requests may finish before they are cut (duration).",
+        "On SIGINT/SIGTERM, how long in-flight requests may finish before they are cut "
+        "(duration); a stream still open then gets a last server_shutting_down SSE event.",
         kind="duration",
     )
     log_level: str = _setting(

@@ -114,8 +114,12 @@ def ficc_register_runtimes(registry: RuntimeRegistry) -> None:
     the installed executable, which a specification's ``image_executable`` names;
     ``engines`` are the engines (adapters) it serves (``llama_cpp``);
     ``isolation`` and ``network`` are what a specification's runtime binds
-    (managed services need ``network`` ``none``, the default). It is an addition
-    to API 1: a plugin that declares no runtime does not implement it.
+    (managed services need ``network`` ``none``, the default). Two keywords are
+    optional: ``requires_gpu=True`` for a runtime that runs only on a node with a
+    GPU (create, replace, start and move then refuse a CPU-only node with 422
+    ``tier_mismatch``), and ``default_gpu_memory_bytes``, the device memory a
+    preview suggests a replica reserves on each GPU. It is an addition to API 1:
+    a plugin that declares no runtime does not implement it.
 
     Declare where the executable is; do not read it: the agent hashes it off its
     event loop, advertises that sha256 as the runtime's image digest, and leaves

@@ -25,6 +25,7 @@ from ..digests import file_digest
 from ..errors import ConfigError
 from ..plugins.runtimes import DeclaredRuntime
 from ..schema import InstalledRuntime
+from ..schema._convert import MAX_SAFE_INTEGER as MAX_SAFE
 from ..schema.spec import DIGEST_PATTERN, IDENTIFIER_PATTERN, NODE_ID_PATTERN
 
 _hash_limiter = trio.CapacityLimiter(2)
@@ -36,6 +37,8 @@ _RUNTIME_KEYS = {
     "engines",
     "isolation",
     "network",
+    "requires_gpu",
+    "default_gpu_memory_bytes",
 }
 
 
@@ -45,7 +48,8 @@ class AgentSettings:
 
     ``[labels]`` is a table of strings; each ``[[runtimes]]`` has ``name``,
     ``provider``, ``image_digest``, (process provider) ``executable`` and,
-    optionally, ``engines`` (a list), ``isolation`` and ``network``;
+    optionally, ``engines`` (a list), ``isolation``, ``network``, ``requires_gpu``
+    (a boolean) and ``default_gpu_memory_bytes`` (a positive integer);
     ``[staging] shared_dirs`` lists read-only directories (a shared filer) that may
     already hold model blobs named by their digest (see :mod:`.staging`).
     """
@@ -86,6 +90,15 @@ class AgentSettings:
                 isinstance(e, str) and IDENTIFIER_PATTERN.fullmatch(e) for e in engines
             ):
                 raise ConfigError(f"{where}.engines must be a list of engine names")
+            if not isinstance(item.get("requires_gpu", False), bool):
+                raise ConfigError(f"{where}.requires_gpu must be true or false")
+            memory = item.get("default_gpu_memory_bytes")
+            if memory is not None and (
+                isinstance(memory, bool)
+                or not isinstance(memory, int)
+                or not 0 < memory <= MAX_SAFE
+            ):
+                raise ConfigError(f"{where}.default_gpu_memory_bytes must be a positive integer")
             if not NODE_ID_PATTERN.fullmatch(item["name"]):
                 raise ConfigError(f"{where}.name {item['name']!r} is not a runtime name")
             if not DIGEST_PATTERN.fullmatch(item["image_digest"]):
@@ -181,5 +194,8 @@ async def check_runtime(
         executable=None if declared.executable is None else str(declared.executable),
         isolation=declared.isolation,
         network=declared.network,
+        # Left out for a CPU-capable runtime, so older controllers still read the snapshot.
+        requires_gpu=True if declared.requires_gpu else None,
+        default_gpu_memory_bytes=declared.default_gpu_memory_bytes,
     )
     return RuntimeCheck(declared, installed, None)

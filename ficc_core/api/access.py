@@ -200,6 +200,14 @@ ROUTES: dict[str, Route] = {
         needs(s.CONTRIBUTORS_READ),
         "one node; an unknown one is 404 `node_not_found`",
     ),
+    "contributors_remove": Route(
+        "DELETE",
+        "/api/v1/contributors/{id}",
+        needs(s.ADMIN),
+        "remove a lost, revoked or never-connected node: record, credential, assignments, "
+        "reported attempts; 409 `node_connected` (connected or unreachable), 409 "
+        "`node_has_replicas` with `{service_id, alias, replica}` while a service names it",
+    ),
     # The WebSocket remote agents dial: a node credential, checked in its handler.
     "contributors_connect": Route(
         "GET",

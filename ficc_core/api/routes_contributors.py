@@ -1,7 +1,8 @@
 """Contributor nodes: state, last heartbeat, snapshot and attempts (scope ``contributors:read``),
-the WebSocket remote agents dial out to, and the blob download route nodes stage model
-inputs from (both authenticated by a node credential only; a node downloads only the
-inputs of attempts assigned to it, while they are).
+their removal once lost (scope ``admin``), the WebSocket remote agents dial out to, and
+the blob download route nodes stage model inputs from (both authenticated by a node
+credential only; a node downloads only the inputs of attempts assigned to it, while
+they are).
 
 Nodes belong to the installation, not to a project: every project's readers see them.
 """
@@ -18,7 +19,7 @@ from quart import Response, jsonify, request, websocket
 
 from ..contributors.connection import serve_node_connection
 from ..errors import FiccError, NotFound
-from .views_contributors import node_view
+from .views_contributors import node_view, removal_view
 
 if TYPE_CHECKING:
     from quart_trio import QuartTrio
@@ -100,6 +101,10 @@ def register(app: QuartTrio, service: Service) -> None:
     @app.get("/api/v1/contributors/<node_id>", endpoint="contributors_get")
     async def contributors_get(node_id: str) -> Response:
         return jsonify(node_view(await service.contributors.get(node_id)))
+
+    @app.delete("/api/v1/contributors/<node_id>", endpoint="contributors_remove")
+    async def contributors_remove(node_id: str) -> Response:
+        return jsonify(removal_view(await service.contributors.remove_node(node_id)))
 
     @app.get("/api/v1/contributors/blobs/<sha256>", endpoint="contributors_blob")
     async def contributors_blob(sha256: str) -> Response:

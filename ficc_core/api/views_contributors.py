@@ -27,6 +27,11 @@ def node_view(node: Node) -> dict[str, Any]:
     }
 
 
+def removal_view(node: Node) -> dict[str, Any]:
+    """What removing ``node`` answers: which node it was and the state it was in."""
+    return {"id": node.id, "name": node.name, "state": node.state.value, "removed": True}
+
+
 def _reservation_view(reservation: NodeReservation) -> dict[str, Any]:
     return {
         "service_id": reservation.service_id,

@@ -15,7 +15,7 @@ from ..api.views_auth import (
     revocation_view,
     user_view,
 )
-from ..api.views_contributors import node_view
+from ..api.views_contributors import node_view, removal_view
 from ..auth import ALL_SCOPES, PROJECT_SCOPES
 from ..config import parse_duration
 from ..controller.service import Service, open_service
@@ -277,6 +277,22 @@ def revoke_node(ctx: click.Context, node_id: str, as_json: bool) -> None:
     """Revoke node NODE_ID's credential; its attempts become unknown."""
     revoked = _admin(ctx, lambda s: s.contributors.revoke_node(node_id))
     emit(node_view(revoked), as_json, lambda v: _echo_nodes([v]))
+
+
+@admin.command("remove-node")
+@click.argument("node_id")
+@json_option
+@click.pass_context
+def remove_node(ctx: click.Context, node_id: str, as_json: bool) -> None:
+    """Remove node NODE_ID for good: a lost, revoked or never-connected one.
+
+    Its record, credential, assignments and reported attempts go; the name can be
+    added again. Refused while the node is connected or unreachable, or while a
+    service places a replica there or has an attempt there not released (move or
+    remove those first). As DELETE /api/v1/contributors/{id} does.
+    """
+    view = removal_view(_admin(ctx, lambda s: s.contributors.remove_node(node_id)))
+    emit(view, as_json, lambda v: click.echo(f"removed node {v['name']} (it was {v['state']})"))
 
 
 @admin.command("list-nodes")

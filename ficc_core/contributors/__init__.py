@@ -5,8 +5,10 @@ from .credentials import NODE_TOKEN_PREFIX, is_node_token
 from .errors import (
     ConnectionFenced,
     InvalidNodeCredential,
+    NodeConnected,
     NodeCredentialRevoked,
     NodeExists,
+    NodeHasReplicas,
     NodeNotFound,
     NodeUnavailable,
 )
@@ -32,8 +34,10 @@ __all__ = [
     "Node",
     "NodeAttempt",
     "NodeAttemptState",
+    "NodeConnected",
     "NodeCredentialRevoked",
     "NodeExists",
+    "NodeHasReplicas",
     "NodeNotFound",
     "NodeRegistry",
     "NodeReservation",

@@ -36,7 +36,7 @@ async def serve_node_connection(
     lease_duration: float,
 ) -> None:
     """Serve one authenticated node connection until it ends, is fenced out or fails."""
-    link = ConnectionLink(channel)
+    link = ConnectionLink(channel, node=node_id)
     # What the controller wanted before this connection: reconciled with the first report.
     known = await registry.wanted_attempt_ids(node_id)
     reconciled = False

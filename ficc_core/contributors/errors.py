@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from ..errors import Conflict, FiccError, NotFound, Unauthenticated
 
 
@@ -37,6 +39,36 @@ class NodeUnavailable(Conflict):
     """The node takes no new work now, or is not connected to this controller."""
 
     code = "node_unavailable"
+
+
+class NodeConnected(Conflict):
+    """The node is connected (or only overdue): it may still run work, so it stays."""
+
+    code = "node_connected"
+
+    def __init__(self, node_id: str, state: str) -> None:
+        why = "stop its agent" if state == "connected" else "it may reconnect"
+        super().__init__(
+            f"node {node_id} is {state}; {why} and wait until it is lost, or revoke it "
+            f"first ('ficc admin revoke-node {node_id}'): only a lost, revoked or "
+            "never-connected node can be removed",
+            details={"node": node_id, "state": state},
+        )
+
+
+class NodeHasReplicas(Conflict):
+    """Services still place replicas on the node, or have attempts there not released."""
+
+    code = "node_has_replicas"
+
+    def __init__(self, node_id: str, replicas: list[dict[str, Any]]) -> None:
+        named = ", ".join(f"{r['alias']} replica {r['replica']}" for r in replicas[:5])
+        more = f" and {len(replicas) - 5} more" if len(replicas) > 5 else ""
+        super().__init__(
+            f"node {node_id} still has {len(replicas)} replica(s) assigned ({named}{more}); "
+            "move or remove them first",
+            details={"node": node_id, "replicas": replicas},
+        )
 
 
 class InvalidNodeCredential(Unauthenticated):

@@ -12,7 +12,7 @@ import attrs
 import trio
 
 from ..nodelink.links import NodeLink
-from .errors import NodeUnavailable
+from ..nodelink.wire import NodeGone
 
 
 @attrs.frozen
@@ -75,10 +75,9 @@ class LiveConnections:
         return None if live is None else live.link
 
     def require_link(self, node_id: str) -> NodeLink:
-        """The link of a node connected to this controller, or :class:`NodeUnavailable`."""
+        """The link of a node connected to this controller, or :class:`NodeGone` (502, its
+        agent is unreachable)."""
         link = self.link(node_id)
         if link is None:
-            raise NodeUnavailable(
-                f"node {node_id!r} is not connected to this controller", details={"node": node_id}
-            )
+            raise NodeGone("not connected to this controller", node=node_id)
         return link

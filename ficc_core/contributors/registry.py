@@ -26,7 +26,7 @@ from ..store import Store
 from . import repository
 from .assignments import Assignments, Reconciliation, input_digests
 from .credentials import NodeEnrolment, read_node
-from .errors import NodeUnavailable
+from .errors import NodeConnected, NodeHasReplicas, NodeUnavailable
 from .live import LiveConnections
 from .records import Assignment, AssignmentReason, Node, NodeState
 from .states import NodeStates
@@ -34,6 +34,7 @@ from .states import NodeStates
 if TYPE_CHECKING:
     from ..executor.types import AttemptStatus
     from ..schema import Job, ResourceLimits, Runtime
+    from ..store import Transaction
 
 
 def stale_after(heartbeat_interval: float) -> float:
@@ -101,6 +102,31 @@ class NodeRegistry:
         """
         node = await self.enrolment.revoke(node_id)
         self.live.end(node_id)
+        return node
+
+    async def remove_node(self, node_id: str) -> Node:
+        """Remove a lost, revoked or never-connected node for good; return it as it was.
+
+        Its record, its credential (which then authenticates nothing), what it
+        reported and what it was assigned go in one transaction; its name can be
+        registered again. A node that is connected or unreachable is refused
+        (:class:`~.errors.NodeConnected`), and so is one that a service's placements
+        or unreleased attempts still name (:class:`~.errors.NodeHasReplicas`).
+        """
+
+        def remove(tx: Transaction) -> Node:
+            node = read_node(tx, node_id)
+            live = node.state in (NodeState.CONNECTED, NodeState.UNREACHABLE)
+            if live or self.live.link(node_id) is not None:
+                raise NodeConnected(node_id, node.state.value)
+            replicas = repository.replicas_on(tx, node_id)
+            if replicas:
+                raise NodeHasReplicas(node_id, replicas)
+            repository.delete_node(tx, node_id)
+            return node
+
+        node = await self.store.write(remove)
+        self.reconciled.pop(node_id, None)
         return node
 
     async def authenticate(self, token: str) -> str:

@@ -7,9 +7,9 @@ and nothing else leaves this module as a row. The SQL is the portable subset
 PostgreSQL backend also runs. JSON columns (labels, snapshot, inputs, GPU shares)
 are encoded and decoded here.
 
-Two reads look at other packages' tables because the node view and the blob
-route need them: the inference reservations on a node, and whether a blob is
-verified and referenced by a model.
+Three reads look at other packages' tables because the node view, the blob
+route and node removal need them: the inference reservations on a node, whether
+a blob is verified and referenced by a model, and the replicas that name a node.
 """
 
 from __future__ import annotations
@@ -107,6 +107,13 @@ def mark_revoked(tx: Transaction, node_id: str, now: float) -> None:
         "UPDATE nodes SET revoked_at = ?, state = ?, connection_id = NULL WHERE id = ?",
         (now, NodeState.REVOKED.value, node_id),
     )
+
+
+def delete_node(tx: Transaction, node_id: str) -> None:
+    """Remove the node: its record and credential, what it reported and was assigned."""
+    for table in ("node_assignments", "node_attempts"):
+        tx.execute(f"DELETE FROM {table} WHERE node_id = ?", (node_id,))
+    tx.execute("DELETE FROM nodes WHERE id = ?", (node_id,))
 
 
 def set_connection(tx: Transaction, node_id: str, connection_id: str) -> None:
@@ -335,6 +342,29 @@ def blob_published(tx: Transaction, sha256: str) -> bool:
         (sha256,),
     )
     return row is not None
+
+
+def replicas_on(tx: Transaction, node_id: str) -> list[dict[str, Any]]:
+    """The replicas that name ``node_id``: each ``{service_id, alias, replica}`` once, of
+    every service whose specification places a replica there or that has an attempt
+    there not yet released (any project's)."""
+    found: set[tuple[str, str, int]] = set()
+    for row in tx.fetch_all("SELECT id, alias, spec FROM inference_services"):
+        placements = json.loads(row["spec"]).get("placements", [])
+        for index, placement in enumerate(placements):
+            if isinstance(placement, dict) and placement.get("node_id") == node_id:
+                found.add((row["id"], row["alias"], index))
+    rows = tx.fetch_all(
+        "SELECT a.service_id, s.alias, a.replica FROM inference_attempts a"
+        " JOIN inference_services s ON s.id = a.service_id"
+        " WHERE a.node_id = ? AND a.released = 0",
+        (node_id,),
+    )
+    found.update((row["service_id"], row["alias"], row["replica"]) for row in rows)
+    return [
+        {"service_id": service_id, "alias": alias, "replica": replica}
+        for service_id, alias, replica in sorted(found)
+    ]
 
 
 def _placeholders(values: Sequence[Any]) -> str:

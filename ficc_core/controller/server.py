@@ -16,13 +16,17 @@ from .service import Service
 
 log = logging.getLogger("ficc.server")
 
+#: Seconds hypercorn waits past the shutdown grace, for the responses still open at its end
+#: to send their last event (the gateway notices within its recheck interval, 0.25 s).
+SHUTDOWN_NOTICE = 1.0
+
 
 def _hypercorn_config(service: Service, bind: str | None = None) -> HypercornConfig:
     config = service.config
     hc = HypercornConfig()
     host = f"[{config.host}]" if ":" in config.host else config.host
     hc.bind = [bind or f"{host}:{config.port}"]
-    hc.graceful_timeout = config.shutdown_grace
+    hc.graceful_timeout = config.shutdown_grace + SHUTDOWN_NOTICE
     hc.accesslog = None
     hc.errorlog = logging.getLogger("hypercorn.error")
     if config.tls:
@@ -69,10 +73,23 @@ async def run_until_signalled(
 ) -> None:
     """Serve until SIGINT or SIGTERM, then shut down gracefully within the configured grace.
 
+    In-flight requests may finish within ``shutdown_grace``; at its end every response
+    still open or queued ends with ``server_shutting_down`` (a streamed one as its last
+    SSE event, :meth:`~ficc_core.gateway.checks.RequestChecks.shut_down`), which
+    hypercorn gives :data:`SHUTDOWN_NOTICE` more seconds to send before it closes the
+    connections.
+
     ``on_ready`` gets the API's URLs and the metrics listener's (empty unless
     ``metrics_listen`` is set).
     """
     stop = trio.Event()
+    grace = service.config.shutdown_grace
+
+    async def end_streams_after_grace() -> None:
+        await trio.sleep(grace)
+        log.info("the %g s shutdown grace ended; ending the responses still open", grace)
+        service.gateway.checks.shut_down(grace)
+
     with trio.open_signal_receiver(*signals) as received:
         async with trio.open_nursery() as nursery:
 
@@ -83,19 +100,23 @@ async def run_until_signalled(
                     return
 
             nursery.start_soon(watch_signals)
-            metrics_urls: list[str] = []
-            if service.config.metrics_listen is not None:
-                metrics_urls = await nursery.start(
-                    lambda task_status: serve_metrics(
+            async with trio.open_nursery() as servers:
+                metrics_urls: list[str] = []
+                if service.config.metrics_listen is not None:
+                    metrics_urls = await servers.start(
+                        lambda task_status: serve_metrics(
+                            service, shutdown_trigger=stop.wait, task_status=task_status
+                        )
+                    )
+                urls = await servers.start(
+                    lambda task_status: serve_http(
                         service, shutdown_trigger=stop.wait, task_status=task_status
                     )
                 )
-            urls = await nursery.start(
-                lambda task_status: serve_http(
-                    service, shutdown_trigger=stop.wait, task_status=task_status
-                )
-            )
-            on_ready(urls, metrics_urls)
-            await stop.wait()
-            # hypercorn drains within graceful_timeout; this is the hard deadline on top.
-            nursery.cancel_scope.deadline = trio.current_time() + service.config.shutdown_grace + 1
+                on_ready(urls, metrics_urls)
+                await stop.wait()
+                # hypercorn drains within graceful_timeout; this is the hard deadline on top.
+                nursery.cancel_scope.deadline = trio.current_time() + grace + SHUTDOWN_NOTICE + 1
+                nursery.start_soon(end_streams_after_grace)
+            # Both servers are done (nothing was left open): nothing to end any more.
+            nursery.cancel_scope.cancel()

@@ -19,6 +19,7 @@ from .errors import (
     GenerationChanged,
     ModelNotFound,
     NotForThisService,
+    ServerShuttingDown,
     ServiceDraining,
     ServiceNotFound,
     ServiceStopped,
@@ -50,6 +51,27 @@ class RequestChecks:
         self.auth = auth
         self.live = live
         self.max_body_bytes = max_body_bytes
+        #: The shutdown grace, once it ended (:meth:`shut_down`); None while serving.
+        self.shut_down_after: float | None = None
+
+    def shut_down(self, grace: float) -> None:
+        """The server's shutdown grace ended: every request being served ends at its next
+        re-check (within the recheck interval) with :class:`ServerShuttingDown`, a stream
+        with that error as its last SSE event; one still queued for a slot gets it as
+        its answer once the ended streams free their slots.
+
+        One attribute, read where a response already re-checks before every read:
+        nothing is registered per request.
+        """
+        self.shut_down_after = grace
+
+    def _shutting_down(self) -> ServerShuttingDown:
+        grace = self.shut_down_after
+        return ServerShuttingDown(
+            f"the server is shutting down; its {grace:g} s grace period ended before this "
+            "response did: retry the request",
+            details={"grace_seconds": grace},
+        )
 
     # -- authority ------------------------------------------------------------------------
 
@@ -120,6 +142,8 @@ class RequestChecks:
 
     def problem(self, request: Request) -> FiccError | None:
         """Why a request being served must end now, or None (it runs before every read)."""
+        if self.shut_down_after is not None:
+            return self._shutting_down()
         problem = self.authority(request.actor)
         if problem is not None:
             return problem

@@ -20,6 +20,7 @@ __all__ = [
     "ModelNotFound",
     "NoReadyReplica",
     "NotForThisService",
+    "ServerShuttingDown",
     "ServiceDraining",
     "ServiceNotFound",
     "ServiceSaturated",
@@ -110,6 +111,16 @@ class GenerationChanged(GatewayError):
 
     status = 503
     code = "service_generation_changed"
+
+    def __init__(self, message: str, **kwargs: Any) -> None:
+        super().__init__(message, **_retry(kwargs))
+
+
+class ServerShuttingDown(GatewayError):
+    """The controller is shutting down and its grace period ended before the response did."""
+
+    status = 503
+    code = "server_shutting_down"
 
     def __init__(self, message: str, **kwargs: Any) -> None:
         super().__init__(message, **_retry(kwargs))

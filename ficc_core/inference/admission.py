@@ -15,6 +15,7 @@ from ..store import Transaction
 from . import repository
 from .errors import PlacementFailed
 from .placement import Plan, plan
+from .tiers import check_placements
 
 if TYPE_CHECKING:
     from ..plugins import AdapterRegistry
@@ -74,9 +75,19 @@ async def check_specification(
 
 
 def plan_in(
-    tx: Transaction, service_id: str, specification: Specification, model: ModelContext
+    tx: Transaction,
+    service_id: str,
+    specification: Specification,
+    model: ModelContext,
+    *,
+    action: str = "preview",
 ) -> Plan:
-    """Plan ``specification`` beside every reservation but the service's own, in ``tx``."""
+    """Plan ``specification`` beside every reservation but the service's own, in ``tx``.
+
+    A runtime that requires a GPU placed on a node without one is refused first
+    (:class:`~.tiers.TierMismatch`, naming ``action``).
+    """
+    check_placements(tx, specification, action=action)
     node_ids = list(dict.fromkeys(p.node_id for p in specification.placements))
     return plan(
         service_id,
@@ -100,10 +111,16 @@ def refuse_plan(result: Plan) -> PlacementFailed:
 
 
 def place(
-    tx: Transaction, service_id: str, specification: Specification, model: ModelContext
+    tx: Transaction,
+    service_id: str,
+    specification: Specification,
+    model: ModelContext,
+    *,
+    action: str = "create",
 ) -> Plan:
-    """A plan that fits; refuse with :class:`PlacementFailed` otherwise."""
-    result = plan_in(tx, service_id, specification, model)
+    """A plan that fits; refuse with :class:`~.tiers.TierMismatch` (a GPU runtime on a node
+    without GPUs, naming ``action``) or :class:`PlacementFailed` otherwise."""
+    result = plan_in(tx, service_id, specification, model, action=action)
     if not result.fits:
         raise refuse_plan(result)
     return result
@@ -115,9 +132,11 @@ def reserve(
     specification: Specification,
     model: ModelContext,
     now: float,
+    *,
+    action: str = "replace",
 ) -> Plan:
     """Place ``specification`` and replace the service's reservations with the plan's."""
-    result = place(tx, service_id, specification, model)
+    result = place(tx, service_id, specification, model, action=action)
     repository.delete_reservations(tx, service_id)
     repository.insert_reservations(tx, result.reservations, now)
     return result

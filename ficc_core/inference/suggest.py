@@ -10,7 +10,14 @@ on record, and names every JSON path it filled:
 - ``runtime`` and ``image_executable``: the first placement's node's runtime for
   the engine (:data:`ENGINE_RUNTIMES`), as its snapshot advertises it;
 - ``limits``: the replica's share of the node's free CPUs (the replicas suggested
-  there share them; at most :data:`SUGGESTED_CPUS`) and :func:`memory_estimate` bytes.
+  there share them; at most :data:`SUGGESTED_CPUS`) and :func:`memory_estimate` bytes;
+- a placement's ``limits.gpus`` (inside suggested limits, or given limits without
+  ``gpus``): when the node's runtime declares a default GPU memory
+  (``default_gpu_memory_bytes``) and the node has GPUs, that much on the GPU with the
+  most memory free.
+
+A node whose runtime requires a GPU (``requires_gpu``) and which has none is never
+suggested for a replica (submit would refuse it with ``tier_mismatch``).
 
 The completed document is an explicit specification that submit accepts unchanged;
 nothing is stored from a preview. :func:`memory_warnings` compares any
@@ -118,7 +125,21 @@ def _usable(node: PlacementNode, engine: str, runtime: Any) -> bool:
         return False
     if not node.snapshot.supports_inference:
         return False
-    return _runtime_for(node, engine, runtime) is not None
+    found = _runtime_for(node, engine, runtime)
+    return found is not None and not (found.requires_gpu and not node.snapshot.resources.gpus)
+
+
+def _gpu_suggestion(
+    node: PlacementNode, engine: str, runtime: Any, free: dict[int, int]
+) -> list[dict[str, int]] | None:
+    """The ``gpus`` to suggest on ``node``: its runtime's default GPU memory on the GPU
+    with the most of ``free`` (taken from it); None when there is nothing to suggest."""
+    found = _runtime_for(node, engine, runtime)
+    if found is None or found.default_gpu_memory_bytes is None or not free:
+        return None
+    index = max(free, key=lambda i: (free[i], -i))
+    free[index] -= found.default_gpu_memory_bytes
+    return [{"index": index, "memory_bytes": found.default_gpu_memory_bytes}]
 
 
 def _refuse(path: str, message: str) -> SchemaError:
@@ -168,10 +189,15 @@ def complete(
     by_id = {node.node_id: node for node in nodes}
     ordered = sorted(nodes, key=lambda n: (not n.embedded, n.node_id))
     free = {node.node_id: _free(node) for node in ordered}
+    free_gpus = {node.node_id: _free_gpus(node) for node in ordered}
     for reservation in existing:
         if reservation.node_id in free:
             cpus, memory = free[reservation.node_id]
             free[reservation.node_id] = (cpus - reservation.cpus, memory - reservation.memory_bytes)
+            _take_gpus(
+                free_gpus[reservation.node_id],
+                [{"index": index, "memory_bytes": size} for index, size in reservation.gpus],
+            )
     runtime = filled.get("runtime")
     wanting: list[tuple[int, dict[str, Any]]] = []
     for index, placement in enumerate(placements):
@@ -201,11 +227,22 @@ def complete(
             given_cpus, given_memory = limits.get("cpus"), limits.get("memory_bytes")
             if isinstance(given_cpus, int | float) and isinstance(given_memory, int | float):
                 free[node.node_id] = (cpus - given_cpus, memory - given_memory)
+            if "gpus" not in limits:
+                gpus = _gpu_suggestion(node, engine, runtime, free_gpus[node.node_id])
+                if gpus is not None:
+                    limits["gpus"] = gpus
+                    suggested.append(f"{where}.limits.gpus")
+            elif isinstance(limits["gpus"], list):
+                _take_gpus(free_gpus[node.node_id], limits["gpus"])
     # The replicas suggested on one node share its free CPUs.
     sharing = Counter(placement["node_id"] for _, placement in wanting)
     for index, placement in wanting:
         share = free[placement["node_id"]][0] / sharing[placement["node_id"]]
         placement["limits"] = {"cpus": _cpus(share), "memory_bytes": estimate}
+        node = by_id[placement["node_id"]]
+        gpus = _gpu_suggestion(node, engine, runtime, free_gpus[node.node_id])
+        if gpus is not None:
+            placement["limits"]["gpus"] = gpus
         suggested.append(f"$.placements[{index}].limits")
     first = placements[0] if placements and isinstance(placements[0], dict) else {}
     node = by_id.get(first.get("node_id")) if isinstance(first.get("node_id"), str) else None
@@ -237,6 +274,21 @@ def complete(
         filled["image_executable"] = found.executable
         suggested.append("$.image_executable")
     return Suggestion(document=filled, suggested=tuple(suggested))
+
+
+def _take_gpus(free: dict[int, int], gpus: list[Any]) -> None:
+    """Take the given ``gpus`` (a placement's, as the document says) from ``free``."""
+    for gpu in gpus:
+        if isinstance(gpu, dict) and gpu.get("index") in free:
+            size = gpu.get("memory_bytes")
+            if isinstance(size, int) and not isinstance(size, bool):
+                free[gpu["index"]] -= size
+
+
+def _free_gpus(node: PlacementNode) -> dict[int, int]:
+    if node.snapshot is None:
+        return {}
+    return {device.index: device.memory_bytes for device in node.snapshot.resources.gpus}
 
 
 def _free(node: PlacementNode) -> tuple[float, int]:

@@ -61,18 +61,22 @@ class LocalNodeLink:
 class ConnectionLink:
     """Commands to a remote node over its connection, each matched to its reply by ID."""
 
-    def __init__(self, channel: MessageChannel, *, timeout: float = 60.0) -> None:
+    def __init__(
+        self, channel: MessageChannel, *, timeout: float = 60.0, node: str | None = None
+    ) -> None:
         self.channel = channel
         self.timeout = timeout
+        #: The node's name, for the refusals that say its agent is unreachable.
+        self.node = node
         self._pending: dict[str, list[Any]] = {}
         self._closed = False
         #: The node's endpoint action, relayed over this connection.
-        self.endpoint = RelayEndpoint(channel.send)
+        self.endpoint = RelayEndpoint(channel.send, node=node)
 
     async def call(self, message: dict[str, Any]) -> dict[str, Any]:
         """Send one command and wait (bounded) for its reply."""
         if self._closed:
-            raise NodeGone("the node's connection closed")
+            raise NodeGone("its connection closed", node=self.node)
         request_id = secrets.token_hex(8)
         slot: list[Any] = [trio.Event()]
         self._pending[request_id] = slot
@@ -89,7 +93,7 @@ class ConnectionLink:
         finally:
             self._pending.pop(request_id, None)
         if len(slot) == 1:
-            raise NodeGone("the node's connection closed")
+            raise NodeGone("its connection closed", node=self.node)
         return raise_for_reply(slot[1])
 
     def deliver(self, message: dict[str, Any]) -> None:

@@ -96,9 +96,15 @@ class RelayEndpoint:
     """
 
     def __init__(
-        self, send: Send, *, open_timeout: float = 60.0, idle_timeout: float = 60.0
+        self,
+        send: Send,
+        *,
+        open_timeout: float = 60.0,
+        idle_timeout: float = 60.0,
+        node: str | None = None,
     ) -> None:
         self._send = send
+        self._node = node
         self.open_timeout = open_timeout
         self.idle_timeout = idle_timeout
         self._outbox_in, self._outbox = trio.open_memory_channel[str | bytes](math.inf)
@@ -175,7 +181,7 @@ class RelayEndpoint:
     ) -> None:
         """Open a stream on the node's engine; raise the node's refusal as its own class."""
         if self._closed:
-            raise NodeGone("the node's connection closed")
+            raise NodeGone("its connection closed", node=self._node)
         if (fence.attempt_id, stream_id) in self._streams:
             raise executor_errors.StreamExists(
                 f"stream {stream_id!r} is already open on attempt {fence.attempt_id!r}",
@@ -316,6 +322,6 @@ class RelayEndpoint:
             channel.queue.push(
                 StreamFailed(code="peer_lost", message="the node's connection closed")
             )
-            channel.refused = channel.refused or NodeGone("the node's connection closed")
+            channel.refused = channel.refused or NodeGone("its connection closed", node=self._node)
             channel.opened.set()
             channel.acknowledged.set()

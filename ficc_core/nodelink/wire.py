@@ -55,10 +55,28 @@ _KNOWN: dict[str, type[FiccError]] = {
 
 
 class NodeGone(FiccError):
-    """The node could not answer: its connection closed."""
+    """The node's agent cannot be reached: it is not connected here, or its connection closed.
 
-    status = 409
+    502 "agent on node gpu-1 is unreachable", with details ``node``, ``reason``
+    (``agent_unreachable``), ``raw_error`` (``cause``) and, when the caller says,
+    ``action``.
+    """
+
+    status = 502
     code = "node_unavailable"
+
+    def __init__(
+        self,
+        cause: str = "its connection closed",
+        *,
+        node: str | None = None,
+        action: str | None = None,
+    ) -> None:
+        details = {"node": node, "reason": "agent_unreachable", "raw_error": cause}
+        if action is not None:
+            details["action"] = action
+        where = "the node" if node is None else f"node {node}"
+        super().__init__(f"agent on {where} is unreachable", details=details)
 
 
 class NodeTimeout(NodeGone):
@@ -66,6 +84,9 @@ class NodeTimeout(NodeGone):
 
     status = 504
     code = "node_timeout"
+
+    def __init__(self, message: str, **kwargs: Any) -> None:
+        FiccError.__init__(self, message, **kwargs)
 
 
 # -- errors ------------------------------------------------------------------------------------

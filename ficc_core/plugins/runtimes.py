@@ -18,6 +18,7 @@ from typing import Any
 import attrs
 
 from ..hookspecs import API_VERSION
+from ..schema._convert import MAX_SAFE_INTEGER
 from ..schema.spec import IDENTIFIER_PATTERN
 from .registries import _Entry, _Registry
 
@@ -38,6 +39,10 @@ class DeclaredRuntime:
     :ivar engines: the engines (adapters) it serves, such as ``llama_cpp``.
     :ivar isolation: the isolation its provider applies, as a specification's runtime names it.
     :ivar network: the network the engine may use (``none`` for a managed service).
+    :ivar requires_gpu: whether it runs only on a node with a GPU (create, replace,
+        start and move refuse it elsewhere with ``tier_mismatch``).
+    :ivar default_gpu_memory_bytes: the device memory a preview suggests a replica
+        reserves on a GPU; None: no suggestion.
     """
 
     name: str
@@ -47,6 +52,8 @@ class DeclaredRuntime:
     engines: tuple[str, ...] = attrs.field(default=(), converter=tuple)
     isolation: str | None = None
     network: str | None = None
+    requires_gpu: bool = False
+    default_gpu_memory_bytes: int | None = None
 
 
 class RuntimeRegistry(_Registry):
@@ -64,13 +71,17 @@ class RuntimeRegistry(_Registry):
         engines: Iterable[str],
         isolation: str,
         network: str = "none",
+        requires_gpu: bool = False,
+        default_gpu_memory_bytes: int | None = None,
     ) -> None:
         """Declare the runtime ``name``: the executable ``provider`` runs for ``engines``.
 
-        Raise ``PluginError``, naming the registering plugin's distribution, when
-        the name is taken or invalid, the executable is not an absolute path, no
-        engine is named, or an engine, provider, isolation or network is not an
-        identifier.
+        ``requires_gpu`` and ``default_gpu_memory_bytes`` are optional (CPU-capable, no
+        suggestion). Raise ``PluginError``, naming the registering plugin's
+        distribution, when the name is taken or invalid, the executable is not an
+        absolute path, no engine is named, an engine, provider, isolation or network
+        is not an identifier, ``requires_gpu`` is not a boolean or
+        ``default_gpu_memory_bytes`` is not a positive integer.
         """
         declaration = {
             "provider": provider,
@@ -78,6 +89,8 @@ class RuntimeRegistry(_Registry):
             "engines": engines,
             "isolation": isolation,
             "network": network,
+            "requires_gpu": requires_gpu,
+            "default_gpu_memory_bytes": default_gpu_memory_bytes,
         }
         super().add(name, declaration)
 
@@ -107,6 +120,19 @@ class RuntimeRegistry(_Registry):
             raise self._refuse(
                 name, f"has executable {executable!r}, which is not an absolute path"
             )
+        requires_gpu = factory["requires_gpu"]
+        if not isinstance(requires_gpu, bool):
+            raise self._refuse(name, f"has requires_gpu {requires_gpu!r}: give true or false")
+        memory = factory["default_gpu_memory_bytes"]
+        if memory is not None and (
+            isinstance(memory, bool)
+            or not isinstance(memory, int)
+            or not 0 < memory <= MAX_SAFE_INTEGER
+        ):
+            raise self._refuse(
+                name,
+                f"has default_gpu_memory_bytes {memory!r}: give a positive number of bytes",
+            )
         runtime = DeclaredRuntime(
             name=name,
             provider=factory["provider"],
@@ -114,6 +140,8 @@ class RuntimeRegistry(_Registry):
             engines=engines,
             isolation=factory["isolation"],
             network=factory["network"],
+            requires_gpu=requires_gpu,
+            default_gpu_memory_bytes=memory,
         )
         return _Entry(name, runtime, self._origin, API_VERSION)
 

@@ -103,6 +103,10 @@ class InstalledRuntime:
     :ivar executable: the absolute path of its engine executable (``image_executable``).
     :ivar isolation: the isolation a specification's runtime binds for it.
     :ivar network: the network a specification's runtime binds for it.
+    :ivar requires_gpu: true when the runtime runs only on a node with a GPU (left out,
+        like false, for a runtime that also runs on CPUs).
+    :ivar default_gpu_memory_bytes: the device memory a replica usually reserves on each
+        of its GPUs, which a preview suggests (left out: no suggestion).
     """
 
     name: str = attrs.field(validator=_identifier)
@@ -117,6 +121,10 @@ class InstalledRuntime:
     executable: str | None = attrs.field(default=None, validator=_optional(_text(4096)))
     isolation: str | None = attrs.field(default=None, validator=_optional(_identifier))
     network: str | None = attrs.field(default=None, validator=_optional(_identifier))
+    requires_gpu: bool | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.instance_of(bool))
+    )
+    default_gpu_memory_bytes: int | None = integer(1, MAX_SAFE_INTEGER, default=None)
 
 
 def _labels(_instance: Any, attribute: "attrs.Attribute[Any]", value: Any) -> None:

@@ -28,7 +28,11 @@ def executable() -> Path:
 
 @hookimpl
 def ficc_register_runtimes(registry: RuntimeRegistry) -> None:
-    """Declare llama_server: llama.cpp's server for the llama_cpp adapter, run as a process."""
+    """Declare llama_server: llama.cpp's server for the llama_cpp adapter, run as a process.
+
+    It runs on CPUs (a GPU build offloads layers when a placement reserves a GPU), so
+    it does not require a GPU and suggests no GPU memory.
+    """
     registry.add(
         RUNTIME,
         provider="process",
@@ -36,4 +40,5 @@ def ficc_register_runtimes(registry: RuntimeRegistry) -> None:
         engines=["llama_cpp"],
         isolation="process",
         network="none",
+        requires_gpu=False,
     )
