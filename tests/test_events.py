@@ -199,3 +199,21 @@ async def test_node_state_changes_are_events_with_their_reasons(service):
             found[3].message == "node gpu-1: lost → connected: its heartbeats arrive again "
             "(no heartbeat for 35 s)"
         )
+
+
+async def test_a_failing_after_commit_callback_leaves_the_committed_change_standing(
+    service, caplog
+):
+    def write(tx):
+        event = _service_event(tx, "svc_a", 1.0)
+
+        def broken() -> None:
+            raise RuntimeError("a broken log handler")
+
+        tx.after_commit(broken)
+        return event
+
+    with trio.fail_after(10):
+        event = await service.store.write(write)
+    assert await service.store.read(events.count) == 1 and event.id > 0
+    assert "a callback after a committed transaction failed" in caplog.text
