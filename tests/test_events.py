@@ -97,6 +97,25 @@ async def test_a_service_s_listing_includes_its_nodes_state_changes_since_it_was
         own = await service.store.read(lambda tx: events.for_node(tx, "gpu-1", limit=10))
         assert [e.at for e in own] == [50.0, 110.0]
 
+        # Merged in ID order, the bound and the cursor hold across both.
+        def more(tx):
+            for at in (130.0, 140.0):
+                _node_event(tx, "gpu-1", at)
+                _service_event(tx, "svc_a", at + 1)
+
+        await service.store.write(more)
+
+        def page(after, limit):
+            return lambda tx: [
+                e.at
+                for e in events.for_service(
+                    tx, "svc_a", node_ids=["gpu-1"], nodes_since=100.0, after=after, limit=limit
+                )
+            ]
+
+        assert await service.store.read(page(None, 3)) == [131.0, 140.0, 141.0]
+        assert await service.store.read(page(read[0].id, 3)) == [110.0, 130.0, 131.0]
+
 
 async def test_an_event_exists_and_is_logged_only_when_its_change_committed(service, caplog):
     caplog.set_level(logging.INFO, logger="ficc.events")
@@ -199,3 +218,21 @@ async def test_node_state_changes_are_events_with_their_reasons(service):
             found[3].message == "node gpu-1: lost → connected: its heartbeats arrive again "
             "(no heartbeat for 35 s)"
         )
+
+
+async def test_a_failing_after_commit_callback_leaves_the_committed_change_standing(
+    service, caplog
+):
+    def write(tx):
+        event = _service_event(tx, "svc_a", 1.0)
+
+        def broken() -> None:
+            raise RuntimeError("a broken log handler")
+
+        tx.after_commit(broken)
+        return event
+
+    with trio.fail_after(10):
+        event = await service.store.write(write)
+    assert await service.store.read(events.count) == 1 and event.id > 0
+    assert "a callback after a committed transaction failed" in caplog.text

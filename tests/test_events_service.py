@@ -20,9 +20,26 @@ def _stopped(view: dict) -> bool:
     return view["state"] == "stopped" and view["desired"] == "stopped"
 
 
-def _gave_up(view: dict) -> bool:
-    """Its second attempt failed too: the replica stopped retrying (give_up_after 2)."""
-    return view["replicas"][0]["attempt"] == 2 and view["replicas"][0]["state"] == "failed"
+async def _gave_up(controller, service_id: str) -> None:
+    """Wait until its second attempt failed too, the replica stopped retrying
+    (give_up_after 2) and the service's last event says so: nothing changes after."""
+    while True:
+        events = (await _events(controller, service_id))["events"]
+        last = events[-1] if events else {"kind": None}
+        if last["kind"] == "service.state" and "stopped retrying" in (
+            last["details"]["reason"] or ""
+        ):
+            return
+        await trio.sleep(0.05)
+
+
+async def _control(controller, service_id: str, action: str) -> None:
+    """A control action at the current revision; read again when a write moved it between."""
+    for _ in range(5):
+        response = await controller.control(service_id, action)
+        if response.status_code != 409 or "stale_revision" not in response.text:
+            break
+    assert response.status_code == 200, response.text
 
 
 async def _events(controller, service_id: str, **params) -> dict:
@@ -53,10 +70,10 @@ async def test_each_change_of_a_failing_service_is_an_event_and_a_log_line(faili
         created = await controller.ok("POST", "/api/v1/inference", status=201, json=spec)
         service_id = created["id"]
         assert (await controller.control(service_id, "start")).status_code == 200
-        await controller.wait_service(service_id, _gave_up)
-        assert (await controller.control(service_id, "stop")).status_code == 200
+        await _gave_up(controller, service_id)
+        await _control(controller, service_id, "stop")
         await controller.wait_service(service_id, _stopped)
-        assert (await controller.control(service_id, "remove")).status_code == 200
+        await _control(controller, service_id, "remove")
         while (await controller.call("GET", f"/api/v1/inference/{service_id}")).status_code != 404:  # noqa: ASYNC110
             await trio.sleep(0.05)
 
@@ -117,7 +134,7 @@ async def test_the_events_route_pages_with_a_cursor_and_bounds_its_limit(failing
         created = await controller.ok("POST", "/api/v1/inference", status=201, json=spec)
         service_id = created["id"]
         assert (await controller.control(service_id, "start")).status_code == 200
-        await controller.wait_service(service_id, _gave_up)
+        await _gave_up(controller, service_id)
 
         everything = await _events(controller, service_id, limit=500)
         events = everything["events"]
@@ -203,7 +220,7 @@ async def test_the_cli_lists_follows_and_shows_the_recent_events(failing, monkey
         created = await controller.ok("POST", "/api/v1/inference", status=201, json=spec)
         service_id = created["id"]
         assert (await controller.control(service_id, "start")).status_code == 200
-        await controller.wait_service(service_id, _gave_up)
+        await _gave_up(controller, service_id)
         listed = (await controller.ok("GET", f"/api/v1/inference/{service_id}/events"))["events"]
 
         # By alias; the newest --limit, oldest first, as a table.
@@ -226,7 +243,7 @@ async def test_the_cli_lists_follows_and_shows_the_recent_events(failing, monkey
             naps.append(seconds)
             if len(naps) > 1:
                 raise KeyboardInterrupt
-            trio.from_thread.run(controller.control, service_id, "stop")
+            trio.from_thread.run(_control, controller, service_id, "stop")
             trio.from_thread.run(controller.wait_service, service_id, _stopped)
 
         monkeypatch.setattr(inference_events, "time", SimpleNamespace(sleep=nap))

@@ -262,7 +262,7 @@ MIGRATIONS: list[tuple[str, ...]] = [
             details TEXT NOT NULL DEFAULT '{}'
         )""",
         "CREATE INDEX events_service ON events(service_id, id)",
-        "CREATE INDEX events_node ON events(node_id, id)",
+        "CREATE INDEX events_node ON events(node_id, subject, id)",
         "CREATE INDEX events_at ON events(at)",
     ),
     # 11: what each attempt's executor last said of its engine: process ID, exit status
