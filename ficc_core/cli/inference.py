@@ -27,6 +27,7 @@ from .inference_io import (
     refusals,
     seconds,
 )
+from .inference_logs import logs
 from .options import url_flag
 from .output import echo_json, echo_table, json_option, when
 from .resolve import resolve
@@ -109,7 +110,7 @@ def list_services(ctx: click.Context, as_json: bool) -> None:
     echo_table(rows)
 
 
-for _command in (*COMMANDS, chat):
+for _command in (*COMMANDS, chat, logs):
     inference.add_command(_command)
 inference.add_command(create)
 
