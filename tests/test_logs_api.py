@@ -10,6 +10,7 @@ import trio
 
 from .inference_support import llama_spec, open_inference_controller
 from .logs_support import STARTUP_LINES, logging_engine, sse_items, tiny_model
+from .test_cli_inference import Cli
 
 
 def _agent(controller):
@@ -164,4 +165,63 @@ async def test_an_expired_ticket_is_refused_and_a_closed_client_ends_the_node_s_
             # The client went away: the follow ends on the node.
             with trio.fail_after(10):
                 while agent.open_follows:  # noqa: ASYNC110
+                    await trio.sleep(0.02)
+
+
+async def test_ficc_inference_logs_prints_the_last_lines_and_follows_to_the_end(tmp_path):
+    engine, settings = logging_engine(tmp_path)
+    with trio.fail_after(120):
+        async with open_inference_controller(tmp_path, agent_config=str(settings)) as controller:
+            service_id = await _service(controller, engine)
+            view = await _start(controller, service_id)
+            attempt_id = view["replicas"][0]["attempt_id"]
+            logs = f"/api/v1/inference/{service_id}/replicas/0/logs"
+            lines = (await controller.ok("GET", logs, params={"tail": 3}))["lines"]
+            cli = Cli(controller.url, controller.token)
+
+            printed = await cli.ok("logs", "smol", "--tail", "3")
+            assert printed.stdout.splitlines() == lines
+            assert f"attempt {attempt_id} (ready) on node local" in printed.stderr
+            refused = await cli("logs", "smol", "--replica", "4")
+            assert refused.exit_code == 1 and "replica_not_found" in refused.stderr
+            refused = await cli("logs", "smol", "--tail", "0")
+            assert refused.exit_code == 2
+
+            async def stop_once_followed() -> None:
+                while not _agent(controller).open_follows:  # noqa: ASYNC110
+                    await trio.sleep(0.02)
+                assert (await controller.control(service_id, "stop")).status_code == 200
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(stop_once_followed)
+                followed = await cli.ok("logs", service_id, "-f", "--tail", "1")
+            assert followed.stdout.splitlines()[0] == lines[-1]
+            assert "standin engine stopping" in followed.stdout
+            assert f"the attempt ended ({attempt_id})" in followed.stderr
+
+
+async def test_a_revoked_caller_s_stream_ends_with_an_error_event(tmp_path):
+    engine, settings = logging_engine(tmp_path)
+    with trio.fail_after(120):
+        async with open_inference_controller(
+            tmp_path, agent_config=str(settings), log_keepalive="200ms"
+        ) as controller:
+            service_id = await _service(controller, engine)
+            await _start(controller, service_id)
+            credential, reader = await controller.service.auth.create_credential(
+                "default", name="reader", scopes=frozenset({"inference:read"})
+            )
+            base = f"/api/v1/inference/{service_id}/replicas/0/logs"
+            ticket = (await controller.ok("POST", base + "/ticket", token=reader))["ticket"]
+            async with controller.http.stream(
+                "GET", base + "/stream", params={"ticket": ticket, "tail": 0}
+            ) as opened:
+                async with aclosing(sse_items(opened)) as items:
+                    assert await anext(items) == ("comment", "keepalive")
+                    await controller.ok("DELETE", f"/api/v1/tokens/{credential.id}")
+                    ended = [item async for item in items if item[0] != "comment"]
+            assert [kind for kind, _ in ended] == ["error"]
+            assert json.loads(ended[0][1])["error"]["code"] == "credential_revoked"
+            with trio.fail_after(10):
+                while _agent(controller).open_follows:  # noqa: ASYNC110
                     await trio.sleep(0.02)

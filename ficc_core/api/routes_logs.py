@@ -22,6 +22,7 @@ the invoke path (admission slots, the gateway) is held.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import TYPE_CHECKING, Any
@@ -40,6 +41,8 @@ if TYPE_CHECKING:
 
     from ..auth import Principal
     from ..controller.service import Service
+
+log = logging.getLogger("ficc.api")
 
 _PREFIX = "/api/v1/inference/<service_id>/replicas/<int:replica>/logs"
 #: What a stream's follow task hands its response when the log ended.
@@ -79,13 +82,16 @@ async def _follow_into(
                 async for line in follow:
                     await send.send(line)
             await send.send(_END)
-        except FiccError as exc:
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass  # the response went away first
+        except Exception as exc:  # the application's nursery must never see it
+            if not isinstance(exc, FiccError):
+                log.exception("a log follow failed")
+                exc = FiccError("the log follow failed; see the controller's log")
             try:
                 await send.send(exc)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 pass
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            pass  # the response went away first
 
 
 async def _events(
@@ -157,6 +163,11 @@ def register(app: QuartTrio, service: Service) -> None:
         redeemed = await tickets.redeem(
             request.args.get("ticket", ""), "logs", subject(service_id, replica)
         )
+        nursery: trio.Nursery | None = getattr(app, "nursery", None)
+        if nursery is None:  # only an application served without its lifespan lacks it
+            raise FiccError(
+                "live streams need the served application", code="stream_unavailable", status=503
+            )
         principal = redeemed.principal()
         attempt = await logs.latest_attempt(redeemed.project_id, service_id, replica)
         lines = logs.follow(attempt, tail)
@@ -165,7 +176,7 @@ def register(app: QuartTrio, service: Service) -> None:
         # buffer hands one line at a time, so a slow client holds back the node.
         send, received = trio.open_memory_channel[Any](0)
         scope = trio.CancelScope()
-        app.nursery.start_soon(_follow_into, lines, send, scope)
+        nursery.start_soon(_follow_into, lines, send, scope)
         body = _events(
             received,
             scope,
