@@ -213,3 +213,21 @@ async def test_the_embedded_agent_s_logs_come_through_the_same_link(tmp_path, ag
                     )
                 assert stale.value.code == "stale_fence"
                 nursery.cancel_scope.cancel()
+
+
+async def test_the_logs_command_answers_lines_and_refuses_a_bad_tail():
+    from ficc_core.nodelink.commands import run_command
+    from ficc_core.schema import unstructure
+
+    class Target:
+        stop_grace = 1.0
+
+        async def logs(self, fence: Fence, tail: int = 100) -> list[str]:
+            return [f"line {n}" for n in range(10)][-tail:] if tail else []
+
+    fence = unstructure(new_fence())
+    reply = await run_command(Target(), {"op": "logs", "fence": fence, "tail": 3})
+    assert reply == {"ok": True, "lines": ["line 7", "line 8", "line 9"]}
+    for tail in ("3", -1, 2.5, True):
+        reply = await run_command(Target(), {"op": "logs", "fence": fence, "tail": tail})
+        assert reply["ok"] is False and reply["error"]["code"] == "bad_command", tail

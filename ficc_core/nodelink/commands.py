@@ -81,8 +81,10 @@ async def run_command(target: CommandTarget, message: dict[str, Any]) -> dict[st
         elif op == "status":
             status = await target.status(fence)
         elif op == "logs":
-            lines = await target.logs(fence, max(0, int(message.get("tail", 100))))
-            return {"ok": True, "lines": log_lines(lines)}
+            tail = message.get("tail", 100)
+            if not isinstance(tail, int) or isinstance(tail, bool) or tail < 0:
+                raise FiccError("tail must be a whole number", code="bad_command", status=400)
+            return {"ok": True, "lines": log_lines(await target.logs(fence, tail))}
         else:
             raise FiccError(f"unknown command {op!r}", code="unknown_command", status=400)
     except FiccError as exc:

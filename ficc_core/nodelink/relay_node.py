@@ -180,7 +180,9 @@ class RelayServer:
     async def _open_logs(self, channel: _Relayed, message: dict[str, Any]) -> _Stream:
         fence = structure(message.get("fence"), Fence, what="fence")
         tail = message.get("tail")
-        lines = self.agent.follow_logs(fence, None if tail is None else max(0, int(tail)))
+        if not (tail is None or (isinstance(tail, int) and tail >= 0)):
+            raise FiccError("tail must be a whole number or null", code="relay_refused")
+        lines = self.agent.follow_logs(fence, tail)
 
         async def next_line() -> ReadEvent:
             try:
