@@ -19,14 +19,19 @@ STARTUP_LINES = 30
 
 _ENGINE = """#!{python}
 # A stand-in for llama-server: prints numbered lines, then serves the stand-in engine's
-# routes (health, the OpenAI ones) on the Unix socket it is given with --host.
-import os, sys
+# routes (health, the OpenAI ones) on the Unix socket it is given with --host. Health
+# probes leave no line, so the log changes only when the test makes it.
+import sys
+from ficc_core.testing import standin_engine
 argv = sys.argv[1:]
 sock = argv[argv.index("--host") + 1]
 for number in range({lines}):
     print(f"fake llama-server line {{number}}", flush=True)
-os.execv(sys.executable, [sys.executable, "-m", "ficc_core.testing.standin_engine",
-                          "--socket", sock])
+quiet = standin_engine._Handler.log_message
+standin_engine._Handler.log_message = (
+    lambda self, form, *args: None if "/health" in form % args else quiet(self, form, *args)
+)
+standin_engine.main(["--socket", sock])
 """
 
 
@@ -78,3 +83,15 @@ async def sse_items(response: httpx.Response) -> AsyncIterator[tuple[str, Any]]:
         elif line == "" and data:
             yield event or "data", "\n".join(data)
             event, data = "", []
+
+
+async def settled_log(controller: Controller, service_id: str) -> list[str]:
+    """Wait until a ready replica 0's log ends with the stand-in's listening line (it
+    writes nothing more while nobody calls it); return its lines."""
+    path = f"/api/v1/inference/{service_id}/replicas/0/logs"
+    with trio.fail_after(10):
+        while True:
+            lines = (await controller.ok("GET", path, params={"tail": 1000}))["lines"]
+            if lines and "standin engine listening on" in lines[-1]:
+                return lines
+            await trio.sleep(0.05)

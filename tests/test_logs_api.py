@@ -9,7 +9,7 @@ from contextlib import aclosing
 import trio
 
 from .inference_support import llama_spec, open_inference_controller
-from .logs_support import STARTUP_LINES, logging_engine, sse_items, tiny_model
+from .logs_support import STARTUP_LINES, logging_engine, settled_log, sse_items, tiny_model
 from .test_cli_inference import Cli
 
 
@@ -26,7 +26,9 @@ async def _service(controller, engine) -> str:
 
 async def _start(controller, service_id: str) -> dict:
     assert (await controller.control(service_id, "start")).status_code == 200
-    return await controller.wait_service(service_id, lambda view: view["state"] == "ready")
+    view = await controller.wait_service(service_id, lambda view: view["state"] == "ready")
+    await settled_log(controller, service_id)
+    return view
 
 
 async def _ticket(controller, service_id: str, replica: int = 0) -> str:

@@ -41,10 +41,12 @@ async def _print_lines(endpoint, fence: Fence, count: int) -> None:
 
 
 async def _until_in_log(registry, node: str, fence: Fence, text: str) -> list[str]:
+    """Wait until the log holds ``text`` and ends with the stand-in's access line for its
+    last ``/log`` request (written after the lines it printed); return its last lines."""
     with trio.fail_after(10):
         while True:
             lines = await registry.logs(node, fence, 1000)
-            if any(text in line for line in lines):
+            if any(text in line for line in lines) and '"POST /log HTTP/1.1" 200' in lines[-1]:
                 return lines
             await trio.sleep(0.05)
 

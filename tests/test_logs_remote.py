@@ -17,7 +17,7 @@ import pytest
 import trio
 
 from .inference_support import Controller
-from .logs_support import STARTUP_LINES, logging_engine, sse_items, tiny_model
+from .logs_support import STARTUP_LINES, logging_engine, settled_log, sse_items, tiny_model
 from .serve_support import FICC, ServeProcess
 from .test_agent_processes import ExecutorProcess, _add_node, agent_dir  # noqa: F401
 
@@ -77,7 +77,9 @@ async def _ready_service(controller: Controller, engine: Path) -> dict:
     created = await controller.ok("POST", "/api/v1/inference", status=201, json=spec)
     assert (await controller.control(created["id"], "start")).status_code == 200
     with trio.fail_after(60):
-        return await controller.wait_service(created["id"], lambda v: v["state"] == "ready")
+        view = await controller.wait_service(created["id"], lambda v: v["state"] == "ready")
+    await settled_log(controller, created["id"])
+    return view
 
 
 def _digest(engine: Path) -> str:
