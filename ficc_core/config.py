@@ -282,6 +282,14 @@ class Config:
         kind="int",
         validator=attrs.validators.ge(1),
     )
+    log_keepalive: float = _setting(
+        25.0,
+        "How often a live log stream (logs/stream) sends a ': keepalive' comment while the "
+        "log is quiet, so reverse proxies and load balancers do not drop it as idle (their "
+        "idle timeouts are often 30 or 60 s) (duration).",
+        kind="duration",
+        validator=attrs.validators.gt(0),
+    )
 
     @property
     def blobs_path(self) -> Path:

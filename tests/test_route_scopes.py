@@ -64,8 +64,8 @@ async def test_every_non_public_route_refuses_a_request_without_credential(app, 
     for rule, method, path in _routes(app):
         access = ROUTE_ACCESS[rule.endpoint]
         response = await _call(client, method, path)
-        if access.node:
-            # Only a node credential opens it: without one, the handler answers 401.
+        if access.node or access.ticket:
+            # Only a node credential (a ticket) opens it: without one, the handler answers 401.
             assert response.status_code == 401, (method, path)
         elif access.public:
             assert response.status_code not in (401, 403), (method, path)
@@ -93,6 +93,23 @@ async def test_every_route_refuses_a_credential_lacking_any_one_required_scope(
             assert error["details"]["missing"] == [scope]
             checked += 1
     assert checked >= 9
+
+
+async def test_a_ticket_route_refuses_a_bearer_credential_without_a_ticket(
+    app, client, service, bootstrap
+):
+    token = await issue_token(service, scopes=set(ALL_SCOPES), name="everything")
+    checked = 0
+    for rule, method, path in _routes(app):
+        if not ROUTE_ACCESS[rule.endpoint].ticket:
+            continue
+        response = await _call(client, method, path, bearer(token))
+        assert response.status_code == 401, (method, path)
+        error = (await response.get_json())["error"]
+        assert error["code"] == "ticket_invalid"
+        assert error["details"]["reason"] == "missing"
+        checked += 1
+    assert checked >= 1
 
 
 async def test_a_credential_holding_the_scopes_gets_past_authorisation(

@@ -17,7 +17,8 @@ from __future__ import annotations
 import logging
 import math
 import os
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections import OrderedDict
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -43,6 +44,8 @@ log = logging.getLogger("ficc.agent")
 
 #: How long a lease lasts when the controller does not say.
 DEFAULT_LEASE = 30.0
+#: Attempts whose logs stay readable here after they ended (the newest launched kept).
+LOGS_KEPT = 256
 
 
 @attrs.define(eq=False)
@@ -98,6 +101,10 @@ class Agent:
         #: Fetches blob inputs this node lacks (a remote agent sets it; the embedded
         #: agent reads the controller's blob store in place and needs none).
         self.stager: Stager | None = None
+        #: The provider and fence of the attempts launched here, for their logs (bounded).
+        self._launched: OrderedDict[str, tuple[str, Fence]] = OrderedDict()
+        #: Log follows running on this agent now (a follow ends with its stream or attempt).
+        self.open_follows = 0
 
     @classmethod
     def from_plugins(
@@ -219,6 +226,9 @@ class Agent:
         held = self._leases[fence.attempt_id] = Lease(
             provider, fence, trio.current_time() + (lease or self.lease_duration)
         )
+        self._launched[fence.attempt_id] = (provider, fence)
+        while len(self._launched) > LOGS_KEPT:
+            self._launched.popitem(last=False)
         self._hold(held)
         self._wake()
         return status
@@ -281,6 +291,48 @@ class Agent:
                 }
             )
         return found
+
+    # -- logs (an attempt's log stays readable after it ended) -------------------------------
+
+    def _log_provider(self, fence: Fence) -> ExecutorProvider:
+        known = self._launched.get(fence.attempt_id)
+        check_fence({} if known is None else {fence.attempt_id: known[1]}, fence)
+        return self.providers[self._launched[fence.attempt_id][0]]
+
+    async def logs(self, fence: Fence, tail: int = 100) -> list[str]:
+        """The last ``tail`` lines of the attempt's log, while it runs and after it ended."""
+        return await self._log_provider(fence).logs(fence, tail)
+
+    def follow_logs(self, fence: Fence, tail: int | None = None) -> AsyncGenerator[str, None]:
+        """The attempt's log lines (the last ``tail``, then new ones) until the attempt ends.
+
+        Refuses an unknown attempt or a stale fence at once; closing the generator
+        ends the follow. :attr:`open_follows` counts those running.
+        """
+        return self._follow(self._log_provider(fence), fence, tail)
+
+    async def _follow(
+        self, provider: ExecutorProvider, fence: Fence, tail: int | None
+    ) -> AsyncGenerator[str, None]:
+        self.open_follows += 1
+        log.info("following the log of attempt %s", fence.attempt_id)
+        ended = False
+        lines = provider.follow_logs(fence, tail)
+        try:
+            async for line in lines:
+                yield line
+            ended = True
+        finally:
+            self.open_follows -= 1
+            log.info(
+                "stopped following the log of attempt %s (%s; %d follows open)",
+                fence.attempt_id,
+                "the log ended" if ended else "the follow was closed",
+                self.open_follows,
+            )
+            close = getattr(lines, "aclose", None)
+            if close is not None:
+                await close()
 
     # -- the endpoint action (no lease work happens here) ----------------------------------
 

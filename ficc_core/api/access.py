@@ -22,16 +22,23 @@ class Access:
     ``node`` routes skip bearer authentication: their handler accepts a node
     credential and nothing else (every other credential gets 401). They are the
     WebSocket agents dial and the blob download nodes stage inputs from.
+
+    ``ticket`` routes skip it too: their handler accepts a single-use ticket in the
+    query (:mod:`ficc_core.auth.tickets`), minted by a route that holds ``scopes``,
+    and nothing else (a bearer credential alone gets 401), so a stream a browser
+    opens from a URL never carries a long-lived credential.
     """
 
     public: bool = False
     scopes: frozenset[str] = frozenset()
     node: bool = False
+    ticket: bool = False
 
 
 PUBLIC = Access(public=True)
 AUTHENTICATED = Access()
 NODE = Access(public=True, node=True)
+TICKET = Access(public=True, ticket=True)
 
 
 def needs(*scopes: str) -> Access:
@@ -315,6 +322,32 @@ ROUTES: dict[str, Route] = {
         "what happened to the service, its replicas and attempts, and the nodes they ran "
         "on, oldest first: the newest `limit` (default 100, at most 500), or the first "
         "`limit` after event `after`; `next_after` reads on",
+    ),
+    "inference_logs": Route(
+        "GET",
+        "/api/v1/inference/{id}/replicas/{n}/logs?tail=N",
+        needs(s.INFERENCE_READ),
+        "the last `tail` (1..1000, default 100) lines of replica `n`'s latest attempt's "
+        "engine log, from its node: `{lines, attempt_id, attempt_state, node_id, ...}`; an "
+        "unknown replica is 404 `replica_not_found`, one never started 422 "
+        "`replica_not_started`",
+    ),
+    "inference_logs_ticket": Route(
+        "POST",
+        "/api/v1/inference/{id}/replicas/{n}/logs/ticket",
+        needs(s.INFERENCE_READ),
+        "`{ticket, expires_at}`: a single-use ticket for that replica's log stream, valid "
+        "60 s, bound to the caller (revoking it invalidates the ticket)",
+    ),
+    "inference_logs_stream": Route(
+        "GET",
+        "/api/v1/inference/{id}/replicas/{n}/logs/stream?ticket=T&tail=N",
+        TICKET,
+        "`text/event-stream`: the last `tail` lines (default 100), then new ones, one per "
+        "`data:` event; a `: keepalive` comment every `log_keepalive`; `event: end` when "
+        "the attempt ends; a missing, used, expired or foreign ticket is 401 "
+        "`ticket_invalid`",
+        "a ticket from `.../logs/ticket` only",
     ),
     # the inference gateway (the gateway checks the service binding and the project)
     "invoke_models": Route(

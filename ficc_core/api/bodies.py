@@ -116,6 +116,16 @@ def query_number(name: str) -> float | None:
     return value
 
 
+def query_bounded(name: str, low: int, high: int, default: int) -> int:
+    """The query parameter ``name``: an integer from ``low`` to ``high``; ``default`` if absent."""
+    if request.args.get(name) is None:
+        return default
+    value = query_integer(name)
+    if not low <= value <= high:
+        raise _bad_query(name, f"must be from {low} to {high}")
+    return value
+
+
 def _bad_query(name: str, message: str) -> InvalidRequest:
     return InvalidRequest(
         f"the query parameter {name} is invalid: {message}",

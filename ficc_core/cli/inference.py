@@ -29,6 +29,7 @@ from .inference_io import (
     refusals,
     seconds,
 )
+from .inference_logs import logs
 from .inference_status import echo_replicas, fetch_status
 from .options import url_flag
 from .output import echo_json, echo_table, json_option, when
@@ -124,7 +125,7 @@ def list_services(ctx: click.Context, as_json: bool) -> None:
     echo_table(rows)
 
 
-for _command in (*COMMANDS, chat):
+for _command in (*COMMANDS, chat, logs):
     inference.add_command(_command)
 inference.add_command(create)
 inference.add_command(events)

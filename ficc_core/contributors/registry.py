@@ -5,14 +5,14 @@ module: enrolment and node credentials (:mod:`.credentials`), node states from
 connections, heartbeats and silence (:mod:`.states`), what each node should run
 and may download (:mod:`.assignments`), and the connections this process serves
 (:mod:`.live`). It adds what needs several of them: reading nodes, and the
-commands sent to connected nodes (launch, stop, status, the endpoint action).
+commands sent to connected nodes (launch, stop, status, logs, the endpoint action).
 All SQL is in :mod:`.repository`.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -354,6 +354,28 @@ class NodeRegistry:
             {"op": "status", "fence": unstructure(fence)}
         )
         return status_from_wire(reply["status"])
+
+    async def logs(self, node_id: str, fence: Fence, tail: int = 100) -> list[str]:
+        """The last ``tail`` lines of an attempt's log on a connected node (also once ended).
+
+        Raises ``node_unavailable`` when the node is not connected to this controller.
+        """
+        reply = await self.live.require_link(node_id).call(
+            {"op": "logs", "fence": unstructure(fence), "tail": tail}
+        )
+        return [str(line) for line in reply.get("lines", ())]
+
+    def follow_logs(
+        self, node_id: str, fence: Fence, tail: int | None = None
+    ) -> AsyncIterator[str]:
+        """Follow an attempt's log on a connected node: the last ``tail`` lines, then new ones.
+
+        Bounded and backpressured like the endpoint action (a remote node's follow is
+        a relayed stream); it ends when the attempt's log closes, and closing the
+        iterator ends the follow on the node. Raises ``node_unavailable`` when the
+        node is not connected to this controller.
+        """
+        return self.live.require_link(node_id).follow_logs(fence, tail)
 
     # -- what the controller wants each node to run ---------------------------------------------
 

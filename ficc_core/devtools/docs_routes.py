@@ -28,6 +28,8 @@ def describe(access: Access) -> str:
     """Who may call a route, in words."""
     if access.node:
         return "node credential only"
+    if access.ticket:
+        return "single-use ticket only"
     if access.public:
         return "public"
     if not access.scopes:

@@ -244,10 +244,11 @@ class SupervisingProvider:
         """Return the last ``tail`` lines of the attempt's log."""
         return await self._attempt(fence).log.tail(tail)
 
-    async def follow_logs(self, fence: Fence) -> AsyncIterator[str]:
-        """Yield every log line from the start, then new ones, until the attempt ends."""
+    async def follow_logs(self, fence: Fence, tail: int | None = None) -> AsyncIterator[str]:
+        """Yield every log line from the start (or the last ``tail``), then new ones, until
+        the attempt ends."""
         attempt = self._attempt(fence)
-        async for line in attempt.log.follow():
+        async for line in attempt.log.follow(tail):
             yield line
 
     async def open(

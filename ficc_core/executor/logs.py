@@ -81,9 +81,17 @@ class BoundedLog:
         text = data.decode("utf-8", "replace").splitlines()
         return text[-lines:] if lines > 0 else []
 
-    async def follow(self) -> AsyncIterator[str]:
-        """Yield every complete line from the start, then new ones, until closed."""
+    async def follow(self, tail: int | None = None) -> AsyncIterator[str]:
+        """Yield every complete line from the start, then new ones, until closed.
+
+        With ``tail``, start with only the last ``tail`` complete lines there are now
+        (``log.1`` included), then the new ones: nothing is missed or repeated between.
+        """
         position, generation_size, pending = 0, 0, b""
+        if tail is not None:
+            lines, position, generation_size = await trio.to_thread.run_sync(self._last_lines, tail)
+            for line in lines:
+                yield line
         while True:
             closed = self._closed
             data, position, generation_size = await trio.to_thread.run_sync(
@@ -113,3 +121,20 @@ class BoundedLog:
             file.seek(position)
             data = file.read(1024 * 1024)
         return data, position + len(data), stat.st_ino
+
+    def _last_lines(self, tail: int) -> tuple[list[str], int, int]:
+        """The last ``tail`` complete lines, and where (offset, inode) the next one starts."""
+        try:
+            previous = self.previous.read_bytes()
+        except FileNotFoundError:
+            previous = b""
+        try:
+            with open(self.path, "rb") as file:
+                inode = os.fstat(file.fileno()).st_ino
+                current = file.read()
+        except FileNotFoundError:
+            inode, current = 0, b""
+        end = current.rfind(b"\n") + 1
+        complete = (previous + current[:end]).split(b"\n")[:-1]
+        kept = complete[-tail:] if tail > 0 else []
+        return [line.decode("utf-8", "replace") for line in kept], end, inode

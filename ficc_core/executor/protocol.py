@@ -127,6 +127,10 @@ class ExecutorProvider(EndpointAction, Protocol):
         """Return the last ``tail`` lines of the attempt's bounded log."""
         ...
 
-    def follow_logs(self, fence: Fence) -> AsyncIterator[str]:
-        """Yield the attempt's log lines as they are written, until it ends."""
+    def follow_logs(self, fence: Fence, tail: int | None = None) -> AsyncIterator[str]:
+        """Yield the attempt's log lines as they are written, until it ends.
+
+        Every line from the start, or with ``tail`` only the last ``tail`` lines there
+        are when it starts, then the new ones (none missed or repeated between).
+        """
         ...

@@ -1,9 +1,12 @@
 """The node's end of commands: run one controller command on the node's agent.
 
-A command is a JSON object with an ``op`` (``launch``, ``stop``, ``status``) and
-its arguments in wire form; :func:`run_command` answers ``{"ok": true, "status":
-{...}}``, or ``{"ok": false, "error": {...}}`` with the refusal
-(:func:`~ficc_core.nodelink.wire.error_to_wire`).
+A command is a JSON object with an ``op`` (``launch``, ``stop``, ``status``,
+``logs``) and its arguments in wire form; :func:`run_command` answers ``{"ok":
+true, "status": {...}}`` (``logs``: ``{"ok": true, "lines": [...]}``, the newest
+lines that fit :data:`~ficc_core.nodelink.wire.MAX_LOG_REPLY`), or ``{"ok": false,
+"error": {...}}`` with the refusal (:func:`~ficc_core.nodelink.wire.error_to_wire`).
+Following a log is a relayed stream (:mod:`~ficc_core.nodelink.relay_node`), not a
+command.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import FiccError
 from ..schema import Fence, Job, ResourceLimits, Runtime, structure
-from .wire import error_to_wire, status_to_wire
+from .wire import error_to_wire, log_lines, status_to_wire
 
 if TYPE_CHECKING:
     from ..executor.types import AttemptStatus
@@ -47,6 +50,10 @@ class CommandTarget(Protocol):
         """Where the attempt stands."""
         ...
 
+    async def logs(self, fence: Fence, tail: int = 100) -> list[str]:
+        """The last ``tail`` lines of the attempt's log (also once it ended)."""
+        ...
+
 
 async def run_command(target: CommandTarget, message: dict[str, Any]) -> dict[str, Any]:
     """Run one command on ``target``; return its reply (refusals become ``ok: false``)."""
@@ -73,6 +80,11 @@ async def run_command(target: CommandTarget, message: dict[str, Any]) -> dict[st
             status = await target.stop(fence, float(message.get("grace", target.stop_grace)))
         elif op == "status":
             status = await target.status(fence)
+        elif op == "logs":
+            tail = message.get("tail", 100)
+            if not isinstance(tail, int) or isinstance(tail, bool) or tail < 0:
+                raise FiccError("tail must be a whole number", code="bad_command", status=400)
+            return {"ok": True, "lines": log_lines(await target.logs(fence, tail))}
         else:
             raise FiccError(f"unknown command {op!r}", code="unknown_command", status=400)
     except FiccError as exc:

@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import json
 import secrets
+from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
 import trio
 
 from ..executor.protocol import EndpointAction
+from ..schema import Fence
 from .commands import CommandTarget, run_command
 from .relay_controller import RelayEndpoint
+from .relay_node import RelaySource
 from .wire import NodeGone, NodeTimeout, raise_for_reply
 
 
@@ -40,9 +43,14 @@ class NodeLink(Protocol):
     async def call(self, message: dict[str, Any]) -> dict[str, Any]:
         """Run ``message`` on the node; return the reply of a successful command."""
 
+    def follow_logs(self, fence: Fence, tail: int | None = None) -> AsyncIterator[str]:
+        """The attempt's log lines on the node (the last ``tail``, then new ones) until
+        it ends; closing the iterator ends the follow on the node."""
 
-class LocalAgent(CommandTarget, EndpointAction, Protocol):
-    """An agent in this process: commands and the endpoint action, called directly."""
+
+class LocalAgent(CommandTarget, RelaySource, Protocol):
+    """An agent in this process: commands, the endpoint action and log follows, called
+    directly."""
 
 
 class LocalNodeLink:
@@ -56,6 +64,10 @@ class LocalNodeLink:
     async def call(self, message: dict[str, Any]) -> dict[str, Any]:
         """Run ``message`` on the local agent."""
         return raise_for_reply(await run_command(self.agent, message))
+
+    def follow_logs(self, fence: Fence, tail: int | None = None) -> AsyncIterator[str]:
+        """Follow the attempt's log on the local agent."""
+        return self.agent.follow_logs(fence, tail)
 
 
 class ConnectionLink:
@@ -95,6 +107,10 @@ class ConnectionLink:
         if len(slot) == 1:
             raise NodeGone("its connection closed", node=self.node)
         return raise_for_reply(slot[1])
+
+    def follow_logs(self, fence: Fence, tail: int | None = None) -> AsyncIterator[str]:
+        """Follow the attempt's log on the node, relayed within the stream window."""
+        return self.endpoint.follow_logs(fence, tail)
 
     def deliver(self, message: dict[str, Any]) -> None:
         """Hand a reply to the command waiting for it (unknown IDs are dropped)."""

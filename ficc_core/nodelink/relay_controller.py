@@ -8,7 +8,9 @@ JSON text (``{"type": "relay", "ch": N, ...}``); bytes travel in binary frames
 (:mod:`~ficc_core.nodelink.wire`):
 
 - controller → agent: kind 2 (a piece of a request body), then ``op: "open"``
-  with the fence, stream ID, method, path, headers and ``body_length``;
+  with the fence, stream ID, method, path, headers and ``body_length`` (or, to
+  follow an attempt's log, ``source: "logs"`` with the fence, stream ID and
+  ``tail``: each log line is then one body chunk, cut at 8 KiB);
   ``op: "credit"`` (``n``: events the controller has read and may take again);
   ``op: "cancel"``;
 - agent → controller: ``event: "opened"`` or ``"refused"`` (with ``error``), then
@@ -32,7 +34,8 @@ the engine connection.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+import secrets
+from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -168,18 +171,7 @@ class RelayEndpoint:
         """How many events the controller holds for the stream (never more than WINDOW)."""
         return len(self._channel(fence, stream_id).queue)
 
-    async def open(
-        self,
-        fence: Fence,
-        stream_id: str,
-        method: str,
-        path: str,
-        headers: Headers,
-        body: bytes = b"",
-        *,
-        input_id: str | None = None,
-    ) -> None:
-        """Open a stream on the node's engine; raise the node's refusal as its own class."""
+    def _new_channel(self, fence: Fence, stream_id: str) -> _Channel:
         if self._closed:
             raise NodeGone("its connection closed", node=self._node)
         if (fence.attempt_id, stream_id) in self._streams:
@@ -192,30 +184,14 @@ class RelayEndpoint:
                 f"this node already has {MAX_CHANNELS} relayed streams open",
                 details={"max_streams": MAX_CHANNELS},
             )
-        if len(body) > MAX_BODY:
-            raise executor_errors.PayloadTooLarge(
-                f"the request body has {len(body)} bytes; at most {MAX_BODY} are admitted"
-            )
         self._next += 1
         channel = _Channel(self._next, fence, stream_id)
         self._channels[channel.id] = channel
         self._streams[(fence.attempt_id, stream_id)] = channel
-        pairs = headers.items() if isinstance(headers, Mapping) else headers
-        data = bytes(body)
-        for start in range(0, len(data), CHUNK_SIZE):
-            self._post(frame(KIND_BODY, channel.id, data[start : start + CHUNK_SIZE]))
-        self._control(
-            channel,
-            op="open",
-            fence=unstructure(fence),
-            stream_id=stream_id,
-            method=method,
-            path=path,
-            headers=[[str(name), str(value)] for name, value in pairs],
-            body_length=len(data),
-            input_id=input_id,
-            window=WINDOW,
-        )
+        return channel
+
+    async def _opened(self, channel: _Channel) -> None:
+        """Wait for the node's answer to the open just sent; raise its refusal."""
         done = False
         try:
             with trio.move_on_after(self.open_timeout):
@@ -232,6 +208,84 @@ class RelayEndpoint:
                 self._forget(channel)
                 if channel.refused is None and not self._closed:
                     self._control(channel, op="cancel")
+
+    async def open(
+        self,
+        fence: Fence,
+        stream_id: str,
+        method: str,
+        path: str,
+        headers: Headers,
+        body: bytes = b"",
+        *,
+        input_id: str | None = None,
+    ) -> None:
+        """Open a stream on the node's engine; raise the node's refusal as its own class."""
+        if len(body) > MAX_BODY:
+            raise executor_errors.PayloadTooLarge(
+                f"the request body has {len(body)} bytes; at most {MAX_BODY} are admitted"
+            )
+        channel = self._new_channel(fence, stream_id)
+        pairs = headers.items() if isinstance(headers, Mapping) else headers
+        data = bytes(body)
+        for start in range(0, len(data), CHUNK_SIZE):
+            self._post(frame(KIND_BODY, channel.id, data[start : start + CHUNK_SIZE]))
+        self._control(
+            channel,
+            op="open",
+            fence=unstructure(fence),
+            stream_id=stream_id,
+            method=method,
+            path=path,
+            headers=[[str(name), str(value)] for name, value in pairs],
+            body_length=len(data),
+            input_id=input_id,
+            window=WINDOW,
+        )
+        await self._opened(channel)
+
+    async def follow_logs(
+        self, fence: Fence, tail: int | None = None, *, stream_id: str | None = None
+    ) -> AsyncIterator[str]:
+        """Follow the attempt's log on the node: the last ``tail`` lines, then new ones.
+
+        A relayed stream like an endpoint one (``source: "logs"``, named ``stream_id``
+        or a random one), within the same window: a caller that stops reading stops
+        the node reading the log. It ends when the attempt's log closes; closing the
+        iterator (or cancelling it) ends the follow on the node. The node's refusal
+        is raised as its own class.
+        """
+        stream_id = stream_id or "logs-" + secrets.token_hex(8)
+        channel = self._new_channel(fence, stream_id)
+        self._control(
+            channel,
+            op="open",
+            source="logs",
+            fence=unstructure(fence),
+            stream_id=stream_id,
+            tail=tail,
+            window=WINDOW,
+        )
+        await self._opened(channel)
+        ended = False
+        try:
+            while True:
+                event = await self.read(fence, stream_id)
+                if isinstance(event, BodyChunk):
+                    yield event.data.decode("utf-8", "replace")
+                elif isinstance(event, StreamFailed):
+                    ended = True
+                    raise error_from_wire({"code": event.code, "message": event.message})
+                elif isinstance(event, EndOfStream):
+                    ended = True
+                    return
+        finally:
+            if not ended and not self._closed:
+                with trio.CancelScope(shield=True), trio.move_on_after(10):
+                    try:
+                        await self.cancel(fence, stream_id)
+                    except executor_errors.UnknownStream:
+                        pass  # it ended or expired meanwhile
 
     async def read(self, fence: Fence, stream_id: str) -> ReadEvent:
         """Return the stream's next event, as a provider's ``read`` does."""

@@ -1,23 +1,25 @@
 """The node's end of relayed streams: run them on the agent, within the controller's credit.
 
 The wire and its rules are :mod:`~ficc_core.nodelink.relay_controller`'s docs. Here a
-stream reads from the agent's endpoint action only while it holds credit, so an
-unread stream on the controller leaves the provider's queue full and the engine's
-writes blocked.
+stream reads from its source only while it holds credit, so an unread stream on the
+controller leaves the provider's queue full and the engine's writes blocked. A
+stream's source is the agent's endpoint action, or (``source: "logs"``) an attempt's
+log followed on the agent: its lines are the stream's chunks, one line each, and
+the follow ends on the agent when the stream is cancelled or the connection ends.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
+from typing import Any, Protocol
 
 import attrs
 import trio
 
 from ..errors import FiccError
 from ..executor.protocol import EndpointAction
-from ..executor.types import StreamFailed, is_terminal
+from ..executor.types import BodyChunk, EndOfStream, ReadEvent, StreamFailed, is_terminal
 from ..schema import Fence, structure
 from .wire import (
     KIND_BODY,
@@ -27,9 +29,21 @@ from .wire import (
     Send,
     error_to_wire,
     event_to_wire,
+    log_line,
     relay_message,
     unframe,
 )
+
+
+class RelaySource(EndpointAction, Protocol):
+    """What relayed streams run on: the agent's endpoint action and its log follows."""
+
+    def follow_logs(self, fence: Fence, tail: int | None = None) -> AsyncGenerator[str, None]:
+        """The attempt's log lines (the last ``tail``, then new ones) until it ends.
+
+        Refuses an unknown attempt or a stale fence before it returns.
+        """
+        ...
 
 
 @attrs.define(eq=False)
@@ -43,6 +57,10 @@ class _Relayed:
     started: bool = False
 
 
+#: An open stream's source: read its next event; close it (before it ended).
+_Stream = tuple[Callable[[], Awaitable[ReadEvent]], Callable[[], Awaitable[None]]]
+
+
 class RelayServer:
     """Run relayed endpoint streams on an agent for one connection.
 
@@ -51,11 +69,11 @@ class RelayServer:
     leave through one sender task. When :meth:`run` is cancelled (the connection
     ended), every open stream is cancelled on the agent.
 
-    :param agent: the endpoint action streams run on (the node's agent).
+    :param agent: what streams run on (the node's agent).
     :param send: sends one message on the connection.
     """
 
-    def __init__(self, agent: EndpointAction, send: Send) -> None:
+    def __init__(self, agent: RelaySource, send: Send) -> None:
         self.agent = agent
         self._send = send
         self._outbox_in, self._outbox = trio.open_memory_channel[str | bytes](math.inf)
@@ -138,40 +156,61 @@ class RelayServer:
         await channel.done.wait()
         self._post(channel.id, event="cancelled")
 
-    async def _pump(self, channel: _Relayed, message: dict[str, Any]) -> None:
-        opened = finished = False
-        fence: Fence | None = None
+    async def _open_endpoint(self, channel: _Relayed, message: dict[str, Any]) -> _Stream:
+        fence = structure(message.get("fence"), Fence, what="fence")
         stream_id = str(message.get("stream_id"))
+        body = bytes(channel.body)
+        channel.body = bytearray()
+        if len(body) != int(message.get("body_length", 0)):
+            raise FiccError("the relayed request body is incomplete", code="relay_refused")
+        await self.agent.open(
+            fence,
+            stream_id,
+            str(message.get("method")),
+            str(message.get("path")),
+            [(str(k), str(v)) for k, v in message.get("headers", ())],
+            body,
+            input_id=message.get("input_id"),
+        )
+        return (
+            lambda: self.agent.read(fence, stream_id),
+            lambda: self.agent.cancel(fence, stream_id),
+        )
+
+    async def _open_logs(self, channel: _Relayed, message: dict[str, Any]) -> _Stream:
+        fence = structure(message.get("fence"), Fence, what="fence")
+        tail = message.get("tail")
+        if not (tail is None or (isinstance(tail, int) and tail >= 0)):
+            raise FiccError("tail must be a whole number or null", code="relay_refused")
+        lines = self.agent.follow_logs(fence, tail)
+
+        async def next_line() -> ReadEvent:
+            try:
+                return BodyChunk(log_line(await anext(lines)))
+            except StopAsyncIteration:
+                return EndOfStream()
+
+        return next_line, lines.aclose
+
+    async def _pump(self, channel: _Relayed, message: dict[str, Any]) -> None:
+        stream: _Stream | None = None
+        finished = False
+        opener = self._open_logs if message.get("source") == "logs" else self._open_endpoint
         try:
             with channel.scope:
                 try:
-                    fence = structure(message.get("fence"), Fence, what="fence")
-                    body = bytes(channel.body)
-                    channel.body = bytearray()
-                    if len(body) != int(message.get("body_length", 0)):
-                        raise FiccError(
-                            "the relayed request body is incomplete", code="relay_refused"
-                        )
-                    await self.agent.open(
-                        fence,
-                        stream_id,
-                        str(message.get("method")),
-                        str(message.get("path")),
-                        [(str(k), str(v)) for k, v in message.get("headers", ())],
-                        body,
-                        input_id=message.get("input_id"),
-                    )
+                    stream = await opener(channel, message)
                 except FiccError as exc:
                     self._post(channel.id, event="refused", error=error_to_wire(exc))
                     return
-                opened = True
+                read, _close = stream
                 self._post(channel.id, event="opened")
                 while True:
                     while channel.credit <= 0:
                         channel.more = trio.Event()
                         await channel.more.wait()
                     try:
-                        event = await self.agent.read(fence, stream_id)
+                        event = await read()
                     except FiccError as exc:
                         event = StreamFailed(code=exc.code, message=exc.message)
                     channel.credit -= 1
@@ -180,10 +219,10 @@ class RelayServer:
                         finished = True
                         return
         finally:
-            if opened and not finished and fence is not None:
+            if stream is not None and not finished:
                 with trio.CancelScope(shield=True), trio.move_on_after(10):
                     try:
-                        await self.agent.cancel(fence, stream_id)
+                        await stream[1]()
                     except FiccError:
                         pass  # it already ended
             self._channels.pop(channel.id, None)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import struct
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -35,6 +35,10 @@ WINDOW = 4
 MAX_CHANNELS = 256
 #: The largest request body relayed (the executor's own bound).
 MAX_BODY = 16 * 1024 * 1024
+#: The most bytes of one log line that travel (a longer one is cut there).
+MAX_LOG_LINE = 8 * 1024
+#: The most bytes of log lines one snapshot reply carries (the oldest lines go first).
+MAX_LOG_REPLY = 512 * 1024
 #: Binary frame kinds.
 KIND_CHUNK = 1
 KIND_BODY = 2
@@ -134,6 +138,25 @@ def status_from_wire(document: dict[str, Any]) -> AttemptStatus:
     """An :class:`AttemptStatus` from its JSON (an older node's lacks ``pid``, ``health``...)."""
     known = {name: value for name, value in document.items() if name in _STATUS_FIELDS}
     return AttemptStatus(**{**known, "log_tail": tuple(document.get("log_tail", ()))})
+
+
+def log_line(line: str) -> bytes:
+    """One log line as it travels: UTF-8, cut at :data:`MAX_LOG_LINE` bytes."""
+    return line.encode("utf-8", "replace")[:MAX_LOG_LINE]
+
+
+def log_lines(lines: Sequence[str]) -> list[str]:
+    """The newest of ``lines`` that fit one reply (:data:`MAX_LOG_REPLY`), each cut."""
+    kept: list[str] = []
+    size = 0
+    for line in reversed(lines):
+        data = log_line(line)
+        size += len(data) + 1
+        if size > MAX_LOG_REPLY:
+            break
+        kept.append(data.decode("utf-8", "replace"))
+    kept.reverse()
+    return kept
 
 
 def decode(raw: str | bytes) -> dict[str, Any]:

@@ -277,4 +277,22 @@ MIGRATIONS: list[tuple[str, ...]] = [
         "ALTER TABLE inference_attempts ADD COLUMN health TEXT",
         "ALTER TABLE inference_attempts ADD COLUMN health_at REAL",
     ),
+    # 12: single-use stream tickets (a log stream opened from a URL): only the ticket's
+    # sha256 is kept, with the caller it was minted for and the stream it opens; it is
+    # used at most once (used_at), before expires_at.
+    (
+        """CREATE TABLE stream_tickets (
+            ticket_hash TEXT PRIMARY KEY,
+            purpose TEXT NOT NULL,
+            subject TEXT NOT NULL,
+            principal_kind TEXT NOT NULL,
+            principal_id TEXT NOT NULL,
+            principal_expires_at REAL,
+            project_id TEXT NOT NULL REFERENCES projects(id) ON DELETE CASCADE,
+            created_at REAL NOT NULL,
+            expires_at REAL NOT NULL,
+            used_at REAL
+        )""",
+        "CREATE INDEX stream_tickets_expiry ON stream_tickets(expires_at)",
+    ),
 ]

@@ -26,6 +26,7 @@ import socket
 import struct
 import tempfile
 import uuid
+from contextlib import aclosing
 from functools import partial
 from pathlib import Path
 
@@ -297,6 +298,16 @@ async def check_logs(provider: ExecutorProvider, *, job_factory: JobFactory | No
                 if line == "standin log line 49":
                     break
         assert any("listening" in line for line in followed)
+        # With a tail, a follow starts with the last lines there are, then the new ones.
+        with trio.fail_after(10):
+            async with aclosing(provider.follow_logs(fence, tail=2)) as tailed:
+                first = [await anext(tailed), await anext(tailed)]
+                now = await provider.logs(fence, tail=100)
+                assert any(now[i : i + 2] == first for i in range(len(now) - 1)), first
+                assert now.index(first[0]) > now.index("standin log line 49") - 2, first
+                await request_json(provider, fence, "POST", "/log", {"lines": 1})
+                while await anext(tailed) != "standin log line 0":
+                    pass
 
 
 async def check_clean_stop(

@@ -1,0 +1,191 @@
+"""A replica's engine log: a snapshot, a ticket, and the live stream the ticket opens.
+
+- ``GET .../replicas/{n}/logs?tail=N`` (``inference:read``): the last lines of the
+  replica's latest attempt's log, read from its node.
+- ``POST .../replicas/{n}/logs/ticket`` (``inference:read``): a single-use ticket
+  (:mod:`ficc_core.auth.tickets`, 60 s) for that replica's stream, bound to the caller.
+- ``GET .../replicas/{n}/logs/stream?ticket=T&tail=N``: ``text/event-stream``,
+  authenticated by the ticket alone (a long-lived credential never goes in a URL):
+  the last ``tail`` lines, then new ones, one ``data:`` event per line; a
+  ``: keepalive`` comment every ``log_keepalive`` seconds of quiet (reverse proxies
+  drop idle connections); ``event: end`` once the attempt's log closes; ``event:
+  error`` (the error envelope as data) when the follow fails or the caller's
+  credential is revoked.
+
+The follow runs on the attempt's node (through the node link, bounded and
+backpressured like endpoint streams) and is read by a task of its own here, handing
+one line at a time to the response: a client that stops reading stops the node
+reading the log, and one that disconnects ends the follow on the node. Nothing of
+the invoke path (admission slots, the gateway) is held.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from typing import TYPE_CHECKING, Any
+
+import trio
+from quart import Response, g, jsonify, request
+
+from ..auth.tickets import Tickets
+from ..errors import FiccError
+from ..inference.logs import DEFAULT_TAIL, MAX_TAIL, ReplicaLog, ReplicaLogs
+from ..strictjson import dumps_error
+from .bodies import query_bounded
+
+if TYPE_CHECKING:
+    from quart_trio import QuartTrio
+
+    from ..auth import Principal
+    from ..controller.service import Service
+
+log = logging.getLogger("ficc.api")
+
+_PREFIX = "/api/v1/inference/<service_id>/replicas/<int:replica>/logs"
+#: What a stream's follow task hands its response when the log ended.
+_END = object()
+
+
+def log_view(found: ReplicaLog) -> dict[str, Any]:
+    """A snapshot as the API answers it."""
+    return {
+        "service_id": found.service_id,
+        "replica": found.replica,
+        "attempt_id": found.attempt_id,
+        "attempt_state": found.attempt_state,
+        "node_id": found.node_id,
+        "lines": list(found.lines),
+    }
+
+
+def sse_data(line: str) -> bytes:
+    """One log line as one ``data:`` event (a carriage return would end an SSE line)."""
+    return b"data: " + line.rstrip("\r").replace("\r", " ").encode("utf-8", "replace") + b"\n\n"
+
+
+def sse_event(event: str, data: Any) -> bytes:
+    """A named event whose data is JSON on one line."""
+    return f"event: {event}\ndata: {json.dumps(data)}\n\n".encode()
+
+
+async def _follow_into(
+    lines: AsyncIterator[str], send: trio.MemorySendChannel[Any], scope: trio.CancelScope
+) -> None:
+    """Hand each line to the response (waiting for it to take one), then the end or the
+    failure; cancelling ``scope`` closes the follow, which ends it on the node."""
+    with scope, send:
+        try:
+            async with aclosing(lines) as follow:
+                async for line in follow:
+                    await send.send(line)
+            await send.send(_END)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass  # the response went away first
+        except Exception as exc:  # the application's nursery must never see it
+            if not isinstance(exc, FiccError):
+                log.exception("a log follow failed")
+                exc = FiccError("the log follow failed; see the controller's log")
+            try:
+                await send.send(exc)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                pass
+
+
+async def _events(
+    received: trio.MemoryReceiveChannel[Any],
+    scope: trio.CancelScope,
+    *,
+    keepalive: float,
+    still_valid: Any,
+    attempt_id: str,
+) -> AsyncIterator[bytes]:
+    try:
+        while True:
+            item: Any = None
+            with trio.move_on_after(keepalive) as quiet:
+                item = await received.receive()
+            if not still_valid():
+                yield sse_event(
+                    "error",
+                    {
+                        "error": {
+                            "code": "credential_revoked",
+                            "message": "the credential that minted this stream's ticket was "
+                            "revoked or expired",
+                        }
+                    },
+                )
+                return
+            if quiet.cancelled_caught:
+                yield b": keepalive\n\n"
+            elif item is _END:
+                yield sse_event("end", {"attempt_id": attempt_id, "reason": "attempt_ended"})
+                return
+            elif isinstance(item, FiccError):
+                yield b"event: error\ndata: " + dumps_error(item.envelope()) + b"\n\n"
+                return
+            else:
+                yield sse_data(item)
+    except trio.EndOfChannel:
+        return
+    finally:
+        scope.cancel()
+        received.close()
+
+
+def register(app: QuartTrio, service: Service) -> None:
+    """Add the replica log routes to ``app``."""
+    logs = ReplicaLogs(service.inference, service.contributors)
+    tickets = Tickets(service.store, clock=service.auth.clock)
+
+    def subject(service_id: str, replica: int) -> str:
+        return f"{service_id}/{replica}"
+
+    @app.get(_PREFIX, endpoint="inference_logs")
+    async def inference_logs(service_id: str, replica: int) -> Response:
+        tail = query_bounded("tail", 1, MAX_TAIL, DEFAULT_TAIL)
+        found = await logs.snapshot(g.principal.project_id, service_id, replica, tail)
+        return jsonify(log_view(found))
+
+    @app.post(_PREFIX + "/ticket", endpoint="inference_logs_ticket")
+    async def inference_logs_ticket(service_id: str, replica: int) -> Response:
+        principal: Principal = g.principal
+        await logs.latest_attempt(principal.project_id, service_id, replica, action="logs")
+        ticket, expires_at = await tickets.mint(principal, "logs", subject(service_id, replica))
+        return jsonify({"ticket": ticket, "expires_at": expires_at})
+
+    @app.get(_PREFIX + "/stream", endpoint="inference_logs_stream")
+    async def inference_logs_stream(service_id: str, replica: int) -> Response:
+        tail = query_bounded("tail", 0, MAX_TAIL, DEFAULT_TAIL)
+        redeemed = await tickets.redeem(
+            request.args.get("ticket", ""), "logs", subject(service_id, replica)
+        )
+        nursery: trio.Nursery | None = getattr(app, "nursery", None)
+        if nursery is None:  # only an application served without its lifespan lacks it
+            raise FiccError(
+                "live streams need the served application", code="stream_unavailable", status=503
+            )
+        principal = redeemed.principal()
+        attempt = await logs.latest_attempt(redeemed.project_id, service_id, replica)
+        lines = logs.follow(attempt, tail)
+        # The follow is read by a task of the application's nursery (the response's
+        # generator must not hold a nursery across its yields); a channel without a
+        # buffer hands one line at a time, so a slow client holds back the node.
+        send, received = trio.open_memory_channel[Any](0)
+        scope = trio.CancelScope()
+        nursery.start_soon(_follow_into, lines, send, scope)
+        body = _events(
+            received,
+            scope,
+            keepalive=service.config.log_keepalive,
+            still_valid=lambda: service.auth.still_valid(principal),
+            attempt_id=attempt.attempt_id,
+        )
+        response = Response(body, content_type="text/event-stream")
+        response.headers["Cache-Control"] = "no-cache"
+        response.headers["X-Accel-Buffering"] = "no"
+        response.timeout = None  # a follow lasts as long as the attempt runs
+        return response
