@@ -265,6 +265,13 @@ class Config:
         kind="int",
         validator=attrs.validators.ge(0),
     )
+    replica_ready_timeout: float = _setting(
+        600.0,
+        "How long a move waits for its target replica, a restart for each replacement and "
+        "a rollout for its new generation to become ready before it gives up and leaves "
+        "the serving replicas as they were (duration).",
+        kind="duration",
+    )
 
     @property
     def blobs_path(self) -> Path:

@@ -291,6 +291,24 @@ ROUTES: dict[str, Route] = {
         needs(s.INFERENCE_MANAGE, s.TOKENS_MANAGE),
         "revoke; in-flight requests end too",
     ),
+    # operations on running services (extensions beside the contract's routes)
+    "inference_move": Route(
+        "POST",
+        "/api/v1/inference/{id}/replicas/{n}/move",
+        needs(*_START),
+        "`{target_node_id, target_gpu_index?, start_after_move?, revision?}` → `{final_state, "
+        "from_node, to_node, steps[]}`: moves replica n to another node without an outage; "
+        "400 same or unknown target, 422 `over_subscribed_target`, `tier_mismatch`, "
+        "`nothing_to_do`",
+    ),
+    "inference_bulk_move": Route(
+        "POST",
+        "/api/v1/inference/bulk-move",
+        needs(*_START),
+        "`{replicas: [{service_id, replica}] (1 to 50), target_node_id, target_gpu_index?, "
+        "start_after_move?}` → `{total, moved_count, failed_count, items[]}`, one after the "
+        "other",
+    ),
     # the inference gateway (the gateway checks the service binding and the project)
     "invoke_models": Route(
         "GET",

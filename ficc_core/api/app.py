@@ -22,6 +22,7 @@ from . import (
     routes_inference,
     routes_invoke,
     routes_models,
+    routes_operations,
     routes_system,
     routes_tokens,
 )
@@ -108,6 +109,7 @@ def create_app(service: Service) -> QuartTrio:
     routes_models.register(app, service)
     routes_contributors.register(app, service)
     routes_inference.register(app, service)
+    routes_operations.register(app, service)
     routes_invoke.register(app, service)
 
     missing = sorted(

@@ -20,6 +20,7 @@ from ..config import Config
 from ..contributors import NodeRegistry
 from ..gateway import Gateway
 from ..inference import InferenceManager, LiveTable, ModelContexts, Reconciler, UsageLedger
+from ..inference.moves import Mover
 from ..metrics import Metrics
 from ..models.acquire import Acquirer
 from ..models.blobs import BlobStore
@@ -140,6 +141,7 @@ async def open_service(
             blobs=blobs,
             retry_max=config.replica_retry_max,
             give_up_after=config.replica_give_up_after,
+            drain_timeout=config.drain_timeout,
         )
         gateway = Gateway(
             live=live,
@@ -150,6 +152,9 @@ async def open_service(
             usage_sinks=[usage.record],
             **(gateway_options or {}),
         )
+        # A retiring attempt (a move's source, a rollout's previous generation) drains
+        # until the gateway has no request in flight on it.
+        reconciler.replica_idle = gateway.admission.wait_idle
         inference = InferenceManager(
             store=store,
             auth=auth,
@@ -160,6 +165,9 @@ async def open_service(
             gateway=gateway,
             drain_timeout=config.drain_timeout,
             notify=reconciler.wake,
+        )
+        inference.mover = Mover(
+            reconciler=reconciler, contexts=contexts, ready_timeout=config.replica_ready_timeout
         )
         service = Service(
             config=config,

@@ -74,17 +74,29 @@ async def check_specification(
 
 
 def plan_in(
-    tx: Transaction, service_id: str, specification: Specification, model: ModelContext
+    tx: Transaction,
+    service_id: str,
+    specification: Specification,
+    model: ModelContext,
+    *,
+    generation: int = 0,
+    beside_own: bool = False,
 ) -> Plan:
-    """Plan ``specification`` beside every reservation but the service's own, in ``tx``."""
+    """Plan ``specification`` (for ``generation``) in ``tx`` beside every reservation but
+    the service's own, or beside its own too (``beside_own``: they stay held meanwhile,
+    as a rollout's serving generation does)."""
     node_ids = list(dict.fromkeys(p.node_id for p in specification.placements))
+    existing = repository.reservations_but(tx, service_id)
+    if beside_own:
+        existing += repository.reservations(tx, service_id)
     return plan(
         service_id,
         specification,
         repository.placement_nodes(tx, node_ids),
-        repository.reservations_but(tx, service_id),
+        existing,
         model_bytes=model.size,
         model_revision=model.record.revision,
+        generation=generation,
     )
 
 
@@ -100,10 +112,18 @@ def refuse_plan(result: Plan) -> PlacementFailed:
 
 
 def place(
-    tx: Transaction, service_id: str, specification: Specification, model: ModelContext
+    tx: Transaction,
+    service_id: str,
+    specification: Specification,
+    model: ModelContext,
+    *,
+    generation: int = 0,
+    beside_own: bool = False,
 ) -> Plan:
     """A plan that fits; refuse with :class:`PlacementFailed` otherwise."""
-    result = plan_in(tx, service_id, specification, model)
+    result = plan_in(
+        tx, service_id, specification, model, generation=generation, beside_own=beside_own
+    )
     if not result.fits:
         raise refuse_plan(result)
     return result
@@ -115,9 +135,12 @@ def reserve(
     specification: Specification,
     model: ModelContext,
     now: float,
+    *,
+    generation: int,
 ) -> Plan:
-    """Place ``specification`` and replace the service's reservations with the plan's."""
-    result = place(tx, service_id, specification, model)
+    """Place ``specification`` and replace the service's reservations with the plan's
+    (for ``generation``, the one about to start)."""
+    result = place(tx, service_id, specification, model, generation=generation)
     repository.delete_reservations(tx, service_id)
     repository.insert_reservations(tx, result.reservations, now)
     return result

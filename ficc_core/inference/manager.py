@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from ..gateway import Gateway
     from ..plugins import AdapterRegistry
     from .model_context import ModelContext, ModelContexts
+    from .moves import Mover
 
 CONTROL_ACTIONS = ("start", "drain", "stop", "remove")
 #: What each control action that closes admission leaves the gateway admitting.
@@ -106,6 +107,8 @@ class InferenceManager:
         self.drain_timeout = drain_timeout
         self.notify = notify
         self.clock = clock
+        #: Runs moves of running services' replicas (set once the reconciler exists).
+        self.mover: Mover
 
     async def _resolved(self, project_id: str, document: Any) -> Any:
         """``document`` with its ``model_id`` a model ID (a model name is resolved)."""
@@ -232,7 +235,9 @@ class InferenceManager:
                         details={"id": taken, "alias": specification.alias},
                     )
             require_released(tx, service_id, acknowledge=False)
-            result = reserve(tx, service_id, specification, model, now)
+            result = reserve(
+                tx, service_id, specification, model, now, generation=record.generation + 1
+            )
             repository.update_service(
                 tx,
                 attrs.evolve(

@@ -107,7 +107,7 @@ def start_in(
         # Give up every attempt whose end was never confirmed: its node stops it if it
         # ever reconnects, and nothing it served is replayed.
         repository.give_up_attempts(tx, record.id, AssignmentReason.ACKNOWLEDGED_UNKNOWN, now)
-    result = reserve(tx, record.id, specification, model, now)
+    result = reserve(tx, record.id, specification, model, now, generation=record.generation + 1)
     repository.update_service(
         tx,
         attrs.evolve(

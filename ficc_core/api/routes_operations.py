@@ -1,0 +1,105 @@
+"""``/api/v1/inference/...``: operations on running services (move, bulk move, restart,
+rollout), extensions beside the contract's routes.
+
+Writes need the scopes of a start (``inference:manage``, ``jobs:execute``,
+``contributors:read``, ``models:read``); see :mod:`ficc_core.api.access`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import attrs
+from quart import Response, g, jsonify
+
+from ..inference.moves import bulk_move
+from ..schema import FieldError
+from ..schema._convert import MAX_SAFE_INTEGER, integer
+from .bodies import read_json
+
+if TYPE_CHECKING:
+    from quart_trio import QuartTrio
+
+    from ..controller.service import Service
+
+MAX_BULK = 50
+
+
+def _optional_revision(_instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if value is not None and (
+        isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_SAFE_INTEGER
+    ):
+        raise FieldError(attribute.name, "must be a revision (a whole number) or absent")
+
+
+def _gpu_index(_instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if value is not None and (isinstance(value, bool) or not 0 <= value <= 1023):
+        raise FieldError(attribute.name, "must be a GPU index from 0 to 1023")
+
+
+@attrs.frozen(kw_only=True)
+class MoveBody:
+    """``POST /inference/{id}/replicas/{n}/move``."""
+
+    target_node_id: str
+    target_gpu_index: int | None = attrs.field(default=None, validator=_gpu_index)
+    start_after_move: bool = True
+    revision: int | None = attrs.field(default=None, validator=_optional_revision)
+
+
+@attrs.frozen(kw_only=True)
+class BulkItem:
+    """One replica of a bulk move."""
+
+    service_id: str
+    replica: int = integer(0, 4095)
+
+
+def _bulk_size(_instance: Any, attribute: attrs.Attribute, value: tuple[BulkItem, ...]) -> None:
+    if not 1 <= len(value) <= MAX_BULK:
+        raise FieldError(attribute.name, f"must list 1 to {MAX_BULK} replicas")
+
+
+@attrs.frozen(kw_only=True)
+class BulkMoveBody:
+    """``POST /inference/bulk-move``."""
+
+    replicas: tuple[BulkItem, ...] = attrs.field(validator=_bulk_size)
+    target_node_id: str
+    target_gpu_index: int | None = attrs.field(default=None, validator=_gpu_index)
+    start_after_move: bool = True
+
+
+def register(app: QuartTrio, service: Service) -> None:
+    """Add the operations routes to ``app``."""
+    inference = service.inference
+    limit = service.config.max_body_bytes
+
+    @app.post(
+        "/api/v1/inference/<service_id>/replicas/<int:replica>/move", endpoint="inference_move"
+    )
+    async def inference_move(service_id: str, replica: int) -> Response:
+        body = await read_json(MoveBody, limit)
+        result = await inference.mover.move(
+            g.principal,
+            service_id,
+            replica,
+            target_node_id=body.target_node_id,
+            target_gpu_index=body.target_gpu_index,
+            start_after_move=body.start_after_move,
+            revision=body.revision,
+        )
+        return jsonify(result.to_json())
+
+    @app.post("/api/v1/inference/bulk-move", endpoint="inference_bulk_move")
+    async def inference_bulk_move() -> Response:
+        body = await read_json(BulkMoveBody, limit)
+        result = await bulk_move(
+            inference.mover,
+            g.principal,
+            [(item.service_id, item.replica) for item in body.replicas],
+            target_node_id=body.target_node_id,
+            target_gpu_index=body.target_gpu_index,
+            start_after_move=body.start_after_move,
+        )
+        return jsonify(result)
