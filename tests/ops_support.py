@@ -35,7 +35,7 @@ class Ops:
     model_id: str
     engine: Path
 
-    async def spec(self, *nodes: str, alias: str = "tiny", cpus: float = 1) -> dict[str, Any]:
+    async def spec(self, *nodes: str, alias: str = "tiny", cpus: float = 0.25) -> dict[str, Any]:
         spec = await vllm_spec(self.controller, self.model_id, self.engine, alias=alias)
         limits = {**spec["placements"][0]["limits"], "cpus": cpus}
         spec["placements"] = [{"node_id": node, "limits": limits} for node in nodes or ("local",)]

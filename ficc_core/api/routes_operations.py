@@ -13,14 +13,18 @@ import attrs
 from quart import Response, g, jsonify
 
 from ..inference.moves import bulk_move
+from ..inference.rollout import rollout_view
 from ..schema import FieldError
 from ..schema._convert import MAX_SAFE_INTEGER, integer
 from .bodies import read_json
+from .views_inference import preview_view
+from .views_inference import service_view as view_of_service
 
 if TYPE_CHECKING:
     from quart_trio import QuartTrio
 
     from ..controller.service import Service
+    from ..inference import ServiceDetail
 
 MAX_BULK = 50
 
@@ -70,10 +74,35 @@ class BulkMoveBody:
     start_after_move: bool = True
 
 
+@attrs.frozen(kw_only=True)
+class RestartBody:
+    """``POST /inference/{id}/restart`` and ``.../replicas/{n}/restart``."""
+
+    revision: int = integer(0, MAX_SAFE_INTEGER)
+
+
+@attrs.frozen(kw_only=True)
+class RolloutBody:
+    """``POST /inference/{id}/rollout``: the revision read, and the next specification."""
+
+    revision: int = integer(0, MAX_SAFE_INTEGER)
+    spec: dict[str, Any]
+
+
+@attrs.frozen(kw_only=True)
+class RolloutPreviewBody:
+    """``POST /inference/{id}/rollout/preview``."""
+
+    spec: dict[str, Any]
+
+
 def register(app: QuartTrio, service: Service) -> None:
     """Add the operations routes to ``app``."""
     inference = service.inference
     limit = service.config.max_body_bytes
+
+    def service_view(detail: ServiceDetail) -> dict[str, Any]:
+        return view_of_service(detail, service.config.replica_give_up_after)
 
     @app.post(
         "/api/v1/inference/<service_id>/replicas/<int:replica>/move", endpoint="inference_move"
@@ -103,3 +132,40 @@ def register(app: QuartTrio, service: Service) -> None:
             start_after_move=body.start_after_move,
         )
         return jsonify(result)
+
+    @app.post("/api/v1/inference/<service_id>/restart", endpoint="inference_restart")
+    async def inference_restart(service_id: str) -> Response:
+        body = await read_json(RestartBody, limit)
+        result = await inference.restarter.restart(g.principal, service_id, body.revision)
+        return jsonify(result)
+
+    @app.post(
+        "/api/v1/inference/<service_id>/replicas/<int:replica>/restart",
+        endpoint="inference_replica_restart",
+    )
+    async def inference_replica_restart(service_id: str, replica: int) -> Response:
+        body = await read_json(RestartBody, limit)
+        result = await inference.restarter.restart(g.principal, service_id, body.revision, replica)
+        return jsonify(result)
+
+    @app.post("/api/v1/inference/<service_id>/rollout", endpoint="inference_rollout")
+    async def inference_rollout(service_id: str) -> tuple[Response, int]:
+        body = await read_json(RolloutBody, limit)
+        detail, started = await inference.rollout(g.principal, service_id, body.revision, body.spec)
+        view = service_view(detail)
+        view["rollout"] = rollout_view(started, detail.service)["rollout"]
+        return jsonify(view), 202
+
+    @app.get("/api/v1/inference/<service_id>/rollout", endpoint="inference_rollout_status")
+    async def inference_rollout_status(service_id: str) -> Response:
+        return jsonify(await inference.rollout_status(g.principal.project_id, service_id))
+
+    @app.post(
+        "/api/v1/inference/<service_id>/rollout/preview", endpoint="inference_rollout_preview"
+    )
+    async def inference_rollout_preview(service_id: str) -> Response:
+        body = await read_json(RolloutPreviewBody, limit)
+        preview, beside = await inference.rollout_preview(g.principal, service_id, body.spec)
+        view = preview_view(preview)
+        view["beside_serving"] = beside.to_json()
+        return jsonify(view)

@@ -21,6 +21,7 @@ from ..contributors import NodeRegistry
 from ..gateway import Gateway
 from ..inference import InferenceManager, LiveTable, ModelContexts, Reconciler, UsageLedger
 from ..inference.moves import Mover
+from ..inference.rollout import Restarter
 from ..metrics import Metrics
 from ..models.acquire import Acquirer
 from ..models.blobs import BlobStore
@@ -168,6 +169,9 @@ async def open_service(
         )
         inference.mover = Mover(
             reconciler=reconciler, contexts=contexts, ready_timeout=config.replica_ready_timeout
+        )
+        inference.restarter = Restarter(
+            reconciler=reconciler, ready_timeout=config.replica_ready_timeout
         )
         service = Service(
             config=config,

@@ -576,8 +576,9 @@ class Reconciler:
                 continue
             if given_up(attempts, generation, index, self.give_up_after) is not None:
                 return  # it failed the same way too often: the service shows why
-            if last is not None:
-                # The previous attempt failed: wait, doubling up to the cap.
+            if last is not None and last.state == AttemptState.FAILED:
+                # The previous attempt failed: wait, doubling up to the cap. (One told to
+                # go, a restart's, is replaced at once.)
                 await backoff.wait()
             number = (last.number if last else 0) + 1
             capabilities = await self.attempts.launch(record, specification, index, number)
