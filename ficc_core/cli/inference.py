@@ -27,6 +27,7 @@ from .inference_io import (
     refusals,
     seconds,
 )
+from .inference_ops import COMMANDS as OPERATIONS
 from .options import url_flag
 from .output import echo_json, echo_table, json_option, when
 from .resolve import resolve
@@ -112,6 +113,8 @@ def list_services(ctx: click.Context, as_json: bool) -> None:
 for _command in (*COMMANDS, chat):
     inference.add_command(_command)
 inference.add_command(create)
+for _operation in OPERATIONS:  # restart, move, bulk-move, rollout
+    inference.add_command(_operation)
 
 
 # -- invoke tokens ---------------------------------------------------------------------------
