@@ -71,6 +71,7 @@ class Traffic:
     sent: int = 0
     failures: list[str] = attrs.Factory(list)
     stop: trio.Event = attrs.Factory(trio.Event)
+    body: dict[str, Any] = attrs.Factory(lambda: {"messages": [{"role": "user", "content": "hi"}]})
 
     async def run(self, http: httpx.AsyncClient, service_id: str, token: str, clients: int = 2):
         async def client() -> None:
@@ -78,7 +79,7 @@ class Traffic:
                 response = await http.post(
                     f"/api/v1/inference/{service_id}/v1/chat/completions",
                     headers={"Authorization": f"Bearer {token}"},
-                    json={"messages": [{"role": "user", "content": "hi"}]},
+                    json=self.body,
                 )
                 self.sent += 1
                 if response.status_code != 200:
