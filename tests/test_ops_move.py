@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import trio
 
+from ficc_core.inference import repository
+
 from .ops_support import Traffic, open_two_nodes
 
 STEPS = ["deploy_target", "wait_target_health", "stop_source", "undeploy_source", "update_binding"]
@@ -191,3 +193,41 @@ async def test_moves_that_cannot_run_are_refused_in_the_one_envelope_with_detail
             }
             # Nothing was reserved by the refused moves.
             assert all(node == "local" for _, _, node in await ops.reservations(service_id))
+
+
+async def test_a_target_no_move_holds_any_more_goes_and_the_source_keeps_serving(tmp_path):
+    """As after a controller restart in the middle of a move: the target runs on a node
+    its placement does not name and nothing holds it, so it drains and stops."""
+    with trio.fail_after(120):
+        async with open_two_nodes(tmp_path) as ops:
+            controller = ops.controller
+            reconciler = controller.service.reconciler
+            mover = controller.service.inference.mover
+            service_id = await ops.running("local")
+            generation = (await controller.ok("GET", f"/api/v1/inference/{service_id}"))[
+                "generation"
+            ]
+            seen: dict[str, str] = {}
+
+            async def forget(step: str) -> None:
+                if step != "stop_source":
+                    return
+                driver = await reconciler.driver_of(service_id)
+                [target] = [a for a in driver.held if ".a2." in a]
+                driver.held.clear()  # what a restarted controller knows of the move
+                while True:
+                    attempt = await controller.service.store.read(
+                        lambda tx: repository.attempt(tx, target)
+                    )
+                    if attempt.released:
+                        seen["reason"] = attempt.reason
+                        raise _Fault("the move was forgotten")
+                    await trio.sleep(0.02)
+
+            mover.hook = forget
+            response = await _move(controller, service_id, target_node_id="node-2")
+            assert response.json()["final_state"] == "failed_rolled_back", response.text
+            assert seen["reason"] == "move_interrupted"
+            live = controller.service.live.get(service_id)
+            assert [r.node_id for r in live.replicas] == ["local"]
+            assert await ops.reservations(service_id) == [(generation, 0, "local")]

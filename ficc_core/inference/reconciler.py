@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import attrs
@@ -369,6 +369,11 @@ class Reconciler:
         released = {a.attempt_id for a in attempts if a.released}
         for attempt_id in [i for i in driver.dismissed if i in released]:
             del driver.dismissed[attempt_id]
+        for attempt in _strays(attempts, running.specifications(), driver.held):
+            # Another node than its placement's, and no operation holds it: a move the
+            # controller did not finish (it restarted meanwhile). It goes; the replica
+            # serves on its placement.
+            driver.dismissed.setdefault(attempt.attempt_id, "move_interrupted")
         state, reason = rolled_up(
             len(specification.placements), attempts, record.generation, self.give_up_after
         )
@@ -584,6 +589,23 @@ class Reconciler:
             capabilities = await self.attempts.launch(record, specification, index, number)
             if capabilities is not None:
                 driver.capabilities[index] = capabilities
+
+
+def _strays(
+    attempts: Sequence[AttemptRecord], wanted: Mapping[int, Specification], held: set[str]
+) -> list[AttemptRecord]:
+    """Unreleased attempts of a wanted generation on another node than their placement's
+    that no operation holds."""
+    found = []
+    for attempt in attempts:
+        specification = wanted.get(attempt.generation)
+        if attempt.released or attempt.attempt_id in held or specification is None:
+            continue
+        placements = specification.placements
+        if attempt.replica < len(placements):
+            if placements[attempt.replica].node_id != attempt.node_id:
+                found.append(attempt)
+    return found
 
 
 async def _idle_at_once(_attempt_id: str) -> None:

@@ -188,8 +188,12 @@ class Restarter:
         target = await self._prepare(principal, service_id, revision, replica)
         driver = await self.reconciler.driver_of(service_id)
         results: list[dict[str, Any]] = []
+        count = len(target.record.specification().placements)
         for attempt in target.attempts:
             began = trio.current_time()
+            if count > 1:
+                # Never below one ready replica: another serves before this one goes.
+                await self._another_serving(target.record, attempt)
             driver.dismissed[attempt.attempt_id] = "restart_requested"
             self.reconciler.wake(service_id)
             try:
@@ -219,6 +223,16 @@ class Restarter:
             "restarted": sum(1 for r in results if r["ok"]),
             "replicas": results,
         }
+
+    async def _another_serving(self, record: ServiceRecord, attempt: AttemptRecord) -> None:
+        count = len(record.specification().placements)
+        with trio.move_on_after(self.ready_timeout):
+            while True:
+                attempts = await self.store.read(lambda tx: repository.attempts(tx, record.id))
+                serving = routed(attempts, record.generation, count)
+                if any(index != attempt.replica for index in serving):
+                    return
+                await trio.sleep(self.reconciler.attempts.loading_period)
 
     async def _replaced(self, record: ServiceRecord, old: AttemptRecord) -> AttemptRecord:
         count = len(record.specification().placements)
