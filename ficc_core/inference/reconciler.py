@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
 
 import attrs
@@ -41,23 +41,20 @@ from .attempts import Attempts
 from .generations import (
     Running,
     abandon_rollout,
-    cut_over,
-    needed,
     read_running,
-    settle_reservations,
 )
 from .live import Admission, LiveTable
 from .observed import Observations
-from .publication import given_up, publish, retiring, rolled_up, routed
+from .publication import given_up, publish, retiring, rolled_up
 from .records import (
     ACTIVE,
-    ROUTABLE,
     AttemptRecord,
     AttemptState,
     Desired,
     ServiceRecord,
     ServiceState,
 )
+from .succession import Succession, strays, unwatch
 
 if TYPE_CHECKING:
     from ..contributors import NodeRegistry
@@ -174,6 +171,9 @@ class Reconciler:
             ready_period=ready_period,
             loading_period=loading_period,
         )
+        self.succession = Succession(self)
+        #: Ends the replica task watching an attempt (an operation stops it next).
+        self.unwatch = unwatch
         self._drivers: dict[str, _Driver] = {}
         self._nursery: trio.Nursery | None = None
 
@@ -363,13 +363,15 @@ class Reconciler:
                 if (generation, index) not in driver.replicas:
                     task = driver.replicas[(generation, index)] = _ReplicaTask()
                     nursery.start_soon(self._replica, record.id, index, generation, driver, task)
-        if running.rollout is not None and await self._rollout_step(running, attempts, driver):
+        if running.rollout is not None and await self.succession.rollout_step(
+            running, attempts, driver
+        ):
             driver.wake.set()  # it cut over or gave up: the next step reads it again
             return
         released = {a.attempt_id for a in attempts if a.released}
         for attempt_id in [i for i in driver.dismissed if i in released]:
             del driver.dismissed[attempt_id]
-        for attempt in _strays(attempts, running.specifications(), driver.held):
+        for attempt in strays(attempts, running.specifications(), driver.held):
             # Another node than its placement's, and no operation holds it: a move the
             # controller did not finish (it restarted meanwhile). It goes; the replica
             # serves on its placement.
@@ -384,95 +386,8 @@ class Reconciler:
         for attempt in retiring(attempts, wanted, driver.dismissed):
             if attempt.attempt_id not in driver.held | driver.retiring:
                 driver.retiring.add(attempt.attempt_id)
-                nursery.start_soon(self._retire, record, attempt, driver)
-        await self._settle_reservations(record.id)
-
-    async def _settle_reservations(self, service_id: str) -> None:
-        """Drop the reservations nothing holds any more (read first: mostly none)."""
-
-        def stale(tx: Transaction) -> bool:
-            keep = needed(tx, service_id)
-            return any(r.key not in keep for r in repository.reservations(tx, service_id))
-
-        if await self.store.read(stale):
-            dropped = await self.store.write(lambda tx: settle_reservations(tx, service_id))
-            if dropped:
-                log.info("service %s: released reservations %s", service_id, dropped)
-
-    async def _rollout_step(
-        self, running: Running, attempts: Sequence[AttemptRecord], driver: _Driver
-    ) -> bool:
-        """Cut a ready rollout over, or give a failed one up; True when either happened."""
-        record, rollout = running.record, running.rollout
-        assert rollout is not None
-        service_id, generation = record.id, rollout.generation
-        count = len(rollout.specification().placements)
-        ready = routed(attempts, generation, count)
-        now = self.clock()
-        if len(ready) == count and all(
-            self.contributors.connected_here(a.node_id) for a in ready.values()
-        ):
-            if await self.store.write(lambda tx: cut_over(tx, service_id, generation, now)):
-                log.info(
-                    "service %s: generation %d is ready on every replica; traffic moves to it "
-                    "and generation %d drains",
-                    service_id,
-                    generation,
-                    record.generation,
-                )
-                driver.notice = None
-            return True
-        why = None
-        for index in range(count):
-            last = given_up(attempts, generation, index, self.give_up_after)
-            if last is not None:
-                said = f": {last.message}" if last.message else ""
-                why = f"replica {index} stopped retrying ({last.reason}){said}"
-                break
-        if why is None and now >= rollout.deadline:
-            why = f"not every replica was ready within {rollout.deadline - rollout.started_at:g} s"
-        if why is None:
-            return False
-        reason = (
-            f"the rollout to generation {generation} failed: {why}; generation "
-            f"{record.generation} keeps serving"
-        )
-        await self.store.write(lambda tx: abandon_rollout(tx, service_id, reason, now))
-        log.warning("service %s: %s", service_id, reason)
-        driver.notice = reason
-        return True
-
-    async def _retire(self, record: ServiceRecord, attempt: AttemptRecord, driver: _Driver) -> None:
-        """Drain a retiring attempt's in-flight requests (bounded), then stop it."""
-        attempt_id = attempt.attempt_id
-        try:
-            await self.unwatch(driver, attempt_id)
-            if attempt.state in ROUTABLE:
-                with trio.move_on_after(self.drain_timeout):
-                    await self.replica_idle(attempt_id)
-            if attempt_id in driver.dismissed:
-                why = driver.dismissed[attempt_id]
-            elif attempt.generation < record.generation:
-                why = "rolled_out"
-            elif attempt.generation > record.generation:
-                why = "rollout_abandoned"
-            else:
-                why = "superseded"
-            current = await self.store.read(lambda tx: repository.attempt(tx, attempt_id))
-            if current is not None and not current.released:
-                await self.attempts.stop(current, reason=why)
-        finally:
-            driver.retiring.discard(attempt_id)
-            driver.wake.set()
-
-    async def unwatch(self, driver: _Driver, attempt_id: str) -> None:
-        """End the replica task watching ``attempt_id`` (the next step starts another)."""
-        for key, task in list(driver.replicas.items()):
-            if task.watching == attempt_id:
-                task.scope.cancel()
-                await task.done.wait()
-                if driver.replicas.get(key) is task:
-                    del driver.replicas[key]
+                nursery.start_soon(self.succession.retire, record, attempt, driver)
+        await self.succession.settle_reservations(record.id)
 
     async def _drain(
         self,
@@ -589,23 +504,6 @@ class Reconciler:
             capabilities = await self.attempts.launch(record, specification, index, number)
             if capabilities is not None:
                 driver.capabilities[index] = capabilities
-
-
-def _strays(
-    attempts: Sequence[AttemptRecord], wanted: Mapping[int, Specification], held: set[str]
-) -> list[AttemptRecord]:
-    """Unreleased attempts of a wanted generation on another node than their placement's
-    that no operation holds."""
-    found = []
-    for attempt in attempts:
-        specification = wanted.get(attempt.generation)
-        if attempt.released or attempt.attempt_id in held or specification is None:
-            continue
-        placements = specification.placements
-        if attempt.replica < len(placements):
-            if placements[attempt.replica].node_id != attempt.node_id:
-                found.append(attempt)
-    return found
 
 
 async def _idle_at_once(_attempt_id: str) -> None:
