@@ -164,8 +164,8 @@ def publish(
             )
             if chosen.get(attempt.replica) is attempt:
                 replicas.append(replica)
-            else:
-                retired.append(replica)
+            elif attempt.generation <= record.generation:
+                retired.append(replica)  # a rollout's next generation never served yet
         replicas.sort(key=lambda r: r.index)
     live.publish(
         LiveService(
