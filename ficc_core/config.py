@@ -272,6 +272,22 @@ class Config:
         "the serving replicas as they were (duration).",
         kind="duration",
     )
+    events_retention: float = _setting(
+        7 * 86400.0,
+        "How long events (every state change of a service, replica, attempt and node) are "
+        "kept; a week covers a weekend's incident read on Monday, and older ones are pruned "
+        "every minute, off the request path (duration).",
+        kind="duration",
+        validator=attrs.validators.gt(0),
+    )
+    events_max_per_service: int = _setting(
+        1000,
+        "The most events kept per service (and per node, of its own): a replica that keeps "
+        "failing writes a few events per try, so a crash loop cannot fill the database; "
+        "a thousand keep days of an ordinary service's history. The oldest go first.",
+        kind="int",
+        validator=attrs.validators.ge(1),
+    )
 
     @property
     def blobs_path(self) -> Path:

@@ -66,6 +66,15 @@ def broken_engine(folder: Path) -> tuple[Path, Path]:
     return engine, write_agent_settings(folder, engine)
 
 
+def standin_engine(folder: Path) -> tuple[Path, Path]:
+    """The stand-in engine as a llama_server runtime (it ignores llama.cpp's flags and
+    listens on the executor's socket), and agent settings declaring it."""
+    engine = folder / "standin-llama-server"
+    engine.write_text(f"#!/bin/sh\nexec {sys.executable} -m ficc_core.testing.standin_engine\n")
+    engine.chmod(0o755)
+    return engine, write_agent_settings(folder, engine)
+
+
 @attrs.define
 class Controller:
     """A served controller, its URL, an all-scopes token and an HTTP client."""
@@ -100,6 +109,14 @@ class Controller:
             view = await self.ok("GET", f"/api/v1/inference/{service_id}")
             if predicate(view):
                 return view
+            await trio.sleep(period)
+
+    async def wait_status(self, service_id: str, predicate, period: float = 0.05) -> dict:
+        """Poll the service's status route until ``predicate(status)`` holds; return it."""
+        while True:
+            status = await self.ok("GET", f"/api/v1/inference/{service_id}/status")
+            if predicate(status):
+                return status
             await trio.sleep(period)
 
     async def control(self, service_id: str, action: str, **body: Any) -> httpx.Response:

@@ -6,11 +6,34 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 
+import pytest
 import trio
 
 FICC = [sys.executable, "-m", "ficc_core"]
+
+
+def ficc_command(env: Mapping[str, str]) -> Callable[..., Awaitable[str]]:
+    """``await ficc(*args, stdin="")``: the ``ficc`` executable in its own process with
+    ``env``; returns its standard output and error, and fails the test on a non-zero exit."""
+
+    async def ficc(*args: str, stdin: str = "") -> str:
+        done = await trio.run_process(
+            [*FICC, *args],
+            stdin=stdin.encode(),
+            capture_stdout=True,
+            capture_stderr=True,
+            env=dict(env),
+            check=False,
+        )
+        out, err = done.stdout.decode(), done.stderr.decode()
+        if done.returncode != 0:
+            pytest.fail(f"ficc {' '.join(args)} exited {done.returncode}:\n{out}\n{err}")
+        return out + err
+
+    return ficc
 
 
 def make_data_dir(data_dir: Path) -> None:

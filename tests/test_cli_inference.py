@@ -126,7 +126,10 @@ async def test_preview_create_show_tokens_stale_revision_and_remove(tmp_path):
             assert re.search(r"^revision:\s+1$", shown.stdout, re.M)
             assert re.search(r"^generation:\s+0$", shown.stdout, re.M)
             assert re.search(r"^state:\s+stopped \(desired: stopped\)$", shown.stdout, re.M)
-            assert re.search(r"^0\s+local\s+stopped\s+-\s+-\s+-\s+1\s+1 GiB", shown.stdout, re.M)
+            assert re.search(
+                r"^0\s+stopped\s+local\s+-\s+-\s+0\s+-\s+-\s+0\s+-$", shown.stdout, re.M
+            )
+            assert re.search(r"^0\s+local\s+1\s+1 GiB", shown.stdout, re.M)
             assert (await run.json("show", service_id))["revision"] == 1
 
             listed = await run.ok("list")
@@ -202,7 +205,10 @@ async def test_start_wait_ready_replace_drain_stop_and_remove(tmp_path):
             assert "starting" in started.stderr  # the state changes it followed
             shown = await run.ok("show", service_id)
             assert re.search(r"^state:\s+ready \(desired: running\)$", shown.stdout, re.M)
-            assert re.search(r"^0\s+local\s+ready\s+-\s+1\s+1\s+1\s+1 GiB", shown.stdout, re.M)
+            assert re.search(
+                r"^0\s+ready\s+local\s+1\s+\d+\s+0\s+-\s+200\s+0\s+-$", shown.stdout, re.M
+            )
+            assert re.search(r"^0\s+local\s+1\s+1 GiB", shown.stdout, re.M)
 
             # Replace refuses a running service; stop, then replace starts generation 2.
             refused = await run("replace", service_id, str(spec_file))
@@ -295,7 +301,11 @@ async def test_start_refuses_an_unknown_outcome_until_acknowledged(tmp_path):
 
             shown = await run.ok("show", service_id)
             assert re.search(rf"^unknown:\s+{re.escape(lost)} ", shown.stdout, re.M)
-            assert re.search(r"^0\s+local\s+unknown\s+node_lost\s+0\s+1\s", shown.stdout, re.M)
+            assert re.search(
+                r"^0\s+unknown\s+gone-1 \(registered\)\s+1\s+-\s+0\s+-\s+-\s+0\s+node_lost$",
+                shown.stdout,
+                re.M,
+            )
 
             refused = await run("start", service_id)
             assert refused.exit_code == 1

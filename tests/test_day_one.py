@@ -20,7 +20,7 @@ import pytest
 import trio
 
 from .models_support import smollm2_path
-from .serve_support import FICC, ServeProcess, first_run_secrets
+from .serve_support import ServeProcess, ficc_command, first_run_secrets
 
 pytestmark = pytest.mark.slow
 
@@ -28,20 +28,7 @@ pytestmark = pytest.mark.slow
 async def test_plain_serve_login_add_create_and_chat_get_an_answer(tmp_path):
     env = {key: value for key, value in os.environ.items() if not key.startswith("FICC_")}
     env["XDG_CONFIG_HOME"] = str(tmp_path / "config")
-
-    async def ficc(*args: str, stdin: str = "") -> str:
-        done = await trio.run_process(
-            [*FICC, *args],
-            stdin=stdin.encode(),
-            capture_stdout=True,
-            capture_stderr=True,
-            env=env,
-            check=False,
-        )
-        out, err = done.stdout.decode(), done.stderr.decode()
-        if done.returncode != 0:
-            pytest.fail(f"ficc {' '.join(args)} exited {done.returncode}:\n{out}\n{err}")
-        return out + err
+    ficc = ficc_command(env)
 
     # Short: the engine's socket path lives under it (at most 107 bytes).
     data = Path(tempfile.mkdtemp(prefix="fd-", dir="/tmp"))

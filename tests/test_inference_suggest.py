@@ -325,3 +325,11 @@ async def test_a_too_small_memory_limit_warns_then_the_real_engine_stops_retryin
             if labels["limits.memory"].startswith("cgroup"):
                 # The kernel killed it at its limit, and the executor says so.
                 assert reason == "memory_limit", view
+            # The replica's status shows the last exit and the restarts that led there.
+            status = await controller.ok("GET", f"/api/v1/inference/{service_id}/status")
+            (replica,) = status["replicas"]
+            assert replica["restarts"] == 2 and replica["last_exit"]["attempt"] == 3
+            assert replica["last_exit"]["reason"] == reason
+            assert replica["last_exit"]["memory_limit"] is (reason == "memory_limit")
+            if replica["last_exit"]["memory_limit"]:
+                assert replica["last_exit"]["signal"] == 9

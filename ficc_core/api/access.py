@@ -237,6 +237,15 @@ ROUTES: dict[str, Route] = {
         needs(s.INFERENCE_READ),
         "tokens and latency of its invoke requests: totals, per credential, the latest",
     ),
+    "inference_status": Route(
+        "GET",
+        "/api/v1/inference/{id}/status",
+        needs(s.INFERENCE_READ),
+        "each replica's status: state, node (its state, heartbeat age, connected here), "
+        "attempt, engine PID, started and ready times, restarts, last exit (code, signal, "
+        "`memory_limit`, reason), the readiness probe's last answer, in-flight requests; "
+        "another project's is 404 `service_not_found`",
+    ),
     "inference_preview": Route(
         "POST",
         "/api/v1/inference/preview",
@@ -343,6 +352,14 @@ ROUTES: dict[str, Route] = {
         needs(s.INFERENCE_MANAGE),
         "`{spec}` → the preview of the next generation serving alone (the service's own "
         "reservations not counted) and `beside_serving`, the plan while both run",
+    ),
+    "inference_events": Route(
+        "GET",
+        "/api/v1/inference/{id}/events?after=&limit=",
+        needs(s.INFERENCE_READ),
+        "what happened to the service, its replicas and attempts, and the nodes they ran "
+        "on, oldest first: the newest `limit` (default 100, at most 500), or the first "
+        "`limit` after event `after`; `next_after` reads on",
     ),
     # the inference gateway (the gateway checks the service binding and the project)
     "invoke_models": Route(

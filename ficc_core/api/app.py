@@ -19,6 +19,7 @@ from ..strictjson import dumps_error
 from . import (
     routes_admin,
     routes_contributors,
+    routes_events,
     routes_inference,
     routes_invoke,
     routes_models,
@@ -110,6 +111,7 @@ def create_app(service: Service) -> QuartTrio:
     routes_contributors.register(app, service)
     routes_inference.register(app, service)
     routes_operations.register(app, service)
+    routes_events.register(app, service)
     routes_invoke.register(app, service)
 
     missing = sorted(

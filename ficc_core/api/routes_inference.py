@@ -16,11 +16,12 @@ import attrs
 from quart import Response, g, jsonify
 
 from ..inference import CONTROL_ACTIONS
+from ..inference.status import read_status
 from ..schema import FieldError
 from ..schema._convert import MAX_SAFE_INTEGER, integer
 from .bodies import query_number, read_json, read_json_object
 from .views_auth import credential_view, issued_view, revocation_view
-from .views_inference import preview_view, usage_view
+from .views_inference import preview_view, status_view, usage_view
 from .views_inference import service_view as view_of_service
 
 if TYPE_CHECKING:
@@ -81,6 +82,13 @@ def register(app: QuartTrio, service: Service) -> None:
         since = query_number("since")  # seconds since the epoch
         summary = await inference.usage_summary(g.principal.project_id, service_id, since)
         return jsonify(usage_view(summary))
+
+    @app.get("/api/v1/inference/<service_id>/status", endpoint="inference_status")
+    async def inference_status(service_id: str) -> Response:
+        found = await read_status(
+            inference, service.contributors, g.principal.project_id, service_id
+        )
+        return jsonify(status_view(found))
 
     @app.post("/api/v1/inference/preview", endpoint="inference_preview")
     async def inference_preview() -> Response:

@@ -9,6 +9,7 @@ import attrs
 from ..inference import Preview, ServiceDetail
 from ..inference.publication import give_up_reason, given_up
 from ..inference.records import AttemptRecord, AttemptState, Desired, ServiceState, UsageSummary
+from ..inference.status import ServiceStatus
 from ..schema import unstructure
 
 
@@ -110,3 +111,8 @@ def usage_view(summary: UsageSummary) -> dict[str, Any]:
         "by_credential": [attrs.asdict(row) for row in summary.by_credential],
         "recent": [attrs.asdict(row) for row in summary.recent],
     }
+
+
+def status_view(status: ServiceStatus) -> dict[str, Any]:
+    """A service's per-replica status (see :mod:`ficc_core.inference.status`)."""
+    return attrs.asdict(status)

@@ -18,16 +18,19 @@ from .chat import chat
 from .client import client_from
 from .inference_control import COMMANDS
 from .inference_create import create
+from .inference_events import events, print_recent_events
 from .inference_io import (
     BASE,
     SPEC_FILE,
     echo_plan,
+    echo_reservations,
     echo_service,
     read_spec,
     refusals,
     seconds,
 )
 from .inference_ops import COMMANDS as OPERATIONS
+from .inference_status import echo_replicas, fetch_status
 from .options import url_flag
 from .output import echo_json, echo_table, json_option, when
 from .resolve import resolve
@@ -71,13 +74,25 @@ def preview(ctx: click.Context, spec_file: Path, as_json: bool) -> None:
 @json_option
 @click.pass_context
 def show(ctx: click.Context, service_id: str, as_json: bool) -> None:
-    """Show a service (its ID or alias): specification, state and replicas."""
+    """Show a service (its ID or alias): specification, state, each replica's status.
+
+    A replica's row: its state, node, attempt, engine PID, restarts in this
+    generation, last exit, the readiness probe's last answer and the requests in
+    flight. With --json: the service, its status under "status".
+    """
     client = client_from(ctx)
-    view = client.json("GET", f"{BASE}/{resolve(client, 'inference', service_id)}")
+    service_id = resolve(client, "inference", service_id)
+    view = client.json("GET", f"{BASE}/{service_id}")
+    status = fetch_status(client, service_id)
     if as_json:
-        echo_json(view)
+        echo_json({**view, "status": status})
     else:
         echo_service(view)
+        click.echo("")
+        echo_replicas(view, status)
+        click.echo("")
+        echo_reservations(view)
+        print_recent_events(client, view["id"])
 
 
 @inference.command("list")
@@ -115,6 +130,7 @@ for _command in (*COMMANDS, chat):
 inference.add_command(create)
 for _operation in OPERATIONS:  # restart, move, bulk-move, rollout
     inference.add_command(_operation)
+inference.add_command(events)
 
 
 # -- invoke tokens ---------------------------------------------------------------------------

@@ -110,6 +110,7 @@ def echo_plan(preview: Mapping[str, Any]) -> None:
 
 
 def echo_service(view: Mapping[str, Any]) -> None:
+    """The service's header lines (its replicas are :func:`.inference_status.echo_replicas`)."""
     spec = view["spec"]
     runtime = spec["runtime"]
     lines = [
@@ -140,29 +141,23 @@ def echo_service(view: Mapping[str, Any]) -> None:
             "--acknowledge-unknown to give them up)"
         )
     click.echo("\n".join(lines))
-    click.echo("")
-    rows: list[tuple[Any, ...]] = [
-        ("REPLICA", "NODE", "STATE", "REASON", "GENERATION", "ATTEMPT", "CPUS", "MEMORY", "GPUS")
-    ]
+
+
+def echo_reservations(view: Mapping[str, Any]) -> None:
+    """What each replica holds on its node (``released`` once its attempt ended)."""
+    rows: list[tuple[Any, ...]] = [("REPLICA", "NODE", "CPUS", "MEMORY", "GPUS")]
     for replica in view["replicas"]:
         reservation = replica["reservation"]
         rows.append(
             (
                 replica["index"],
                 replica["node_id"],
-                replica["state"],
-                replica["reason"] or "-",
-                "-" if replica["generation"] is None else replica["generation"],
-                "-" if replica["attempt"] is None else replica["attempt"],
                 _cpus(reservation["cpus"]) if reservation else "released",
                 _size(reservation["memory_bytes"]) if reservation else "-",
                 _gpus(reservation),
             )
         )
     echo_table(rows)
-    for replica in view["replicas"]:
-        if replica.get("message"):
-            click.echo(f"replica {replica['index']}: {replica['message']}")
 
 
 def echo_outcome(view: Mapping[str, Any], what: str) -> None:

@@ -15,8 +15,8 @@ from ..schema.spec import NODE_ID_PATTERN
 from ..store import Store, Transaction
 from . import repository
 from .errors import InvalidNodeCredential, NodeCredentialRevoked, NodeExists, NodeNotFound
-from .records import Node
-from .states import forget_attempts
+from .records import Node, NodeState
+from .states import forget_attempts, node_changed
 
 #: Node credentials look like ``ficcnode_<credential id>.<secret>``; bearer tokens never do.
 NODE_TOKEN_PREFIX = "ficcnode_"
@@ -94,9 +94,18 @@ class NodeEnrolment:
         now = self.clock()
 
         def write(tx: Transaction) -> Node:
-            if read_node(tx, node_id).revoked_at is None:
+            before = read_node(tx, node_id)
+            if before.revoked_at is None:
                 repository.mark_revoked(tx, node_id, now)
                 forget_attempts(tx, node_id, now)
+                node_changed(
+                    tx,
+                    before,
+                    NodeState.REVOKED,
+                    now,
+                    reason="revoked",
+                    message="its credential was revoked; what it ran is unknown",
+                )
             return read_node(tx, node_id)
 
         return await self.store.write(write)

@@ -36,11 +36,23 @@ if TYPE_CHECKING:
     from ..schema import Job, ResourceLimits, Runtime
 
 
+def stale_after(heartbeat_interval: float) -> float:
+    """Seconds of silence after which a connected node missed a heartbeat: two intervals
+    (so it shows within one interval of the heartbeat it missed), and at least two
+    seconds more than one, so a late heartbeat on a busy host is not taken for a miss
+    (the default 2 s interval: 4 s)."""
+    return max(2 * heartbeat_interval, heartbeat_interval + 2.0)
+
+
 class NodeRegistry:
     """The controller's record of contributor nodes, all through the :class:`Store`.
 
     :param unreachable_after: seconds without a heartbeat before a node is unreachable.
     :param lost_after: seconds without a heartbeat before it is lost.
+    :param heartbeat_interval: how often nodes are asked to heartbeat; one that missed
+        one is :meth:`stale` (see :func:`stale_after`).
+    :param notify: called with a node's id when its connection here ended, or its
+        first heartbeat after one it missed came (what it runs may be reached again).
     :param clock: wall-clock seconds (``time.time``; tests pass their own).
     """
 
@@ -50,10 +62,16 @@ class NodeRegistry:
         *,
         unreachable_after: float = 15.0,
         lost_after: float = 60.0,
+        heartbeat_interval: float = 2.0,
+        notify: Callable[[str], None] = lambda _node_id: None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.store = store
         self.clock = clock
+        self.stale_after = stale_after(heartbeat_interval)
+        self.notify = notify
+        #: When each node connected here was last heard (its last heartbeat's time).
+        self._heard: dict[str, float] = {}
         self.enrolment = NodeEnrolment(store, clock=clock)
         self.states = NodeStates(
             store, unreachable_after=unreachable_after, lost_after=lost_after, clock=clock
@@ -153,6 +171,9 @@ class NodeRegistry:
     def disconnect(self, node_id: str, connection_id: str) -> None:
         """Forget a live connection that ended (its state then follows the heartbeat clock)."""
         self.live.forget(node_id, connection_id)
+        if not self.connected_here(node_id):
+            self._heard.pop(node_id, None)
+            self.notify(node_id)
 
     def drop_connection(self, node_id: str) -> bool:
         """End the node's connection to this controller as a dropped network would.
@@ -164,6 +185,29 @@ class NodeRegistry:
     def connected_here(self, node_id: str) -> bool:
         """Whether ``node_id`` has a live connection to this controller."""
         return self.live.link(node_id) is not None
+
+    def silence(self, node_id: str) -> float | None:
+        """Seconds since a node connected here was last heard; None when it is not."""
+        heard = self._heard.get(node_id)
+        if heard is None or not self.connected_here(node_id):
+            return None
+        return max(0.0, self.clock() - heard)
+
+    def trouble(self, node_id: str) -> str | None:
+        """Why what ``node_id`` runs cannot count as serving now, or None when it can.
+
+        A node not connected here cannot be reached; one connected but silent for
+        longer than :attr:`stale_after` missed a heartbeat. Either shows on its
+        replicas at once, long before the node is unreachable or lost.
+        """
+        if not self.connected_here(node_id):
+            return f"node {node_id} is not connected to this controller"
+        silent = self.silence(node_id)
+        if silent is None:
+            return f"node {node_id} connected but has not reported yet"
+        if silent > self.stale_after:
+            return f"node {node_id} missed its heartbeats (none for over {self.stale_after:g} s)"
+        return None
 
     async def heartbeat(
         self,
@@ -178,7 +222,13 @@ class NodeRegistry:
         heartbeat from a connection that a newer one replaced raises
         :class:`~.errors.ConnectionFenced`.
         """
-        return await self.states.heartbeat(node_id, connection_id, snapshot, attempts)
+        stale = self.trouble(node_id) is not None
+        node = await self.states.heartbeat(node_id, connection_id, snapshot, attempts)
+        if node.last_heartbeat is not None:
+            self._heard[node_id] = node.last_heartbeat
+        if stale and self.trouble(node_id) is None:
+            self.notify(node_id)
+        return node
 
     async def sweep(self) -> list[tuple[str, NodeState]]:
         """Move silent nodes to unreachable or lost; return the ``(node, state)`` changes."""

@@ -6,6 +6,7 @@ after ``lost_after`` seconds, when every attempt it last reported becomes
 ``unknown`` and nothing assigned to it is wanted any more. A node that never
 connected is ``registered``; a revoked one stays ``revoked``.
 
+Every change of a node's state is an event (:func:`node_changed`), written with it.
 Each connection gets a new ID, recorded here; a heartbeat from any other
 connection of the node is refused (:class:`~.errors.ConnectionFenced`).
 """
@@ -18,6 +19,7 @@ from typing import Any
 import trio
 
 from ..errors import InvalidRequest
+from ..events import EventKind, Subject, record
 from ..schema import ExecutorSnapshot, canonical_json
 from ..store import Store, Transaction
 from . import repository
@@ -29,6 +31,39 @@ def forget_attempts(tx: Transaction, node_id: str, now: float) -> None:
     """A lost or revoked node: its running attempts are unknown, its assignments unwanted."""
     repository.mark_attempts_unknown(tx, node_id, now)
     repository.unwant_all(tx, node_id, AssignmentReason.UNKNOWN, now)
+
+
+def node_changed(
+    tx: Transaction,
+    node: Node,
+    state: NodeState,
+    now: float,
+    *,
+    reason: str,
+    message: str,
+) -> None:
+    """Record the event of ``node`` (as it was) moving to ``state``; nothing if it was there."""
+    if node.state == state:
+        return
+    record(
+        tx,
+        at=now,
+        kind=EventKind.NODE_STATE,
+        subject=Subject.NODE,
+        subject_id=node.id,
+        node_id=node.id,
+        reason=reason,
+        message=f"node {node.id}: {node.state} → {state}: {message}",
+        details={
+            "state": {"from": str(node.state), "to": str(state)},
+            "last_heartbeat": node.last_heartbeat,
+        },
+    )
+
+
+def _silence(node: Node, now: float) -> str:
+    silent = now - (node.last_heartbeat or now)
+    return f"no heartbeat for {silent:.0f} s"
 
 
 def _connectable(tx: Transaction, node_id: str) -> Node:
@@ -94,12 +129,22 @@ class NodeStates:
         reported = [NodeAttempt.from_report(attempt, updated_at=now) for attempt in attempts]
 
         def write(tx: Transaction) -> Node:
-            if _connectable(tx, node_id).connection_id != connection_id:
+            before = _connectable(tx, node_id)
+            if before.connection_id != connection_id:
                 raise ConnectionFenced(
                     f"a newer connection of node {node_id!r} replaced this one",
                     details={"node": node_id},
                 )
             repository.record_heartbeat(tx, node_id, now=now, snapshot=document, attempts=reported)
+            node_changed(
+                tx,
+                before,
+                NodeState.CONNECTED,
+                now,
+                reason="heartbeat",
+                message="its heartbeats arrive"
+                + ("" if before.last_heartbeat is None else f" again ({_silence(before, now)})"),
+            )
             node = repository.fetch_node(tx, node_id)
             assert node is not None  # checked above, in this transaction
             return node
@@ -125,10 +170,30 @@ class NodeStates:
                 if node_id not in lost
             ]
             for node_id in lost:
+                before = repository.fetch_node(tx, node_id)
                 repository.set_state(tx, node_id, NodeState.LOST)
                 forget_attempts(tx, node_id, now)
+                if before is not None:
+                    node_changed(
+                        tx,
+                        before,
+                        NodeState.LOST,
+                        now,
+                        reason="node_lost",
+                        message=f"{_silence(before, now)}; what it ran is unknown",
+                    )
             for node_id in unreachable:
+                before = repository.fetch_node(tx, node_id)
                 repository.set_state(tx, node_id, NodeState.UNREACHABLE)
+                if before is not None:
+                    node_changed(
+                        tx,
+                        before,
+                        NodeState.UNREACHABLE,
+                        now,
+                        reason="no_heartbeat",
+                        message=f"{_silence(before, now)}; no new work goes there",
+                    )
             changes = [(node_id, NodeState.LOST) for node_id in lost]
             changes += [(node_id, NodeState.UNREACHABLE) for node_id in unreachable]
             return sorted(changes)

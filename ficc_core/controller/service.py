@@ -18,6 +18,7 @@ from ..auth import AuthService
 from ..auth.throttle import LoginThrottle
 from ..config import Config
 from ..contributors import NodeRegistry
+from ..events import EventRetention
 from ..gateway import Gateway
 from ..inference import InferenceManager, LiveTable, ModelContexts, Reconciler, UsageLedger
 from ..inference.moves import Mover
@@ -129,6 +130,9 @@ async def open_service(
             store,
             unreachable_after=config.unreachable_after,
             lost_after=config.lost_after,
+            heartbeat_interval=config.heartbeat_interval,
+            # The reconciler is built with the registry, so it is named when called.
+            notify=lambda node_id: reconciler.node_changed(node_id),
         )
         live = LiveTable()
         contexts = ModelContexts(models=models, blobs=blobs)
@@ -198,6 +202,13 @@ async def open_service(
             await nursery.start(reconciler.run)
             await nursery.start(usage.run)
             await nursery.start(auth.watch_revocations)
+            await nursery.start(
+                EventRetention(
+                    store,
+                    retention=config.events_retention,
+                    max_per_service=config.events_max_per_service,
+                ).run
+            )
             yield service
             nursery.cancel_scope.cancel()
     finally:

@@ -72,6 +72,12 @@ class ExecutorAttempt:
     reason: str | None = None
     message: str | None = None
     stop_requested: bool = False
+    #: The engine's process ID and start (epoch seconds), where the provider knows them.
+    pid: int | None = None
+    started_at: float | None = None
+    #: The readiness probe's last answer and when it came (epoch seconds).
+    health: str | None = None
+    health_at: float | None = None
     process: Any = None
     extra: dict[str, Any] = attrs.field(factory=dict)
     ready: trio.Event = attrs.field(factory=trio.Event)
@@ -81,6 +87,10 @@ class ExecutorAttempt:
     def workdir(self) -> Path:
         """The engine's private working directory."""
         return self.directory / "work"
+
+    def answered(self, health: str, at: float) -> None:
+        """The readiness probe got ``health`` (an HTTP status, or why there was none)."""
+        self.health, self.health_at = health, at
 
     def settle(self) -> None:
         """Wake everyone waiting for readiness: the attempt is ready or over."""
@@ -96,6 +106,10 @@ class ExecutorAttempt:
             reason=self.reason,
             message=self.message,
             log_tail=tuple(tail),
+            pid=self.pid,
+            started_at=self.started_at,
+            health=self.health,
+            health_at=self.health_at,
         )
 
     async def current_status(self) -> AttemptStatus:

@@ -175,6 +175,8 @@ class SupervisingProvider:
         self._attempts[fence.attempt_id] = attempt
         try:
             attempt.process = await self._start(attempt, limits, runtime)
+            attempt.started_at = time.time()
+            attempt.pid = await self._engine_pid(attempt, answered=False)
         except BaseException:
             del self._attempts[fence.attempt_id]
             with trio.CancelScope(shield=True):
@@ -330,10 +332,17 @@ class SupervisingProvider:
 
     async def _probe_readiness(self, attempt: ExecutorAttempt, scope: trio.CancelScope) -> None:
         with scope:
-            failure = await probe_until_ready(self.streams, attempt.fence.attempt_id, attempt.job)
+            failure = await probe_until_ready(
+                self.streams,
+                attempt.fence.attempt_id,
+                attempt.job,
+                lambda health: attempt.answered(health, time.time()),
+            )
             if failure is not None:
                 await self._fail(attempt, *failure)
                 return
+            if attempt.pid is None:  # an engine that answers has surely started by now
+                attempt.pid = await self._engine_pid(attempt, answered=True)
             attempt.state = "ready"
             attempt.settle()
 
@@ -415,6 +424,14 @@ class SupervisingProvider:
 
     async def _signal(self, attempt: ExecutorAttempt, signum: int) -> None:
         raise NotImplementedError
+
+    async def _engine_pid(self, attempt: ExecutorAttempt, *, answered: bool) -> int | None:
+        """The engine's process ID on this host, or None where it is not known (yet).
+
+        Asked right after ``_start`` and, while still None, once the engine answered
+        its readiness probe (``answered``).
+        """
+        return None
 
     async def _exit_reason(
         self, attempt: ExecutorAttempt, returncode: int

@@ -15,6 +15,7 @@ out or answers a status outside its ``expect`` list fails the attempt.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import h11
@@ -89,23 +90,43 @@ def _details(index: int, request: BootstrapRequest) -> dict[str, object]:
     return {"index": index, "method": request.method, "path": request.path}
 
 
+def _no_answer(exc: BaseException) -> str:
+    """What kept the probe from an HTTP answer, in a few words."""
+    cause = exc.__context__ if isinstance(exc, EngineUnavailable) else exc
+    if isinstance(cause, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(cause, FileNotFoundError):
+        return "no socket yet"
+    if isinstance(cause, OSError) and cause.strerror:
+        return cause.strerror.lower()
+    return "connection failed"
+
+
 async def probe_until_ready(
-    streams: EndpointStreams, attempt_id: str, job: Job
+    streams: EndpointStreams,
+    attempt_id: str,
+    job: Job,
+    answered: Callable[[str], None] = lambda _health: None,
 ) -> tuple[str, str] | None:
     """Probe the engine until it is ready, then bootstrap it; None, or (reason, message).
 
     The reason is ``readiness_timeout`` or ``bootstrap_failed``; the message says
-    the engine was stopped, which the caller then does.
+    the engine was stopped, which the caller then does. ``answered`` is told each
+    probe's answer: the HTTP status (``"200"``), or why there was none
+    (``"connection refused"``, ``"no answer"``).
     """
     probe = job.readiness
     status = 0
     with trio.move_on_after(probe.timeout):
         while True:
+            health = "no answer"
             with trio.move_on_after(max(probe.interval, 2.0)):
                 try:
                     status, _ = await streams.request(attempt_id, "GET", probe.path)
-                except (EngineUnavailable, OSError, trio.BrokenResourceError):
-                    status = 0
+                    health = str(status)
+                except (EngineUnavailable, OSError, trio.BrokenResourceError) as exc:
+                    status, health = 0, _no_answer(exc)
+            answered(health)
             if status == 200:
                 break
             await trio.sleep(probe.interval)

@@ -34,6 +34,14 @@ class AttemptStatus:
         ``killed``, ``readiness_timeout``, ``stopped``, ``provider_restarted``; None while it runs.
     :ivar message: a sentence a person can act on, when it ended.
     :ivar log_tail: the last lines of its log, when it ended.
+    :ivar pid: the engine's process ID on its node, where the provider knows it.
+    :ivar started_at: when the engine process started (epoch seconds, the node's clock).
+    :ivar health: the readiness probe's last answer: an HTTP status (``"200"``,
+        ``"503"``) or what kept it from one (``"connection refused"``, ``"no answer"``).
+    :ivar health_at: when the probe got that answer (epoch seconds, the node's clock).
+
+    The last four are None where the provider does not know them (or an older node
+    did not say).
     """
 
     attempt_id: str
@@ -43,6 +51,10 @@ class AttemptStatus:
     reason: str | None = None
     message: str | None = None
     log_tail: tuple[str, ...] = ()
+    pid: int | None = None
+    started_at: float | None = None
+    health: str | None = None
+    health_at: float | None = None
 
     @property
     def running(self) -> bool:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import secrets
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -25,6 +25,7 @@ from .records import ENDED, AttemptRecord, AttemptState, ServiceRecord
 
 if TYPE_CHECKING:
     from ..contributors import NodeRegistry
+    from ..executor.types import AttemptStatus
     from ..models.blobs import BlobStore
     from ..plugins import AdapterRegistry
     from .model_context import ModelContext, ModelContexts
@@ -34,6 +35,15 @@ log = logging.getLogger("ficc.inference")
 
 #: How long a stopped engine has to end before its executor kills it, in seconds.
 STOP_GRACE = 10.0
+
+
+#: The attempt record's fields an executor's status fills (``AttemptStatus`` names them alike).
+ENGINE_FIELDS = ("pid", "exit_code", "signal", "started_at", "health", "health_at")
+
+
+def engine_fields(status: AttemptStatus) -> dict[str, Any]:
+    """What an executor's status says of its engine, as attempt record fields."""
+    return {name: getattr(status, name) for name in ENGINE_FIELDS}
 
 
 def new_attempt_id(service_id: str, index: int, generation: int, number: int) -> str:
@@ -209,12 +219,14 @@ class Attempts:
         state: AttemptState,
         reason: str,
         message: str | None = None,
+        **engine: Any,
     ) -> None:
         """The attempt ended (or never started): released, with why (its message kept
-        unless a new one is given)."""
+        unless a new one is given) and what its executor last said of the engine that
+        is not on record yet (``engine``: fields of :data:`ENGINE_FIELDS`)."""
         extra = {} if message is None else {"message": message}
         await self.observations.set_attempt(
-            service_id, attempt_id, state=state, reason=reason, released=True, **extra
+            service_id, attempt_id, state=state, reason=reason, released=True, **extra, **engine
         )
 
     async def _refused(self, service_id: str, attempt_id: str, exc: FiccError) -> None:
@@ -241,6 +253,10 @@ class Attempts:
             return
         service_id, attempt_id, node_id = attempt.service_id, attempt.attempt_id, attempt.node_id
         state = attempt.state
+        # What is on record of the engine: written again only when the executor says
+        # something new, never on a poll that changes nothing.
+        recorded = {name: getattr(attempt, name) for name in ENGINE_FIELDS}
+        ready_at = attempt.ready_at
         while True:
             try:
                 status = await self.contributors.status(node_id, attempt.fence)
@@ -260,6 +276,13 @@ class Attempts:
                     return
                 await trio.sleep(self.loading_period)
                 continue
+            engine = engine_fields(status)
+            # The probe's time alone is no change: health_at says since when it answers so.
+            changes: dict[str, Any] = {
+                k: v for k, v in engine.items() if k != "health_at" and recorded[k] != v
+            }
+            if "health" in changes:
+                changes["health_at"] = engine["health_at"]
             if status.state == "ready":
                 new = AttemptState.READY
             elif status.state == "starting":
@@ -271,11 +294,15 @@ class Attempts:
                     AttemptState.FAILED,
                     status.reason or status.state,
                     status.message or f"the engine {status.state}",
+                    **changes,
                 )
                 return
-            if new != state:
-                await self.observations.set_attempt(service_id, attempt_id, state=new)
+            if new == AttemptState.READY and ready_at is None:
+                ready_at = changes["ready_at"] = self.clock()
+            if new != state or changes:
+                await self.observations.set_attempt(service_id, attempt_id, state=new, **changes)
                 state = new
+                recorded.update(changes)
             await trio.sleep(
                 self.ready_period if state == AttemptState.READY else self.loading_period
             )

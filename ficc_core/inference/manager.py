@@ -21,9 +21,10 @@ import attrs
 from ..auth import secrets as sec
 from ..contributors import repository as contributors_repository
 from ..errors import Conflict, InvalidRequest, NotFound
+from ..events import Event, EventKind
 from ..schema import Specification, canonical_json
 from ..store import Store, Transaction
-from . import repository, rollout
+from . import history, repository, rollout
 from .admission import check_specification, place, plan_in, reserve
 from .errors import service_not_found
 from .live import LiveTable
@@ -206,7 +207,18 @@ class InferenceManager:
                 ),
             )
             repository.insert_reservations(tx, result.reservations, now)
-            return _detail(tx, service_id)
+            detail = _detail(tx, service_id)
+            history.service_event(
+                tx,
+                detail.service,
+                EventKind.SERVICE_CREATED,
+                now,
+                reason="created",
+                message=f"service {specification.alias} created with "
+                f"{len(specification.placements)} replicas (stopped, holding its reservations)",
+                details={"alias": specification.alias, "actor": principal.id},
+            )
+            return detail
 
         detail = await self.store.write(write)
         self.notify(service_id)
@@ -270,7 +282,17 @@ class InferenceManager:
                 ),
                 now,
             )
-            return _detail(tx, service_id)
+            detail = _detail(tx, service_id)
+            history.service_event(
+                tx,
+                detail.service,
+                EventKind.SERVICE_REPLACED,
+                now,
+                reason="replaced",
+                message=f"specification replaced; generation {detail.service.generation} starts",
+                details={"alias": specification.alias, "actor": principal.id},
+            )
+            return detail
 
         detail = await self.store.write(write)
         self.notify(service_id)
@@ -310,7 +332,12 @@ class InferenceManager:
             check_revision(record, revision)
             if action == "start":
                 assert specification is not None and model is not None
+                unreleased = repository.unreleased_attempts(tx, service_id)
                 start_in(tx, record, specification, model, acknowledge=acknowledge_unknown, now=now)
+                for attempt in unreleased:  # given up (acknowledged unknown): each an event
+                    given_up = repository.attempt(tx, attempt.attempt_id)
+                    if given_up is not None:
+                        history.attempt_changed(tx, record, attempt, given_up, now)
             elif action == "drain":
                 if record.desired != Desired.RUNNING:
                     raise Conflict(
@@ -334,7 +361,11 @@ class InferenceManager:
             else:  # remove
                 changed = attrs.evolve(record, desired=Desired.REMOVED, state=ServiceState.REMOVING)
                 repository.update_service(tx, changed, now)
-            return _detail(tx, service_id)
+            detail = _detail(tx, service_id)
+            history.service_changed(
+                tx, record, detail.service, now, action=action, actor=principal.id
+            )
+            return detail
 
         detail = await self.store.write(write)
         if action in CLOSES_ADMISSION:
@@ -390,6 +421,19 @@ class InferenceManager:
         def read(tx: Transaction) -> dict[str, Any]:
             record = _detail(tx, service_id, project_id).service
             return rollout.rollout_view(repository.rollout(tx, service_id), record)
+
+        return await self.store.read(read)
+
+    async def events(
+        self, project_id: str, service_id: str, *, after: int | None, limit: int
+    ) -> list[Event]:
+        """The service's events (with its nodes' state changes), oldest first: the first
+        ``limit`` after ``after``, or the newest ``limit``."""
+
+        def read(tx: Transaction) -> list[Event]:
+            found = _detail(tx, service_id, project_id)
+            nodes = {a.node_id for a in found.attempts} | {r.node_id for r in found.reservations}
+            return history.read(tx, found.service, nodes, after=after, limit=limit)
 
         return await self.store.read(read)
 

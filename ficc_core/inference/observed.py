@@ -1,7 +1,8 @@
 """What the reconciler records of what it observes: attempts' and services' states.
 
 Every write of an attempt bumps its service's revision (clients see the change),
-and a write that changes nothing writes nothing. ``changed`` is called after each
+and a write that changes nothing writes nothing. Each change is also an event,
+written in the same transaction (:mod:`.history`). ``changed`` is called after each
 attempt change so the service's driver looks again at once.
 """
 
@@ -14,9 +15,22 @@ import attrs
 
 from ..contributors import repository as contributors
 from ..contributors.records import Node
+from ..events import EventKind
 from ..store import Store, Transaction
-from . import repository
+from . import history, repository
 from .records import AttemptRecord, Desired, ServiceRecord, ServiceState
+
+
+def _update(
+    tx: Transaction,
+    current: ServiceRecord,
+    changed: ServiceRecord,
+    now: float,
+    action: str | None = None,
+) -> None:
+    """Write the service's change, and its event."""
+    repository.update_service(tx, changed, now)
+    history.service_changed(tx, current, changed, now, action=action)
 
 
 class Observations:
@@ -54,8 +68,16 @@ class Observations:
         """Record a new attempt (before anything is sent to its node)."""
 
         def write(tx: Transaction) -> None:
+            earlier = [
+                a
+                for a in repository.attempts(tx, record.service_id)
+                if (a.replica, a.generation) == (record.replica, record.generation)
+            ]
             repository.insert_attempt(tx, record)
             repository.bump(tx, record.service_id, record.created_at)
+            service = repository.service(tx, record.service_id)
+            previous = earlier[-1] if earlier else None
+            history.attempt_added(tx, service, record, previous, record.created_at)
 
         await self.store.write(write)
 
@@ -72,6 +94,7 @@ class Observations:
                 return
             repository.update_attempt(tx, changed, now)
             repository.bump(tx, service_id, now)
+            history.attempt_changed(tx, repository.service(tx, service_id), current, changed, now)
 
         await self.store.write(write)
         self.changed(service_id)
@@ -86,7 +109,7 @@ class Observations:
                 return
             changed = attrs.evolve(current, **changes)
             if changed != current:
-                repository.update_service(tx, changed, now)
+                _update(tx, current, changed, now)
 
         await self.store.write(write)
 
@@ -97,7 +120,7 @@ class Observations:
         def write(tx: Transaction) -> None:
             current = repository.service(tx, service_id)
             if current is not None and current.reason == reason:
-                repository.update_service(tx, attrs.evolve(current, reason=None), now)
+                _update(tx, current, attrs.evolve(current, reason=None), now)
 
         await self.store.write(write)
 
@@ -111,7 +134,7 @@ class Observations:
                 stopping = attrs.evolve(
                     current, desired=Desired.STOPPED, state=ServiceState.STOPPING
                 )
-                repository.update_service(tx, stopping, now)
+                _update(tx, current, stopping, now, action="drained")
 
         await self.store.write(write)
 
@@ -130,13 +153,22 @@ class Observations:
                 return False  # started again meanwhile
             if current.desired == Desired.REMOVED and not held:
                 repository.delete_service(tx, service_id)
+                history.service_event(
+                    tx,
+                    current,
+                    EventKind.SERVICE_REMOVED,
+                    now,
+                    reason="removed",
+                    message=f"service {current.alias} removed: it holds nothing any more",
+                    details={"alias": current.alias},
+                )
                 return True
             # A stopped service keeps no reason of its own: what its unknown replicas
             # mean is derived from them in the view, so it goes when they resolve.
             if current.state == ServiceState.STOPPED:
                 # A created service keeps the reservations its plan made.
                 if current.reason is not None:
-                    repository.update_service(tx, attrs.evolve(current, reason=None), now)
+                    _update(tx, current, attrs.evolve(current, reason=None), now)
                 return False
             for reservation in repository.reservations(tx, service_id):
                 if reservation.replica not in held:
@@ -144,7 +176,7 @@ class Observations:
             removed = current.desired == Desired.REMOVED
             state = ServiceState.REMOVING if removed else ServiceState.STOPPED
             if (current.state, current.reason) != (state, None):
-                repository.update_service(tx, attrs.evolve(current, state=state, reason=None), now)
+                _update(tx, current, attrs.evolve(current, state=state, reason=None), now)
             return False
 
         return await self.store.write(write)

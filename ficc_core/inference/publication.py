@@ -12,7 +12,7 @@ becomes the service's generation; the previous one then retires the same way.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from .live import Admission, LiveReplica, LiveService, LiveTable
@@ -115,11 +115,26 @@ def give_up_reason(replica: int, attempt: AttemptRecord, limit: int) -> str:
 
 
 def rolled_up(
-    replicas: int, attempts: Sequence[AttemptRecord], generation: int, give_up_after: int = 0
+    replicas: int,
+    attempts: Sequence[AttemptRecord],
+    generation: int,
+    give_up_after: int = 0,
+    trouble: Callable[[str], str | None] = lambda _node_id: None,
 ) -> tuple[ServiceState, str | None]:
-    """A running service's state from its replicas' latest attempts, and why it is not ready."""
+    """A running service's state from its replicas' latest attempts, and why it is not ready.
+
+    ``trouble`` says why a node's attempts cannot count as serving now (its connection
+    dropped, it missed a heartbeat), or None: a ready attempt on such a node counts as
+    not ready, so the service is degraded (or starting) at once, not only once the node
+    is declared unreachable or lost.
+    """
     current = latest(attempts, generation)
     states = [current[i].state if i in current else AttemptState.PENDING for i in range(replicas)]
+    troubles = {}
+    for index, state in enumerate(states):
+        if state == AttemptState.READY and (why := trouble(current[index].node_id)) is not None:
+            states[index] = AttemptState.LOADING
+            troubles[index] = why
     if all(state == AttemptState.READY for state in states):
         state = ServiceState.READY
     elif any(state == AttemptState.READY for state in states):
@@ -133,7 +148,12 @@ def rolled_up(
         if last is not None:
             return state, give_up_reason(index, last, give_up_after)
     failures = [a.message for a in current.values() if a.state == AttemptState.FAILED and a.message]
-    return state, failures[0] if failures and state != ServiceState.READY else None
+    if failures and state != ServiceState.READY:
+        return state, failures[0]
+    if troubles:
+        index, why = next(iter(troubles.items()))
+        return state, f"replica {index} is ready but cannot be reached: {why}"
+    return state, None
 
 
 def publish(

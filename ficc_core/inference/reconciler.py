@@ -214,6 +214,12 @@ class Reconciler:
                 return driver
             await trio.sleep(self.period / 10)
 
+    def node_changed(self, node_id: str) -> None:
+        """A node's connection here ended, or it was heard again after a silence: every
+        driver looks again at once (the node registry's ``notify``)."""
+        for service_id in list(self._drivers):
+            self._poke(service_id)
+
     def _poke(self, service_id: str) -> None:
         """One of the service's attempts changed: its driver (if any) looks again."""
         driver = self._drivers.get(service_id)
@@ -377,7 +383,11 @@ class Reconciler:
             # serves on its placement.
             driver.dismissed.setdefault(attempt.attempt_id, "move_interrupted")
         state, reason = rolled_up(
-            len(specification.placements), attempts, record.generation, self.give_up_after
+            len(specification.placements),
+            attempts,
+            record.generation,
+            self.give_up_after,
+            self.contributors.trouble,
         )
         reason = reason or driver.notice
         await self.observations.set_service(record.id, state=state, reason=reason)

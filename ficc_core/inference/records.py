@@ -126,6 +126,17 @@ class AttemptRecord:
     released: bool = attrs.field(default=False, converter=bool)
     created_at: float
     updated_at: float
+    #: What its executor last said of the engine (None where it did not say): the
+    #: process ID, the exit status or the signal that ended it, when it started (the
+    #: node's clock), and the readiness probe's last answer and when it came.
+    pid: int | None = None
+    exit_code: int | None = None
+    signal: int | None = None
+    started_at: float | None = None
+    health: str | None = None
+    health_at: float | None = None
+    #: When the controller first saw it ready.
+    ready_at: float | None = None
 
     @property
     def fence(self) -> Fence:

@@ -39,7 +39,8 @@ _SERVICE_COLUMNS = (
 )
 _ATTEMPT_COLUMNS = (
     "attempt_id, service_id, replica, generation, number, node_id, provider, plan_digest,"
-    " workload, state, reason, message, released, created_at, updated_at"
+    " workload, state, reason, message, released, created_at, updated_at, pid, exit_code,"
+    " signal, started_at, health, health_at, ready_at"
 )
 _RESERVATION_COLUMNS = (
     "service_id, generation, replica, node_id, cpus, memory_bytes, disk_bytes, gpus, created_at"
@@ -190,8 +191,7 @@ def attempt(tx: Transaction, attempt_id: str) -> AttemptRecord | None:
 def insert_attempt(tx: Transaction, record: AttemptRecord) -> None:
     """Record a new attempt."""
     tx.execute(
-        f"INSERT INTO inference_attempts ({_ATTEMPT_COLUMNS})"
-        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        f"INSERT INTO inference_attempts ({_ATTEMPT_COLUMNS}) VALUES ({', '.join('?' * 22)})",
         (
             record.attempt_id,
             record.service_id,
@@ -208,7 +208,21 @@ def insert_attempt(tx: Transaction, record: AttemptRecord) -> None:
             int(record.released),
             record.created_at,
             record.updated_at,
+            *_engine_fields(record),
         ),
+    )
+
+
+def _engine_fields(record: AttemptRecord) -> tuple[Any, ...]:
+    """The engine's columns, in ``_ATTEMPT_COLUMNS`` order."""
+    return (
+        record.pid,
+        record.exit_code,
+        record.signal,
+        record.started_at,
+        record.health,
+        record.health_at,
+        record.ready_at,
     )
 
 
@@ -216,7 +230,8 @@ def update_attempt(tx: Transaction, record: AttemptRecord, now: float) -> None:
     """Write ``record``'s changeable fields."""
     tx.execute(
         "UPDATE inference_attempts SET plan_digest = ?, workload = ?, state = ?, reason = ?,"
-        " message = ?, released = ?, updated_at = ? WHERE attempt_id = ?",
+        " message = ?, released = ?, updated_at = ?, pid = ?, exit_code = ?, signal = ?,"
+        " started_at = ?, health = ?, health_at = ?, ready_at = ? WHERE attempt_id = ?",
         (
             record.plan_digest,
             record.workload,
@@ -225,6 +240,7 @@ def update_attempt(tx: Transaction, record: AttemptRecord, now: float) -> None:
             record.message,
             int(record.released),
             now,
+            *_engine_fields(record),
             record.attempt_id,
         ),
     )

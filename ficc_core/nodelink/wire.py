@@ -105,9 +105,14 @@ def status_to_wire(status: AttemptStatus) -> dict[str, Any]:
     return document
 
 
+#: The fields of an :class:`AttemptStatus`; a newer node's others are left out.
+_STATUS_FIELDS = frozenset(field.name for field in attrs.fields(AttemptStatus))
+
+
 def status_from_wire(document: dict[str, Any]) -> AttemptStatus:
-    """An :class:`AttemptStatus` from its JSON."""
-    return AttemptStatus(**{**document, "log_tail": tuple(document.get("log_tail", ()))})
+    """An :class:`AttemptStatus` from its JSON (an older node's lacks ``pid``, ``health``...)."""
+    known = {name: value for name, value in document.items() if name in _STATUS_FIELDS}
+    return AttemptStatus(**{**known, "log_tail": tuple(document.get("log_tail", ()))})
 
 
 def decode(raw: str | bytes) -> dict[str, Any]:

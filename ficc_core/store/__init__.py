@@ -29,6 +29,13 @@ class Transaction(Protocol):
     def fetch_all(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
         """Run a query; return every row as a dict."""
 
+    def after_commit(self, fn: Callable[[], None]) -> None:
+        """Call ``fn`` once this transaction committed (never when it rolls back).
+
+        It runs in the store's worker thread, right after the commit; what it raises
+        is logged, and the committed transaction stands.
+        """
+
 
 class Store(Protocol):
     """Transactional storage; every call runs off the event loop."""

@@ -242,7 +242,42 @@ MIGRATIONS: list[tuple[str, ...]] = [
         " WHERE state != 'verified'",
         "ALTER TABLE acquisitions ADD COLUMN error TEXT",
     ),
-    # 10: a replica may hold a reservation per generation and node, so a move's target
+    # 10: events: every state change of a service, replica, attempt and node, written in
+    # the transaction of its change. AUTOINCREMENT: an ID is never reused after a prune,
+    # so a reader's `after` cursor never skips an event.
+    (
+        """CREATE TABLE events (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            at REAL NOT NULL,
+            kind TEXT NOT NULL,
+            subject TEXT NOT NULL,
+            subject_id TEXT NOT NULL,
+            service_id TEXT,
+            project_id TEXT,
+            node_id TEXT,
+            attempt_id TEXT,
+            replica INTEGER,
+            reason TEXT,
+            message TEXT,
+            details TEXT NOT NULL DEFAULT '{}'
+        )""",
+        "CREATE INDEX events_service ON events(service_id, id)",
+        "CREATE INDEX events_node ON events(node_id, id)",
+        "CREATE INDEX events_at ON events(at)",
+    ),
+    # 11: what each attempt's executor last said of its engine: process ID, exit status
+    # or signal, when it started (the node's clock) and became ready (the controller's),
+    # and the readiness probe's last answer with when it came.
+    (
+        "ALTER TABLE inference_attempts ADD COLUMN pid INTEGER",
+        "ALTER TABLE inference_attempts ADD COLUMN exit_code INTEGER",
+        "ALTER TABLE inference_attempts ADD COLUMN signal INTEGER",
+        "ALTER TABLE inference_attempts ADD COLUMN started_at REAL",
+        "ALTER TABLE inference_attempts ADD COLUMN ready_at REAL",
+        "ALTER TABLE inference_attempts ADD COLUMN health TEXT",
+        "ALTER TABLE inference_attempts ADD COLUMN health_at REAL",
+    ),
+    # 12: a replica may hold a reservation per generation and node, so a move's target
     # or a rollout's new generation holds its own beside the one still serving (each goes
     # once its attempt's end is confirmed); a running service's pending rollout (the next
     # generation's specification, started beside the serving one).

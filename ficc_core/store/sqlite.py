@@ -8,6 +8,7 @@ Writes use ``BEGIN IMMEDIATE`` so two writers never interleave, and commit with
 
 from __future__ import annotations
 
+import logging
 import queue
 import sqlite3
 from collections.abc import Callable, Sequence
@@ -21,12 +22,16 @@ from .migrations import MIGRATIONS
 
 T = TypeVar("T")
 
+log = logging.getLogger("ficc.store")
+
 
 class _SQLiteTransaction:
-    __slots__ = ("_conn",)
+    __slots__ = ("_conn", "committed")
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         self._conn = conn
+        #: What :meth:`after_commit` asked to run once the transaction committed.
+        self.committed: list[Callable[[], None]] = []
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
         return self._conn.execute(sql, params).rowcount
@@ -37,6 +42,9 @@ class _SQLiteTransaction:
 
     def fetch_all(self, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
         return [dict(row) for row in self._conn.execute(sql, params).fetchall()]
+
+    def after_commit(self, fn: Callable[[], None]) -> None:
+        self.committed.append(fn)
 
 
 def _connect(path: Path) -> sqlite3.Connection:
@@ -50,12 +58,18 @@ def _connect(path: Path) -> sqlite3.Connection:
 
 def _run_in_transaction(conn: sqlite3.Connection, begin: str, fn: Callable[[Any], T]) -> T:
     conn.execute(begin)
+    tx = _SQLiteTransaction(conn)
     try:
-        result = fn(_SQLiteTransaction(conn))
+        result = fn(tx)
     except BaseException:
         conn.execute("ROLLBACK")
         raise
     conn.execute("COMMIT")
+    for committed in tx.committed:
+        try:
+            committed()
+        except Exception:
+            log.exception("a callback after a committed transaction failed")
     return result
 
 

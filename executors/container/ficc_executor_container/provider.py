@@ -301,6 +301,15 @@ class ContainerProvider(SupervisingProvider):
         return {"commands": [[*self.command, "rm", "-f", "-t", str(grace), name]], "grace": grace}
 
     async def _netns_path(self, attempt: ExecutorAttempt) -> str | None:
+        pid = await self._container_pid(attempt)
+        return None if pid is None else f"/proc/{pid}/ns/net"
+
+    async def _engine_pid(self, attempt: ExecutorAttempt, *, answered: bool) -> int | None:
+        # Right after `run` the container may not exist yet: ask once the engine answered.
+        return await self._container_pid(attempt) if answered else attempt.extra.get("pid")
+
+    async def _container_pid(self, attempt: ExecutorAttempt) -> int | None:
+        """The container's main PID as the engine reports it (kept once known), or None."""
         pid = attempt.extra.get("pid")
         if pid is None:
             result = await self._engine(
@@ -310,7 +319,7 @@ class ContainerProvider(SupervisingProvider):
             if result.returncode != 0 or not text.isdigit() or text == "0":
                 return None
             pid = attempt.extra["pid"] = int(text)
-        return f"/proc/{pid}/ns/net"
+        return pid
 
     async def _signal(self, attempt: ExecutorAttempt, signum: int) -> None:
         name = attempt.extra.get("name")

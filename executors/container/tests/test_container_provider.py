@@ -164,3 +164,14 @@ async def test_a_killed_providers_container_is_removed_once_its_lease_passes(
         assert trio.current_time() - killed >= lease - 0.5
     finally:
         await _end_host(host, label)
+
+
+async def test_a_ready_containers_status_names_its_main_pid_and_the_probes_answer(provider):
+    with trio.fail_after(60):
+        async with kit.launched(provider, kit.standin_job()) as fence:
+            status = await provider.status(fence)
+            name = provider.container_name(attempt_key(fence.attempt_id))
+            reported = int((await _podman("inspect", "--format", "{{.State.Pid}}", name)).strip())
+            assert status.pid == reported > 0
+            assert (status.health, status.state) == ("200", "ready")
+            assert status.started_at <= status.health_at

@@ -264,6 +264,10 @@ class ProcessProvider(SupervisingProvider):
         pid = attempt.extra.get("pid")
         return None if pid is None else f"/proc/{pid}/ns/net"
 
+    async def _engine_pid(self, attempt: ExecutorAttempt, *, answered: bool) -> int | None:
+        # The sandbox helper execs the engine: the child's PID is the engine's.
+        return attempt.extra.get("pid")
+
     # -- signals, exit and release ------------------------------------------------------------
 
     async def _signal(self, attempt: ExecutorAttempt, signum: int) -> None:

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -249,3 +250,26 @@ async def test_without_cgroups_the_engine_is_still_isolated_and_never_orphaned(s
     # It ignored SIGTERM, so the provider's shutdown had to SIGKILL it after the grace.
     assert not _alive(env["pid"])
     assert not list(provider.attempts_dir.iterdir())
+
+
+async def test_status_names_the_engines_pid_its_start_and_the_probes_last_answer(provider):
+    before = time.time()
+    job = kit.standin_job(ready_after=1.0)
+    with trio.fail_after(30):
+        async with kit.launched(provider, job, wait_ready=False) as fence:
+            launched = await provider.status(fence)
+            assert launched.pid is not None and launched.started_at >= before
+            # While the engine loads, the probe's answers show: 503 until it is ready.
+            while (status := await provider.status(fence)).health != "503":  # noqa: ASYNC110
+                await trio.sleep(0.05)
+            assert status.state == "starting" and status.health_at >= status.started_at
+            status = await provider.wait_ready(fence)
+            assert (status.state, status.health) == ("ready", "200")
+            assert status.health_at >= status.started_at
+            # The sandbox execs the engine: the PID is the engine's own.
+            _, answer = await kit.request_json(provider, fence, "GET", "/env")
+            assert answer["pid"] == status.pid == launched.pid
+            os.kill(status.pid, signal.SIGKILL)
+            ended = await provider.wait_ended(fence)
+    assert (ended.state, ended.signal, ended.reason) == ("exited", 9, "killed")
+    assert (ended.pid, ended.started_at) == (status.pid, status.started_at)

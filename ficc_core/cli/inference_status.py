@@ -1,0 +1,115 @@
+"""``ficc inference show``'s replicas table: each replica's status, from the status route.
+
+One row per replica: its state, its node (with ``disconnected`` or ``stale`` when
+the node dropped or missed its heartbeats), its attempt, the engine's PID, how
+often it restarted in this generation, how its last attempt ended, the readiness
+probe's last answer and the requests in flight. REASON is the current attempt's
+reason, else its last exit's, so a replica killed and relaunched still says why;
+the messages follow the table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import click
+
+from .client import ApiClient, ApiError
+from .inference_io import BASE
+from .output import echo_table
+
+HEADER = (
+    "REPLICA",
+    "STATE",
+    "NODE",
+    "ATTEMPT",
+    "PID",
+    "RESTARTS",
+    "LAST EXIT",
+    "HEALTH",
+    "IN-FLIGHT",
+    "REASON",
+)
+
+
+def fetch_status(client: ApiClient, service_id: str) -> dict[str, Any] | None:
+    """The service's status, or None from a controller without the status route."""
+    try:
+        return client.json("GET", f"{BASE}/{service_id}/status")
+    except ApiError as exc:
+        if exc.status == 404 and exc.code != "service_not_found":
+            return None
+        raise
+
+
+def _dash(value: Any) -> Any:
+    return "-" if value is None else value
+
+
+def how_it_ended(last: Mapping[str, Any] | None) -> str:
+    """``signal 9``, ``status 3``, ``memory limit``, ``stopped``, or ``-`` for none."""
+    if last is None:
+        return "-"
+    if last["memory_limit"]:
+        return "memory limit"
+    if last["signal"] is not None:
+        return f"signal {last['signal']}"
+    if last["exit_code"] is not None:
+        return f"status {last['exit_code']}"
+    return last["reason"] or "-"
+
+
+def _node(node: Mapping[str, Any]) -> str:
+    name = node["name"] or node["id"]
+    return name if node["state"] == "connected" else f"{name} ({node['state']})"
+
+
+def echo_replicas(view: Mapping[str, Any], status: Mapping[str, Any] | None) -> None:
+    """The replicas table (the service view's replicas when there is no status)."""
+    if status is None:
+        rows: list[tuple[Any, ...]] = [("REPLICA", "STATE", "NODE", "ATTEMPT", "REASON")]
+        for replica in view["replicas"]:
+            rows.append(
+                (
+                    replica["index"],
+                    replica["state"],
+                    replica["node_id"],
+                    _dash(replica["attempt"]),
+                    _dash(replica["reason"]),
+                )
+            )
+        echo_table(rows)
+        return
+    rows = [HEADER]
+    notes = []
+    for replica in status["replicas"]:
+        last = replica["last_exit"]
+        ended_now = last is not None and last["attempt_id"] == replica["attempt_id"]
+        reason = replica["reason"] or (last["reason"] if last else None)
+        rows.append(
+            (
+                replica["index"],
+                replica["state"],
+                _node(replica["node"]),
+                _dash(replica["attempt"]),
+                _dash(replica["pid"]),
+                replica["restarts"],
+                how_it_ended(last),
+                _dash(replica["health"]),
+                replica["in_flight"],
+                _dash(reason),
+            )
+        )
+        if replica["message"]:
+            notes.append(f"replica {replica['index']}: {replica['message']}")
+        if last is not None and last["message"] and not ended_now:
+            notes.append(
+                f"replica {replica['index']} last exit (attempt {last['attempt']}): "
+                f"{last['message']}"
+            )
+        if replica["node"]["trouble"]:
+            notes.append(f"replica {replica['index']}: {replica['node']['trouble']}")
+    echo_table(rows)
+    for note in notes:
+        click.echo(note)

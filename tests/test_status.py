@@ -1,0 +1,287 @@
+"""Replica status: derivations, the status route, and `ficc inference show`.
+
+The route and CLI tests run the stand-in engine as the llama_server runtime on the
+embedded node (a tiny GGUF as its model), so an engine starts in well under a
+second; the real llama.cpp engine killed with SIGKILL is tests/test_status_e2e.py.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+
+import trio
+
+from ficc_core.auth import ALL_SCOPES
+from ficc_core.inference.records import AttemptRecord, ServiceDetail, ServiceRecord
+from ficc_core.inference.status import last_exit, node_status, restarts, service_status
+
+from .conftest import issue_token
+from .inference_support import llama_spec, open_inference_controller, register_gguf, standin_engine
+from .models_support import tiny_gguf
+from .test_cli_inference import Cli
+
+# -- derivations -----------------------------------------------------------------------------
+
+
+def _attempt(replica: int, generation: int, number: int, state: str, **fields) -> AttemptRecord:
+    return AttemptRecord(
+        attempt_id=f"svc.r{replica}.g{generation}.a{number}",
+        service_id="svc",
+        replica=replica,
+        generation=generation,
+        number=number,
+        node_id=fields.pop("node_id", "n1"),
+        provider="process",
+        plan_digest="sha256:" + "1" * 64,
+        state=state,
+        created_at=100.0 + number,
+        updated_at=fields.pop("updated_at", 200.0 + number),
+        **fields,
+    )
+
+
+def test_restarts_count_the_attempts_of_the_generation_after_the_first():
+    attempts = [
+        _attempt(0, 1, 1, "stopped"),
+        _attempt(0, 2, 1, "failed", reason="killed", signal=9),
+        _attempt(0, 2, 2, "failed", reason="exited", exit_code=3),
+        _attempt(0, 2, 3, "ready"),
+        _attempt(1, 2, 1, "ready"),
+    ]
+    assert restarts(attempts, 0, 2) == 2
+    assert restarts(attempts, 0, 1) == 0
+    assert restarts(attempts, 1, 2) == 0
+    assert restarts(attempts, 2, 2) == 0
+
+
+def test_the_last_exit_is_the_latest_ended_attempt_with_its_code_signal_and_memory_limit():
+    attempts = [
+        _attempt(0, 1, 1, "failed", reason="memory_limit", signal=9, message="over 1 GiB"),
+        _attempt(0, 1, 2, "failed", reason="exited", exit_code=3, message="status 3"),
+        _attempt(0, 1, 3, "loading"),
+        _attempt(1, 1, 1, "failed", reason="memory_limit", signal=9, updated_at=250.0),
+    ]
+    exit0 = last_exit(attempts, 0)
+    assert (exit0.attempt, exit0.exit_code, exit0.signal) == (2, 3, None)
+    assert (exit0.reason, exit0.message, exit0.memory_limit) == ("exited", "status 3", False)
+    assert exit0.at == 202.0
+    exit1 = last_exit(attempts, 1)
+    assert (exit1.signal, exit1.memory_limit, exit1.at) == (9, True, 250.0)
+    assert last_exit(attempts, 2) is None
+    assert last_exit([_attempt(0, 1, 1, "ready")], 0) is None
+
+
+def test_a_connected_node_that_dropped_or_went_silent_shows_so_and_stops_serving():
+    from ficc_core.contributors.records import Node
+
+    def node(state: str) -> Node:
+        return Node(
+            id="n1",
+            name="gpu-1",
+            state=state,
+            labels={},
+            credential_id="cred",
+            connection_id="c1",
+            last_heartbeat=90.0,
+            snapshot=None,
+            attempts=(),
+            created_at=1.0,
+            revoked_at=None,
+        )
+
+    fine = node_status("n1", node("connected"), connected=True, trouble=None, now=100.0)
+    assert (fine.state, fine.stale, fine.heartbeat_age) == ("connected", False, 10.0)
+    dropped = node_status("n1", node("connected"), connected=False, trouble="gone", now=100.0)
+    assert (dropped.state, dropped.recorded_state, dropped.stale) == (
+        "disconnected",
+        "connected",
+        False,
+    )
+    silent = node_status("n1", node("connected"), connected=True, trouble="silent", now=100.0)
+    assert (silent.state, silent.stale) == ("stale", True)
+    lost = node_status("n1", node("lost"), connected=False, trouble="gone", now=100.0)
+    assert lost.state == "lost"
+    missing = node_status("n9", None, connected=False, trouble="gone", now=100.0)
+    assert (missing.state, missing.name) == ("unknown", None)
+
+    spec = '{"placements": [{"node_id": "n1"}, {"node_id": "n1"}]}'
+    record = ServiceRecord(
+        id="svc",
+        project_id="p",
+        alias="a",
+        model_id="m",
+        spec=spec,
+        revision=3,
+        generation=1,
+        desired="running",
+        state="ready",
+        reason=None,
+        plan_digest=None,
+        created_at=1.0,
+        updated_at=2.0,
+    )
+    attempts = (_attempt(0, 1, 1, "failed", reason="killed", signal=9), _attempt(0, 1, 2, "ready"))
+    detail = ServiceDetail(service=record, attempts=attempts, reservations=())
+    for shown, serving in ((fine, True), (dropped, False), (silent, False)):
+        status = service_status(detail, {"n1": shown}, {"svc.r0.g1.a2": 3}.get, 100.0)
+        first, second = status.replicas
+        assert (first.state, first.serving, first.restarts, first.in_flight) == (
+            "ready",
+            serving,
+            1,
+            3,
+        )
+        assert first.last_exit.signal == 9
+        assert (second.state, second.attempt_id, second.serving) == ("stopped", None, False)
+
+
+def test_a_ready_replica_on_a_node_that_cannot_be_reached_does_not_count_as_ready():
+    from ficc_core.inference.publication import rolled_up
+
+    attempts = [_attempt(0, 1, 1, "ready", node_id="n1"), _attempt(1, 1, 1, "ready", node_id="n2")]
+    assert rolled_up(2, attempts, 1) == ("ready", None)
+    troubles = {"n2": "node n2 is not connected to this controller"}
+    state, reason = rolled_up(2, attempts, 1, trouble=troubles.get)
+    assert state == "degraded"
+    assert reason == (
+        "replica 1 is ready but cannot be reached: node n2 is not connected to this controller"
+    )
+    troubles["n1"] = "node n1 missed its heartbeats (none for over 4 s)"
+    assert rolled_up(2, attempts, 1, trouble=troubles.get)[0] == "starting"
+    # A failure's message comes first: it says more than an unreachable node.
+    failed = [_attempt(0, 1, 1, "failed", message="it broke"), attempts[1]]
+    assert rolled_up(2, failed, 1, trouble=troubles.get) == ("starting", "it broke")
+
+
+# -- the route and the CLI -------------------------------------------------------------------
+
+
+async def _standin_service(controller, tmp_path, engine) -> str:
+    tiny_gguf(tmp_path / "tiny.gguf", size=64 << 10)
+    model_id = await register_gguf(controller, tmp_path / "tiny.gguf", "tiny")
+    spec = await llama_spec(controller, model_id, memory_bytes=256 << 20)
+    spec["image_executable"] = str(engine)
+    created = await controller.ok("POST", "/api/v1/inference", status=201, json=spec)
+    return created["id"]
+
+
+def _replica(status: dict) -> dict:
+    (replica,) = status["replicas"]
+    return replica
+
+
+async def test_a_killed_engine_shows_its_exit_and_restart_and_show_says_why(tmp_path):
+    engine, settings = standin_engine(tmp_path)
+    with trio.fail_after(120):
+        async with open_inference_controller(tmp_path, agent_config=str(settings)) as controller:
+            service_id = await _standin_service(controller, tmp_path, engine)
+            path = f"/api/v1/inference/{service_id}/status"
+
+            # Stopped: no attempt yet; its node is the embedded one, connected here.
+            status = await controller.ok("GET", path)
+            assert (status["service_id"], status["state"]) == (service_id, "stopped")
+            replica = _replica(status)
+            assert (replica["state"], replica["attempt_id"], replica["restarts"]) == (
+                "stopped",
+                None,
+                0,
+            )
+            assert (replica["node"]["id"], replica["node"]["state"]) == ("local", "connected")
+            assert replica["node"]["connected"] and replica["last_exit"] is None
+
+            # Scopes: inference:read; another project's service is not found.
+            reader = await issue_token(controller.service, scopes={"inference:read"})
+            assert (await controller.call("GET", path, token=reader)).status_code == 200
+            writer = await issue_token(controller.service, scopes={"inference:manage"})
+            refused = await controller.call("GET", path, token=writer)
+            assert refused.status_code == 403
+            await controller.service.auth.create_project("elsewhere")
+            stranger = await issue_token(controller.service, project="elsewhere", scopes=ALL_SCOPES)
+            response = await controller.call("GET", path, token=stranger)
+            assert (response.status_code, response.json()["error"]["code"]) == (
+                404,
+                "service_not_found",
+            )
+            missing = await controller.call("GET", "/api/v1/inference/svc_nothing/status")
+            assert missing.json()["error"]["code"] == "service_not_found"
+
+            assert (await controller.control(service_id, "start")).status_code == 200
+            status = await controller.wait_status(
+                service_id, lambda s: s["state"] == "ready" and _replica(s)["health"] == "200"
+            )
+            first = _replica(status)
+            assert first["serving"] and first["restarts"] == 0 and first["in_flight"] == 0
+            assert first["started_at"] <= first["health_at"] <= first["ready_at"] + 5
+            assert first["pid"] > 0 and first["last_exit"] is None
+            assert first["node"]["heartbeat_age"] < 2
+
+            # A ready engine polled over and over writes nothing while nothing changes.
+            revision = (await controller.ok("GET", f"/api/v1/inference/{service_id}"))["revision"]
+            from .agent_support import heartbeats
+
+            await heartbeats(controller.service, "local", 25)  # 100 ms apart: two polls
+            assert (await controller.ok("GET", f"/api/v1/inference/{service_id}"))[
+                "revision"
+            ] == revision
+
+            # An in-flight request counts on its replica.
+            issued = await controller.ok(
+                "POST", f"/api/v1/inference/{service_id}/tokens", status=201, json={"lifetime": 60}
+            )
+            body = {
+                "messages": [{"role": "user", "content": "hi"}],
+                "stream": True,
+                "standin_deltas": 200,
+                "standin_interval": 0.02,
+            }
+            async with controller.http.stream(
+                "POST",
+                f"/api/v1/inference/{service_id}/v1/chat/completions",
+                headers={"Authorization": f"Bearer {issued['token']}"},
+                json=body,
+            ) as streamed:
+                assert streamed.status_code == 200
+                await controller.wait_status(service_id, lambda s: _replica(s)["in_flight"] == 1)
+            await controller.wait_status(service_id, lambda s: _replica(s)["in_flight"] == 0)
+
+            # kill -9 the engine: the exit is recorded, a new attempt starts with a new PID.
+            os.kill(first["pid"], signal.SIGKILL)
+            status = await controller.wait_status(
+                service_id,
+                lambda s: _replica(s)["restarts"] == 1 and _replica(s)["health"] == "200",
+            )
+            second = _replica(status)
+            exit_ = second["last_exit"]
+            assert (exit_["attempt_id"], exit_["signal"], exit_["exit_code"]) == (
+                first["attempt_id"],
+                9,
+                None,
+            )
+            assert (exit_["reason"], exit_["memory_limit"]) == ("killed", False)
+            assert "signal 9" in exit_["message"]
+            assert second["attempt"] == first["attempt"] + 1
+            assert second["pid"] not in (None, first["pid"])
+            await controller.wait_status(service_id, lambda s: s["state"] == "ready")
+
+            # `show`: the replicas table says what happened; REASON is not "-".
+            run = Cli(controller.url, controller.token)
+            shown = (await run.ok("show", service_id)).stdout
+            assert re.search(
+                r"^REPLICA\s+STATE\s+NODE\s+ATTEMPT\s+PID\s+RESTARTS\s+LAST EXIT\s+HEALTH"
+                r"\s+IN-FLIGHT\s+REASON$",
+                shown,
+                re.M,
+            )
+            assert re.search(
+                rf"^0\s+ready\s+local\s+{second['attempt']}\s+{second['pid']}\s+1\s+signal 9"
+                rf"\s+200\s+0\s+killed$",
+                shown,
+                re.M,
+            ), shown
+            assert f"replica 0 last exit (attempt {first['attempt']}): the engine exited" in shown
+            assert re.search(r"^0\s+local\s+1\s+256 MiB", shown, re.M), shown
+            document = await run.json("show", service_id)
+            assert document["id"] == service_id and document["revision"] >= revision
+            assert document["status"]["replicas"][0]["last_exit"]["signal"] == 9

@@ -1,0 +1,124 @@
+"""A replica's node that stops heartbeating, or whose connection drops, shows at once.
+
+A real `ficc executor` process runs a service's replica (the stand-in engine as the
+llama_server runtime, a tiny GGUF as its model); the controller's sweep is set far
+off (unreachable after 30 s), so only the status's own liveness can explain what
+the tests see within one heartbeat interval.
+"""
+
+from __future__ import annotations
+
+import signal
+
+import trio
+
+from .inference_support import llama_spec, open_inference_controller, register_gguf, standin_engine
+from .models_support import tiny_gguf
+from .test_agent_processes import ExecutorProcess, agent_dir  # noqa: F401
+
+HEARTBEAT = 0.5
+#: Two heartbeat intervals, and at least two seconds more than one (the registry's rule).
+STALE_AFTER = max(2 * HEARTBEAT, HEARTBEAT + 2.0)
+SLOW_SWEEP = {
+    "heartbeat_interval": f"{int(HEARTBEAT * 1000)}ms",
+    "unreachable_after": "30s",
+    "lost_after": "60s",
+}
+
+
+def _replica(status: dict) -> dict:
+    (replica,) = status["replicas"]
+    return replica
+
+
+async def _serving_on_remote_node(controller, folder, tmp_path) -> tuple[ExecutorProcess, str]:
+    engine, settings = standin_engine(tmp_path)
+    _, credential = await controller.service.contributors.add_node("gpu-1")
+    executor = ExecutorProcess(controller.url, credential, folder, "--agent-config", str(settings))
+    await executor.wait_connected()
+    node = await controller.wait_node("gpu-1")
+    while not node["snapshot"] or not node["snapshot"]["runtimes"]:
+        node = await controller.node("gpu-1")
+    tiny_gguf(tmp_path / "tiny.gguf", size=64 << 10)
+    model_id = await register_gguf(controller, tmp_path / "tiny.gguf", "tiny")
+    spec = await llama_spec(controller, model_id, node_ids=("gpu-1",), memory_bytes=256 << 20)
+    spec["image_executable"] = str(engine)
+    created = await controller.ok("POST", "/api/v1/inference", status=201, json=spec)
+    assert (await controller.control(created["id"], "start")).status_code == 200
+    await controller.wait_service(created["id"], lambda view: view["state"] == "ready")
+    return executor, created["id"]
+
+
+async def test_a_silent_then_killed_remote_node_shows_on_its_replica_within_a_heartbeat(
+    tmp_path,
+    agent_dir,  # noqa: F811
+):
+    executor = None
+    try:
+        with trio.fail_after(120):
+            async with open_inference_controller(
+                tmp_path, embedded=False, **SLOW_SWEEP
+            ) as controller:
+                executor, service_id = await _serving_on_remote_node(
+                    controller, agent_dir, tmp_path
+                )
+                status = await controller.wait_status(
+                    service_id, lambda s: _replica(s)["health"] == "200"
+                )
+                replica = _replica(status)
+                assert replica["serving"] and replica["state"] == "ready"
+                assert replica["node"]["id"] == "gpu-1"
+                assert replica["node"]["state"] == "connected" and replica["node"]["connected"]
+                assert replica["node"]["heartbeat_age"] < STALE_AFTER
+                assert replica["pid"] > 0 and replica["started_at"] <= replica["ready_at"]
+
+                # Frozen: the connection stays open, its heartbeats stop.
+                executor.proc.send_signal(signal.SIGSTOP)
+                frozen = trio.current_time()
+                try:
+                    status = await controller.wait_status(
+                        service_id, lambda s: _replica(s)["node"]["stale"]
+                    )
+                    seen = trio.current_time() - frozen
+                    # It missed a heartbeat: shown within one interval of the one it missed.
+                    assert seen < STALE_AFTER + HEARTBEAT, seen
+                    replica = _replica(status)
+                    assert replica["node"]["state"] == "stale"
+                    assert replica["node"]["recorded_state"] == "connected"
+                    assert not replica["serving"] and replica["state"] == "ready"
+                    view = await controller.wait_service(
+                        service_id, lambda v: v["state"] != "ready"
+                    )
+                    assert trio.current_time() - frozen < STALE_AFTER + 2 * HEARTBEAT
+                    assert view["state"] == "starting"
+                    assert "missed its heartbeats" in view["reason"]
+                finally:
+                    executor.proc.send_signal(signal.SIGCONT)
+                # Heard again, it serves again.
+                await controller.wait_service(service_id, lambda v: v["state"] == "ready")
+                assert _replica(await controller.wait_status(service_id, bool))["serving"]
+
+                # Killed: its connection drops; the replica shows it at once, long before
+                # the node would be unreachable.
+                executor.proc.send_signal(signal.SIGKILL)
+                await trio.to_thread.run_sync(executor.proc.wait)
+                killed = trio.current_time()
+                status = await controller.wait_status(
+                    service_id, lambda s: not _replica(s)["node"]["connected"]
+                )
+                assert trio.current_time() - killed < HEARTBEAT
+                replica = _replica(status)
+                assert replica["node"]["state"] == "disconnected"
+                assert replica["node"]["recorded_state"] == "connected"
+                assert "not connected to this controller" in replica["node"]["trouble"]
+                assert not replica["serving"]
+                view = await controller.wait_service(service_id, lambda v: v["state"] != "ready")
+                # The reconciler was woken by the drop, not by its next period.
+                assert trio.current_time() - killed < HEARTBEAT
+                assert view["state"] == "starting"
+                assert "not connected to this controller" in view["reason"]
+                node = await controller.node("gpu-1")
+                assert node["state"] == "connected"  # the sweep has not acted yet
+    finally:
+        if executor is not None:
+            executor.kill()
