@@ -1,4 +1,4 @@
-"""Migration 10: reservations keyed by generation, replica and node, kept across it."""
+"""Migration 12: reservations keyed by generation, replica and node, kept across it."""
 
 from __future__ import annotations
 

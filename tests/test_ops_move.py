@@ -55,6 +55,10 @@ async def test_a_serving_replica_moves_to_another_node_with_no_failed_request(tm
             assert await ops.reservations(service_id) == [(generation, 0, "node-2")]
             [view] = controller.service.live.get(service_id).replicas
             assert view.node_id == "node-2"
+            events = await controller.ok("GET", f"/api/v1/inference/{service_id}/events")
+            [moved_event] = [e for e in events["events"] if e["kind"] == "replica.moved"]
+            assert moved_event["details"]["from_node"] == "local"
+            assert moved_event["details"]["to_node"] == "node-2"
             # The stopped source leaves the view at the driver's next step.
             while controller.service.live.get(service_id).retiring:  # noqa: ASYNC110
                 await trio.sleep(0.02)

@@ -76,6 +76,9 @@ async def test_a_rollout_to_three_replicas_and_another_concurrency_fails_no_requ
             assert all(a.released and a.reason == "rolled_out" for a in ended.values()), ended
             status = await controller.ok("GET", f"/api/v1/inference/{service_id}/rollout")
             assert status["pending"] is False and status["generation"] == new_generation
+            events = await controller.ok("GET", f"/api/v1/inference/{service_id}/events")
+            said = [e["reason"] for e in events["events"] if e["kind"] == "service.rollout"]
+            assert said == ["started", "cut_over"]
 
 
 async def test_a_failed_rollout_leaves_the_serving_generation_serving_and_says_why(tmp_path):
@@ -109,6 +112,9 @@ async def test_a_failed_rollout_leaves_the_serving_generation_serving_and_says_w
             assert len(failed["spec"]["placements"]) == 1
             status = await controller.ok("GET", f"/api/v1/inference/{service_id}/rollout")
             assert status["pending"] is False
+            events = await controller.ok("GET", f"/api/v1/inference/{service_id}/events")
+            said = [e["reason"] for e in events["events"] if e["kind"] == "service.rollout"]
+            assert said == ["started", "failed"]
             while await ops.reservations(service_id) != [(generation, 0, "local")]:  # noqa: ASYNC110
                 await trio.sleep(0.05)
 

@@ -19,8 +19,9 @@ from typing import TYPE_CHECKING
 
 import attrs
 
+from ..events import EventKind
 from ..store import Transaction
-from . import repository
+from . import history, repository
 from .records import RolloutRecord, ServiceRecord
 
 if TYPE_CHECKING:
@@ -69,6 +70,27 @@ def settle_reservations(tx: Transaction, service_id: str) -> list[tuple[int, int
     return dropped
 
 
+def rollout_event(
+    tx: Transaction,
+    record: ServiceRecord,
+    rollout: RolloutRecord,
+    reason: str,
+    message: str,
+    now: float,
+) -> None:
+    """The ``service.rollout`` event of ``rollout`` (``started``, ``cut_over``, ``failed``,
+    ``abandoned``), in the transaction of that change."""
+    history.service_event(
+        tx,
+        record,
+        EventKind.SERVICE_ROLLOUT,
+        now,
+        reason=reason,
+        message=message,
+        details={"rollout_generation": rollout.generation, "plan_digest": rollout.plan_digest},
+    )
+
+
 def cut_over(tx: Transaction, service_id: str, generation: int, now: float) -> bool:
     """The rollout to ``generation`` becomes the service's specification and generation."""
     record = repository.service(tx, service_id)
@@ -90,6 +112,17 @@ def cut_over(tx: Transaction, service_id: str, generation: int, now: float) -> b
         now,
     )
     repository.delete_rollout(tx, service_id)
+    after = repository.service(tx, service_id)
+    assert after is not None
+    rollout_event(
+        tx,
+        after,
+        rollout,
+        "cut_over",
+        f"generation {generation} is ready on every replica and takes the traffic; "
+        f"generation {record.generation} drains",
+        now,
+    )
     return True
 
 
@@ -107,6 +140,17 @@ def abandon_rollout(
         repository.update_service(tx, attrs.evolve(record, reason=reason), now)
     else:
         repository.bump(tx, service_id, now)
+    record = repository.service(tx, service_id)
+    if record is not None:
+        word, said = ("failed", reason) if reason else ("abandoned", "the service stopped")
+        rollout_event(
+            tx,
+            record,
+            rollout,
+            word,
+            f"rollout to generation {rollout.generation} {word}: {said}",
+            now,
+        )
     return rollout
 
 

@@ -32,9 +32,11 @@ import trio
 
 from ..contributors import repository as contributors_repository
 from ..errors import FiccError, InvalidRequest
+from ..events import EventKind, Subject
+from ..events import record as record_event
 from ..schema import canonical_json
 from ..store import Transaction
-from . import repository
+from . import history, repository
 from .admission import plan_in
 from .generations import settle_reservations
 from .placement import PlacementNode, Reservation, plan
@@ -368,6 +370,7 @@ class _Run:
             repository.insert_reservations(tx, [reservation], now)
             repository.insert_attempt(tx, target)
             repository.bump(tx, record.id, now)
+            history.attempt_added(tx, record, target, None, now)
 
         await self.mover.store.write(write)
         await self.mover.attempts.start(record, moved, target)
@@ -448,6 +451,26 @@ class _Run:
             repository.delete_reservation_key(tx, record.id, source_key)
             after = repository.service(tx, record.id)
             assert after is not None
+            record_event(
+                tx,
+                at=now,
+                kind=EventKind.REPLICA_MOVED,
+                subject=Subject.REPLICA,
+                subject_id=f"{record.id}/{index}",
+                service_id=record.id,
+                project_id=record.project_id,
+                node_id=self.target.node_id,
+                attempt_id=self.target.attempt_id,
+                replica=index,
+                reason="moved",
+                message=f"replica {index} moved from node {self.source.node_id} to node "
+                f"{self.target.node_id}",
+                details={
+                    "from_node": self.source.node_id,
+                    "to_node": self.target.node_id,
+                    "revision": after.revision,
+                },
+            )
             return after.revision
 
         revision = await self.mover.store.write(write)

@@ -31,6 +31,7 @@ from ..store import Transaction
 from . import repository
 from .admission import place, plan_in
 from .errors import PlacementFailed
+from .generations import rollout_event
 from .placement import Plan
 from .publication import routed
 from .records import ACTIVE, AttemptRecord, Desired, RolloutRecord, ServiceRecord
@@ -92,6 +93,16 @@ def begin(
     repository.insert_reservations(tx, result.reservations, now)
     repository.insert_rollout(tx, rollout)
     repository.update_service(tx, attrs.evolve(record, reason=None), now)
+    after = repository.service(tx, service_id)
+    assert after is not None
+    rollout_event(
+        tx,
+        after,
+        rollout,
+        "started",
+        f"rollout to generation {generation} started beside generation {record.generation}",
+        now,
+    )
     return rollout
 
 
