@@ -12,11 +12,16 @@ from pathlib import Path
 from typing import Any
 
 import click
+import httpx
 
 from .client import ApiClient, client_from
 from .inference_io import BASE, SPEC_FILE, read_spec, refusals, seconds
 from .output import echo_json, echo_table, json_option
 from .resolve import resolve
+
+#: A move, a bulk move and a restart answer once done; the controller bounds each wait
+#: (replica_ready_timeout, drain_timeout), so the answer is awaited without a read bound.
+_UNTIL_DONE = httpx.Timeout(30.0, read=None)
 
 _revision = click.option(
     "--revision", type=int, default=None, help="The revision you read (default: the current one)."
@@ -50,7 +55,10 @@ def restart(
         path = f"{BASE}/{service_id}/replicas/{replica}/restart"
     result = refusals(
         lambda: client.json(
-            "POST", path, json={"revision": _revision_of(client, service_id, revision)}
+            "POST",
+            path,
+            json={"revision": _revision_of(client, service_id, revision)},
+            timeout=_UNTIL_DONE,
         )
     )
     if as_json:
@@ -139,7 +147,12 @@ def move(
     service_id = resolve(client, "inference", service)
     body = {**_target(to, gpu, start_after_move), "revision": revision}
     result = refusals(
-        lambda: client.json("POST", f"{BASE}/{service_id}/replicas/{replica}/move", json=body)
+        lambda: client.json(
+            "POST",
+            f"{BASE}/{service_id}/replicas/{replica}/move",
+            json=body,
+            timeout=_UNTIL_DONE,
+        )
     )
     echo_json(result) if as_json else _echo_move(result)
     if result["final_state"] != "moved":
@@ -169,7 +182,9 @@ def bulk_move(
             raise click.BadParameter(f"{text!r}: use SERVICE:REPLICA", param_hint="REPLICAS")
         items.append({"service_id": resolve(client, "inference", service), "replica": int(index)})
     body = {**_target(to, gpu, start_after_move), "replicas": items}
-    result = refusals(lambda: client.json("POST", f"{BASE}/bulk-move", json=body))
+    result = refusals(
+        lambda: client.json("POST", f"{BASE}/bulk-move", json=body, timeout=_UNTIL_DONE)
+    )
     if as_json:
         echo_json(result)
     else:
