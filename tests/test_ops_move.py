@@ -178,6 +178,17 @@ async def test_moves_that_cannot_run_are_refused_in_the_one_envelope_with_detail
 
             stale = await _move(controller, service_id, target_node_id="node-2", revision=1)
             assert stale.status_code == 409 and stale.json()["error"]["code"] == "stale_revision"
+            # A refusal from elsewhere (the revision fence) carries the same details too.
+            details = stale.json()["error"]["details"]
+            assert (details["action"], details["replica"], details["reason"]) == (
+                "move",
+                0,
+                "stale_revision",
+            )
+            assert details["revision"] > 1 and details["service_id"] == service_id
+            unknown_service = await _move(controller, "svc_nothing", target_node_id="node-2")
+            assert unknown_service.status_code == 404
+            assert unknown_service.json()["error"]["details"]["action"] == "move"
 
             assert (await controller.control(service_id, "stop")).status_code == 200
             await controller.wait_service(service_id, lambda v: v["state"] == "stopped")

@@ -7,11 +7,14 @@ Writes need the scopes of a start (``inference:manage``, ``jobs:execute``,
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import attrs
 from quart import Response, g, jsonify
 
+from ..errors import FiccError
 from ..inference.moves import bulk_move
 from ..inference.rollout import rollout_view
 from ..schema import FieldError
@@ -96,6 +99,27 @@ class RolloutPreviewBody:
     spec: dict[str, Any]
 
 
+@contextmanager
+def _refusals(action: str, service_id: str | None, replica: int | None = None) -> Iterator[None]:
+    """Every refusal of an operation carries the same details (``action``, ``service``,
+    ``service_id``, ``replica``, ``node``, ``reason``, ``raw_error``); those the refusal
+    set itself win."""
+    try:
+        yield
+    except FiccError as exc:
+        defaults = {
+            "action": action,
+            "service": service_id,
+            "service_id": service_id,
+            "replica": replica,
+            "node": None,
+            "reason": exc.code,
+            "raw_error": None,
+        }
+        exc.details = {**defaults, **exc.details}
+        raise
+
+
 def register(app: QuartTrio, service: Service) -> None:
     """Add the operations routes to ``app``."""
     inference = service.inference
@@ -108,21 +132,23 @@ def register(app: QuartTrio, service: Service) -> None:
         "/api/v1/inference/<service_id>/replicas/<int:replica>/move", endpoint="inference_move"
     )
     async def inference_move(service_id: str, replica: int) -> Response:
-        body = await read_json(MoveBody, limit)
-        result = await inference.mover.move(
-            g.principal,
-            service_id,
-            replica,
-            target_node_id=body.target_node_id,
-            target_gpu_index=body.target_gpu_index,
-            start_after_move=body.start_after_move,
-            revision=body.revision,
-        )
+        with _refusals("move", service_id, replica):
+            body = await read_json(MoveBody, limit)
+            result = await inference.mover.move(
+                g.principal,
+                service_id,
+                replica,
+                target_node_id=body.target_node_id,
+                target_gpu_index=body.target_gpu_index,
+                start_after_move=body.start_after_move,
+                revision=body.revision,
+            )
         return jsonify(result.to_json())
 
     @app.post("/api/v1/inference/bulk-move", endpoint="inference_bulk_move")
     async def inference_bulk_move() -> Response:
-        body = await read_json(BulkMoveBody, limit)
+        with _refusals("bulk_move", None):
+            body = await read_json(BulkMoveBody, limit)
         result = await bulk_move(
             inference.mover,
             g.principal,
@@ -135,8 +161,9 @@ def register(app: QuartTrio, service: Service) -> None:
 
     @app.post("/api/v1/inference/<service_id>/restart", endpoint="inference_restart")
     async def inference_restart(service_id: str) -> Response:
-        body = await read_json(RestartBody, limit)
-        result = await inference.restarter.restart(g.principal, service_id, body.revision)
+        with _refusals("restart", service_id):
+            body = await read_json(RestartBody, limit)
+            result = await inference.restarter.restart(g.principal, service_id, body.revision)
         return jsonify(result)
 
     @app.post(
@@ -144,14 +171,20 @@ def register(app: QuartTrio, service: Service) -> None:
         endpoint="inference_replica_restart",
     )
     async def inference_replica_restart(service_id: str, replica: int) -> Response:
-        body = await read_json(RestartBody, limit)
-        result = await inference.restarter.restart(g.principal, service_id, body.revision, replica)
+        with _refusals("restart", service_id, replica):
+            body = await read_json(RestartBody, limit)
+            result = await inference.restarter.restart(
+                g.principal, service_id, body.revision, replica
+            )
         return jsonify(result)
 
     @app.post("/api/v1/inference/<service_id>/rollout", endpoint="inference_rollout")
     async def inference_rollout(service_id: str) -> tuple[Response, int]:
-        body = await read_json(RolloutBody, limit)
-        detail, started = await inference.rollout(g.principal, service_id, body.revision, body.spec)
+        with _refusals("rollout", service_id):
+            body = await read_json(RolloutBody, limit)
+            detail, started = await inference.rollout(
+                g.principal, service_id, body.revision, body.spec
+            )
         view = service_view(detail)
         view["rollout"] = rollout_view(started, detail.service)["rollout"]
         return jsonify(view), 202
@@ -164,8 +197,9 @@ def register(app: QuartTrio, service: Service) -> None:
         "/api/v1/inference/<service_id>/rollout/preview", endpoint="inference_rollout_preview"
     )
     async def inference_rollout_preview(service_id: str) -> Response:
-        body = await read_json(RolloutPreviewBody, limit)
-        preview, beside = await inference.rollout_preview(g.principal, service_id, body.spec)
+        with _refusals("rollout_preview", service_id):
+            body = await read_json(RolloutPreviewBody, limit)
+            preview, beside = await inference.rollout_preview(g.principal, service_id, body.spec)
         view = preview_view(preview)
         view["beside_serving"] = beside.to_json()
         return jsonify(view)
