@@ -210,6 +210,28 @@ async def test_moves_that_cannot_run_are_refused_in_the_one_envelope_with_detail
             assert all(node == "local" for _, _, node in await ops.reservations(service_id))
 
 
+async def test_without_start_after_move_the_source_stops_before_the_target_is_ready(tmp_path):
+    with trio.fail_after(120):
+        async with open_two_nodes(tmp_path) as ops:
+            controller = ops.controller
+            service_id = await ops.running("local")
+            response = await _move(
+                controller, service_id, target_node_id="node-2", start_after_move=False
+            )
+            assert response.status_code == 200, response.text
+            moved = response.json()
+            assert moved["final_state"] == "moved", moved
+            health = next(s for s in moved["steps"] if s["name"] == "wait_target_health")
+            assert health["details"] == {"skipped": True}
+            view = await controller.wait_service(service_id, lambda v: v["state"] == "ready")
+            assert view["spec"]["placements"][0]["node_id"] == "node-2"
+            assert [r.node_id for r in controller.service.live.get(service_id).replicas] == [
+                "node-2"
+            ]
+            generation = view["generation"]
+            assert await ops.reservations(service_id) == [(generation, 0, "node-2")]
+
+
 async def test_a_target_no_move_holds_any_more_goes_and_the_source_keeps_serving(tmp_path):
     """As after a controller restart in the middle of a move: the target runs on a node
     its placement does not name and nothing holds it, so it drains and stops."""
