@@ -266,6 +266,13 @@ class Config:
         kind="int",
         validator=attrs.validators.ge(0),
     )
+    replica_ready_timeout: float = _setting(
+        600.0,
+        "How long a move waits for its target replica, a restart for each replacement and "
+        "a rollout for its new generation to become ready before it gives up and leaves "
+        "the serving replicas as they were (duration).",
+        kind="duration",
+    )
     events_retention: float = _setting(
         7 * 86400.0,
         "How long events (every state change of a service, replica, attempt and node) are "

@@ -315,6 +315,59 @@ ROUTES: dict[str, Route] = {
         needs(s.INFERENCE_MANAGE, s.TOKENS_MANAGE),
         "revoke; in-flight requests end too",
     ),
+    # operations on running services (extensions beside the contract's routes)
+    "inference_move": Route(
+        "POST",
+        "/api/v1/inference/{id}/replicas/{n}/move",
+        needs(*_START),
+        "`{target_node_id, target_gpu_index?, start_after_move?, revision?}` → `{final_state, "
+        "from_node, to_node, steps[]}`: moves replica n to another node without an outage; "
+        "400 same or unknown target, 422 `over_subscribed_target`, `tier_mismatch`, "
+        "`nothing_to_do`",
+    ),
+    "inference_bulk_move": Route(
+        "POST",
+        "/api/v1/inference/bulk-move",
+        needs(*_START),
+        "`{replicas: [{service_id, replica}] (1 to 50), target_node_id, target_gpu_index?, "
+        "start_after_move?}` → `{total, moved_count, failed_count, items[]}`, one after the "
+        "other",
+    ),
+    "inference_restart": Route(
+        "POST",
+        "/api/v1/inference/{id}/restart",
+        needs(*_START),
+        "`{revision}`: every replica in turn, each replaced once its successor is ready "
+        "(never below one ready replica of two or more) → `{restarted, replicas[]}`; 422 "
+        "`nothing_to_do` when it is not running",
+    ),
+    "inference_replica_restart": Route(
+        "POST",
+        "/api/v1/inference/{id}/replicas/{n}/restart",
+        needs(*_START),
+        "`{revision}`: replica n drains, stops and starts again → `{restarted, replicas[]}`",
+    ),
+    "inference_rollout": Route(
+        "POST",
+        "/api/v1/inference/{id}/rollout",
+        needs(*_START),
+        "`{revision, spec}` for a running service: 202, its next generation starts beside "
+        "the serving one and takes the traffic once every replica is ready (409 "
+        "`placement_failed` when it does not fit beside it)",
+    ),
+    "inference_rollout_status": Route(
+        "GET",
+        "/api/v1/inference/{id}/rollout",
+        needs(s.INFERENCE_READ),
+        "`{generation, pending, rollout, state, reason, revision}`",
+    ),
+    "inference_rollout_preview": Route(
+        "POST",
+        "/api/v1/inference/{id}/rollout/preview",
+        needs(s.INFERENCE_MANAGE),
+        "`{spec}` → the preview of the next generation serving alone (the service's own "
+        "reservations not counted) and `beside_serving`, the plan while both run",
+    ),
     "inference_events": Route(
         "GET",
         "/api/v1/inference/{id}/events?after=&limit=",

@@ -24,6 +24,7 @@ from . import (
     routes_invoke,
     routes_logs,
     routes_models,
+    routes_operations,
     routes_system,
     routes_tokens,
 )
@@ -110,6 +111,7 @@ def create_app(service: Service) -> QuartTrio:
     routes_models.register(app, service)
     routes_contributors.register(app, service)
     routes_inference.register(app, service)
+    routes_operations.register(app, service)
     routes_events.register(app, service)
     routes_logs.register(app, service)
     routes_invoke.register(app, service)

@@ -30,6 +30,7 @@ from .inference_io import (
     seconds,
 )
 from .inference_logs import logs
+from .inference_ops import COMMANDS as OPERATIONS
 from .inference_status import echo_replicas, fetch_status
 from .options import url_flag
 from .output import echo_json, echo_table, json_option, when
@@ -128,6 +129,8 @@ def list_services(ctx: click.Context, as_json: bool) -> None:
 for _command in (*COMMANDS, chat, logs):
     inference.add_command(_command)
 inference.add_command(create)
+for _operation in OPERATIONS:  # restart, move, bulk-move, rollout
+    inference.add_command(_operation)
 inference.add_command(events)
 
 

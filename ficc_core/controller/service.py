@@ -21,6 +21,8 @@ from ..contributors import NodeRegistry
 from ..events import EventRetention
 from ..gateway import Gateway
 from ..inference import InferenceManager, LiveTable, ModelContexts, Reconciler, UsageLedger
+from ..inference.moves import Mover
+from ..inference.rollout import Restarter
 from ..metrics import Metrics
 from ..models.acquire import Acquirer
 from ..models.blobs import BlobStore
@@ -144,6 +146,7 @@ async def open_service(
             blobs=blobs,
             retry_max=config.replica_retry_max,
             give_up_after=config.replica_give_up_after,
+            drain_timeout=config.drain_timeout,
         )
         gateway = Gateway(
             live=live,
@@ -154,6 +157,9 @@ async def open_service(
             usage_sinks=[usage.record],
             **(gateway_options or {}),
         )
+        # A retiring attempt (a move's source, a rollout's previous generation) drains
+        # until the gateway has no request in flight on it.
+        reconciler.replica_idle = gateway.admission.wait_idle
         inference = InferenceManager(
             store=store,
             auth=auth,
@@ -164,6 +170,12 @@ async def open_service(
             gateway=gateway,
             drain_timeout=config.drain_timeout,
             notify=reconciler.wake,
+        )
+        inference.mover = Mover(
+            reconciler=reconciler, contexts=contexts, ready_timeout=config.replica_ready_timeout
+        )
+        inference.restarter = Restarter(
+            reconciler=reconciler, ready_timeout=config.replica_ready_timeout
         )
         service = Service(
             config=config,

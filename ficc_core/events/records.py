@@ -27,6 +27,10 @@ class EventKind(enum.StrEnum):
     ATTEMPT_STATE = "attempt.state"
     #: A replica was launched again after its previous attempt ended.
     REPLICA_RESTARTED = "replica.restarted"
+    #: A running service's rollout started, cut over, failed or was abandoned.
+    SERVICE_ROLLOUT = "service.rollout"
+    #: A replica moved to another node (its placement now names the target).
+    REPLICA_MOVED = "replica.moved"
     #: A node's state changed (connected, unreachable, lost, revoked).
     NODE_STATE = "node.state"
 

@@ -80,10 +80,20 @@ class Admission:
         self.recheck_interval = recheck_interval
         self._load: dict[str, int] = {}
         self._queues: dict[str, _Queue] = {}
+        self._idle: dict[str, trio.Event] = {}
 
     def load(self, replica_key: str) -> int:
         """Requests in flight on the replica with ``replica_key`` (its attempt ID)."""
         return self._load.get(replica_key, 0)
+
+    async def wait_idle(self, replica_key: str) -> None:
+        """Return once no request is in flight on the replica ``replica_key`` (draining one
+        attempt: the caller bounds the wait)."""
+        while self._load.get(replica_key, 0):
+            event = self._idle.get(replica_key)
+            if event is None:
+                event = self._idle[replica_key] = trio.Event()
+            await event.wait()
 
     def queued(self, service_id: str) -> int:
         """Requests of ``service_id`` waiting for a slot."""
@@ -125,6 +135,9 @@ class Admission:
             self._load[key] = left
         else:
             self._load.pop(key, None)
+            idle = self._idle.pop(key, None)
+            if idle is not None:
+                idle.set()
         self.accounting.series(request.service_id, key).inflight.dec()
         queue = self._queues.get(request.service_id)
         if queue is not None:

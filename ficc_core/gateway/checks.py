@@ -151,7 +151,10 @@ class RequestChecks:
         if view is not request.view:
             if view is None:
                 return ServiceStopped(f"service {request.service_id!r} was removed")
-            if view.generation != request.view.generation:
+            replica = request.replica
+            if view.generation != request.view.generation and not (
+                replica is not None and view.serves(replica.key)
+            ):
                 return GenerationChanged(
                     f"service {request.service_id!r} moved to generation {view.generation} "
                     "while the response streamed; send the request again",

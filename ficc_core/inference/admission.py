@@ -80,22 +80,30 @@ def plan_in(
     specification: Specification,
     model: ModelContext,
     *,
+    generation: int = 0,
+    beside_own: bool = False,
     action: str = "preview",
 ) -> Plan:
-    """Plan ``specification`` beside every reservation but the service's own, in ``tx``.
+    """Plan ``specification`` (for ``generation``) in ``tx`` beside every reservation but
+    the service's own, or beside its own too (``beside_own``: they stay held meanwhile,
+    as a rollout's serving generation does).
 
     A runtime that requires a GPU placed on a node without one is refused first
     (:class:`~.tiers.TierMismatch`, naming ``action``).
     """
     check_placements(tx, specification, action=action)
     node_ids = list(dict.fromkeys(p.node_id for p in specification.placements))
+    existing = repository.reservations_but(tx, service_id)
+    if beside_own:
+        existing += repository.reservations(tx, service_id)
     return plan(
         service_id,
         specification,
         repository.placement_nodes(tx, node_ids),
-        repository.reservations_but(tx, service_id),
+        existing,
         model_bytes=model.size,
         model_revision=model.record.revision,
+        generation=generation,
     )
 
 
@@ -116,11 +124,21 @@ def place(
     specification: Specification,
     model: ModelContext,
     *,
+    generation: int = 0,
+    beside_own: bool = False,
     action: str = "create",
 ) -> Plan:
     """A plan that fits; refuse with :class:`~.tiers.TierMismatch` (a GPU runtime on a node
     without GPUs, naming ``action``) or :class:`PlacementFailed` otherwise."""
-    result = plan_in(tx, service_id, specification, model, action=action)
+    result = plan_in(
+        tx,
+        service_id,
+        specification,
+        model,
+        generation=generation,
+        beside_own=beside_own,
+        action=action,
+    )
     if not result.fits:
         raise refuse_plan(result)
     return result
@@ -133,10 +151,12 @@ def reserve(
     model: ModelContext,
     now: float,
     *,
+    generation: int,
     action: str = "replace",
 ) -> Plan:
-    """Place ``specification`` and replace the service's reservations with the plan's."""
-    result = place(tx, service_id, specification, model, action=action)
+    """Place ``specification`` and replace the service's reservations with the plan's
+    (for ``generation``, the one about to start)."""
+    result = place(tx, service_id, specification, model, generation=generation, action=action)
     repository.delete_reservations(tx, service_id)
     repository.insert_reservations(tx, result.reservations, now)
     return result

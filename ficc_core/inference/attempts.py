@@ -119,26 +119,36 @@ class Attempts:
 
         Returns the launched job's capabilities; None when the job was refused.
         """
-        service_id = record.id
-        placement = specification.placements[index]
-        generation = record.generation
-        attempt_id = new_attempt_id(service_id, index, generation, number)
-        provider = specification.runtime.executor_provider
+        attempt = self.new(record, specification, index, number)
+        await self.observations.add_attempt(attempt)
+        return await self.start(record, specification, attempt)
+
+    def new(
+        self, record: ServiceRecord, specification: Specification, index: int, number: int
+    ) -> AttemptRecord:
+        """A pending attempt ``number`` of replica ``index`` on its placement (not recorded)."""
         now = self.clock()
-        await self.observations.add_attempt(
-            AttemptRecord(
-                attempt_id=attempt_id,
-                service_id=service_id,
-                replica=index,
-                generation=generation,
-                number=number,
-                node_id=placement.node_id,
-                provider=provider,
-                state=AttemptState.PENDING,
-                created_at=now,
-                updated_at=now,
-            )
+        return AttemptRecord(
+            attempt_id=new_attempt_id(record.id, index, record.generation, number),
+            service_id=record.id,
+            replica=index,
+            generation=record.generation,
+            number=number,
+            node_id=specification.placements[index].node_id,
+            provider=specification.runtime.executor_provider,
+            state=AttemptState.PENDING,
+            created_at=now,
+            updated_at=now,
         )
+
+    async def start(
+        self, record: ServiceRecord, specification: Specification, attempt: AttemptRecord
+    ) -> tuple[str, ...] | None:
+        """Launch the recorded pending ``attempt`` on its placement (see :meth:`launch`)."""
+        service_id, attempt_id, index = record.id, attempt.attempt_id, attempt.replica
+        placement = specification.placements[index]
+        generation = attempt.generation
+        provider = attempt.provider
         try:
             model = await self.model(record, specification)
             adapter = self.adapters[specification.engine]
@@ -327,8 +337,12 @@ class Attempts:
 
     # -- stopping ------------------------------------------------------------------------------
 
-    async def stop(self, attempt: AttemptRecord) -> None:
-        """Ask the attempt's node to stop it; released once the node confirms it ended."""
+    async def stop(self, attempt: AttemptRecord, reason: str | None = None) -> None:
+        """Ask the attempt's node to stop it; released once the node confirms it ended.
+
+        ``reason`` is what its end records (``superseded``, ``moved``...) instead of the
+        executor's own word.
+        """
         service_id, attempt_id = attempt.service_id, attempt.attempt_id
         if attempt.state == AttemptState.UNKNOWN:
             await self._resolve_unknown(attempt)
@@ -347,6 +361,7 @@ class Attempts:
                 attempt_id,
                 state=attempt.state if attempt.state in ENDED else AttemptState.STOPPED,
                 released=True,
+                **({} if reason is None else {"reason": reason}),
             )
             return
         except FiccError as exc:
@@ -357,7 +372,7 @@ class Attempts:
             service_id,
             attempt_id,
             state=AttemptState.FAILED if failed else AttemptState.STOPPED,
-            reason=attempt.reason if failed else status.reason or "stopped",
+            reason=attempt.reason if failed else reason or status.reason or "stopped",
             released=True,
         )
 

@@ -65,7 +65,11 @@ class LiveService:
     :ivar concurrency: requests one replica serves at once.
     :ivar request_deadline: seconds a request may take, or None.
     :ivar capabilities: what the engine serves (``chat``, ``streaming``, ``embeddings``).
-    :ivar replicas: the ready replicas of ``generation``.
+    :ivar replicas: the ready replicas new requests go to: per replica, its newest
+        ready attempt (of ``generation``; a rollout's next generation joins once all its
+        replicas are ready).
+    :ivar retiring: ready attempts a successor replaced (a move's source, a rollout's
+        previous generation): no new request goes there, the ones in flight finish.
     """
 
     id: str
@@ -77,6 +81,11 @@ class LiveService:
     request_deadline: float | None = None
     capabilities: tuple[str, ...] = ()
     replicas: tuple[LiveReplica, ...] = ()
+    retiring: tuple[LiveReplica, ...] = ()
+
+    def serves(self, key: str) -> bool:
+        """Whether a request in flight on the attempt ``key`` may go on (routed or retiring)."""
+        return any(r.key == key for r in self.replicas) or any(r.key == key for r in self.retiring)
 
 
 class _InFlight:
@@ -128,8 +137,8 @@ class LiveTable:
         view = self._services.get(service_id)
         if view is None or _NARROWNESS[view.admission] >= _NARROWNESS[admission]:
             return
-        replicas = () if admission == "stopped" else view.replicas
-        self._services[service_id] = attrs.evolve(view, admission=admission, replicas=replicas)
+        dropped = {"replicas": (), "retiring": ()} if admission == "stopped" else {}
+        self._services[service_id] = attrs.evolve(view, admission=admission, **dropped)
         self._wake(service_id)
 
     def remove(self, service_id: str) -> None:

@@ -24,14 +24,28 @@ from ..errors import Conflict, InvalidRequest, NotFound
 from ..events import Event, EventKind
 from ..schema import Specification, canonical_json
 from ..store import Store, Transaction
-from . import history, repository
+from . import history, repository, rollout
 from .admission import check_specification, place, plan_in, reserve
 from .errors import service_not_found
 from .live import LiveTable
 from .placement import PlacementNode, Plan
-from .records import Desired, ServiceDetail, ServiceRecord, ServiceState, UsageSummary
+from .records import (
+    Desired,
+    RolloutRecord,
+    ServiceDetail,
+    ServiceRecord,
+    ServiceState,
+    UsageSummary,
+)
 from .suggest import Suggestion, complete, memory_warnings
-from .transitions import check_revision, require_released, require_stopped, start_in, writable
+from .transitions import (
+    check_revision,
+    next_generation,
+    require_released,
+    require_stopped,
+    start_in,
+    writable,
+)
 from .usage import UsageLedger
 
 if TYPE_CHECKING:
@@ -40,6 +54,8 @@ if TYPE_CHECKING:
     from ..gateway import Gateway
     from ..plugins import AdapterRegistry
     from .model_context import ModelContext, ModelContexts
+    from .moves import Mover
+    from .rollout import Restarter
 
 CONTROL_ACTIONS = ("start", "drain", "stop", "remove")
 #: What each control action that closes admission leaves the gateway admitting.
@@ -107,6 +123,10 @@ class InferenceManager:
         self.drain_timeout = drain_timeout
         self.notify = notify
         self.clock = clock
+        #: Runs moves and restarts of running services' replicas (set once the
+        #: reconciler exists).
+        self.mover: Mover
+        self.restarter: Restarter
 
     async def _resolved(self, project_id: str, document: Any) -> Any:
         """``document`` with its ``model_id`` a model ID (a model name is resolved)."""
@@ -244,7 +264,9 @@ class InferenceManager:
                         details={"id": taken, "alias": specification.alias},
                     )
             require_released(tx, service_id, acknowledge=False)
-            result = reserve(tx, service_id, specification, model, now)
+            generation = next_generation(tx, record)
+            repository.delete_rollout(tx, service_id)
+            result = reserve(tx, service_id, specification, model, now, generation=generation)
             repository.update_service(
                 tx,
                 attrs.evolve(
@@ -253,7 +275,7 @@ class InferenceManager:
                     model_id=specification.model_id,
                     spec=spec_json,
                     plan_digest=result.digest,
-                    generation=record.generation + 1,
+                    generation=generation,
                     desired=Desired.RUNNING,
                     state=ServiceState.STARTING,
                     reason=None,
@@ -351,6 +373,56 @@ class InferenceManager:
             self.live.close(service_id, CLOSES_ADMISSION[action], detail.service.revision)
         self.notify(service_id)
         return detail
+
+    # -- operations on a running service ------------------------------------------------------
+
+    async def rollout(
+        self, principal: Principal, service_id: str, revision: int, document: Any
+    ) -> tuple[ServiceDetail, RolloutRecord]:
+        """Start a running service's next generation beside the serving one (see
+        :mod:`~ficc_core.inference.rollout`)."""
+        await self.get(principal.project_id, service_id)
+        specification, model = await self._check(principal.project_id, document)
+        now = self.clock()
+
+        def write(tx: Transaction) -> tuple[ServiceDetail, RolloutRecord]:
+            started = rollout.begin(
+                tx,
+                principal.project_id,
+                service_id,
+                revision,
+                specification,
+                model,
+                now=now,
+                timeout=self.mover.ready_timeout,
+            )
+            return _detail(tx, service_id), started
+
+        detail, started = await self.store.write(write)
+        self.notify(service_id)
+        return detail, started
+
+    async def rollout_preview(
+        self, principal: Principal, service_id: str, document: Any
+    ) -> tuple[Preview, Plan]:
+        """A rollout's preview: the plan once it serves alone (the service's own
+        reservations not counted against it), and the plan beside the serving generation."""
+        await self.get(principal.project_id, service_id)
+        specification, model = await self._check(principal.project_id, document)
+        alone, beside = await self.store.read(
+            lambda tx: rollout.preview(tx, principal.project_id, service_id, specification, model)
+        )
+        warnings = tuple(memory_warnings(specification, model))
+        return Preview(specification=specification, plan=alone, warnings=warnings), beside
+
+    async def rollout_status(self, project_id: str, service_id: str) -> dict[str, Any]:
+        """The service's pending rollout (if any) beside its generation, state and reason."""
+
+        def read(tx: Transaction) -> dict[str, Any]:
+            record = _detail(tx, service_id, project_id).service
+            return rollout.rollout_view(repository.rollout(tx, service_id), record)
+
+        return await self.store.read(read)
 
     async def events(
         self, project_id: str, service_id: str, *, after: int | None, limit: int

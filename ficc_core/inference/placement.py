@@ -51,6 +51,14 @@ class Reservation:
     memory_bytes: int
     disk_bytes: int = 0
     gpus: tuple[tuple[int, int], ...] = ()  # (device index, memory bytes)
+    #: The generation whose attempts it is for: a rollout's next generation, or a move's
+    #: target (another node), holds its own beside the one still serving.
+    generation: int = 0
+
+    @property
+    def key(self) -> tuple[int, int, str]:
+        """What names it among the service's reservations: generation, replica, node."""
+        return (self.generation, self.replica, self.node_id)
 
     def to_json(self) -> dict[str, Any]:
         """The reservation as shown in previews and service views."""
@@ -339,10 +347,13 @@ def plan(
     *,
     model_bytes: int,
     model_revision: str,
+    generation: int = 0,
 ) -> Plan:
     """Place every replica of ``specification`` beside the ``existing`` reservations.
 
-    ``existing`` must not include reservations of ``service_id`` itself. A node
+    ``existing`` holds what the plan must fit beside: every other service's
+    reservations, and the service's own that stay held meanwhile (a rollout's serving
+    generation). The reservations are for ``generation``. A node
     that reads the controller's blob store in place (the embedded node) needs no
     disk to stage the model; any other needs ``model_bytes`` free.
     """
@@ -366,6 +377,7 @@ def plan(
             memory_bytes=limits.memory_bytes,
             disk_bytes=stage,
             gpus=tuple((gpu.index, gpu.memory_bytes) for gpu in limits.gpus),
+            generation=generation,
         )
         reasons = _node_reasons(node, node_id, specification)
         if node is not None and node.snapshot is not None and not reasons:

@@ -1,13 +1,18 @@
 """From a service's attempts to what others see: its rolled-up state and its routing view.
 
 The gateway routes only to what :func:`publish` put in the
-:class:`~ficc_core.inference.live.LiveTable`: the latest generation's ready (or
-draining) attempts on nodes connected to this controller.
+:class:`~ficc_core.inference.live.LiveTable`: per replica of the service's
+generation, its newest ready (or draining) unreleased attempt on a node connected to
+this controller. Two attempts of one replica coexist while a successor (a move's
+target) loads: the predecessor serves until the successor is ready, then it is
+*retiring* (:func:`retiring`): no new request goes there, the ones in flight finish,
+then the reconciler stops it. A rollout's next generation is never routed before it
+becomes the service's generation; the previous one then retires the same way.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from .live import Admission, LiveReplica, LiveService, LiveTable
@@ -19,12 +24,65 @@ if TYPE_CHECKING:
 
 
 def latest(attempts: Iterable[AttemptRecord], generation: int) -> dict[int, AttemptRecord]:
-    """Each replica's latest attempt of ``generation`` (attempts ordered by number)."""
+    """Each replica's attempt of ``generation`` that stands for it: the one routed
+    (:func:`routed`), else its latest (attempts ordered by number)."""
     found: dict[int, AttemptRecord] = {}
+    serving: dict[int, AttemptRecord] = {}
     for attempt in attempts:
         if attempt.generation == generation:
             found[attempt.replica] = attempt
+            if attempt.state in ROUTABLE and not attempt.released:
+                serving[attempt.replica] = attempt
+    return {**found, **serving}
+
+
+def routed(
+    attempts: Iterable[AttemptRecord],
+    generation: int,
+    replicas: int,
+    dismissed: Collection[str] = (),
+) -> dict[int, AttemptRecord]:
+    """Per replica of ``generation`` (below ``replicas``), its newest unreleased ready (or
+    draining) attempt; one ``dismissed`` (told to go: a restart, a move) never is."""
+    found: dict[int, AttemptRecord] = {}
+    for attempt in attempts:
+        if (
+            attempt.generation == generation
+            and attempt.replica < replicas
+            and attempt.state in ROUTABLE
+            and not attempt.released
+            and attempt.attempt_id not in dismissed
+        ):
+            found[attempt.replica] = attempt
     return found
+
+
+def retiring(
+    attempts: Sequence[AttemptRecord],
+    wanted: Mapping[int, int],
+    dismissed: Collection[str] = (),
+) -> list[AttemptRecord]:
+    """The unreleased attempts nobody needs any more, to drain and stop.
+
+    ``wanted`` maps each generation still wanted (the service's, a pending rollout's)
+    to its replica count. An attempt is kept while it is routed, or while it is the
+    newest unreleased attempt of a wanted replica (a successor still loading); any
+    other (a predecessor whose successor is ready, a generation no longer wanted, a
+    replica beyond the count, a ``dismissed`` one) retires.
+    """
+    keep: set[str] = set()
+    newest: dict[tuple[int, int], AttemptRecord] = {}
+    for generation, replicas in wanted.items():
+        keep |= {a.attempt_id for a in routed(attempts, generation, replicas, dismissed).values()}
+    for attempt in attempts:
+        if not attempt.released and attempt.replica < wanted.get(attempt.generation, 0):
+            newest[(attempt.generation, attempt.replica)] = attempt
+    keep |= {a.attempt_id for a in newest.values()}
+    return [
+        a
+        for a in attempts
+        if not a.released and (a.attempt_id not in keep or a.attempt_id in dismissed)
+    ]
 
 
 def given_up(
@@ -106,16 +164,29 @@ def publish(
     attempts: Sequence[AttemptRecord],
     capabilities: tuple[str, ...],
     admission: Admission,
+    dismissed: Collection[str] = (),
 ) -> None:
     """Publish the service's routing view at its current revision."""
-    replicas = []
+    replicas: list[LiveReplica] = []
+    retired: list[LiveReplica] = []
     if admission != "stopped":
-        for index, attempt in sorted(latest(attempts, record.generation).items()):
+        chosen = routed(attempts, record.generation, len(specification.placements), dismissed)
+        for attempt in attempts:
             # A node not (yet) connected here cannot be reached; the next step adds it.
-            if attempt.state in ROUTABLE and contributors.connected_here(attempt.node_id):
-                replicas.append(
-                    LiveReplica(index=index, node_id=attempt.node_id, fence=attempt.fence)
-                )
+            if (
+                attempt.state not in ROUTABLE
+                or attempt.released
+                or not contributors.connected_here(attempt.node_id)
+            ):
+                continue
+            replica = LiveReplica(
+                index=attempt.replica, node_id=attempt.node_id, fence=attempt.fence
+            )
+            if chosen.get(attempt.replica) is attempt:
+                replicas.append(replica)
+            elif attempt.generation <= record.generation:
+                retired.append(replica)  # a rollout's next generation never served yet
+        replicas.sort(key=lambda r: r.index)
     live.publish(
         LiveService(
             id=record.id,
@@ -127,6 +198,7 @@ def publish(
             request_deadline=specification.request_deadline,
             capabilities=capabilities,
             replicas=tuple(replicas),
+            retiring=tuple(retired),
         ),
         revision=record.revision,
     )

@@ -28,18 +28,33 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
 
 import attrs
 import trio
 
 from ..errors import FiccError
+from ..store import Transaction
+from . import repository
 from .attempts import Attempts
+from .generations import (
+    Running,
+    abandon_rollout,
+    read_running,
+)
 from .live import Admission, LiveTable
 from .observed import Observations
-from .publication import given_up, publish, rolled_up
-from .records import ACTIVE, AttemptRecord, AttemptState, Desired, ServiceRecord, ServiceState
+from .publication import given_up, publish, retiring, rolled_up
+from .records import (
+    ACTIVE,
+    AttemptRecord,
+    AttemptState,
+    Desired,
+    ServiceRecord,
+    ServiceState,
+)
+from .succession import Succession, strays, unwatch
 
 if TYPE_CHECKING:
     from ..contributors import NodeRegistry
@@ -56,6 +71,8 @@ log = logging.getLogger("ficc.inference")
 class _ReplicaTask:
     scope: trio.CancelScope = attrs.Factory(trio.CancelScope)
     done: trio.Event = attrs.Factory(trio.Event)
+    #: The attempt it watches now, if any.
+    watching: str | None = None
 
 
 @attrs.define
@@ -65,10 +82,20 @@ class _Driver:
     #: Set (with no checkpoint before the task ends) once the driver decided to finish:
     #: a later wake starts a new driver instead of waking this one.
     finished: bool = False
-    replicas: dict[int, _ReplicaTask] = attrs.Factory(dict)
+    #: One task per wanted replica, by (generation, index).
+    replicas: dict[tuple[int, int], _ReplicaTask] = attrs.Factory(dict)
     capabilities: dict[int, tuple[str, ...]] = attrs.Factory(dict)
     #: The reason shown for the last unexpected exception, until a step goes through.
     fault: str | None = None
+    #: Attempts an operation handles itself (a move's target and source): the driver
+    #: never retires them and no replica task picks them up.
+    held: set[str] = attrs.Factory(set)
+    #: Attempts told to go (a restart), with the reason their end records: never routed.
+    dismissed: dict[str, str] = attrs.Factory(dict)
+    #: Attempts being drained and stopped now.
+    retiring: set[str] = attrs.Factory(set)
+    #: Why the last rollout failed, shown while the service has no other reason.
+    notice: str | None = None
 
 
 @attrs.define
@@ -103,6 +130,7 @@ class Reconciler:
     :param period: seconds between checks when nothing wakes a driver.
     :param ready_period: seconds between status checks of a ready attempt.
     :param loading_period: seconds between status checks of a loading one.
+    :param drain_timeout: how long a retiring attempt's in-flight requests may take.
     """
 
     def __init__(
@@ -120,7 +148,12 @@ class Reconciler:
         period: float = 1.0,
         ready_period: float = 1.0,
         loading_period: float = 0.2,
+        drain_timeout: float = 30.0,
     ) -> None:
+        self.store = store
+        self.drain_timeout = drain_timeout
+        #: Returns once no request is in flight on an attempt (the gateway's, once built).
+        self.replica_idle: Callable[[str], Awaitable[None]] = _idle_at_once
         self.contributors = contributors
         self.live = live
         self.clock = clock
@@ -138,6 +171,9 @@ class Reconciler:
             ready_period=ready_period,
             loading_period=loading_period,
         )
+        self.succession = Succession(self)
+        #: Ends the replica task watching an attempt (an operation stops it next).
+        self.unwatch = unwatch
         self._drivers: dict[str, _Driver] = {}
         self._nursery: trio.Nursery | None = None
 
@@ -168,6 +204,15 @@ class Reconciler:
             return
         driver = self._drivers[service_id] = _Driver(scope=trio.CancelScope())
         self._nursery.start_soon(self._drive, service_id, driver)
+
+    async def driver_of(self, service_id: str) -> _Driver:
+        """The service's driver (an operation holds its attempts through it)."""
+        while True:
+            self.wake(service_id)
+            driver = self._drivers.get(service_id)
+            if driver is not None and not driver.finished:
+                return driver
+            await trio.sleep(self.period / 10)
 
     def node_changed(self, node_id: str) -> None:
         """A node's connection here ended, or it was heard again after a silence: every
@@ -201,6 +246,7 @@ class Reconciler:
                     if trio.current_time() - began > self.retry_max:
                         backoff.reset()  # it had run well for a while
                     driver.replicas.clear()  # their tasks ended with the session
+                    driver.retiring.clear()
                     await self._fault(service_id, driver, fault, backoff.delay)
                     if driver.finished:
                         return  # it had decided to end: the next wake starts a new driver
@@ -248,16 +294,28 @@ class Reconciler:
         except Exception:
             log.exception("service %s: cannot record its internal error", service_id)
 
+    async def _read(self, service_id: str) -> tuple[Running | None, list[AttemptRecord]]:
+        def read(tx: Transaction) -> tuple[Running | None, list[AttemptRecord]]:
+            return read_running(tx, service_id), repository.attempts(tx, service_id)
+
+        return await self.store.read(read)
+
     async def _step(self, service_id: str, driver: _Driver, nursery: trio.Nursery) -> bool:
-        record, attempts = await self.observations.read(service_id)
-        if record is None:
+        running, attempts = await self._read(service_id)
+        if running is None:
             self.live.remove(service_id)
             return True
+        record = running.record
         specification = record.specification()
         try:
             if record.desired == Desired.RUNNING:
-                await self._run_replicas(record, specification, attempts, driver, nursery)
-            elif record.desired == Desired.DRAINING:
+                await self._run_replicas(running, attempts, driver, nursery)
+                return False
+            driver.notice = None
+            if running.rollout is not None:
+                now = self.clock()
+                await self.store.write(lambda tx: abandon_rollout(tx, service_id, None, now))
+            if record.desired == Desired.DRAINING:
                 await self._drain(record, specification, attempts, driver)
             else:
                 return await self._stop_all(record, specification, attempts, driver)
@@ -282,23 +340,48 @@ class Reconciler:
                 driver.capabilities[0] = computed
         capabilities = next(iter(driver.capabilities.values()), ())
         publish(
-            self.live, self.contributors, record, specification, attempts, capabilities, admission
+            self.live,
+            self.contributors,
+            record,
+            specification,
+            attempts,
+            capabilities,
+            admission,
+            dismissed=driver.dismissed,
         )
 
     async def _run_replicas(
         self,
-        record: ServiceRecord,
-        specification: Specification,
+        running: Running,
         attempts: Sequence[AttemptRecord],
         driver: _Driver,
         nursery: trio.Nursery,
     ) -> None:
-        for index in range(len(specification.placements)):
-            if index not in driver.replicas:
-                task = driver.replicas[index] = _ReplicaTask()
-                nursery.start_soon(
-                    self._replica, record.id, index, record.generation, specification, driver, task
-                )
+        record = running.record
+        specification = record.specification()
+        wanted = {g: len(s.placements) for g, s in running.specifications().items()}
+        for key, task in list(driver.replicas.items()):
+            if key[1] >= wanted.get(key[0], 0):
+                task.scope.cancel()  # its generation (or the replica) is no longer wanted
+                del driver.replicas[key]
+        for generation, count in wanted.items():
+            for index in range(count):
+                if (generation, index) not in driver.replicas:
+                    task = driver.replicas[(generation, index)] = _ReplicaTask()
+                    nursery.start_soon(self._replica, record.id, index, generation, driver, task)
+        if running.rollout is not None and await self.succession.rollout_step(
+            running, attempts, driver
+        ):
+            driver.wake.set()  # it cut over or gave up: the next step reads it again
+            return
+        released = {a.attempt_id for a in attempts if a.released}
+        for attempt_id in [i for i in driver.dismissed if i in released]:
+            del driver.dismissed[attempt_id]
+        for attempt in strays(attempts, running.specifications(), driver.held):
+            # Another node than its placement's, and no operation holds it: a move the
+            # controller did not finish (it restarted meanwhile). It goes; the replica
+            # serves on its placement.
+            driver.dismissed.setdefault(attempt.attempt_id, "move_interrupted")
         state, reason = rolled_up(
             len(specification.placements),
             attempts,
@@ -306,8 +389,15 @@ class Reconciler:
             self.give_up_after,
             self.contributors.trouble,
         )
+        reason = reason or driver.notice
         await self.observations.set_service(record.id, state=state, reason=reason)
+        # Published before anything retires, so no new request goes to a retiring attempt.
         await self._publish(record, specification, attempts, driver, "serving")
+        for attempt in retiring(attempts, wanted, driver.dismissed):
+            if attempt.attempt_id not in driver.held | driver.retiring:
+                driver.retiring.add(attempt.attempt_id)
+                nursery.start_soon(self.succession.retire, record, attempt, driver)
+        await self.succession.settle_reservations(record.id)
 
     async def _drain(
         self,
@@ -366,16 +456,16 @@ class Reconciler:
         service_id: str,
         index: int,
         generation: int,
-        specification: Specification,
         driver: _Driver,
         task: _ReplicaTask,
     ) -> None:
         try:
             with task.scope:
-                await self._replica_loop(service_id, index, generation, specification, driver)
+                await self._replica_loop(service_id, index, generation, driver, task)
         finally:
             task.done.set()
-            if driver.replicas.get(index) is task and not task.scope.cancel_called:
+            key = (generation, index)
+            if driver.replicas.get(key) is task and not task.scope.cancel_called:
                 # It ended by itself (an unknown outcome, or it gave up): let the driver see it.
                 driver.wake.set()
 
@@ -384,34 +474,50 @@ class Reconciler:
         service_id: str,
         index: int,
         generation: int,
-        specification: Specification,
         driver: _Driver,
+        task: _ReplicaTask,
     ) -> None:
         backoff = _Backoff(self.retry_max)
         while True:
-            record, attempts = await self.observations.read(service_id)
-            if (
-                record is None
-                or record.desired != Desired.RUNNING
-                or record.generation != generation
-            ):
+            task.watching = None
+            running, attempts = await self._read(service_id)
+            if running is None or running.record.desired != Desired.RUNNING:
                 return
+            specification = running.specifications().get(generation)
+            if specification is None or index >= len(specification.placements):
+                return  # no longer wanted: a rollout cut over or gave up
+            record = attrs.evolve(running.record, generation=generation)
             mine = [a for a in attempts if a.replica == index and a.generation == generation]
             last = mine[-1] if mine else None
-            if last is not None and last.state == AttemptState.UNKNOWN:
+            unreleased = [a for a in mine if not a.released]
+            # The newest attempt no operation handles: the one this task follows.
+            busy = driver.held | set(driver.dismissed)
+            free = [a for a in unreleased if a.attempt_id not in busy]
+            if free and free[-1].state == AttemptState.UNKNOWN:
                 return  # never retried by itself: stop, then start with acknowledgement
-            if last is not None and last.state in ACTIVE and not last.released:
-                await self.attempts.watch(last)
+            if free and free[-1].state in ACTIVE:
+                task.watching = free[-1].attempt_id
+                await self.attempts.watch(free[-1])
+                continue
+            if unreleased:
+                # An operation handles the replica's attempts (a move, a restart): the
+                # next one starts once they ended or were handed over.
+                await trio.sleep(self.attempts.loading_period)
                 continue
             if given_up(attempts, generation, index, self.give_up_after) is not None:
                 return  # it failed the same way too often: the service shows why
-            if last is not None:
-                # The previous attempt failed: wait, doubling up to the cap.
+            if last is not None and last.state == AttemptState.FAILED:
+                # The previous attempt failed: wait, doubling up to the cap. (One told to
+                # go, a restart's, is replaced at once.)
                 await backoff.wait()
             number = (last.number if last else 0) + 1
             capabilities = await self.attempts.launch(record, specification, index, number)
             if capabilities is not None:
                 driver.capabilities[index] = capabilities
+
+
+async def _idle_at_once(_attempt_id: str) -> None:
+    """No gateway counts requests: nothing is in flight."""
 
 
 def _describe(fault: BaseException | None) -> str:

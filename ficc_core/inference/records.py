@@ -149,6 +149,25 @@ class AttemptRecord:
 
 
 @attrs.frozen(kw_only=True)
+class RolloutRecord:
+    """One row of ``inference_rollouts``: a running service's next generation, started
+    beside the serving one; it becomes the service's own once every replica is ready."""
+
+    service_id: str
+    generation: int
+    #: The next generation's specification as canonical JSON text.
+    spec: str
+    plan_digest: str
+    started_at: float
+    #: When an unfinished rollout gives up (seconds since the epoch).
+    deadline: float
+
+    def specification(self) -> Specification:
+        """The next generation's specification, structured."""
+        return structure(json.loads(self.spec), Specification, what="stored specification")
+
+
+@attrs.frozen(kw_only=True)
 class ServiceDetail:
     """A service with its attempts (by replica, generation, number) and reservations."""
 
@@ -218,6 +237,7 @@ __all__ = [
     "AttemptState",
     "CredentialUsage",
     "Desired",
+    "RolloutRecord",
     "ServiceDetail",
     "ServiceRecord",
     "ServiceState",

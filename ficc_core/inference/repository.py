@@ -7,9 +7,9 @@ records of :mod:`~ficc_core.inference.records` (and placement's
 this module sees a row. The SQL is what SQLite and PostgreSQL both run.
 
 Tables: ``inference_services``, ``inference_attempts``, ``inference_reservations``,
-``inference_usage``. The contributors' tables (``nodes``, ``node_assignments``) are
-theirs: what placement reads of a node, and telling nodes to drop given-up attempts,
-go through :mod:`ficc_core.contributors.repository` in the same transaction.
+``inference_rollouts``, ``inference_usage``. The contributors' tables (``nodes``,
+``node_assignments``) are theirs: what placement reads of a node, and telling nodes to
+drop given-up attempts, go through :mod:`ficc_core.contributors.repository` in the same transaction.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from .placement import PlacementNode, Reservation
 from .records import (
     AttemptRecord,
     CredentialUsage,
+    RolloutRecord,
     ServiceDetail,
     ServiceRecord,
     UsageEntry,
@@ -42,7 +43,7 @@ _ATTEMPT_COLUMNS = (
     " signal, started_at, health, health_at, ready_at"
 )
 _RESERVATION_COLUMNS = (
-    "service_id, replica, node_id, cpus, memory_bytes, disk_bytes, gpus, created_at"
+    "service_id, generation, replica, node_id, cpus, memory_bytes, disk_bytes, gpus, created_at"
 )
 _USAGE_COLUMNS = (
     "service_id, generation, replica, node_id, credential_id, path, status, outcome,"
@@ -271,16 +272,17 @@ def _reservation(row: Mapping[str, Any]) -> Reservation:
         memory_bytes=row["memory_bytes"],
         disk_bytes=row["disk_bytes"],
         gpus=tuple((int(i), int(m)) for i, m in json.loads(row["gpus"])),
+        generation=row["generation"],
     )
 
 
 def reservations(tx: Transaction, service_id: str) -> list[Reservation]:
-    """What the service's replicas hold, by replica."""
+    """What the service's replicas hold, by replica, generation and node."""
     return [
         _reservation(row)
         for row in tx.fetch_all(
             f"SELECT {_RESERVATION_COLUMNS} FROM inference_reservations WHERE service_id = ?"
-            " ORDER BY replica",
+            " ORDER BY replica, generation, node_id",
             (service_id,),
         )
     ]
@@ -302,9 +304,10 @@ def insert_reservations(tx: Transaction, held: Iterable[Reservation], now: float
     for reservation in held:
         tx.execute(
             f"INSERT INTO inference_reservations ({_RESERVATION_COLUMNS})"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 reservation.service_id,
+                reservation.generation,
                 reservation.replica,
                 reservation.node_id,
                 reservation.cpus,
@@ -322,11 +325,55 @@ def delete_reservations(tx: Transaction, service_id: str) -> None:
 
 
 def delete_reservation(tx: Transaction, service_id: str, replica: int) -> None:
-    """Drop one replica's reservation."""
+    """Drop one replica's reservations (of every generation and node)."""
     tx.execute(
         "DELETE FROM inference_reservations WHERE service_id = ? AND replica = ?",
         (service_id, replica),
     )
+
+
+def delete_reservation_key(tx: Transaction, service_id: str, key: tuple[int, int, str]) -> None:
+    """Drop the service's reservation ``(generation, replica, node_id)``."""
+    generation, replica, node_id = key
+    tx.execute(
+        "DELETE FROM inference_reservations WHERE service_id = ? AND generation = ?"
+        " AND replica = ? AND node_id = ?",
+        (service_id, generation, replica, node_id),
+    )
+
+
+# -- rollouts ------------------------------------------------------------------------------------
+
+
+def rollout(tx: Transaction, service_id: str) -> RolloutRecord | None:
+    """The service's pending rollout, or None."""
+    row = tx.fetch_one(
+        "SELECT service_id, generation, spec, plan_digest, started_at, deadline"
+        " FROM inference_rollouts WHERE service_id = ?",
+        (service_id,),
+    )
+    return None if row is None else RolloutRecord(**row)
+
+
+def insert_rollout(tx: Transaction, record: RolloutRecord) -> None:
+    """Record a pending rollout (one per service)."""
+    tx.execute(
+        "INSERT INTO inference_rollouts (service_id, generation, spec, plan_digest, started_at,"
+        " deadline) VALUES (?, ?, ?, ?, ?, ?)",
+        (
+            record.service_id,
+            record.generation,
+            record.spec,
+            record.plan_digest,
+            record.started_at,
+            record.deadline,
+        ),
+    )
+
+
+def delete_rollout(tx: Transaction, service_id: str) -> None:
+    """The rollout is over (cut over, or failed)."""
+    tx.execute("DELETE FROM inference_rollouts WHERE service_id = ?", (service_id,))
 
 
 # -- nodes (read in the transaction that places or launches on them) --------------------------

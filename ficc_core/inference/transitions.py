@@ -91,6 +91,16 @@ def require_released(tx: Transaction, service_id: str, *, acknowledge: bool) -> 
         )
 
 
+def next_generation(tx: Transaction, record: ServiceRecord) -> int:
+    """The generation a start or a rollout begins: past every generation an attempt or a
+    reservation of the service ever had (an abandoned rollout's included), so a new one
+    never inherits another's attempts."""
+    seen = [record.generation]
+    seen += [a.generation for a in repository.attempts(tx, record.id)]
+    seen += [r.generation for r in repository.reservations(tx, record.id)]
+    return max(seen) + 1
+
+
 def start_in(
     tx: Transaction,
     record: ServiceRecord,
@@ -107,12 +117,16 @@ def start_in(
         # Give up every attempt whose end was never confirmed: its node stops it if it
         # ever reconnects, and nothing it served is replayed.
         repository.give_up_attempts(tx, record.id, AssignmentReason.ACKNOWLEDGED_UNKNOWN, now)
-    result = reserve(tx, record.id, specification, model, now, action="start")
+    generation = next_generation(tx, record)
+    repository.delete_rollout(tx, record.id)
+    result = reserve(
+        tx, record.id, specification, model, now, generation=generation, action="start"
+    )
     repository.update_service(
         tx,
         attrs.evolve(
             record,
-            generation=record.generation + 1,
+            generation=generation,
             plan_digest=result.digest,
             desired=Desired.RUNNING,
             state=ServiceState.STARTING,

@@ -295,4 +295,38 @@ MIGRATIONS: list[tuple[str, ...]] = [
         )""",
         "CREATE INDEX stream_tickets_expiry ON stream_tickets(expires_at)",
     ),
+    # 13: a replica may hold a reservation per generation and node, so a move's target
+    # or a rollout's new generation holds its own beside the one still serving (each goes
+    # once its attempt's end is confirmed); a running service's pending rollout (the next
+    # generation's specification, started beside the serving one).
+    (
+        """CREATE TABLE inference_reservations_10 (
+            service_id TEXT NOT NULL REFERENCES inference_services(id) ON DELETE CASCADE,
+            generation INTEGER NOT NULL,
+            replica INTEGER NOT NULL,
+            node_id TEXT NOT NULL,
+            cpus REAL NOT NULL,
+            memory_bytes INTEGER NOT NULL,
+            disk_bytes INTEGER NOT NULL,
+            gpus TEXT NOT NULL,
+            created_at REAL NOT NULL,
+            PRIMARY KEY (service_id, generation, replica, node_id)
+        )""",
+        """INSERT INTO inference_reservations_10 (service_id, generation, replica, node_id,
+            cpus, memory_bytes, disk_bytes, gpus, created_at)
+        SELECT r.service_id, s.generation, r.replica, r.node_id, r.cpus, r.memory_bytes,
+            r.disk_bytes, r.gpus, r.created_at
+        FROM inference_reservations r JOIN inference_services s ON s.id = r.service_id""",
+        "DROP TABLE inference_reservations",
+        "ALTER TABLE inference_reservations_10 RENAME TO inference_reservations",
+        "CREATE INDEX inference_reservations_node ON inference_reservations(node_id)",
+        """CREATE TABLE inference_rollouts (
+            service_id TEXT PRIMARY KEY REFERENCES inference_services(id) ON DELETE CASCADE,
+            generation INTEGER NOT NULL,
+            spec TEXT NOT NULL,
+            plan_digest TEXT NOT NULL,
+            started_at REAL NOT NULL,
+            deadline REAL NOT NULL
+        )""",
+    ),
 ]

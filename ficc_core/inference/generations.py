@@ -1,0 +1,162 @@
+"""Two generations of one service, and two attempts of one replica, in the store.
+
+A running service holds one reservation per ``(generation, replica, node)`` its
+attempts need: its generation's placements, a pending rollout's next generation
+(:class:`~ficc_core.inference.records.RolloutRecord`) beside it, and every attempt
+whose end is not yet confirmed (a move's source until it is released, the previous
+generation until it drained and stopped). :func:`settle_reservations` drops any
+other in the transaction that reads what is held, so a reservation goes only once
+its attempt's end is confirmed and nothing else needs it.
+
+A rollout becomes the service's own in one transaction (:func:`cut_over`) once every
+replica of the next generation is ready; a failed one (:func:`abandon_rollout`) is
+forgotten, its attempts retire and the serving generation goes on.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import attrs
+
+from ..events import EventKind
+from ..store import Transaction
+from . import history, repository
+from .records import RolloutRecord, ServiceRecord
+
+if TYPE_CHECKING:
+    from ..schema import Specification
+
+
+@attrs.frozen(kw_only=True)
+class Running:
+    """What a running service's driver reads in one transaction."""
+
+    record: ServiceRecord
+    rollout: RolloutRecord | None
+
+    def specifications(self) -> dict[int, Specification]:
+        """Each generation still wanted, with its specification (the service's, and a
+        pending rollout's next one)."""
+        wanted = {self.record.generation: self.record.specification()}
+        if self.rollout is not None:
+            wanted[self.rollout.generation] = self.rollout.specification()
+        return wanted
+
+
+def needed(tx: Transaction, service_id: str) -> set[tuple[int, int, str]]:
+    """The reservation keys the running service needs now (see the module docs)."""
+    record = repository.service(tx, service_id)
+    if record is None:
+        return set()
+    rollout = repository.rollout(tx, service_id)
+    keep: set[tuple[int, int, str]] = set()
+    for generation, specification in (
+        Running(record=record, rollout=rollout).specifications().items()
+    ):
+        keep |= {(generation, i, p.node_id) for i, p in enumerate(specification.placements)}
+    keep |= {
+        (a.generation, a.replica, a.node_id) for a in repository.unreleased_attempts(tx, service_id)
+    }
+    return keep
+
+
+def settle_reservations(tx: Transaction, service_id: str) -> list[tuple[int, int, str]]:
+    """Drop the running service's reservations nothing needs any more; return their keys."""
+    keep = needed(tx, service_id)
+    dropped = [r.key for r in repository.reservations(tx, service_id) if r.key not in keep]
+    for key in dropped:
+        repository.delete_reservation_key(tx, service_id, key)
+    return dropped
+
+
+def rollout_event(
+    tx: Transaction,
+    record: ServiceRecord,
+    rollout: RolloutRecord,
+    reason: str,
+    message: str,
+    now: float,
+) -> None:
+    """The ``service.rollout`` event of ``rollout`` (``started``, ``cut_over``, ``failed``,
+    ``abandoned``), in the transaction of that change."""
+    history.service_event(
+        tx,
+        record,
+        EventKind.SERVICE_ROLLOUT,
+        now,
+        reason=reason,
+        message=message,
+        details={"rollout_generation": rollout.generation, "plan_digest": rollout.plan_digest},
+    )
+
+
+def cut_over(tx: Transaction, service_id: str, generation: int, now: float) -> bool:
+    """The rollout to ``generation`` becomes the service's specification and generation."""
+    record = repository.service(tx, service_id)
+    rollout = repository.rollout(tx, service_id)
+    if record is None or rollout is None or rollout.generation != generation:
+        return False
+    specification = rollout.specification()
+    repository.update_service(
+        tx,
+        attrs.evolve(
+            record,
+            alias=specification.alias,
+            model_id=specification.model_id,
+            spec=rollout.spec,
+            plan_digest=rollout.plan_digest,
+            generation=rollout.generation,
+            reason=None,
+        ),
+        now,
+    )
+    repository.delete_rollout(tx, service_id)
+    after = repository.service(tx, service_id)
+    assert after is not None
+    rollout_event(
+        tx,
+        after,
+        rollout,
+        "cut_over",
+        f"generation {generation} is ready on every replica and takes the traffic; "
+        f"generation {record.generation} drains",
+        now,
+    )
+    return True
+
+
+def abandon_rollout(
+    tx: Transaction, service_id: str, reason: str | None, now: float
+) -> RolloutRecord | None:
+    """Forget the service's pending rollout (its attempts then retire); the service's
+    reason says why when ``reason`` is given. Returns the rollout, or None."""
+    rollout = repository.rollout(tx, service_id)
+    if rollout is None:
+        return None
+    repository.delete_rollout(tx, service_id)
+    record = repository.service(tx, service_id)
+    if record is not None and reason is not None:
+        repository.update_service(tx, attrs.evolve(record, reason=reason), now)
+    else:
+        repository.bump(tx, service_id, now)
+    record = repository.service(tx, service_id)
+    if record is not None:
+        word, said = ("failed", reason) if reason else ("abandoned", "the service stopped")
+        rollout_event(
+            tx,
+            record,
+            rollout,
+            word,
+            f"rollout to generation {rollout.generation} {word}: {said}",
+            now,
+        )
+    return rollout
+
+
+def read_running(tx: Transaction, service_id: str) -> Running | None:
+    """The service and its pending rollout, or None once it is removed."""
+    record = repository.service(tx, service_id)
+    if record is None:
+        return None
+    return Running(record=record, rollout=repository.rollout(tx, service_id))

@@ -1,0 +1,148 @@
+"""How a running service's driver lets a successor take over from its predecessor.
+
+The :class:`~ficc_core.inference.reconciler.Reconciler` calls these each step of a
+running service: a pending rollout is cut over or given up (:meth:`Succession.rollout_step`),
+each retiring attempt (:func:`~ficc_core.inference.publication.retiring`) drains and
+stops (:meth:`Succession.retire`), and the reservations nothing holds any more go
+(:meth:`Succession.settle_reservations`). :func:`strays` finds the attempts a move left
+on another node than their placement's when nothing holds them any more.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+import trio
+
+from ..store import Transaction
+from . import repository
+from .generations import Running, abandon_rollout, cut_over, needed, settle_reservations
+from .publication import given_up, routed
+from .records import ROUTABLE, AttemptRecord, ServiceRecord
+
+if TYPE_CHECKING:
+    from ..schema import Specification
+    from .reconciler import Reconciler
+    from .reconciler import _Driver as Driver
+
+log = logging.getLogger("ficc.inference")
+
+
+class Succession:
+    """A reconciler's successor handling (see the module docs)."""
+
+    def __init__(self, reconciler: Reconciler) -> None:
+        self.reconciler = reconciler
+
+    async def settle_reservations(self, service_id: str) -> None:
+        """Drop the reservations nothing holds any more (read first: mostly none)."""
+
+        def stale(tx: Transaction) -> bool:
+            keep = needed(tx, service_id)
+            return any(r.key not in keep for r in repository.reservations(tx, service_id))
+
+        if await self.reconciler.store.read(stale):
+            dropped = await self.reconciler.store.write(
+                lambda tx: settle_reservations(tx, service_id)
+            )
+            if dropped:
+                log.info("service %s: released reservations %s", service_id, dropped)
+
+    async def rollout_step(
+        self, running: Running, attempts: Sequence[AttemptRecord], driver: Driver
+    ) -> bool:
+        """Cut a ready rollout over, or give a failed one up; True when either happened."""
+        record, rollout = running.record, running.rollout
+        assert rollout is not None
+        service_id, generation = record.id, rollout.generation
+        count = len(rollout.specification().placements)
+        ready = routed(attempts, generation, count)
+        now = self.reconciler.clock()
+        if len(ready) == count and all(
+            self.reconciler.contributors.connected_here(a.node_id) for a in ready.values()
+        ):
+            if await self.reconciler.store.write(
+                lambda tx: cut_over(tx, service_id, generation, now)
+            ):
+                log.info(
+                    "service %s: generation %d is ready on every replica; traffic moves to it "
+                    "and generation %d drains",
+                    service_id,
+                    generation,
+                    record.generation,
+                )
+                driver.notice = None
+            return True
+        why = None
+        for index in range(count):
+            last = given_up(attempts, generation, index, self.reconciler.give_up_after)
+            if last is not None:
+                said = f": {last.message}" if last.message else ""
+                why = f"replica {index} stopped retrying ({last.reason}){said}"
+                break
+        if why is None and now >= rollout.deadline:
+            why = f"not every replica was ready within {rollout.deadline - rollout.started_at:g} s"
+        if why is None:
+            return False
+        reason = (
+            f"the rollout to generation {generation} failed: {why}; generation "
+            f"{record.generation} keeps serving"
+        )
+        await self.reconciler.store.write(lambda tx: abandon_rollout(tx, service_id, reason, now))
+        log.warning("service %s: %s", service_id, reason)
+        driver.notice = reason
+        return True
+
+    async def retire(self, record: ServiceRecord, attempt: AttemptRecord, driver: Driver) -> None:
+        """Drain a retiring attempt's in-flight requests (bounded), then stop it."""
+        attempt_id = attempt.attempt_id
+        try:
+            await unwatch(driver, attempt_id)
+            if attempt.state in ROUTABLE:
+                with trio.move_on_after(self.reconciler.drain_timeout):
+                    await self.reconciler.replica_idle(attempt_id)
+            if attempt_id in driver.dismissed:
+                why = driver.dismissed[attempt_id]
+            elif attempt.generation < record.generation:
+                why = "rolled_out"
+            elif attempt.generation > record.generation:
+                why = "rollout_abandoned"
+            else:
+                why = "superseded"
+            current = await self.reconciler.store.read(
+                lambda tx: repository.attempt(tx, attempt_id)
+            )
+            if current is not None and not current.released:
+                await self.reconciler.attempts.stop(current, reason=why)
+        finally:
+            driver.retiring.discard(attempt_id)
+            driver.wake.set()
+
+
+async def unwatch(driver: Driver, attempt_id: str) -> None:
+    """End the replica task watching ``attempt_id`` (the next step starts another)."""
+    for key, task in list(driver.replicas.items()):
+        if task.watching == attempt_id:
+            task.scope.cancel()
+            await task.done.wait()
+            if driver.replicas.get(key) is task:
+                del driver.replicas[key]
+
+
+def strays(
+    attempts: Sequence[AttemptRecord], wanted: Mapping[int, Specification], held: set[str]
+) -> list[AttemptRecord]:
+    """Unreleased attempts of a wanted generation on another node than their placement's
+    that no operation holds."""
+    found = []
+    for attempt in attempts:
+        specification = wanted.get(attempt.generation)
+        if attempt.released or attempt.attempt_id in held or specification is None:
+            continue
+        placements = specification.placements
+        if attempt.replica < len(placements):
+            if placements[attempt.replica].node_id != attempt.node_id:
+                found.append(attempt)
+    return found
