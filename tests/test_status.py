@@ -15,7 +15,14 @@ import trio
 
 from ficc_core.auth import ALL_SCOPES
 from ficc_core.inference.records import AttemptRecord, ServiceDetail, ServiceRecord
-from ficc_core.inference.status import last_exit, node_status, restarts, service_status
+from ficc_core.inference.status import (
+    current_attempts,
+    last_exit,
+    node_status,
+    restarts,
+    service_status,
+    successors,
+)
 
 from .conftest import issue_token
 from .inference_support import llama_spec, open_inference_controller, register_gguf, standin_engine
@@ -54,6 +61,34 @@ def test_restarts_count_the_attempts_of_the_generation_after_the_first():
     assert restarts(attempts, 0, 1) == 0
     assert restarts(attempts, 1, 2) == 0
     assert restarts(attempts, 2, 2) == 0
+
+
+def test_a_replica_shows_the_attempt_serving_it_while_its_successor_starts():
+    attempts = [
+        # replica 0 moves: its source serves while the target loads on another node
+        _attempt(0, 1, 1, "ready"),
+        _attempt(0, 1, 2, "loading", node_id="n2"),
+        # replica 1 rolls out: generation 1 serves while generation 2 loads
+        _attempt(1, 1, 1, "ready"),
+        _attempt(1, 2, 1, "launching"),
+        # replica 2 exists only in the next generation (a rollout from 2 to 3)
+        _attempt(2, 2, 1, "loading"),
+        # replica 3 restarted: its replacement is ready, so it stands for the replica
+        _attempt(3, 1, 1, "ready"),
+        _attempt(3, 1, 2, "ready"),
+    ]
+    current = current_attempts(attempts, 1)
+    assert {i: a.attempt_id for i, a in current.items()} == {
+        0: "svc.r0.g1.a1",
+        1: "svc.r1.g1.a1",
+        2: "svc.r2.g2.a1",
+        3: "svc.r3.g1.a2",
+    }
+    coming = successors(attempts, current)
+    assert {i: (a.attempt_id, a.node_id) for i, a in coming.items()} == {
+        0: ("svc.r0.g1.a2", "n2"),
+        1: ("svc.r1.g2.a1", "n1"),
+    }
 
 
 def test_the_last_exit_is_the_latest_ended_attempt_with_its_code_signal_and_memory_limit():

@@ -8,8 +8,8 @@ import attrs
 
 from ..inference import Preview, ServiceDetail
 from ..inference.publication import give_up_reason, given_up
-from ..inference.records import AttemptRecord, AttemptState, Desired, ServiceState, UsageSummary
-from ..inference.status import ServiceStatus
+from ..inference.records import AttemptState, Desired, ServiceState, UsageSummary
+from ..inference.status import ServiceStatus, current_attempts
 from ..schema import unstructure
 
 
@@ -21,15 +21,13 @@ def service_view(detail: ServiceDetail, give_up_after: int = 0) -> dict[str, Any
     """
     service, attempts = detail.service, detail.attempts
     spec = service.document()
-    held = {r.replica: r.to_json() for r in detail.reservations}
-    latest: dict[int, AttemptRecord] = {}
-    for attempt in attempts:
-        current = latest.get(attempt.replica)
-        if current is None or (attempt.generation, attempt.number) > (
-            current.generation,
-            current.number,
-        ):
-            latest[attempt.replica] = attempt
+    # The reservation of the replica's placement, in the service's generation (a move's
+    # target or a rollout's next generation holds its own beside it).
+    held = {
+        (r.replica, r.node_id): r.to_json()
+        for r in sorted(detail.reservations, key=lambda r: r.generation == service.generation)
+    }
+    latest = current_attempts(attempts, service.generation)
     replicas = []
     for index, placement in enumerate(spec["placements"]):
         last = latest.get(index)
@@ -44,7 +42,7 @@ def service_view(detail: ServiceDetail, give_up_after: int = 0) -> dict[str, Any
                 "attempt": None if last is None else last.number,
                 "attempt_id": None if last is None else last.attempt_id,
                 "plan_digest": None if last is None else last.plan_digest,
-                "reservation": held.get(index),
+                "reservation": held.get((index, placement["node_id"])),
             }
         )
     unknown = [a.attempt_id for a in attempts if a.state == AttemptState.UNKNOWN and not a.released]

@@ -110,6 +110,13 @@ def echo_replicas(view: Mapping[str, Any], status: Mapping[str, Any] | None) -> 
             )
         if replica["node"]["trouble"]:
             notes.append(f"replica {replica['index']}: {replica['node']['trouble']}")
+        coming = replica.get("successor")
+        if coming:
+            notes.append(
+                f"replica {replica['index']}: attempt {coming['attempt']} (generation "
+                f"{coming['generation']}) on {coming['node_id']} is {coming['state']}; it "
+                "takes over once ready"
+            )
     echo_table(rows)
     for note in notes:
         click.echo(note)

@@ -21,6 +21,7 @@ import attrs
 
 from ..contributors import repository as nodes_repository
 from ..contributors.records import NodeState
+from .publication import latest
 from .records import ENDED, ROUTABLE, AttemptRecord, ServiceDetail
 
 if TYPE_CHECKING:
@@ -33,11 +34,13 @@ __all__ = [
     "NodeStatus",
     "ReplicaStatus",
     "ServiceStatus",
+    "Successor",
     "current_attempts",
     "last_exit",
     "read_status",
     "restarts",
     "service_status",
+    "successors",
 ]
 
 
@@ -99,6 +102,7 @@ class ReplicaStatus:
     :ivar health: the readiness probe's last answer (``200``, ``503``, ``connection
         refused``); ``health_at``: since when it answers so (the node's clock).
     :ivar in_flight: requests the gateway has in flight on the current attempt.
+    :ivar successor: the attempt being brought up to take the replica over, if any.
     """
 
     index: int
@@ -118,6 +122,31 @@ class ReplicaStatus:
     health: str | None
     health_at: float | None
     in_flight: int
+    successor: Successor | None = None
+
+
+@attrs.frozen(kw_only=True)
+class Successor:
+    """The attempt being brought up to take a replica over (a move's target, a restart's
+    replacement, a rollout's next generation) while the current one serves."""
+
+    attempt_id: str
+    attempt: int
+    generation: int
+    node_id: str
+    state: str
+
+
+def _successor(attempt: AttemptRecord | None) -> Successor | None:
+    if attempt is None:
+        return None
+    return Successor(
+        attempt_id=attempt.attempt_id,
+        attempt=attempt.number,
+        generation=attempt.generation,
+        node_id=attempt.node_id,
+        state=str(attempt.state),
+    )
 
 
 @attrs.frozen(kw_only=True)
@@ -139,12 +168,30 @@ def _order(attempt: AttemptRecord) -> tuple[int, int]:
     return attempt.generation, attempt.number
 
 
-def current_attempts(attempts: Iterable[AttemptRecord]) -> dict[int, AttemptRecord]:
-    """Each replica's latest attempt, of any generation."""
+def current_attempts(
+    attempts: Sequence[AttemptRecord], generation: int
+) -> dict[int, AttemptRecord]:
+    """Each replica's attempt that stands for it: of the service's ``generation``, the
+    one serving (else its latest: :func:`~ficc_core.inference.publication.latest`);
+    a replica with none of that generation, its latest of any."""
     found: dict[int, AttemptRecord] = {}
     for attempt in attempts:
         held = found.get(attempt.replica)
         if held is None or _order(attempt) > _order(held):
+            found[attempt.replica] = attempt
+    found.update(latest(attempts, generation))
+    return found
+
+
+def successors(
+    attempts: Sequence[AttemptRecord], current: Mapping[int, AttemptRecord]
+) -> dict[int, AttemptRecord]:
+    """Per replica, a newer unreleased attempt than the one standing for it: a move's
+    target, a restart's replacement or a rollout's next generation, still starting."""
+    found: dict[int, AttemptRecord] = {}
+    for attempt in attempts:
+        held = current.get(attempt.replica)
+        if held is not None and not attempt.released and _order(attempt) > _order(held):
             found[attempt.replica] = attempt
     return found
 
@@ -212,7 +259,8 @@ def service_status(
     gateway's in-flight count (by attempt ID)."""
     service, attempts = detail.service, detail.attempts
     placements: Sequence[Mapping[str, object]] = service.document()["placements"]
-    current = current_attempts(attempts)
+    current = current_attempts(attempts, service.generation)
+    coming = successors(attempts, current)
     replicas = []
     for index, placement in enumerate(placements):
         attempt = current.get(index)
@@ -238,6 +286,7 @@ def service_status(
                 health=None if attempt is None else attempt.health,
                 health_at=None if attempt is None else attempt.health_at,
                 in_flight=0 if attempt is None else in_flight(attempt.attempt_id),
+                successor=_successor(coming.get(index)),
             )
         )
     return ServiceStatus(
