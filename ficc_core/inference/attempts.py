@@ -391,7 +391,11 @@ class Attempts:
             status = await self.contributors.stop(node_id, attempt.fence, grace=STOP_GRACE)
         except (UnknownAttempt, StaleFence):
             await self._end(
-                service_id, attempt_id, AttemptState.STOPPED, "not_running_after_reconnect"
+                service_id,
+                attempt_id,
+                AttemptState.STOPPED,
+                "not_running_after_reconnect",
+                f"node {node_id} is back and no longer runs attempt {attempt_id}",
             )
             return
         except FiccError:
@@ -401,4 +405,5 @@ class Attempts:
             attempt_id,
             AttemptState.STOPPED,
             status.reason or "stopped_after_reconnect",
+            f"node {node_id} is back; attempt {attempt_id} was stopped there",
         )
