@@ -2,10 +2,13 @@
 
 SmolLM2 on the embedded node and on a real remote ``ficc executor`` process (its
 model staged over HTTP); two clients send chat completions through the gateway the
-whole time, and not one of them fails.
+whole time, and not one of them fails. Then the remote replica's engine log is
+followed with a ticket, and closing the stream ends the follow on that node.
 """
 
 from __future__ import annotations
+
+from contextlib import aclosing
 
 import pytest
 import trio
@@ -16,8 +19,10 @@ from .inference_support import (
     register_smollm2,
     write_agent_settings,
 )
+from .logs_support import sse_items
 from .ops_support import Traffic
 from .test_agent_processes import ExecutorProcess, agent_dir  # noqa: F401
+from .test_logs_remote import _read_until
 
 
 async def _under_traffic(controller, service_id: str, token: str, action, settled):
@@ -119,7 +124,40 @@ async def test_a_move_and_a_rollout_under_continuous_traffic_fail_no_request(
                     "gpu-1",
                 ]
                 assert len(controller.service.live.get(service_id).replicas) == 3
+
+                await _follow_remote_log(controller, executor, service_id, replica=1)
                 assert (await controller.control(service_id, "stop")).status_code == 200
                 await controller.wait_service(service_id, lambda v: v["state"] == "stopped")
             finally:
                 executor.kill()
+
+
+async def _follow_remote_log(controller, executor, service_id: str, replica: int) -> None:
+    """Follow a replica's real llama.cpp log on the remote node with a ticket: its last
+    lines arrive; the ticket opens one stream only; closing it ends the node's follow."""
+    base = f"/api/v1/inference/{service_id}/replicas/{replica}/logs"
+    snapshot = await controller.ok("GET", base, params={"tail": 1000})
+    assert snapshot["node_id"] == "gpu-1", snapshot
+    assert any("ficc-llama-server" in line for line in snapshot["lines"]), snapshot["lines"]
+    attempt_id = snapshot["attempt_id"]
+    tail = min(5, len(snapshot["lines"]))
+    ticket = (await controller.ok("POST", base + "/ticket"))["ticket"]
+    params = {"ticket": ticket, "tail": tail}
+    async with controller.http.stream("GET", base + "/stream", params=params) as opened:
+        assert opened.status_code == 200
+        assert opened.headers["content-type"].startswith("text/event-stream")
+        lines = []
+        async with aclosing(sse_items(opened)) as items:
+            with trio.fail_after(30):
+                async for kind, value in items:
+                    if kind == "data":
+                        lines.append(value)
+                    if len(lines) == tail:
+                        break
+        await _read_until(executor.proc.stderr, f"following the log of attempt {attempt_id}")
+    # The stream's last lines are the log's (the engine is idle: no new ones meanwhile).
+    assert lines == snapshot["lines"][-tail:]
+    await _read_until(executor.proc.stderr, f"stopped following the log of attempt {attempt_id}")
+    reused = await controller.http.get(base + "/stream", params=params)
+    assert reused.status_code == 401, reused.text
+    assert reused.json()["error"]["code"] == "ticket_invalid"
