@@ -1,7 +1,8 @@
 """SIGTERM with streams open: they keep streaming through the shutdown grace, then each gets a
 last SSE event ``{"error": {"code": "server_shutting_down", ...}}`` and a clean end of
 stream, so the ``openai`` client raises an ``APIError`` with that code, not a connection error;
-a request still queued for a slot is answered 503 with the same code.
+a request still queued for a slot is answered 503 with the same code, and a replica's live
+log stream ends with an ``error`` event carrying it.
 
 A real ``ficc serve`` subprocess, its embedded agent and a managed llama_cpp service whose
 runtime is a stand-in for ``llama-server`` (the stand-in engine, streaming one delta every
@@ -161,6 +162,18 @@ async def test_sigterm_ends_open_streams_with_a_last_server_shutting_down_event(
                 first = threading.Event()
                 ended: dict = {}
                 queued: list[httpx.Response] = []
+                log_raw = bytearray()
+                log_open = trio.Event()
+
+                async def follow_log() -> None:
+                    base = f"/api/v1/inference/{service_id}/replicas/0/logs"
+                    ticket = (await http.post(base + "/ticket")).json()["ticket"]
+                    params = {"ticket": ticket, "tail": 1}
+                    async with http.stream("GET", base + "/stream", params=params) as opened:
+                        assert opened.status_code == 200
+                        log_open.set()
+                        async for chunk in opened.aiter_raw():
+                            log_raw.extend(chunk)
 
                 async def with_openai() -> None:
                     ended.update(
@@ -173,6 +186,8 @@ async def test_sigterm_ends_open_streams_with_a_last_server_shutting_down_event(
 
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(with_openai)
+                    nursery.start_soon(follow_log)
+                    await log_open.wait()
                     async with http.stream(
                         "POST", f"{base_url}/chat/completions", json=_chat()
                     ) as response:
@@ -209,6 +224,10 @@ async def test_sigterm_ends_open_streams_with_a_last_server_shutting_down_event(
         assert answer.status_code == 503, answer.text
         assert answer.json()["error"]["code"] == "server_shutting_down"
         assert answer.headers["retry-after"] == "1"
+        # The live log stream ended with the same code as its last event.
+        *_, last_log = [block for block in log_raw.decode().split("\n\n") if block]
+        assert last_log.startswith("event: error\ndata: "), last_log
+        assert '"code":"server_shutting_down"' in last_log.replace(" ", ""), last_log
         with trio.fail_after(30):
             assert await trio.to_thread.run_sync(server.proc.wait) == 0
     finally:

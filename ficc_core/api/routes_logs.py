@@ -9,8 +9,9 @@
   the last ``tail`` lines, then new ones, one ``data:`` event per line; a
   ``: keepalive`` comment every ``log_keepalive`` seconds of quiet (reverse proxies
   drop idle connections); ``event: end`` once the attempt's log closes; ``event:
-  error`` (the error envelope as data) when the follow fails or the caller's
-  credential is revoked.
+  error`` (the error envelope as data) when the follow fails, the caller's
+  credential is revoked, or the server's shutdown grace ended (``server_shutting_down``,
+  as on invoke streams).
 
 The follow runs on the attempt's node (through the node link, bounded and
 backpressured like endpoint streams) and is read by a task of its own here, handing
@@ -71,6 +72,11 @@ def sse_event(event: str, data: Any) -> bytes:
     return f"event: {event}\ndata: {json.dumps(data)}\n\n".encode()
 
 
+def sse_error(error: FiccError) -> bytes:
+    """An ``error`` event carrying ``error``'s envelope."""
+    return b"event: error\ndata: " + dumps_error(error.envelope()) + b"\n\n"
+
+
 async def _follow_into(
     lines: AsyncIterator[str], send: trio.MemorySendChannel[Any], scope: trio.CancelScope
 ) -> None:
@@ -94,19 +100,31 @@ async def _follow_into(
                 pass
 
 
+#: How often a quiet stream looks whether the server's shutdown grace ended, in seconds
+#: (the gateway's streams re-check as often).
+SHUTDOWN_RECHECK = 0.25
+
+
 async def _events(
     received: trio.MemoryReceiveChannel[Any],
     scope: trio.CancelScope,
     *,
     keepalive: float,
     still_valid: Any,
+    shutting_down: Any,
     attempt_id: str,
 ) -> AsyncIterator[bytes]:
     try:
+        quiet_until = trio.current_time() + keepalive
         while True:
             item: Any = None
-            with trio.move_on_after(keepalive) as quiet:
+            with trio.move_on_at(min(quiet_until, trio.current_time() + SHUTDOWN_RECHECK)) as wait:
                 item = await received.receive()
+            ended: FiccError | None = shutting_down()
+            if ended is not None:
+                # The grace ended: a last event, so a client knows to reconnect later.
+                yield sse_error(ended)
+                return
             if not still_valid():
                 yield sse_event(
                     "error",
@@ -119,13 +137,17 @@ async def _events(
                     },
                 )
                 return
-            if quiet.cancelled_caught:
-                yield b": keepalive\n\n"
-            elif item is _END:
+            if wait.cancelled_caught:
+                if trio.current_time() >= quiet_until:
+                    quiet_until = trio.current_time() + keepalive
+                    yield b": keepalive\n\n"
+                continue
+            quiet_until = trio.current_time() + keepalive
+            if item is _END:
                 yield sse_event("end", {"attempt_id": attempt_id, "reason": "attempt_ended"})
                 return
             elif isinstance(item, FiccError):
-                yield b"event: error\ndata: " + dumps_error(item.envelope()) + b"\n\n"
+                yield sse_error(item)
                 return
             else:
                 yield sse_data(item)
@@ -182,6 +204,7 @@ def register(app: QuartTrio, service: Service) -> None:
             scope,
             keepalive=service.config.log_keepalive,
             still_valid=lambda: service.auth.still_valid(principal),
+            shutting_down=service.gateway.checks.shutdown_problem,
             attempt_id=attempt.attempt_id,
         )
         response = Response(body, content_type="text/event-stream")

@@ -65,6 +65,12 @@ class RequestChecks:
         """
         self.shut_down_after = grace
 
+    def shutdown_problem(self) -> ServerShuttingDown | None:
+        """Why a long-lived response must end now because the server's shutdown grace
+        ended (:meth:`shut_down`), or None while serving; other streams (a replica's live
+        log) end with it too."""
+        return None if self.shut_down_after is None else self._shutting_down()
+
     def _shutting_down(self) -> ServerShuttingDown:
         grace = self.shut_down_after
         return ServerShuttingDown(
