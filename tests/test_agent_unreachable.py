@@ -15,7 +15,8 @@ import pytest
 import trio
 
 from ficc_core.agent.remote import RemoteAgent
-from ficc_core.nodelink.wire import NodeGone
+from ficc_core.nodelink.links import ConnectionLink
+from ficc_core.nodelink.wire import NodeGone, NodeTimeout
 from ficc_core.schema import unstructure
 from ficc_core.testing.executor_kit import new_fence
 
@@ -77,3 +78,41 @@ def test_the_refusal_names_the_action_when_the_caller_gives_it():
     error = NodeGone("its connection closed", node="cpu-1", action="restart")
     assert error.details["action"] == "restart"
     assert error.message == "agent on node cpu-1 is unreachable"
+
+
+class _SilentNode:
+    """A node connection that takes every message and never answers (a hung agent)."""
+
+    def __init__(self) -> None:
+        self.sent: list[str | bytes] = []
+
+    async def send(self, data: str | bytes) -> None:
+        self.sent.append(data)
+
+    async def receive(self) -> str | bytes:
+        await trio.sleep_forever()
+        raise AssertionError("unreachable")
+
+
+async def test_an_agent_that_does_not_answer_is_a_504_naming_the_node_and_the_command(
+    autojump_clock,
+):
+    node = _SilentNode()
+    link = ConnectionLink(node, timeout=5.0, node="gpu-1")
+    with pytest.raises(NodeTimeout) as refused:
+        await link.call({"op": "status", "fence": unstructure(new_fence())})
+    assert len(node.sent) == 1  # the command went out; no answer came
+    error = refused.value
+    assert (error.status, error.code) == (504, "node_timeout")
+    assert error.message == "agent on node gpu-1 did not answer 'status' within 5 s"
+    assert error.details == {
+        "node": "gpu-1",
+        "reason": "agent_timeout",
+        "operation": "status",
+        "timeout": 5.0,
+    }
+    # The relayed endpoint action's open is bounded the same way, naming the node.
+    with pytest.raises(NodeTimeout) as opening:
+        await link.endpoint.open(new_fence(), "s1", "GET", "/health", [], b"")
+    assert opening.value.details["node"] == "gpu-1"
+    assert opening.value.details["operation"] == "open"

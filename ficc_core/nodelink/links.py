@@ -99,9 +99,7 @@ class ConnectionLink:
             with trio.fail_after(self.timeout):
                 await slot[0].wait()
         except trio.TooSlowError:
-            raise NodeTimeout(
-                f"the node did not answer {message.get('op')!r} within {self.timeout:g} s"
-            ) from None
+            raise NodeTimeout(str(message.get("op")), self.timeout, node=self.node) from None
         finally:
             self._pending.pop(request_id, None)
         if len(slot) == 1:

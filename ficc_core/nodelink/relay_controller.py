@@ -197,9 +197,7 @@ class RelayEndpoint:
             with trio.move_on_after(self.open_timeout):
                 await channel.opened.wait()
             if not channel.opened.is_set():
-                raise NodeTimeout(
-                    f"the node did not answer the open within {self.open_timeout:g} s"
-                )
+                raise NodeTimeout("open", self.open_timeout, node=self._node)
             if channel.refused is not None:
                 raise channel.refused
             done = True

@@ -84,13 +84,25 @@ class NodeGone(FiccError):
 
 
 class NodeTimeout(NodeGone):
-    """The node did not answer in time."""
+    """The node's agent did not answer in time: 504 "agent on node gpu-1 did not answer
+    'status' within 60 s", with details ``node``, ``reason`` (``agent_timeout``),
+    ``operation`` and ``timeout``."""
 
     status = 504
     code = "node_timeout"
 
-    def __init__(self, message: str, **kwargs: Any) -> None:
-        FiccError.__init__(self, message, **kwargs)
+    def __init__(self, operation: str, timeout: float, *, node: str | None = None) -> None:
+        where = "the node" if node is None else f"node {node}"
+        FiccError.__init__(
+            self,
+            f"agent on {where} did not answer {operation!r} within {timeout:g} s",
+            details={
+                "node": node,
+                "reason": "agent_timeout",
+                "operation": operation,
+                "timeout": timeout,
+            },
+        )
 
 
 # -- errors ------------------------------------------------------------------------------------
