@@ -267,12 +267,37 @@ BODY_ROUTES: list[tuple[str, str, dict[str, Any]]] = [
     ("POST", f"/api/v1/inference/{SERVICE}/tokens", {"lifetime": 60, "name": "i"}),
     ("POST", f"/api/v1/inference/{SERVICE}/v1/chat/completions", CHAT),
     ("POST", f"/api/v1/inference/{SERVICE}/v1/embeddings", {"model": ALIAS, "input": "hi"}),
+    # the operations on running services (docs/operations.md)
+    ("POST", f"/api/v1/inference/{SERVICE}/restart", {"revision": 1}),
+    ("POST", f"/api/v1/inference/{SERVICE}/replicas/0/restart", {"revision": 1}),
+    (
+        "POST",
+        f"/api/v1/inference/{SERVICE}/replicas/0/move",
+        {"target_node_id": "local", "target_gpu_index": 0, "start_after_move": True, "revision": 1},
+    ),
+    (
+        "POST",
+        "/api/v1/inference/bulk-move",
+        {
+            "replicas": [{"service_id": SERVICE, "replica": 0}],
+            "target_node_id": "local",
+            "target_gpu_index": 0,
+            "start_after_move": False,
+        },
+    ),
+    ("POST", f"/api/v1/inference/{SERVICE}/rollout", {"revision": 1, "spec": SPEC}),
+    ("POST", f"/api/v1/inference/{SERVICE}/rollout/preview", {"spec": SPEC}),
 ]
 #: Every query parameter a route reads.
 QUERY_ROUTES = [
     ("GET", f"/api/v1/inference/{SERVICE}/usage", "since"),
     ("POST", "/api/v1/models/mdl_missing/files/0/bytes", "offset"),
     ("DELETE", "/api/v1/models/mdl_missing", "evict"),
+    ("GET", f"/api/v1/inference/{SERVICE}/events", "after"),
+    ("GET", f"/api/v1/inference/{SERVICE}/events", "limit"),
+    ("GET", f"/api/v1/inference/{SERVICE}/replicas/0/logs", "tail"),
+    ("GET", f"/api/v1/inference/{SERVICE}/replicas/0/logs/stream", "tail"),
+    ("GET", f"/api/v1/inference/{SERVICE}/replicas/0/logs/stream", "ticket"),
 ]
 _QUERY_VALUES = [
     *("nan", "NaN", "inf", "-inf", "Infinity", "1e999", "-1", "0x10", "1_000", "", " 1", "1.5"),

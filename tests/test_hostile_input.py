@@ -313,11 +313,20 @@ def _api_and_schema_classes() -> list[type]:
         routes_admin,
         routes_inference,
         routes_models,
+        routes_operations,
         routes_system,
         routes_tokens,
     )
 
-    modules = [schema, routes_admin, routes_inference, routes_models, routes_system, routes_tokens]
+    modules = [
+        schema,
+        routes_admin,
+        routes_inference,
+        routes_models,
+        routes_operations,
+        routes_system,
+        routes_tokens,
+    ]
     found = {
         value
         for module in modules
@@ -336,3 +345,43 @@ def test_every_integer_field_declares_its_range_and_the_docs_render_them():
                 unranged.append(f"{cls.__qualname__}.{field.name}")
     assert unranged == [], "declare them with schema._convert.integer()"
     assert docs_ranges.main(["--check"]) == 0, "run: python -m ficc_core.devtools.docs_ranges"
+
+
+async def test_the_operations_bodies_refuse_out_of_range_and_mistyped_numbers_naming_them(
+    controller,
+):
+    """Move, bulk move, restart and rollout read their bodies before anything else: a
+    number out of its range, a boolean for a number, or a list too long is a 400 that
+    names the field, for any service (nothing is looked up, nothing is written)."""
+    huge = int("9" * 400)
+    move = "/api/v1/inference/svc_none/replicas/0/move"
+    for value in (huge, 2**63, -1, 1024, True, "0", 1.5):
+        body = {"target_node_id": "n", "target_gpu_index": value}
+        error = refusal(await controller.call("POST", move, json=body))
+        assert "$.target_gpu_index" in paths(error), (value, error)
+        if value == 1024:
+            continue  # a revision, though not a GPU index
+        error = refusal(
+            await controller.call("POST", move, json={"target_node_id": "n", "revision": value})
+        )
+        assert "$.revision" in paths(error), (value, error)
+    error = refusal(
+        await controller.call("POST", move, json={"target_node_id": "n", "start_after_move": 1})
+    )
+    assert "$.start_after_move" in paths(error)
+    bulk = "/api/v1/inference/bulk-move"
+    item = {"service_id": "svc_none", "replica": 0}
+    for replicas in ([], [item] * 51):
+        error = refusal(
+            await controller.call("POST", bulk, json={"replicas": replicas, "target_node_id": "n"})
+        )
+        assert "$.replicas" in paths(error), (len(replicas), error)
+    for value in (huge, -1, 4096, True):
+        body = {"replicas": [{**item, "replica": value}], "target_node_id": "n"}
+        error = refusal(await controller.call("POST", bulk, json=body))
+        assert "$.replicas[0].replica" in paths(error), (value, error)
+    for route in ("restart", "replicas/0/restart", "rollout"):
+        body = {"revision": huge, "spec": {}}
+        response = await controller.call("POST", f"/api/v1/inference/svc_none/{route}", json=body)
+        assert "$.revision" in paths(refusal(response)), route
+    assert strict((await controller.call("GET", "/api/v1/inference")).text)["services"] == []

@@ -19,6 +19,7 @@ from ..inference.moves import bulk_move
 from ..inference.rollout import rollout_view
 from ..schema import FieldError
 from ..schema._convert import MAX_SAFE_INTEGER, integer
+from ..schema.spec import MAX_GPU_INDEX
 from .bodies import read_json
 from .views_inference import preview_view
 from .views_inference import service_view as view_of_service
@@ -32,26 +33,14 @@ if TYPE_CHECKING:
 MAX_BULK = 50
 
 
-def _optional_revision(_instance: Any, attribute: attrs.Attribute, value: Any) -> None:
-    if value is not None and (
-        isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_SAFE_INTEGER
-    ):
-        raise FieldError(attribute.name, "must be a revision (a whole number) or absent")
-
-
-def _gpu_index(_instance: Any, attribute: attrs.Attribute, value: Any) -> None:
-    if value is not None and (isinstance(value, bool) or not 0 <= value <= 1023):
-        raise FieldError(attribute.name, "must be a GPU index from 0 to 1023")
-
-
 @attrs.frozen(kw_only=True)
 class MoveBody:
     """``POST /inference/{id}/replicas/{n}/move``."""
 
     target_node_id: str
-    target_gpu_index: int | None = attrs.field(default=None, validator=_gpu_index)
+    target_gpu_index: int | None = integer(0, MAX_GPU_INDEX, default=None)
     start_after_move: bool = True
-    revision: int | None = attrs.field(default=None, validator=_optional_revision)
+    revision: int | None = integer(0, MAX_SAFE_INTEGER, default=None)
 
 
 @attrs.frozen(kw_only=True)
@@ -73,7 +62,7 @@ class BulkMoveBody:
 
     replicas: tuple[BulkItem, ...] = attrs.field(validator=_bulk_size)
     target_node_id: str
-    target_gpu_index: int | None = attrs.field(default=None, validator=_gpu_index)
+    target_gpu_index: int | None = integer(0, MAX_GPU_INDEX, default=None)
     start_after_move: bool = True
 
 

@@ -38,6 +38,7 @@ def api_bodies() -> list[tuple[str, type]]:
     """The routes whose JSON bodies hold numbers, and the class each body is."""
     from ..api.routes_inference import ControlBody, ReplaceBody
     from ..api.routes_models import ChunkBody
+    from ..api.routes_operations import BulkItem, BulkMoveBody, MoveBody, RestartBody, RolloutBody
     from ..schema import ModelManifest, Specification
 
     return [
@@ -46,6 +47,11 @@ def api_bodies() -> list[tuple[str, type]]:
         ("`POST /inference`, `/inference/preview`; `spec` of `PUT /inference/{id}`", Specification),
         ("`PUT /inference/{id}`", ReplaceBody),
         ("`POST /inference/{id}/control/{action}`", ControlBody),
+        ("`POST /inference/{id}/replicas/{n}/move`", MoveBody),
+        ("`POST /inference/bulk-move`", BulkMoveBody),
+        ("`replicas[]` of `POST /inference/bulk-move`", BulkItem),
+        ("`POST /inference/{id}/restart`, `/inference/{id}/replicas/{n}/restart`", RestartBody),
+        ("`POST /inference/{id}/rollout`", RolloutBody),
     ]
 
 
