@@ -7,15 +7,23 @@ Each reads the service's current revision first unless ``--revision`` names one;
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import click
 
 from .client import ApiClient, ApiError, client_from
-from .inference_io import BASE, SPEC_FILE, echo_outcome, read_spec, refusals, seconds
-from .output import echo_json, json_option
+from .inference_io import (
+    BASE,
+    SPEC_FILE,
+    current_revision,
+    echo_outcome,
+    read_spec,
+    refusals,
+    seconds,
+    wait_options,
+)
+from .output import echo_json
 from .resolve import resolve
 
 #: The state each control action rests in, as ``--wait`` waits for it.
@@ -26,38 +34,6 @@ _RESTING = {
     "stop": "stopped",
     "remove": "gone",
 }
-
-
-def _wait_options(command: Callable[..., Any]) -> Callable[..., Any]:
-    for option in reversed(
-        (
-            click.option(
-                "--revision",
-                type=int,
-                default=None,
-                help="The revision you read (default: read the current one first).",
-            ),
-            click.option("--wait", is_flag=True, help="Wait until the service rests there."),
-            click.option(
-                "--timeout",
-                default="10m",
-                show_default=True,
-                help="How long --wait waits (e.g. 90s, 10m, 1h).",
-            ),
-            click.option(
-                "--interval", default=0.5, show_default=True, help="Seconds between polls."
-            ),
-            json_option,
-        )
-    ):
-        command = option(command)
-    return command
-
-
-def _current_revision(client: ApiClient, service_id: str, revision: int | None) -> int:
-    if revision is not None:
-        return revision
-    return client.json("GET", f"{BASE}/{service_id}")["revision"]
 
 
 def _wait(
@@ -176,7 +152,7 @@ def _control(
     service_id = resolve(client, "inference", service_id)
 
     def send() -> dict[str, Any]:
-        body: dict[str, Any] = {"revision": _current_revision(client, service_id, revision)}
+        body: dict[str, Any] = {"revision": current_revision(client, service_id, revision)}
         if acknowledge_unknown:
             body["acknowledge_unknown"] = True
         return client.json("POST", f"{BASE}/{service_id}/control/{action}", json=body)
@@ -192,7 +168,7 @@ def _control(
     is_flag=True,
     help="Give up replicas whose outcome is unknown and start new attempts.",
 )
-@_wait_options
+@wait_options("Wait until the service rests there.")
 @click.pass_context
 def start(
     ctx: click.Context,
@@ -222,7 +198,7 @@ def start(
 
 
 def _simple_control(action: str, doc: str) -> click.Command:
-    @_wait_options
+    @wait_options("Wait until the service rests there.")
     @click.pass_context
     def command(
         ctx: click.Context,
@@ -268,7 +244,7 @@ remove = _simple_control(
 @click.command("replace")
 @click.argument("service_id", metavar="SERVICE")
 @click.argument("spec_file", type=SPEC_FILE)
-@_wait_options
+@wait_options("Wait until the service rests there.")
 @click.pass_context
 def replace(
     ctx: click.Context,
@@ -291,7 +267,7 @@ def replace(
     service_id = resolve(client, "inference", service_id)
 
     def send() -> dict[str, Any]:
-        body = {"revision": _current_revision(client, service_id, revision), "spec": document}
+        body = {"revision": current_revision(client, service_id, revision), "spec": document}
         return client.json("PUT", f"{BASE}/{service_id}", json=body)
 
     view = refusals(send)

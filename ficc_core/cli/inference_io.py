@@ -18,10 +18,55 @@ import click
 
 from ..config import parse_duration
 from ..errors import FiccError
-from .client import ApiError
-from .output import echo_table
+from .client import ApiClient, ApiError
+from .output import echo_table, json_option
 
 BASE = "/api/v1/inference"
+
+
+# -- the options and the revision of the commands that change a service ----------------------
+
+#: ``--revision``: the revision the operator read; by default the current one is read first.
+revision_option = click.option(
+    "--revision",
+    type=int,
+    default=None,
+    help="The revision you read (default: read the current one first).",
+)
+
+
+def wait_options(wait_help: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``--revision``, ``--wait`` (``wait_help`` says until what), ``--timeout``,
+    ``--interval`` and ``--json``."""
+
+    def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
+        for option in reversed(
+            (
+                revision_option,
+                click.option("--wait", is_flag=True, help=wait_help),
+                click.option(
+                    "--timeout",
+                    default="10m",
+                    show_default=True,
+                    help="How long --wait waits (e.g. 90s, 10m, 1h).",
+                ),
+                click.option(
+                    "--interval", default=0.5, show_default=True, help="Seconds between polls."
+                ),
+                json_option,
+            )
+        ):
+            command = option(command)
+        return command
+
+    return decorate
+
+
+def current_revision(client: ApiClient, service_id: str, revision: int | None) -> int:
+    """``revision`` when the operator named one, else the service's current one."""
+    if revision is not None:
+        return revision
+    return client.json("GET", f"{BASE}/{service_id}")["revision"]
 
 
 # -- formatting ------------------------------------------------------------------------------

@@ -14,8 +14,17 @@ from typing import Any
 import click
 import httpx
 
-from .client import ApiClient, client_from
-from .inference_io import BASE, SPEC_FILE, read_spec, refusals, seconds
+from .client import client_from
+from .inference_io import (
+    BASE,
+    SPEC_FILE,
+    current_revision,
+    read_spec,
+    refusals,
+    revision_option,
+    seconds,
+    wait_options,
+)
 from .output import echo_json, echo_table, json_option
 from .resolve import resolve
 
@@ -23,21 +32,11 @@ from .resolve import resolve
 #: (replica_ready_timeout, drain_timeout), so the answer is awaited without a read bound.
 _UNTIL_DONE = httpx.Timeout(30.0, read=None)
 
-_revision = click.option(
-    "--revision", type=int, default=None, help="The revision you read (default: the current one)."
-)
-
-
-def _revision_of(client: ApiClient, service_id: str, revision: int | None) -> int:
-    if revision is not None:
-        return revision
-    return client.json("GET", f"{BASE}/{service_id}")["revision"]
-
 
 @click.command("restart")
 @click.argument("service", metavar="SERVICE")
 @click.option("--replica", type=int, default=None, help="Restart this replica only.")
-@_revision
+@revision_option
 @json_option
 @click.pass_context
 def restart(
@@ -57,7 +56,7 @@ def restart(
         lambda: client.json(
             "POST",
             path,
-            json={"revision": _revision_of(client, service_id, revision)},
+            json={"revision": current_revision(client, service_id, revision)},
             timeout=_UNTIL_DONE,
         )
     )
@@ -125,7 +124,7 @@ def _with_target(command: Any) -> Any:
 @click.argument("service", metavar="SERVICE")
 @click.option("--replica", type=int, required=True, help="The replica to move.")
 @_with_target
-@_revision
+@revision_option
 @json_option
 @click.pass_context
 def move(
@@ -224,11 +223,7 @@ def _next_spec(
 @click.option("-f", "--file", "spec_file", type=SPEC_FILE, default=None, help="The next spec.")
 @click.option("--replicas", type=int, default=None, help="The next replica count.")
 @click.option("--context", type=int, default=None, help="The next context size in tokens.")
-@_revision
-@click.option("--wait", is_flag=True, help="Wait until the next generation serves.")
-@click.option("--timeout", default="10m", show_default=True, help="How long --wait waits.")
-@click.option("--interval", default=0.5, show_default=True, help="Seconds between polls.")
-@json_option
+@wait_options("Wait until the next generation serves.")
 @click.pass_context
 def rollout(
     ctx: click.Context,
@@ -253,7 +248,7 @@ def rollout(
     service_id = resolve(client, "inference", service)
     current = client.json("GET", f"{BASE}/{service_id}")
     spec = _next_spec(current["spec"], spec_file, replicas, context)
-    body = {"revision": revision if revision is not None else current["revision"], "spec": spec}
+    body = {"revision": current["revision"] if revision is None else revision, "spec": spec}
     started = refusals(lambda: client.json("POST", f"{BASE}/{service_id}/rollout", json=body))
     generation = started["rollout"]["generation"]
     if not as_json:
