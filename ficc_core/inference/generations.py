@@ -15,6 +15,7 @@ forgotten, its attempts retire and the serving generation goes on.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 import attrs
@@ -22,10 +23,11 @@ import attrs
 from ..events import EventKind
 from ..store import Transaction
 from . import history, repository
-from .records import RolloutRecord, ServiceRecord
+from .records import AttemptRecord, RolloutRecord, ServiceRecord
 
 if TYPE_CHECKING:
     from ..schema import Specification
+    from .placement import Reservation
 
 
 @attrs.frozen(kw_only=True)
@@ -34,6 +36,8 @@ class Running:
 
     record: ServiceRecord
     rollout: RolloutRecord | None
+    #: What the service holds (read with the rest, so a step sees whether any went stale).
+    reservations: tuple[Reservation, ...] = ()
 
     def specifications(self) -> dict[int, Specification]:
         """Each generation still wanted, with its specification (the service's, and a
@@ -44,21 +48,29 @@ class Running:
         return wanted
 
 
+def needed_keys(running: Running, attempts: Iterable[AttemptRecord]) -> set[tuple[int, int, str]]:
+    """The reservation keys the running service needs (see the module docs): each wanted
+    generation's placements, and every attempt whose end is not confirmed."""
+    keep: set[tuple[int, int, str]] = set()
+    for generation, specification in running.specifications().items():
+        keep |= {(generation, i, p.node_id) for i, p in enumerate(specification.placements)}
+    keep |= {(a.generation, a.replica, a.node_id) for a in attempts if not a.released}
+    return keep
+
+
+def stale_reservations(running: Running, attempts: Iterable[AttemptRecord]) -> bool:
+    """Whether the service holds a reservation nothing needs any more."""
+    keep = needed_keys(running, attempts)
+    return any(r.key not in keep for r in running.reservations)
+
+
 def needed(tx: Transaction, service_id: str) -> set[tuple[int, int, str]]:
-    """The reservation keys the running service needs now (see the module docs)."""
+    """The reservation keys the running service needs now, read in ``tx``."""
     record = repository.service(tx, service_id)
     if record is None:
         return set()
-    rollout = repository.rollout(tx, service_id)
-    keep: set[tuple[int, int, str]] = set()
-    for generation, specification in (
-        Running(record=record, rollout=rollout).specifications().items()
-    ):
-        keep |= {(generation, i, p.node_id) for i, p in enumerate(specification.placements)}
-    keep |= {
-        (a.generation, a.replica, a.node_id) for a in repository.unreleased_attempts(tx, service_id)
-    }
-    return keep
+    running = Running(record=record, rollout=repository.rollout(tx, service_id))
+    return needed_keys(running, repository.unreleased_attempts(tx, service_id))
 
 
 def settle_reservations(tx: Transaction, service_id: str) -> list[tuple[int, int, str]]:
@@ -159,4 +171,8 @@ def read_running(tx: Transaction, service_id: str) -> Running | None:
     record = repository.service(tx, service_id)
     if record is None:
         return None
-    return Running(record=record, rollout=repository.rollout(tx, service_id))
+    return Running(
+        record=record,
+        rollout=repository.rollout(tx, service_id),
+        reservations=tuple(repository.reservations(tx, service_id)),
+    )

@@ -397,7 +397,7 @@ class Reconciler:
             if attempt.attempt_id not in driver.held | driver.retiring:
                 driver.retiring.add(attempt.attempt_id)
                 nursery.start_soon(self.succession.retire, record, attempt, driver)
-        await self.succession.settle_reservations(record.id)
+        await self.succession.settle_reservations(running, attempts)
 
     async def _drain(
         self,

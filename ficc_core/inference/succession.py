@@ -16,9 +16,14 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from ..store import Transaction
 from . import repository
-from .generations import Running, abandon_rollout, cut_over, needed, settle_reservations
+from .generations import (
+    Running,
+    abandon_rollout,
+    cut_over,
+    settle_reservations,
+    stale_reservations,
+)
 from .publication import given_up, routed
 from .records import ROUTABLE, AttemptRecord, ServiceRecord
 
@@ -36,19 +41,17 @@ class Succession:
     def __init__(self, reconciler: Reconciler) -> None:
         self.reconciler = reconciler
 
-    async def settle_reservations(self, service_id: str) -> None:
-        """Drop the reservations nothing holds any more (read first: mostly none)."""
-
-        def stale(tx: Transaction) -> bool:
-            keep = needed(tx, service_id)
-            return any(r.key not in keep for r in repository.reservations(tx, service_id))
-
-        if await self.reconciler.store.read(stale):
-            dropped = await self.reconciler.store.write(
-                lambda tx: settle_reservations(tx, service_id)
-            )
-            if dropped:
-                log.info("service %s: released reservations %s", service_id, dropped)
+    async def settle_reservations(
+        self, running: Running, attempts: Sequence[AttemptRecord]
+    ) -> None:
+        """Drop the reservations nothing holds any more; mostly there are none, which the
+        step's own read shows (the write looks again in its transaction)."""
+        if not stale_reservations(running, attempts):
+            return
+        service_id = running.record.id
+        dropped = await self.reconciler.store.write(lambda tx: settle_reservations(tx, service_id))
+        if dropped:
+            log.info("service %s: released reservations %s", service_id, dropped)
 
     async def rollout_step(
         self, running: Running, attempts: Sequence[AttemptRecord], driver: Driver
