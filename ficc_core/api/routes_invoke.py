@@ -63,6 +63,16 @@ def endpoint_name(path: str) -> str:
     return "invoke_" + path.removeprefix("/v1/").replace("/", "_")
 
 
+def request_headers(scope: Scope) -> dict[str, str]:
+    """The request's headers for the gateway's routing: lower-case names, first values."""
+    headers: dict[str, str] = {}
+    for name, value in scope["headers"]:
+        key = name.decode("latin-1")
+        if key not in headers:
+            headers[key] = value.decode("latin-1")
+    return headers
+
+
 def register(app: QuartTrio, service: Service) -> None:
     """Add the invoke routes to ``app``, served by :class:`InvokeRoutes` in front of it."""
 
@@ -108,7 +118,10 @@ class InvokeRoutes:
             else:
                 body = b""
             gateway = self.service.gateway
-            async with gateway.open_response(service_id, path, body, principal) as response:
+            headers = request_headers(scope)
+            async with gateway.open_response(
+                service_id, path, body, principal, headers
+            ) as response:
                 status, answered = response.status, True
                 await self._relay(scope, receive, send, response)
         except Exception as exc:

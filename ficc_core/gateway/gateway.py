@@ -39,6 +39,7 @@ import logging
 import math
 import random
 from collections.abc import Callable, Iterable, Mapping
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -76,6 +77,8 @@ PATHS: Mapping[str, str] = {
 #: Executor refusals of an open that say nothing about another replica: no retry, the
 #: client is told (a body too large for the endpoint is a ``PathNotAdmitted``).
 FINAL_REFUSALS = (DeadlineExceeded, PathNotAdmitted, InputNotAdmitted)
+#: A request without headers routing reads.
+NO_HEADERS: Mapping[str, str] = MappingProxyType({})
 
 
 class _Opening:
@@ -173,19 +176,32 @@ class Gateway:
     # -- the seam ------------------------------------------------------------------------------
 
     def open_response(
-        self, service_id: str, path: str, body: bytes | Mapping[str, Any], actor: Principal
+        self,
+        service_id: str,
+        path: str,
+        body: bytes | Mapping[str, Any],
+        actor: Principal,
+        headers: Mapping[str, str] = NO_HEADERS,
     ) -> _Opening:
         """``async with`` it: the response to ``actor``'s request to ``path`` of ``service_id``.
 
         Entering raises the refusal (a :class:`FiccError`) made before a response
         exists; leaving releases everything the response holds.
         """
-        return _Opening(self, (service_id, path, body, actor))
+        return _Opening(self, (service_id, path, body, actor, headers))
 
     async def invoke(
-        self, service_id: str, path: str, body: bytes | Mapping[str, Any], actor: Principal
+        self,
+        service_id: str,
+        path: str,
+        body: bytes | Mapping[str, Any],
+        actor: Principal,
+        headers: Mapping[str, str] = NO_HEADERS,
     ) -> tuple[int, ResponseChunks]:
         """Serve one request of ``actor`` to ``path`` of service ``service_id``.
+
+        :param headers: the client's request headers that routing reads (a session
+            header, a band header), names in lower case, the first value of each.
 
         Returns the engine's status and the response, which the caller must close
         (``aclose()``, or ``async with``); raises the gateway's (or the executor's)
@@ -218,6 +234,7 @@ class Gateway:
             path=path,
             actor=actor,
             view=view,
+            headers=headers,
             started=started,
             deadline=math.inf if view.request_deadline is None else started + view.request_deadline,
         )

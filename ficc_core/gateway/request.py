@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 import attrs
@@ -18,6 +19,7 @@ class Request:
     """One admitted request of ``actor`` to ``path`` of a service, on one replica at a time.
 
     :ivar view: the service's view it was admitted under (the generation it streams from).
+    :ivar headers: the client's headers routing reads (lower-case names, first values).
     :ivar started: admission time, on the trio clock.
     :ivar deadline: the request deadline on the trio clock (``math.inf`` without one).
     :ivar replica: the replica holding (or last holding) its slot.
@@ -30,6 +32,7 @@ class Request:
     path: str
     actor: Principal
     view: LiveService
+    headers: Mapping[str, str]
     started: float
     deadline: float
     queue_wait: float = 0.0

@@ -70,6 +70,14 @@ class LiveService:
         replicas are ready).
     :ivar retiring: ready attempts a successor replaced (a move's source, a rollout's
         previous generation): no new request goes there, the ones in flight finish.
+    :ivar names: more model names the project endpoint routes here, in order (the
+        specification's ``aliases``, then the model's manifest name).
+    :ivar description: the specification's description, for ``/v1/models``.
+    :ivar context_length: tokens one request may use, prompt and completion together
+        (the specification's, else its context bounded by the model's trained context).
+    :ivar max_output: tokens one completion may generate, or None for no bound.
+    :ivar fallbacks: aliases of the project's services tried in order when this one
+        cannot serve a request (project endpoint only).
     """
 
     id: str
@@ -82,6 +90,11 @@ class LiveService:
     capabilities: tuple[str, ...] = ()
     replicas: tuple[LiveReplica, ...] = ()
     retiring: tuple[LiveReplica, ...] = ()
+    names: tuple[str, ...] = ()
+    description: str | None = None
+    context_length: int = 0
+    max_output: int | None = None
+    fallbacks: tuple[str, ...] = ()
 
     def serves(self, key: str) -> bool:
         """Whether a request in flight on the attempt ``key`` may go on (routed or retiring)."""

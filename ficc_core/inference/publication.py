@@ -20,7 +20,7 @@ from .records import ROUTABLE, AttemptRecord, AttemptState, ServiceRecord, Servi
 
 if TYPE_CHECKING:
     from ..contributors import NodeRegistry
-    from ..schema import Specification
+    from ..schema import ModelRecord, Specification
 
 
 def latest(attempts: Iterable[AttemptRecord], generation: int) -> dict[int, AttemptRecord]:
@@ -165,8 +165,16 @@ def publish(
     capabilities: tuple[str, ...],
     admission: Admission,
     dismissed: Collection[str] = (),
+    model: ModelRecord | None = None,
 ) -> None:
-    """Publish the service's routing view at its current revision."""
+    """Publish the service's routing view at its current revision.
+
+    :param capabilities: what the engine serves (the adapter's job); the
+        specification's ``capabilities`` (tools, vision) are added to them.
+    :param model: the service's model record, when known: its manifest name is the
+        last name the service answers to, its trained context bounds the default
+        context length.
+    """
     replicas: list[LiveReplica] = []
     retired: list[LiveReplica] = []
     if admission != "stopped":
@@ -196,9 +204,41 @@ def publish(
             admission=admission,
             concurrency=specification.concurrency,
             request_deadline=specification.request_deadline,
-            capabilities=capabilities,
+            capabilities=served_capabilities(specification, capabilities),
             replicas=tuple(replicas),
             retiring=tuple(retired),
+            names=served_names(specification, model),
+            description=specification.description,
+            context_length=context_length(specification, model),
+            max_output=specification.max_output,
+            fallbacks=specification.fallbacks or (),
         ),
         revision=record.revision,
     )
+
+
+def served_capabilities(
+    specification: Specification, capabilities: tuple[str, ...]
+) -> tuple[str, ...]:
+    """The engine's capabilities with those the specification claims for its model."""
+    claimed = specification.capabilities.claimed() if specification.capabilities else ()
+    return capabilities + tuple(name for name in claimed if name not in capabilities)
+
+
+def served_names(specification: Specification, model: ModelRecord | None) -> tuple[str, ...]:
+    """The names beyond its alias a service answers to: its aliases, then the model's name."""
+    names = list(specification.aliases or ())
+    if model is not None and model.manifest.name not in (specification.alias, *names):
+        names.append(model.manifest.name)
+    return tuple(names)
+
+
+def context_length(specification: Specification, model: ModelRecord | None) -> int:
+    """Tokens one request may use: the specification's context length, else its context
+    (what the engine holds per request: llama.cpp divides ``--ctx-size`` across its
+    ``--parallel`` slots, and the adapter sizes it as context x concurrency) bounded by
+    the model's trained context where its metadata declares one."""
+    if specification.context_length is not None:
+        return specification.context_length
+    trained = model.metadata.context_length if model is not None else None
+    return min(specification.context, trained) if trained else specification.context

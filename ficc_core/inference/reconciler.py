@@ -339,6 +339,12 @@ class Reconciler:
             if computed is not None:
                 driver.capabilities[0] = computed
         capabilities = next(iter(driver.capabilities.values()), ())
+        model = None
+        if admission != "stopped":
+            try:
+                model = (await self.attempts.model(record, specification)).record
+            except FiccError:
+                pass  # the model is gone: the service is still published without its name
         publish(
             self.live,
             self.contributors,
@@ -348,6 +354,7 @@ class Reconciler:
             capabilities,
             admission,
             dismissed=driver.dismissed,
+            model=model,
         )
 
     async def _run_replicas(

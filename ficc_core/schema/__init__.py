@@ -9,11 +9,12 @@ from ._convert import FieldError, SchemaError, canonical_json, digest, structure
 from .job import BootstrapRequest, EndpointContract, Fence, Job, JobInput, ReadinessProbe
 from .models import ModelFile, ModelManifest, ModelMetadata, ModelRecord, ModelSource
 from .snapshot import ExecutorSnapshot, GpuDevice, InstalledRuntime, NodeResources, ProviderInfo
-from .spec import GpuRequest, Placement, ResourceLimits, Runtime, Specification
+from .spec import Capabilities, GpuRequest, Placement, ResourceLimits, Runtime, Specification
 from .workload import Workload
 
 __all__ = [
     "BootstrapRequest",
+    "Capabilities",
     "EndpointContract",
     "ExecutorSnapshot",
     "Fence",

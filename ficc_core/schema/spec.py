@@ -270,6 +270,60 @@ def _as_optional_floats(value: Any) -> tuple[float, ...] | None:
     return None if value is None else tuple(_as_float(share) for share in _as_tuple(value))
 
 
+#: Extra model names, and fallbacks, one service may list.
+MAX_NAMES = 16
+#: Characters of a service's description.
+MAX_DESCRIPTION = 1000
+
+
+def _aliases(noun: str) -> _Validator:
+    """An optional list of at most :data:`MAX_NAMES` distinct aliases (``ALIAS_PATTERN``)."""
+
+    def check(_instance: Any, attribute: "attrs.Attribute[Any]", value: Any) -> None:
+        if value is None:
+            return
+        if len(value) > MAX_NAMES:
+            raise FieldError(attribute.name, f"must list at most {MAX_NAMES} {noun}")
+        for index, name in enumerate(value):
+            if not isinstance(name, str) or not ALIAS_PATTERN.fullmatch(name):
+                raise FieldError(
+                    f"{attribute.name}[{index}]",
+                    f"must be an alias of 1 to 64 characters, got {_shown(name)}",
+                )
+            if name in value[:index]:
+                raise FieldError(f"{attribute.name}[{index}]", f"repeats {_shown(name)}")
+
+    return check
+
+
+def _as_optional_names(value: Any) -> tuple[str, ...] | None:
+    return None if value is None else _as_tuple(value)
+
+
+@attrs.frozen(kw_only=True)
+class Capabilities:
+    """What a service's model can do beyond what its engine adapter declares.
+
+    An adapter knows what its engine serves (chat, streaming, embeddings,
+    completions); whether the model behind it handles tool calls or images depends
+    on the model and its chat template, which only the operator can vouch for.
+
+    :ivar tools: the model answers tool (function) calls.
+    :ivar vision: the model reads images in chat messages.
+    """
+
+    tools: bool | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.instance_of(bool))
+    )
+    vision: bool | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.instance_of(bool))
+    )
+
+    def claimed(self) -> tuple[str, ...]:
+        """The capability names claimed here (``tools``, ``vision``)."""
+        return tuple(name for name in ("tools", "vision") if getattr(self, name))
+
+
 @attrs.frozen(kw_only=True)
 class Specification:
     """What an operator declares for one managed inference service.
@@ -292,6 +346,21 @@ class Specification:
     :ivar request_deadline: seconds one inference request may take before it is
         cancelled (more than 0, at most seven days); absent means no deadline beyond the
         client's.
+    :ivar description: what the service is for, in a line (at most 1,000 characters);
+        clients read it in ``/v1/models``, the only view most of them have when they pick
+        which model name to send.
+    :ivar aliases: more model names the project endpoint routes to this service (at most
+        16), after every service's own alias; the model's manifest name is the last.
+    :ivar fallbacks: aliases of other services of the project, tried in order on the
+        project endpoint when this one has no ready replica, is saturated, or its engine
+        fails before the first byte (at most 16).
+    :ivar context_length: tokens one request may use, prompt and completion together (1
+        to ``context``); absent means the engine's per-request context, ``context``,
+        bounded by the model's own trained context where its metadata declares one.
+    :ivar max_output: tokens one completion may generate (1 to the context length);
+        absent means no bound beyond the context.
+    :ivar capabilities: what the model can do beyond the engine's claims (``tools``,
+        ``vision``).
     """
 
     alias: str = attrs.field(
@@ -316,6 +385,37 @@ class Specification:
     )
     parallelism: int | None = integer(1, MAX_PARALLELISM, default=None)
     request_deadline: float | None = number(0, MAX_SECONDS, above=True, default=None)
+    # Added by the routing step; None is omitted from the canonical JSON, so the
+    # digests of specifications without them do not change.
+    description: str | None = attrs.field(default=None, validator=_optional(_text(MAX_DESCRIPTION)))
+    aliases: tuple[str, ...] | None = attrs.field(
+        default=None, converter=_as_optional_names, validator=_aliases("aliases")
+    )
+    fallbacks: tuple[str, ...] | None = attrs.field(
+        default=None, converter=_as_optional_names, validator=_aliases("fallbacks")
+    )
+    context_length: int | None = integer(1, MAX_CONTEXT, default=None)
+    max_output: int | None = integer(1, MAX_CONTEXT, default=None)
+    capabilities: Capabilities | None = attrs.field(
+        default=None,
+        validator=attrs.validators.optional(attrs.validators.instance_of(Capabilities)),
+    )
+
+    def __attrs_post_init__(self) -> None:
+        if self.context_length is not None and self.context_length > self.context:
+            raise FieldError(
+                "context_length",
+                f"must be at most the context ({self.context}): the engine holds no more "
+                f"per request, got {self.context_length}",
+            )
+        if self.max_output is not None and self.max_output > (self.context_length or self.context):
+            raise FieldError(
+                "max_output",
+                f"must be at most the context length ({self.context_length or self.context}), "
+                f"got {self.max_output}",
+            )
+        if self.fallbacks is not None and self.alias in self.fallbacks:
+            raise FieldError("fallbacks", f"must not name the service itself ({self.alias!r})")
 
     def digest(self) -> str:
         """Return ``sha256:<hex>`` of this specification's canonical JSON."""
