@@ -93,6 +93,14 @@ class Metrics:
             ("service", "replica", "kind"),
             registry=self.registry,
         )
+        # -- the project endpoint (docs/gateway.md#the-project-endpoint) --
+        self.gateway_fallbacks = prom.Counter(
+            "ficc_gateway_fallbacks",
+            "Project-endpoint requests a fallback served because the service their model "
+            "named could not, by that service and the fallback that served.",
+            ("service", "fallback"),
+            registry=self.registry,
+        )
 
     def render(self) -> tuple[bytes, str]:
         """Return the exposition body and its content type."""

@@ -54,8 +54,10 @@ class GatewayEnv:
     def node_id(self) -> str:
         return self.agent.node_id
 
-    def base_url(self, service_id: str) -> str:
-        """The OpenAI ``base_url`` of a service."""
+    def base_url(self, service_id: str | None = None) -> str:
+        """The OpenAI ``base_url`` of a service, or of the project endpoint."""
+        if service_id is None:
+            return f"{self.url}/v1"
         return f"{self.url}/api/v1/inference/{service_id}/v1"
 
     async def launch(self, job: Job | None = None, *, generation: int = 1, **limits: Any) -> Fence:
@@ -82,8 +84,10 @@ class GatewayEnv:
         capabilities: tuple[str, ...] = ("chat", "streaming"),
         project_id: str | None = None,
         alias: str = ALIAS,
+        **fields: Any,
     ) -> LiveService:
-        """Publish a service view whose replicas are ``fences`` (or ready-made replicas)."""
+        """Publish a service view whose replicas are ``fences`` (or ready-made replicas);
+        ``fields``: more of the view's (``names``, ``fallbacks``, ``context_length``...)."""
         replicas = tuple(
             item if isinstance(item, LiveReplica) else self.replica(item, index)
             for index, item in enumerate(fences)
@@ -98,6 +102,7 @@ class GatewayEnv:
             request_deadline=request_deadline,
             capabilities=capabilities,
             replicas=replicas,
+            **fields,
         )
         self.service.live.publish(view)
         return view

@@ -424,6 +424,40 @@ ROUTES: dict[str, Route] = {
         "where the model serves embeddings",
         "`inference:invoke` for this service",
     ),
+    "invoke_completions": Route(
+        "POST",
+        "/api/v1/inference/{id}/v1/completions",
+        needs(s.INFERENCE_INVOKE),
+        "OpenAI-compatible text completion, JSON or SSE, where the engine serves it",
+        "`inference:invoke` for this service",
+    ),
+    # the project endpoint: the body's `model` names the service (docs/gateway.md)
+    "project_models": Route(
+        "GET",
+        "/v1/models",
+        needs(s.INFERENCE_INVOKE),
+        "the project's services this credential may invoke (not stopped), with "
+        "`description`, `context_length`, `max_output`, `capabilities`",
+    ),
+    "project_chat_completions": Route(
+        "POST",
+        "/v1/chat/completions",
+        needs(s.INFERENCE_INVOKE),
+        "as the service's route, for the service `model` names (or its fallbacks); "
+        "`x-ficc-service` names the one that answered",
+    ),
+    "project_embeddings": Route(
+        "POST",
+        "/v1/embeddings",
+        needs(s.INFERENCE_INVOKE),
+        "as the service's route, for the service `model` names (or its fallbacks)",
+    ),
+    "project_completions": Route(
+        "POST",
+        "/v1/completions",
+        needs(s.INFERENCE_INVOKE),
+        "as the service's route, for the service `model` names (or its fallbacks)",
+    ),
 }
 
 #: Who may call each route, by endpoint: what ``create_app`` enforces.

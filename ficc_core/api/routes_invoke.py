@@ -1,4 +1,10 @@
-"""The invoke routes (``/api/v1/inference/{id}`` and each of ``gateway.PATHS``): one handler.
+"""The invoke routes: one handler for the per-service and the project endpoint's routes.
+
+The per-service routes are ``/api/v1/inference/{id}`` and each of ``gateway.PATHS``;
+the project endpoint's are each of ``gateway.PATHS`` alone (``/v1/chat/completions``:
+an OpenAI client's ``base_url`` is the server's URL with ``/v1``), where the body's
+``model`` names the service (:class:`~ficc_core.gateway.ProjectEndpoint`), whose alias
+the response's ``x-ficc-service`` header carries.
 
 :func:`register` puts the routes in Quart's URL map (its routing answers 405 for
 another method, and the route table lists them) and :class:`InvokeRoutes` in front
@@ -33,7 +39,7 @@ import trio
 from werkzeug.http import parse_cookie
 
 from ..errors import FiccError, PayloadTooLarge
-from ..gateway import PATHS
+from ..gateway import PATHS, ProjectEndpoint
 from ..strictjson import dumps_error
 from .authn import SESSION_COOKIE, authenticate
 
@@ -56,11 +62,16 @@ PREFIX = "/api/v1/inference/"
 _ROUTE = re.compile(re.escape(PREFIX) + r"([^/]+)(" + "|".join(map(re.escape, PATHS)) + ")")
 #: Gateway path -> (method, the route as Quart's URL map and the HTTP metrics name it).
 ROUTES = {path: (method, f"{PREFIX}<service_id>{path}") for path, method in PATHS.items()}
+#: The project endpoint's routes: the gateway's paths at the root.
+PROJECT_ROUTES = {path: (method, path) for path, method in PATHS.items()}
+#: The header naming the service that answered a project-endpoint request.
+SERVICE_HEADER = b"x-ficc-service"
 
 
-def endpoint_name(path: str) -> str:
-    """The route's name in the route-scope table (``invoke_chat_completions``)."""
-    return "invoke_" + path.removeprefix("/v1/").replace("/", "_")
+def endpoint_name(path: str, prefix: str = "invoke_") -> str:
+    """The route's name in the route-scope table (``invoke_chat_completions``; the
+    project endpoint's with ``prefix`` ``project_``)."""
+    return prefix + path.removeprefix("/v1/").replace("/", "_")
 
 
 def request_headers(scope: Scope) -> dict[str, str]:
@@ -83,6 +94,13 @@ def register(app: QuartTrio, service: Service) -> None:
         app.add_url_rule(
             rule, endpoint=endpoint_name(path), view_func=served_in_front, methods=[method]
         )
+    for path, (method, rule) in PROJECT_ROUTES.items():
+        app.add_url_rule(
+            rule,
+            endpoint=endpoint_name(path, "project_"),
+            view_func=served_in_front,
+            methods=[method],
+        )
     app.asgi_app = InvokeRoutes(app.asgi_app, service)  # type: ignore[method-assign]
 
 
@@ -93,19 +111,33 @@ class InvokeRoutes:
         self.app = app
         self.service = service
         self.limit = service.config.max_body_bytes
+        self.project = ProjectEndpoint(service.gateway)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
-            match = _ROUTE.fullmatch(scope["path"])
-            if match is not None:
-                method, route = ROUTES[match.group(2)]
+            path = scope["path"]
+            found = PROJECT_ROUTES.get(path)
+            service_id: str | None = None
+            if found is None:
+                match = _ROUTE.fullmatch(path)
+                if match is not None:
+                    service_id, path = match.group(1), match.group(2)
+                    found = ROUTES[path]
+            if found is not None:
+                method, route = found
                 if scope["method"] == method or (scope["method"] == "HEAD" and method == "GET"):
-                    await self._invoke(scope, receive, send, match.group(1), match.group(2), route)
+                    await self._invoke(scope, receive, send, service_id, path, route)
                     return
         await self.app(scope, receive, send)
 
     async def _invoke(
-        self, scope: Scope, receive: Receive, send: Send, service_id: str, path: str, route: str
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        service_id: str | None,
+        path: str,
+        route: str,
     ) -> None:
         started = time.perf_counter()
         status, answered = 500, False
@@ -117,13 +149,20 @@ class InvokeRoutes:
                     return  # the client left before it finished sending
             else:
                 body = b""
-            gateway = self.service.gateway
             headers = request_headers(scope)
-            async with gateway.open_response(
-                service_id, path, body, principal, headers
-            ) as response:
+            extra: tuple[tuple[bytes, bytes], ...] = ()
+            if service_id is None:
+                served = await self.project.invoke(path, body, principal, headers)
+                response = served.response
+                if served.service is not None:
+                    extra = ((SERVICE_HEADER, served.service.alias.encode("ascii")),)
+            else:
+                _, response = await self.service.gateway.invoke(
+                    service_id, path, body, principal, headers
+                )
+            async with response:
                 status, answered = response.status, True
-                await self._relay(scope, receive, send, response)
+                await self._relay(scope, receive, send, response, extra)
         except Exception as exc:
             if answered:
                 raise  # the head may be out: nothing else can be sent
@@ -205,11 +244,17 @@ class InvokeRoutes:
         await send({"type": "http.response.body", "body": body})
 
     async def _relay(
-        self, scope: Scope, receive: Receive, send: Send, response: ResponseChunks
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        response: ResponseChunks,
+        extra: tuple[tuple[bytes, bytes], ...],
     ) -> None:
         headers = [
             (b"content-type", response.content_type.encode("latin-1")),
             (b"cache-control", b"no-cache" if response.streaming else b"no-store"),
+            *extra,
         ]
         if response.streaming:
             headers.append((b"x-accel-buffering", b"no"))

@@ -4,7 +4,9 @@
 (authority, admission, the body), :mod:`.admission` (replica slots, the wait
 queue), :mod:`.relay` (the engine's stream, the response) and :mod:`.accounting`
 (usage records, metrics); :mod:`.request` is the state they share and
-:mod:`.errors` the refusals.
+:mod:`.errors` the refusals. :mod:`.project` serves the project endpoint (one base URL,
+the service named by ``model``, fallbacks) through the same seam, :mod:`.catalog`
+resolving names and writing ``/v1/models``.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from .errors import (
     StreamInterrupted,
 )
 from .gateway import PATHS, Gateway
+from .project import ProjectEndpoint, Served
 from .relay import ResponseChunks
 
 __all__ = [
@@ -39,7 +42,9 @@ __all__ = [
     "ModelNotFound",
     "NoReadyReplica",
     "NotForThisService",
+    "ProjectEndpoint",
     "ResponseChunks",
+    "Served",
     "ServiceDraining",
     "ServiceNotFound",
     "ServiceSaturated",

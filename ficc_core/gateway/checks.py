@@ -31,6 +31,10 @@ if TYPE_CHECKING:
     from .request import Request
 
 INVOKE_SCOPE = "inference:invoke"
+#: The engine capability a path needs beyond the model list.
+NEEDS = {"/v1/embeddings": "embeddings", "/v1/completions": "completions"}
+#: The paths whose answer may stream (SSE), with usage asked for in the last event.
+STREAMED = frozenset({"/v1/chat/completions", "/v1/completions"})
 
 
 def _invalid(message: str, path: str, expected: str, **kwargs: Any) -> InvalidRequest:
@@ -91,8 +95,8 @@ class RequestChecks:
             return exc
         return Unauthenticated("the credential is no longer valid", code="credential_revoked")
 
-    def authorise(self, service_id: str, actor: Principal) -> LiveService:
-        """The view of ``service_id`` if ``actor`` may invoke it; else raise the refusal."""
+    def may_invoke(self, actor: Principal) -> None:
+        """Raise unless ``actor``'s credential holds and carries ``inference:invoke``."""
         problem = self.authority(actor)
         if problem is not None:
             raise problem
@@ -102,6 +106,10 @@ class RequestChecks:
                 code="missing_scope",
                 details={"required": [INVOKE_SCOPE], "missing": [INVOKE_SCOPE]},
             )
+
+    def authorise(self, service_id: str, actor: Principal) -> LiveService:
+        """The view of ``service_id`` if ``actor`` may invoke it; else raise the refusal."""
+        self.may_invoke(actor)
         if actor.service_id not in (None, service_id):
             raise NotForThisService(
                 "this credential is bound to another inference service",
@@ -180,36 +188,39 @@ class RequestChecks:
 
     # -- the body ----------------------------------------------------------------------------
 
+    def document(self, body: bytes) -> dict[str, Any]:
+        """The JSON object a request body holds (within ``max_body_bytes``, strict JSON)."""
+        limit = self.max_body_bytes
+        if len(body) > limit:
+            raise PayloadTooLarge(
+                f"the request body is {len(body)} bytes; at most {limit} are accepted",
+                details={"limit": limit, "size": len(body)},
+            )
+        if not bytes(body).strip():
+            raise InvalidRequest(
+                "the request body is empty; send a JSON object", code="invalid_json"
+            )
+        document = loads(body)
+        if not isinstance(document, dict):
+            raise _invalid("the request body must be a JSON object", "$", "object")
+        return document
+
     def prepare(
         self, view: LiveService, path: str, body: bytes | Mapping[str, Any]
     ) -> tuple[bytes, bool]:
         """The bytes to send the engine for ``body`` and whether the answer streams.
 
         The client's bytes go unchanged unless something must be set: the alias as
-        ``model``, usage reporting for a streamed chat.
+        ``model``, usage reporting for a streamed chat or completion.
         """
-        if path == "/v1/embeddings" and "embeddings" not in view.capabilities:
+        needed = NEEDS.get(path)
+        if needed is not None and needed not in view.capabilities:
             raise CapabilityNotServed(
-                f"service {view.id!r} does not serve embeddings (its engine's capabilities: "
+                f"service {view.id!r} does not serve {needed} (its engine's capabilities: "
                 f"{', '.join(view.capabilities) or 'none declared'})",
                 details={"capabilities": list(view.capabilities)},
             )
-        if isinstance(body, Mapping):
-            document: Any = dict(body)
-        else:
-            limit = self.max_body_bytes
-            if len(body) > limit:
-                raise PayloadTooLarge(
-                    f"the request body is {len(body)} bytes; at most {limit} are accepted",
-                    details={"limit": limit, "size": len(body)},
-                )
-            if not bytes(body).strip():
-                raise InvalidRequest(
-                    "the request body is empty; send a JSON object", code="invalid_json"
-                )
-            document = loads(body)
-        if not isinstance(document, dict):
-            raise _invalid("the request body must be a JSON object", "$", "object")
+        document = dict(body) if isinstance(body, Mapping) else self.document(body)
         model = document.get("model")
         if model is not None and model != view.alias:
             raise ModelNotFound(
@@ -221,9 +232,13 @@ class RequestChecks:
         stream = document.get("stream", False)
         if not isinstance(stream, bool):
             raise _invalid("`stream` must be a boolean", "$.stream", "boolean")
-        if path == "/v1/chat/completions":
-            if not isinstance(document.get("messages"), list):
+        if path in STREAMED:
+            if path == "/v1/chat/completions" and not isinstance(document.get("messages"), list):
                 raise _invalid("a chat completion needs a `messages` array", "$.messages", "array")
+            if path == "/v1/completions" and not isinstance(document.get("prompt"), str | list):
+                raise _invalid(
+                    "a completion needs a `prompt` string or array", "$.prompt", "string or array"
+                )
             if stream:
                 options = document.get("stream_options")
                 if options is None:

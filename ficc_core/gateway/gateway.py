@@ -47,9 +47,9 @@ import trio
 from ..errors import FiccError
 from ..executor.errors import InputNotAdmitted, PathNotAdmitted
 from ..executor.types import ResponseHead
-from ..strictjson import dumps
 from .accounting import Accounting, UsageRecord
 from .admission import Admission, no_replica
+from .catalog import models_document
 from .checks import RequestChecks
 from .errors import DeadlineExceeded
 from .relay import SSE, Relay, ResponseChunks
@@ -73,12 +73,25 @@ PATHS: Mapping[str, str] = {
     "/v1/models": "GET",
     "/v1/chat/completions": "POST",
     "/v1/embeddings": "POST",
+    "/v1/completions": "POST",
 }
 #: Executor refusals of an open that say nothing about another replica: no retry, the
 #: client is told (a body too large for the endpoint is a ``PathNotAdmitted``).
 FINAL_REFUSALS = (DeadlineExceeded, PathNotAdmitted, InputNotAdmitted)
 #: A request without headers routing reads.
 NO_HEADERS: Mapping[str, str] = MappingProxyType({})
+
+
+def method_of(path: str) -> str:
+    """The HTTP method of the inference path ``path``; raise ``route_not_found`` for another."""
+    method = PATHS.get(path)
+    if method is None:
+        raise FiccError(
+            f"{path!r} is not an inference route; use one of {', '.join(PATHS)}",
+            code="route_not_found",
+            status=404,
+        )
+    return method
 
 
 class _Opening:
@@ -208,13 +221,7 @@ class Gateway:
         :class:`FiccError` for a refusal.
         """
         started = trio.current_time()
-        method = PATHS.get(path)
-        if method is None:
-            raise FiccError(
-                f"{path!r} is not an inference route; use one of {', '.join(PATHS)}",
-                code="route_not_found",
-                status=404,
-            )
+        method = method_of(path)
         try:
             view = self.checks.authorise(service_id, actor)
         except FiccError as exc:
@@ -222,7 +229,7 @@ class Gateway:
             self.accounting.refused("", exc.code)
             raise
         if path == "/v1/models":
-            return 200, self._models(view)
+            return 200, self._models(view, actor)
         try:
             self.checks.admit(view)
             payload, streaming = self.checks.prepare(view, path, body)
@@ -252,14 +259,10 @@ class Gateway:
             raise
         return response.status, response
 
-    def _models(self, view: LiveService) -> ResponseChunks:
-        document = {
-            "object": "list",
-            "data": [{"id": view.alias, "object": "model", "created": 0, "owned_by": "ficc"}],
-        }
-        return ResponseChunks(
-            status=200, content_type="application/json", pending=[dumps(document)]
-        )
+    @staticmethod
+    def _models(view: LiveService, actor: Principal) -> ResponseChunks:
+        document = models_document((view,), actor.project_name or actor.project_id)
+        return ResponseChunks(status=200, content_type="application/json", pending=[document])
 
     async def _dispatch(
         self, request: Request, method: str, payload: bytes, streaming: bool

@@ -21,6 +21,7 @@ the response ends (its ``aclose``); :meth:`LiveTable.request` is the same pair a
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Literal
 
 import attrs
@@ -78,6 +79,7 @@ class LiveService:
     :ivar max_output: tokens one completion may generate, or None for no bound.
     :ivar fallbacks: aliases of the project's services tried in order when this one
         cannot serve a request (project endpoint only).
+    :ivar created: when the service was created, in Unix seconds (``/v1/models``).
     """
 
     id: str
@@ -95,6 +97,7 @@ class LiveService:
     context_length: int = 0
     max_output: int | None = None
     fallbacks: tuple[str, ...] = ()
+    created: int = 0
 
     def serves(self, key: str) -> bool:
         """Whether a request in flight on the attempt ``key`` may go on (routed or retiring)."""
@@ -127,6 +130,9 @@ class LiveTable:
         self._idle: dict[str, trio.Event] = {}
         #: The revision of the last control action that closed each service's admission.
         self._closed_at: dict[str, int] = {}
+        #: Counts every change of any view: what is derived from all of them (the
+        #: gateway's name index) is rebuilt when it moved.
+        self.version = 0
 
     # -- the reconciler's and the manager's side ----------------------------------------
 
@@ -161,6 +167,7 @@ class LiveTable:
         self._wake(service_id)
 
     def _wake(self, service_id: str) -> None:
+        self.version += 1
         event = self._changed.pop(service_id, None)
         if event is not None:
             event.set()
@@ -170,6 +177,10 @@ class LiveTable:
     def get(self, service_id: str) -> LiveService | None:
         """The service's current view, or None when it is not published."""
         return self._services.get(service_id)
+
+    def views(self) -> Iterable[LiveService]:
+        """Every published view (a project's services, for the project endpoint)."""
+        return self._services.values()
 
     def changed(self, service_id: str) -> trio.Event:
         """An event set at the next change of ``service_id``'s view."""

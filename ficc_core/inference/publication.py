@@ -212,6 +212,7 @@ def publish(
             context_length=context_length(specification, model),
             max_output=specification.max_output,
             fallbacks=specification.fallbacks or (),
+            created=int(record.created_at),
         ),
         revision=record.revision,
     )

@@ -1,0 +1,167 @@
+"""The catalog: which service a model name reaches, and the ``/v1/models`` documents.
+
+Everything here reads the :class:`~ficc_core.inference.live.LiveTable` (no store
+read): a project's services are indexed by name once per change of the table
+(its ``version``), so resolving a name is a dictionary lookup and a listing is
+cached bytes.
+
+A name reaches, among the services the credential may invoke (a service-bound
+credential: its one service; a project credential: every service of its project):
+
+1. the service whose alias it is (aliases are unique in a project);
+2. else the services listing it among their ``names`` (the specification's
+   ``aliases``, then the model's manifest name): the first, by alias, with a
+   ready replica while it admits requests; else the first by alias.
+
+A stopped or draining service still answers to its names (its fallbacks may
+serve); ``/v1/models`` lists the services that are not stopped, draining ones
+included: a drain is the last step before a stop or a move, and while it lasts
+the name still reaches the service (or its fallbacks).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from ..strictjson import dumps
+from .errors import ModelNotFound
+
+if TYPE_CHECKING:
+    from ..auth import Principal
+    from ..inference.live import LiveService, LiveTable
+
+__all__ = ["CAPABILITIES", "Catalog", "model_entry", "models_document"]
+
+#: The capabilities ``/v1/models`` reports for each model, true or false.
+CAPABILITIES = ("chat", "embeddings", "tools", "vision", "completions")
+
+
+def model_entry(view: LiveService, owner: str) -> dict[str, Any]:
+    """The ``/v1/models`` entry of ``view``: OpenAI's fields, then what clients size
+    requests by (``context_length``, ``max_output``) and what the model does."""
+    return {
+        "id": view.alias,
+        "object": "model",
+        "created": view.created,
+        "owned_by": owner,
+        "description": view.description,
+        "context_length": view.context_length,
+        "max_output": view.max_output,
+        "capabilities": {name: name in view.capabilities for name in CAPABILITIES},
+        "aliases": list(view.names),
+    }
+
+
+def models_document(views: Iterable[LiveService], owner: str) -> bytes:
+    """The ``/v1/models`` answer listing ``views``, owned by ``owner``."""
+    return dumps({"object": "list", "data": [model_entry(view, owner) for view in views]})
+
+
+def _ready(view: LiveService) -> bool:
+    return view.admission == "serving" and bool(view.replicas)
+
+
+@attrs.define(eq=False)
+class _Project:
+    """One project's services by alias and by name, and its listing's bytes by owner."""
+
+    by_alias: dict[str, LiveService]
+    by_name: dict[str, list[LiveService]]
+    listed: list[LiveService]
+    documents: dict[str, bytes] = attrs.field(factory=dict)
+
+
+def _index(views: Iterable[LiveService]) -> _Project:
+    ordered = sorted(views, key=lambda view: view.alias)
+    by_name: dict[str, list[LiveService]] = {}
+    for view in ordered:
+        for name in view.names:
+            by_name.setdefault(name, []).append(view)
+    return _Project(
+        by_alias={view.alias: view for view in ordered},
+        by_name=by_name,
+        listed=[view for view in ordered if view.admission != "stopped"],
+    )
+
+
+class Catalog:
+    """Model names to services, and ``/v1/models``, for one credential (see the module).
+
+    :param live: the live routing table.
+    """
+
+    def __init__(self, live: LiveTable) -> None:
+        self.live = live
+        self._version = -1
+        self._projects: dict[str, _Project] = {}
+
+    def _project(self, project_id: str) -> _Project:
+        if self._version != self.live.version:
+            self._projects.clear()
+            self._version = self.live.version
+        project = self._projects.get(project_id)
+        if project is None:
+            mine = (view for view in self.live.views() if view.project_id == project_id)
+            project = self._projects[project_id] = _index(mine)
+        return project
+
+    def _bound(self, actor: Principal) -> LiveService | None:
+        """The one service a service-bound credential reaches, if it is published."""
+        view = self.live.get(actor.service_id or "")
+        return view if view is not None and view.project_id == actor.project_id else None
+
+    def visible(self, actor: Principal) -> list[LiveService]:
+        """The services ``actor`` may invoke and ``/v1/models`` lists, by alias."""
+        if actor.service_id is not None:
+            view = self._bound(actor)
+            return [] if view is None or view.admission == "stopped" else [view]
+        return self._project(actor.project_id).listed
+
+    def listing(self, actor: Principal) -> bytes:
+        """The project endpoint's ``/v1/models`` answer for ``actor``."""
+        owner = actor.project_name or actor.project_id
+        if actor.service_id is not None:
+            return models_document(self.visible(actor), owner)
+        project = self._project(actor.project_id)
+        document = project.documents.get(owner)
+        if document is None:
+            document = project.documents[owner] = models_document(project.listed, owner)
+        return document
+
+    def resolve(self, actor: Principal, model: str) -> LiveService:
+        """The service ``model`` names for ``actor`` (see the module); else raise
+        :class:`ModelNotFound` with the names ``actor`` may use."""
+        if actor.service_id is not None:
+            view = self._bound(actor)
+            if view is not None and (model == view.alias or model in view.names):
+                return view
+            return self._unknown(model, [] if view is None else [view])
+        project = self._project(actor.project_id)
+        view = project.by_alias.get(model)
+        if view is not None:
+            return view
+        named = project.by_name.get(model)
+        if named:
+            return next((view for view in named if _ready(view)), named[0])
+        return self._unknown(model, project.by_alias.values())
+
+    def fallbacks(self, actor: Principal, view: LiveService) -> list[LiveService]:
+        """``view``'s fallbacks ``actor`` may invoke, in order, by alias (a fallback's own
+        fallbacks are not followed; a service-bound credential has none: a fallback is
+        another service)."""
+        if actor.service_id is not None or not view.fallbacks:
+            return []
+        by_alias = self._project(actor.project_id).by_alias
+        return [by_alias[alias] for alias in view.fallbacks if alias in by_alias]
+
+    @staticmethod
+    def _unknown(model: str, views: Iterable[LiveService]) -> Any:
+        names = [name for view in views for name in (view.alias, *view.names)]
+        raise ModelNotFound(
+            f"The model `{model}` does not exist: this credential may use "
+            f"{', '.join(f'`{name}`' for name in names) or 'no model'}",
+            details={"model": model, "available": sorted(set(names))},
+        )
