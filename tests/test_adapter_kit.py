@@ -23,7 +23,7 @@ CASES = [
     make_case("sample", concurrency=8, context=2048, gpu_memory_bytes=[8 * 1024**3]),
     make_case("sample", model_format="hf-directory", embedding=True),
 ]
-PATHS = ("/health", "/v1/chat/completions", "/v1/models")
+PATHS = ("/health", "/v1/chat/completions", "/v1/embeddings", "/v1/models")
 
 
 class SampleAdapter:
@@ -306,6 +306,18 @@ def test_an_adapter_with_unknown_capabilities_fails():
 
     with pytest.raises(AdapterConformanceError, match=r"unknown capabilities \['telepathy'\]"):
         check_adapter(adapter_with(boasts), cases=CASES)
+
+
+def test_an_adapter_claiming_a_capability_whose_route_it_does_not_admit_fails():
+    def claims(self, specification, model_record, placement, inputs):
+        job = SampleAdapter().job(specification, model_record, placement, inputs)
+        return attrs.evolve(job, capabilities=["chat", "completions"])
+
+    with pytest.raises(
+        AdapterConformanceError,
+        match="declares 'completions' but its endpoint contract does not admit /v1/completions",
+    ):
+        check_adapter(adapter_with(claims), cases=CASES)
 
 
 def test_an_adapter_that_returns_something_else_than_a_job_fails():

@@ -181,8 +181,12 @@ _FIELDS = [
     "alias", "model_id", "engine", "runtime", "image_executable", "context", "concurrency",
     "placements", "gpu_layers", "tensor_split", "parallelism", "request_deadline", "node_id",
     "limits", "cpus", "memory_bytes", "gpus", "index", "pids", "open_files",
-    # chat and embeddings
+    # the specification's routing fields
+    "description", "aliases", "fallbacks", "context_length", "max_output", "capabilities",
+    "tools", "vision",
+    # chat, embeddings and completions
     "model", "messages", "role", "content", "stream", "stream_options", "include_usage", "input",
+    "prompt", "max_tokens",
 ]  # fmt: skip
 _json_values = st.recursive(
     _scalars,
@@ -238,6 +242,12 @@ SPEC = {
     "tensor_split": [1, 1],
     "parallelism": 1,
     "request_deadline": 30,
+    "description": "a service to break",
+    "aliases": ["other-name"],
+    "fallbacks": ["a-fallback"],
+    "context_length": 2048,
+    "max_output": 512,
+    "capabilities": {"tools": True, "vision": False},
 }
 MANIFEST = {
     "name": "m",
@@ -247,6 +257,7 @@ MANIFEST = {
     "source": {"repository": "org/repo", "revision": "main"},
 }
 CHAT = {"model": ALIAS, "messages": [{"role": "user", "content": "hi"}], "stream": False}
+COMPLETION = {"model": ALIAS, "prompt": "Once", "max_tokens": 4, "stream": True}
 #: Every route that reads a JSON body, with a valid body to mutate.
 BODY_ROUTES: list[tuple[str, str, dict[str, Any]]] = [
     ("POST", "/api/v1/session", {"username": "admin", "password": "x", "project": "default"}),
@@ -267,6 +278,11 @@ BODY_ROUTES: list[tuple[str, str, dict[str, Any]]] = [
     ("POST", f"/api/v1/inference/{SERVICE}/tokens", {"lifetime": 60, "name": "i"}),
     ("POST", f"/api/v1/inference/{SERVICE}/v1/chat/completions", CHAT),
     ("POST", f"/api/v1/inference/{SERVICE}/v1/embeddings", {"model": ALIAS, "input": "hi"}),
+    ("POST", f"/api/v1/inference/{SERVICE}/v1/completions", COMPLETION),
+    # the project endpoint: `model` names the service
+    ("POST", "/v1/chat/completions", CHAT),
+    ("POST", "/v1/embeddings", {"model": ALIAS, "input": "hi"}),
+    ("POST", "/v1/completions", COMPLETION),
     # the operations on running services (docs/operations.md)
     ("POST", f"/api/v1/inference/{SERVICE}/restart", {"revision": 1}),
     ("POST", f"/api/v1/inference/{SERVICE}/replicas/0/restart", {"revision": 1}),
@@ -370,7 +386,7 @@ def hostile_server(tmp_path_factory) -> Iterator[LiveServer]:
             generation=1,
             admission="serving",
             concurrency=1,
-            capabilities=("chat", "streaming", "embeddings"),
+            capabilities=("chat", "streaming", "embeddings", "completions"),
         )
         server.call(server.service.live.publish, view)
         yield server

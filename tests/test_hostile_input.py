@@ -129,17 +129,19 @@ async def test_a_surrogate_in_a_chat_body_is_a_400_on_both_invoke_paths(tmp_path
             env.publish("svc", [await env.launch()])
             _, token = await env.token("svc")
             url = "/api/v1/inference/svc/v1/chat/completions"
-            content = r'{"messages":[{"role":"user","content":"hi \ud800"}]}'
+            content = r'{"model":"%s","messages":[{"role":"user","content":"hi \ud800"}]}'
             model = r'{"model":"\ud800","messages":[{"role":"user","content":"hi"}]}'
             emoji = '{"model":"%s","messages":[{"role":"user","content":"\\ud83d\\ude00"}]}'
             async with env.http(token) as http:
-                for raw in (content, model):
-                    response = await http.post(url, content=raw.encode())
-                    error = refusal(response)
-                    assert error["code"] == "invalid_json"
-                    assert "surrogate" in error["message"]
-                answer = await http.post(url, content=(emoji % ALIAS).encode())
-                assert answer.status_code == 200, answer.text
+                # The service's route and the project endpoint's.
+                for route in (url, "/v1/chat/completions"):
+                    for raw in (content % ALIAS, model):
+                        response = await http.post(route, content=raw.encode())
+                        error = refusal(response)
+                        assert error["code"] == "invalid_json"
+                        assert "surrogate" in error["message"]
+                    answer = await http.post(route, content=(emoji % ALIAS).encode())
+                    assert answer.status_code == 200, answer.text
             # The same through the Quart route (a session cookie, not a bearer token).
             async with httpx.AsyncClient(base_url=env.url, timeout=30) as http:
                 await env.service.auth.create_user(
@@ -151,7 +153,7 @@ async def test_a_surrogate_in_a_chat_body_is_a_400_on_both_invoke_paths(tmp_path
                 )
                 assert login.status_code == 201, login.text
                 csrf = {"X-CSRF-Token": login.json()["csrf_token"]}
-                for raw in (content, model):
+                for raw in (content % ALIAS, model):
                     response = await http.post(url, content=raw.encode(), headers=csrf)
                     assert refusal(response)["code"] == "invalid_json"
 

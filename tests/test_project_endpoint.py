@@ -305,3 +305,31 @@ async def test_fallbacks_serve_when_saturated_or_the_engine_fails_before_its_hea
                     response = await http.post("/v1/chat/completions", json=chat(model="alpha"))
                     assert response.headers["x-ficc-service"] == "beta"
                     nursery.cancel_scope.cancel()
+
+
+async def test_completions_need_the_capability_and_a_prompt_on_both_endpoints(tmp_path):
+    with trio.fail_after(60):
+        async with gateway_env(tmp_path) as env:
+            fence = await env.launch()
+            env.publish("svc-a", [fence], alias="alpha")
+            env.publish(
+                "svc-b", [fence], alias="beta", capabilities=("chat", "streaming", "completions")
+            )
+            _, token = await env.token()
+            async with env.http(token) as http:
+                for url, model in (
+                    ("/api/v1/inference/svc-a/v1/completions", "alpha"),
+                    ("/v1/completions", "alpha"),
+                ):
+                    response = await http.post(url, json={"model": model, "prompt": "Once"})
+                    assert response.status_code == 404
+                    error = response.json()["error"]
+                    assert error["code"] == "capability_not_served"
+                    assert "does not serve completions" in error["message"]
+                for url in ("/api/v1/inference/svc-b/v1/completions", "/v1/completions"):
+                    for prompt in (None, 7, {"text": "x"}):
+                        body = {"model": "beta", **({} if prompt is None else {"prompt": prompt})}
+                        response = await http.post(url, json=body)
+                        assert response.status_code == 400
+                        error = response.json()["error"]
+                        assert error["details"]["errors"][0]["path"] == "$.prompt"

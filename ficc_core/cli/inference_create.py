@@ -2,7 +2,9 @@
 
 ``create SPEC_FILE`` submits a complete specification. ``create --model M --engine E``
 sends the partial specification it builds (alias, model, engine, context,
-concurrency, one placement per replica with neither node nor limits) to
+concurrency, one placement per replica with neither node nor limits, and the
+routing fields given: description, more model names, fallbacks, context length,
+maximum output) to
 ``POST /inference/preview``, shows the completed specification the controller
 suggests (runtime, executable, limits, nodes) with any warning, and on
 confirmation (``--yes`` for scripts) submits exactly that specification and starts
@@ -24,9 +26,20 @@ from .output import echo_json
 
 
 def partial_spec(
-    *, model: str, engine: str, alias: str, replicas: int, context: int, concurrency: int
+    *,
+    model: str,
+    engine: str,
+    alias: str,
+    replicas: int,
+    context: int,
+    concurrency: int,
+    **routing: Any,
 ) -> dict[str, Any]:
-    """The partial specification that preview completes: no runtime, nodes or limits."""
+    """The partial specification that preview completes: no runtime, nodes or limits.
+
+    ``routing``: the optional fields (``description``, ``aliases``, ``fallbacks``,
+    ``context_length``, ``max_output``); one that is None or empty is left out.
+    """
     return {
         "alias": alias,
         "model_id": model,
@@ -34,6 +47,7 @@ def partial_spec(
         "context": context,
         "concurrency": concurrency,
         "placements": [{} for _ in range(replicas)],
+        **{name: value for name, value in routing.items() if value not in (None, ())},
     }
 
 
@@ -65,6 +79,27 @@ def echo_suggestion(preview: dict[str, Any]) -> None:
 @click.option("--replicas", type=click.IntRange(1, 64), default=1, show_default=True)
 @click.option("--context", type=click.IntRange(1), default=2048, show_default=True)
 @click.option("--concurrency", type=click.IntRange(1), default=4, show_default=True)
+@click.option("--description", help="What the service is for, in a line (/v1/models shows it).")
+@click.option(
+    "--also-as",
+    "aliases",
+    multiple=True,
+    metavar="NAME",
+    help="Another model name the project endpoint routes here (repeatable).",
+)
+@click.option(
+    "--fallback",
+    "fallbacks",
+    multiple=True,
+    metavar="ALIAS",
+    help="A service of the project tried, in order, when this one cannot serve (repeatable).",
+)
+@click.option(
+    "--context-length",
+    type=click.IntRange(1),
+    help="Tokens one request may use (default: --context, bounded by the model's own).",
+)
+@click.option("--max-output", type=click.IntRange(1), help="Tokens one completion may generate.")
 @click.option("--yes", is_flag=True, help="Submit the suggestion without asking.")
 @click.option("--start/--no-start", default=True, help="Start it once created (--model).")
 @click.option("--wait", is_flag=True, help="Wait until it is ready (with --start).")
@@ -80,6 +115,11 @@ def create(
     replicas: int,
     context: int,
     concurrency: int,
+    description: str | None,
+    aliases: tuple[str, ...],
+    fallbacks: tuple[str, ...],
+    context_length: int | None,
+    max_output: int | None,
     yes: bool,
     start: bool,
     wait: bool,
@@ -95,11 +135,27 @@ def create(
     overhead); the suggestion is shown and, once confirmed (--yes), submitted as
     it is and started. With --json, the preview and the created service are
     printed as JSON and nothing is asked: give --yes to submit.
+
+    --description, --also-as, --fallback, --context-length and --max-output set
+    the specification's routing fields (see docs/inference.md); a SPEC_FILE
+    carries its own.
     """
     client = client_from(ctx)
+    routing = {
+        "description": description,
+        "aliases": aliases,
+        "fallbacks": fallbacks,
+        "context_length": context_length,
+        "max_output": max_output,
+    }
     if spec_file is not None:
         if model or engine:
             raise click.UsageError("give SPEC_FILE or --model/--engine, not both")
+        if any(value not in (None, ()) for value in routing.values()):
+            raise click.UsageError(
+                "--description, --also-as, --fallback, --context-length and --max-output "
+                "go with --model; SPEC_FILE carries its own fields"
+            )
         document = read_spec(spec_file)
         view = refusals(lambda: client.json("POST", BASE, json=document))
         if as_json:
@@ -119,6 +175,7 @@ def create(
         replicas=replicas,
         context=context,
         concurrency=concurrency,
+        **routing,
     )
     preview = refusals(lambda: client.json("POST", f"{BASE}/preview", json=partial))
     if as_json:

@@ -25,7 +25,8 @@ For every case the kit asserts that the adapter
   path in its argv and environment lies inside a declared input;
 - declares an endpoint contract that admits at least one path, and a readiness
   probe whose path the contract admits;
-- names only known capabilities (:data:`KNOWN_CAPABILITIES`).
+- names only known capabilities (:data:`KNOWN_CAPABILITIES`), and its endpoint
+  contract admits the route each of them is served on (:data:`CAPABILITY_ROUTES`).
 
 Failures raise :class:`AdapterConformanceError`, an ``AssertionError`` whose
 message names the case and the rule broken.
@@ -52,6 +53,7 @@ from .adapter_cases import (
 from .io_guard import io_forbidden
 
 __all__ = [
+    "CAPABILITY_ROUTES",
     "KNOWN_CAPABILITIES",
     "AdapterCase",
     "AdapterConformanceError",
@@ -68,7 +70,13 @@ __all__ = [
 ]
 
 #: The capabilities a job may declare; the gateway knows what each one means.
-KNOWN_CAPABILITIES = frozenset({"chat", "embeddings", "streaming", "tools"})
+KNOWN_CAPABILITIES = frozenset({"chat", "completions", "embeddings", "streaming", "tools"})
+#: The route the gateway sends a capability's requests to: a job claiming it admits it.
+CAPABILITY_ROUTES = {
+    "chat": "/v1/chat/completions",
+    "completions": "/v1/completions",
+    "embeddings": "/v1/embeddings",
+}
 
 AdapterFactory = Callable[[], Any]
 
@@ -227,6 +235,14 @@ def check_capabilities(job: Job, case: AdapterCase | None = None) -> None:
             f"the job declares unknown capabilities {unknown}; known ones are "
             f"{sorted(KNOWN_CAPABILITIES)}",
         )
+    for name in job.capabilities:
+        route = CAPABILITY_ROUTES.get(name)
+        if route is not None and job.endpoint is not None and not job.endpoint.admits(route):
+            raise _fail(
+                case,
+                f"the job declares {name!r} but its endpoint contract does not admit {route}, "
+                "where the gateway sends those requests",
+            )
 
 
 def _as_case(index: int, case: Any) -> AdapterCase:

@@ -50,6 +50,8 @@ SOCKET_NAME = "engine.sock"
 HEALTH_PATH = "/health"
 CHAT_PATH = "/v1/chat/completions"
 EMBEDDINGS_PATH = "/v1/embeddings"
+#: OpenAI's text completions: llama-server's ``POST /v1/completions`` (a chat model only).
+COMPLETIONS_PATH = "/v1/completions"
 #: Admitted whatever the model serves: readiness, the model list and metrics.
 COMMON_PATHS = (HEALTH_PATH, "/metrics", "/v1/models")
 
@@ -61,14 +63,15 @@ class LlamaCppUnsupported(FieldError):
 def capabilities(model_record: ModelRecord) -> tuple[str, ...]:
     """What a llama_cpp service of ``model_record`` serves.
 
-    A chat model serves chat with streaming (SSE); an embedding model is run with
-    ``--embedding`` and serves embeddings only. Tools are not claimed: function
+    A chat model serves chat with streaming (SSE) and text completions
+    (``/v1/completions``, the raw prompt without the chat template); an embedding
+    model is run with ``--embedding`` and serves embeddings only. Tools are not claimed: function
     calling depends on the model's chat template and on ``--jinja``, which older
     llama-server releases do not enable by default.
     """
     if model_record.metadata.embedding:
         return ("embeddings",)
-    return ("chat", "streaming")
+    return ("chat", "streaming", "completions")
 
 
 def _format_share(share: float) -> str:
@@ -191,6 +194,8 @@ class LlamaCppAdapter:
         paths = [*COMMON_PATHS]
         if "chat" in served:
             paths.append(CHAT_PATH)
+        if "completions" in served:
+            paths.append(COMPLETIONS_PATH)
         if embedding:
             paths.append(EMBEDDINGS_PATH)
         return Job(

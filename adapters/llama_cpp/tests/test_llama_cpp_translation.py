@@ -80,7 +80,7 @@ def _translate(placement=None, record=None, inputs=(MODEL_INPUT,), **options):
 
 HEAD = ["llama-server", "--model", BLOB, "--host", "{endpoint_socket}"]
 TAIL = ["--metrics", "--no-webui"]
-CHAT_PATHS = ("/health", "/metrics", "/v1/chat/completions", "/v1/models")
+CHAT_PATHS = ("/health", "/metrics", "/v1/chat/completions", "/v1/completions", "/v1/models")
 
 GOLDEN = [
     pytest.param(
@@ -161,9 +161,9 @@ def test_golden_translation(options, placement, embedding, argv):
     assert job.readiness.path == "/health"
 
 
-def test_a_chat_model_serves_chat_and_streaming_on_the_chat_route():
+def test_a_chat_model_serves_chat_streaming_and_completions_on_their_routes():
     job = _translate()
-    assert job.capabilities == ("chat", "streaming")
+    assert job.capabilities == ("chat", "completions", "streaming")
     assert job.endpoint.paths == CHAT_PATHS
     assert "--embedding" not in job.argv
 

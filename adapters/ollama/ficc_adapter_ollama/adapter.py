@@ -16,7 +16,7 @@ Clients then use Ollama's OpenAI-compatible routes. References (Ollama's own doc
   mismatch; an existing blob answers 200 in ``server/routes.go``
   ``CreateBlobHandler``): https://github.com/ollama/ollama/blob/main/docs/api.md
 - ``docs/openai.md``, OpenAI compatibility: ``/v1/chat/completions``,
-  ``/v1/embeddings``, ``/v1/models``: https://github.com/ollama/ollama/blob/main/docs/openai.md
+  ``/v1/completions``, ``/v1/embeddings``, ``/v1/models``: https://github.com/ollama/ollama/blob/main/docs/openai.md
 - ``envconfig/config.go`` and ``docs/faq.md`` for ``OLLAMA_HOST``, ``OLLAMA_MODELS``,
   ``OLLAMA_NUM_PARALLEL``, ``OLLAMA_CONTEXT_LENGTH``, ``OLLAMA_KEEP_ALIVE`` (negative:
   keep loaded forever) and ``OLLAMA_MAX_LOADED_MODELS``.
@@ -41,6 +41,7 @@ PORT = 11434
 #: working directory, which every provider makes the attempt's private ``work/``.
 MODELS_DIRECTORY = "models"
 CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
 EMBEDDINGS = "/v1/embeddings"
 MODELS = "/v1/models"
 VERSION = "/api/version"
@@ -59,13 +60,14 @@ def capabilities(model_record: ModelRecord) -> tuple[str, ...]:
     """What a service of this model gets from Ollama, from the model's metadata.
 
     An embedding model serves ``/v1/embeddings`` only. A generative model serves
-    chat with streaming, and tools when its GGUF carries a chat template (Ollama
-    builds its prompt template, including tool calls, from it).
+    chat with streaming and text completions (``/v1/completions``), and tools when
+    its GGUF carries a chat template (Ollama builds its prompt template, including
+    tool calls, from it).
     """
     metadata = model_record.metadata
     if metadata.embedding:
         return ("embeddings",)
-    found = ["chat", "streaming"]
+    found = ["chat", "streaming", "completions"]
     if metadata.chat_template:
         found.append("tools")
     return tuple(found)
@@ -148,7 +150,7 @@ class OllamaAdapter:
         blob = f"/api/blobs/{model.digest}"
         served = capabilities(model_record)
         paths = [VERSION, blob, CREATE, MODELS]
-        paths.append(EMBEDDINGS if "embeddings" in served else CHAT)
+        paths += [EMBEDDINGS] if "embeddings" in served else [CHAT, COMPLETIONS]
         env = {
             "OLLAMA_HOST": f"127.0.0.1:{PORT}",
             "OLLAMA_MODELS": MODELS_DIRECTORY,

@@ -42,6 +42,7 @@ def test_the_default_translation_is_this_exact_job(cases):
                 "/api/create",
                 "/api/version",
                 "/v1/chat/completions",
+                "/v1/completions",
                 "/v1/models",
             ],
             "transport": "tcp",
@@ -50,7 +51,7 @@ def test_the_default_translation_is_this_exact_job(cases):
             "version": 1,
         },
         "readiness": {"path": "/api/version", "timeout": 600.0, "interval": 0.5},
-        "capabilities": ["chat", "streaming", "tools"],
+        "capabilities": ["chat", "completions", "streaming", "tools"],
         "bootstrap": [
             {
                 "path": "/api/blobs/" + DIGEST,
@@ -120,11 +121,13 @@ def test_an_embedding_model_gets_embeddings_and_no_chat(cases):
     assert job.capabilities == ("embeddings",)
     assert "/v1/embeddings" in job.endpoint.paths
     assert "/v1/chat/completions" not in job.endpoint.paths
+    assert "/v1/completions" not in job.endpoint.paths
 
 
 def test_a_model_without_chat_template_gets_chat_without_tools(cases):
     assert _job(cases, record=cases.model_record(chat_template=False)).capabilities == (
         "chat",
+        "completions",
         "streaming",
     )
 

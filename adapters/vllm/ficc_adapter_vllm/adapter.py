@@ -18,7 +18,8 @@ and https://docs.vllm.ai/en/latest/configuration/serve_args.html):
   ... ignores gpu_memory_utilization"); on the CPU backend it replaces the legacy
   ``VLLM_CPU_KVCACHE_SPACE`` (``vllm/platforms/cpu.py``).
 - ``/health`` (readiness), ``/metrics``, ``/v1/models``, ``/v1/chat/completions``,
-  ``/v1/embeddings``: ``vllm/entrypoints/serve/instrumentator/*`` and the routers.
+  ``/v1/completions`` (the generate runner), ``/v1/embeddings`` (the pooling runner):
+  ``vllm/entrypoints/serve/instrumentator/*`` and the routers.
 
 **Memory.** ``--gpu-memory-utilization`` is a fraction of the *device's* total
 memory, which the adapter is not told: a placement carries only what is reserved
@@ -45,6 +46,7 @@ VLLM_VERSION = "0.32"
 GIB = 1024**3
 HEALTH = "/health"
 CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
 EMBEDDINGS = "/v1/embeddings"
 MODELS = "/v1/models"
 METRICS = "/metrics"
@@ -61,12 +63,13 @@ def capabilities(model_record: ModelRecord) -> tuple[str, ...]:
     """What a service of this model gets from vLLM, from the model's metadata.
 
     An embedding model runs on the pooling runner and serves embeddings only; a
-    generative model serves chat with streaming. Tools are not offered: vLLM needs
-    ``--enable-auto-tool-choice`` with a parser chosen per model family.
+    generative model serves chat with streaming and text completions. Tools are not
+    offered: vLLM needs ``--enable-auto-tool-choice`` with a parser chosen per model
+    family.
     """
     if model_record.metadata.embedding:
         return ("embeddings",)
-    return ("chat", "streaming")
+    return ("chat", "streaming", "completions")
 
 
 def _model_directory(model_record: ModelRecord, inputs: tuple[JobInput, ...]) -> JobInput:
@@ -181,10 +184,10 @@ class VllmAdapter:
         ]
         if "embeddings" in served:
             argv += ["--runner", "pooling", "--convert", "embed"]
-            route = EMBEDDINGS
+            routes = [EMBEDDINGS]
         else:
             argv += ["--runner", "generate"]
-            route = CHAT
+            routes = [CHAT, COMPLETIONS]
         env = {
             # Engines have no network: never try the Hugging Face Hub, never phone home.
             "HF_HUB_OFFLINE": "1",
@@ -198,7 +201,7 @@ class VllmAdapter:
             argv=argv,
             env=env,
             inputs=[model],
-            endpoint=EndpointContract.unix([HEALTH, METRICS, MODELS, route]),
+            endpoint=EndpointContract.unix([HEALTH, METRICS, MODELS, *routes]),
             readiness=ReadinessProbe(path=HEALTH, timeout=900.0, interval=1.0),
             capabilities=served,
         )
