@@ -8,6 +8,8 @@ gone) is exact.
 
 from __future__ import annotations
 
+import json
+
 import openai
 import trio
 
@@ -333,3 +335,31 @@ async def test_completions_need_the_capability_and_a_prompt_on_both_endpoints(tm
                         assert response.status_code == 400
                         error = response.json()["error"]
                         assert error["details"]["errors"][0]["path"] == "$.prompt"
+
+
+def test_a_streamed_completion_asks_the_engine_for_usage_as_a_streamed_chat_does():
+    from ficc_core.gateway.checks import RequestChecks
+    from ficc_core.inference.live import LiveService
+
+    view = LiveService(
+        id="svc",
+        project_id="p",
+        alias="beta",
+        generation=1,
+        admission="serving",
+        concurrency=1,
+        capabilities=("chat", "streaming", "completions"),
+    )
+    checks = RequestChecks(None, None, max_body_bytes=1 << 20)  # type: ignore[arg-type]
+    payload, streaming = checks.prepare(
+        view, "/v1/completions", b'{"prompt": ["a", "b"], "stream": true}'
+    )
+    assert streaming
+    assert json.loads(payload) == {
+        "prompt": ["a", "b"],
+        "stream": True,
+        "model": "beta",
+        "stream_options": {"include_usage": True},
+    }
+    plain = b'{"model": "beta", "prompt": "a"}'
+    assert checks.prepare(view, "/v1/completions", plain) == (plain, False)
