@@ -63,6 +63,7 @@ _EXPORTS: dict[str, str] = {
     "LaunchFailed": "ficc_core.executor",
     # The data model adapters and executor providers exchange with core.
     "Specification": "ficc_core.schema",
+    "Capabilities": "ficc_core.schema",
     "Runtime": "ficc_core.schema",
     "Placement": "ficc_core.schema",
     "ResourceLimits": "ficc_core.schema",
@@ -101,6 +102,7 @@ __all__ = [
     "BodyChunk",
     "BootstrapRequest",
     "BoundedLog",
+    "Capabilities",
     "EndOfStream",
     "EndpointContract",
     "EndpointStreams",
@@ -199,6 +201,7 @@ if TYPE_CHECKING:
     from .plugins import Adapter, AdapterRegistry, ExecutorRegistry, RuntimeRegistry, hookimpl
     from .schema import (
         BootstrapRequest,
+        Capabilities,
         EndpointContract,
         ExecutorSnapshot,
         Fence,

@@ -12,8 +12,9 @@ of Quart's own handling (``app.asgi_app``): every request to an invoke route wit
 the route's method is served there, however it is authenticated, by the rules
 every route follows (:func:`~ficc_core.api.authn.authenticate`: a bearer
 credential, from memory when it was verified recently, or a browser session with
-its CSRF header). Its body is read within ``max_body_bytes`` and
-``gateway.open_response`` does the rest.
+its CSRF header). Its body is read within ``max_body_bytes`` and the gateway's seam
+(``gateway.invoke``, or the project endpoint's ``invoke``, which ends in it) does the
+rest; the response is closed when the handler leaves it.
 
 The response goes out chunk by chunk (a whole JSON answer as one body with its
 length). A client disconnect cancels the relay, which closes the response and so
