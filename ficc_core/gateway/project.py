@@ -125,9 +125,13 @@ class ProjectEndpoint:
         candidates = [first, *self.catalog.fallbacks(actor, first)]
         failures: list[tuple[LiveService, FiccError]] = []
         for view in candidates:
-            document["model"] = view.alias
+            # The client's bytes when they already name the alias (decoding them again
+            # costs less than encoding the document); else the document, renamed.
+            payload: bytes | dict[str, Any] = body  # type: ignore[assignment]
+            if model != view.alias or not isinstance(body, bytes):
+                payload = {**document, "model": view.alias}
             try:
-                status, response = await gateway.invoke(view.id, path, document, actor, headers)
+                status, response = await gateway.invoke(view.id, path, payload, actor, headers)
             except FiccError as exc:
                 if exc.code not in FALLBACK_CODES:
                     raise
