@@ -119,6 +119,16 @@ class GatewayEnv:
         assert status == 200
         return stats
 
+    async def steer(self, fence: Fence, **how: Any) -> None:
+        """Change how the stand-in of ``fence`` answers chats (``head_delay``,
+        ``first_delay``, ``status`` and ``body``; none: the defaults again)."""
+        status, _ = await request_json(self.agent, fence, "POST", "/steer", how)  # type: ignore[arg-type]
+        assert status == 200
+
+    async def chats_seen(self, fence: Fence) -> int:
+        """How many chat requests the stand-in of ``fence`` received."""
+        return (await self.engine_stats(fence))["chat_requests"]
+
     async def kill_engine(self, fence: Fence) -> None:
         """SIGKILL the stand-in engine of ``fence`` (as if it crashed)."""
         stats = await self.engine_stats(fence)

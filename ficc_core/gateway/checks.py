@@ -172,9 +172,11 @@ class RequestChecks:
                 )
             request.view = view
         if trio.current_time() >= request.deadline:
+            bound, seconds = request.deadline_bound, request.deadline_seconds
+            whose = "the service's deadline" if bound == "request_deadline" else bound
             return DeadlineExceeded(
-                f"the request ran past the service's deadline of {request.view.request_deadline} s",
-                details={"request_deadline": request.view.request_deadline},
+                f"the request ran past {whose} of {seconds:g} s",
+                details={"bound": bound, bound: seconds},
             )
         return None
 

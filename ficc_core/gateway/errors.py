@@ -14,7 +14,9 @@ from ..errors import FiccError, Forbidden, NotFound
 __all__ = [
     "CapabilityNotServed",
     "DeadlineExceeded",
+    "EngineError",
     "EngineFailed",
+    "EngineTimeout",
     "GatewayError",
     "GenerationChanged",
     "ModelNotFound",
@@ -145,3 +147,50 @@ class StreamInterrupted(GatewayError):
 
     status = 502
     code = "stream_interrupted"
+
+
+class EngineTimeout(GatewayError):
+    """The engine did not answer within one of the gateway's bounds (``timeout_*``).
+
+    Before anything reached the client another replica is tried first; this is what
+    the client gets when none answered in time, or when a stream stalls after it
+    started (then as its last SSE event).
+    """
+
+    status = 504
+    code = "engine_timeout"
+
+    def __init__(self, bound: str, seconds: float, what: str, **kwargs: Any) -> None:
+        details = {"bound": bound, "seconds": seconds, **(kwargs.pop("details", None) or {})}
+        super().__init__(
+            f"the engine did not {what} within {seconds:g} s ({bound})", details=details, **kwargs
+        )
+        self.bound = bound
+
+
+class EngineError(GatewayError):
+    """The engine's own error answer, re-shaped as an OpenAI error object in the envelope.
+
+    ``code`` is a string (``context_length_exceeded``, else ``engine_error``), with
+    OpenAI's ``type`` and ``param``; the engine's status, numeric code and type are in
+    ``details`` (``engine_status``, ``engine_code``, ``engine_type``).
+    """
+
+    code = "engine_error"
+
+    def __init__(self, message: str, *, type: str, param: str | None = None, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.type = type
+        self.param = param
+
+    def envelope(self) -> dict[str, Any]:
+        """The one envelope, with OpenAI's ``type`` and ``param`` beside the string code."""
+        return {
+            "error": {
+                "code": self.code,
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "details": self.details,
+            }
+        }

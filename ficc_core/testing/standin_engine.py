@@ -34,6 +34,11 @@ the model name given with ``--alias`` (default ``standin``):
   are the words of the messages' contents, completion tokens the deltas. A client
   that goes away mid-stream counts in ``/stats`` (``chat_disconnects``).
 - ``POST /v1/embeddings``: an 8-dimensional vector per input string.
+- ``POST /steer``: ``{"head_delay": s, "first_delay": s, "status": n, "body": text}``
+  changes how this engine answers later chat requests (a stalled or failing replica
+  beside healthy ones): wait ``head_delay`` seconds before the response head, wait
+  ``first_delay`` seconds between a stream's head and its first delta, or answer
+  ``status`` with ``body`` (JSON text) instead. ``{}`` restores the defaults.
 """
 
 from __future__ import annotations
@@ -73,6 +78,7 @@ ROUTES = (
     "/v1/models",
     "/v1/chat/completions",
     "/v1/embeddings",
+    "/steer",
 )
 #: The prefix of the blob upload route (the full path ends with the sha256 in hex).
 BLOBS = "/blobs/"
@@ -94,6 +100,8 @@ _received: list[dict[str, Any]] = []
 _started = time.monotonic()
 _ready_after = 0.0
 _alias = "standin"
+#: How chat requests are answered (``POST /steer``).
+_steer: dict[str, Any] = {}
 
 
 def _disconnected() -> None:
@@ -207,6 +215,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if route == "/v1/embeddings":
             self._embeddings(body)
             return
+        if route == "/steer":
+            _steer.clear()
+            _steer.update(body)
+            self._json(200, dict(_steer))
+            return
         if route == "/setup":
             with _stats_lock:
                 _received.append({"path": route, "body": body})
@@ -264,6 +277,16 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 key: value for key, value in body.items() if key != "messages"
             }
         created = int(time.time())
+        if _steer.get("head_delay"):
+            time.sleep(float(_steer["head_delay"]))
+        if _steer.get("status"):
+            data = str(_steer.get("body", "")).encode()
+            self.send_response(int(_steer["status"]))
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+            return
         if not body.get("stream"):
             if interval:
                 time.sleep(interval * deltas)
@@ -310,6 +333,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         with _stats_lock:
             _stats["chat_streams_open"] += 1
         try:
+            if _steer.get("first_delay"):
+                self.wfile.flush()
+                time.sleep(float(_steer["first_delay"]))
             for number in range(deltas):
                 delta = {"content": f"w{number} "}
                 if number == 0:
