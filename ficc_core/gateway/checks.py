@@ -28,6 +28,7 @@ from .errors import (
 if TYPE_CHECKING:
     from ..auth import AuthService, Principal
     from ..inference.live import LiveService, LiveTable
+    from .limits import ContextLimits, PromptCount
     from .request import Request
 
 INVOKE_SCOPE = "inference:invoke"
@@ -53,6 +54,8 @@ class RequestChecks:
         self.max_body_bytes = max_body_bytes
         #: The shutdown grace, once it ended (:meth:`shut_down`); None while serving.
         self.shut_down_after: float | None = None
+        #: The context and output limits :meth:`prepare` applies (set by the gateway).
+        self.limits: ContextLimits | None = None
 
     def shut_down(self, grace: float) -> None:
         """The server's shutdown grace ended: every request being served ends at its next
@@ -184,11 +187,13 @@ class RequestChecks:
 
     def prepare(
         self, view: LiveService, path: str, body: bytes | Mapping[str, Any]
-    ) -> tuple[bytes, bool]:
-        """The bytes to send the engine for ``body`` and whether the answer streams.
+    ) -> tuple[bytes, bool, PromptCount | None]:
+        """The bytes to send the engine for ``body``, whether the answer streams, and the
+        prompt count the engine's tokenizer must settle (:mod:`.limits`), if any.
 
         The client's bytes go unchanged unless something must be set: the alias as
-        ``model``, usage reporting for a streamed chat.
+        ``model``, usage reporting for a streamed chat. A request that certainly
+        exceeds the service's ``max_output`` or ``context_length`` is refused here.
         """
         if path == "/v1/embeddings" and "embeddings" not in view.capabilities:
             raise CapabilityNotServed(
@@ -246,12 +251,15 @@ class RequestChecks:
                     "string or array",
                 )
         if not changed:
-            return bytes(body), stream  # type: ignore[arg-type]
-        try:
-            return dumps(document), stream
-        except (ValueError, TypeError) as exc:
-            # Only a mapping handed to the seam can get here; bytes were decoded strictly.
-            raise InvalidRequest(
-                f"the request body cannot be sent as strict JSON: {type(exc).__name__}",
-                code="invalid_json",
-            ) from None
+            payload = bytes(body)  # type: ignore[arg-type]
+        else:
+            try:
+                payload = dumps(document)
+            except (ValueError, TypeError) as exc:
+                # Only a mapping handed to the seam can get here; bytes were decoded strictly.
+                raise InvalidRequest(
+                    f"the request body cannot be sent as strict JSON: {type(exc).__name__}",
+                    code="invalid_json",
+                ) from None
+        limits = self.limits
+        return payload, stream, limits and limits.admit(view, path, document, len(payload))

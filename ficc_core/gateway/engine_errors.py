@@ -96,7 +96,6 @@ def engine_error(status: int, pending: list[bytes] | None) -> EngineError | None
         message,
         code=code,
         status=status,
-        type="invalid_request_error" if status < 500 else "server_error",
         param=param if isinstance(param, str) else None,
         details=details,
     )

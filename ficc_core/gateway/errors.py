@@ -13,15 +13,18 @@ from ..errors import FiccError, Forbidden, NotFound
 
 __all__ = [
     "CapabilityNotServed",
+    "ContextLengthExceeded",
     "DeadlineExceeded",
     "EngineError",
     "EngineFailed",
     "EngineTimeout",
     "GatewayError",
     "GenerationChanged",
+    "MaxOutputExceeded",
     "ModelNotFound",
     "NoReadyReplica",
     "NotForThisService",
+    "OpenAIShaped",
     "ServerShuttingDown",
     "ServiceDraining",
     "ServiceNotFound",
@@ -168,20 +171,20 @@ class EngineTimeout(GatewayError):
         self.bound = bound
 
 
-class EngineError(GatewayError):
-    """The engine's own error answer, re-shaped as an OpenAI error object in the envelope.
+class OpenAIShaped(GatewayError):
+    """A refusal rendered as an OpenAI error object: the envelope with ``type`` and ``param``.
 
-    ``code`` is a string (``context_length_exceeded``, else ``engine_error``), with
-    OpenAI's ``type`` and ``param``; the engine's status, numeric code and type are in
-    ``details`` (``engine_status``, ``engine_code``, ``engine_type``).
+    ``type`` is ``invalid_request_error`` for a 4xx and ``server_error`` for a 5xx.
     """
 
-    code = "engine_error"
-
-    def __init__(self, message: str, *, type: str, param: str | None = None, **kwargs: Any) -> None:
+    def __init__(self, message: str, *, param: str | None = None, **kwargs: Any) -> None:
         super().__init__(message, **kwargs)
-        self.type = type
         self.param = param
+
+    @property
+    def type(self) -> str:
+        """OpenAI's error ``type`` for this status."""
+        return "invalid_request_error" if self.status < 500 else "server_error"
 
     def envelope(self) -> dict[str, Any]:
         """The one envelope, with OpenAI's ``type`` and ``param`` beside the string code."""
@@ -194,3 +197,28 @@ class EngineError(GatewayError):
                 "details": self.details,
             }
         }
+
+
+class EngineError(OpenAIShaped):
+    """The engine's own error answer, re-shaped as an OpenAI error object in the envelope.
+
+    ``code`` is a string (``context_length_exceeded``, else ``engine_error``); the
+    engine's status, numeric code and type are in ``details`` (``engine_status``,
+    ``engine_code``, ``engine_type``).
+    """
+
+    code = "engine_error"
+
+
+class ContextLengthExceeded(OpenAIShaped):
+    """The prompt and the completion asked for certainly do not fit the service's context."""
+
+    status = 400
+    code = "context_length_exceeded"
+
+
+class MaxOutputExceeded(OpenAIShaped):
+    """``max_tokens`` (or ``max_completion_tokens``) asks more than the service's ``max_output``."""
+
+    status = 400
+    code = "max_output_exceeded"

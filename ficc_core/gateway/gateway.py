@@ -58,6 +58,7 @@ from .breakers import Breakers
 from .checks import RequestChecks
 from .engine_errors import engine_error
 from .errors import DeadlineExceeded, EngineFailed, EngineTimeout
+from .limits import ContextLimits
 from .relay import SSE, Relay, ResponseChunks, Timeouts
 from .request import Request
 
@@ -185,6 +186,9 @@ class Gateway:
             timeouts=Timeouts.from_config(config),
             timed_out=self.accounting.timed_out,
         )
+        self.limits = self.checks.limits = ContextLimits(
+            self.relay, metrics, tokenize_timeout=config.tokenize_timeout
+        )
         #: ``timeout_total``: the longest any request may take (``math.inf``: none).
         self.total_timeout = config.timeout_total or math.inf
         #: The latest requests' usage, oldest first.
@@ -244,7 +248,9 @@ class Gateway:
             return 200, self._models(view)
         try:
             self.checks.admit(view)
-            payload, streaming = self.checks.prepare(view, path, body)
+            payload, streaming, count = self.checks.prepare(view, path, body)
+            if count is not None:
+                await self.limits.settle(count)
         except FiccError as exc:
             self.accounting.refused(service_id, exc.code)
             raise

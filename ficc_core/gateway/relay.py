@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 
     from ..config import Config
     from ..contributors import NodeRegistry
+    from ..inference.live import LiveReplica
     from .checks import RequestChecks
     from .request import Request
 
@@ -305,6 +306,46 @@ class Relay:
             request.wait_bound = "timeout_generation"
             request.wait_until = trio.current_time() + timeouts.generation
         return await self.next_event(request)
+
+    async def fetch(
+        self, replica: LiveReplica, path: str, body: bytes, *, limit: int
+    ) -> tuple[int, bytes]:
+        """POST one small JSON request to ``replica``'s engine outside any slot (its
+        tokenizer route): its status and body. The caller bounds the wait.
+
+        Raises the endpoint's refusal, or :class:`EngineFailed` when the stream fails
+        or the body is longer than ``limit`` bytes.
+        """
+        endpoint = self.contributors.endpoint(replica.node_id)
+        fence, stream_id = replica.fence, f"{self._stream_prefix}{next(self._stream_numbers)}"
+        headers = [("content-type", "application/json"), ("accept", "application/json")]
+        await endpoint.open(fence, stream_id, "POST", path, headers, body)
+        ended = False
+        try:
+            head = await endpoint.read(fence, stream_id)
+            ended = not isinstance(head, ResponseHead)
+            if ended:
+                raise _failed(head, " before answering")
+            chunks, size = [], 0
+            while True:
+                event = await endpoint.read(fence, stream_id)
+                if isinstance(event, BodyChunk):
+                    size += len(event.data)
+                    if size > limit:
+                        raise EngineFailed(f"the engine's answer to {path} is over {limit} bytes")
+                    chunks.append(event.data)
+                    continue
+                ended = True
+                if isinstance(event, EndOfStream):
+                    return head.status, b"".join(chunks)
+                raise _failed(event, " mid-answer")
+        finally:
+            if not ended:
+                with trio.CancelScope(shield=True), trio.move_on_after(10):
+                    try:
+                        await endpoint.cancel(fence, stream_id)
+                    except FiccError:
+                        pass  # the stream or attempt is already gone
 
     def _timeout(self, request: Request) -> EngineTimeout:
         bound = request.wait_bound

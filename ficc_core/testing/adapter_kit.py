@@ -68,7 +68,9 @@ __all__ = [
 ]
 
 #: The capabilities a job may declare; the gateway knows what each one means.
-KNOWN_CAPABILITIES = frozenset({"chat", "embeddings", "streaming", "tools"})
+KNOWN_CAPABILITIES = frozenset(
+    {"chat", "embeddings", "streaming", "tools", "tokenize.llama_cpp", "tokenize.vllm"}
+)
 
 AdapterFactory = Callable[[], Any]
 

@@ -50,6 +50,9 @@ SOCKET_NAME = "engine.sock"
 HEALTH_PATH = "/health"
 CHAT_PATH = "/v1/chat/completions"
 EMBEDDINGS_PATH = "/v1/embeddings"
+#: The gateway counts a chat's prompt with these before sending it (no slot, no generation).
+TOKENIZE_PATHS = ("/apply-template", "/tokenize")
+TOKENIZE = "tokenize.llama_cpp"
 #: Admitted whatever the model serves: readiness, the model list and metrics.
 COMMON_PATHS = (HEALTH_PATH, "/metrics", "/v1/models")
 
@@ -64,11 +67,14 @@ def capabilities(model_record: ModelRecord) -> tuple[str, ...]:
     A chat model serves chat with streaming (SSE); an embedding model is run with
     ``--embedding`` and serves embeddings only. Tools are not claimed: function
     calling depends on the model's chat template and on ``--jinja``, which older
-    llama-server releases do not enable by default.
+    llama-server releases do not enable by default. A chat model's prompt can be
+    counted before it is sent (``tokenize.llama_cpp``: ``/apply-template`` renders
+    the messages, ``/tokenize`` counts them), so the gateway refuses one that
+    cannot fit the context without taking a slot.
     """
     if model_record.metadata.embedding:
         return ("embeddings",)
-    return ("chat", "streaming")
+    return ("chat", "streaming", TOKENIZE)
 
 
 def _format_share(share: float) -> str:
@@ -190,7 +196,7 @@ class LlamaCppAdapter:
         argv += ["--metrics", "--no-webui"]
         paths = [*COMMON_PATHS]
         if "chat" in served:
-            paths.append(CHAT_PATH)
+            paths += [CHAT_PATH, *TOKENIZE_PATHS]
         if embedding:
             paths.append(EMBEDDINGS_PATH)
         return Job(

@@ -48,6 +48,8 @@ CHAT = "/v1/chat/completions"
 EMBEDDINGS = "/v1/embeddings"
 MODELS = "/v1/models"
 METRICS = "/metrics"
+#: The gateway counts a chat's prompt with it (messages in, ``count`` out) before sending.
+TOKENIZE = "/tokenize"
 #: Replaced by the executor with the attempt's Unix socket path.
 SOCKET_PLACEHOLDER = "{endpoint_socket}"
 _WEIGHT_SUFFIXES = (".safetensors",)
@@ -61,12 +63,14 @@ def capabilities(model_record: ModelRecord) -> tuple[str, ...]:
     """What a service of this model gets from vLLM, from the model's metadata.
 
     An embedding model runs on the pooling runner and serves embeddings only; a
-    generative model serves chat with streaming. Tools are not offered: vLLM needs
-    ``--enable-auto-tool-choice`` with a parser chosen per model family.
+    generative model serves chat with streaming, and its prompts can be counted
+    first (``tokenize.vllm``: ``POST /tokenize`` with the messages). Tools are not
+    offered: vLLM needs ``--enable-auto-tool-choice`` with a parser chosen per
+    model family.
     """
     if model_record.metadata.embedding:
         return ("embeddings",)
-    return ("chat", "streaming")
+    return ("chat", "streaming", "tokenize.vllm")
 
 
 def _model_directory(model_record: ModelRecord, inputs: tuple[JobInput, ...]) -> JobInput:
@@ -198,7 +202,9 @@ class VllmAdapter:
             argv=argv,
             env=env,
             inputs=[model],
-            endpoint=EndpointContract.unix([HEALTH, METRICS, MODELS, route]),
+            endpoint=EndpointContract.unix(
+                [HEALTH, METRICS, MODELS, route, *([TOKENIZE] if route == CHAT else [])]
+            ),
             readiness=ReadinessProbe(path=HEALTH, timeout=900.0, interval=1.0),
             capabilities=served,
         )

@@ -54,13 +54,13 @@ def test_the_default_translation_is_this_exact_job(cases):
         },
         "inputs": [{"id": "model", "path": MODEL_DIR}],
         "endpoint": {
-            "paths": ["/health", "/metrics", "/v1/chat/completions", "/v1/models"],
+            "paths": ["/health", "/metrics", "/tokenize", "/v1/chat/completions", "/v1/models"],
             "transport": "unix",
             "socket": "engine.sock",
             "version": 1,
         },
         "readiness": {"path": "/health", "timeout": 900.0, "interval": 1.0},
-        "capabilities": ["chat", "streaming"],
+        "capabilities": ["chat", "streaming", "tokenize.vllm"],
     }
 
 
