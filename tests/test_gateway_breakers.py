@@ -8,9 +8,7 @@ fraction of a real second (the tests sleep on that mock clock, never in real tim
 
 from __future__ import annotations
 
-import pytest
 import trio
-import trio.testing
 
 from ficc_core.gateway.breakers import CLOSED, HALF_OPEN, OPEN
 from ficc_core.inference.live import LiveReplica
@@ -22,11 +20,6 @@ PATH = "/api/v1/inference/svc/v1/chat/completions"
 UNAVAILABLE = '{"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}}'
 
 
-@pytest.fixture
-def clock() -> trio.testing.MockClock:
-    return trio.testing.MockClock(autojump_threshold=0.1)
-
-
 def _metric(env, name: str, replica: str) -> float | None:
     for line in env.service.metrics.render()[0].decode().splitlines():
         if line.startswith(name + "{") and f'replica="{replica}"' in line:
@@ -35,10 +28,10 @@ def _metric(env, name: str, replica: str) -> float | None:
 
 
 async def test_consecutive_failures_open_a_breaker_that_half_opens_after_its_cooldown(
-    tmp_path, clock
+    tmp_path, idle_clock
 ):
     with trio.fail_after(120):
-        async with gateway_env(tmp_path, max_attempts=2) as env:
+        async with gateway_env(tmp_path, clock=idle_clock, max_attempts=2) as env:
             bad, good = await env.launch(), await env.launch()
             env.publish("svc", [bad, good])
             breakers = env.gateway.breakers
@@ -86,9 +79,9 @@ async def test_consecutive_failures_open_a_breaker_that_half_opens_after_its_coo
                 assert breakers.state(bad.attempt_id) == breakers.state(good.attempt_id) == CLOSED
 
 
-async def test_when_every_breaker_is_open_the_soonest_to_close_is_still_tried(tmp_path, clock):
+async def test_when_every_breaker_is_open_the_soonest_to_close_is_still_tried(tmp_path, idle_clock):
     with trio.fail_after(120):
-        async with gateway_env(tmp_path, max_attempts=1) as env:
+        async with gateway_env(tmp_path, clock=idle_clock, max_attempts=1) as env:
             first, second = await env.launch(), await env.launch()
             env.publish("svc", [first, second])
             breakers = env.gateway.breakers
@@ -111,9 +104,9 @@ async def test_when_every_breaker_is_open_the_soonest_to_close_is_still_tried(tm
                 assert await env.chats_seen(first) + await env.chats_seen(second) == seen + 1
 
 
-async def test_retries_bound_how_many_more_replicas_a_request_tries(tmp_path, clock):
+async def test_retries_bound_how_many_more_replicas_a_request_tries(tmp_path, idle_clock):
     with trio.fail_after(120):
-        async with gateway_env(tmp_path) as env:
+        async with gateway_env(tmp_path, clock=idle_clock) as env:
             assert env.gateway.max_attempts == env.service.config.retries + 1 == 3
             fences = [await env.launch() for _ in range(4)]
             env.publish("svc", fences)
@@ -131,9 +124,9 @@ async def test_retries_bound_how_many_more_replicas_a_request_tries(tmp_path, cl
                 assert sum([await env.chats_seen(f) for f in fences]) == 4
 
 
-async def test_breakers_of_replicas_that_left_are_forgotten(tmp_path, clock):
+async def test_breakers_of_replicas_that_left_are_forgotten(tmp_path, idle_clock):
     with trio.fail_after(120):
-        async with gateway_env(tmp_path, max_attempts=2) as env:
+        async with gateway_env(tmp_path, clock=idle_clock, max_attempts=2) as env:
             good = await env.launch()
             ghosts = [LiveReplica(index=1, node_id="ghost", fence=new_fence()) for _ in range(3)]
             breakers = env.gateway.breakers

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import timeit
 
+import attrs
 import pytest
 import trio
 
@@ -16,6 +17,7 @@ from ficc_core.metrics import Metrics
 from ficc_core.strictjson import dumps
 from ficc_core.testing.executor_kit import exchange
 
+from .gateway_support import ALIAS, gateway_env
 from .inference_support import llama_spec, open_inference_controller, register_smollm2
 
 CHAT = "/v1/chat/completions"
@@ -36,7 +38,7 @@ def _view(context_length: int = 512, max_output: int | None = None) -> LiveServi
 
 
 def _chat(text: str, **extra) -> dict:
-    return {"model": "smol", "messages": [{"role": "user", "content": text}], **extra}
+    return {"model": "smol", "messages": [{"role": "user", "content": text}]} | extra
 
 
 def _admit(view: LiveService, document: dict):
@@ -90,6 +92,44 @@ def test_the_common_case_costs_microseconds():
     limits = ContextLimits(None, Metrics(), tokenize_timeout=1.0)  # type: ignore[arg-type]
     seconds = min(timeit.repeat(lambda: limits.admit(view, CHAT, document, size), number=10_000))
     assert seconds / 10_000 < 20e-6, seconds  # measured about 1 µs per request
+
+
+async def test_the_vllm_tokenizer_dialect_decides_in_between_and_a_silent_one_lets_it_on(
+    tmp_path, idle_clock
+):
+    # The stand-in serves vLLM's /tokenize (a token per word, like its usage counts); the
+    # mock clock jumps ahead while the process is idle, so its stall costs no real time.
+    with trio.fail_after(60):
+        async with gateway_env(tmp_path, clock=idle_clock) as env:
+            fence = await env.launch()
+            view = env.publish("svc", [fence], capabilities=("chat", "tokenize.vllm"))
+            env.service.live.publish(attrs.evolve(view, context_length=300))
+            _, token = await env.token("svc")
+            path = "/api/v1/inference/svc/v1/chat/completions"
+            async with env.http(token, timeout=300) as http:
+                response = await http.post(path, json=_chat("word " * 400, model=ALIAS))
+                assert response.status_code == 400, response.text
+                error = response.json()["error"]
+                assert error["details"] == {
+                    "prompt_tokens": 400,
+                    "completion_tokens": 1,
+                    "context_length": 300,
+                    "counted": "tokenizer",
+                }
+                assert await env.chats_seen(fence) == 0
+                response = await http.post(path, json=_chat("word " * 100, model=ALIAS))
+                assert response.status_code == 200, response.text
+                assert await env.chats_seen(fence) == 1
+                # A tokenizer that does not answer within tokenize_timeout: the request goes
+                # on, and the engine judges it (the stand-in serves it).
+                await env.steer(fence, tokenize_delay=3600)
+                response = await http.post(path, json=_chat("word " * 400, model=ALIAS))
+                assert response.status_code == 200, response.text
+                assert await env.chats_seen(fence) == 2
+            metrics = env.service.metrics.render()[0].decode()
+            for outcome, count in (("counted", 2), ("fallback", 1)):
+                line = f'ficc_gateway_tokenize_calls_total{{outcome="{outcome}",service="svc"}}'
+                assert f"{line} {count}.0" in metrics
 
 
 async def _engine_prompt_tokens(controller, service_id: str) -> float:

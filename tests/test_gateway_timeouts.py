@@ -11,9 +11,7 @@ from __future__ import annotations
 import json
 
 import attrs
-import pytest
 import trio
-import trio.testing
 
 from ficc_core.gateway.relay import Timeouts
 
@@ -21,11 +19,6 @@ from .gateway_support import chat, gateway_env, sse_events
 
 PATH = "/api/v1/inference/svc/v1/chat/completions"
 STALL = 3600  # real seconds: the stand-in never answers within a test
-
-
-@pytest.fixture
-def clock() -> trio.testing.MockClock:
-    return trio.testing.MockClock(autojump_threshold=0.1)
 
 
 def _bounded(env, **seconds: float) -> None:
@@ -42,10 +35,10 @@ def _timeouts(env, bound: str) -> float:
 
 
 async def test_a_stream_whose_head_stalls_is_tried_elsewhere_then_504s_naming_the_bound(
-    tmp_path, clock
+    tmp_path, idle_clock
 ):
     with trio.fail_after(120):
-        async with gateway_env(tmp_path, max_attempts=2) as env:
+        async with gateway_env(tmp_path, clock=idle_clock, max_attempts=2) as env:
             first, second = await env.launch(), await env.launch()
             env.publish("svc", [first, second])
             _bounded(env, response_header=5.0)
@@ -76,10 +69,10 @@ async def test_a_stream_whose_head_stalls_is_tried_elsewhere_then_504s_naming_th
 
 
 async def test_a_non_streaming_answer_is_bounded_by_generation_not_by_the_head_bound(
-    tmp_path, clock
+    tmp_path, idle_clock
 ):
     with trio.fail_after(120):
-        async with gateway_env(tmp_path, max_attempts=1) as env:
+        async with gateway_env(tmp_path, clock=idle_clock, max_attempts=1) as env:
             fence = await env.launch()
             env.publish("svc", [fence])
             _, token = await env.token("svc")
@@ -107,10 +100,10 @@ async def test_a_non_streaming_answer_is_bounded_by_generation_not_by_the_head_b
 
 
 async def test_a_stream_stalled_before_its_first_chunk_is_retried_and_one_stalled_after_ends(
-    tmp_path, clock
+    tmp_path, idle_clock
 ):
     with trio.fail_after(120):
-        async with gateway_env(tmp_path, max_attempts=2) as env:
+        async with gateway_env(tmp_path, clock=idle_clock, max_attempts=2) as env:
             first, second = await env.launch(), await env.launch()
             env.publish("svc", [first, second])
             _bounded(env, first_token=5.0, idle=10.0)
@@ -162,9 +155,9 @@ class _StalledOpens:
         return Stalled()
 
 
-async def test_an_open_that_never_completes_is_bounded_by_dial(tmp_path, clock):
+async def test_an_open_that_never_completes_is_bounded_by_dial(tmp_path, idle_clock):
     with trio.fail_after(120):
-        async with gateway_env(tmp_path, max_attempts=1) as env:
+        async with gateway_env(tmp_path, clock=idle_clock, max_attempts=1) as env:
             fence = await env.launch()
             env.publish("svc", [fence])
             _bounded(env, dial=3.0)
@@ -178,9 +171,9 @@ async def test_an_open_that_never_completes_is_bounded_by_dial(tmp_path, clock):
             assert await env.chats_seen(fence) == 0
 
 
-async def test_timeout_total_bounds_a_request_below_the_service_deadline(tmp_path, clock):
+async def test_timeout_total_bounds_a_request_below_the_service_deadline(tmp_path, idle_clock):
     with trio.fail_after(120):
-        async with gateway_env(tmp_path, max_attempts=1) as env:
+        async with gateway_env(tmp_path, clock=idle_clock, max_attempts=1) as env:
             fence = await env.launch()
             env.publish("svc", [fence], request_deadline=60.0)
             env.gateway.total_timeout = 8.0

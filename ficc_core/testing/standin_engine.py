@@ -34,6 +34,9 @@ the model name given with ``--alias`` (default ``standin``):
   are the words of the messages' contents, completion tokens the deltas. A client
   that goes away mid-stream counts in ``/stats`` (``chat_disconnects``).
 - ``POST /v1/embeddings``: an 8-dimensional vector per input string.
+- ``POST /tokenize``: vLLM's shape, ``{"messages": [...]}`` or ``{"prompt": text}``
+  in, ``{"count", "max_model_len", "tokens"}`` out, counting words like the chat
+  route's usage does (``tokenize_delay`` in ``/steer`` stalls it).
 - ``POST /steer``: ``{"head_delay": s, "first_delay": s, "status": n, "body": text}``
   changes how this engine answers later chat requests (a stalled or failing replica
   beside healthy ones): wait ``head_delay`` seconds before the response head, wait
@@ -78,6 +81,7 @@ ROUTES = (
     "/v1/models",
     "/v1/chat/completions",
     "/v1/embeddings",
+    "/tokenize",
     "/steer",
 )
 #: The prefix of the blob upload route (the full path ends with the sha256 in hex).
@@ -215,6 +219,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if route == "/v1/embeddings":
             self._embeddings(body)
             return
+        if route == "/tokenize":
+            if _steer.get("tokenize_delay"):
+                time.sleep(float(_steer["tokenize_delay"]))
+            count = _words(body)
+            self._json(200, {"count": count, "max_model_len": 0, "tokens": list(range(count))})
+            return
         if route == "/steer":
             _steer.clear()
             _steer.update(body)
@@ -260,11 +270,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def _chat(self, body: dict[str, Any]) -> None:
         deltas = int(body.get("standin_deltas", 8))
         interval = float(body.get("standin_interval", 0.0))
-        prompt_tokens = sum(
-            len(str(message.get("content", "")).split())
-            for message in body.get("messages") or []
-            if isinstance(message, dict)
-        )
+        prompt_tokens = _words(body)
         usage = {
             "prompt_tokens": prompt_tokens,
             "completion_tokens": deltas,
@@ -385,6 +391,17 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
             },
         )
+
+
+def _words(body: dict[str, Any]) -> int:
+    """The stand-in's token count of a request: the words of its messages (or prompt)."""
+    if isinstance(body.get("prompt"), str):
+        return len(body["prompt"].split())
+    return sum(
+        len(str(message.get("content", "")).split())
+        for message in body.get("messages") or []
+        if isinstance(message, dict)
+    )
 
 
 def _try_connect(host: str, port: int) -> str:
