@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import trio
 
-from ficc_core.gateway.breakers import CLOSED, HALF_OPEN, OPEN
-from ficc_core.inference.live import LiveReplica
+from ficc_core.gateway.breakers import CLOSED, HALF_OPEN, OPEN, Breakers
+from ficc_core.inference.live import LiveReplica, LiveService, LiveTable
+from ficc_core.metrics import Metrics
 from ficc_core.testing.executor_kit import new_fence
 
 from .gateway_support import chat, gateway_env
@@ -25,6 +26,53 @@ def _metric(env, name: str, replica: str) -> float | None:
         if line.startswith(name + "{") and f'replica="{replica}"' in line:
             return float(line.rsplit(" ", 1)[1])
     return None
+
+
+async def test_a_breaker_counts_opens_half_opens_for_one_probe_and_never_excludes_all(
+    autojump_clock,
+):
+    replicas = tuple(LiveReplica(index=i, node_id="n", fence=new_fence()) for i in range(3))
+    a, b, c = (r.key for r in replicas)
+    view = LiveService(
+        id="svc",
+        project_id="p",
+        alias="m",
+        generation=1,
+        admission="serving",
+        concurrency=1,
+        replicas=replicas,
+    )
+    live = LiveTable()
+    live.publish(view)
+    breakers = Breakers(live, Metrics(), threshold=2, cooldown=10.0)
+    assert breakers.excluded(view, set()) == set()
+    breakers.failed("svc", a)
+    assert (breakers.state(a), breakers.excluded(view, set())) == (CLOSED, set())
+    breakers.succeeded(a)  # an answer in between: the count starts again
+    breakers.failed("svc", a)
+    assert breakers.state(a) == CLOSED
+    breakers.failed("svc", a)
+    assert breakers.state(a) == OPEN
+    assert breakers.excluded(view, {b}) == {a, b}
+    await trio.sleep(10)
+    assert breakers.state(a) == HALF_OPEN and breakers.excluded(view, set()) == set()
+    breakers.attempt(a)  # one probe under way: nobody else is given the replica
+    assert breakers.excluded(view, set()) == {a}
+    breakers.abandoned(a)  # the probe was cancelled: no verdict, the next may try
+    assert breakers.excluded(view, set()) == set()
+    breakers.attempt(a)
+    breakers.failed("svc", a)  # the probe failed: open for another cooldown
+    assert breakers.state(a) == OPEN
+    # b opens later than a; with c tried, every candidate is open: a (sooner) stays.
+    await trio.sleep(1)
+    for _ in range(2):
+        breakers.failed("svc", b)
+    assert breakers.excluded(view, {c}) == {b, c}
+    # Off: nothing is ever counted.
+    off = Breakers(live, Metrics(), threshold=0, cooldown=10.0)
+    for _ in range(5):
+        off.failed("svc", a)
+    assert off.state(a) == CLOSED and off.excluded(view, set()) == set()
 
 
 async def test_consecutive_failures_open_a_breaker_that_half_opens_after_its_cooldown(
@@ -101,6 +149,7 @@ async def test_when_every_breaker_is_open_the_soonest_to_close_is_still_tried(tm
                 response = await http.post(PATH, json=chat())
                 assert response.status_code == 503, response.text
                 assert response.json()["error"]["message"] == "Loading model"
+                assert response.headers["Retry-After"] == "1"
                 assert await env.chats_seen(first) + await env.chats_seen(second) == seen + 1
 
 

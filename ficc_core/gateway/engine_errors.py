@@ -26,7 +26,7 @@ import json
 import re
 from typing import Any
 
-from .errors import EngineError
+from .errors import RETRY_AFTER, EngineError
 
 __all__ = ["MAX_ERROR_BYTES", "engine_error"]
 
@@ -98,4 +98,6 @@ def engine_error(status: int, pending: list[bytes] | None) -> EngineError | None
         status=status,
         param=param if isinstance(param, str) else None,
         details=details,
+        # An engine that is loading or overloaded: a client may come back shortly.
+        headers={"Retry-After": str(RETRY_AFTER)} if status in (429, 503) else None,
     )
