@@ -297,6 +297,91 @@ class Config:
         kind="duration",
         validator=attrs.validators.gt(0),
     )
+    # -- gateway resilience: retries, breakers, timeouts, prompt length (docs/gateway.md) ---
+    retries: int = _setting(
+        2,
+        "How many additional replicas one request may try after a failure (the open refused, "
+        "the node or engine unavailable, a 502/503/504, a timeout), and only while nothing "
+        "has reached the client; a request is never replayed after that. Two ride out one "
+        "dead and one restarting replica without multiplying a request across a whole pool.",
+        kind="int",
+        validator=attrs.validators.ge(0),
+    )
+    breaker_threshold: int = _setting(
+        3,
+        "Consecutive failures of one replica before its breaker opens and it leaves the pool "
+        "for breaker_cooldown. One failure is often the request's own bad luck (a reset "
+        "connection); three in a row with no answer between says the replica. 1 makes the "
+        "breaker a pure cooldown after every failure; 0 turns breakers off.",
+        kind="int",
+        validator=attrs.validators.ge(0),
+    )
+    breaker_cooldown: float = _setting(
+        10.0,
+        "How long an open breaker keeps its replica out of the pool; then one request may "
+        "try it and its outcome closes or reopens the breaker. Long enough for a restarting "
+        "engine's readiness probe and the live view to catch up, short enough that a "
+        "replica that recovered gets traffic back within seconds (duration).",
+        kind="duration",
+    )
+    timeout_dial: float = _setting(
+        10.0,
+        "How long opening an engine stream may take: the node's endpoint action accepting "
+        "the request (a round trip to a remote node) and reaching the engine. It does no "
+        "work for the model, so a slow open means a stuck node or link, and another "
+        "replica is tried; 0 for no bound (duration).",
+        kind="duration",
+    )
+    timeout_response_header: float = _setting(
+        60.0,
+        "How long a streaming request waits for the engine's response head. Engines send "
+        "the head of a stream before generating, so this is a liveness check, not a limit "
+        "on the answer: past it another replica is tried. It does not apply to a "
+        "non-streaming request, whose head comes only with the finished answer "
+        "(timeout_generation bounds that); 0 for no bound (duration).",
+        kind="duration",
+    )
+    timeout_generation: float = _setting(
+        0.0,
+        "How long a non-streaming request may take to get its whole answer. The engine "
+        "sends nothing until the completion is done, so this bounds the generation itself: "
+        "one bound for both kinds turned a 60 s liveness guard into a limit of about a "
+        "hundred tokens on a slow model. 0 (the default) leaves it to the service's "
+        "request_deadline and timeout_total (duration).",
+        kind="duration",
+    )
+    timeout_first_token: float = _setting(
+        0.0,
+        "How long a stream may wait after its head for its first chunk (the prompt's "
+        "prefill). The response is handed to the client with that chunk, so past this "
+        "bound another replica is still tried. 0 (the default): prefill grows with the "
+        "prompt and a fixed bound would refuse long prompts on slow hardware; set it for "
+        "an interactive service (duration).",
+        kind="duration",
+    )
+    timeout_idle: float = _setting(
+        60.0,
+        "The longest gap between two chunks of a stream once it has started: a generating "
+        "engine sends a token every fraction of a second, so a minute of silence means it "
+        "is stuck. The stream then ends with an engine_timeout error event; 0 for no bound "
+        "(duration).",
+        kind="duration",
+    )
+    timeout_total: float = _setting(
+        0.0,
+        "The longest one request may take from admission to its last byte, for every "
+        "service; with a service's request_deadline the smaller wins. 0 (the default): the "
+        "service's own deadline says what its clients can wait (duration).",
+        kind="duration",
+    )
+    tokenize_timeout: float = _setting(
+        2.0,
+        "How long the gateway waits for an engine's tokenizer route when the cheap bounds "
+        "cannot tell whether a prompt fits the service's context_length. A tokenizer answers "
+        "in milliseconds; past this the request goes on and the engine judges it, since a "
+        "refusal is only made when certain (duration).",
+        kind="duration",
+    )
 
     @property
     def blobs_path(self) -> Path:

@@ -102,6 +102,37 @@ class Metrics:
             registry=self.registry,
         )
 
+        # -- gateway resilience: breakers, timeouts, refusals before a replica (docs/gateway.md)
+        self.gateway_breaker_state = prom.Gauge(
+            "ficc_gateway_breaker_state",
+            "A replica's breaker: 0 closed, 1 open (out of the pool for its cooldown), "
+            "2 half-open (one request may try it), by service and replica.",
+            ("service", "replica"),
+            registry=self.registry,
+        )
+        self.gateway_breaker_opens = prom.Counter(
+            "ficc_gateway_breaker_opens",
+            "Times a replica's breaker opened after consecutive failures, by service and replica.",
+            ("service", "replica"),
+            registry=self.registry,
+        )
+        self.gateway_timeouts = prom.Counter(
+            "ficc_gateway_timeouts",
+            "Engine waits that ran past their bound, by service, replica and the bound "
+            "(timeout_dial, timeout_response_header, timeout_generation, timeout_first_token, "
+            "timeout_idle).",
+            ("service", "replica", "bound"),
+            registry=self.registry,
+        )
+        self.gateway_tokenize = prom.Counter(
+            "ficc_gateway_tokenize_calls",
+            "Prompts whose length the safe bounds could not settle, counted by the engine's "
+            "tokenizer route, by service and outcome (counted, or fallback when the engine "
+            "could not answer in time).",
+            ("service", "outcome"),
+            registry=self.registry,
+        )
+
     def render(self) -> tuple[bytes, str]:
         """Return the exposition body and its content type."""
         return prom.generate_latest(self.registry), prom.CONTENT_TYPE_LATEST

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import trio
+import trio.testing
 import trustme
 
 from ficc_core.api.app import create_app
@@ -17,6 +18,16 @@ from ficc_core.controller.service import Service, open_service
 
 from .httpsd import open_https_server, write_ca_bundle
 from .serve_support import ServeProcess
+
+
+@pytest.fixture
+def idle_clock() -> trio.testing.MockClock:
+    """A trio clock that follows real time until ``gateway_env(..., clock=idle_clock)`` is
+    up; from then on it jumps to the next deadline whenever the process has been idle
+    for a tenth of a real second: a stalled engine's timeout passes at once, a healthy
+    engine answers long before any bound. (Jumping while the controller opens would
+    skip a guard's deadline during its thread work.)"""
+    return trio.testing.MockClock(rate=1.0)
 
 
 @pytest.fixture(autouse=True)

@@ -24,6 +24,7 @@ from typing import Any
 import attrs
 import httpx
 import trio
+import trio.testing
 
 from ficc_core.agent import Agent
 from ficc_core.agent.embedded import run_embedded_agent
@@ -124,6 +125,16 @@ class GatewayEnv:
         assert status == 200
         return stats
 
+    async def steer(self, fence: Fence, **how: Any) -> None:
+        """Change how the stand-in of ``fence`` answers chats (``head_delay``,
+        ``first_delay``, ``status`` and ``body``; none: the defaults again)."""
+        status, _ = await request_json(self.agent, fence, "POST", "/steer", how)  # type: ignore[arg-type]
+        assert status == 200
+
+    async def chats_seen(self, fence: Fence) -> int:
+        """How many chat requests the stand-in of ``fence`` received."""
+        return (await self.engine_stats(fence))["chat_requests"]
+
     async def kill_engine(self, fence: Fence) -> None:
         """SIGKILL the stand-in engine of ``fence`` (as if it crashed)."""
         stats = await self.engine_stats(fence)
@@ -140,8 +151,14 @@ class GatewayEnv:
 
 
 @asynccontextmanager
-async def gateway_env(tmp_path: Path, **gateway_options: Any) -> AsyncIterator[GatewayEnv]:
-    """A controller with an embedded agent and hypercorn; see the module docs."""
+async def gateway_env(
+    tmp_path: Path, *, clock: trio.testing.MockClock | None = None, **gateway_options: Any
+) -> AsyncIterator[GatewayEnv]:
+    """A controller with an embedded agent and hypercorn; see the module docs.
+
+    :param clock: the test's ``idle_clock``: once everything is up it stops following
+        real time and jumps ahead whenever the process is idle.
+    """
     agent_dir = tempfile.mkdtemp(prefix="fg-", dir="/tmp")  # short: engine socket paths
     config = load_config(
         overrides={
@@ -165,6 +182,8 @@ async def gateway_env(tmp_path: Path, **gateway_options: Any) -> AsyncIterator[G
                 agent = await nursery.start(run_embedded_agent, service)
                 assert agent is not None, "the process provider is not installed"
                 urls = await nursery.start(partial(serve_http, service, shutdown_trigger=stop.wait))
+                if clock is not None:
+                    clock.rate, clock.autojump_threshold = 0.0, 0.1
                 yield GatewayEnv(
                     service=service,
                     agent=agent,

@@ -77,7 +77,11 @@ async def _stream_until_cut(client: OpenAI, started: trio.Event, cut: trio.Event
         pieces = 0
         try:
             stream = client.chat.completions.create(
-                model="smol", stream=True, max_tokens=2000, messages=[LONG]
+                # Within the 512-token context: a longer ask is refused before a slot.
+                model="smol",
+                stream=True,
+                max_tokens=400,
+                messages=[LONG],
             )
             for _chunk in stream:
                 pieces += 1

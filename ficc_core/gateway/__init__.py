@@ -2,11 +2,13 @@
 
 :mod:`.gateway` runs a request through the concerns beside it: :mod:`.checks`
 (authority, admission, the body), :mod:`.admission` (replica slots, the wait
-queue), :mod:`.relay` (the engine's stream, the response) and :mod:`.accounting`
-(usage records, metrics); :mod:`.request` is the state they share and
-:mod:`.errors` the refusals. :mod:`.project` serves the project endpoint (one base URL,
-the service named by ``model``, fallbacks) through the same seam, :mod:`.catalog`
-resolving names and writing ``/v1/models``.
+queue), :mod:`.relay` (the engine's stream, the response), :mod:`.accounting`
+(usage records, metrics), :mod:`.breakers` (replicas out for a cooldown),
+:mod:`.limits` (context and output refusal) and :mod:`.engine_errors` (an
+engine's error as an OpenAI error object); :mod:`.request` is the state they
+share and :mod:`.errors` the refusals. :mod:`.project` serves the project endpoint
+(one base URL, the service named by ``model``, fallbacks) through the same seam,
+:mod:`.catalog` resolving names and writing ``/v1/models``.
 """
 
 from __future__ import annotations
@@ -14,10 +16,14 @@ from __future__ import annotations
 from .accounting import UsageRecord
 from .errors import (
     CapabilityNotServed,
+    ContextLengthExceeded,
     DeadlineExceeded,
+    EngineError,
     EngineFailed,
+    EngineTimeout,
     GatewayError,
     GenerationChanged,
+    MaxOutputExceeded,
     ModelNotFound,
     NoReadyReplica,
     NotForThisService,
@@ -34,11 +40,15 @@ from .relay import ResponseChunks
 __all__ = [
     "PATHS",
     "CapabilityNotServed",
+    "ContextLengthExceeded",
     "DeadlineExceeded",
+    "EngineError",
     "EngineFailed",
+    "EngineTimeout",
     "Gateway",
     "GatewayError",
     "GenerationChanged",
+    "MaxOutputExceeded",
     "ModelNotFound",
     "NoReadyReplica",
     "NotForThisService",

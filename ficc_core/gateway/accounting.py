@@ -120,6 +120,11 @@ class Accounting:
         self.metrics.gateway_retries.labels(service_id, key).inc()
         self.metrics.gateway_errors.labels(service_id, key, code).inc()
 
+    def timed_out(self, request: Request, bound: str) -> None:
+        """Count an engine wait of ``request`` that ran past ``bound`` (a ``timeout_*``)."""
+        key = "" if request.replica is None else request.replica.key
+        self.metrics.gateway_timeouts.labels(request.service_id, key, bound).inc()
+
     def waiting(self, service_id: str) -> Any:
         """The gauge of requests of ``service_id`` waiting for a slot."""
         return self.metrics.gateway_queued.labels(service_id)

@@ -28,6 +28,7 @@ from .errors import (
 if TYPE_CHECKING:
     from ..auth import AuthService, Principal
     from ..inference.live import LiveService, LiveTable
+    from .limits import ContextLimits, PromptCount
     from .request import Request
 
 INVOKE_SCOPE = "inference:invoke"
@@ -57,6 +58,8 @@ class RequestChecks:
         self.max_body_bytes = max_body_bytes
         #: The shutdown grace, once it ended (:meth:`shut_down`); None while serving.
         self.shut_down_after: float | None = None
+        #: The context and output limits :meth:`prepare` applies (set by the gateway).
+        self.limits: ContextLimits | None = None
 
     def shut_down(self, grace: float) -> None:
         """The server's shutdown grace ended: every request being served ends at its next
@@ -180,9 +183,11 @@ class RequestChecks:
                 )
             request.view = view
         if trio.current_time() >= request.deadline:
+            bound, seconds = request.deadline_bound, request.deadline_seconds
+            whose = "the service's deadline" if bound == "request_deadline" else bound
             return DeadlineExceeded(
-                f"the request ran past the service's deadline of {request.view.request_deadline} s",
-                details={"request_deadline": request.view.request_deadline},
+                f"the request ran past {whose} of {seconds:g} s",
+                details={"bound": bound, bound: seconds},
             )
         return None
 
@@ -207,11 +212,14 @@ class RequestChecks:
 
     def prepare(
         self, view: LiveService, path: str, body: bytes | Mapping[str, Any]
-    ) -> tuple[bytes, bool]:
-        """The bytes to send the engine for ``body`` and whether the answer streams.
+    ) -> tuple[bytes, bool, PromptCount | None]:
+        """The bytes to send the engine for ``body``, whether the answer streams, and the
+        prompt count the engine's tokenizer must settle (:mod:`.limits`), if any.
 
         The client's bytes go unchanged unless something must be set: the alias as
-        ``model``, usage reporting for a streamed chat or completion.
+        ``model``, usage reporting for a streamed chat or completion. A request that
+        certainly exceeds the service's ``max_output`` or ``context_length`` is refused
+        here.
         """
         needed = NEEDS.get(path)
         if needed is not None and needed not in view.capabilities:
@@ -259,12 +267,15 @@ class RequestChecks:
                     "string or array",
                 )
         if not changed:
-            return bytes(body), stream  # type: ignore[arg-type]
-        try:
-            return dumps(document), stream
-        except (ValueError, TypeError) as exc:
-            # Only a mapping handed to the seam can get here; bytes were decoded strictly.
-            raise InvalidRequest(
-                f"the request body cannot be sent as strict JSON: {type(exc).__name__}",
-                code="invalid_json",
-            ) from None
+            payload = bytes(body)  # type: ignore[arg-type]
+        else:
+            try:
+                payload = dumps(document)
+            except (ValueError, TypeError) as exc:
+                # Only a mapping handed to the seam can get here; bytes were decoded strictly.
+                raise InvalidRequest(
+                    f"the request body cannot be sent as strict JSON: {type(exc).__name__}",
+                    code="invalid_json",
+                ) from None
+        limits = self.limits
+        return payload, stream, limits and limits.admit(view, path, document, len(payload))

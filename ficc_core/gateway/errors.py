@@ -13,13 +13,18 @@ from ..errors import FiccError, Forbidden, NotFound
 
 __all__ = [
     "CapabilityNotServed",
+    "ContextLengthExceeded",
     "DeadlineExceeded",
+    "EngineError",
     "EngineFailed",
+    "EngineTimeout",
     "GatewayError",
     "GenerationChanged",
+    "MaxOutputExceeded",
     "ModelNotFound",
     "NoReadyReplica",
     "NotForThisService",
+    "OpenAIShaped",
     "ServerShuttingDown",
     "ServiceDraining",
     "ServiceNotFound",
@@ -145,3 +150,75 @@ class StreamInterrupted(GatewayError):
 
     status = 502
     code = "stream_interrupted"
+
+
+class EngineTimeout(GatewayError):
+    """The engine did not answer within one of the gateway's bounds (``timeout_*``).
+
+    Before anything reached the client another replica is tried first; this is what
+    the client gets when none answered in time, or when a stream stalls after it
+    started (then as its last SSE event).
+    """
+
+    status = 504
+    code = "engine_timeout"
+
+    def __init__(self, bound: str, seconds: float, what: str, **kwargs: Any) -> None:
+        details = {"bound": bound, "seconds": seconds, **(kwargs.pop("details", None) or {})}
+        super().__init__(
+            f"the engine did not {what} within {seconds:g} s ({bound})", details=details, **kwargs
+        )
+        self.bound = bound
+
+
+class OpenAIShaped(GatewayError):
+    """A refusal rendered as an OpenAI error object: the envelope with ``type`` and ``param``.
+
+    ``type`` is ``invalid_request_error`` for a 4xx and ``server_error`` for a 5xx.
+    """
+
+    def __init__(self, message: str, *, param: str | None = None, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.param = param
+
+    @property
+    def type(self) -> str:
+        """OpenAI's error ``type`` for this status."""
+        return "invalid_request_error" if self.status < 500 else "server_error"
+
+    def envelope(self) -> dict[str, Any]:
+        """The one envelope, with OpenAI's ``type`` and ``param`` beside the string code."""
+        return {
+            "error": {
+                "code": self.code,
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "details": self.details,
+            }
+        }
+
+
+class EngineError(OpenAIShaped):
+    """The engine's own error answer, re-shaped as an OpenAI error object in the envelope.
+
+    ``code`` is a string (``context_length_exceeded``, else ``engine_error``); the
+    engine's status, numeric code and type are in ``details`` (``engine_status``,
+    ``engine_code``, ``engine_type``).
+    """
+
+    code = "engine_error"
+
+
+class ContextLengthExceeded(OpenAIShaped):
+    """The prompt and the completion asked for certainly do not fit the service's context."""
+
+    status = 400
+    code = "context_length_exceeded"
+
+
+class MaxOutputExceeded(OpenAIShaped):
+    """``max_tokens`` (or ``max_completion_tokens``) asks more than the service's ``max_output``."""
+
+    status = 400
+    code = "max_output_exceeded"

@@ -28,9 +28,13 @@ body checks), :mod:`.admission` (replica slots and the wait queue), :mod:`.relay
 (reading the engine's stream with authority re-checked, the response) and
 :mod:`.accounting` (usage records and metrics). This module runs a request
 through them: admit, take a slot, open the engine stream, and move to another
-replica when one fails before answering (open refused, node unavailable, the
-stream failing before its response head, an engine 503); once a response head
-exists nothing is replayed.
+replica when one fails before anything reached the client (open refused, node
+unavailable, the stream failing before its first bytes, an engine 502/503/504, a
+timeout): at most ``retries`` more replicas, none whose breaker is open
+(:mod:`.breakers`). A JSON answer is read whole and a stream's first chunk is read
+before the response is handed out, so both count as "before"; after that nothing
+is replayed. An engine's own JSON error answer is re-shaped as an OpenAI error
+object in the envelope (:mod:`.engine_errors`).
 """
 
 from __future__ import annotations
@@ -49,10 +53,13 @@ from ..executor.errors import InputNotAdmitted, PathNotAdmitted
 from ..executor.types import ResponseHead
 from .accounting import Accounting, UsageRecord
 from .admission import Admission, no_replica
+from .breakers import Breakers
 from .catalog import models_document
 from .checks import RequestChecks
-from .errors import DeadlineExceeded
-from .relay import SSE, Relay, ResponseChunks
+from .engine_errors import engine_error
+from .errors import DeadlineExceeded, EngineFailed, EngineTimeout
+from .limits import ContextLimits
+from .relay import SSE, Relay, ResponseChunks, Timeouts
 from .request import Request
 
 if TYPE_CHECKING:
@@ -78,6 +85,11 @@ PATHS: Mapping[str, str] = {
 #: Executor refusals of an open that say nothing about another replica: no retry, the
 #: client is told (a body too large for the endpoint is a ``PathNotAdmitted``).
 FINAL_REFUSALS = (DeadlineExceeded, PathNotAdmitted, InputNotAdmitted)
+#: Engine statuses that say the engine did not take the request: another replica is tried.
+RETRIED_STATUSES = frozenset({502, 503, 504})
+#: Failures after the head, before anything reached the client, that another replica
+#: may do better on (anything else there, such as a revoked credential, is final).
+ENGINE_FAULTS = (EngineTimeout, EngineFailed)
 #: A request without headers routing reads.
 NO_HEADERS: Mapping[str, str] = MappingProxyType({})
 
@@ -129,7 +141,8 @@ class Gateway:
     :param queue_factor: the wait queue holds this many times the service's capacity.
     :param max_queue_wait: the longest a request waits for a slot, in seconds.
     :param recheck_interval: how often a waiting read re-checks authority, seconds.
-    :param max_attempts: replicas one request tries before its first byte.
+    :param max_attempts: replicas one request tries before its first byte (default:
+        the ``retries`` setting plus one).
     :param prefetch_bytes: how much of a non-streamed answer is read before the response
         is handed out; a longer body streams after that.
     :param usage_records: how many :class:`UsageRecord` are kept in :attr:`usage`.
@@ -154,7 +167,7 @@ class Gateway:
         queue_factor: int = 4,
         max_queue_wait: float = 30.0,
         recheck_interval: float = 0.25,
-        max_attempts: int = 3,
+        max_attempts: int | None = None,
         prefetch_bytes: int = 1 << 20,
         usage_records: int = 10_000,
         send_grace: float = 5.0,
@@ -162,7 +175,7 @@ class Gateway:
         rng: random.Random | None = None,
     ) -> None:
         self.live = live
-        self.max_attempts = max(1, max_attempts)
+        self.max_attempts = max(1, config.retries + 1 if max_attempts is None else max_attempts)
         self.prefetch_bytes = prefetch_bytes
         self.checks = RequestChecks(auth, live, max_body_bytes=config.max_body_bytes)
         self.accounting = Accounting(metrics, usage_records=usage_records, usage_sinks=usage_sinks)
@@ -174,13 +187,23 @@ class Gateway:
             max_queue_wait=max_queue_wait,
             recheck_interval=recheck_interval,
         )
+        self.breakers = Breakers(
+            live, metrics, threshold=config.breaker_threshold, cooldown=config.breaker_cooldown
+        )
         self.relay = Relay(
             contributors,
             self.checks,
             settle=self._settle,
             recheck_interval=recheck_interval,
             send_grace=send_grace,
+            timeouts=Timeouts.from_config(config),
+            timed_out=self.accounting.timed_out,
         )
+        self.limits = self.checks.limits = ContextLimits(
+            self.relay, metrics, tokenize_timeout=config.tokenize_timeout
+        )
+        #: ``timeout_total``: the longest any request may take (``math.inf``: none).
+        self.total_timeout = config.timeout_total or math.inf
         #: The latest requests' usage, oldest first.
         self.usage = self.accounting.usage
         #: Called with each :class:`UsageRecord` (e.g. to persist it); must not block.
@@ -232,7 +255,9 @@ class Gateway:
             return 200, self._models(view, actor)
         try:
             self.checks.admit(view)
-            payload, streaming = self.checks.prepare(view, path, body)
+            payload, streaming, count = self.checks.prepare(view, path, body)
+            if count is not None:
+                await self.limits.settle(count)
         except FiccError as exc:
             self.accounting.refused(service_id, exc.code)
             raise
@@ -243,15 +268,23 @@ class Gateway:
             view=view,
             headers=headers,
             started=started,
-            deadline=math.inf if view.request_deadline is None else started + view.request_deadline,
+            deadline=started + self.total_timeout,
+            deadline_bound="timeout_total",
+            deadline_seconds=self.total_timeout,
+            streaming=streaming,
         )
+        if view.request_deadline is not None and view.request_deadline <= self.total_timeout:
+            request.deadline = started + view.request_deadline
+            request.deadline_bound = "request_deadline"
+            request.deadline_seconds = view.request_deadline
         # Counted in flight until settled (a drain waits for it): every way out settles.
         self.live.enter(service_id)
         try:
-            response = await self._dispatch(request, method, payload, streaming)
-            if not response.streaming:
-                # A JSON answer is read (bounded) so a failure before its end is an envelope.
-                await response.prefetch(self.prefetch_bytes)
+            response = await self._dispatch(request, method, payload)
+            if response.status >= 400 and not response.streaming:
+                refusal = engine_error(response.status, response.take_pending())
+                if refusal is not None:
+                    raise refusal
         except BaseException as exc:
             with trio.CancelScope(shield=True):
                 code = exc.code if isinstance(exc, FiccError) else "cancelled"
@@ -264,44 +297,37 @@ class Gateway:
         document = models_document((view,), actor.project_name or actor.project_id)
         return ResponseChunks(status=200, content_type="application/json", pending=[document])
 
-    async def _dispatch(
-        self, request: Request, method: str, payload: bytes, streaming: bool
-    ) -> ResponseChunks:
+    async def _dispatch(self, request: Request, method: str, payload: bytes) -> ResponseChunks:
         headers = [
             ("content-type", "application/json"),
-            ("accept", SSE if streaming else "application/json"),
+            ("accept", SSE if request.streaming else "application/json"),
         ]
         tried: set[str] = set()
         last: FiccError | None = None
         for attempt in range(self.max_attempts):
-            await self.admission.slot(request, tried, last)
+            if tried and all(r.key in tried for r in request.view.replicas):
+                break
+            await self.admission.slot(request, self.breakers.excluded(request.view, tried), last)
             if attempt == 0:
                 request.queue_wait = trio.current_time() - request.started
                 self.accounting.waited(request)
             replica = request.replica
             assert replica is not None
-            failure: FiccError | None = None
-            head = None
+            self.breakers.attempt(replica.key)
+            final = attempt + 1 == self.max_attempts
             try:
-                head = await self.relay.open(request, method, headers, payload)
-            except FINAL_REFUSALS:
+                failure, response = await self._attempt(request, method, headers, payload, final)
+            except BaseException:
+                self.breakers.abandoned(replica.key)
                 raise
-            except FiccError as exc:
-                failure = exc
-            if isinstance(head, FiccError):
-                # Authority, generation or deadline: no other replica would help.
-                raise head
-            if isinstance(head, ResponseHead) and not (
-                head.status == 503 and attempt + 1 < self.max_attempts
-            ):
-                self.accounting.series(request.service_id, replica.key).requests.inc()
-                return self.relay.response(request, head)
-            if failure is None:
-                failure = FiccError(
-                    f"the engine answered 503 or its stream failed before answering: {head}",
-                    code=getattr(head, "code", None) or "engine_unavailable",
-                    status=503,
-                )
+            if response is not None:
+                if response.status >= 500:
+                    self.breakers.failed(request.service_id, replica.key)
+                else:
+                    self.breakers.succeeded(replica.key)
+                return response
+            assert failure is not None
+            self.breakers.failed(request.service_id, replica.key)
             log.info(
                 "service %s: replica %s failed before answering (%s); trying another",
                 request.service_id,
@@ -313,7 +339,61 @@ class Gateway:
             self.admission.release(request)
             tried.add(replica.key)
             last = failure
+        if isinstance(last, ENGINE_FAULTS):
+            # The engines took the request and did not finish it: say so, not "no replica".
+            last.details["replicas_tried"] = len(tried)
+            raise last
         raise no_replica(request.view, f"{len(tried)} replicas failed before answering", last)
+
+    async def _attempt(
+        self,
+        request: Request,
+        method: str,
+        headers: list[tuple[str, str]],
+        payload: bytes,
+        final: bool,
+    ) -> tuple[FiccError | None, ResponseChunks | None]:
+        """One try on the request's replica: its response with the first bytes read, or
+        the failure another replica may not have (raises what no other would help with)."""
+        try:
+            head = await self.relay.open(request, method, headers, payload)
+        except FINAL_REFUSALS:
+            raise
+        except FiccError as exc:
+            return exc, None  # the open refused, the node unavailable, timeout_dial
+        if isinstance(head, EngineTimeout):
+            return head, None
+        if isinstance(head, FiccError):
+            # Authority, generation or deadline: no other replica would help.
+            raise head
+        if not isinstance(head, ResponseHead):
+            return FiccError(
+                f"the engine's stream failed before answering: {head}",
+                code=getattr(head, "code", None) or "engine_unavailable",
+                status=503,
+            ), None
+        if head.status in RETRIED_STATUSES and not final:
+            return FiccError(
+                f"the engine answered {head.status} before anything was sent",
+                code="engine_unavailable",
+                status=503,
+                details={"engine_status": head.status},
+            ), None
+        response = self.relay.response(request, head)
+        try:
+            if response.streaming:
+                await response.first_chunk()
+            else:
+                # A JSON answer is read (bounded) so a failure before its end is an envelope.
+                await response.prefetch(self.prefetch_bytes)
+        except ENGINE_FAULTS as exc:
+            # Nothing reached the client: what this attempt relayed is forgotten.
+            request.first_byte, request.prev_chunk, request.last_chunk = None, b"", b""
+            return exc, None
+        replica = request.replica
+        assert replica is not None
+        self.accounting.series(request.service_id, replica.key).requests.inc()
+        return None, response
 
     def _settle(self, request: Request, outcome: str) -> None:
         """A request ended: free its slot, leave the live count, account it. Once."""

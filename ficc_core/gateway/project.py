@@ -9,7 +9,8 @@ accounting. ``GET /v1/models`` lists those services.
 **Fallbacks.** When the service the name reaches cannot take the request before
 any response exists (:data:`FALLBACK_CODES`: stopped, draining, no ready replica
 (none ready, every replica failed before its response head, no slot freed in
-time), saturated) or its engine answers 503, the aliases its specification lists
+time), saturated) or its engines failed before any response existed (timed out,
+broke off, answered 5xx: :func:`falls_back`), the aliases its specification lists
 in ``fallbacks`` are tried in order, each through :meth:`Gateway.invoke` like the
 first. Only the first service's fallbacks are followed (no chains, hence no
 loops), and only those the credential may invoke: a service-bound credential
@@ -31,6 +32,7 @@ import attrs
 
 from ..errors import FiccError, InvalidRequest
 from .catalog import Catalog
+from .errors import EngineError
 from .gateway import NO_HEADERS, method_of
 from .relay import ResponseChunks
 
@@ -41,10 +43,26 @@ if TYPE_CHECKING:
 
 __all__ = ["FALLBACK_CODES", "ProjectEndpoint", "Served"]
 
-#: The refusals of a service that send a project-endpoint request to its fallbacks.
+#: The refusals of a service that send a project-endpoint request to its fallbacks:
+#: it cannot serve, or its engines failed before any response existed (every replica
+#: tried timed out, broke off before its first bytes, or answered with a 5xx).
 FALLBACK_CODES = frozenset(
-    {"service_stopped", "service_draining", "no_ready_replica", "service_saturated"}
+    {
+        "service_stopped",
+        "service_draining",
+        "no_ready_replica",
+        "service_saturated",
+        "engine_timeout",
+        "engine_failed",
+    }
 )
+
+
+def falls_back(refusal: FiccError) -> bool:
+    """Whether ``refusal`` of one service sends the request on to its fallbacks."""
+    return refusal.code in FALLBACK_CODES or (
+        isinstance(refusal, EngineError) and refusal.status >= 500
+    )
 
 
 @attrs.frozen
@@ -133,7 +151,7 @@ class ProjectEndpoint:
             try:
                 status, response = await gateway.invoke(view.id, path, payload, actor, headers)
             except FiccError as exc:
-                if exc.code not in FALLBACK_CODES:
+                if not falls_back(exc):
                     raise
                 failures.append((view, exc))
                 continue

@@ -9,6 +9,14 @@ before it is complete still gets the envelope.
 A :class:`ResponseChunks` is an ``async with`` resource: leaving it (or
 ``aclose()``) cancels the engine request if the response did not end by itself,
 frees the replica slot and accounts the request.
+
+Every wait for the engine has its own bound (:class:`Timeouts`, the ``timeout_*``
+settings), kept on the request as the one bound its next event must beat: the
+open (``dial``), a stream's head (``response_header``, a liveness check: heads
+come before generation), a non-streamed answer as a whole (``generation``: its
+head comes only with the finished answer), a stream's first chunk after the head
+(``first_token``) and each later chunk (``idle``). A read past its bound returns
+:class:`EngineTimeout` naming it; the request deadline is checked beside it.
 """
 
 from __future__ import annotations
@@ -20,23 +28,65 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
+import attrs
 import trio
 
 from ..errors import FiccError
 from ..executor.types import BodyChunk, EndOfStream, ReadEvent, ResponseHead, StreamFailed
 from ..strictjson import dumps_error
-from .errors import DeadlineExceeded, EngineFailed, StreamInterrupted
+from .errors import DeadlineExceeded, EngineFailed, EngineTimeout, StreamInterrupted
 
 if TYPE_CHECKING:
     from types import TracebackType
 
+    from ..config import Config
     from ..contributors import NodeRegistry
+    from ..inference.live import LiveReplica
     from .checks import RequestChecks
     from .request import Request
 
 SSE = "text/event-stream"
 #: Engine response headers passed on to the client (lower case).
 PASSED_HEADERS = frozenset({"content-type"})
+
+
+def _bound(seconds: float) -> float:
+    return seconds if seconds > 0 else math.inf
+
+
+@attrs.frozen(kw_only=True)
+class Timeouts:
+    """The bounds of the gateway's waits for an engine, in seconds (``math.inf``: none).
+
+    See the module docs and the ``timeout_*`` settings for what each bounds.
+    """
+
+    dial: float = math.inf
+    response_header: float = math.inf
+    generation: float = math.inf
+    first_token: float = math.inf
+    idle: float = math.inf
+
+    @classmethod
+    def from_config(cls, config: Config) -> Timeouts:
+        """The bounds the settings give (0 there means none)."""
+        return cls(
+            dial=_bound(config.timeout_dial),
+            response_header=_bound(config.timeout_response_header),
+            generation=_bound(config.timeout_generation),
+            first_token=_bound(config.timeout_first_token),
+            idle=_bound(config.timeout_idle),
+        )
+
+
+#: What the engine did not do in time, by bound (the timeout's message).
+_WAITED_FOR = {
+    "timeout_dial": "accept the request",
+    "timeout_response_header": "send its response head",
+    "timeout_generation": "finish its answer",
+    "timeout_first_token": "send the stream's first chunk",
+    "timeout_idle": "send the stream's next chunk",
+}
 
 
 def _sse_error(error: FiccError) -> bytes:
@@ -125,6 +175,27 @@ class ResponseChunks:
             else:
                 raise _failed(event, " before the answer was complete")
 
+    async def first_chunk(self) -> None:
+        """Read a stream's first chunk and hold it, so a stream that fails or stalls
+        before it (``timeout_first_token``) is still a failure before anything reached
+        the client: another replica may be tried.
+
+        Raises like :meth:`prefetch`.
+        """
+        request, relay = self._request, self._relay
+        assert request is not None and relay is not None
+        event = await relay.next_event(request)
+        if isinstance(event, BodyChunk):
+            request.took(event.data)
+            self._pending.append(event.data)
+        elif isinstance(event, EndOfStream):
+            self._done = True
+            await relay.finish(request, "ok")
+        elif isinstance(event, FiccError):
+            raise event
+        else:
+            raise _failed(event, " before its first chunk")
+
     def take_pending(self) -> list[bytes] | None:
         """The whole body when it is already read to its end (a prefetched JSON answer).
 
@@ -178,6 +249,8 @@ class Relay:
     :param settle: called once when a request ends (free its slot, account it).
     :param recheck_interval: how often a waiting read re-checks, in seconds.
     :param send_grace: seconds a response may take to send after the request deadline.
+    :param timeouts: the bounds of each wait for the engine.
+    :param timed_out: called with the request and the bound when a wait runs past it.
     """
 
     def __init__(
@@ -188,12 +261,16 @@ class Relay:
         settle: Callable[[Request, str], None],
         recheck_interval: float,
         send_grace: float,
+        timeouts: Timeouts | None = None,
+        timed_out: Callable[[Request, str], None] = lambda request, bound: None,
     ) -> None:
         self.contributors = contributors
         self.checks = checks
         self.settle = settle
         self.recheck_interval = recheck_interval
         self.send_grace = send_grace
+        self.timeouts = Timeouts() if timeouts is None else timeouts
+        self.timed_out = timed_out
         # Stream IDs: unique per gateway (a random prefix, then a counter), cheap to make.
         self._stream_prefix = f"g{uuid.uuid4().hex[:8]}-"
         self._stream_numbers = itertools.count(1)
@@ -203,21 +280,78 @@ class Relay:
     ) -> ReadEvent | FiccError:
         """Open a stream on the request's replica; return its first event (its head, mostly).
 
-        Raises the endpoint's refusal of the open, or :class:`DeadlineExceeded`.
+        Raises the endpoint's refusal of the open, :class:`DeadlineExceeded`, or
+        :class:`EngineTimeout` (``timeout_dial``).
         """
         replica = request.replica
         assert replica is not None
+        timeouts = self.timeouts
         request.stream_id = f"{self._stream_prefix}{next(self._stream_numbers)}"
         request.opened = request.ended = False
         request.endpoint = self.contributors.endpoint(replica.node_id)
-        with trio.move_on_at(request.deadline):
+        request.wait_bound, request.wait_until = "timeout_dial", trio.current_time() + timeouts.dial
+        with trio.move_on_at(min(request.deadline, request.wait_until)):
             await request.endpoint.open(
                 replica.fence, request.stream_id, method, request.path, headers, payload
             )
             request.opened = True
         if not request.opened:
+            if trio.current_time() < request.deadline:
+                raise self._timeout(request)
             raise DeadlineExceeded("the request deadline passed before the engine answered")
+        if request.streaming:
+            request.wait_bound = "timeout_response_header"
+            request.wait_until = trio.current_time() + timeouts.response_header
+        else:
+            request.wait_bound = "timeout_generation"
+            request.wait_until = trio.current_time() + timeouts.generation
         return await self.next_event(request)
+
+    async def fetch(
+        self, replica: LiveReplica, path: str, body: bytes, *, limit: int
+    ) -> tuple[int, bytes]:
+        """POST one small JSON request to ``replica``'s engine outside any slot (its
+        tokenizer route): its status and body. The caller bounds the wait.
+
+        Raises the endpoint's refusal, or :class:`EngineFailed` when the stream fails
+        or the body is longer than ``limit`` bytes.
+        """
+        endpoint = self.contributors.endpoint(replica.node_id)
+        fence, stream_id = replica.fence, f"{self._stream_prefix}{next(self._stream_numbers)}"
+        headers = [("content-type", "application/json"), ("accept", "application/json")]
+        await endpoint.open(fence, stream_id, "POST", path, headers, body)
+        ended = False
+        try:
+            head = await endpoint.read(fence, stream_id)
+            ended = not isinstance(head, ResponseHead)
+            if ended:
+                raise _failed(head, " before answering")
+            chunks, size = [], 0
+            while True:
+                event = await endpoint.read(fence, stream_id)
+                if isinstance(event, BodyChunk):
+                    size += len(event.data)
+                    if size > limit:
+                        raise EngineFailed(f"the engine's answer to {path} is over {limit} bytes")
+                    chunks.append(event.data)
+                    continue
+                ended = True
+                if isinstance(event, EndOfStream):
+                    return head.status, b"".join(chunks)
+                raise _failed(event, " mid-answer")
+        finally:
+            if not ended:
+                with trio.CancelScope(shield=True), trio.move_on_after(10):
+                    try:
+                        await endpoint.cancel(fence, stream_id)
+                    except FiccError:
+                        pass  # the stream or attempt is already gone
+
+    def _timeout(self, request: Request) -> EngineTimeout:
+        bound = request.wait_bound
+        seconds = getattr(self.timeouts, bound.removeprefix("timeout_"))
+        self.timed_out(request, bound)
+        return EngineTimeout(bound, seconds, _WAITED_FOR[bound])
 
     def response(self, request: Request, head: ResponseHead) -> ResponseChunks:
         """The response to relay for ``head``, the stream's first event."""
@@ -235,14 +369,18 @@ class Relay:
         )
 
     async def next_event(self, request: Request) -> ReadEvent | FiccError:
-        """The stream's next event, or the error that ends it (authority, generation, deadline)."""
+        """The stream's next event, or the error that ends it (authority, generation,
+        deadline, a timeout)."""
         endpoint, replica = request.endpoint, request.replica
         assert endpoint is not None and replica is not None
         while True:
             problem = self.checks.problem(request)
             if problem is not None:
                 return problem
-            wake = min(request.deadline, trio.current_time() + self.recheck_interval)
+            now = trio.current_time()
+            if now >= request.wait_until:
+                return self._timeout(request)
+            wake = min(request.deadline, request.wait_until, now + self.recheck_interval)
             with trio.move_on_at(wake):
                 try:
                     event = await endpoint.read(replica.fence, request.stream_id)
@@ -251,6 +389,14 @@ class Relay:
                     return StreamFailed(code=exc.code, message=exc.message)
                 if isinstance(event, EndOfStream | StreamFailed):
                     request.ended = True
+                elif request.streaming:
+                    # A non-streamed answer keeps its one generation bound to the end.
+                    if isinstance(event, ResponseHead):
+                        request.wait_bound = "timeout_first_token"
+                        request.wait_until = trio.current_time() + self.timeouts.first_token
+                    else:
+                        request.wait_bound = "timeout_idle"
+                        request.wait_until = trio.current_time() + self.timeouts.idle
                 return event
 
     async def cancel(self, request: Request) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
@@ -26,6 +27,11 @@ class Request:
     :ivar opened: the engine stream of the current attempt is open.
     :ivar ended: that stream ended by itself (``EndOfStream`` or ``StreamFailed``).
     :ivar finished: slot freed and accounted; nothing more happens to it.
+    :ivar deadline_bound: what set ``deadline``: ``request_deadline`` or ``timeout_total``,
+        of ``deadline_seconds``.
+    :ivar streaming: the answer is a server-sent-event stream.
+    :ivar wait_bound: the timeout setting the stream's next event must beat, or "".
+    :ivar wait_until: when that bound passes, on the trio clock (``math.inf``: none).
     """
 
     service_id: str
@@ -47,6 +53,12 @@ class Request:
     first_byte: float | None = None
     prev_chunk: bytes = b""
     last_chunk: bytes = b""
+    # -- resilience: which bound the request and its next engine event are held to --------
+    deadline_bound: str = "request_deadline"
+    deadline_seconds: float = math.inf
+    streaming: bool = False
+    wait_bound: str = ""
+    wait_until: float = math.inf
 
     def took(self, data: bytes) -> None:
         """Note a body chunk relayed: the first byte's time, the last two chunks (usage)."""

@@ -70,7 +70,17 @@ __all__ = [
 ]
 
 #: The capabilities a job may declare; the gateway knows what each one means.
-KNOWN_CAPABILITIES = frozenset({"chat", "completions", "embeddings", "streaming", "tools"})
+KNOWN_CAPABILITIES = frozenset(
+    {
+        "chat",
+        "completions",
+        "embeddings",
+        "streaming",
+        "tools",
+        "tokenize.llama_cpp",
+        "tokenize.vllm",
+    }
+)
 #: The route the gateway sends a capability's requests to: a job claiming it admits it.
 CAPABILITY_ROUTES = {
     "chat": "/v1/chat/completions",

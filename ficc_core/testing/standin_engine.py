@@ -34,6 +34,14 @@ the model name given with ``--alias`` (default ``standin``):
   are the words of the messages' contents, completion tokens the deltas. A client
   that goes away mid-stream counts in ``/stats`` (``chat_disconnects``).
 - ``POST /v1/embeddings``: an 8-dimensional vector per input string.
+- ``POST /tokenize``: vLLM's shape, ``{"messages": [...]}`` or ``{"prompt": text}``
+  in, ``{"count", "max_model_len", "tokens"}`` out, counting words like the chat
+  route's usage does (``tokenize_delay`` in ``/steer`` stalls it).
+- ``POST /steer``: ``{"head_delay": s, "first_delay": s, "status": n, "body": text}``
+  changes how this engine answers later chat requests (a stalled or failing replica
+  beside healthy ones): wait ``head_delay`` seconds before the response head, wait
+  ``first_delay`` seconds between a stream's head and its first delta, or answer
+  ``status`` with ``body`` (JSON text) instead. ``{}`` restores the defaults.
 """
 
 from __future__ import annotations
@@ -73,6 +81,8 @@ ROUTES = (
     "/v1/models",
     "/v1/chat/completions",
     "/v1/embeddings",
+    "/tokenize",
+    "/steer",
 )
 #: The prefix of the blob upload route (the full path ends with the sha256 in hex).
 BLOBS = "/blobs/"
@@ -94,6 +104,8 @@ _received: list[dict[str, Any]] = []
 _started = time.monotonic()
 _ready_after = 0.0
 _alias = "standin"
+#: How chat requests are answered (``POST /steer``).
+_steer: dict[str, Any] = {}
 
 
 def _disconnected() -> None:
@@ -207,6 +219,17 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if route == "/v1/embeddings":
             self._embeddings(body)
             return
+        if route == "/tokenize":
+            if _steer.get("tokenize_delay"):
+                time.sleep(float(_steer["tokenize_delay"]))
+            count = _words(body)
+            self._json(200, {"count": count, "max_model_len": 0, "tokens": list(range(count))})
+            return
+        if route == "/steer":
+            _steer.clear()
+            _steer.update(body)
+            self._json(200, dict(_steer))
+            return
         if route == "/setup":
             with _stats_lock:
                 _received.append({"path": route, "body": body})
@@ -247,11 +270,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def _chat(self, body: dict[str, Any]) -> None:
         deltas = int(body.get("standin_deltas", 8))
         interval = float(body.get("standin_interval", 0.0))
-        prompt_tokens = sum(
-            len(str(message.get("content", "")).split())
-            for message in body.get("messages") or []
-            if isinstance(message, dict)
-        )
+        prompt_tokens = _words(body)
         usage = {
             "prompt_tokens": prompt_tokens,
             "completion_tokens": deltas,
@@ -264,6 +283,16 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 key: value for key, value in body.items() if key != "messages"
             }
         created = int(time.time())
+        if _steer.get("head_delay"):
+            time.sleep(float(_steer["head_delay"]))
+        if _steer.get("status"):
+            data = str(_steer.get("body", "")).encode()
+            self.send_response(int(_steer["status"]))
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+            return
         if not body.get("stream"):
             if interval:
                 time.sleep(interval * deltas)
@@ -310,6 +339,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         with _stats_lock:
             _stats["chat_streams_open"] += 1
         try:
+            if _steer.get("first_delay"):
+                self.wfile.flush()
+                time.sleep(float(_steer["first_delay"]))
             for number in range(deltas):
                 delta = {"content": f"w{number} "}
                 if number == 0:
@@ -359,6 +391,17 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
             },
         )
+
+
+def _words(body: dict[str, Any]) -> int:
+    """The stand-in's token count of a request: the words of its messages (or prompt)."""
+    if isinstance(body.get("prompt"), str):
+        return len(body["prompt"].split())
+    return sum(
+        len(str(message.get("content", "")).split())
+        for message in body.get("messages") or []
+        if isinstance(message, dict)
+    )
 
 
 def _try_connect(host: str, port: int) -> str:

@@ -52,6 +52,9 @@ CHAT_PATH = "/v1/chat/completions"
 EMBEDDINGS_PATH = "/v1/embeddings"
 #: OpenAI's text completions: llama-server's ``POST /v1/completions`` (a chat model only).
 COMPLETIONS_PATH = "/v1/completions"
+#: The gateway counts a chat's prompt with these before sending it (no slot, no generation).
+TOKENIZE_PATHS = ("/apply-template", "/tokenize")
+TOKENIZE = "tokenize.llama_cpp"
 #: Admitted whatever the model serves: readiness, the model list and metrics.
 COMMON_PATHS = (HEALTH_PATH, "/metrics", "/v1/models")
 
@@ -67,11 +70,14 @@ def capabilities(model_record: ModelRecord) -> tuple[str, ...]:
     (``/v1/completions``, the raw prompt without the chat template); an embedding
     model is run with ``--embedding`` and serves embeddings only. Tools are not claimed: function
     calling depends on the model's chat template and on ``--jinja``, which older
-    llama-server releases do not enable by default.
+    llama-server releases do not enable by default. A chat model's prompt can be
+    counted before it is sent (``tokenize.llama_cpp``: ``/apply-template`` renders
+    the messages, ``/tokenize`` counts them), so the gateway refuses one that
+    cannot fit the context without taking a slot.
     """
     if model_record.metadata.embedding:
         return ("embeddings",)
-    return ("chat", "streaming", "completions")
+    return ("chat", "streaming", "completions", TOKENIZE)
 
 
 def _format_share(share: float) -> str:
@@ -193,7 +199,7 @@ class LlamaCppAdapter:
         argv += ["--metrics", "--no-webui"]
         paths = [*COMMON_PATHS]
         if "chat" in served:
-            paths.append(CHAT_PATH)
+            paths += [CHAT_PATH, *TOKENIZE_PATHS]
         if "completions" in served:
             paths.append(COMPLETIONS_PATH)
         if embedding:

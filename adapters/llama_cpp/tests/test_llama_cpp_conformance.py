@@ -25,6 +25,5 @@ def test_the_llama_cpp_adapter_conforms():
         adapter_kit.make_case("llama_cpp", embedding=True, name="embedding model"),
     ]
     jobs = adapter_kit.check_adapter(LlamaCppAdapter, cases=cases)
-    assert [job.capabilities for job in jobs] == [("chat", "completions", "streaming")] * 3 + [
-        ("embeddings",)
-    ]
+    chat = ("chat", "completions", "streaming", "tokenize.llama_cpp")
+    assert [job.capabilities for job in jobs] == [chat] * 3 + [("embeddings",)]

@@ -80,7 +80,15 @@ def _translate(placement=None, record=None, inputs=(MODEL_INPUT,), **options):
 
 HEAD = ["llama-server", "--model", BLOB, "--host", "{endpoint_socket}"]
 TAIL = ["--metrics", "--no-webui"]
-CHAT_PATHS = ("/health", "/metrics", "/v1/chat/completions", "/v1/completions", "/v1/models")
+CHAT_PATHS = (
+    "/apply-template",
+    "/health",
+    "/metrics",
+    "/tokenize",
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/models",
+)
 
 GOLDEN = [
     pytest.param(
@@ -163,7 +171,8 @@ def test_golden_translation(options, placement, embedding, argv):
 
 def test_a_chat_model_serves_chat_streaming_and_completions_on_their_routes():
     job = _translate()
-    assert job.capabilities == ("chat", "completions", "streaming")
+    # Its prompts can be counted first (the gateway's context refusal).
+    assert job.capabilities == ("chat", "completions", "streaming", "tokenize.llama_cpp")
     assert job.endpoint.paths == CHAT_PATHS
     assert "--embedding" not in job.argv
 

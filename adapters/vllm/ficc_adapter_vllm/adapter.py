@@ -50,6 +50,8 @@ COMPLETIONS = "/v1/completions"
 EMBEDDINGS = "/v1/embeddings"
 MODELS = "/v1/models"
 METRICS = "/metrics"
+#: The gateway counts a chat's prompt with it (messages in, ``count`` out) before sending.
+TOKENIZE = "/tokenize"
 #: Replaced by the executor with the attempt's Unix socket path.
 SOCKET_PLACEHOLDER = "{endpoint_socket}"
 _WEIGHT_SUFFIXES = (".safetensors",)
@@ -63,13 +65,14 @@ def capabilities(model_record: ModelRecord) -> tuple[str, ...]:
     """What a service of this model gets from vLLM, from the model's metadata.
 
     An embedding model runs on the pooling runner and serves embeddings only; a
-    generative model serves chat with streaming and text completions. Tools are not
-    offered: vLLM needs ``--enable-auto-tool-choice`` with a parser chosen per model
-    family.
+    generative model serves chat with streaming and text completions, and its
+    prompts can be counted first (``tokenize.vllm``: ``POST /tokenize`` with the
+    messages). Tools are not offered: vLLM needs ``--enable-auto-tool-choice`` with a
+    parser chosen per model family.
     """
     if model_record.metadata.embedding:
         return ("embeddings",)
-    return ("chat", "streaming", "completions")
+    return ("chat", "streaming", "completions", "tokenize.vllm")
 
 
 def _model_directory(model_record: ModelRecord, inputs: tuple[JobInput, ...]) -> JobInput:
@@ -187,7 +190,7 @@ class VllmAdapter:
             routes = [EMBEDDINGS]
         else:
             argv += ["--runner", "generate"]
-            routes = [CHAT, COMPLETIONS]
+            routes = [CHAT, COMPLETIONS, TOKENIZE]
         env = {
             # Engines have no network: never try the Hugging Face Hub, never phone home.
             "HF_HUB_OFFLINE": "1",

@@ -57,6 +57,7 @@ def test_the_default_translation_is_this_exact_job(cases):
             "paths": [
                 "/health",
                 "/metrics",
+                "/tokenize",
                 "/v1/chat/completions",
                 "/v1/completions",
                 "/v1/models",
@@ -66,7 +67,7 @@ def test_the_default_translation_is_this_exact_job(cases):
             "version": 1,
         },
         "readiness": {"path": "/health", "timeout": 900.0, "interval": 1.0},
-        "capabilities": ["chat", "completions", "streaming"],
+        "capabilities": ["chat", "completions", "streaming", "tokenize.vllm"],
     }
 
 

@@ -1,0 +1,223 @@
+"""Context and output refusal: a request that certainly cannot fit is refused before a
+replica is taken, counted by cheap bounds first and by the engine's tokenizer only in
+between; with real llama.cpp (SmolLM2), the engine never sees a refused prompt."""
+
+from __future__ import annotations
+
+import timeit
+
+import attrs
+import pytest
+import trio
+
+from ficc_core.gateway.errors import ContextLengthExceeded, MaxOutputExceeded
+from ficc_core.gateway.limits import MAX_TOKEN_BYTES, TEMPLATE_TOKENS, ContextLimits
+from ficc_core.inference.live import LiveService
+from ficc_core.metrics import Metrics
+from ficc_core.strictjson import dumps
+from ficc_core.testing.executor_kit import exchange
+
+from .gateway_support import ALIAS, gateway_env
+from .inference_support import llama_spec, open_inference_controller, register_smollm2
+
+CHAT = "/v1/chat/completions"
+
+
+def _view(context_length: int = 512, max_output: int | None = None) -> LiveService:
+    return LiveService(
+        id="svc",
+        project_id="p",
+        alias="smol",
+        generation=1,
+        admission="serving",
+        concurrency=1,
+        capabilities=("chat", "streaming", "tokenize.llama_cpp"),
+        context_length=context_length,
+        max_output=max_output,
+    )
+
+
+def _chat(text: str, **extra) -> dict:
+    return {"model": "smol", "messages": [{"role": "user", "content": text}]} | extra
+
+
+def _admit(view: LiveService, document: dict):
+    limits = ContextLimits(None, Metrics(), tokenize_timeout=1.0)  # type: ignore[arg-type]
+    return limits.admit(view, CHAT, document, len(dumps(document)))
+
+
+def test_the_byte_bounds_settle_short_and_huge_prompts_without_the_engine():
+    view = _view(4096)
+    # Fits even counting a token per byte and a whole template: nothing more to do.
+    assert _admit(view, _chat("hello " * 100, max_tokens=64)) is None
+    # At least one token per 256 bytes: 2 MB cannot fit 4096 tokens, whatever the vocabulary.
+    text = "x" * (MAX_TOKEN_BYTES * 4096)
+    with pytest.raises(ContextLengthExceeded) as refused:
+        _admit(view, _chat(text))
+    error = refused.value
+    assert (error.status, error.code, error.param) == (400, "context_length_exceeded", "messages")
+    assert error.details == {
+        "prompt_tokens": 4096,
+        "completion_tokens": 1,
+        "context_length": 4096,
+        "counted": "bytes_lower_bound",
+    }
+    envelope = error.envelope()["error"]
+    assert (envelope["type"], envelope["param"]) == ("invalid_request_error", "messages")
+    # In between the bounds: the engine's tokenizer decides.
+    pending = _admit(view, _chat("word " * 1000, max_tokens=100))
+    assert pending is not None and pending.completion == 100
+    # The completion asked for counts against the context too.
+    assert _admit(view, _chat("hi", max_tokens=4096 - TEMPLATE_TOKENS)) is not None
+    # A service with no known context (0) or an image part: nothing is refused here.
+    assert _admit(_view(0), _chat("x" * 10**6)) is None
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64," + "A" * 9000}}
+    assert _admit(view, {"messages": [{"role": "user", "content": [image]}]}) is None
+
+
+def test_asking_more_than_max_output_is_refused_naming_the_parameter():
+    view = _view(2048, max_output=256)
+    assert _admit(view, _chat("hi", max_tokens=256)) is None
+    for name in ("max_tokens", "max_completion_tokens"):
+        with pytest.raises(MaxOutputExceeded) as refused:
+            _admit(view, _chat("hi", **{name: 257}))
+        error = refused.value
+        assert (error.status, error.code, error.param) == (400, "max_output_exceeded", name)
+        assert error.details == {"requested": 257, "max_output": 256}
+
+
+def test_the_common_case_costs_microseconds():
+    view, document = _view(4096, max_output=1024), _chat("hello there " * 20, max_tokens=256)
+    size = len(dumps(document))
+    limits = ContextLimits(None, Metrics(), tokenize_timeout=1.0)  # type: ignore[arg-type]
+    seconds = min(timeit.repeat(lambda: limits.admit(view, CHAT, document, size), number=10_000))
+    assert seconds / 10_000 < 20e-6, seconds  # measured about 1 µs per request
+
+
+async def test_the_vllm_tokenizer_dialect_decides_in_between_and_a_silent_one_lets_it_on(
+    tmp_path, idle_clock
+):
+    # The stand-in serves vLLM's /tokenize (a token per word, like its usage counts); the
+    # mock clock jumps ahead while the process is idle, so its stall costs no real time.
+    with trio.fail_after(60):
+        async with gateway_env(tmp_path, clock=idle_clock) as env:
+            fence = await env.launch()
+            view = env.publish("svc", [fence], capabilities=("chat", "tokenize.vllm"))
+            env.service.live.publish(attrs.evolve(view, context_length=300))
+            _, token = await env.token("svc")
+            path = "/api/v1/inference/svc/v1/chat/completions"
+            async with env.http(token, timeout=300) as http:
+                response = await http.post(path, json=_chat("word " * 400, model=ALIAS))
+                assert response.status_code == 400, response.text
+                error = response.json()["error"]
+                assert error["details"] == {
+                    "prompt_tokens": 400,
+                    "completion_tokens": 1,
+                    "context_length": 300,
+                    "counted": "tokenizer",
+                }
+                assert await env.chats_seen(fence) == 0
+                response = await http.post(path, json=_chat("word " * 100, model=ALIAS))
+                assert response.status_code == 200, response.text
+                assert await env.chats_seen(fence) == 1
+                # A tokenizer that does not answer within tokenize_timeout: the request goes
+                # on, and the engine judges it (the stand-in serves it).
+                await env.steer(fence, tokenize_delay=3600)
+                response = await http.post(path, json=_chat("word " * 400, model=ALIAS))
+                assert response.status_code == 200, response.text
+                assert await env.chats_seen(fence) == 2
+            metrics = env.service.metrics.render()[0].decode()
+            for outcome, count in (("counted", 2), ("fallback", 1)):
+                line = f'ficc_gateway_tokenize_calls_total{{outcome="{outcome}",service="svc"}}'
+                assert f"{line} {count}.0" in metrics
+
+
+async def _engine_prompt_tokens(controller, service_id: str) -> float:
+    """llama.cpp's ``prompt_tokens_total``: what its slots have processed."""
+    total = 0.0
+    for replica in controller.service.live.get(service_id).replicas:
+        endpoint = controller.service.contributors.endpoint(replica.node_id)
+        status, _, chunks = await exchange(endpoint, replica.fence, "GET", "/metrics")
+        assert status == 200
+        for line in b"".join(chunks).decode().splitlines():
+            if line.startswith("llamacpp:prompt_tokens_total "):
+                total += float(line.split()[1])
+    return total
+
+
+@pytest.mark.slow
+async def test_llama_cpp_an_over_long_prompt_is_refused_before_a_slot_and_a_fitting_one_passes(
+    tmp_path,
+):
+    with trio.fail_after(240):
+        async with open_inference_controller(tmp_path) as controller:
+            model_id = await register_smollm2(controller)
+            spec = await llama_spec(controller, model_id, context=512, max_output=128)
+            created = await controller.ok("POST", "/api/v1/inference", status=201, json=spec)
+            service_id = created["id"]
+            assert (await controller.control(service_id, "start")).status_code == 200
+            await controller.wait_service(
+                service_id,
+                lambda v: (
+                    v["state"] == "ready"
+                    and len(controller.service.live.get(service_id).replicas) == 1
+                ),
+            )
+            issued = await controller.ok(
+                "POST", f"/api/v1/inference/{service_id}/tokens", status=201, json={"lifetime": 600}
+            )
+            gateway = controller.service.gateway
+            path = f"/api/v1/inference/{service_id}/v1/chat/completions"
+            headers = {"Authorization": f"Bearer {issued['token']}"}
+
+            async def post(text: str, **extra):
+                body = _chat(text, **extra)
+                return await controller.http.post(path, json=body, headers=headers)
+
+            response = await post("Hi", max_tokens=4)
+            assert response.status_code == 200, response.text
+            relayed, seen = len(gateway.usage), await _engine_prompt_tokens(controller, service_id)
+            # 3,500 bytes: neither bound settles it; llama.cpp's tokenizer counts 731 tokens.
+            response = await post("word " * 700, max_tokens=4)
+            assert response.status_code == 400, response.text
+            error = response.json()["error"]
+            assert error["code"] == "context_length_exceeded"
+            assert error["details"] == {
+                "prompt_tokens": 731,
+                "completion_tokens": 4,
+                "context_length": 512,
+                "counted": "tokenizer",
+            }
+            # No replica was taken and the engine processed no prompt for it.
+            assert len(gateway.usage) == relayed
+            assert await _engine_prompt_tokens(controller, service_id) == seen
+            # A prompt over the byte bound that the tokenizer finds short enough is served.
+            response = await post("word " * 150, max_tokens=4)
+            assert response.status_code == 200, response.text
+            assert response.json()["usage"]["prompt_tokens"] < 512
+            # More than max_output: refused at once, naming the parameter.
+            response = await post("Hi", max_tokens=129)
+            assert response.status_code == 400
+            assert response.json()["error"]["code"] == "max_output_exceeded"
+            assert response.json()["error"]["param"] == "max_tokens"
+            metrics = controller.service.metrics.render()[0].decode()
+            assert (
+                f'ficc_gateway_tokenize_calls_total{{outcome="counted",service="{service_id}"}} 2.0'
+                in metrics
+            )
+            # With the refusal off, llama.cpp's own error reaches the client in the same
+            # OpenAI shape, with a string code and the engine's facts.
+            gateway.checks.limits = None
+            response = await post("word " * 700, max_tokens=4)
+            assert response.status_code == 400, response.text
+            error = response.json()["error"]
+            assert error["code"] == "context_length_exceeded"
+            assert error["type"] == "invalid_request_error"
+            assert error["details"]["engine_type"] == "exceed_context_size_error"
+            assert error["details"]["engine_code"] == 400
+            assert error["details"]["prompt_tokens"] == 731
+            # A malformed request: llama.cpp's 400 becomes a string-coded engine_error.
+            response = await post("Hi", max_tokens="four")
+            assert response.status_code in (400, 500), response.text
+            error = response.json()["error"]
+            assert isinstance(error["code"], str) and error["details"]["engine_status"] >= 400
