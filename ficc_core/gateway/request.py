@@ -10,6 +10,7 @@ import trio
 
 if TYPE_CHECKING:
     from ..auth import Principal
+    from ..bands import Band
     from ..executor.protocol import EndpointAction
     from ..inference.live import LiveReplica, LiveService
 
@@ -26,6 +27,7 @@ class Request:
     :ivar opened: the engine stream of the current attempt is open.
     :ivar ended: that stream ended by itself (``EndOfStream`` or ``StreamFailed``).
     :ivar finished: slot freed and accounted; nothing more happens to it.
+    :ivar band: the priority band it is served in (decided when it first asks for a slot).
     """
 
     service_id: str
@@ -47,6 +49,8 @@ class Request:
     first_byte: float | None = None
     prev_chunk: bytes = b""
     last_chunk: bytes = b""
+    # -- priority bands (admission.py, docs/priority.md) --
+    band: Band | None = None
 
     def took(self, data: bytes) -> None:
         """Note a body chunk relayed: the first byte's time, the last two chunks (usage)."""
