@@ -153,11 +153,11 @@ class UnknownBand(InvalidRequest):
     code = "unknown_band"
 
     def __init__(self, name: str, known: Iterable[str], path: str) -> None:
-        names = list(known)
+        names, shown = list(known), name[:64]
         super().__init__(
-            f"{name!r} is not a band; the bands are {', '.join(names)}",
+            f"{shown!r} is not a band; the bands are {', '.join(names)}",
             details={
-                "band": name,
+                "band": shown,
                 "bands": names,
                 "errors": [{"path": path, "message": "unknown band"}],
             },

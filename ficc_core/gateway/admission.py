@@ -300,27 +300,29 @@ class Admission:
     def _leave(self, service_id: str, line: _Line, waiter: _Waiter) -> None:
         """Take ``waiter`` out of its band's queue (given a slot, or giving up)."""
         band = waiter.band
-        queue = line.queues[band.name]
-        queue.remove(waiter)
+        line.queues[band.name].remove(waiter)
         line.waiting -= 1
-        if not queue:
-            line.credit.pop(band.name, None)
         if not line.waiting:
             self._lines.pop(service_id, None)
         self.accounting.band(service_id, band.name).waiting.dec()
         self.accounting.waiting(service_id).dec()
 
     def _earn(self, line: _Line, granted: Band) -> None:
-        """A slot was granted to ``granted``: each waiting band below the top earns its
-        share (the top needs none: it goes first); the granted band spends a credit."""
+        """A slot was granted to ``granted``: it and every band waiting below the top earn
+        the share (the top needs none: it goes first), ``granted`` spends a credit, and a
+        band with nothing waiting loses what it had (a share is owed only while waiting)."""
         share = self.band_min_share
-        if share:
-            credit, top = line.credit, self.bands.ordered[0].name
-            for name, queue in line.queues.items():
-                if queue and name != top:
-                    credit[name] = min(_CREDIT_CAP, credit.get(name, 0.0) + share)
-            if granted.name in credit:
-                credit[granted.name] = max(0.0, credit[granted.name] - 1.0)
+        if not share:
+            return
+        credit = line.credit
+        for band in self.bands.ordered[1:]:
+            name = band.name
+            if name == granted.name:
+                credit[name] = max(0.0, min(_CREDIT_CAP, credit.get(name, 0.0) + share) - 1.0)
+            elif line.queues[name]:
+                credit[name] = min(_CREDIT_CAP, credit.get(name, 0.0) + share)
+            else:
+                credit.pop(name, None)
 
     def _grant(self, service_id: str) -> None:
         """Hand free slots of ``service_id`` to its waiters (see the module docs)."""
