@@ -7,6 +7,7 @@ to hold a slot), with trio's autojump clock where time passes.
 
 from __future__ import annotations
 
+import json
 import math
 import random
 import time
@@ -443,3 +444,23 @@ async def test_a_slot_handed_to_a_waiter_is_not_taken_by_a_newcomer():
         assert [r.band.name for r in bench.granted] == ["standard"]
         assert bench.admission.queued("svc", "batch") == 1
         nursery.cancel_scope.cancel()
+
+
+def test_ficc_config_shows_the_bands_as_objects(tmp_path):
+    from click.testing import CliRunner
+
+    from ficc_core.cli.main import cli
+
+    env = {"FICC_DATA_DIR": str(tmp_path), "FICC_BANDS": "live:9:1,bulk:1:0.5"}
+    env["FICC_BAND_DEFAULT"] = "bulk"
+    result = CliRunner().invoke(cli, ["config", "--json"], env=env)
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.output)
+    assert document["bands"] == [
+        {"name": "live", "priority": 9, "saturation_ceiling": 1.0},
+        {"name": "bulk", "priority": 1, "saturation_ceiling": 0.5},
+    ]
+    assert (document["band_default"], document["band_min_share"]) == ("bulk", 0.1)
+    refused = CliRunner().invoke(cli, ["config"], env={**env, "FICC_BANDS": "a:1:2"})
+    assert refused.exit_code != 0
+    assert "FICC_BANDS: bands: band 'a': the saturation_ceiling" in refused.output

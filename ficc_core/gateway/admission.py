@@ -239,9 +239,9 @@ class Admission:
                 self._lines.pop(service_id, None)
             self.accounting.band_refused(service_id, band.name, "service_saturated")
             raise ServiceSaturated(
-                f"service {view.id!r} is saturated: {capacity} requests in flight and "
-                f"{line.waiting} waiting, {len(queue)} of them in band {band.name!r} (its "
-                f"queue holds {bound})",
+                f"service {view.id!r} is saturated: the queue of band {band.name!r} is full "
+                f"({len(queue)} waiting, at most {bound}; {line.waiting} in all for its "
+                f"{capacity} slots)",
                 details={
                     "capacity": capacity,
                     "queued": line.waiting,
