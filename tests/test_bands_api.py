@@ -134,8 +134,7 @@ async def test_a_requests_band_is_its_credentials_and_the_header_only_lowers_it(
 
             def admitted(band: str) -> float:
                 value = env.service.metrics.registry.get_sample_value(
-                    "ficc_gateway_band_admitted_total",
-                    {"service": "svc", "band": band, "via": "direct"},
+                    "ficc_gateway_band_queue_wait_seconds_count", {"service": "svc", "band": band}
                 )
                 return value or 0.0
 

@@ -69,7 +69,6 @@ class BandSeries:
     waiting: Any
     queue_wait: Any
     position: Any
-    direct: Any
     priority: Any
     share: Any
 
@@ -110,6 +109,7 @@ class Accounting:
         # Labelled metric series per (service, replica), and per (service, band), made once.
         self._series: dict[tuple[str, str], Series] = {}
         self._bands: dict[tuple[str, str], BandSeries] = {}
+        self._queue_waits: dict[str, Any] = {}
 
     def series(self, service_id: str, key: str) -> Series:
         """The metric series of replica ``key`` of ``service_id``."""
@@ -129,14 +129,13 @@ class Accounting:
         series = self._bands.get((service_id, band))
         if series is None:
             metrics = self.metrics
-            admitted = metrics.gateway_band_admitted
+            granted = metrics.gateway_band_granted
             series = self._bands[(service_id, band)] = BandSeries(
                 waiting=metrics.gateway_band_waiting.labels(service_id, band),
                 queue_wait=metrics.gateway_band_queue_wait.labels(service_id, band),
                 position=metrics.gateway_band_queue_position.labels(service_id, band),
-                direct=admitted.labels(service_id, band, "direct"),
-                priority=admitted.labels(service_id, band, "priority"),
-                share=admitted.labels(service_id, band, "share"),
+                priority=granted.labels(service_id, band, "priority"),
+                share=granted.labels(service_id, band, "share"),
             )
         return series
 
@@ -159,9 +158,15 @@ class Accounting:
 
     def waited(self, request: Request) -> None:
         """Observe the time ``request`` waited for its first slot (per band too)."""
-        self.metrics.gateway_queue_wait.labels(request.service_id).observe(request.queue_wait)
+        service_id, wait = request.service_id, request.queue_wait
+        child = self._queue_waits.get(service_id)
+        if child is None:
+            child = self._queue_waits[service_id] = self.metrics.gateway_queue_wait.labels(
+                service_id
+            )
+        child.observe(wait)
         if request.band is not None:
-            self.band(request.service_id, request.band.name).queue_wait.observe(request.queue_wait)
+            self.band(service_id, request.band.name).queue_wait.observe(wait)
 
     def settle(self, request: Request, outcome: str) -> None:
         """Account an ended request: its metrics and its :class:`UsageRecord`."""

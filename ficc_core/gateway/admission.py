@@ -126,8 +126,6 @@ class Admission:
         self.max_queue_wait = max_queue_wait
         self.recheck_interval = recheck_interval
         self._load: dict[str, int] = {}
-        # Slots held per service (every replica, retiring ones included).
-        self._busy: dict[str, int] = {}
         self._lines: dict[str, _Line] = {}
         self._idle: dict[str, trio.Event] = {}
 
@@ -149,7 +147,14 @@ class Admission:
         line = self._lines.get(service_id)
         if line is None:
             return 0
-        return line.waiting if band is None else len(line.queues[band])
+        return line.waiting if band is None else len(line.queues.get(band, ()))
+
+    def _busy(self, view: LiveService) -> int:
+        """Slots of ``view``'s replicas held now (a retiring replica's are not its own)."""
+        load, busy = self._load, 0
+        for replica in view.replicas:
+            busy += load.get(replica.key, 0)
+        return busy
 
     def band_of(self, request: Request) -> Band:
         """The band ``request`` is served in: the band header's when it names a lower band
@@ -179,10 +184,8 @@ class Admission:
     def take(self, request: Request, replica: LiveReplica) -> None:
         """Give ``request`` a slot on ``replica``."""
         self._load[replica.key] = self._load.get(replica.key, 0) + 1
-        service_id = request.service_id
-        self._busy[service_id] = self._busy.get(service_id, 0) + 1
         request.replica, request.holds_slot = replica, True
-        self.accounting.series(service_id, replica.key).inflight.inc()
+        self.accounting.series(request.service_id, replica.key).inflight.inc()
 
     def release(self, request: Request) -> None:
         """Free ``request``'s slot (if it holds one) and hand it to the next waiter."""
@@ -198,11 +201,6 @@ class Admission:
             idle = self._idle.pop(key, None)
             if idle is not None:
                 idle.set()
-        busy = self._busy.get(service_id, 1) - 1
-        if busy > 0:
-            self._busy[service_id] = busy
-        else:
-            self._busy.pop(service_id, None)
         self.accounting.series(service_id, key).inflight.dec()
         if service_id in self._lines:
             self._grant(service_id)
@@ -221,12 +219,10 @@ class Admission:
         capacity = view.concurrency * len(view.replicas)
         line = self._lines.get(service_id)
         ahead = 0 if line is None else line.ahead(self.bands, band)
-        series = self.accounting.band(service_id, band.name)
-        if not ahead and self._busy.get(service_id, 0) < band.slots(capacity):
+        if not ahead and self._busy(view) < band.slots(capacity):
             replica = self.pick(view, tried, request)
             if replica is not None:
                 self.take(request, replica)
-                series.direct.inc()
                 if line is not None:
                     self._earn(line, band)
                 return
@@ -358,7 +354,7 @@ class Admission:
                 replica = self.pick(view, head.tried, head.request)
                 if replica is not None:
                     return head, replica, "share"
-        busy = self._busy.get(view.id, 0)
+        busy = self._busy(view)
         for band in self.bands.ordered:
             queue = line.queues[band.name]
             if not queue or busy >= band.slots(capacity):
