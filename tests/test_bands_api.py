@@ -11,7 +11,7 @@ import httpx
 import trio
 
 from .gateway_support import chat, gateway_env
-from .serve_support import ServeProcess, ficc_command
+from .serve_support import ServeProcess, ficc_command, first_run_secrets
 
 
 def _refusal(response: httpx.Response, status: int, code: str) -> dict:
@@ -49,6 +49,15 @@ async def test_bands_of_credentials_and_projects_are_stored_shown_and_never_esca
                     400,
                     "invalid_request",
                 )
+
+                # A browser session's requests are in its project's band.
+                password = first_run_secrets(data_dir / "first-run-secrets")["admin password"]
+                async with httpx.AsyncClient(base_url=url, timeout=10) as browser:
+                    login = {"username": "admin", "password": password, "project": "default"}
+                    session = await browser.post("/api/v1/session", json=login)
+                    assert session.status_code == 201, session.text
+                    principal = session.json()["principal"]
+                    assert (principal["band"], principal["project_band"]) == (None, "batch")
 
                 # A credential's band is given when it is minted, and shown.
                 minted = await http.post(
