@@ -16,11 +16,13 @@ from typing import Any
 
 import attrs
 
+from .bands import DEFAULT_BAND, DEFAULT_BANDS, Band, parse_bands, render_bands
 from .errors import ConfigError
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _LISTEN = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[^\s:\[\]]+):(\d{1,5})")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
+_HEADER = re.compile(r"[a-z0-9!#$%&'*+.^_`|~-]+")
 
 
 def parse_duration(text: str | float | int) -> float:
@@ -47,6 +49,26 @@ def _listen_address(_config: Any, setting: attrs.Attribute, address: str) -> Non
     if match is None or int(match.group(2)) > 65535:
         raise ValueError(
             f"{setting.name}: {address!r} is not host:port (an IPv6 host in brackets: [::1]:9484)"
+        )
+
+
+def _known_band(config: Any, name: str) -> None:
+    if name not in {band.name for band in config.bands}:
+        raise ValueError(
+            f"band_default: {name!r} is not one of the bands ({render_bands(config.bands)})"
+        )
+
+
+def _header_name(name: str) -> None:
+    if not _HEADER.fullmatch(name):
+        raise ValueError(f"band_header: {name!r} is not an HTTP header name")
+
+
+def _share(config: Any, share: float) -> None:
+    if not 0 <= share < 1 or share * (len(config.bands) - 1) > 1:
+        raise ValueError(
+            f"band_min_share: {share!r} must be at least 0, below 1, and leave the bands "
+            "below the top their shares together (share x (bands - 1) <= 1)"
         )
 
 
@@ -383,6 +405,64 @@ class Config:
         kind="duration",
     )
 
+    # -- priority bands (docs/priority.md) -----------------------------------------------
+    bands: tuple[Band, ...] = _setting(
+        DEFAULT_BANDS,
+        "The priority bands, each name:priority:saturation_ceiling (in TOML an array of "
+        "tables with those keys). When a slot frees, the waiting request of the highest "
+        "priority gets it; a band's ceiling is the share of a service's slots (replicas x "
+        "concurrency) that may be busy for one of its requests to start, so a band below 1 "
+        "leaves headroom for the bands above it. The default band may fill a service, so a "
+        "deployment that never names a band loses no capacity; batch stops at three "
+        "quarters, keeping a quarter for the others' arrivals.",
+        kind="bands",
+        converter=parse_bands,
+    )
+    band_default: str = _setting(
+        DEFAULT_BAND,
+        "The band of a request whose credential and project name none (one of bands).",
+        kind="str",
+        validator=lambda config, _, name: _known_band(config, name),
+    )
+    band_header: str = _setting(
+        "x-ficc-band",
+        "The request header in which a client may name a band to be served in: only one of "
+        "lower priority than its credential's (or project's) band is taken, a higher one "
+        "is served at the credential's band, since a header is the client's word and "
+        "must not promote it; a name that is no band is refused (400 unknown_band).",
+        kind="str",
+        converter=lambda value: value.strip().lower(),
+        validator=lambda _config, _, name: _header_name(name),
+    )
+    band_queue_capacity: int = _setting(
+        64,
+        "The most requests of one band waiting for a slot of one service (also never more "
+        "than 4 x the service's slots); one more is refused at once (429 service_saturated, "
+        "naming the band), since a request that would wait behind that many is better told "
+        "to come back than held. Per band, so one band's burst never takes another's places.",
+        kind="int",
+        validator=attrs.validators.ge(1),
+    )
+    band_queue_ttl: float = _setting(
+        30.0,
+        "The longest a request waits in its band's queue before it is answered 503 "
+        "no_ready_replica (or sooner, at the service's request deadline): under the usual "
+        "60 s client and proxy timeouts, so the client hears the refusal and can retry, "
+        "rather than the gateway serving a request nobody waits for (duration).",
+        kind="duration",
+        validator=attrs.validators.gt(0),
+    )
+    band_min_share: float = _setting(
+        0.1,
+        "The share of a service's freed slots each waiting band gets at least, whatever "
+        "waits above it and beyond its ceiling: a band that got fewer is owed the next one. "
+        "Priority alone would starve batch under constant interactive load; a tenth keeps "
+        "it moving while costing the higher bands at most one slot in ten. 0 makes "
+        "priority and ceilings absolute.",
+        kind="float",
+        validator=lambda config, _, share: _share(config, share),
+    )
+
     @property
     def blobs_path(self) -> Path:
         """The content-addressed blob store inside :attr:`data_dir`."""
@@ -411,6 +491,13 @@ def env_name(field: attrs.Attribute) -> str:
 
 def _coerce(field: attrs.Attribute, value: Any, source: str) -> Any:
     kind = field.metadata["kind"]
+    if kind == "bands":
+        try:
+            return parse_bands(value, f"{source}: {field.name}")
+        except ConfigError as exc:
+            raise ConfigError(
+                exc.message, details={"setting": field.name, "source": source}
+            ) from None
     try:
         if kind == "duration":
             return parse_duration(value)
@@ -418,6 +505,10 @@ def _coerce(field: attrs.Attribute, value: Any, source: str) -> Any:
             if isinstance(value, bool) or not isinstance(value, int | str):
                 raise ValueError
             return int(value)
+        if kind == "float":
+            if isinstance(value, bool) or not isinstance(value, int | float | str):
+                raise ValueError
+            return float(value)
         if kind == "bool":
             if isinstance(value, bool):
                 return value
@@ -496,6 +587,8 @@ def render_reference() -> str:
             default = "`$XDG_DATA_HOME/ficc` or `~/.local/share/ficc`"
         elif field.default is None:
             default = "unset"
+        elif field.metadata["kind"] == "bands":
+            default = f"`{render_bands(field.default)}`"
         else:
             default = f"`{field.default}`"
         lines.append(

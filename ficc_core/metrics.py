@@ -133,6 +133,50 @@ class Metrics:
             registry=self.registry,
         )
 
+        # -- priority bands (docs/priority.md): per service and band ------------------------
+        self.gateway_band_waiting = prom.Gauge(
+            "ficc_gateway_band_waiting_requests",
+            "Inference requests waiting for a replica slot, by service and band.",
+            ("service", "band"),
+            registry=self.registry,
+        )
+        self.gateway_band_queue_wait = prom.Histogram(
+            "ficc_gateway_band_queue_wait_seconds",
+            "Time a request waited for its first replica slot (0 when one was free), by "
+            "service and band.",
+            ("service", "band"),
+            registry=self.registry,
+            buckets=(
+                0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                10.0, 30.0,
+            ),
+        )  # fmt: skip
+        self.gateway_band_queue_position = prom.Histogram(
+            "ficc_gateway_band_queue_position",
+            "The place a request took when it joined the wait queue (1: next; counting "
+            "the requests of its band and higher ones before it), by service and band.",
+            ("service", "band"),
+            registry=self.registry,
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+        )
+        # Not counted for a request that found a slot free (the queue wait histogram's
+        # count is every request): the hot path pays for no second counter.
+        self.gateway_band_granted = prom.Counter(
+            "ficc_gateway_band_granted",
+            "Freed slots handed to a waiting request, by service, band and how: priority "
+            "(the highest band that may take it) or share (a band owed its minimum share).",
+            ("service", "band", "via"),
+            registry=self.registry,
+        )
+        self.gateway_band_refusals = prom.Counter(
+            "ficc_gateway_band_refusals",
+            "Requests refused while asking for a slot, by service, band and code "
+            "(service_saturated: the band's queue was full; no_ready_replica: it waited "
+            "past the queue TTL or no replica was left).",
+            ("service", "band", "code"),
+            registry=self.registry,
+        )
+
     def render(self) -> tuple[bytes, str]:
         """Return the exposition body and its content type."""
         return prom.generate_latest(self.registry), prom.CONTENT_TYPE_LATEST

@@ -238,4 +238,4 @@ def test_json_everywhere_without_a_server(tmp_path):
     assert parsed("admin", "revoke-node", node["node"]["id"])["revoked_at"] is not None
     # Human output by default: a table, not JSON.
     table = runner.invoke(cli, ["admin", "list-projects", "--data-dir", str(data)], env=NO_ENV)
-    assert re.match(r"^ID\s+NAME\s+CREATED$", table.stdout.splitlines()[0])
+    assert re.match(r"^ID\s+NAME\s+BAND\s+CREATED$", table.stdout.splitlines()[0])

@@ -262,7 +262,9 @@ COMPLETION = {"model": ALIAS, "prompt": "Once", "max_tokens": 4, "stream": True}
 BODY_ROUTES: list[tuple[str, str, dict[str, Any]]] = [
     ("POST", "/api/v1/session", {"username": "admin", "password": "x", "project": "default"}),
     ("POST", "/api/v1/tokens", {"name": "t", "scopes": ["models:read"], "lifetime": 60}),
+    ("POST", "/api/v1/tokens", {"name": "t", "scopes": ["models:read"], "band": "batch"}),
     ("POST", "/api/v1/projects", {"name": "p"}),
+    ("PUT", "/api/v1/projects/default/band", {"band": "batch"}),
     ("POST", "/api/v1/users", {"username": "u", "password": "p", "projects": {"default": []}}),
     ("PUT", "/api/v1/users/nobody/projects/default", {"scopes": ["models:read"]}),
     ("POST", "/api/v1/models", MANIFEST),
@@ -276,6 +278,7 @@ BODY_ROUTES: list[tuple[str, str, dict[str, Any]]] = [
         for action in ("start", "drain", "stop", "remove")
     ),
     ("POST", f"/api/v1/inference/{SERVICE}/tokens", {"lifetime": 60, "name": "i"}),
+    ("POST", f"/api/v1/inference/{SERVICE}/tokens", {"lifetime": 60, "band": "batch"}),
     ("POST", f"/api/v1/inference/{SERVICE}/v1/chat/completions", CHAT),
     ("POST", f"/api/v1/inference/{SERVICE}/v1/embeddings", {"model": ALIAS, "input": "hi"}),
     ("POST", f"/api/v1/inference/{SERVICE}/v1/completions", COMPLETION),

@@ -475,7 +475,7 @@ async def test_the_injected_random_source_breaks_ties_between_equally_loaded_rep
             config=service.config,
             rng=_Fixed(value),
         )
-        picks[value] = gateway.admission.pick(view, set()).key
+        picks[value] = gateway.admission.pick(view, set(), None).key
     # A draw below 1/ties takes the later replica; above it keeps the earlier one.
     assert picks == {0.0: second.attempt_id, 0.99: first.attempt_id}
 

@@ -99,6 +99,14 @@ ROUTES: dict[str, Route] = {
         needs(s.ADMIN),
         "`{name}` → 201; a taken name is 409 `project_exists`",
     ),
+    "projects_set_band": Route(
+        "PUT",
+        "/api/v1/projects/{project}/band",
+        needs(s.ADMIN),
+        "`{band}` (a band name, or null) sets the priority band of the project's "
+        "credentials that name none ([bands](priority.md)); an unknown one is 400 "
+        "`unknown_band`",
+    ),
     "users_list": Route(
         "GET",
         "/api/v1/users",
@@ -128,8 +136,9 @@ ROUTES: dict[str, Route] = {
         "POST",
         "/api/v1/tokens",
         needs(s.TOKENS_MANAGE),
-        "`{name, scopes, lifetime?}` (seconds; capped, see "
-        "[lifetimes](#lifetimes-and-issuers)) → 201 `{credential, token}`",
+        "`{name, scopes, lifetime?, band?}` (seconds; capped, see "
+        "[lifetimes](#lifetimes-and-issuers); a band not above yours, see "
+        "[bands](#priority-bands)) → 201 `{credential, token}`",
     ),
     "tokens_get": Route(
         "GET",
@@ -301,7 +310,7 @@ ROUTES: dict[str, Route] = {
         "POST",
         "/api/v1/inference/{id}/tokens",
         needs(s.INFERENCE_MANAGE, s.INFERENCE_INVOKE, s.TOKENS_MANAGE),
-        "`{lifetime, name?}` → 201 `{credential, token}` bound to the service",
+        "`{lifetime, name?, band?}` → 201 `{credential, token}` bound to the service",
     ),
     "inference_tokens_list": Route(
         "GET",

@@ -9,6 +9,7 @@ import attrs
 import trio
 from quart import request
 
+from ..bands import BAND_NAME
 from ..errors import FiccError, InvalidRequest, PayloadTooLarge
 from ..schema import FieldError, structure
 from ..schema._convert import MAX_SAFE_INTEGER
@@ -149,3 +150,12 @@ def name_validator(_instance: Any, attribute: attrs.Attribute, value: str) -> No
         _name(value)
     except ValueError as exc:
         raise FieldError(attribute.name, str(exc)) from None
+
+
+def band_validator(_instance: Any, attribute: attrs.Attribute, value: str | None) -> None:
+    """attrs validator for an optional band name (which band exists is the settings' word:
+    an unknown one is ``unknown_band``)."""
+    if value is not None and not BAND_NAME.fullmatch(value):
+        raise FieldError(
+            attribute.name, "must be a band name (lower-case letters, digits, '-', '_'; 1 to 32)"
+        )

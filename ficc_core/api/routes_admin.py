@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 import attrs
 from quart import Response, jsonify
 
-from .bodies import name_validator, read_json
+from .bodies import band_validator, name_validator, read_json
 from .views_auth import project_view, user_view
 
 if TYPE_CHECKING:
@@ -21,6 +21,13 @@ class ProjectBody:
     """``POST /api/v1/projects``."""
 
     name: str = attrs.field(validator=name_validator)
+
+
+@attrs.frozen
+class ProjectBandBody:
+    """``PUT /api/v1/projects/{project}/band``: a band name, or null to clear it."""
+
+    band: str | None = attrs.field(validator=band_validator)
 
 
 @attrs.frozen
@@ -53,6 +60,11 @@ def register(app: QuartTrio, service: Service) -> None:
     async def projects_create() -> tuple[Response, int]:
         body = await read_json(ProjectBody, limit)
         return jsonify(project_view(await service.auth.create_project(body.name))), 201
+
+    @app.put("/api/v1/projects/<project>/band", endpoint="projects_set_band")
+    async def projects_set_band(project: str) -> Response:
+        body = await read_json(ProjectBandBody, limit)
+        return jsonify(project_view(await service.auth.set_project_band(project, body.band)))
 
     @app.get("/api/v1/users", endpoint="users_list")
     async def users_list() -> Response:

@@ -19,7 +19,7 @@ from ..inference import CONTROL_ACTIONS
 from ..inference.status import read_status
 from ..schema import FieldError
 from ..schema._convert import MAX_SAFE_INTEGER, integer
-from .bodies import query_number, read_json, read_json_object
+from .bodies import band_validator, query_number, read_json, read_json_object
 from .views_auth import credential_view, issued_view, revocation_view
 from .views_inference import preview_view, status_view, usage_view
 from .views_inference import service_view as view_of_service
@@ -54,10 +54,12 @@ def _positive_lifetime(_instance: Any, attribute: attrs.Attribute, value: float)
 
 @attrs.frozen(kw_only=True)
 class TokenBody:
-    """``POST /inference/{id}/tokens``: how long the invoke credential lives, in seconds."""
+    """``POST /inference/{id}/tokens``: how long the invoke credential lives, in seconds;
+    its name and priority band, optional."""
 
     lifetime: float = attrs.field(validator=_positive_lifetime)
     name: str | None = None
+    band: str | None = attrs.field(default=None, validator=band_validator)
 
 
 def register(app: QuartTrio, service: Service) -> None:
@@ -132,7 +134,7 @@ def register(app: QuartTrio, service: Service) -> None:
     async def inference_tokens_create(service_id: str) -> tuple[Response, int]:
         body = await read_json(TokenBody, limit)
         record, token = await inference.create_token(
-            g.principal, service_id, lifetime=body.lifetime, name=body.name
+            g.principal, service_id, lifetime=body.lifetime, name=body.name, band=body.band
         )
         return jsonify(issued_view(record, token)), 201
 

@@ -9,7 +9,7 @@ from quart import Response, g, jsonify
 
 from ..auth.scopes import ADMIN
 from ..schema import FieldError
-from .bodies import name_validator, read_json
+from .bodies import band_validator, name_validator, read_json
 from .views_auth import credential_view, issued_view, revocation_view
 
 if TYPE_CHECKING:
@@ -25,11 +25,13 @@ def _positive(_instance: object, attribute: attrs.Attribute, value: float | None
 
 @attrs.frozen
 class TokenBody:
-    """``POST /api/v1/tokens``: a named credential with scopes and an optional lifetime (s)."""
+    """``POST /api/v1/tokens``: a named credential with scopes, an optional lifetime (s)
+    and an optional priority band."""
 
     name: str = attrs.field(validator=name_validator)
     scopes: list[str]
     lifetime: float | None = attrs.field(default=None, validator=_positive)
+    band: str | None = attrs.field(default=None, validator=band_validator)
 
 
 def register(app: QuartTrio, service: Service) -> None:
@@ -58,6 +60,7 @@ def register(app: QuartTrio, service: Service) -> None:
             user_id=principal.user_id,
             lifetime=body.lifetime,
             issuer=principal,
+            band=body.band,
         )
         return jsonify(issued_view(credential, token)), 201
 

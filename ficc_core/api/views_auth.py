@@ -23,12 +23,19 @@ def principal_view(principal: Principal) -> dict[str, Any]:
         "scopes": sorted(principal.scopes),
         "expires_at": principal.expires_at,
         "service_id": principal.service_id,
+        "band": principal.band,
+        "project_band": principal.project_band,
     }
 
 
 def project_view(project: Project) -> dict[str, Any]:
     """A project."""
-    return {"id": project.id, "name": project.name, "created_at": project.created_at}
+    return {
+        "id": project.id,
+        "name": project.name,
+        "created_at": project.created_at,
+        "band": project.band,
+    }
 
 
 def user_view(user: User) -> dict[str, Any]:
@@ -59,6 +66,7 @@ def credential_view(credential: Credential) -> dict[str, Any]:
         "revoked_at": credential.revoked_at,
         "service_id": credential.service_id,
         "issuer_id": credential.issuer_id,
+        "band": credential.band,
     }
     if credential.capped is not None:
         view["capped"] = _cap_view(credential.capped)

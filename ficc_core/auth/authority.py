@@ -157,6 +157,8 @@ class Authority:
             is_admin=stored.is_admin,
             expires_at=credential.expires_at,
             service_id=credential.service_id,
+            band=credential.band,
+            project_band=stored.project_band,
         )
         self._credentials[credential_id] = (stored.secret_hash, principal, now)
         self._credentials.move_to_end(credential_id)

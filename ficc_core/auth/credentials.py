@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+from ..bands import BandTable
 from ..errors import Forbidden, InvalidRequest, NotFound, Unauthenticated
 from ..store import Store, Transaction
 from . import repository
@@ -17,7 +18,7 @@ from . import secrets as sec
 from .authority import Authority
 from .principal import Principal
 from .records import CapReason, Credential, LifetimeCap, Revocation
-from .scopes import check_scopes
+from .scopes import ADMIN, check_scopes
 
 
 def _not_found(credential_id: str) -> NotFound:
@@ -52,6 +53,23 @@ def credential_expiry(
     return expires_at, LifetimeCap(requested=lifetime, granted=expires_at - now, by=by)
 
 
+def check_band(bands: BandTable, band: str | None, issuer: Principal | None) -> None:
+    """Refuse a band that is not configured, or one above the issuer's own (its
+    credential's band, else its project's, else the default) unless it holds ``admin``."""
+    if band is None:
+        return
+    granted = bands.require(band)
+    if issuer is None or ADMIN in issuer.scopes:
+        return
+    own = bands.entitled(issuer.band, issuer.project_band)
+    if granted.priority > own.priority:
+        raise Forbidden(
+            f"you cannot grant band {band!r} above your own band {own.name!r}",
+            code="band_escalation",
+            details={"band": band, "own_band": own.name},
+        )
+
+
 class Credentials:
     """The credentials of every project, through the :class:`Store`."""
 
@@ -62,11 +80,13 @@ class Credentials:
         *,
         token_max_lifetime: float,
         clock: Callable[[], float],
+        bands: BandTable,
     ) -> None:
         self.store = store
         self.authority = authority
         self.token_max_lifetime = token_max_lifetime
         self.clock = clock
+        self.bands = bands
 
     async def create(
         self,
@@ -78,6 +98,7 @@ class Credentials:
         lifetime: float | None = None,
         issuer: Principal | None = None,
         service_id: str | None = None,
+        band: str | None = None,
     ) -> tuple[Credential, str]:
         """Create a credential; return it and the token, which is shown only once.
 
@@ -90,6 +111,10 @@ class Credentials:
         allowed). When capped, the credential says so in ``capped`` (``requested``,
         ``granted`` seconds and ``by``: ``token_max_lifetime`` or ``issuer_expiry``).
         The issuer is recorded: revoking it revokes this credential too.
+
+        ``band`` is its priority band (None: its project's): one of the configured
+        bands, and not above the issuer's own unless the issuer holds ``admin``
+        (``band_escalation``).
         """
         scopes = check_scopes(scopes)
         if not scopes:
@@ -105,6 +130,7 @@ class Credentials:
                     code="scope_escalation",
                     details={"scopes": beyond},
                 )
+        check_band(self.bands, band, issuer)
         credential_id, secret, now = sec.new_id(), sec.new_secret(), self.clock()
         expires_at, capped = credential_expiry(lifetime, issuer, now, self.token_max_lifetime)
 
@@ -121,6 +147,7 @@ class Credentials:
                 service_id=service_id,
                 issuer_id=None if issuer is None else issuer.id,
                 capped=capped,
+                band=band,
             )
             repository.insert_credential(tx, credential, sec.hash_secret(secret))
             return credential

@@ -7,6 +7,7 @@ from functools import partial
 
 import trio
 
+from ..bands import BandTable
 from ..errors import Conflict, InvalidRequest, NotFound
 from ..store import Store, Transaction
 from . import repository
@@ -31,10 +32,12 @@ class Directory:
         *,
         password_limiter: trio.CapacityLimiter,
         clock: Callable[[], float],
+        bands: BandTable,
     ) -> None:
         self.store = store
         self._password_limiter = password_limiter
         self.clock = clock
+        self.bands = bands
 
     async def create_project(self, name: str) -> Project:
         """Create a project; a taken name is a conflict."""
@@ -59,6 +62,22 @@ class Directory:
     async def get_project(self, ref: str) -> Project:
         """A project by id or name."""
         return await self.store.read(partial(repository.require_project, ref=ref))
+
+    async def set_project_band(self, ref: str, band: str | None) -> Project:
+        """Set the project's priority band (one of the configured bands; None clears it).
+
+        Credentials already verified keep the band they were read with for the
+        authority's cache period (5 s), as a revocation by another process does.
+        """
+        if band is not None:
+            self.bands.require(band)
+
+        def write(tx: Transaction) -> Project:
+            project = repository.require_project(tx, ref)
+            repository.set_project_band(tx, project.id, band)
+            return repository.require_project(tx, project.id)
+
+        return await self.store.write(write)
 
     async def create_user(
         self,

@@ -30,6 +30,9 @@ class Principal:
     csrf_hash: str | None = attrs.field(default=None, repr=False)
     #: For a service-bound invoke credential, the one inference service it may invoke.
     service_id: str | None = None
+    #: The credential's priority band and its project's (None: not set; docs/priority.md).
+    band: str | None = None
+    project_band: str | None = None
 
     def may_invoke(self, service_id: str) -> bool:
         """Whether this principal may invoke inference service ``service_id``."""

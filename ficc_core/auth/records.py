@@ -26,6 +26,8 @@ class Project:
     id: str
     name: str
     created_at: float
+    #: The priority band of its credentials that name none (None: ``band_default``).
+    band: str | None = None
 
 
 @attrs.frozen
@@ -83,6 +85,8 @@ class Credential:
     issuer_id: str | None
     #: Set on a credential just minted whose lifetime was shortened.
     capped: LifetimeCap | None = None
+    #: Its priority band (None: its project's band, else ``band_default``).
+    band: str | None = None
 
     @property
     def installation_level(self) -> bool:
@@ -108,6 +112,7 @@ class StoredCredential:
     project_name: str
     username: str | None
     is_admin: bool
+    project_band: str | None = None
 
 
 @attrs.frozen
@@ -125,6 +130,7 @@ class StoredSession:
     expires_at: float
     #: The user's membership scopes in the session's project (empty if none).
     scopes: tuple[str, ...]
+    project_band: str | None = None
 
 
 @attrs.frozen

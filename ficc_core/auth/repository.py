@@ -36,13 +36,13 @@ def _stored_scopes(scopes: Iterable[str]) -> str:
 
 
 def _project(row: dict[str, Any]) -> Project:
-    return Project(id=row["id"], name=row["name"], created_at=row["created_at"])
+    return Project(id=row["id"], name=row["name"], created_at=row["created_at"], band=row["band"])
 
 
 def find_project(tx: Transaction, ref: str) -> Project | None:
     """The project whose id or name is ``ref``."""
     row = tx.fetch_one(
-        "SELECT id, name, created_at FROM projects WHERE id = ? OR name = ?", (ref, ref)
+        "SELECT id, name, created_at, band FROM projects WHERE id = ? OR name = ?", (ref, ref)
     )
     return None if row is None else _project(row)
 
@@ -70,8 +70,13 @@ def insert_project(tx: Transaction, project: Project) -> None:
 
 def list_projects(tx: Transaction) -> list[Project]:
     """Every project, oldest first."""
-    rows = tx.fetch_all("SELECT id, name, created_at FROM projects ORDER BY created_at, name")
+    rows = tx.fetch_all("SELECT id, name, created_at, band FROM projects ORDER BY created_at, name")
     return [_project(row) for row in rows]
+
+
+def set_project_band(tx: Transaction, project_id: str, band: str | None) -> None:
+    """Set (``None``: clear) the project's priority band."""
+    tx.execute("UPDATE projects SET band = ? WHERE id = ?", (band, project_id))
 
 
 # -- users and memberships -------------------------------------------------------------------
@@ -174,7 +179,7 @@ def is_member(tx: Transaction, user_id: str, project_id: str) -> bool:
 
 _CREDENTIAL_COLUMNS = (
     "c.id, c.name, c.project_id, c.user_id, c.scopes, c.created_at, c.expires_at,"
-    " c.revoked_at, c.service_id, c.issuer_id"
+    " c.revoked_at, c.service_id, c.issuer_id, c.band"
 )
 
 
@@ -190,6 +195,7 @@ def _credential(row: dict[str, Any]) -> Credential:
         revoked_at=row["revoked_at"],
         service_id=row["service_id"],
         issuer_id=row["issuer_id"],
+        band=row["band"],
     )
 
 
@@ -197,8 +203,8 @@ def insert_credential(tx: Transaction, credential: Credential, secret_hash: str)
     """Store a new credential with its secret's hash."""
     tx.execute(
         "INSERT INTO credentials (id, secret_hash, project_id, user_id, name, scopes,"
-        " created_at, expires_at, service_id, issuer_id)"
-        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        " created_at, expires_at, service_id, issuer_id, band)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (
             credential.id,
             secret_hash,
@@ -210,6 +216,7 @@ def insert_credential(tx: Transaction, credential: Credential, secret_hash: str)
             credential.expires_at,
             credential.service_id,
             credential.issuer_id,
+            credential.band,
         ),
     )
 
@@ -236,7 +243,8 @@ def stored_credential(tx: Transaction, credential_id: str) -> StoredCredential |
     """A credential with its secret's hash, project name and user, for authentication."""
     row = tx.fetch_one(
         f"SELECT {_CREDENTIAL_COLUMNS}, c.secret_hash, p.name AS project_name, u.username,"
-        " u.is_admin FROM credentials c JOIN projects p ON p.id = c.project_id"
+        " u.is_admin, p.band AS project_band"
+        " FROM credentials c JOIN projects p ON p.id = c.project_id"
         " LEFT JOIN users u ON u.id = c.user_id WHERE c.id = ?",
         (credential_id,),
     )
@@ -248,6 +256,7 @@ def stored_credential(tx: Transaction, credential_id: str) -> StoredCredential |
         project_name=row["project_name"],
         username=row["username"],
         is_admin=bool(row["is_admin"]),
+        project_band=row["project_band"],
     )
 
 
@@ -312,7 +321,7 @@ def stored_session(tx: Transaction, session_id: str) -> StoredSession | None:
     """A session with its user, project and the user's scopes there, for authentication."""
     row = tx.fetch_one(
         "SELECT s.id, s.secret_hash, s.csrf_hash, s.user_id, s.project_id, s.expires_at,"
-        " p.name AS project_name, u.username, u.is_admin"
+        " p.name AS project_name, p.band AS project_band, u.username, u.is_admin"
         " FROM sessions s JOIN projects p ON p.id = s.project_id"
         " JOIN users u ON u.id = s.user_id WHERE s.id = ?",
         (session_id,),
@@ -334,4 +343,5 @@ def stored_session(tx: Transaction, session_id: str) -> StoredSession | None:
         project_name=row["project_name"],
         expires_at=row["expires_at"],
         scopes=() if membership is None else _scopes(membership["scopes"]),
+        project_band=row["project_band"],
     )

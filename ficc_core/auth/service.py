@@ -15,6 +15,7 @@ from typing import Any
 
 import trio
 
+from ..bands import BandTable
 from ..errors import NotFound
 from ..store import Store
 from . import secrets as sec
@@ -33,6 +34,8 @@ class AuthService:
         (injected in tests, which move it instead of sleeping).
     :param credential_cache_seconds: how long a verified bearer credential is
         served from memory, and how often other processes' revocations are read.
+    :param bands: the configured priority bands (a credential's or project's band is
+        one of them; default: the default bands).
     """
 
     def __init__(
@@ -44,15 +47,21 @@ class AuthService:
         login_throttle: LoginThrottle | None = None,
         clock: Callable[[], float] = time.time,
         credential_cache_seconds: float = CREDENTIAL_CACHE_SECONDS,
+        bands: BandTable | None = None,
     ) -> None:
         self.store = store
         self.clock = clock
         # Each argon2 hash holds 64 MiB for a moment: at most two at once.
         limiter = trio.CapacityLimiter(2)
+        self.bands = BandTable() if bands is None else bands
         self.authority = Authority(store, clock=clock, cache_seconds=credential_cache_seconds)
-        self.directory = Directory(store, password_limiter=limiter, clock=clock)
+        self.directory = Directory(store, password_limiter=limiter, clock=clock, bands=self.bands)
         self.credentials = Credentials(
-            store, self.authority, token_max_lifetime=token_max_lifetime, clock=clock
+            store,
+            self.authority,
+            token_max_lifetime=token_max_lifetime,
+            clock=clock,
+            bands=self.bands,
         )
         self.sessions = Sessions(
             store,
@@ -66,6 +75,7 @@ class AuthService:
         self.create_project = self.directory.create_project
         self.list_projects = self.directory.list_projects
         self.get_project = self.directory.get_project
+        self.set_project_band = self.directory.set_project_band
         self.create_user = self.directory.create_user
         self.list_users = self.directory.list_users
         self.set_membership = self.directory.set_membership

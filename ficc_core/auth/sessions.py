@@ -112,6 +112,7 @@ class Sessions:
             is_admin=session.is_admin,
             expires_at=session.expires_at,
             csrf_hash=session.csrf_hash,
+            project_band=session.project_band,
         )
 
     async def logout(self, session_id: str) -> None:

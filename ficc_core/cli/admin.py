@@ -77,12 +77,35 @@ def create_project(ctx: click.Context, name: str, as_json: bool) -> None:
 def list_projects(ctx: click.Context, as_json: bool) -> None:
     """List every project."""
     views = [project_view(p) for p in _admin(ctx, lambda s: s.auth.list_projects())]
-    rows = [("ID", "NAME", "CREATED")]
+    rows = [("ID", "NAME", "BAND", "CREATED")]
     emit(views, as_json, lambda ps: echo_table(rows + [_project_row(p) for p in ps]))
 
 
 def _project_row(project: dict[str, Any]) -> tuple[Any, ...]:
-    return (project["id"], project["name"], when(project["created_at"]))
+    return (project["id"], project["name"], project["band"] or "-", when(project["created_at"]))
+
+
+@admin.command("set-project-band")
+@click.argument("project")
+@click.argument("band", required=False)
+@click.option("--clear", is_flag=True, help="Remove the project's band (band_default applies).")
+@json_option
+@click.pass_context
+def set_project_band(
+    ctx: click.Context, project: str, band: str | None, clear: bool, as_json: bool
+) -> None:
+    """Set the priority band of PROJECT's credentials that name none (docs/priority.md).
+
+    BAND is one of the bands setting's; --clear removes it.
+    """
+    if (band is None) != clear:
+        raise click.UsageError("give a BAND, or --clear")
+    view = project_view(_admin(ctx, lambda s: s.auth.set_project_band(project, band)))
+
+    def human(p: dict[str, Any]) -> None:
+        click.echo(f"project {p['name']} ({p['id']}): band {p['band'] or 'unset (band_default)'}")
+
+    emit(view, as_json, human)
 
 
 @admin.command("create-user")
@@ -151,6 +174,7 @@ def create_user(
     default=None,
     help="Lifetime, e.g. 3600, 12h, 30d. Default and maximum: token_max_lifetime.",
 )
+@click.option("--band", default=None, help="Priority band (default: the project's band).")
 @json_option
 @click.pass_context
 def create_token(
@@ -160,6 +184,7 @@ def create_token(
     scopes: tuple[str, ...],
     all_scopes: bool,
     expires_in: str | None,
+    band: str | None,
     as_json: bool,
 ) -> None:
     """Create a bearer credential and print its token (shown only once).
@@ -175,14 +200,18 @@ def create_token(
         raise click.BadParameter(exc.message, param_hint="--expires-in") from None
     record, token = _admin(
         ctx,
-        lambda s: s.auth.create_credential(project, name=name, scopes=granted, lifetime=lifetime),
+        lambda s: s.auth.create_credential(
+            project, name=name, scopes=granted, lifetime=lifetime, band=band
+        ),
     )
 
     def human(doc: dict[str, Any]) -> None:
         credential = doc["credential"]
+        band_text = f"; band {credential['band']}" if credential["band"] else ""
         click.echo(
             f"credential {credential['id']} ({credential['name']}): "
             f"{', '.join(credential['scopes'])}; expires {when(credential['expires_at'])}"
+            f"{band_text}"
         )
         click.echo(f"token (shown once): {doc['token']}")
 
@@ -201,12 +230,13 @@ def list_tokens(ctx: click.Context, project: str, as_json: bool) -> None:
         return [credential_view(c) for c in await service.auth.list_credentials(found.id)]
 
     def human(views: list[dict[str, Any]]) -> None:
-        rows: list[tuple[Any, ...]] = [("ID", "NAME", "SCOPES", "EXPIRES", "REVOKED")]
+        rows: list[tuple[Any, ...]] = [("ID", "NAME", "SCOPES", "BAND", "EXPIRES", "REVOKED")]
         rows += [
             (
                 view["id"],
                 view["name"],
                 ",".join(view["scopes"]),
+                view["band"] or "-",
                 when(view["expires_at"]),
                 when(view["revoked_at"]),
             )

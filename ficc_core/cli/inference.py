@@ -141,6 +141,7 @@ inference.add_command(events)
 @click.argument("service_id", metavar="SERVICE")
 @click.option("--lifetime", help="Issue a token living this long (e.g. 30s, 10m, 12h, 1d).")
 @click.option("--name", help="A label for the issued token.")
+@click.option("--band", help="The issued token's priority band (default: the project's).")
 @click.option("--list", "list_them", is_flag=True, help="List the service's invoke tokens.")
 @click.option("--revoke", "revoke_id", metavar="TOKEN_ID", help="Revoke this invoke token.")
 @json_option
@@ -150,6 +151,7 @@ def token(
     service_id: str,
     lifetime: str | None,
     name: str | None,
+    band: str | None,
     list_them: bool,
     revoke_id: str | None,
     as_json: bool,
@@ -195,6 +197,8 @@ def token(
     body: dict[str, Any] = {"lifetime": seconds(lifetime, "--lifetime")}
     if name:
         body["name"] = name
+    if band:
+        body["band"] = band
     issued = client.json("POST", path, json=body)
     if as_json:
         echo_json(issued)

@@ -19,7 +19,13 @@ from ..errors import FiccError
 from .options import settings_sources
 from .output import echo_table, emit, json_option
 
-_FLAG_TYPES = {"int": int, "bool": bool, "path": click.Path(path_type=Path), "str": str}
+_FLAG_TYPES = {
+    "int": int,
+    "float": float,
+    "bool": bool,
+    "path": click.Path(path_type=Path),
+    "str": str,
+}
 
 
 def config_options(exclude: tuple[str, ...] = ()):
@@ -66,6 +72,15 @@ def run_trio(fn, *args: Any) -> Any:
         raise click.ClickException(f"{exc.message} [{exc.code}]") from None
 
 
+def _plain(value: Any) -> Any:
+    """A setting's value as JSON shows it (a path as text, bands as objects)."""
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, tuple):
+        return [attrs.asdict(item) for item in value]
+    return value
+
+
 @click.command("config")
 @click.option("--reference", is_flag=True, help="Print the table of every setting instead.")
 @json_option
@@ -76,11 +91,7 @@ def config_command(ctx: click.Context, reference: bool, as_json: bool) -> None:
         click.echo(render_reference(), nl=False)
         return
     config = load_settings(ctx, {})
-    document = {
-        field.name: (str(value) if isinstance(value, Path) else value)
-        for field in attrs.fields(Config)
-        for value in [getattr(config, field.name)]
-    }
+    document = {field.name: _plain(getattr(config, field.name)) for field in attrs.fields(Config)}
 
     def human(settings: dict[str, Any]) -> None:
         rows = [("SETTING", "VALUE")]

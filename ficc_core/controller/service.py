@@ -16,6 +16,7 @@ import trio
 
 from ..auth import AuthService
 from ..auth.throttle import LoginThrottle
+from ..bands import BandTable
 from ..config import Config
 from ..contributors import NodeRegistry
 from ..events import EventRetention
@@ -124,6 +125,7 @@ async def open_service(
                 lockout=config.login_lockout,
                 on_lock=lambda limit: metrics.login_lockouts.labels(limit).inc(),
             ),
+            bands=BandTable(config.bands, config.band_default),
         )
         models = ModelRegistry(store, blobs, acquirer)
         contributors = NodeRegistry(

@@ -62,6 +62,17 @@ class Series:
     duration: Any
 
 
+@attrs.frozen
+class BandSeries:
+    """The labelled metric children of one (service, band), looked up once."""
+
+    waiting: Any
+    queue_wait: Any
+    position: Any
+    priority: Any
+    share: Any
+
+
 def usage_of(tail: bytes) -> tuple[int | None, int | None]:
     """Prompt and completion tokens from the last ``"usage"`` object in ``tail``."""
     at = tail.rfind(b'"usage"')
@@ -95,8 +106,10 @@ class Accounting:
         self.usage: deque[UsageRecord] = deque(maxlen=usage_records)
         #: Called with each :class:`UsageRecord`; must not block.
         self.usage_sinks: list[Callable[[UsageRecord], None]] = list(usage_sinks)
-        # Labelled metric series per (service, replica), made once.
+        # Labelled metric series per (service, replica), and per (service, band), made once.
         self._series: dict[tuple[str, str], Series] = {}
+        self._bands: dict[tuple[str, str], BandSeries] = {}
+        self._queue_waits: dict[str, Any] = {}
 
     def series(self, service_id: str, key: str) -> Series:
         """The metric series of replica ``key`` of ``service_id``."""
@@ -110,6 +123,25 @@ class Accounting:
                 duration=metrics.gateway_duration.labels(service_id, key),
             )
         return series
+
+    def band(self, service_id: str, band: str) -> BandSeries:
+        """The metric series of ``band`` in ``service_id`` (queue and admission)."""
+        series = self._bands.get((service_id, band))
+        if series is None:
+            metrics = self.metrics
+            granted = metrics.gateway_band_granted
+            series = self._bands[(service_id, band)] = BandSeries(
+                waiting=metrics.gateway_band_waiting.labels(service_id, band),
+                queue_wait=metrics.gateway_band_queue_wait.labels(service_id, band),
+                position=metrics.gateway_band_queue_position.labels(service_id, band),
+                priority=granted.labels(service_id, band, "priority"),
+                share=granted.labels(service_id, band, "share"),
+            )
+        return series
+
+    def band_refused(self, service_id: str, band: str, code: str) -> None:
+        """Count a request of ``band`` refused while it asked for a slot."""
+        self.metrics.gateway_band_refusals.labels(service_id, band, code).inc()
 
     def refused(self, service_id: str, code: str) -> None:
         """Count a refusal made before a replica was chosen (``service_id`` may be empty)."""
@@ -130,8 +162,16 @@ class Accounting:
         return self.metrics.gateway_queued.labels(service_id)
 
     def waited(self, request: Request) -> None:
-        """Observe the time ``request`` waited for its first slot."""
-        self.metrics.gateway_queue_wait.labels(request.service_id).observe(request.queue_wait)
+        """Observe the time ``request`` waited for its first slot (per band too)."""
+        service_id, wait = request.service_id, request.queue_wait
+        child = self._queue_waits.get(service_id)
+        if child is None:
+            child = self._queue_waits[service_id] = self.metrics.gateway_queue_wait.labels(
+                service_id
+            )
+        child.observe(wait)
+        if request.band is not None:
+            self.band(service_id, request.band.name).queue_wait.observe(wait)
 
     def settle(self, request: Request, outcome: str) -> None:
         """Account an ended request: its metrics and its :class:`UsageRecord`."""

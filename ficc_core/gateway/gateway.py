@@ -183,6 +183,7 @@ class Gateway:
             self.checks,
             self.accounting,
             rng=random.Random() if rng is None else rng,
+            config=config,
             queue_factor=queue_factor,
             max_queue_wait=max_queue_wait,
             recheck_interval=recheck_interval,

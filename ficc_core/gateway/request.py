@@ -11,6 +11,7 @@ import trio
 
 if TYPE_CHECKING:
     from ..auth import Principal
+    from ..bands import Band
     from ..executor.protocol import EndpointAction
     from ..inference.live import LiveReplica, LiveService
 
@@ -32,6 +33,7 @@ class Request:
     :ivar streaming: the answer is a server-sent-event stream.
     :ivar wait_bound: the timeout setting the stream's next event must beat, or "".
     :ivar wait_until: when that bound passes, on the trio clock (``math.inf``: none).
+    :ivar band: the priority band it is served in (decided when it first asks for a slot).
     """
 
     service_id: str
@@ -59,6 +61,8 @@ class Request:
     streaming: bool = False
     wait_bound: str = ""
     wait_until: float = math.inf
+    # -- priority bands (admission.py, docs/priority.md) --
+    band: Band | None = None
 
     def took(self, data: bytes) -> None:
         """Note a body chunk relayed: the first byte's time, the last two chunks (usage)."""

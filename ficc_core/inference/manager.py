@@ -447,9 +447,16 @@ class InferenceManager:
     # -- invoke tokens -----------------------------------------------------------------------------
 
     async def create_token(
-        self, principal: Principal, service_id: str, *, lifetime: float, name: str | None
+        self,
+        principal: Principal,
+        service_id: str,
+        *,
+        lifetime: float,
+        name: str | None,
+        band: str | None = None,
     ) -> tuple[Credential, str]:
-        """Issue one invoke credential bound to this service (shown once)."""
+        """Issue one invoke credential bound to this service (shown once), in ``band``
+        (None: the project's)."""
         detail = await self.get(principal.project_id, service_id)
         return await self.auth.create_credential(
             principal.project_id,
@@ -459,6 +466,7 @@ class InferenceManager:
             lifetime=lifetime,
             issuer=principal,
             service_id=service_id,
+            band=band,
         )
 
     async def list_tokens(self, principal: Principal, service_id: str) -> list[Credential]:

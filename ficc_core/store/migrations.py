@@ -329,4 +329,10 @@ MIGRATIONS: list[tuple[str, ...]] = [
             deadline REAL NOT NULL
         )""",
     ),
+    # 14: a credential's and a project's priority band (docs/priority.md): a band name of
+    # the bands setting, or NULL (the project's band, else band_default).
+    (
+        "ALTER TABLE credentials ADD COLUMN band TEXT",
+        "ALTER TABLE projects ADD COLUMN band TEXT",
+    ),
 ]
