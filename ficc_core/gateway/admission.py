@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from .accounting import Accounting
     from .checks import RequestChecks
     from .request import Request
+    from .scoring import Router
 
 
 @attrs.define(eq=False)
@@ -100,23 +101,13 @@ class Admission:
         queue = self._queues.get(service_id)
         return 0 if queue is None else len(queue.waiters)
 
-    def pick(self, view: LiveService, tried: set[str]) -> LiveReplica | None:
-        """The least loaded replica of ``view`` not in ``tried`` with a free slot, or None."""
-        best: LiveReplica | None = None
-        best_load, ties = 0, 0
-        for replica in view.replicas:
-            if replica.key in tried:
-                continue
-            load = self._load.get(replica.key, 0)
-            if load >= view.concurrency:
-                continue
-            if best is None or load < best_load:
-                best, best_load, ties = replica, load, 1
-            elif load == best_load:
-                ties += 1
-                if self.rng.random() * ties < 1:
-                    best = replica
-        return best
+    #: Chooses among the replicas (:class:`~ficc_core.gateway.scoring.Router`); the gateway sets it.
+    router: Router
+
+    def pick(self, view: LiveService, tried: set[str], request: Request) -> LiveReplica | None:
+        """The replica of ``view`` ``request`` goes to, or None: never one in ``tried``, never
+        one with ``view.concurrency`` requests in flight here (:mod:`.scoring` chooses)."""
+        return self.router.pick(view, tried, request)
 
     def take(self, request: Request, replica: LiveReplica) -> None:
         """Give ``request`` a slot on ``replica``."""
@@ -151,7 +142,7 @@ class Admission:
             raise no_replica(view, why, last)
         queue = self._queues.setdefault(request.service_id, _Queue())
         if not queue.waiters:
-            replica = self.pick(view, tried)
+            replica = self.pick(view, tried, request)
             if replica is not None:
                 self.take(request, replica)
                 return
@@ -182,7 +173,7 @@ class Admission:
                     raise problem
                 if not [r for r in view.replicas if r.key not in tried]:
                     raise no_replica(view, "none is ready", last)
-                replica = self.pick(view, tried)
+                replica = self.pick(view, tried, request)
                 if replica is not None:
                     self.take(request, replica)
                     return

@@ -54,6 +54,7 @@ from .checks import RequestChecks
 from .errors import DeadlineExceeded
 from .relay import SSE, Relay, ResponseChunks
 from .request import Request
+from .scoring import router_from_config
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -161,6 +162,14 @@ class Gateway:
             max_queue_wait=max_queue_wait,
             recheck_interval=recheck_interval,
         )
+        self.router = self.admission.router = router_from_config(
+            config,
+            live=live,
+            contributors=contributors,
+            local=self.admission.load,
+            metrics=metrics,
+            rng=self.admission.rng,
+        )
         self.relay = Relay(
             contributors,
             self.checks,
@@ -237,6 +246,7 @@ class Gateway:
             headers=headers,
             started=started,
             deadline=math.inf if view.request_deadline is None else started + view.request_deadline,
+            payload=payload,
         )
         # Counted in flight until settled (a drain waits for it): every way out settles.
         self.live.enter(service_id)
@@ -311,6 +321,11 @@ class Gateway:
             tried.add(replica.key)
             last = failure
         raise no_replica(request.view, f"{len(tried)} replicas failed before answering", last)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """The gateway's background work until cancelled: reading the engines' load
+        (:mod:`.scrape`) and forgetting replicas that left (:mod:`.scoring`)."""
+        await self.router.run(task_status=task_status)
 
     def _settle(self, request: Request, outcome: str) -> None:
         """A request ended: free its slot, leave the live count, account it. Once."""

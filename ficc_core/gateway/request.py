@@ -47,6 +47,11 @@ class Request:
     first_byte: float | None = None
     prev_chunk: bytes = b""
     last_chunk: bytes = b""
+    # -- routing (gateway/scoring.py, gateway/affinity.py) ----------------------------------
+    #: The bytes sent to the engine (the prefix index hashes its prompt).
+    payload: bytes = b""
+    #: The prompt's prefix hashes, computed at the first pick (None until then).
+    prefix: tuple[int, ...] | None = None
 
     def took(self, data: bytes) -> None:
         """Note a body chunk relayed: the first byte's time, the last two chunks (usage)."""

@@ -171,6 +171,10 @@ class LiveTable:
         """The service's current view, or None when it is not published."""
         return self._services.get(service_id)
 
+    def services(self) -> tuple[LiveService, ...]:
+        """Every published view (the gateway's background tasks walk them, never a request)."""
+        return tuple(self._services.values())
+
     def changed(self, service_id: str) -> trio.Event:
         """An event set at the next change of ``service_id``'s view."""
         event = self._changed.get(service_id)
