@@ -435,18 +435,24 @@ def test_the_prefix_index_is_bounded_least_recently_used_first():
 
 
 def test_the_same_prompt_of_another_service_is_another_prefix():
+    chat_path = "/v1/chat/completions"
     payload = _chat(SYSTEM)
-    assert prefix_hashes("/v1/chat/completions", payload, "a")
-    assert not set(prefix_hashes("/v1/chat/completions", payload, "a")) & set(
-        prefix_hashes("/v1/chat/completions", payload, "b")
-    )
+    hashes, length = prefix_hashes(chat_path, payload, "a")
+    assert len(hashes) == length // BLOCK and length == len(payload) - payload.index(b'"messages"')
+    assert not set(hashes) & set(prefix_hashes(chat_path, payload, "b")[0])
     # Only the prompt counts: fields before the messages do not shift the blocks.
-    assert prefix_hashes("/v1/chat/completions", payload, "a") == prefix_hashes(
-        "/v1/chat/completions", b'{"temperature":0.5,' + payload[1:], "a"
-    )
-    assert prefix_hashes("/v1/embeddings", payload, "a") == ()
+    assert prefix_hashes(chat_path, b'{"temperature":0.5,' + payload[1:], "a")[0] == hashes
+    assert prefix_hashes("/v1/embeddings", payload, "a") == ((), 0)
     completion = json.dumps({"prompt": "p" * 3 * BLOCK}).encode()
-    assert len(prefix_hashes("/v1/completions", completion, "a")) == 3
+    assert len(prefix_hashes("/v1/completions", completion, "a")[0]) == 3
+
+
+def test_a_request_releases_its_payload_once_hashed():
+    s = _setup()
+    view = _view(2)
+    request = routing_request(view, payload=_chat(SYSTEM))
+    s.router.pick(view, set(), request)
+    assert request.payload == b"" and request.prefix and request.prompt_length > 4096
 
 
 def test_the_guard_keeps_a_shared_prefix_from_piling_load_on_one_replica():

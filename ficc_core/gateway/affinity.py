@@ -9,8 +9,9 @@ Two tiers, tried in order by the router (:mod:`.scoring`):
 * **Prefix** (tier 1): an approximate index of the prompts served. The prompt is the
   request's JSON from its ``messages`` array on (chat: every message in order, role
   and content, as sent) or its ``prompt`` (completions), at most :data:`MAX_BYTES`;
-  it is cut into :data:`BLOCK`-byte blocks and each block's CRC-32 is chained onto
-  the previous one's, so a block's hash names the whole prefix up to its end. The
+  it is cut into :data:`BLOCK`-byte blocks and each block's hash is chained onto
+  the previous one's (Python's 64-bit ``hash``, salted per process, so a client cannot
+  aim collisions), so a block's hash names the whole prefix up to its end. The
   index maps a prefix hash to the replicas that served it (at most
   :data:`HOLDERS`, most recent first) and is an LRU of ``prefix_max_entries``
   hashes. A match counts when it is at least ``prefix_min_match`` bytes and
@@ -31,7 +32,6 @@ only when the preferred replica is ahead of the least loaded one by more than
 from __future__ import annotations
 
 import re
-import zlib
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Container
 from typing import TYPE_CHECKING
@@ -64,30 +64,24 @@ def imbalanced(preferred: float, least: float, *, absolute: float, relative: flo
     return preferred - least > absolute and preferred > relative * least
 
 
-def prefix_hashes(path: str, payload: bytes, salt: str) -> tuple[int, ...]:
-    """The chained hashes of the prompt's full blocks in ``payload`` (see the module docs).
+def prefix_hashes(path: str, payload: bytes, salt: str) -> tuple[tuple[int, ...], int]:
+    """The chained hashes of the prompt's full blocks in ``payload`` (see the module docs),
+    and the prompt's length in bytes (at most :data:`MAX_BYTES`).
 
-    ``salt`` (the service ID) keeps two services' equal prompts apart. A block's hash
-    also carries its position, so only prefixes of equal length can collide.
+    ``salt`` (the service ID) keeps two services' equal prompts apart.
     """
     start = _PROMPT_STARTS.get(path)
     found = None if start is None else start.search(payload)
     if found is None:
-        return ()
-    view = memoryview(payload)[found.start() : found.start() + MAX_BYTES]
-    crc = zlib.crc32(salt.encode())
+        return (), 0
+    begin = found.start()
+    end = min(len(payload), begin + MAX_BYTES)
+    digest = hash(salt)
     hashes = []
-    for number, at in enumerate(range(0, len(view) - BLOCK + 1, BLOCK), 1):
-        crc = zlib.crc32(view[at : at + BLOCK], crc)
-        hashes.append(number << 32 | crc)
-    return tuple(hashes)
-
-
-def prompt_bytes(path: str, payload: bytes) -> int:
-    """How many bytes of ``payload`` the prefix index considers (for the match ratio)."""
-    start = _PROMPT_STARTS.get(path)
-    found = None if start is None else start.search(payload)
-    return 0 if found is None else min(len(payload) - found.start(), MAX_BYTES)
+    for at in range(begin, end - BLOCK + 1, BLOCK):
+        digest = hash((digest, payload[at : at + BLOCK]))
+        hashes.append(digest)
+    return tuple(hashes), end - begin
 
 
 @attrs.define(eq=False, slots=True)
@@ -157,19 +151,27 @@ class Affinity:
         return request.service_id, value
 
     def hashes(self, request: Request) -> tuple[int, ...]:
-        """The request's prefix hashes, computed once per request."""
+        """The request's prefix hashes, computed once per request (its payload is released
+        then: a long stream does not hold its request body)."""
         if request.prefix is None:
-            request.prefix = (
-                prefix_hashes(request.path, request.payload, request.service_id)
-                if self.prefix_enabled
-                else ()
-            )
+            if self.prefix_enabled:
+                request.prefix, request.prompt_length = prefix_hashes(
+                    request.path, request.payload, request.service_id
+                )
+            else:
+                request.prefix = ()
+            request.payload = b""
         return request.prefix
 
-    def preferred(self, request: Request, eligible: Container[str]) -> Preference | None:
-        """Where affinity would send ``request`` among the ``eligible`` replica keys."""
-        now = self.clock()
-        session = self.session_of(request)
+    def preferred(
+        self,
+        request: Request,
+        eligible: Container[str],
+        session: tuple[str, str] | None,
+        now: float,
+    ) -> Preference | None:
+        """Where affinity would send ``request`` (of ``session``, :meth:`session_of`) among
+        the ``eligible`` replica keys, at ``now``."""
         if session is not None:
             bound = self.sessions.get(session)
             if bound is not None:
@@ -180,8 +182,7 @@ class Affinity:
         hashes = self.hashes(request)
         if not hashes:
             return None
-        total = prompt_bytes(request.path, request.payload)
-        shortest = max(self.prefix_min_match, self.prefix_match_ratio * total)
+        shortest = max(self.prefix_min_match, self.prefix_match_ratio * request.prompt_length)
         prefixes = self.prefixes
         for number in range(len(hashes), 0, -1):
             if number * BLOCK < shortest:
@@ -194,10 +195,16 @@ class Affinity:
                 return Preference("prefix", holders, matched=number)
         return None
 
-    def remember(self, request: Request, replica: str, preference: Preference | None) -> None:
-        """``request`` goes to ``replica``: bind its session, index its prompt's prefix."""
-        now = self.clock()
-        session = self.session_of(request)
+    def remember(
+        self,
+        request: Request,
+        replica: str,
+        preference: Preference | None,
+        session: tuple[str, str] | None,
+        now: float,
+    ) -> None:
+        """``request`` (of ``session``) goes to ``replica`` at ``now``: bind its session, index
+        its prompt's prefix (``preference``: what :meth:`preferred` found, if it was taken)."""
         if session is not None:
             self._bind(session, replica, now)
         hashes = self.hashes(request)

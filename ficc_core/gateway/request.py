@@ -48,10 +48,12 @@ class Request:
     prev_chunk: bytes = b""
     last_chunk: bytes = b""
     # -- routing (gateway/scoring.py, gateway/affinity.py) ----------------------------------
-    #: The bytes sent to the engine (the prefix index hashes its prompt).
+    #: The bytes sent to the engine, until the router hashed its prompt (then released).
     payload: bytes = b""
     #: The prompt's prefix hashes, computed at the first pick (None until then).
     prefix: tuple[int, ...] | None = None
+    #: The prompt's length in bytes, as far as the prefix index reads it.
+    prompt_length: int = 0
 
     def took(self, data: bytes) -> None:
         """Note a body chunk relayed: the first byte's time, the last two chunks (usage)."""

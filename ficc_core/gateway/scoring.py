@@ -174,7 +174,9 @@ class Router:
         if best is None:
             return None
         reason = "score"
-        preference = self.affinity.preferred(request, rated)
+        affinity = self.affinity
+        session = affinity.session_of(request)
+        preference = affinity.preferred(request, rated, session, now)
         if preference is not None:
             tier, _, inflight, chosen = min(
                 (rated[key] for key in preference.replicas), key=lambda item: item[:2]
@@ -185,7 +187,8 @@ class Router:
                 reason = "balanced"
             else:
                 best, reason = chosen, preference.reason
-        self.affinity.remember(request, best.key, preference if reason != "balanced" else None)
+        taken = preference if reason != "balanced" else None
+        affinity.remember(request, best.key, taken, session, now)
         self._decided(request.service_id, reason)
         return best
 

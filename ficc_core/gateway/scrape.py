@@ -262,6 +262,11 @@ class Scraper:
                     return
                 self._failed(known, replica, exc.code)
                 return
+            except Exception:
+                # A background read must never end the gateway's (and controller's) tasks.
+                log.exception("scraping replica %s failed unexpectedly", replica.key)
+                self._failed(known, replica, "internal")
+                return
         load = parse_load(text)
         if load is None:
             known.unscraped = True
