@@ -54,7 +54,9 @@ sys.path.insert(0, str(BENCH.parent))
 
 #: The baseline controller: no prefix index, and no scrape within the run.
 BASELINE = {"FICC_PREFIX_ENABLED": "false", "FICC_SCRAPE_INTERVAL": "1d"}
-CONVERSATIONS, TURNS, ANSWER_TOKENS = 4, 5, 16
+CONVERSATIONS, TURNS, ANSWER_TOKENS = 4, 6, 16
+#: Words of the shared system prompt and of each user turn (about a token each).
+SYSTEM_WORDS, TURN_WORDS = 990, 30
 WORDS = (
     "river stone lamp harbour keeper night storm light tower ship rope signal tide wind "
     "rock map glass oil wick bell fog coast gull salt wave beam log watch shift stair door "
@@ -194,18 +196,20 @@ def _share(before: dict[str, float], after: dict[str, float]) -> list[float]:
 
 def _conversation(url: str, service: dict, seed: int, session: bool, out: list) -> None:
     rng = random.Random(seed)
-    system = "You answer as the keeper of an old lighthouse. House rules: " + _text(rng, 760)
+    system = "You answer as the keeper of an old lighthouse. House rules: " + _text(
+        rng, SYSTEM_WORDS
+    )
     messages = [{"role": "system", "content": system}]
     headers = {"Authorization": f"Bearer {service['token']}"}
     if session:
         headers["x-session-id"] = f"conversation-{seed}"
     with httpx.Client(base_url=url, headers=headers, timeout=300) as http:
         for turn in range(TURNS):
-            messages.append({"role": "user", "content": "Tell me: " + _text(rng, 110)})
+            messages.append({"role": "user", "content": "Tell me: " + _text(rng, TURN_WORDS)})
             body = {"messages": messages, "stream": True, "max_tokens": ANSWER_TOKENS,
                     "temperature": 0}  # fmt: skip
             sent = time.perf_counter()
-            first, answer, usage = None, [], {}
+            first, answer, usage, timings = None, [], {}, {}
             path = f"/api/v1/inference/{service['id']}/v1/chat/completions"
             with http.stream("POST", path, json=body) as response:
                 response.raise_for_status()
@@ -214,6 +218,7 @@ def _conversation(url: str, service: dict, seed: int, session: bool, out: list) 
                         continue
                     event = json.loads(line[6:])
                     usage = event.get("usage") or usage
+                    timings = event.get("timings") or timings
                     for choice in event.get("choices", ()):
                         piece = (choice.get("delta") or {}).get("content")
                         if piece:
@@ -221,7 +226,8 @@ def _conversation(url: str, service: dict, seed: int, session: bool, out: list) 
                             answer.append(piece)
             out.append(
                 {"seed": seed, "turn": turn, "ttft": (first or time.perf_counter()) - sent,
-                 "prompt_tokens": usage.get("prompt_tokens")}
+                 "prompt_tokens": usage.get("prompt_tokens"),
+                 "computed": timings.get("prompt_n"), "cached": timings.get("cache_n")}
             )  # fmt: skip
             messages.append({"role": "assistant", "content": "".join(answer) or "..."})
 
@@ -243,6 +249,7 @@ def cache_arm(controller: Controller, arm: str, seed: int) -> dict[str, Any]:
     for thread in threads:
         thread.join()
     follow = [r["ttft"] for r in out if r["turn"] > 0]
+    computed = [r["computed"] for r in out if r["turn"] > 0 and r["computed"] is not None]
     return {
         "arm": arm,
         "follow_ups": len(follow),
@@ -251,6 +258,8 @@ def cache_arm(controller: Controller, arm: str, seed: int) -> dict[str, Any]:
         "first_turn": statistics.median(r["ttft"] for r in out if r["turn"] == 0),
         "share": _share(before, controller.requests("smollm2")),
         "last_prompt_tokens": max((r["prompt_tokens"] or 0) for r in out),
+        # What the engine computed, not read from its cache (llama.cpp's timings.prompt_n).
+        "computed": statistics.median(computed) if computed else float("nan"),
         "seconds": time.monotonic() - started,
     }
 
@@ -290,17 +299,15 @@ def slow_arm(controller: Controller, arm: str, scored: bool) -> dict[str, Any]:
     if len(sockets) != 2:
         raise SystemExit(f"expected two stand-in replicas, found {sockets}")
     slow, fast = sorted(sockets)
-    steer = b'{"delay": 0.05, "queued": 4}'
-    _post_unix(sockets[slow], "/steer", steer)
+    # The same loop with no replica slow: what this controller does on this machine now.
+    reference = gb.loadgen({"job": "load", "target": target, "concurrency": 8, "seconds": 6,
+                            "warmup": 0.5})  # fmt: skip
+    _post_unix(sockets[slow], "/steer", b'{"delay": 0.05, "queued": 4}')
     if scored:  # the scraper has read the steered replica
+        waiting = "ficc_gateway_engine_waiting_requests"
         gb.wait_until(
             "the slow replica's scrape",
-            lambda: (
-                _metric(controller.url, "ficc_gateway_engine_waiting_requests").get(
-                    (service["id"], slow)
-                )
-                == 4
-            ),
+            lambda: _metric(controller.url, waiting).get((service["id"], slow)) == 4,
             15,
         )
     before = controller.requests("standin")
@@ -310,7 +317,8 @@ def slow_arm(controller: Controller, arm: str, scored: bool) -> dict[str, Any]:
     _post_unix(sockets[slow], "/steer", b'{"delay": 0, "queued": 0}')
     sent = {k: after.get(k, 0) - before.get(k, 0) for k in (slow, fast)}
     return {"arm": arm, "slow": sent[slow], "fast": sent[fast], "ok": got["ok"],
-            "errors": got["errors"], "p50": got["latencies"].get("p50")}  # fmt: skip
+            "errors": got["errors"], "p50": got["latencies"].get("p50"),
+            "reference_ok": reference["ok"]}  # fmt: skip
 
 
 def _post_unix(socket_path: str, path: str, body: bytes) -> None:
@@ -424,20 +432,21 @@ def report(cache: list[dict], slow: list[dict], costs: list[tuple[str, float]]) 
         base = by.get("least-loaded")
         lines += [
             f"**Multi-turn conversations, two real llama.cpp replicas** ({CONVERSATIONS} "
-            f"conversations at once, {TURNS} turns each, a ~1,000-token shared system prompt, "
-            f"{ANSWER_TOKENS}-token answers; SmolLM2-135M Q4_1, `--parallel 2`, one thread "
-            "per replica).",
+            f"conversations at once, {TURNS} turns each, a shared system prompt of about "
+            f"{SYSTEM_WORDS} words, user turns of {TURN_WORDS} words and {ANSWER_TOKENS}-token "
+            "answers; SmolLM2-135M Q4_1, `--parallel 2`, one thread per replica).",
             "",
-            "| Arm | Follow-up TTFT median | p90 | First turn median | Requests per replica "
-            "| Longest prompt (tokens) | Median vs least-loaded |",
-            "|---|---|---|---|---|---|---|",
+            "| Arm | Follow-up TTFT median | p90 | Median vs least-loaded | Prompt tokens "
+            "computed per follow-up (median) | Requests per replica | First turn median "
+            "| Longest prompt (tokens) |",
+            "|---|---|---|---|---|---|---|---|",
         ]
         for r in cache:
             ratio = base["median"] / r["median"] if base and r["median"] else float("nan")
             lines.append(
                 f"| {r['arm']} | {r['median'] * 1e3:.0f} ms | {r['p90'] * 1e3:.0f} ms | "
-                f"{r['first_turn'] * 1e3:.0f} ms | {_fmt_share(r['share'])} | "
-                f"{r['last_prompt_tokens']} | {ratio:.2f}x lower |"
+                f"{ratio:.2f}x lower | {r['computed']:.0f} | {_fmt_share(r['share'])} | "
+                f"{r['first_turn'] * 1e3:.0f} ms | {r['last_prompt_tokens']} |"
             )
         lines.append("")
     if slow:
@@ -446,13 +455,14 @@ def report(cache: list[dict], slow: list[dict], costs: list[tuple[str, float]]) 
             "**A slow replica** (stand-in engines; one answers 50 ms late and reports 4 "
             "requests waiting in it; 8 clients in a closed loop for 6 s).",
             "",
-            "| Router | Requests to the slow replica | To the fast one | Completed | p50 |",
-            "|---|---|---|---|---|",
+            "| Router | Requests to the slow replica | To the fast one | Completed | p50 "
+            "| Completed with no replica slow (same controller, just before) |",
+            "|---|---|---|---|---|---|",
         ]
         for r in slow:
             lines.append(
                 f"| {r['arm']} | {r['slow']:.0f} | {r['fast']:.0f} | {r['ok']} | "
-                f"{(r['p50'] or 0) * 1e3:.1f} ms |"
+                f"{(r['p50'] or 0) * 1e3:.1f} ms | {r['reference_ok']} |"
             )
         if "least in-flight" in by and "scored" in by:
             fewer = by["least in-flight"]["slow"] / max(by["scored"]["slow"], 1)

@@ -13,6 +13,8 @@ import random
 import attrs
 import pytest
 import trio
+from hypothesis import given
+from hypothesis import strategies as st
 
 from ficc_core.errors import FiccError
 from ficc_core.executor.types import BodyChunk, EndOfStream, ResponseHead
@@ -165,6 +167,13 @@ def test_the_parser_is_tolerant_of_what_expositions_hold():
         "lonely_name_without_value\n"
     )
     assert parse_load(text) == EngineLoad(running=2.0, waiting=float("inf"), kv=None)
+
+
+@given(st.text())
+def test_the_parser_never_fails_on_any_text(text):
+    load = parse_load("llamacpp:requests_processing 1\n" + text)
+    assert load is not None
+    assert load.kv is None or 0 <= load.kv <= 1
 
 
 def test_an_exposition_without_load_figures_gives_none():
