@@ -1,6 +1,6 @@
 """Routing benchmark: affinity against least-loaded on real llama.cpp, a slow replica, and cost.
 
-Run from the repository root (about 4 minutes on 2 shared cores)::
+Run from the repository root (about 10 minutes on 2 shared cores)::
 
     .venv/bin/python bench/routing_bench.py             # all three, rewrites the doc section
     .venv/bin/python bench/routing_bench.py --no-write  # print only
@@ -57,6 +57,8 @@ BASELINE = {"FICC_PREFIX_ENABLED": "false", "FICC_SCRAPE_INTERVAL": "1d"}
 CONVERSATIONS, TURNS, ANSWER_TOKENS = 4, 6, 16
 #: Words of the shared system prompt and of each user turn (about a token each).
 SYSTEM_WORDS, TURN_WORDS = 990, 30
+#: Seconds a user takes between an answer and the next turn (uniform, seeded).
+THINK_SECONDS = (0.5, 4.0)
 WORDS = (
     "river stone lamp harbour keeper night storm light tower ship rope signal tide wind "
     "rock map glass oil wick bell fog coast gull salt wave beam log watch shift stair door "
@@ -195,7 +197,7 @@ def _share(before: dict[str, float], after: dict[str, float]) -> list[float]:
 
 
 def _conversation(url: str, service: dict, seed: int, session: bool, out: list) -> None:
-    rng = random.Random(seed)
+    rng, think = random.Random(seed), random.Random(-seed)
     system = "You answer as the keeper of an old lighthouse. House rules: " + _text(
         rng, SYSTEM_WORDS
     )
@@ -230,6 +232,10 @@ def _conversation(url: str, service: dict, seed: int, session: bool, out: list) 
                  "computed": timings.get("prompt_n"), "cached": timings.get("cache_n")}
             )  # fmt: skip
             messages.append({"role": "assistant", "content": "".join(answer) or "..."})
+            # The user reads and types: without it, conversations return in lockstep with
+            # their replica's batch, and least-loaded sends each back to the idle replica,
+            # which is by chance its own.
+            time.sleep(think.uniform(*THINK_SECONDS))
 
 
 def cache_arm(controller: Controller, arm: str, seed: int) -> dict[str, Any]:
@@ -240,6 +246,7 @@ def cache_arm(controller: Controller, arm: str, seed: int) -> dict[str, Any]:
         threading.Thread(
             target=_conversation,
             args=(controller.url, service, seed + i, arm == "session", out),
+            daemon=True,
         )
         for i in range(CONVERSATIONS)
     ]
@@ -260,6 +267,8 @@ def cache_arm(controller: Controller, arm: str, seed: int) -> dict[str, Any]:
         "last_prompt_tokens": max((r["prompt_tokens"] or 0) for r in out),
         # What the engine computed, not read from its cache (llama.cpp's timings.prompt_n).
         "computed": statistics.median(computed) if computed else float("nan"),
+        "computed_mean": statistics.mean(computed) if computed else float("nan"),
+        "computed_max": max(computed, default=0),
         "seconds": time.monotonic() - started,
     }
 
@@ -434,18 +443,20 @@ def report(cache: list[dict], slow: list[dict], costs: list[tuple[str, float]]) 
             f"**Multi-turn conversations, two real llama.cpp replicas** ({CONVERSATIONS} "
             f"conversations at once, {TURNS} turns each, a shared system prompt of about "
             f"{SYSTEM_WORDS} words, user turns of {TURN_WORDS} words and {ANSWER_TOKENS}-token "
-            "answers; SmolLM2-135M Q4_1, `--parallel 2`, one thread per replica).",
+            "answers, a user's pause of 0.5 to 4 s between turns; SmolLM2-135M Q4_1, "
+            "`--parallel 2`, one thread per replica).",
             "",
-            "| Arm | Follow-up TTFT median | p90 | Median vs least-loaded | Prompt tokens "
-            "computed per follow-up (median) | Requests per replica | First turn median "
-            "| Longest prompt (tokens) |",
+            "| Arm | Follow-up TTFT median | p90 | Least-loaded's median / this | Prompt tokens "
+            "computed per follow-up: median / mean / max | Requests per replica "
+            "| First turn median | Longest prompt (tokens) |",
             "|---|---|---|---|---|---|---|---|",
         ]
         for r in cache:
             ratio = base["median"] / r["median"] if base and r["median"] else float("nan")
             lines.append(
                 f"| {r['arm']} | {r['median'] * 1e3:.0f} ms | {r['p90'] * 1e3:.0f} ms | "
-                f"{ratio:.2f}x lower | {r['computed']:.0f} | {_fmt_share(r['share'])} | "
+                f"{ratio:.2f} | {r['computed']:.0f} / {r['computed_mean']:.0f} / "
+                f"{r['computed_max']:.0f} | {_fmt_share(r['share'])} | "
                 f"{r['first_turn'] * 1e3:.0f} ms | {r['last_prompt_tokens']} |"
             )
         lines.append("")
@@ -465,8 +476,11 @@ def report(cache: list[dict], slow: list[dict], costs: list[tuple[str, float]]) 
                 f"{(r['p50'] or 0) * 1e3:.1f} ms | {r['reference_ok']} |"
             )
         if "least in-flight" in by and "scored" in by:
-            fewer = by["least in-flight"]["slow"] / max(by["scored"]["slow"], 1)
-            lines += ["", f"The scored router sent the slow replica {fewer:.1f}x fewer requests."]
+            base, scored = by["least in-flight"]["slow"], by["scored"]["slow"]
+            verdict = (
+                f"{base / scored:.1f}x fewer requests" if scored else f"no request ({base:.0f})"
+            )
+            lines += ["", f"The scored router sent the slow replica {verdict}."]
         lines.append("")
     if costs:
         lines += [
