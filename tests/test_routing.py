@@ -351,6 +351,18 @@ def test_a_session_leaves_a_replica_over_its_kv_ceiling_or_stale():
     assert s.pick(view, headers={"x-session-id": "conv"}) == other
 
 
+def test_a_stale_replicas_own_low_count_does_not_trip_the_guard():
+    s = _setup(stale_after=5.0)
+    view = _view(3, concurrency=64)
+    first = s.pick(view, headers={"x-session-id": "conv"})
+    others = [r for r in view.replicas if r != first]
+    s.scraped(first, running=6)
+    s.scraped(others[0], running=5)
+    s.scraper.replicas[others[1].key] = ReplicaLoad("svc", first_seen=s.clock.now - 60)  # stale
+    # 6 against the stale replica's 0 would trip both sides; against the fresh 5 it does not.
+    assert s.pick(view, headers={"x-session-id": "conv"}) == first
+
+
 def test_a_session_expires_after_its_ttl():
     s = _setup(session_ttl=60)
     view = _view(2)

@@ -153,7 +153,7 @@ class Router:
         rated: dict[str, tuple[int, float, float, LiveReplica]] = {}
         best: LiveReplica | None = None
         best_rank = (2, 0.0)
-        least, ties = float("inf"), 0
+        ties = 0
         for replica in view.replicas:
             key = replica.key
             if key in tried:
@@ -163,7 +163,6 @@ class Router:
                 continue
             tier, score, inflight = self.rate(key, local, now)
             rated[key] = (tier, score, inflight, replica)
-            least = min(least, inflight)
             rank = (tier, score)
             if best is None or rank < best_rank:
                 best, best_rank, ties = replica, rank, 1
@@ -178,6 +177,9 @@ class Router:
         session = affinity.session_of(request)
         preference = affinity.preferred(request, rated, session, now)
         if preference is not None:
+            # The guard compares with the least loaded replica affinity would yield to: one
+            # of the best tier (a stale replica's own count is no reason to leave).
+            least = min(item[2] for item in rated.values() if item[0] == best_rank[0])
             tier, _, inflight, chosen = min(
                 (rated[key] for key in preference.replicas), key=lambda item: item[:2]
             )
