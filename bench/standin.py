@@ -10,7 +10,15 @@ command line (the FICC ``llama_cpp`` adapter's flags; unknown flags are ignored)
     standin.py --host 127.0.0.1 --port 8001 --alias chat
 
 Routes: ``GET /health``, ``GET /v1/models``, ``GET /metrics``, ``GET /stats`` (its
-counters as JSON), ``POST /v1/chat/completions`` and ``POST /v1/embeddings``.
+counters as JSON), ``POST /v1/chat/completions``, ``POST /v1/embeddings`` and
+``POST /steer``.
+
+``/metrics`` reports the load in llama.cpp's names (``llamacpp:requests_processing``:
+chat answers being written; ``llamacpp:requests_deferred``). ``POST /steer`` with
+``{"delay": 0.05, "queued": 4}`` makes this one engine slow: every chat answer starts
+``delay`` seconds late, and ``/metrics`` says ``queued`` more requests wait in it, as an
+engine behind with its own queue (other clients, a long batch) says. Sent straight to
+one replica's socket, it makes that replica the slow one.
 
 What a chat request gets is steered by its last message's content, so it passes
 unchanged through any gateway: ``n=64 gap=0.02`` streams 64 deltas 20 ms apart when
@@ -71,10 +79,14 @@ class Stats:
         self.disconnects = 0
         self.last_disconnect = 0.0
         self.body_bytes = 0
+        self.active = 0  # chat answers being written (or waiting out the delay)
 
 
 STATS = Stats()
 ALIAS = "standin"
+#: The delay steer (``POST /steer``): seconds before each chat answer, and the queue
+#: ``/metrics`` reports.
+STEER: dict[str, float] = {"delay": 0.0, "queued": 0}
 
 
 def _chunk(payload: bytes) -> bytes:
@@ -208,7 +220,21 @@ class Engine(asyncio.Protocol):
             models = {"object": "list", "data": [{"id": ALIAS, "object": "model", "owned_by": "x"}]}
             self.send(200, b"application/json", json.dumps(models).encode())
         elif path == "/metrics":
-            self.send(200, b"text/plain; version=0.0.4", b"standin_requests %d\n" % STATS.requests)
+            text = b"standin_requests %d\nllamacpp:requests_processing %d\n" % (
+                STATS.requests,
+                STATS.active,
+            )
+            text += b"llamacpp:requests_deferred %d\n" % STEER["queued"]
+            self.send(200, b"text/plain; version=0.0.4", text)
+        elif path == "/steer" and method == "POST":
+            try:
+                steer = json.loads(body)
+                STEER["delay"] = float(steer.get("delay", 0.0))
+                STEER["queued"] = int(steer.get("queued", 0))
+            except (ValueError, TypeError, AttributeError):
+                self.send(400, b"application/json", b'{"error":{"message":"bad steer"}}')
+                return
+            self.send(200, b"application/json", json.dumps(STEER).encode())
         elif path == "/stats":
             stats = dict(vars(STATS), now=time.monotonic(), pid=os.getpid())
             self.send(200, b"application/json", json.dumps(stats).encode())
@@ -222,7 +248,12 @@ class Engine(asyncio.Protocol):
                 self.send(400, b"application/json", b'{"error":{"message":"bad request"}}')
                 return
             if not request.get("stream"):
-                self.send(200, b"application/json", CHAT_BODY)
+                if STEER["delay"]:
+                    self.busy = True
+                    STATS.active += 1
+                    self.task = asyncio.get_running_loop().create_task(self.later(CHAT_BODY))
+                else:
+                    self.send(200, b"application/json", CHAT_BODY)
                 return
             steer = _STEER.search(content[-64:] if isinstance(content, str) else "")
             n = int(steer.group(1)) if steer else 16
@@ -234,13 +265,39 @@ class Engine(asyncio.Protocol):
         else:
             self.send(404, b"application/json", b'{"error":{"message":"not found"}}')
 
+    async def later(self, body: bytes) -> None:
+        """Answer a chat after the steered delay, then go on with the connection."""
+        try:
+            await asyncio.sleep(STEER["delay"])
+            if self.closed:
+                return
+            self.send(200, b"application/json", body)
+        except asyncio.CancelledError:
+            return
+        finally:
+            STATS.active -= 1
+            self.task = None
+        self.busy = False
+        self.next_request()
+
+    def next_request(self) -> None:
+        if self.close_after and self.transport is not None:
+            self.transport.close()
+        elif self.buffer:
+            self.parse()
+
     async def stream(self, n: int, gap: float, usage: bool) -> None:
         transport = self.transport
         assert transport is not None
-        transport.write(_head(200, b"text/event-stream", None))
         loop = asyncio.get_running_loop()
-        started = loop.time()
+        STATS.active += 1
         try:
+            if STEER["delay"]:
+                await asyncio.sleep(STEER["delay"])
+            if self.closed:
+                return
+            transport.write(_head(200, b"text/event-stream", None))
+            started = loop.time()
             for seq in range(n):
                 if gap:
                     delay = started + (seq + 1) * gap - loop.time()
@@ -258,12 +315,10 @@ class Engine(asyncio.Protocol):
         except asyncio.CancelledError:
             return
         finally:
+            STATS.active -= 1
             self.task = None
         self.busy = False
-        if self.close_after:
-            transport.close()
-        elif self.buffer:
-            self.parse()
+        self.next_request()
 
 
 def _dechunk(buffer: bytearray, at: int) -> tuple[bytes | None, int]:

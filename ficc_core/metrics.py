@@ -177,6 +177,49 @@ class Metrics:
             registry=self.registry,
         )
 
+        # -- routing: engine load scraped, and how replicas were chosen (docs/routing.md) ----
+        per_replica = ("service", "replica")
+        self.routing_scraped_running = prom.Gauge(
+            "ficc_gateway_engine_running_requests",
+            "Requests a replica's engine said it was generating for at its last scrape.",
+            per_replica,
+            registry=self.registry,
+        )
+        self.routing_scraped_waiting = prom.Gauge(
+            "ficc_gateway_engine_waiting_requests",
+            "Requests a replica's engine said it held in its own queue at its last scrape.",
+            per_replica,
+            registry=self.registry,
+        )
+        self.routing_scraped_kv = prom.Gauge(
+            "ficc_gateway_engine_kv_cache_usage_ratio",
+            "KV cache use (0 to 1) a replica's engine reported at its last scrape, where it "
+            "reports one.",
+            per_replica,
+            registry=self.registry,
+        )
+        self.routing_scrape_age = prom.Gauge(
+            "ficc_gateway_engine_scrape_age_seconds",
+            "Seconds since a replica's engine load was last read (or since it joined); over "
+            "scrape_stale_after the replica is scored as stale.",
+            per_replica,
+            registry=self.registry,
+        )
+        self.routing_scrape_failures = prom.Counter(
+            "ficc_gateway_engine_scrape_failures",
+            "Reads of a replica engine's /metrics that failed (timeout, error, not 200).",
+            per_replica,
+            registry=self.registry,
+        )
+        self.routing_decisions = prom.Counter(
+            "ficc_gateway_routing_decisions",
+            "How the gateway chose each request's replica, by service and reason: session "
+            "(its session's replica), prefix (the replica holding its prompt's prefix), "
+            "score (the lowest score), balanced (affinity abandoned by the imbalance guard).",
+            ("service", "reason"),
+            registry=self.registry,
+        )
+
     def render(self) -> tuple[bytes, str]:
         """Return the exposition body and its content type."""
         return prom.generate_latest(self.registry), prom.CONTENT_TYPE_LATEST

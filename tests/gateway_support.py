@@ -32,6 +32,7 @@ from ficc_core.config import load_config
 from ficc_core.controller.server import serve_http
 from ficc_core.controller.service import Service, open_service
 from ficc_core.gateway import Gateway
+from ficc_core.gateway.request import Request
 from ficc_core.inference.live import LiveReplica, LiveService
 from ficc_core.schema import Fence, Job
 from ficc_core.testing.executor_kit import new_fence, request_json, standin_job
@@ -196,6 +197,26 @@ async def gateway_env(
                 nursery.cancel_scope.cancel()
     finally:
         shutil.rmtree(agent_dir, ignore_errors=True)
+
+
+def routing_request(
+    view: LiveService,
+    *,
+    path: str = "/v1/chat/completions",
+    headers: dict[str, str] | None = None,
+    payload: bytes = b"",
+) -> Request:
+    """A request to ``view`` as the router sees it (no actor: routing never reads it)."""
+    return Request(
+        service_id=view.id,
+        path=path,
+        actor=None,  # type: ignore[arg-type]
+        view=view,
+        headers=headers or {},
+        started=0.0,
+        deadline=float("inf"),
+        payload=payload,
+    )
 
 
 def sse_events(raw: bytes) -> list[Any]:

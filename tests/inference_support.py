@@ -235,3 +235,25 @@ async def llama_spec(
         ],
         **options,
     }
+
+
+async def ready_service(
+    controller: Controller, model_id: str, **options: Any
+) -> tuple[str, str, str]:
+    """Create and start a llama_cpp service, wait until every replica is routed; return
+    (service id, a service-bound invoke token, its credential id)."""
+    spec = await llama_spec(controller, model_id, **options)
+    created = await controller.ok("POST", "/api/v1/inference", status=201, json=spec)
+    service_id = created["id"]
+    assert (await controller.control(service_id, "start")).status_code == 200
+    await controller.wait_service(
+        service_id,
+        lambda v: (
+            v["state"] == "ready"
+            and len(controller.service.live.get(service_id).replicas) == len(spec["placements"])
+        ),
+    )
+    issued = await controller.ok(
+        "POST", f"/api/v1/inference/{service_id}/tokens", status=201, json={"lifetime": 600}
+    )
+    return service_id, issued["token"], issued["credential"]["id"]

@@ -25,6 +25,7 @@ from ficc_core.config import load_config, render_reference
 from ficc_core.errors import ConfigError, FiccError
 from ficc_core.gateway.accounting import Accounting
 from ficc_core.gateway.admission import Admission
+from ficc_core.gateway.scoring import router_from_config
 from ficc_core.gateway.checks import RequestChecks
 from ficc_core.gateway.errors import NoReadyReplica, ServiceSaturated
 from ficc_core.gateway.request import Request
@@ -178,6 +179,15 @@ class Bench:
             queue_factor=4,
             max_queue_wait=math.inf,
             recheck_interval=0.25,
+        )
+        # The gateway's router, as Gateway builds it (no scraper runs: in-flight only).
+        self.admission.router = router_from_config(
+            config,
+            live=self.live,
+            contributors=None,  # type: ignore[arg-type]
+            local=self.admission.load,
+            metrics=self.metrics,
+            rng=self.admission.rng,
         )
         self.view = LiveService(
             id="svc",

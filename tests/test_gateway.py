@@ -19,7 +19,7 @@ from ficc_core.gateway import Gateway
 from ficc_core.inference.live import LiveReplica, LiveService
 from ficc_core.testing.executor_kit import new_fence
 
-from .gateway_support import ALIAS, chat, eventually, gateway_env
+from .gateway_support import ALIAS, chat, eventually, gateway_env, routing_request
 
 
 def _client(env, service_id: str, token: str) -> openai.OpenAI:
@@ -475,7 +475,7 @@ async def test_the_injected_random_source_breaks_ties_between_equally_loaded_rep
             config=service.config,
             rng=_Fixed(value),
         )
-        picks[value] = gateway.admission.pick(view, set(), None).key
+        picks[value] = gateway.admission.pick(view, set(), routing_request(view)).key
     # A draw below 1/ties takes the later replica; above it keeps the earlier one.
     assert picks == {0.0: second.attempt_id, 0.99: first.attempt_id}
 

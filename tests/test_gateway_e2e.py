@@ -20,32 +20,14 @@ from ficc_core.testing.executor_kit import exchange
 from ficc_core.testing.models import with_mean_pooling
 
 from .inference_support import (
-    llama_spec,
     open_inference_controller,
+    ready_service,
     register_gguf,
     register_smollm2,
 )
 from .models_support import smollm2_path
 
 LONG = {"role": "user", "content": "Write a very long story about a lighthouse keeper."}
-
-
-async def _ready_service(controller, model_id: str, **options) -> tuple[str, str, str]:
-    spec = await llama_spec(controller, model_id, **options)
-    created = await controller.ok("POST", "/api/v1/inference", status=201, json=spec)
-    service_id = created["id"]
-    assert (await controller.control(service_id, "start")).status_code == 200
-    await controller.wait_service(
-        service_id,
-        lambda v: (
-            v["state"] == "ready"
-            and len(controller.service.live.get(service_id).replicas) == len(spec["placements"])
-        ),
-    )
-    issued = await controller.ok(
-        "POST", f"/api/v1/inference/{service_id}/tokens", status=201, json={"lifetime": 600}
-    )
-    return service_id, issued["token"], issued["credential"]["id"]
 
 
 def _client(controller, service_id: str, token: str) -> OpenAI:
@@ -102,7 +84,7 @@ async def test_openai_client_streams_spreads_and_is_cut_by_revocation_and_stop(t
     with trio.fail_after(240):
         async with open_inference_controller(tmp_path) as controller:
             model_id = await register_smollm2(controller)
-            service_id, token, credential_id = await _ready_service(
+            service_id, token, credential_id = await ready_service(
                 controller, model_id, node_ids=("local", "local"), cpus=0.5, concurrency=2
             )
             client = _client(controller, service_id, token)
@@ -188,7 +170,7 @@ async def test_a_killed_engine_ends_its_stream_with_an_error_and_the_replica_com
     with trio.fail_after(240):
         async with open_inference_controller(tmp_path) as controller:
             model_id = await register_smollm2(controller)
-            service_id, token, _ = await _ready_service(controller, model_id)
+            service_id, token, _ = await ready_service(controller, model_id)
             client = _client(controller, service_id, token)
             [replica] = controller.service.live.get(service_id).replicas
             agent_dir = Path(controller.service.config.agent_path)
@@ -226,7 +208,7 @@ async def test_embeddings_are_served_by_a_service_of_an_embedding_model(tmp_path
         with trio.fail_after(240):
             async with open_inference_controller(tmp_path) as controller:
                 model_id = await register_gguf(controller, path, "smollm2-embed")
-                service_id, token, _ = await _ready_service(controller, model_id)
+                service_id, token, _ = await ready_service(controller, model_id)
                 client = _client(controller, service_id, token)
                 answer = await trio.to_thread.run_sync(
                     lambda: client.embeddings.create(
@@ -256,7 +238,7 @@ async def test_a_chat_sent_once_drain_or_stop_answered_is_refused_never_served(t
     with trio.fail_after(400):
         async with open_inference_controller(tmp_path) as controller:
             model_id = await register_smollm2(controller)
-            service_id, token, _ = await _ready_service(controller, model_id)
+            service_id, token, _ = await ready_service(controller, model_id)
             chat_path = f"/api/v1/inference/{service_id}/v1/chat/completions"
             hello = {
                 "model": "smol",

@@ -204,6 +204,7 @@ async def open_service(
             await nursery.start(reconciler.run)
             await nursery.start(usage.run)
             await nursery.start(auth.watch_revocations)
+            await nursery.start(gateway.run)
             await nursery.start(
                 EventRetention(
                     store,

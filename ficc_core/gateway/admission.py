@@ -2,7 +2,7 @@
 
 Only the :class:`~ficc_core.inference.live.LiveService`'s ready replicas of its
 current generation take requests, each up to the service's ``concurrency``
-(:meth:`Admission.pick` chooses the replica). Every request is in a band
+(:meth:`Admission.pick` asks the :mod:`.scoring` router which). Every request is in a band
 (:mod:`ficc_core.bands`: its credential's, else its project's, else
 ``band_default``; a band header may only lower it).
 
@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from .accounting import Accounting
     from .checks import RequestChecks
     from .request import Request
+    from .scoring import Router
 
 #: A band's credit is capped here, so a band that could not be served for a while
 #: (every replica it may use busy with retries) gets no burst of slots later.
@@ -149,6 +150,9 @@ class Admission:
             return 0
         return line.waiting if band is None else len(line.queues.get(band, ()))
 
+    #: Chooses among the replicas (:class:`~ficc_core.gateway.scoring.Router`); the gateway sets it.
+    router: Router
+
     def _busy(self, view: LiveService) -> int:
         """Slots of ``view``'s replicas held now (a retiring replica's are not its own)."""
         load, busy = self._load, 0
@@ -164,22 +168,9 @@ class Admission:
         return self.bands.effective(entitled, request.headers.get(self.band_header))
 
     def pick(self, view: LiveService, tried: set[str], request: Request) -> LiveReplica | None:
-        """The least loaded replica of ``view`` not in ``tried`` with a free slot, or None."""
-        best: LiveReplica | None = None
-        best_load, ties = 0, 0
-        for replica in view.replicas:
-            if replica.key in tried:
-                continue
-            load = self._load.get(replica.key, 0)
-            if load >= view.concurrency:
-                continue
-            if best is None or load < best_load:
-                best, best_load, ties = replica, load, 1
-            elif load == best_load:
-                ties += 1
-                if self.rng.random() * ties < 1:
-                    best = replica
-        return best
+        """The replica of ``view`` ``request`` goes to, or None: never one in ``tried``, never
+        one with ``view.concurrency`` requests in flight here (:mod:`.scoring` chooses)."""
+        return self.router.pick(view, tried, request)
 
     def take(self, request: Request, replica: LiveReplica) -> None:
         """Give ``request`` a slot on ``replica``."""

@@ -61,6 +61,7 @@ from .errors import DeadlineExceeded, EngineFailed, EngineTimeout
 from .limits import ContextLimits
 from .relay import SSE, Relay, ResponseChunks, Timeouts
 from .request import Request
+from .scoring import router_from_config
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -191,6 +192,14 @@ class Gateway:
         self.breakers = Breakers(
             live, metrics, threshold=config.breaker_threshold, cooldown=config.breaker_cooldown
         )
+        self.router = self.admission.router = router_from_config(
+            config,
+            live=live,
+            contributors=contributors,
+            local=self.admission.load,
+            metrics=metrics,
+            rng=self.admission.rng,
+        )
         self.relay = Relay(
             contributors,
             self.checks,
@@ -273,6 +282,7 @@ class Gateway:
             deadline_bound="timeout_total",
             deadline_seconds=self.total_timeout,
             streaming=streaming,
+            payload=payload,
         )
         if view.request_deadline is not None and view.request_deadline <= self.total_timeout:
             request.deadline = started + view.request_deadline
@@ -395,6 +405,11 @@ class Gateway:
         assert replica is not None
         self.accounting.series(request.service_id, replica.key).requests.inc()
         return None, response
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """The gateway's background work until cancelled: reading the engines' load
+        (:mod:`.scrape`) and forgetting replicas that left (:mod:`.scoring`)."""
+        await self.router.run(task_status=task_status)
 
     def _settle(self, request: Request, outcome: str) -> None:
         """A request ended: free its slot, leave the live count, account it. Once."""

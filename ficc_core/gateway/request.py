@@ -63,6 +63,13 @@ class Request:
     wait_until: float = math.inf
     # -- priority bands (admission.py, docs/priority.md) --
     band: Band | None = None
+    # -- routing (gateway/scoring.py, gateway/affinity.py) ----------------------------------
+    #: The bytes sent to the engine, until the router hashed its prompt (then released).
+    payload: bytes = b""
+    #: The prompt's prefix hashes, computed at the first pick (None until then).
+    prefix: tuple[int, ...] | None = None
+    #: The prompt's length in bytes, as far as the prefix index reads it.
+    prompt_length: int = 0
 
     def took(self, data: bytes) -> None:
         """Note a body chunk relayed: the first byte's time, the last two chunks (usage)."""

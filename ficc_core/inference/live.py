@@ -179,8 +179,13 @@ class LiveTable:
         return self._services.get(service_id)
 
     def views(self) -> Iterable[LiveService]:
-        """Every published view (a project's services, for the project endpoint)."""
+        """Every published view (the project endpoint's index; the gateway's background
+        tasks walk a copy, :meth:`services`)."""
         return self._services.values()
+
+    def services(self) -> tuple[LiveService, ...]:
+        """Every published view (the gateway's background tasks walk them, never a request)."""
+        return tuple(self._services.values())
 
     def changed(self, service_id: str) -> trio.Event:
         """An event set at the next change of ``service_id``'s view."""
