@@ -25,10 +25,10 @@ from ficc_core.config import load_config, render_reference
 from ficc_core.errors import ConfigError, FiccError
 from ficc_core.gateway.accounting import Accounting
 from ficc_core.gateway.admission import Admission
-from ficc_core.gateway.scoring import router_from_config
 from ficc_core.gateway.checks import RequestChecks
 from ficc_core.gateway.errors import NoReadyReplica, ServiceSaturated
 from ficc_core.gateway.request import Request
+from ficc_core.gateway.scoring import router_from_config
 from ficc_core.inference.live import LiveReplica, LiveService, LiveTable
 from ficc_core.metrics import Metrics
 from ficc_core.testing.executor_kit import new_fence
