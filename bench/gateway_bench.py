@@ -13,7 +13,8 @@ Targets, all in front of the same stand-in engine (``bench/standin.py``):
   with nothing in it;
 * **FICC**: ``ficc serve`` (embedded agent, process executor), the stand-in declared
   as an installed runtime and run by the unchanged ``llama_cpp`` adapter on a Unix
-  socket in its own network namespace, invoked with a service-bound invoke token;
+  socket in its own network namespace, invoked with a service-bound invoke token,
+  every routing feature on (its defaults, and a session header on every request);
 * **LiteLLM**: LiteLLM proxy (``bench/.venv-litellm``, installed on first use), one
   worker, master-key auth, the stand-in as an ``openai/`` model on loopback.
 
@@ -362,6 +363,9 @@ class Ficc:
                     "prefix": f"/api/v1/inference/{created['id']}",
                     "auth": token["token"],
                     "model": alias,
+                    # Routing as clients with sessions use it: the session table is read
+                    # and written per request (scraping and the prefix index are on).
+                    "headers": [f"x-session-id: bench-{alias}"],
                 },
                 "engine_pid": pid,
                 "engine": "unix:" + engine_socket(pid),

@@ -55,6 +55,8 @@ class Target:
         self.auth = spec.get("auth")
         self.model = spec.get("model", "standin")
         self.extra = spec.get("extra", {})
+        #: More request headers, as "Name: value" lines (a session header, say).
+        self.headers = list(spec.get("headers", ()))
 
     def request(self, path: str, body: dict[str, Any] | None) -> bytes:
         payload = b"" if body is None else json.dumps(body, separators=(",", ":")).encode()
@@ -62,6 +64,7 @@ class Target:
         lines = [f"{method} {self.prefix}{path} HTTP/1.1", "Host: bench"]
         if self.auth:
             lines.append(f"Authorization: Bearer {self.auth}")
+        lines += self.headers
         if body is not None:
             lines += ["Content-Type: application/json", f"Content-Length: {len(payload)}"]
         return ("\r\n".join(lines) + "\r\n\r\n").encode() + payload

@@ -430,10 +430,12 @@ def _fmt_share(share: list[float]) -> str:
 
 def report(cache: list[dict], slow: list[dict], costs: list[tuple[str, float]]) -> str:
     load = os.getloadavg()
+    # The bench itself keeps about one core busy; more than that was someone else's.
+    busy = "other work was running" if load[2] > 1.5 else "nothing else was running"
     lines = [
-        f"Measured {time.strftime('%Y-%m-%d')} on a shared {os.cpu_count()}-core machine "
+        f"Measured {time.strftime('%Y-%m-%d')} on a {os.cpu_count()}-core machine "
         f"(load average {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f} at the end of the run: "
-        "other work was running; figures are comparisons within this run).",
+        f"{busy}; figures are comparisons within this run).",
         "",
     ]
     if cache:
