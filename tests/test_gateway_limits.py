@@ -18,7 +18,7 @@ from ficc_core.strictjson import dumps
 from ficc_core.testing.executor_kit import exchange
 
 from .gateway_support import ALIAS, gateway_env
-from .inference_support import llama_spec, open_inference_controller, register_smollm2
+from .inference_support import open_inference_controller, ready_service, register_smollm2
 
 CHAT = "/v1/chat/completions"
 
@@ -152,23 +152,12 @@ async def test_llama_cpp_an_over_long_prompt_is_refused_before_a_slot_and_a_fitt
     with trio.fail_after(240):
         async with open_inference_controller(tmp_path) as controller:
             model_id = await register_smollm2(controller)
-            spec = await llama_spec(controller, model_id, context=512, max_output=128)
-            created = await controller.ok("POST", "/api/v1/inference", status=201, json=spec)
-            service_id = created["id"]
-            assert (await controller.control(service_id, "start")).status_code == 200
-            await controller.wait_service(
-                service_id,
-                lambda v: (
-                    v["state"] == "ready"
-                    and len(controller.service.live.get(service_id).replicas) == 1
-                ),
-            )
-            issued = await controller.ok(
-                "POST", f"/api/v1/inference/{service_id}/tokens", status=201, json={"lifetime": 600}
+            service_id, token, _ = await ready_service(
+                controller, model_id, context=512, max_output=128
             )
             gateway = controller.service.gateway
             path = f"/api/v1/inference/{service_id}/v1/chat/completions"
-            headers = {"Authorization": f"Bearer {issued['token']}"}
+            headers = {"Authorization": f"Bearer {token}"}
 
             async def post(text: str, **extra):
                 body = _chat(text, **extra)
