@@ -20,7 +20,8 @@ STARTUP_LINES = 30
 _ENGINE = """#!{python}
 # A stand-in for llama-server: prints numbered lines, then serves the stand-in engine's
 # routes (health, the OpenAI ones) on the Unix socket it is given with --host. Health
-# probes leave no line, so the log changes only when the test makes it.
+# probes and the gateway's /metrics reads leave no line, so the log changes only when
+# the test makes it.
 import sys
 from ficc_core.testing import standin_engine
 argv = sys.argv[1:]
@@ -29,7 +30,11 @@ for number in range({lines}):
     print(f"fake llama-server line {{number}}", flush=True)
 quiet = standin_engine._Handler.log_message
 standin_engine._Handler.log_message = (
-    lambda self, form, *args: None if "/health" in form % args else quiet(self, form, *args)
+    lambda self, form, *args: (
+        None
+        if any(path in form % args for path in ("/health", "/metrics"))
+        else quiet(self, form, *args)
+    )
 )
 standin_engine.main(["--socket", sock])
 """

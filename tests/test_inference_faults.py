@@ -286,7 +286,9 @@ async def test_a_restarted_controller_adopts_the_running_replica_instead_of_laun
                 # What the adopted engine serves is known without relaunching it.
                 assert controller.service.live.get(service_id).capabilities == (
                     "chat",
+                    "completions",
                     "streaming",
+                    "tokenize.llama_cpp",
                 )
                 await _engine_metrics(controller, view)
 

@@ -47,7 +47,7 @@ async def test_the_scraper_reads_a_real_llama_cpp_engines_load_through_the_endpo
                     "POST",
                     f"/api/v1/inference/{service_id}/v1/chat/completions",
                     headers={"Authorization": f"Bearer {token}"},
-                    json={"messages": [LONG], "stream": True, "max_tokens": 2000},
+                    json={"messages": [LONG], "stream": True, "max_tokens": 400},
                 ) as response,
             ):
                 assert response.status_code == 200
