@@ -104,7 +104,7 @@ class Catalog:
             self._version = self.live.version
         project = self._projects.get(project_id)
         if project is None:
-            mine = (view for view in self.live.views() if view.project_id == project_id)
+            mine = (view for view in self.live.services() if view.project_id == project_id)
             project = self._projects[project_id] = _index(mine)
         return project
 

@@ -21,7 +21,6 @@ the response ends (its ``aclose``); :meth:`LiveTable.request` is the same pair a
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Literal
 
 import attrs
@@ -178,13 +177,9 @@ class LiveTable:
         """The service's current view, or None when it is not published."""
         return self._services.get(service_id)
 
-    def views(self) -> Iterable[LiveService]:
-        """Every published view (the project endpoint's index; the gateway's background
-        tasks walk a copy, :meth:`services`)."""
-        return self._services.values()
-
     def services(self) -> tuple[LiveService, ...]:
-        """Every published view (the gateway's background tasks walk them, never a request)."""
+        """Every published view, as a copy (the project endpoint's index is rebuilt from it
+        when the table changes; the gateway's background tasks walk it across awaits)."""
         return tuple(self._services.values())
 
     def changed(self, service_id: str) -> trio.Event:
