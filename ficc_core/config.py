@@ -18,6 +18,7 @@ import attrs
 
 from .bands import DEFAULT_BAND, DEFAULT_BANDS, Band, parse_bands, render_bands
 from .errors import ConfigError
+from .prices import FREE, Price, parse_price, parse_pricing, render_pricing
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _LISTEN = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[^\s:\[\]]+):(\d{1,5})")
@@ -589,6 +590,122 @@ class Config:
         validator=attrs.validators.ge(1),
     )
 
+    # -- keys, limits, budgets and accounting (docs/limits.md, people.md, usage.md) --------
+    auth_cache_ttl: float = _setting(
+        5.0,
+        "How long a verified credential is served from memory, and how often revocations "
+        "written by another process are looked for: a revoked key works at most this long, "
+        "traded against one store read per key per period (duration).",
+        kind="duration",
+        validator=attrs.validators.gt(0),
+    )
+    auth_negative_ttl: float = _setting(
+        30.0,
+        "How long a rejected bearer token is remembered as rejected, so a client looping "
+        "with a bad key costs no store read per request (duration; 0 remembers nothing).",
+        kind="duration",
+        validator=attrs.validators.ge(0),
+    )
+    default_rpm: int = _setting(
+        600,
+        "Requests per minute of a key that no scope (its credential, its person, its "
+        "project) gives a limit to. Unlimited is found by the bill or the outage, so the "
+        "default is a limit a person at a keyboard never meets and a runaway loop does; "
+        "0 keeps no limit, as a choice. A fallback, not a ceiling: an explicit limit at any "
+        "scope wins, above or below.",
+        kind="int",
+        validator=attrs.validators.ge(0),
+    )
+    default_tpm: int = _setting(
+        1_000_000,
+        "Tokens per minute (prompt and completion) of a key that no scope gives a limit to; "
+        "0 keeps no limit. As default_rpm: a fallback, not a ceiling.",
+        kind="int",
+        validator=attrs.validators.ge(0),
+    )
+    limits_sync_interval: float = _setting(
+        1.0,
+        "How often each controller process adds its counted requests, tokens and spend to "
+        "the store and reads the others': the bound on how far processes sharing a store "
+        "can drift past a limit together (duration).",
+        kind="duration",
+        validator=attrs.validators.gt(0),
+    )
+    pricing: tuple[tuple[str, Price], ...] = _setting(
+        (),
+        "What each model costs, for budgets and spend: model (its registry name or ID) to "
+        "whole units per 1k prompt and per 1k completion tokens (TOML: a table of "
+        "{prompt_per_1k, completion_per_1k} tables; variable: model=prompt:completion,...). "
+        "A model absent from it costs default_price.",
+        kind="pricing",
+        converter=parse_pricing,
+    )
+    default_price: Price = _setting(
+        FREE,
+        "The price of a model absent from pricing (prompt_per_1k:completion_per_1k), "
+        "nothing unless set.",
+        kind="price",
+        converter=parse_price,
+    )
+    signup_open: bool = _setting(
+        False,
+        "Serve self-service signup. Accounts it creates are pending until an administrator "
+        "approves them (ficc admin users approve), so this is not a way in; off, accounts "
+        "are made by administrators.",
+        kind="bool",
+    )
+    personal_disabled: bool = _setting(
+        False,
+        "Refuse personal keys: people then use the gateway only through the projects they "
+        "are members of.",
+        kind="bool",
+    )
+    personal_rpm: int = _setting(
+        60,
+        "Requests per minute of one person's personal keys together (0: default_rpm).",
+        kind="int",
+        validator=attrs.validators.ge(0),
+    )
+    personal_tpm: int = _setting(
+        100_000,
+        "Tokens per minute of one person's personal keys together (0: default_tpm).",
+        kind="int",
+        validator=attrs.validators.ge(0),
+    )
+    personal_budget: int = _setting(
+        0,
+        "Whole units one person's personal keys may spend per personal_period (0: none).",
+        kind="int",
+        validator=attrs.validators.ge(0),
+    )
+    personal_period: str = _setting(
+        "month",
+        "The period personal_budget renews over: day or month (UTC calendar).",
+        kind="str",
+        validator=attrs.validators.in_(("day", "month")),
+    )
+    usage_flush_interval: float = _setting(
+        1.0,
+        "How often buffered usage records are written to the store (duration).",
+        kind="duration",
+        validator=attrs.validators.gt(0),
+    )
+    usage_batch_size: int = _setting(
+        500,
+        "Usage records written in one transaction; a fuller buffer is written at once.",
+        kind="int",
+        validator=attrs.validators.ge(1),
+    )
+    usage_buffer_size: int = _setting(
+        100_000,
+        "Usage records held while the store is slow or down. Beyond it records are "
+        "aggregated per key, then dropped (counted and logged) rather than blocking a "
+        "request: losing accounting is bad, turning a stalled database into an outage "
+        "is worse.",
+        kind="int",
+        validator=attrs.validators.ge(1),
+    )
+
     @property
     def blobs_path(self) -> Path:
         """The content-addressed blob store inside :attr:`data_dir`."""
@@ -617,9 +734,10 @@ def env_name(field: attrs.Attribute) -> str:
 
 def _coerce(field: attrs.Attribute, value: Any, source: str) -> Any:
     kind = field.metadata["kind"]
-    if kind == "bands":
+    parser = {"bands": parse_bands, "pricing": parse_pricing, "price": parse_price}.get(kind)
+    if parser is not None:
         try:
-            return parse_bands(value, f"{source}: {field.name}")
+            return parser(value, f"{source}: {field.name}")
         except ConfigError as exc:
             raise ConfigError(
                 exc.message, details={"setting": field.name, "source": source}
@@ -718,6 +836,8 @@ def render_reference() -> str:
             default = "unset"
         elif field.metadata["kind"] == "bands":
             default = f"`{render_bands(field.default)}`"
+        elif field.metadata["kind"] == "pricing":
+            default = f"`{render_pricing(field.default)}`" if field.default else "none"
         else:
             default = f"`{field.default}`"
         lines.append(

@@ -33,6 +33,9 @@ class Principal:
     #: The credential's priority band and its project's (None: not set; docs/priority.md).
     band: str | None = None
     project_band: str | None = None
+    #: A person's personal key: outside any project, within the personal limits, and
+    #: invoking the services shared with its person (docs/people.md).
+    personal: bool = False
 
     def may_invoke(self, service_id: str) -> bool:
         """Whether this principal may invoke inference service ``service_id``."""

@@ -12,8 +12,11 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 
+from ..quotas import Unlimited
+
 if TYPE_CHECKING:
     from ..metrics import Metrics
+    from ..quotas import QuotaGate
     from .request import Request
 
 log = logging.getLogger("ficc.gateway")
@@ -33,6 +36,11 @@ class UsageRecord:
     :ivar queue_wait: seconds waited for a replica slot.
     :ivar ttfb: seconds from admission to the first response byte, or None.
     :ivar duration: seconds from admission to the end.
+    :ivar project_id: the project of the key that made it ("" for a personal key; the
+        service's project is the service's).
+    :ivar user_id: the person the key belongs to, if any.
+    :ivar model: the registry model the service serves.
+    :ivar cost: what it cost, in milli-units (:mod:`ficc_core.prices`).
     """
 
     service_id: str
@@ -50,6 +58,10 @@ class UsageRecord:
     ttfb: float | None
     duration: float
     finished_at: float
+    project_id: str = ""
+    user_id: str | None = None
+    model: str = ""
+    cost: int = 0
 
 
 @attrs.frozen
@@ -92,6 +104,7 @@ class Accounting:
     :param metrics: the controller's Prometheus collectors.
     :param usage_records: how many :class:`UsageRecord` are kept in :attr:`usage`.
     :param usage_sinks: called with each record (e.g. to persist it); must not block.
+    :param quotas: settles each request's reservation and prices it (default: free).
     """
 
     def __init__(
@@ -100,8 +113,10 @@ class Accounting:
         *,
         usage_records: int = 10_000,
         usage_sinks: Iterable[Callable[[UsageRecord], None]] = (),
+        quotas: QuotaGate | None = None,
     ) -> None:
         self.metrics = metrics
+        self.quotas: QuotaGate = Unlimited() if quotas is None else quotas
         #: The latest requests' usage, oldest first.
         self.usage: deque[UsageRecord] = deque(maxlen=usage_records)
         #: Called with each :class:`UsageRecord`; must not block.
@@ -177,6 +192,7 @@ class Accounting:
         """Account an ended request: its metrics and its :class:`UsageRecord`."""
         replica = request.replica
         if replica is None:
+            self.quotas.settle(request, outcome, None, None)
             if outcome not in _FINE:
                 self.refused(request.service_id, outcome)
             return
@@ -194,6 +210,8 @@ class Accounting:
             self.metrics.gateway_tokens.labels(service, key, "prompt").inc(prompt)
         if completion:
             self.metrics.gateway_tokens.labels(service, key, "completion").inc(completion)
+        cost = self.quotas.settle(request, outcome, prompt, completion)
+        actor = request.actor
         record = UsageRecord(
             service_id=service,
             generation=request.view.generation,
@@ -210,6 +228,10 @@ class Accounting:
             ttfb=ttfb,
             duration=duration,
             finished_at=time.time(),
+            project_id=actor.project_id if not actor.personal else "",
+            user_id=actor.user_id,
+            model=request.view.model_id,
+            cost=cost,
         )
         self.usage.append(record)
         usage_log.debug("%s", record)

@@ -51,6 +51,7 @@ import trio
 from ..errors import FiccError
 from ..executor.errors import InputNotAdmitted, PathNotAdmitted
 from ..executor.types import ResponseHead
+from ..quotas import QuotaGate, Unlimited
 from .accounting import Accounting, UsageRecord
 from .admission import Admission, no_replica
 from .breakers import Breakers
@@ -155,6 +156,8 @@ class Gateway:
         must not block. More can be added to :attr:`usage_sinks`.
     :param rng: breaks ties between equally loaded replicas (default: a new
         :class:`random.Random`).
+    :param quotas: rate limits, budgets and spend (default: :class:`Unlimited`); asked
+        before a replica is taken and when a request ends (:mod:`ficc_core.quotas`).
     """
 
     def __init__(
@@ -174,12 +177,16 @@ class Gateway:
         send_grace: float = 5.0,
         usage_sinks: Iterable[Callable[[UsageRecord], None]] = (),
         rng: random.Random | None = None,
+        quotas: QuotaGate | None = None,
     ) -> None:
         self.live = live
         self.max_attempts = max(1, config.retries + 1 if max_attempts is None else max_attempts)
         self.prefetch_bytes = prefetch_bytes
         self.checks = RequestChecks(auth, live, max_body_bytes=config.max_body_bytes)
-        self.accounting = Accounting(metrics, usage_records=usage_records, usage_sinks=usage_sinks)
+        self.quotas: QuotaGate = Unlimited() if quotas is None else quotas
+        self.accounting = Accounting(
+            metrics, usage_records=usage_records, usage_sinks=usage_sinks, quotas=self.quotas
+        )
         self.admission = Admission(
             self.checks,
             self.accounting,
@@ -288,6 +295,11 @@ class Gateway:
             request.deadline = started + view.request_deadline
             request.deadline_bound = "request_deadline"
             request.deadline_seconds = view.request_deadline
+        try:
+            self.quotas.admit(request)  # before a replica is taken
+        except FiccError as exc:
+            self.accounting.refused(service_id, exc.code)
+            raise
         # Counted in flight until settled (a drain waits for it): every way out settles.
         self.live.enter(service_id)
         try:

@@ -70,6 +70,9 @@ class Request:
     prefix: tuple[int, ...] | None = None
     #: The prompt's length in bytes, as far as the prefix index reads it.
     prompt_length: int = 0
+    # -- quotas (ficc_core/quotas, docs/limits.md) ------------------------------------------
+    #: What the quota gate reserved at admission (its own type), settled at the end.
+    reservation: object | None = None
 
     def took(self, data: bytes) -> None:
         """Note a body chunk relayed: the first byte's time, the last two chunks (usage)."""

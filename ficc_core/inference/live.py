@@ -78,6 +78,8 @@ class LiveService:
     :ivar max_output: tokens one completion may generate, or None for no bound.
     :ivar fallbacks: aliases of the project's services tried in order when this one
         cannot serve a request (project endpoint only).
+    :ivar model_id: the registry model it serves, and ``model_name`` its name (what
+        ``pricing`` is looked up by; empty when the model is gone).
     :ivar created: when the service was created, in Unix seconds (``/v1/models``).
     """
 
@@ -97,6 +99,8 @@ class LiveService:
     max_output: int | None = None
     fallbacks: tuple[str, ...] = ()
     created: int = 0
+    model_id: str = ""
+    model_name: str = ""
 
     def serves(self, key: str) -> bool:
         """Whether a request in flight on the attempt ``key`` may go on (routed or retiring)."""

@@ -213,6 +213,8 @@ def publish(
             max_output=specification.max_output,
             fallbacks=specification.fallbacks or (),
             created=int(record.created_at),
+            model_id=specification.model_id,
+            model_name=model.manifest.name if model is not None else "",
         ),
         revision=record.revision,
     )

@@ -335,4 +335,10 @@ MIGRATIONS: list[tuple[str, ...]] = [
         "ALTER TABLE credentials ADD COLUMN band TEXT",
         "ALTER TABLE projects ADD COLUMN band TEXT",
     ),
+    # 15: rate limits and budgets per scope, and the counters processes share (quotas).
+    (),
+    # 16: people: account states, personal keys, services shared with people.
+    (),
+    # 17: usage records with their project, person, model and spend.
+    (),
 ]
