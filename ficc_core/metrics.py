@@ -220,6 +220,14 @@ class Metrics:
             registry=self.registry,
         )
 
+        # -- quotas (docs/limits.md) -------------------------------------------------------
+        self.quota_sync_failures = prom.Counter(
+            "ficc_quota_sync_failures",
+            "Syncs of this process's rate-limit and budget counts with the store that failed "
+            "(counting went on in memory; the counts are written at the next that succeeds).",
+            registry=self.registry,
+        )
+
     def render(self) -> tuple[bytes, str]:
         """Return the exposition body and its content type."""
         return prom.generate_latest(self.registry), prom.CONTENT_TYPE_LATEST

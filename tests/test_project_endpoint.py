@@ -351,7 +351,7 @@ def test_a_streamed_completion_asks_the_engine_for_usage_as_a_streamed_chat_does
         capabilities=("chat", "streaming", "completions"),
     )
     checks = RequestChecks(None, None, max_body_bytes=1 << 20)  # type: ignore[arg-type]
-    payload, streaming, _count = checks.prepare(
+    payload, streaming, *_ = checks.prepare(
         view, "/v1/completions", b'{"prompt": ["a", "b"], "stream": true}'
     )
     assert streaming

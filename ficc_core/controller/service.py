@@ -30,6 +30,7 @@ from ..models.blobs import BlobStore
 from ..models.fetch import FetchPolicy, make_client
 from ..models.registry import ModelRegistry
 from ..plugins import PluginSet, build_plugin_manager
+from ..quotas import Quotas, QuotaSync
 from ..store import Store, open_sqlite_store
 
 if TYPE_CHECKING:
@@ -59,6 +60,10 @@ class Service:
     gateway: Gateway
     #: Every invoke request's usage, written in batches.
     usage: UsageLedger
+    #: Rate limits, budgets and spend (the gateway's quota gate; docs/limits.md).
+    quotas: Quotas
+    #: Shares the gate's counts with the other processes on the store.
+    quota_sync: QuotaSync
 
     @property
     def fetch_policy(self) -> FetchPolicy:
@@ -139,6 +144,9 @@ async def open_service(
         live = LiveTable()
         contexts = ModelContexts(models=models, blobs=blobs)
         usage = UsageLedger(store)
+        quotas = Quotas(store, config)
+        await quotas.load()
+        quota_sync = QuotaSync(quotas, metrics, interval=config.limits_sync_interval)
         reconciler = Reconciler(
             store=store,
             contributors=contributors,
@@ -157,6 +165,7 @@ async def open_service(
             metrics=metrics,
             config=config,
             usage_sinks=[usage.record],
+            quotas=quotas,
             **(gateway_options or {}),
         )
         # A retiring attempt (a move's source, a rollout's previous generation) drains
@@ -193,6 +202,8 @@ async def open_service(
             live=live,
             gateway=gateway,
             usage=usage,
+            quotas=quotas,
+            quota_sync=quota_sync,
         )
         if not background:
             yield service
@@ -205,6 +216,7 @@ async def open_service(
             await nursery.start(usage.run)
             await nursery.start(auth.watch_revocations)
             await nursery.start(gateway.run)
+            await nursery.start(quota_sync.run)
             await nursery.start(
                 EventRetention(
                     store,

@@ -24,6 +24,7 @@ from .errors import (
     ServiceNotFound,
     ServiceStopped,
 )
+from .limits import estimate
 
 if TYPE_CHECKING:
     from ..auth import AuthService, Principal
@@ -212,9 +213,11 @@ class RequestChecks:
 
     def prepare(
         self, view: LiveService, path: str, body: bytes | Mapping[str, Any]
-    ) -> tuple[bytes, bool, PromptCount | None]:
-        """The bytes to send the engine for ``body``, whether the answer streams, and the
-        prompt count the engine's tokenizer must settle (:mod:`.limits`), if any.
+    ) -> tuple[bytes, bool, PromptCount | None, int, int]:
+        """The bytes to send the engine for ``body``, whether the answer streams, the
+        prompt count the engine's tokenizer must settle (:mod:`.limits`), if any, and the
+        estimated prompt and completion tokens the quota gate reserves (bytes / 4, and
+        :func:`.limits.estimate`).
 
         The client's bytes go unchanged unless something must be set: the alias as
         ``model``, usage reporting for a streamed chat or completion. A request that
@@ -277,5 +280,6 @@ class RequestChecks:
                     f"the request body cannot be sent as strict JSON: {type(exc).__name__}",
                     code="invalid_json",
                 ) from None
-        limits = self.limits
-        return payload, stream, limits and limits.admit(view, path, document, len(payload))
+        limits, size = self.limits, len(payload)
+        count = limits and limits.admit(view, path, document, size)
+        return payload, stream, count, size // 4, estimate(view, path, document, size)

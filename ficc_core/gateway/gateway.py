@@ -272,9 +272,9 @@ class Gateway:
             return 200, self._models(view, actor)
         try:
             self.checks.admit(view)
-            payload, streaming, count = self.checks.prepare(view, path, body)
+            payload, streaming, count, prompt, completion = self.checks.prepare(view, path, body)
             if count is not None:
-                await self.limits.settle(count)
+                prompt = await self.limits.settle(count) or prompt
         except FiccError as exc:
             self.accounting.refused(service_id, exc.code)
             raise
@@ -290,6 +290,8 @@ class Gateway:
             deadline_seconds=self.total_timeout,
             streaming=streaming,
             payload=payload,
+            prompt_estimate=prompt,
+            completion_estimate=completion,
         )
         if view.request_deadline is not None and view.request_deadline <= self.total_timeout:
             request.deadline = started + view.request_deadline

@@ -52,7 +52,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("ficc.gateway")
 
-__all__ = ["MAX_TOKEN_BYTES", "TEMPLATE_TOKENS", "ContextLimits", "PromptCount"]
+__all__ = ["MAX_TOKEN_BYTES", "TEMPLATE_TOKENS", "ContextLimits", "PromptCount", "estimate"]
 
 #: No vocabulary in use has a token longer than this many bytes (SmolLM2's longest is
 #: 81: a newline and 80 spaces), so a text of n bytes is at least n / 256 tokens.
@@ -89,6 +89,21 @@ def _requested(document: Mapping[str, Any]) -> tuple[str, int] | None:
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
             return name, value
     return None
+
+
+def estimate(view: LiveService, path: str, document: Mapping[str, Any], size: int) -> int:
+    """The completion tokens a request may use, for the quota gate's reservation
+    (docs/limits.md): ``max_completion_tokens`` or ``max_tokens``, else the service's
+    ``max_output``, else what its context leaves after ``size // 4`` prompt tokens (0 for
+    an embedding, or when nothing bounds it)."""
+    if path not in _PATHS:
+        return 0
+    requested = _requested(document)
+    if requested is not None:
+        return requested[1]
+    if view.max_output is not None:
+        return view.max_output
+    return max(0, view.context_length - size // 4)
 
 
 def _text_bytes(path: str, document: Mapping[str, Any]) -> int | None:
@@ -153,13 +168,14 @@ class ContextLimits:
             raise _too_long(view, path, at_least, completion, "bytes_lower_bound")
         return PromptCount(view, path, document, completion, at_least)
 
-    async def settle(self, count: PromptCount) -> None:
+    async def settle(self, count: PromptCount) -> int | None:
         """Ask the engine's tokenizer; raise :class:`ContextLengthExceeded` when it says the
-        prompt does not fit. An engine that cannot answer in time lets the request on."""
+        prompt does not fit, else return its count (None: it could not say). An engine that
+        cannot answer in time lets the request on."""
         view = count.view
         dialect = LLAMA_CPP if LLAMA_CPP in view.capabilities else VLLM
         if dialect not in view.capabilities or not view.replicas:
-            return
+            return None
         replica = view.replicas[next(self._turn) % len(view.replicas)]
         tokens = None
         with trio.move_on_after(self.tokenize_timeout):
@@ -171,6 +187,7 @@ class ContextLimits:
         self.metrics.gateway_tokenize.labels(view.id, outcome).inc()
         if tokens is not None and tokens + count.completion > view.context_length:
             raise _too_long(view, count.path, tokens, count.completion, "tokenizer")
+        return tokens
 
     async def _count(self, replica: LiveReplica, dialect: str, count: PromptCount) -> int | None:
         document, chat = count.document, count.path == "/v1/chat/completions"

@@ -73,6 +73,11 @@ class Request:
     # -- quotas (ficc_core/quotas, docs/limits.md) ------------------------------------------
     #: What the quota gate reserved at admission (its own type), settled at the end.
     reservation: object | None = None
+    #: The prompt's tokens as estimated at admission (the tokenizer's count, else bytes/4)
+    #: and the completion's (``max_tokens``, else ``max_output``, else what the context
+    #: leaves): what the gate reserves until the engine reports its usage.
+    prompt_estimate: int = 0
+    completion_estimate: int = 0
 
     def took(self, data: bytes) -> None:
         """Note a body chunk relayed: the first byte's time, the last two chunks (usage)."""

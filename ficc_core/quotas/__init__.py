@@ -7,7 +7,11 @@ a 429 in the envelope, or reserves what the request is expected to use), and
 reservation with what the engine reported and returns the request's cost in
 milli-units, see :mod:`ficc_core.prices`). Neither may block or touch the store.
 
-:class:`Unlimited` is the gate that admits everything and charges nothing.
+:class:`Unlimited` is the gate that admits everything and charges nothing;
+:class:`Quotas` is the real one (:mod:`.gate`: limits per credential, person and
+project, budgets, prices), :class:`QuotaSync` shares its counts with the other
+processes on the store (:mod:`.sync`), :mod:`.records` and :mod:`.repository` are
+the limit records and their SQL.
 """
 
 from __future__ import annotations
@@ -17,7 +21,15 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     from ..gateway.request import Request
 
-__all__ = ["QuotaGate", "Unlimited"]
+__all__ = [
+    "BudgetExceeded",
+    "Limits",
+    "QuotaGate",
+    "QuotaSync",
+    "Quotas",
+    "RateLimited",
+    "Unlimited",
+]
 
 
 class QuotaGate(Protocol):
@@ -45,3 +57,9 @@ class Unlimited:
         self, request: Request, outcome: str, prompt: int | None, completion: int | None
     ) -> int:
         return 0
+
+
+from .errors import BudgetExceeded, RateLimited  # noqa: E402
+from .gate import Quotas  # noqa: E402
+from .records import Limits  # noqa: E402
+from .sync import QuotaSync  # noqa: E402

@@ -336,7 +336,31 @@ MIGRATIONS: list[tuple[str, ...]] = [
         "ALTER TABLE projects ADD COLUMN band TEXT",
     ),
     # 15: rate limits and budgets per scope, and the counters processes share (quotas).
-    (),
+    # A limit row is one scope's (credential, user or project) explicit limits, NULL where
+    # unset; a counter row is one subject's requests, tokens and spend (milli-units) in one
+    # window: a minute (rpm, tpm) or a budget period (day, month), added to by every process.
+    (
+        """CREATE TABLE quota_limits (
+            scope TEXT NOT NULL,
+            subject TEXT NOT NULL,
+            rpm INTEGER,
+            tpm INTEGER,
+            budget INTEGER,
+            period TEXT,
+            updated_at REAL NOT NULL,
+            PRIMARY KEY (scope, subject)
+        )""",
+        """CREATE TABLE quota_counters (
+            subject TEXT NOT NULL,
+            kind TEXT NOT NULL,
+            window_start INTEGER NOT NULL,
+            requests INTEGER NOT NULL DEFAULT 0,
+            tokens INTEGER NOT NULL DEFAULT 0,
+            spend INTEGER NOT NULL DEFAULT 0,
+            PRIMARY KEY (subject, kind, window_start)
+        )""",
+        "CREATE INDEX quota_counters_window ON quota_counters(kind, window_start)",
+    ),
     # 16: people: account states, personal keys, services shared with people.
     (),
     # 17: usage records with their project, person, model and spend.

@@ -1,0 +1,120 @@
+"""Quotas across processes: every ``limits_sync_interval`` each process adds what it
+counted to the store's counters and reads everyone's totals and the limit records back,
+in one write transaction.
+
+Processes sharing a store can together pass a limit by at most what the others admit
+in one interval (``(processes - 1) x`` one process's admissions per interval) before
+each sees the others' counts. The request path never waits on the store: a sync that
+fails or is slow leaves the gate counting in memory; what it could not write is kept
+for the next one (a window that no longer decides is dropped), a warning is logged
+once per outage and ``ficc_quota_sync_failures`` counts each failed sync.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+import trio
+
+from . import repository
+from .meters import MINUTE, Pending, add
+
+if TYPE_CHECKING:
+    from ..metrics import Metrics
+    from .gate import Quotas
+
+log = logging.getLogger("ficc.quotas")
+
+__all__ = ["QuotaSync"]
+
+
+class QuotaSync:
+    """The background task that shares a :class:`~.gate.Quotas`' counts (module docs).
+
+    :param interval: seconds between syncs (``limits_sync_interval``).
+    """
+
+    def __init__(self, quotas: Quotas, metrics: Metrics, *, interval: float) -> None:
+        self.quotas = quotas
+        self.metrics = metrics
+        self.interval = interval
+        #: Syncs that succeeded (tests wait on it).
+        self.synced = 0
+        #: Whether the last sync failed (one warning per outage).
+        self.failing = False
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Sync every ``interval`` until cancelled."""
+        task_status.started()
+        while True:
+            await trio.sleep(self.interval)
+            await self.sync()
+
+    def _collect(self, minute: int) -> Pending:
+        quotas = self.quotas
+        pending, quotas.pending = quotas.pending, {}
+        for meter in quotas.meters.values():
+            if meter.d_requests or meter.d_tokens:
+                key = (meter.subject, "minute", meter.minute)
+                add(pending, key, meter.d_requests, meter.d_tokens, 0)
+                meter.d_requests = meter.d_tokens = 0
+            if meter.d_spend:
+                add(pending, (meter.subject, meter.period, meter.period_start), 0, 0, meter.d_spend)
+                meter.d_spend = 0
+        return pending
+
+    async def sync(self) -> bool:
+        """One sync (see the module docs); whether it reached the store."""
+        quotas = self.quotas
+        now = quotas.clock()
+        minute = int(now // MINUTE) * MINUTE
+        day, month = quotas.periods.start("day", now), quotas.periods.start("month", now)
+        pending = self._collect(minute)
+        version = quotas.version
+        try:
+            counters, limits = await quotas.store.write(
+                lambda tx: repository.sync(tx, pending, minute, day, month)
+            )
+        except Exception as exc:
+            self._keep(pending, minute)
+            self.metrics.quota_sync_failures.inc()
+            if not self.failing:
+                self.failing = True
+                log.warning(
+                    "quotas: the store did not take this process's counts (%s); counting "
+                    "goes on in memory and they are written at the next sync that succeeds",
+                    exc,
+                )
+            return False
+        if self.failing:
+            self.failing = False
+            log.warning("quotas: the store takes this process's counts again")
+        if version == quotas.version:
+            quotas.replace_limits(limits)
+        quotas.apply_counters(counters, now)
+        self._prune(minute)
+        self.synced += 1
+        return True
+
+    def _keep(self, pending: Pending, minute: int) -> None:
+        """Hand ``pending`` back for the next sync, less the minutes that stopped deciding."""
+        kept = self.quotas.pending
+        for key, (requests, tokens, spend) in pending.items():
+            if key[1] != "minute" or key[2] >= minute - MINUTE:
+                add(kept, key, requests, tokens, spend)
+
+    def _prune(self, minute: int) -> None:
+        """Forget meters idle for two minutes with nothing in flight or to write."""
+        quotas = self.quotas
+        stale = [
+            subject
+            for subject, meter in quotas.meters.items()
+            if meter.minute < minute - MINUTE
+            and not (meter.reserved or meter.d_requests or meter.d_tokens or meter.d_spend)
+            and not meter.spend
+        ]
+        for subject in stale:
+            meter = quotas.meters.pop(subject)
+            scope, _, key = subject.partition(":")
+            quotas.forget(scope, key, meter)
