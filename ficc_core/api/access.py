@@ -125,6 +125,42 @@ ROUTES: dict[str, Route] = {
         needs(s.ADMIN),
         "`{scopes}` sets the user's scopes there (empty removes)",
     ),
+    # rate limits and budgets (docs/limits.md)
+    "projects_limits": Route(
+        "GET",
+        "/api/v1/projects/{project}/limits",
+        needs(s.ADMIN),
+        "the project's [limits](limits.md) `{rpm, tpm, budget, period}` and its use (requests "
+        "and tokens this minute, spend this period)",
+    ),
+    "projects_set_limits": Route(
+        "PUT",
+        "/api/v1/projects/{project}/limits",
+        needs(s.ADMIN),
+        "`{rpm?, tpm?, budget?, period?}` (absent stays, null clears) → the limits and use; "
+        "a bad field is 400 with `details.errors`",
+    ),
+    "users_limits": Route(
+        "GET", "/api/v1/users/{id}/limits", needs(s.ADMIN), "a person's limits and use"
+    ),
+    "users_set_limits": Route(
+        "PUT",
+        "/api/v1/users/{id}/limits",
+        needs(s.ADMIN),
+        "`{rpm?, tpm?, budget?, period?}` for all the person's keys",
+    ),
+    "tokens_limits": Route(
+        "GET",
+        "/api/v1/tokens/{id}/limits",
+        needs(s.TOKENS_MANAGE),
+        "a credential's limits and use; another project's is 404",
+    ),
+    "tokens_set_limits": Route(
+        "PUT",
+        "/api/v1/tokens/{id}/limits",
+        needs(s.TOKENS_MANAGE),
+        "`{rpm?, tpm?, budget?, period?}` for this credential; another project's is 404",
+    ),
     # project credentials
     "tokens_list": Route(
         "GET",

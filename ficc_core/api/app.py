@@ -22,6 +22,7 @@ from . import (
     routes_events,
     routes_inference,
     routes_invoke,
+    routes_limits,
     routes_logs,
     routes_models,
     routes_operations,
@@ -108,6 +109,7 @@ def create_app(service: Service) -> QuartTrio:
     routes_system.register(app, service)
     routes_admin.register(app, service)
     routes_tokens.register(app, service)
+    routes_limits.register(app, service)
     routes_models.register(app, service)
     routes_contributors.register(app, service)
     routes_inference.register(app, service)

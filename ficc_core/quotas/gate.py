@@ -163,19 +163,24 @@ class Quotas:
                 elapsed,
             )
         budgeted: tuple[Meter, ...] = ()
+        month = self.periods.start("month", now)
+        if c_limits.budget:
+            self._budget(c_meter, "credential", c_limits.budget, c_limits.period, cost, now)
+            budgeted = (c_meter,)
+        else:
+            c_meter.roll_period("month", month, pending)
         if p_meter is not None:
             if p_limits.budget:
                 self._budget(p_meter, "project", p_limits.budget, p_limits.period, cost, now)
-                budgeted = (p_meter,)
+                budgeted = (*budgeted, p_meter)
             else:
-                p_meter.roll_period("month", self.periods.start("month", now), pending)
+                p_meter.roll_period("month", month, pending)
         if u_meter is not None:
             if u_budget:
                 self._budget(u_meter, "user", u_budget, u_period, cost, now)
                 budgeted = (*budgeted, u_meter)
             else:
-                u_meter.roll_period("month", self.periods.start("month", now), pending)
-        c_meter.roll_period("month", self.periods.start("month", now), pending)
+                u_meter.roll_period("month", month, pending)
 
         if u_meter is None:
             meters: tuple[Meter, ...] = (c_meter,) if p_meter is None else (c_meter, p_meter)
