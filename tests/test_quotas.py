@@ -343,3 +343,20 @@ async def test_a_stalled_store_never_holds_a_request(tmp_path, autojump_clock):
         assert sync.synced == 0
         nursery.cancel_scope.cancel()
     await base.aclose()
+
+
+async def test_idle_meters_are_forgotten_unless_they_spent_this_period(tmp_path):
+    clock = Clock(T0 + 1)
+    quotas = await gate(tmp_path, clock, pricing={"smol": {"prompt_per_1k": 1}})
+    sync = QuotaSync(quotas, Metrics(), interval=1.0)
+    free = request(actor("c1"), prompt=0, completion=0)
+    quotas.admit(free)
+    paid = request(actor("c2", project="p2"))
+    quotas.admit(paid)
+    paid.replica = free.replica = object()  # type: ignore[assignment]
+    quotas.settle(free, "ok", 0, 0)
+    quotas.settle(paid, "ok", 10, 0)
+    assert await sync.sync()
+    clock.now = T0 + 200  # idle for three minutes
+    assert await sync.sync()
+    assert set(quotas.meters) == {"credential:c2", "project:p2"}

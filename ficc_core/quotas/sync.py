@@ -93,7 +93,7 @@ class QuotaSync:
         if version == quotas.version:
             quotas.replace_limits(limits)
         quotas.apply_counters(counters, now)
-        self._prune(minute)
+        self._prune(minute, {"day": day, "month": month})
         self.synced += 1
         return True
 
@@ -104,15 +104,16 @@ class QuotaSync:
             if key[1] != "minute" or key[2] >= minute - MINUTE:
                 add(kept, key, requests, tokens, spend)
 
-    def _prune(self, minute: int) -> None:
-        """Forget meters idle for two minutes with nothing in flight or to write."""
+    def _prune(self, minute: int, starts: dict[str, int]) -> None:
+        """Forget meters idle for two minutes with nothing in flight or to write, and no
+        spend in the current period (``starts``: each period's start)."""
         quotas = self.quotas
         stale = [
             subject
             for subject, meter in quotas.meters.items()
             if meter.minute < minute - MINUTE
             and not (meter.reserved or meter.d_requests or meter.d_tokens or meter.d_spend)
-            and not meter.spend
+            and not (meter.spend and starts.get(meter.period) == meter.period_start)
         ]
         for subject in stale:
             meter = quotas.meters.pop(subject)
