@@ -360,3 +360,30 @@ async def test_idle_meters_are_forgotten_unless_they_spent_this_period(tmp_path)
     clock.now = T0 + 200  # idle for three minutes
     assert await sync.sync()
     assert set(quotas.meters) == {"credential:c2", "project:p2"}
+
+
+async def test_a_long_request_keeps_its_meters_and_its_spend_is_written(tmp_path):
+    clock = Clock(T0 + 1)
+    quotas = await gate(tmp_path, clock, pricing={"smol": {"completion_per_1k": 5}})
+    sync = QuotaSync(quotas, Metrics(), interval=1.0)
+    long = request(actor("c1"))
+    quotas.admit(long)
+    assert await sync.sync()
+    clock.now = T0 + 300  # a five-minute stream, nobody else asking
+    assert await sync.sync()
+    long.replica = object()  # type: ignore[assignment]
+    assert quotas.settle(long, "ok", 10, 100) == 500
+    clock.now = T0 - 30  # the wall clock steps back: counting goes on in the later minute
+    quotas.admit(request(actor("c1")))
+    assert await sync.sync()
+    rows = await quotas.store.read(
+        lambda tx: tx.fetch_all(
+            "SELECT subject, kind, spend FROM quota_counters WHERE kind = 'month'"
+        )
+    )
+    assert {row["subject"]: row["spend"] for row in rows} == {
+        "credential:c1": 500,
+        "project:p1": 500,
+    }
+    meter = quotas.meters["credential:c1"]
+    assert (meter.minute, meter.requests) == (T0, 2)  # not reset by the earlier minute

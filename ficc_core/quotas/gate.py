@@ -187,6 +187,7 @@ class Quotas:
         else:
             meters = (c_meter, u_meter) if p_meter is None else (c_meter, u_meter, p_meter)
         for meter in meters:
+            meter.inflight += 1
             meter.requests += 1
             meter.d_requests += 1
             meter.tokens += tokens
@@ -265,6 +266,7 @@ class Quotas:
         cost = reservation.price.cost(prompt, completion)
         start = reservation.minute
         for meter in reservation.meters:
+            meter.inflight -= 1
             if delta:
                 if meter.minute == start:
                     meter.tokens += delta
@@ -327,8 +329,9 @@ class Quotas:
                 self._put(row["scope"], row["subject"], repository.limits_of(row))
 
     def apply_counters(self, rows: list[Row], now: float) -> None:
-        """Take the store's totals (every process's counts) into the meters; what this
-        process counted since it handed its counts over stays on top."""
+        """Take the store's totals (every process's counts, as of ``now``) into the meters;
+        what this process counted since it handed its counts over stays on top."""
+        now = max(now, self.clock())  # a sync's rows are applied after its transaction
         minute = int(now // MINUTE) * MINUTE
         pending = self.pending
         for row in rows:

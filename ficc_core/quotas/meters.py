@@ -44,6 +44,7 @@ class Meter:
         "d_requests",
         "d_spend",
         "d_tokens",
+        "inflight",
         "minute",
         "period",
         "period_start",
@@ -66,10 +67,13 @@ class Meter:
         self.spend = self.d_spend = 0
         #: Estimated cost of this process's requests in flight (milli-units).
         self.reserved = 0
+        #: This process's requests in flight (a meter is never forgotten under one).
+        self.inflight = 0
 
     def roll(self, minute: int, pending: Pending) -> None:
-        """Move to the minute starting at ``minute``; unsynced counts go to ``pending``."""
-        if minute == self.minute:
+        """Move to the minute starting at ``minute``; unsynced counts go to ``pending``.
+        Never back: a clock that stepped back counts on in the later minute."""
+        if minute <= self.minute:
             return
         if self.d_requests or self.d_tokens:
             add(pending, (self.subject, "minute", self.minute), self.d_requests, self.d_tokens, 0)
@@ -81,8 +85,8 @@ class Meter:
         self.requests = self.tokens = self.d_requests = self.d_tokens = 0
 
     def roll_period(self, period: str, start: int, pending: Pending) -> None:
-        """Move to the budget ``period`` starting at ``start``."""
-        if start == self.period_start and period == self.period:
+        """Move to the budget ``period`` starting at ``start`` (never back within one)."""
+        if period == self.period and start <= self.period_start:
             return
         if self.d_spend:
             add(pending, (self.subject, self.period, self.period_start), 0, 0, self.d_spend)

@@ -112,7 +112,7 @@ class QuotaSync:
             subject
             for subject, meter in quotas.meters.items()
             if meter.minute < minute - MINUTE
-            and not (meter.reserved or meter.d_requests or meter.d_tokens or meter.d_spend)
+            and not (meter.inflight or meter.d_requests or meter.d_tokens or meter.d_spend)
             and not (meter.spend and starts.get(meter.period) == meter.period_start)
         ]
         for subject in stale:
