@@ -58,6 +58,11 @@ async def test_sixty_rpm_a_hundred_requests_in_a_second_sixty_served_forty_refus
                 assert (error["details"]["scope"], error["details"]["id"]) == ("credential", key)
                 assert refused.headers["Retry-After"] == "61"  # when 59 of 60 weigh on
             assert await env.chats_seen(fence) == 60  # refused before a replica was taken
+            labels = {"service": "svc", "replica": "", "code": "rate_limited"}
+            errors = env.service.metrics.registry.get_sample_value(
+                "ficc_gateway_errors_total", labels
+            )
+            assert errors == 40
             async with env.http(env.admin_token) as admin:
                 view = (await admin.get(f"/api/v1/tokens/{key}/limits")).json()
             assert view["use"]["requests"] == 60
