@@ -216,8 +216,17 @@ def llama_runtime() -> tuple[Path, Path] | None:
 class Ficc:
     """``ficc serve`` on core 1 with the stand-in (and SmolLM2) as managed services."""
 
-    def __init__(self, procs: Procs, work: Path, standin: Path, llama: tuple[Path, Path] | None):
+    def __init__(
+        self,
+        procs: Procs,
+        work: Path,
+        standin: Path,
+        llama: tuple[Path, Path] | None,
+        env: dict[str, str] | None = None,
+        limits: bool = True,
+    ):
         self.port = free_port()
+        self.limits = limits
         self.url = f"http://127.0.0.1:{self.port}"
         agent_dir = Path(tempfile.mkdtemp(prefix="fgb-", dir="/tmp"))  # short socket paths
         self.agent_dir = agent_dir
@@ -236,7 +245,9 @@ class Ficc:
         argv += ["--first-run-secrets", "stdout"]  # the bench reads the token from its log
         # Unpinned while it starts (the node reports its CPUs from its affinity and each
         # service gets a whole one); pinned to the target core once its services are up.
-        self.proc = procs.start("ficc", argv, core=f"{LOAD_CORE},{TARGET_CORE}")
+        self.proc = procs.start(
+            "ficc", argv, core=f"{LOAD_CORE},{TARGET_CORE}", env={**os.environ, **(env or {})}
+        )
         self.pid = self.proc.pid
         self.log = procs.logs / "ficc.log"
         self.standin = standin
@@ -354,6 +365,14 @@ class Ficc:
                 self.proc,
             )
             token = api("POST", f"/inference/{created['id']}/tokens", json={"lifetime": 86400})
+            if self.limits:
+                # Held to explicit limits far above what any bench sends: every request
+                # pays for the quota gate's checks, none is refused by default_rpm.
+                api(
+                    "PUT",
+                    f"/tokens/{token['credential']['id']}/limits",
+                    json={"rpm": 10**9, "tpm": 10**12},
+                )
             pid = find_pid(str(exe), alias)
             pin(pid, LOAD_CORE)
             self.engine_pids.append(pid)
