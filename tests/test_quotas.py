@@ -200,6 +200,54 @@ async def test_tpm_reserves_the_estimate_and_settles_to_the_engines_usage(tmp_pa
     assert meter.tokens == 62
 
 
+async def test_a_request_no_replica_took_gives_back_its_request_and_refusals_count_none(
+    tmp_path,
+):
+    clock = Clock(T0 + 1)
+    quotas = await gate(tmp_path, clock, pricing={"smol": {"prompt_per_1k": 1}})
+    sync = QuotaSync(quotas, Metrics(), interval=1.0)
+    await quotas.set_limits("credential", "c1", {"rpm": 2})
+    await quotas.set_limits("project", "p1", {"budget": 1, "period": "day"})
+    first = request(actor())
+    quotas.admit(first)
+    meter = quotas.meters["credential:c1"]
+    assert (meter.requests, meter.tokens) == (1, 20)
+    assert await sync.sync()  # the store holds the admission; the give-back follows it
+    quotas.settle(first, "no_ready_replica", None, None)  # refused after admission
+    assert (meter.requests, meter.tokens) == (0, 0)
+    assert quotas.use("credential", "c1")["requests"] == 0
+    served_one = request(actor())
+    quotas.admit(served_one)
+    served_one.replica = object()  # type: ignore[assignment]
+    quotas.settle(served_one, "ok", 5, 5)  # an engine took it: it counts
+    fallen = request(actor())
+    quotas.admit(fallen)
+    # A rate-limited refusal is not counted (the limit is full), nor a budget refusal.
+    with pytest.raises(RateLimited):
+        quotas.admit(request(actor()))
+    with pytest.raises(BudgetExceeded):
+        quotas.admit(request(actor("c2"), prompt=20_000))
+    assert quotas.meters["credential:c2"].requests == 0
+    assert quotas.meters["project:p1"].requests == 2
+    clock.now = T0 + 61  # the next minute: the fallen one's minute is the previous one
+    quotas.admit(request(actor("c3")))  # rolls the project's meter on
+    quotas.settle(fallen, "service_saturated", None, None)
+    assert quotas.meters["project:p1"].prev_requests == 1
+    assert meter.requests == 1 and meter.d_requests == 0  # c1's minute not rolled yet
+    assert await sync.sync()
+    rows = await quotas.store.read(
+        lambda tx: tx.fetch_all(
+            "SELECT subject, requests FROM quota_counters WHERE kind = 'minute' "
+            "AND window_start = ?",
+            (int(T0),),
+        )
+    )
+    assert {row["subject"]: row["requests"] for row in rows} == {
+        "credential:c1": 1,
+        "project:p1": 1,
+    }
+
+
 async def test_budget_the_tenth_request_crosses_it_and_spend_is_exact(tmp_path):
     quotas = await gate(
         tmp_path, Clock(), pricing={"smol": {"prompt_per_1k": 3, "completion_per_1k": 7}}

@@ -1,7 +1,8 @@
 """Rate limits and budgets through the real gateway (hypercorn, the embedded agent, the
 stand-in engine, real SQLite): 60 rpm against a burst of 100, a tpm reservation that
-reconciles to the engine's usage, a budget of 1 unit the tenth request crosses, and a
-store that fails under a running gateway."""
+reconciles to the engine's usage, a budget of 1 unit the tenth request crosses, a
+store that fails under a running gateway, and a project-endpoint request that falls
+back counted once (the gateway's own refusals and the limit's not at all)."""
 
 from __future__ import annotations
 
@@ -165,3 +166,43 @@ async def test_a_failing_store_under_a_running_gateway_holds_no_request(tmp_path
                 )
             )
             assert row == {"requests": 5}
+
+
+async def test_a_request_that_falls_back_counts_once_and_the_gateways_refusals_not_at_all(
+    tmp_path,
+):
+    with trio.fail_after(60):
+        async with gateway_env(tmp_path) as env:
+            env.service.quotas.clock = Clock(T0 + 1)
+            fence = await env.launch()
+            env.publish("svc", [fence], alias="beta")
+            env.publish("svc-a", [], alias="alpha", fallbacks=("beta",))  # no ready replica
+            key, token = await env.token()
+            async with env.http(env.admin_token) as admin:
+                put = await admin.put(f"/api/v1/tokens/{key}/limits", json={"rpm": 2})
+                assert put.status_code == 200, put.text
+
+                async def used() -> int:
+                    view = (await admin.get(f"/api/v1/tokens/{key}/limits")).json()
+                    return view["use"]["requests"]
+
+                async with env.http(token) as http:
+                    body = chat(model="alpha", deltas=2)
+                    response = await http.post("/v1/chat/completions", json=body)
+                    assert response.status_code == 200, response.text
+                    assert response.headers["x-ficc-service"] == "beta"
+                    assert await used() == 1  # alpha gave its request back to beta
+                    # The gateway's own refusal after admission is not the client's request.
+                    refused = await http.post(
+                        "/api/v1/inference/svc-a/v1/chat/completions", json=body
+                    )
+                    assert refused.json()["error"]["code"] == "no_ready_replica"
+                    assert await used() == 1
+                    beta = chat(model="beta", deltas=2)
+                    assert (await http.post(URL, json=beta)).status_code == 200
+                    assert await used() == 2
+                    # At the limit: the refusal by the limit is not counted either.
+                    limited = await http.post(URL, json=beta)
+                    assert limited.json()["error"]["code"] == "rate_limited"
+                    assert await used() == 2
+            assert await env.chats_seen(fence) == 2

@@ -247,7 +247,8 @@ class Quotas:
         self, request: Request, outcome: str, prompt: int | None, completion: int | None
     ) -> int:
         """Reconcile ``request``'s reservation with the engine's usage (None: the estimate
-        stands; a request that reached no replica used nothing); return its cost."""
+        stands; a request that reached no replica used nothing and is not counted as a
+        request); return its cost."""
         reservation = request.reservation
         if reservation is None:
             if request.replica is None:
@@ -255,9 +256,13 @@ class Quotas:
             view = request.view
             return self.price(view.model_name, view.model_id).cost(prompt, completion)
         request.reservation = None
+        # A request no replica took (the gateway refused it after admission, or a project
+        # endpoint's fallback serves it) gives back its request as well as its tokens.
         if request.replica is None:
             prompt = completion = 0
+            requests = -1
         else:
+            requests = 0
             if prompt is None:
                 prompt = reservation.prompt
             if completion is None:
@@ -267,14 +272,18 @@ class Quotas:
         start = reservation.minute
         for meter in reservation.meters:
             meter.inflight -= 1
-            if delta:
+            if delta or requests:
                 if meter.minute == start:
+                    meter.requests += requests
+                    meter.d_requests += requests
                     meter.tokens += delta
                     meter.d_tokens += delta
                 elif meter.minute - MINUTE == start:
+                    meter.prev_requests += requests
                     meter.prev_tokens += delta
                     entry = self.pending.get((meter.subject, "minute", start))
                     if entry is not None:
+                        entry[0] += requests
                         entry[1] += delta
             meter.spend += cost
             meter.d_spend += cost
