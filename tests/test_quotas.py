@@ -435,3 +435,29 @@ async def test_a_long_request_keeps_its_meters_and_its_spend_is_written(tmp_path
     }
     meter = quotas.meters["credential:c1"]
     assert (meter.minute, meter.requests) == (T0, 2)  # not reset by the earlier minute
+
+
+async def test_an_engine_failure_pays_what_it_reported_a_served_request_its_estimate(tmp_path):
+    quotas = await gate(
+        tmp_path, Clock(), pricing={"smol": {"prompt_per_1k": 3, "completion_per_1k": 7}}
+    )
+    costs = {}
+    for outcome in ("engine_failed", "ok", "cancelled"):
+        req = request(actor(), prompt=10, completion=100)
+        quotas.admit(req)
+        req.replica = object()  # type: ignore[assignment]
+        costs[outcome] = quotas.settle(req, outcome, None, None)
+    failed = request(actor(), prompt=10, completion=100)
+    quotas.admit(failed)
+    failed.replica = object()  # type: ignore[assignment]
+    costs["engine_timeout, prompt reported"] = quotas.settle(failed, "engine_timeout", 10, None)
+    # The failure is billed nothing (it reported nothing) or only what it reported; the
+    # requests the engine did the work for pay their estimate (30 + 700 milli-units).
+    assert costs == {
+        "engine_failed": 0,
+        "ok": 730,
+        "cancelled": 730,
+        "engine_timeout, prompt reported": 30,
+    }
+    # Every one of them spent the engine's capacity: tpm holds their estimates.
+    assert quotas.meters["credential:c1"].tokens == 4 * 110

@@ -30,6 +30,11 @@ log = logging.getLogger("ficc.quotas")
 
 __all__ = ["Quotas", "Reservation"]
 
+#: Outcomes whose missing token counts are paid at their estimate: the engine did the
+#: work (a client that left mid-stream included). An engine failure pays only what it
+#: reported.
+SETTLED_IN_FULL = frozenset({"ok", "cancelled"})
+
 
 class Reservation:
     """What one admitted request holds: its meters, the minute and its estimates."""
@@ -261,14 +266,19 @@ class Quotas:
         if request.replica is None:
             prompt = completion = 0
             requests = -1
+            cost = 0
         else:
             requests = 0
+            # An engine that failed is paid for what it reported, nothing more; a request
+            # that ended well (or whose client left) without a count pays its estimate.
+            cost = reservation.price.cost(prompt, completion)
             if prompt is None:
                 prompt = reservation.prompt
             if completion is None:
                 completion = reservation.completion
+            if outcome in SETTLED_IN_FULL:
+                cost = reservation.price.cost(prompt, completion)
         delta = prompt + completion - reservation.prompt - reservation.completion
-        cost = reservation.price.cost(prompt, completion)
         start = reservation.minute
         for meter in reservation.meters:
             meter.inflight -= 1
