@@ -120,6 +120,8 @@ async def open_service(
             store,
             session_lifetime=config.session_lifetime,
             token_max_lifetime=config.token_max_lifetime,
+            credential_cache_seconds=config.auth_cache_ttl,
+            rejected_cache_seconds=config.auth_negative_ttl,
             login_throttle=LoginThrottle(
                 max_failures=config.login_max_failures,
                 lockout=config.login_lockout,
