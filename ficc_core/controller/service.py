@@ -140,7 +140,13 @@ async def open_service(
         )
         live = LiveTable()
         contexts = ModelContexts(models=models, blobs=blobs)
-        usage = UsageLedger(store)
+        usage = UsageLedger(
+            store,
+            period=config.usage_flush_interval,
+            batch_size=config.usage_batch_size,
+            capacity=config.usage_buffer_size,
+            metrics=metrics,
+        )
         reconciler = Reconciler(
             store=store,
             contributors=contributors,

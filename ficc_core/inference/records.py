@@ -178,7 +178,8 @@ class ServiceDetail:
 
 @attrs.frozen(kw_only=True)
 class UsageEntry:
-    """One invoke request's usage (a row of ``inference_usage``)."""
+    """One invoke request's usage (a row of ``inference_usage``), or a summary row of
+    ``requests`` of them (their sums of tokens and cost, their mean times)."""
 
     service_id: str
     generation: int
@@ -194,6 +195,11 @@ class UsageEntry:
     ttfb: float | None
     duration: float
     finished_at: float
+    project_id: str = ""
+    user_id: str | None = None
+    model: str = ""
+    cost: int = 0
+    requests: int = 1
 
 
 @attrs.frozen(kw_only=True)

@@ -47,7 +47,13 @@ _RESERVATION_COLUMNS = (
 )
 _USAGE_COLUMNS = (
     "service_id, generation, replica, node_id, credential_id, path, status, outcome,"
-    " prompt_tokens, completion_tokens, queue_wait, ttfb, duration, finished_at"
+    " prompt_tokens, completion_tokens, queue_wait, ttfb, duration, finished_at,"
+    " project_id, user_id, model, cost, requests"
+)
+_USAGE_FIELDS = tuple(name.strip() for name in _USAGE_COLUMNS.split(","))
+_USAGE_INSERT = (
+    f"INSERT INTO inference_usage ({_USAGE_COLUMNS})"
+    f" VALUES ({', '.join('?' for _ in _USAGE_FIELDS)})"
 )
 
 
@@ -393,28 +399,9 @@ def placement_nodes(tx: Transaction, node_ids: Sequence[str]) -> dict[str, Place
 
 
 def insert_usage(tx: Transaction, entries: Iterable[UsageEntry]) -> None:
-    """Record finished requests' usage."""
+    """Record finished requests' usage (and summary rows)."""
     for entry in entries:
-        tx.execute(
-            f"INSERT INTO inference_usage ({_USAGE_COLUMNS})"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (
-                entry.service_id,
-                entry.generation,
-                entry.replica,
-                entry.node_id,
-                entry.credential_id,
-                entry.path,
-                entry.status,
-                entry.outcome,
-                entry.prompt_tokens,
-                entry.completion_tokens,
-                entry.queue_wait,
-                entry.ttfb,
-                entry.duration,
-                entry.finished_at,
-            ),
-        )
+        tx.execute(_USAGE_INSERT, tuple(getattr(entry, name) for name in _USAGE_FIELDS))
 
 
 def usage_summary(
