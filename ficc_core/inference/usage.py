@@ -34,6 +34,7 @@ from ..metrics import Metrics
 from ..store import Store, Transaction
 from . import repository
 from .records import UsageEntry, UsageSummary
+from .usage_report import UsageQuery, UsageReport, usage_report
 
 log = logging.getLogger("ficc.inference.usage")
 
@@ -298,3 +299,8 @@ class UsageLedger:
         return await self.store.read(
             lambda tx: repository.usage_summary(tx, service_id, since, recent)
         )
+
+    async def report(self, query: UsageQuery) -> UsageReport:
+        """The usage ``query`` selects, what is buffered written first (when the store takes it)."""
+        await self._try_flush()
+        return await self.store.read(partial(usage_report, query=query))
