@@ -73,10 +73,14 @@ def run_trio(fn, *args: Any) -> Any:
 
 
 def _plain(value: Any) -> Any:
-    """A setting's value as JSON shows it (a path as text, bands as objects)."""
+    """A setting's value as JSON shows it (a path as text, bands and prices as objects)."""
     if isinstance(value, Path):
         return str(value)
+    if attrs.has(type(value)):
+        return attrs.asdict(value)
     if isinstance(value, tuple):
+        if value and isinstance(value[0], tuple):  # pricing: (model, price) pairs
+            return {model: attrs.asdict(price) for model, price in value}
         return [attrs.asdict(item) for item in value]
     return value
 
