@@ -7,6 +7,7 @@ make them fail or hang (the edge a database outage is).
 from __future__ import annotations
 
 import sqlite3
+import time
 
 import pytest
 import trio
@@ -168,3 +169,14 @@ async def test_revocations_are_still_watched_after_the_store_failed(service, boo
             while auth.still_valid(principal):  # noqa: ASYNC110
                 await trio.sleep(0.01)
             nursery.cancel_scope.cancel()
+
+
+async def test_a_session_check_with_the_store_down_is_503_not_401(service, bootstrap):
+    flaky = FlakyStore(service.store)
+    auth = AuthService(flaky, clock=FakeClock(time.time()))
+    principal, cookie, _ = await auth.login("admin", bootstrap["password"], "default")
+    assert (await auth.authenticate_session(cookie)).id == principal.id
+    flaky.fail = True
+    with pytest.raises(StoreUnavailable) as refused:
+        await auth.authenticate_session(cookie)
+    assert (refused.value.status, refused.value.code) == (503, "store_unavailable")

@@ -20,12 +20,13 @@ import logging
 from collections import OrderedDict
 from collections.abc import Callable
 from functools import partial
+from typing import Any, TypeVar
 
 import attrs
 import trio
 
 from ..errors import StoreUnavailable, Unauthenticated
-from ..store import Store
+from ..store import Store, Transaction
 from . import repository
 from . import secrets as sec
 from .principal import Principal, PrincipalKind
@@ -43,14 +44,15 @@ REJECTED_CACHE_SIZE = 10_000
 STORE_WAIT_SECONDS = 3.0
 
 log = logging.getLogger("ficc.auth")
+T = TypeVar("T")
 
 
 @attrs.define
 class _Read:
-    """One store read of a credential, shared by every check waiting for it."""
+    """One store read, shared by every check waiting for it."""
 
     done: trio.Event = attrs.field(factory=trio.Event)
-    stored: StoredCredential | None = None
+    result: Any = None
     error: Exception | None = None
 
 
@@ -186,7 +188,10 @@ class Authority:
             raise Unauthenticated(rejected[1], code=rejected[0])
 
         try:
-            stored = await self._read_credential(credential_id)
+            stored: StoredCredential | None = await self.read_bounded(
+                f"credential {credential_id}",
+                partial(repository.stored_credential, credential_id=credential_id),
+            )
         except StoreUnavailable:
             if cached is None:
                 raise
@@ -231,39 +236,36 @@ class Authority:
                 self._rejected.popitem(last=False)
         raise Unauthenticated(message, code=code)
 
-    async def _read_credential(self, credential_id: str) -> StoredCredential | None:
-        """The stored credential, read by a task of its own (shared by concurrent checks)
-        so that a check waits at most ``store_wait`` seconds; raise
-        :class:`StoreUnavailable` when the read failed or did not answer in time."""
-        read = self._reads.get(credential_id)
+    async def read_bounded(self, what: str, fn: Callable[[Transaction], T]) -> T:
+        """``store.read(fn)`` by a task of its own, shared by concurrent callers asking for
+        the same ``what`` (e.g. ``credential <id>``), so that a caller waits at most
+        ``store_wait`` seconds; raise :class:`StoreUnavailable` when the read failed or
+        did not answer in time (the request path's reads: credentials, sessions)."""
+        read = self._reads.get(what)
         if read is None:
-            read = self._reads[credential_id] = _Read()
-            trio.lowlevel.spawn_system_task(self._read, credential_id, read)
+            read = self._reads[what] = _Read()
+            trio.lowlevel.spawn_system_task(self._read, what, fn, read)
         with trio.move_on_after(self.store_wait):
             await read.done.wait()
         if not read.done.is_set():
             raise StoreUnavailable(
-                f"the credential store did not answer within {self.store_wait:g} s; retry shortly",
+                f"the store did not answer within {self.store_wait:g} s; retry shortly",
                 details={"waited": self.store_wait},
             )
         if read.error is not None:
-            raise StoreUnavailable(
-                f"the credential store failed ({type(read.error).__name__}); retry shortly"
-            )
-        return read.stored
+            raise StoreUnavailable(f"the store failed ({type(read.error).__name__}); retry shortly")
+        return read.result
 
-    async def _read(self, credential_id: str, read: _Read) -> None:
+    async def _read(self, what: str, fn: Callable[[Transaction], Any], read: _Read) -> None:
         try:
-            read.stored = await self.store.read(
-                partial(repository.stored_credential, credential_id=credential_id)
-            )
+            read.result = await self.store.read(fn)
         except Exception as exc:
-            self._failed(f"credential {credential_id}", exc)
+            self._failed(what, exc)
             read.error = exc
         else:
             self._failures = 0
         finally:
-            self._reads.pop(credential_id, None)
+            self._reads.pop(what, None)
             read.done.set()
 
     def _failed(self, what: str, exc: Exception) -> None:
