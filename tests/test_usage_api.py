@@ -190,3 +190,14 @@ async def test_bad_queries_are_400(client, bootstrap, used, params, name):
     body = await response.get_json()
     assert body["error"]["code"] == "invalid_request"
     assert body["error"]["details"]["errors"][0]["path"] == name
+
+
+async def test_the_service_summary_names_its_credentials_and_people(service, used):
+    summary = await service.usage.summary("svc-1")
+    assert summary.alias == "chat"
+    assert (summary.totals.requests, summary.totals.errors, summary.totals.cost) == (7, 3, 6000)
+    # The means are of the requests that reached a replica, not of the refusals.
+    assert summary.totals.mean_duration == pytest.approx(0.25)
+    [row] = summary.by_credential
+    assert (row.credential_id, row.name, row.username) == (used["ka"].id, "alice-key", "alice")
+    assert (row.requests, row.errors, row.cost) == (7, 3, 6000)

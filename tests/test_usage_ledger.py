@@ -167,7 +167,7 @@ async def test_beyond_the_buffer_records_are_aggregated_then_dropped_and_counted
     assert len(written) == 6
     summaries = {r["credential_id"]: r for r in written[3:]}
     assert summaries["cred-a"] | {"user_id": None} == {
-        "replica": "",
+        "replica": "r1",
         "credential_id": "cred-a",
         "outcome": "ok",
         "requests": 10,

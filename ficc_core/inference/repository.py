@@ -415,8 +415,10 @@ def usage_summary(
         " SUM(CASE WHEN outcome NOT IN ('ok', 'cancelled') THEN requests ELSE 0 END) AS errors,"
         " COALESCE(SUM(prompt_tokens), 0) AS prompt_tokens,"
         " COALESCE(SUM(completion_tokens), 0) AS completion_tokens,"
+        # Means of the requests that reached a replica (a refusal's replica is "").
         " SUM(ttfb * requests) / SUM(CASE WHEN ttfb IS NULL THEN 0 ELSE requests END)"
-        " AS mean_ttfb, SUM(duration * requests) / SUM(requests) AS mean_duration,"
+        " AS mean_ttfb, SUM(CASE WHEN replica = '' THEN 0 ELSE duration * requests END)"
+        " / SUM(CASE WHEN replica = '' THEN 0 ELSE requests END) AS mean_duration,"
         " COALESCE(SUM(cost), 0) AS cost"
         " FROM inference_usage WHERE service_id = ? AND finished_at >= ?",
         (service_id, start),

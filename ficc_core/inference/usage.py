@@ -11,8 +11,8 @@ The store being slow or down never blocks a request (docs/usage.md#accounting):
 - a failed write keeps its batch for the next try, which waits longer each time
   (up to :data:`MAX_BACKOFF` seconds); failures are counted and logged;
 - beyond ``usage_buffer_size`` records, a record is folded into a summary row of its
-  credential, service, model, outcome and minute (requests, tokens and cost summed,
-  times averaged), so totals stay right while the detail is lost;
+  credential, service, replica, model, outcome and minute (requests, tokens and cost
+  summed, times averaged), so totals stay right while the detail is lost;
 - beyond as many summary rows, a record is dropped; drops are counted in
   ``ficc_usage_dropped`` and logged at most once per :data:`LOG_EVERY` seconds.
 """
@@ -52,7 +52,8 @@ SHUTDOWN_WAIT = 5.0
 
 @attrs.define(slots=True)
 class _Summary:
-    """Records of one (credential, service, model, outcome, status, path, minute) folded."""
+    """Records of one (credential, service, replica, model, outcome, status, path, minute)
+    folded into one row."""
 
     first: Any
     period: int
@@ -88,8 +89,8 @@ class _Summary:
         return UsageEntry(
             service_id=first.service_id,
             generation=first.generation,
-            replica="",
-            node_id="",
+            replica=first.replica,
+            node_id=first.node_id,
             credential_id=first.credential_id,
             path=first.path,
             status=first.status,
@@ -112,6 +113,7 @@ def _summary_key(usage: Any) -> tuple[Hashable, ...]:
     return (
         usage.credential_id,
         usage.service_id,
+        usage.replica,
         usage.model,
         usage.outcome,
         usage.status,

@@ -8,7 +8,7 @@ is behind), so every count is a ``SUM(requests)``.
 
 Latency percentiles (p50, p90, p99 of ``duration`` and ``ttfb``, nearest rank) are
 computed in Python on the latest :data:`LATENCY_SAMPLE` requests of the selection
-that reached a replica (refusals and summary rows have no latency of their own).
+that reached a replica (a refusal's replica is ``""``; summary rows hold only means).
 
 Scope: an administrator sees every row; a project principal the requests made with
 its project's keys and those to its project's services; a personal principal its
