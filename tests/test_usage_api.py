@@ -7,10 +7,12 @@ the services and models they name are rows of the real tables.
 from __future__ import annotations
 
 import time
+from functools import partial
 
 import pytest
 
 from ficc_core.gateway import UsageRecord
+from ficc_core.inference.usage_report import UsageQuery, usage_report
 
 from .conftest import bearer
 
@@ -201,3 +203,18 @@ async def test_the_service_summary_names_its_credentials_and_people(service, use
     [row] = summary.by_credential
     assert (row.credential_id, row.name, row.username) == (used["ka"].id, "alice-key", "alice")
     assert (row.requests, row.errors, row.cost) == (7, 3, 6000)
+
+
+async def test_a_personal_principal_sees_only_its_personal_usage(service, used):
+    ka = used["ka"]
+    service.usage.record(record(ka, project_id="", cost=40))  # a personal key's request
+    await service.usage.flush()
+
+    def report(query: UsageQuery):
+        return service.store.read(partial(usage_report, query=query))
+
+    mine = await report(UsageQuery(scope_person=ka.user_id))
+    assert (mine.totals.requests, mine.totals.cost) == (1, 40)
+    assert (await report(UsageQuery(scope_person=used["kb"].user_id))).totals.requests == 0
+    # The project sees its keys' requests and those to its services: the personal one too.
+    assert (await report(UsageQuery(scope_project=ka.project_id))).totals.requests == 8
