@@ -180,3 +180,20 @@ async def test_a_session_check_with_the_store_down_is_503_not_401(service, boots
     with pytest.raises(StoreUnavailable) as refused:
         await auth.authenticate_session(cookie)
     assert (refused.value.status, refused.value.code) == (503, "store_unavailable")
+
+
+async def test_a_verified_key_waits_once_per_cache_period_for_a_hanging_store(service, bootstrap):
+    clock = FakeClock()
+    flaky = FlakyStore(service.store)
+    auth = AuthService(flaky, clock=clock)
+    auth.authority.store_wait = 0.2
+    token = await issue_token(service, scopes=PROJECT_SCOPES, name="stale")
+    principal = await auth.authenticate_bearer(token)
+    clock.now += 60  # long past the cache period
+    flaky.hold = trio.Event()
+    with trio.fail_after(5):
+        assert await auth.authenticate_bearer(token) == principal  # after one bounded wait
+        for _ in range(5):
+            assert await auth.authenticate_bearer(token) == principal
+    assert flaky.reads == 2, "one read to verify, one that hung; then memory"
+    flaky.hold.set()

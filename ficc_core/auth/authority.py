@@ -20,7 +20,7 @@ import logging
 from collections import OrderedDict
 from collections.abc import Callable
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import attrs
 import trio
@@ -195,11 +195,13 @@ class Authority:
         except StoreUnavailable:
             if cached is None:
                 raise
-            self.check_valid(cached[1])  # verified before: served while the store is down
+            # Verified before: served while the store is down, and not asked again for
+            # another cache period (a hanging store costs one wait per key and period).
+            self.check_valid(cached[1])
+            self._credentials[credential_id] = (cached[0], cached[1], now)
             return cached[1]
         if stored is None or not hmac.compare_digest(presented, stored.secret_hash):
             self._reject(key, "invalid_credential", "the bearer credential is not valid", now)
-        assert stored is not None
         credential = stored.credential
         if credential.revoked_at is not None:
             self.mark_revoked(credential_id)  # no stale entry serves it again
@@ -227,7 +229,7 @@ class Authority:
             self._credentials.popitem(last=False)
         return principal
 
-    def _reject(self, key: tuple[str, str], code: str, message: str, now: float) -> None:
+    def _reject(self, key: tuple[str, str], code: str, message: str, now: float) -> NoReturn:
         """Remember the token ``key`` as rejected with ``code``, and raise the refusal."""
         if self.rejected_seconds > 0:
             self._rejected[key] = (code, message, now)
