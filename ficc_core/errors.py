@@ -95,6 +95,18 @@ class StoreError(FiccError):
     code = "store_unavailable"
 
 
+class StoreUnavailable(StoreError):
+    """The store failed or did not answer in time while a request needed it: retry soon.
+
+    Carries ``Retry-After`` (``retry_after`` seconds) and ``details.retry_after``.
+    """
+
+    def __init__(self, message: str, *, retry_after: int = 1, **kwargs: Any) -> None:
+        headers = {"Retry-After": str(retry_after), **(kwargs.pop("headers", None) or {})}
+        details = {"retry_after": retry_after, **(kwargs.pop("details", None) or {})}
+        super().__init__(message, headers=headers, details=details, **kwargs)
+
+
 class ConfigError(FiccError):
     """A configuration file or value is invalid."""
 

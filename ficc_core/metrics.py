@@ -227,6 +227,28 @@ class Metrics:
             "(counting went on in memory; the counts are written at the next that succeeds).",
             registry=self.registry,
         )
+        # -- usage accounting (docs/usage.md#accounting) --
+        self.usage_buffered = prom.Gauge(
+            "ficc_usage_buffered_records",
+            "Usage records waiting to be written to the store, summary rows included.",
+            registry=self.registry,
+        )
+        self.usage_aggregated = prom.Counter(
+            "ficc_usage_aggregated",
+            "Usage records folded into a summary row (per credential, service, model, outcome "
+            "and minute) because the buffer was full: their totals are kept, not their detail.",
+            registry=self.registry,
+        )
+        self.usage_dropped = prom.Counter(
+            "ficc_usage_dropped",
+            "Usage records lost because the buffer and its summary rows were full.",
+            registry=self.registry,
+        )
+        self.usage_write_failures = prom.Counter(
+            "ficc_usage_write_failures",
+            "Usage writes the store refused or failed; their batch is kept and retried.",
+            registry=self.registry,
+        )
 
     def render(self) -> tuple[bytes, str]:
         """Return the exposition body and its content type."""

@@ -26,7 +26,15 @@ import attrs
 
 from .errors import ConfigError
 
-__all__ = ["FREE", "MILLI", "Price", "parse_price", "parse_pricing", "render_pricing"]
+__all__ = [
+    "FREE",
+    "MILLI",
+    "Price",
+    "parse_price",
+    "parse_pricing",
+    "render_pricing",
+    "units_text",
+]
 
 #: Milli-units in one unit.
 MILLI = 1000
@@ -114,3 +122,10 @@ def parse_pricing(value: Any, where: str = "pricing") -> tuple[tuple[str, Price]
 def render_pricing(pricing: tuple[tuple[str, Price], ...]) -> str:
     """``pricing`` as its variable form (the configuration reference's default column)."""
     return ",".join(f"{model}={price}" for model, price in pricing)
+
+
+def units_text(milli: int) -> str:
+    """Milli-units as exact decimal units: ``1234`` is ``"1.234"``, ``5`` is ``"0.005"``."""
+    sign = "-" if milli < 0 else ""
+    whole, rest = divmod(abs(milli), MILLI)
+    return f"{sign}{whole}.{rest:03d}"

@@ -310,6 +310,11 @@ BODY_ROUTES: list[tuple[str, str, dict[str, Any]]] = [
 #: Every query parameter a route reads.
 QUERY_ROUTES = [
     ("GET", f"/api/v1/inference/{SERVICE}/usage", "since"),
+    ("GET", "/api/v1/usage", "since"),
+    ("GET", "/api/v1/usage", "until"),
+    ("GET", "/api/v1/usage", "period"),
+    ("GET", "/api/v1/usage", "group_by"),
+    ("GET", "/api/v1/usage", "person"),
     ("POST", "/api/v1/models/mdl_missing/files/0/bytes", "offset"),
     ("DELETE", "/api/v1/models/mdl_missing", "evict"),
     ("GET", f"/api/v1/inference/{SERVICE}/events", "after"),

@@ -239,8 +239,10 @@ async def test_fallbacks_serve_a_stopped_draining_or_replica_less_service_in_ord
                     assert response.status_code == 200, (admission, response.text)
                     assert response.headers["x-ficc-service"] == "beta"
                     assert response.json()["model"] == "beta"
-                    [record] = list(env.gateway.usage)[before:]
+                    # alpha's refusal is a record of its own (no replica), beta's answer one.
+                    *refused, record = list(env.gateway.usage)[before:]
                     assert (record.service_id, record.outcome) == ("svc-b", "ok")
+                    assert all(r.service_id == "svc-a" and not r.replica for r in refused)
                 fallbacks = metrics.gateway_fallbacks.labels("svc-a", "svc-b")._value.get()
                 assert fallbacks == 3
                 listed = [m["id"] for m in (await http.get("/v1/models")).json()["data"]]

@@ -297,6 +297,15 @@ ROUTES: dict[str, Route] = {
         needs(s.INFERENCE_READ),
         "tokens and latency of its invoke requests: totals, per credential, the latest",
     ),
+    "usage_report": Route(
+        "GET",
+        "/api/v1/usage?service=&key=&person=&project=&model=&since=&until=&period=&group_by=",
+        needs(s.INFERENCE_READ),
+        "requests, errors by code (429s included), prompt and completion tokens, spend and "
+        "latency percentiles, in total and per group, names beside IDs; an administrator "
+        "sees every project's, a project principal its own, a personal key its person's "
+        "(see [usage.md](usage.md#reading-usage))",
+    ),
     "inference_status": Route(
         "GET",
         "/api/v1/inference/{id}/status",

@@ -28,6 +28,7 @@ from . import (
     routes_operations,
     routes_system,
     routes_tokens,
+    routes_usage,
 )
 from .access import ROUTE_ACCESS, Access
 from .authn import CSRF_HEADER, SESSION_COOKIE, authenticate
@@ -117,6 +118,7 @@ def create_app(service: Service) -> QuartTrio:
     routes_events.register(app, service)
     routes_logs.register(app, service)
     routes_invoke.register(app, service)
+    routes_usage.register(app, service)
 
     missing = sorted(
         rule.endpoint for rule in app.url_map.iter_rules() if rule.endpoint not in ROUTE_ACCESS

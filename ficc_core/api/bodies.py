@@ -95,11 +95,11 @@ def query_integer(name: str) -> int:
     """The query parameter ``name`` (required): decimal digits, 0 to 2^53 - 1."""
     raw = request.args.get(name)
     if raw is None:
-        raise _bad_query(name, "expected a non-negative integer")
+        raise bad_query(name, "expected a non-negative integer")
     if not (raw.isascii() and raw.isdigit()) or (len(raw) > 1 and raw.startswith("0")):
-        raise _bad_query(name, "expected a non-negative integer")
+        raise bad_query(name, "expected a non-negative integer")
     if len(raw) > 16 or int(raw) > MAX_SAFE_INTEGER:
-        raise _bad_query(name, f"must be at most {MAX_SAFE_INTEGER}")
+        raise bad_query(name, f"must be at most {MAX_SAFE_INTEGER}")
     return int(raw)
 
 
@@ -111,9 +111,9 @@ def query_number(name: str) -> float | None:
     try:
         value = float(raw) if len(raw) <= 64 else math.nan
     except ValueError:
-        raise _bad_query(name, "expected a number") from None
+        raise bad_query(name, "expected a number") from None
     if not 0 <= value <= MAX_SAFE_INTEGER:  # NaN compares false
-        raise _bad_query(name, f"must be a finite number from 0 to {MAX_SAFE_INTEGER}")
+        raise bad_query(name, f"must be a finite number from 0 to {MAX_SAFE_INTEGER}")
     return value
 
 
@@ -123,11 +123,11 @@ def query_bounded(name: str, low: int, high: int, default: int) -> int:
         return default
     value = query_integer(name)
     if not low <= value <= high:
-        raise _bad_query(name, f"must be from {low} to {high}")
+        raise bad_query(name, f"must be from {low} to {high}")
     return value
 
 
-def _bad_query(name: str, message: str) -> InvalidRequest:
+def bad_query(name: str, message: str) -> InvalidRequest:
     return InvalidRequest(
         f"the query parameter {name} is invalid: {message}",
         details={"errors": [{"path": name, "message": message}]},

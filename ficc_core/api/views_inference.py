@@ -104,6 +104,7 @@ def usage_view(summary: UsageSummary) -> dict[str, Any]:
     """A service's usage: totals, per-credential totals and the latest requests."""
     return {
         "service_id": summary.service_id,
+        "alias": summary.alias,
         "since": summary.since,
         "totals": attrs.asdict(summary.totals),
         "by_credential": [attrs.asdict(row) for row in summary.by_credential],

@@ -1,30 +1,59 @@
-"""Live authority: bearer authentication with a short in-memory cache, and revocations.
+"""Live authority: bearer authentication with short in-memory caches, and revocations.
 
 The request path re-checks a principal's authority while its response streams
 (:meth:`Authority.still_valid`, per chunk, without the store). Revocations made in
 this process apply at once; those written by another process sharing the database
 (``ficc admin revoke-token``) are learnt by :meth:`Authority.watch_revocations`.
+
+Two caches keep the store off the request path (docs/usage.md, "Credential checks"):
+verified credentials for ``auth_cache_ttl``, and rejected tokens (keyed by the whole
+token, so a wrong secret never blocks the right one) for ``auth_negative_ttl``. A
+store read that fails or takes more than :data:`STORE_WAIT_SECONDS` is a 503
+``store_unavailable`` with ``Retry-After``, never a 401; a credential verified before
+is then served from its (stale) cache entry.
 """
 
 from __future__ import annotations
 
 import hmac
+import logging
 from collections import OrderedDict
 from collections.abc import Callable
 from functools import partial
+from typing import Any, NoReturn, TypeVar
 
+import attrs
 import trio
 
-from ..errors import Unauthenticated
-from ..store import Store
+from ..errors import StoreUnavailable, Unauthenticated
+from ..store import Store, Transaction
 from . import repository
 from . import secrets as sec
 from .principal import Principal, PrincipalKind
+from .records import StoredCredential
 
 #: Seconds a verified bearer credential is served from memory (see ``authenticate_bearer``).
 CREDENTIAL_CACHE_SECONDS = 5.0
 #: Credentials kept in that cache, least recently used dropped first.
 CREDENTIAL_CACHE_SIZE = 10_000
+#: Seconds a rejected token is remembered as rejected (the default of ``auth_negative_ttl``).
+REJECTED_CACHE_SECONDS = 30.0
+#: Rejected tokens remembered, least recently used dropped first.
+REJECTED_CACHE_SIZE = 10_000
+#: Seconds a credential check waits for the store before answering 503 ``store_unavailable``.
+STORE_WAIT_SECONDS = 3.0
+
+log = logging.getLogger("ficc.auth")
+T = TypeVar("T")
+
+
+@attrs.define
+class _Read:
+    """One store read, shared by every check waiting for it."""
+
+    done: trio.Event = attrs.field(factory=trio.Event)
+    result: Any = None
+    error: Exception | None = None
 
 
 def revocation_statement() -> str:
@@ -33,18 +62,20 @@ def revocation_statement() -> str:
     seconds = f"{CREDENTIAL_CACHE_SECONDS:g}"
     return (
         "A credential revoked by another process sharing the database (`ficc admin "
-        f"revoke-token`) stops working within {seconds} s: its new requests are refused "
-        f"and the responses it has streaming end (the controller looks for new "
-        f"revocations every {seconds} s)."
+        f"revoke-token`) stops working within {seconds} s (`auth_cache_ttl`, by default): its "
+        f"new requests are refused and the responses it has streaming end (the controller "
+        f"looks for new revocations every {seconds} s)."
     )
 
 
 class Authority:
     """Verified credentials, and the ids revoked (or logged out) since this process began.
 
-    :param clock: wall-clock seconds (expiries, the cache's age, revocation times).
+    :param clock: wall-clock seconds (expiries, the caches' age, revocation times).
     :param cache_seconds: how long a verified credential is served from memory, and
         how often other processes' revocations are looked for.
+    :param rejected_seconds: how long a rejected token is refused from memory (0: never).
+    :param store_wait: seconds a check waits for the store before it answers 503.
     """
 
     def __init__(
@@ -53,10 +84,20 @@ class Authority:
         *,
         clock: Callable[[], float],
         cache_seconds: float = CREDENTIAL_CACHE_SECONDS,
+        rejected_seconds: float = REJECTED_CACHE_SECONDS,
+        store_wait: float = STORE_WAIT_SECONDS,
     ) -> None:
         self.store = store
         self.clock = clock
         self.cache_seconds = cache_seconds
+        self.rejected_seconds = rejected_seconds
+        self.store_wait = store_wait
+        # Rejected tokens: (credential id, secret hash) -> (code, message, clock time).
+        self._rejected: OrderedDict[tuple[str, str], tuple[str, str, float]] = OrderedDict()
+        # Store reads in progress, by credential id (concurrent checks share one).
+        self._reads: dict[str, _Read] = {}
+        # Store reads failed in a row (logged at the first and every 100th).
+        self._failures = 0
         # Credential and session IDs revoked (or logged out) in this process, so a
         # streaming response can re-check its authority per chunk without the store.
         self._revoked: set[str] = set()
@@ -85,7 +126,12 @@ class Authority:
         task_status.started()
         while True:
             await trio.sleep(self.cache_seconds if period is None else period)
-            revoked = await self.store.read(partial(repository.revoked_since, since=since))
+            try:
+                revoked = await self.store.read(partial(repository.revoked_since, since=since))
+            except Exception as exc:  # a store outage must not end the controller
+                self._failed("revocations", exc)
+                continue
+            self._failures = 0
             for credential_id, revoked_at in revoked:
                 if credential_id not in self._revoked:
                     self.mark_revoked(credential_id)
@@ -115,7 +161,10 @@ class Authority:
         A credential verified in the last ``cache_seconds`` is checked in memory (its
         secret's hash, revocation here, expiry): the request path does not read the
         store for every request. Revocations through this controller take effect at
-        once; those written by another process within the cache period.
+        once; those written by another process within the cache period. A token
+        rejected in the last ``rejected_seconds`` is refused from memory too. When the
+        store fails or is slow, raise :class:`StoreUnavailable` (503), or serve a
+        credential verified before from memory.
         """
         parts = sec.split_token(token)
         if parts is None:
@@ -126,26 +175,40 @@ class Authority:
         presented = sec.hash_secret(secret)
         now = self.clock()
         cached = self._credentials.get(credential_id)
+        if cached is not None and not hmac.compare_digest(presented, cached[0]):
+            cached = None  # a wrong secret never uses the right one's verification
         # A clock set back must not stretch the cache period: a negative age is stale too.
         if cached is not None and 0 <= now - cached[2] < self.cache_seconds:
-            secret_hash, principal, _ = cached
-            if hmac.compare_digest(presented, secret_hash):
-                self._credentials.move_to_end(credential_id)
-                self.check_valid(principal)
-                return principal
+            self._credentials.move_to_end(credential_id)
+            self.check_valid(cached[1])
+            return cached[1]
+        key = (credential_id, presented)
+        rejected = self._rejected.get(key)
+        if rejected is not None and 0 <= now - rejected[2] < self.rejected_seconds:
+            raise Unauthenticated(rejected[1], code=rejected[0])
 
-        stored = await self.store.read(
-            partial(repository.stored_credential, credential_id=credential_id)
-        )
+        try:
+            stored: StoredCredential | None = await self.read_bounded(
+                f"credential {credential_id}",
+                partial(repository.stored_credential, credential_id=credential_id),
+            )
+        except StoreUnavailable:
+            if cached is None:
+                raise
+            # Verified before: served while the store is down, and not asked again for
+            # another cache period (a hanging store costs one wait per key and period).
+            self.check_valid(cached[1])
+            self._credentials[credential_id] = (cached[0], cached[1], now)
+            return cached[1]
         if stored is None or not hmac.compare_digest(presented, stored.secret_hash):
-            raise Unauthenticated("the bearer credential is not valid", code="invalid_credential")
+            self._reject(key, "invalid_credential", "the bearer credential is not valid", now)
         credential = stored.credential
         if credential.revoked_at is not None:
-            raise Unauthenticated(
-                "the bearer credential has been revoked", code="credential_revoked"
-            )
+            self.mark_revoked(credential_id)  # no stale entry serves it again
+            self._reject(key, "credential_revoked", "the bearer credential has been revoked", now)
         if credential.expires_at is not None and credential.expires_at <= self.clock():
-            raise Unauthenticated("the bearer credential has expired", code="credential_expired")
+            self._credentials.pop(credential_id, None)
+            self._reject(key, "credential_expired", "the bearer credential has expired", now)
         principal = Principal(
             kind=PrincipalKind.CREDENTIAL,
             id=credential.id,
@@ -165,3 +228,51 @@ class Authority:
         while len(self._credentials) > CREDENTIAL_CACHE_SIZE:
             self._credentials.popitem(last=False)
         return principal
+
+    def _reject(self, key: tuple[str, str], code: str, message: str, now: float) -> NoReturn:
+        """Remember the token ``key`` as rejected with ``code``, and raise the refusal."""
+        if self.rejected_seconds > 0:
+            self._rejected[key] = (code, message, now)
+            self._rejected.move_to_end(key)
+            while len(self._rejected) > REJECTED_CACHE_SIZE:
+                self._rejected.popitem(last=False)
+        raise Unauthenticated(message, code=code)
+
+    async def read_bounded(self, what: str, fn: Callable[[Transaction], T]) -> T:
+        """``store.read(fn)`` by a task of its own, shared by concurrent callers asking for
+        the same ``what`` (e.g. ``credential <id>``), so that a caller waits at most
+        ``store_wait`` seconds; raise :class:`StoreUnavailable` when the read failed or
+        did not answer in time (the request path's reads: credentials, sessions)."""
+        read = self._reads.get(what)
+        if read is None:
+            read = self._reads[what] = _Read()
+            trio.lowlevel.spawn_system_task(self._read, what, fn, read)
+        with trio.move_on_after(self.store_wait):
+            await read.done.wait()
+        if not read.done.is_set():
+            raise StoreUnavailable(
+                f"the store did not answer within {self.store_wait:g} s; retry shortly",
+                details={"waited": self.store_wait},
+            )
+        if read.error is not None:
+            raise StoreUnavailable(f"the store failed ({type(read.error).__name__}); retry shortly")
+        return read.result
+
+    async def _read(self, what: str, fn: Callable[[Transaction], Any], read: _Read) -> None:
+        try:
+            read.result = await self.store.read(fn)
+        except Exception as exc:
+            self._failed(what, exc)
+            read.error = exc
+        else:
+            self._failures = 0
+        finally:
+            self._reads.pop(what, None)
+            read.done.set()
+
+    def _failed(self, what: str, exc: Exception) -> None:
+        self._failures += 1
+        if self._failures == 1 or self._failures % 100 == 0:
+            log.warning(
+                "cannot read %s (%s store failures in a row): %s", what, self._failures, exc
+            )

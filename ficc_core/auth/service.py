@@ -19,7 +19,7 @@ from ..bands import BandTable
 from ..errors import NotFound
 from ..store import Store
 from . import secrets as sec
-from .authority import CREDENTIAL_CACHE_SECONDS, Authority
+from .authority import CREDENTIAL_CACHE_SECONDS, REJECTED_CACHE_SECONDS, Authority
 from .credentials import Credentials
 from .directory import Directory
 from .scopes import ALL_SCOPES, PROJECT_SCOPES
@@ -34,6 +34,7 @@ class AuthService:
         (injected in tests, which move it instead of sleeping).
     :param credential_cache_seconds: how long a verified bearer credential is
         served from memory, and how often other processes' revocations are read.
+    :param rejected_cache_seconds: how long a rejected bearer token is refused from memory.
     :param bands: the configured priority bands (a credential's or project's band is
         one of them; default: the default bands).
     """
@@ -47,6 +48,7 @@ class AuthService:
         login_throttle: LoginThrottle | None = None,
         clock: Callable[[], float] = time.time,
         credential_cache_seconds: float = CREDENTIAL_CACHE_SECONDS,
+        rejected_cache_seconds: float = REJECTED_CACHE_SECONDS,
         bands: BandTable | None = None,
     ) -> None:
         self.store = store
@@ -54,7 +56,12 @@ class AuthService:
         # Each argon2 hash holds 64 MiB for a moment: at most two at once.
         limiter = trio.CapacityLimiter(2)
         self.bands = BandTable() if bands is None else bands
-        self.authority = Authority(store, clock=clock, cache_seconds=credential_cache_seconds)
+        self.authority = Authority(
+            store,
+            clock=clock,
+            cache_seconds=credential_cache_seconds,
+            rejected_seconds=rejected_cache_seconds,
+        )
         self.directory = Directory(store, password_limiter=limiter, clock=clock, bands=self.bands)
         self.credentials = Credentials(
             store,

@@ -91,12 +91,16 @@ class Sessions:
         return await self.authenticate(cookie), cookie, csrf
 
     async def authenticate(self, cookie: str) -> Principal:
-        """Return the principal of a session cookie, or raise :class:`Unauthenticated`."""
+        """Return the principal of a session cookie, or raise :class:`Unauthenticated`
+        (:class:`~ficc_core.errors.StoreUnavailable` when the store fails or is slow)."""
         parts = sec.split_token(cookie, SESSION_PREFIX)
         if parts is None:
             raise Unauthenticated("the session cookie is not valid", code="invalid_session")
         session_id, secret = parts
-        session = await self.store.read(partial(repository.stored_session, session_id=session_id))
+        # Bounded: a store that fails or hangs is 503 store_unavailable, never a 401.
+        session = await self.authority.read_bounded(
+            f"session {session_id}", partial(repository.stored_session, session_id=session_id)
+        )
         if session is None or not sec.secret_matches(secret, session.secret_hash):
             raise Unauthenticated("the session is not valid; log in again", code="invalid_session")
         if session.expires_at <= self.clock():

@@ -15,6 +15,7 @@ from .options import install_global_options
 from .plugins import plugins_command
 from .serve import serve
 from .settings import config_command
+from .usage import usage
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -39,6 +40,7 @@ cli.add_command(plugins_command, "plugins")
 cli.add_command(login, "login")
 cli.add_command(logout, "logout")
 cli.add_command(whoami, "whoami")
+cli.add_command(usage, "usage")
 install_global_options(cli, frozenset({"models", "inference", "login", "logout", "whoami"}))
 
 

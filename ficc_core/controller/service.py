@@ -125,6 +125,8 @@ async def open_service(
             store,
             session_lifetime=config.session_lifetime,
             token_max_lifetime=config.token_max_lifetime,
+            credential_cache_seconds=config.auth_cache_ttl,
+            rejected_cache_seconds=config.auth_negative_ttl,
             login_throttle=LoginThrottle(
                 max_failures=config.login_max_failures,
                 lockout=config.login_lockout,
@@ -143,7 +145,13 @@ async def open_service(
         )
         live = LiveTable()
         contexts = ModelContexts(models=models, blobs=blobs)
-        usage = UsageLedger(store)
+        usage = UsageLedger(
+            store,
+            period=config.usage_flush_interval,
+            batch_size=config.usage_batch_size,
+            capacity=config.usage_buffer_size,
+            metrics=metrics,
+        )
         quotas = Quotas(store, config)
         await quotas.load()
         quota_sync = QuotaSync(quotas, metrics, interval=config.limits_sync_interval)

@@ -15,6 +15,7 @@ import trio
 from ..quotas import Unlimited
 
 if TYPE_CHECKING:
+    from ..auth import Principal
     from ..metrics import Metrics
     from ..quotas import QuotaGate
     from .request import Request
@@ -158,9 +159,21 @@ class Accounting:
         """Count a request of ``band`` refused while it asked for a slot."""
         self.metrics.gateway_band_refusals.labels(service_id, band, code).inc()
 
-    def refused(self, service_id: str, code: str) -> None:
-        """Count a refusal made before a replica was chosen (``service_id`` may be empty)."""
+    def refused(
+        self,
+        service_id: str,
+        code: str,
+        actor: Principal | None = None,
+        path: str = "",
+        status: int = 0,
+        model: str = "",
+    ) -> None:
+        """Count a refusal made before a replica was chosen (``service_id`` may be empty);
+        with the ``actor`` known, it is a :class:`UsageRecord` too (replica ``""``, the
+        refusal's ``status``, outcome ``code``)."""
         self.metrics.gateway_errors.labels(service_id, "", code).inc()
+        if actor is not None:
+            self._record(actor, service_id, 0, path, status, code, model=model)
 
     def retried(self, service_id: str, key: str, code: str) -> None:
         """Count a request moved off replica ``key``, which failed before answering."""
@@ -192,9 +205,22 @@ class Accounting:
         """Account an ended request: its metrics and its :class:`UsageRecord`."""
         replica = request.replica
         if replica is None:
-            self.quotas.settle(request, outcome, None, None)
+            cost = self.quotas.settle(request, outcome, None, None)
+            view = request.view
             if outcome not in _FINE:
-                self.refused(request.service_id, outcome)
+                self.metrics.gateway_errors.labels(request.service_id, "", outcome).inc()
+            self._record(
+                request.actor,
+                request.service_id,
+                view.generation,
+                request.path,
+                request.status,
+                outcome,
+                queue_wait=request.queue_wait,
+                duration=trio.current_time() - request.started,
+                model=view.model_id,
+                cost=cost,
+            )
             return
         key, service = replica.key, request.service_id
         if outcome not in _FINE:
@@ -211,26 +237,63 @@ class Accounting:
         if completion:
             self.metrics.gateway_tokens.labels(service, key, "completion").inc(completion)
         cost = self.quotas.settle(request, outcome, prompt, completion)
-        actor = request.actor
-        record = UsageRecord(
-            service_id=service,
-            generation=request.view.generation,
+        self._record(
+            request.actor,
+            service,
+            request.view.generation,
+            request.path,
+            request.status,
+            outcome,
             replica=key,
             node_id=replica.node_id,
-            credential_id=request.actor.id,
-            credential_kind=request.actor.kind,
-            path=request.path,
-            status=request.status,
+            prompt=prompt,
+            completion=completion,
+            queue_wait=request.queue_wait,
+            ttfb=ttfb,
+            duration=duration,
+            model=request.view.model_id,
+            cost=cost,
+        )
+
+    def _record(
+        self,
+        actor: Principal,
+        service_id: str,
+        generation: int,
+        path: str,
+        status: int,
+        outcome: str,
+        *,
+        replica: str = "",
+        node_id: str = "",
+        prompt: int | None = None,
+        completion: int | None = None,
+        queue_wait: float = 0.0,
+        ttfb: float | None = None,
+        duration: float = 0.0,
+        model: str = "",
+        cost: int = 0,
+    ) -> None:
+        """Keep one request's :class:`UsageRecord` and hand it to the sinks."""
+        record = UsageRecord(
+            service_id=service_id,
+            generation=generation,
+            replica=replica,
+            node_id=node_id,
+            credential_id=actor.id,
+            credential_kind=actor.kind,
+            path=path,
+            status=status,
             outcome=outcome,
             prompt_tokens=prompt,
             completion_tokens=completion,
-            queue_wait=request.queue_wait,
+            queue_wait=queue_wait,
             ttfb=ttfb,
             duration=duration,
             finished_at=time.time(),
             project_id=actor.project_id if not actor.personal else "",
             user_id=actor.user_id,
-            model=request.view.model_id,
+            model=model,
             cost=cost,
         )
         self.usage.append(record)

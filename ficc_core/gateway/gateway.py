@@ -266,7 +266,7 @@ class Gateway:
             view = self.checks.authorise(service_id, actor)
         except FiccError as exc:
             # Not labelled with the service: a client must not mint metric series.
-            self.accounting.refused("", exc.code)
+            self.accounting.refused("", exc.code, actor, path, exc.status)
             raise
         if path == "/v1/models":
             return 200, self._models(view, actor)
@@ -276,7 +276,7 @@ class Gateway:
             if count is not None:
                 prompt = await self.limits.settle(count) or prompt
         except FiccError as exc:
-            self.accounting.refused(service_id, exc.code)
+            self.accounting.refused(service_id, exc.code, actor, path, exc.status, view.model_id)
             raise
         request = Request(
             service_id=service_id,
@@ -300,7 +300,7 @@ class Gateway:
         try:
             self.quotas.admit(request)  # before a replica is taken
         except FiccError as exc:
-            self.accounting.refused(service_id, exc.code)
+            self.accounting.refused(service_id, exc.code, actor, path, exc.status, view.model_id)
             raise
         # Counted in flight until settled (a drain waits for it): every way out settles.
         self.live.enter(service_id)
@@ -313,6 +313,8 @@ class Gateway:
         except BaseException as exc:
             with trio.CancelScope(shield=True):
                 code = exc.code if isinstance(exc, FiccError) else "cancelled"
+                if isinstance(exc, FiccError) and not request.status:
+                    request.status = exc.status  # a refusal before an engine answered
                 await self.relay.finish(request, code)
             raise
         return response.status, response

@@ -138,7 +138,7 @@ class ProjectEndpoint:
                 raise _missing_model()
             first = self.catalog.resolve(actor, model)
         except FiccError as exc:
-            gateway.accounting.refused("", exc.code)
+            gateway.accounting.refused("", exc.code, actor, path, exc.status)
             raise
         candidates = [first, *self.catalog.fallbacks(actor, first)]
         failures: list[tuple[LiveService, FiccError]] = []

@@ -178,7 +178,8 @@ class ServiceDetail:
 
 @attrs.frozen(kw_only=True)
 class UsageEntry:
-    """One invoke request's usage (a row of ``inference_usage``)."""
+    """One invoke request's usage (a row of ``inference_usage``), or a summary row of
+    ``requests`` of them (their sums of tokens and cost, their mean times)."""
 
     service_id: str
     generation: int
@@ -194,6 +195,11 @@ class UsageEntry:
     ttfb: float | None
     duration: float
     finished_at: float
+    project_id: str = ""
+    user_id: str | None = None
+    model: str = ""
+    cost: int = 0
+    requests: int = 1
 
 
 @attrs.frozen(kw_only=True)
@@ -206,16 +212,21 @@ class UsageTotals:
     completion_tokens: int
     mean_ttfb: float | None
     mean_duration: float | None
+    cost: int = 0
 
 
 @attrs.frozen(kw_only=True)
 class CredentialUsage:
-    """What one credential's requests used."""
+    """What one credential's requests used, with the credential's name and person."""
 
     credential_id: str
     requests: int
     prompt_tokens: int
     completion_tokens: int
+    errors: int = 0
+    cost: int = 0
+    name: str | None = None
+    username: str | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -225,6 +236,7 @@ class UsageSummary:
     service_id: str
     since: float | None
     totals: UsageTotals
+    alias: str | None = None
     by_credential: tuple[CredentialUsage, ...]
     recent: tuple[UsageEntry, ...]
 

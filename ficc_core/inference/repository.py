@@ -47,7 +47,13 @@ _RESERVATION_COLUMNS = (
 )
 _USAGE_COLUMNS = (
     "service_id, generation, replica, node_id, credential_id, path, status, outcome,"
-    " prompt_tokens, completion_tokens, queue_wait, ttfb, duration, finished_at"
+    " prompt_tokens, completion_tokens, queue_wait, ttfb, duration, finished_at,"
+    " project_id, user_id, model, cost, requests"
+)
+_USAGE_FIELDS = tuple(name.strip() for name in _USAGE_COLUMNS.split(","))
+_USAGE_INSERT = (
+    f"INSERT INTO inference_usage ({_USAGE_COLUMNS})"
+    f" VALUES ({', '.join('?' for _ in _USAGE_FIELDS)})"
 )
 
 
@@ -393,51 +399,45 @@ def placement_nodes(tx: Transaction, node_ids: Sequence[str]) -> dict[str, Place
 
 
 def insert_usage(tx: Transaction, entries: Iterable[UsageEntry]) -> None:
-    """Record finished requests' usage."""
+    """Record finished requests' usage (and summary rows)."""
     for entry in entries:
-        tx.execute(
-            f"INSERT INTO inference_usage ({_USAGE_COLUMNS})"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (
-                entry.service_id,
-                entry.generation,
-                entry.replica,
-                entry.node_id,
-                entry.credential_id,
-                entry.path,
-                entry.status,
-                entry.outcome,
-                entry.prompt_tokens,
-                entry.completion_tokens,
-                entry.queue_wait,
-                entry.ttfb,
-                entry.duration,
-                entry.finished_at,
-            ),
-        )
+        tx.execute(_USAGE_INSERT, tuple(getattr(entry, name) for name in _USAGE_FIELDS))
 
 
 def usage_summary(
     tx: Transaction, service_id: str, since: float | None, recent: int
 ) -> UsageSummary:
-    """What the service's requests finished since ``since`` used, and the latest of them."""
+    """What the service's requests finished since ``since`` used, and the latest of them
+    (a row may sum several requests: see :mod:`.usage`)."""
     start = 0.0 if since is None else since
     totals = tx.fetch_one(
-        "SELECT COUNT(*) AS requests,"
-        " SUM(CASE WHEN outcome NOT IN ('ok', 'cancelled') THEN 1 ELSE 0 END) AS errors,"
+        "SELECT COALESCE(SUM(requests), 0) AS requests,"
+        " SUM(CASE WHEN outcome NOT IN ('ok', 'cancelled') THEN requests ELSE 0 END) AS errors,"
         " COALESCE(SUM(prompt_tokens), 0) AS prompt_tokens,"
         " COALESCE(SUM(completion_tokens), 0) AS completion_tokens,"
-        " AVG(ttfb) AS mean_ttfb, AVG(duration) AS mean_duration"
+        # Means of the requests that reached a replica (a refusal's replica is "").
+        " SUM(ttfb * requests) / SUM(CASE WHEN ttfb IS NULL THEN 0 ELSE requests END)"
+        " AS mean_ttfb, SUM(CASE WHEN replica = '' THEN 0 ELSE duration * requests END)"
+        " / SUM(CASE WHEN replica = '' THEN 0 ELSE requests END) AS mean_duration,"
+        " COALESCE(SUM(cost), 0) AS cost"
         " FROM inference_usage WHERE service_id = ? AND finished_at >= ?",
         (service_id, start),
     )
     assert totals is not None  # an aggregate always has one row
     by_credential = tx.fetch_all(
-        "SELECT credential_id, COUNT(*) AS requests,"
+        "SELECT g.*, c.name, COALESCE(u.username, su.username) AS username FROM ("
+        " SELECT credential_id, SUM(requests) AS requests,"
+        " SUM(CASE WHEN outcome NOT IN ('ok', 'cancelled') THEN requests ELSE 0 END) AS errors,"
         " COALESCE(SUM(prompt_tokens), 0) AS prompt_tokens,"
-        " COALESCE(SUM(completion_tokens), 0) AS completion_tokens"
+        " COALESCE(SUM(completion_tokens), 0) AS completion_tokens,"
+        " COALESCE(SUM(cost), 0) AS cost"
         " FROM inference_usage WHERE service_id = ? AND finished_at >= ?"
-        " GROUP BY credential_id ORDER BY credential_id",
+        " GROUP BY credential_id) g"
+        " LEFT JOIN credentials c ON c.id = g.credential_id"
+        " LEFT JOIN users u ON u.id = c.user_id"
+        " LEFT JOIN sessions s ON s.id = g.credential_id"
+        " LEFT JOIN users su ON su.id = s.user_id"
+        " ORDER BY g.credential_id",
         (service_id, start),
     )
     latest = tx.fetch_all(
@@ -445,9 +445,11 @@ def usage_summary(
         " WHERE service_id = ? AND finished_at >= ? ORDER BY id DESC LIMIT ?",
         (service_id, start, recent),
     )
+    alias = tx.fetch_one("SELECT alias FROM inference_services WHERE id = ?", (service_id,))
     return UsageSummary(
         service_id=service_id,
         since=since,
+        alias=None if alias is None else alias["alias"],
         totals=UsageTotals(**{**totals, "errors": totals["errors"] or 0}),
         by_credential=tuple(CredentialUsage(**row) for row in by_credential),
         recent=tuple(UsageEntry(**row) for row in latest),

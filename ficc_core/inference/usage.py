@@ -1,89 +1,308 @@
-"""Usage accounting: every invoke request's tokens and latency, kept in the store.
+"""Usage accounting: every invoke request's tokens, cost and latency, kept in the store.
 
-The gateway hands each finished request's :class:`~ficc_core.gateway.UsageRecord`
-to :meth:`UsageLedger.record`, a synchronous append to a bounded buffer: nothing
-on the request path touches SQLite. A background task writes the buffer in one
-transaction per second (and once more at shutdown). If the store falls behind by
-more than the buffer holds, the oldest unwritten records are dropped and counted.
+The gateway hands each finished (or refused) request's
+:class:`~ficc_core.gateway.UsageRecord` to :meth:`UsageLedger.record`, a synchronous
+O(1) append to a bounded buffer: nothing on the request path touches the store. A
+background task writes the buffer every ``usage_flush_interval``, at most
+``usage_batch_size`` records per transaction, and at once when a batch is full.
+
+The store being slow or down never blocks a request (docs/usage.md#accounting):
+
+- a failed write keeps its batch for the next try, which waits longer each time
+  (up to :data:`MAX_BACKOFF` seconds); failures are counted and logged;
+- beyond ``usage_buffer_size`` records, a record is folded into a summary row of its
+  credential, service, replica, model, outcome and minute (requests, tokens and cost
+  summed, times averaged), so totals stay right while the detail is lost;
+- beyond as many summary rows, a record is dropped; drops are counted in
+  ``ficc_usage_dropped`` and logged at most once per :data:`LOG_EVERY` seconds.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
+from collections.abc import Hashable
+from functools import partial
+from itertools import islice
+from typing import Any
 
 import attrs
 import trio
 
+from ..metrics import Metrics
 from ..store import Store, Transaction
 from . import repository
 from .records import UsageEntry, UsageSummary
+from .usage_report import UsageQuery, UsageReport, usage_report
 
 log = logging.getLogger("ficc.inference.usage")
 
-#: What of a gateway's usage record is kept.
-_ENTRY_FIELDS = tuple(field.name for field in attrs.fields(UsageEntry))
+#: What of a gateway's usage record is kept (``requests`` is 1 for a record of its own).
+_ENTRY_FIELDS = tuple(field.name for field in attrs.fields(UsageEntry) if field.name != "requests")
+#: Seconds one summary row covers (its ``finished_at`` is the start of that minute).
+SUMMARY_PERIOD = 60
+#: The longest wait between tries after failed writes, in seconds.
+MAX_BACKOFF = 30.0
+#: Seconds between two log lines about aggregated or dropped records.
+LOG_EVERY = 60.0
+#: Seconds the last write at shutdown may take (between batches).
+SHUTDOWN_WAIT = 5.0
+
+
+@attrs.define(slots=True)
+class _Summary:
+    """Records of one (credential, service, replica, model, outcome, status, path, minute)
+    folded into one row."""
+
+    first: Any
+    period: int
+    requests: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost: int = 0
+    queue_wait: float = 0.0
+    ttfb: float = 0.0
+    ttfbs: int = 0
+    duration: float = 0.0
+
+    def add(self, usage: Any) -> None:
+        self.requests += 1
+        self.prompt_tokens += usage.prompt_tokens or 0
+        self.completion_tokens += usage.completion_tokens or 0
+        self.cost += usage.cost
+        self.queue_wait += usage.queue_wait
+        self.duration += usage.duration
+        if usage.ttfb is not None:
+            self.ttfb += usage.ttfb
+            self.ttfbs += 1
+
+    def merge(self, other: _Summary) -> None:
+        for name in ("requests", "prompt_tokens", "completion_tokens", "cost", "ttfbs"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.queue_wait += other.queue_wait
+        self.ttfb += other.ttfb
+        self.duration += other.duration
+
+    def entry(self) -> UsageEntry:
+        first, n = self.first, self.requests
+        return UsageEntry(
+            service_id=first.service_id,
+            generation=first.generation,
+            replica=first.replica,
+            node_id=first.node_id,
+            credential_id=first.credential_id,
+            path=first.path,
+            status=first.status,
+            outcome=first.outcome,
+            prompt_tokens=self.prompt_tokens,
+            completion_tokens=self.completion_tokens,
+            queue_wait=self.queue_wait / n,
+            ttfb=self.ttfb / self.ttfbs if self.ttfbs else None,
+            duration=self.duration / n,
+            finished_at=float(self.period),
+            project_id=first.project_id,
+            user_id=first.user_id,
+            model=first.model,
+            cost=self.cost,
+            requests=n,
+        )
+
+
+def _summary_key(usage: Any) -> tuple[Hashable, ...]:
+    return (
+        usage.credential_id,
+        usage.service_id,
+        usage.replica,
+        usage.model,
+        usage.outcome,
+        usage.status,
+        usage.path,
+        int(usage.finished_at) // SUMMARY_PERIOD * SUMMARY_PERIOD,
+    )
+
+
+def _insert(records: list[Any], tx: Transaction) -> None:
+    """Write gateway records (read by the fields of :class:`UsageEntry`) in one transaction."""
+    repository.insert_usage(
+        tx, (UsageEntry(**{name: getattr(r, name) for name in _ENTRY_FIELDS}) for r in records)
+    )
 
 
 class UsageLedger:
-    """Buffers usage records and writes them to the store in batches.
+    """Buffers usage records and writes them to the store in batches (see the module docs).
 
     :param store: where ``inference_usage`` rows go.
-    :param period: seconds between batch writes.
-    :param capacity: records held while waiting for a write; older ones are dropped.
+    :param period: seconds between batch writes (``usage_flush_interval``).
+    :param batch_size: records written per transaction; a full batch is written at once.
+    :param capacity: records held while waiting for a write (``usage_buffer_size``), and
+        summary rows held beyond them.
+    :param metrics: the controller's collectors (default: a registry of its own).
     """
 
-    def __init__(self, store: Store, *, period: float = 1.0, capacity: int = 100_000) -> None:
+    def __init__(
+        self,
+        store: Store,
+        *,
+        period: float = 1.0,
+        batch_size: int = 500,
+        capacity: int = 100_000,
+        metrics: Metrics | None = None,
+    ) -> None:
         self.store = store
         self.period = period
-        self._pending: deque[UsageEntry] = deque(maxlen=capacity)
+        self.batch_size = batch_size
+        self.capacity = capacity
+        metrics = Metrics() if metrics is None else metrics
+        self._buffered = metrics.usage_buffered
+        self._aggregated = metrics.usage_aggregated
+        self._dropped = metrics.usage_dropped
+        self._write_failures = metrics.usage_write_failures
+        # Gateway records (not yet converted: that happens in the writing thread).
+        self._pending: deque[Any] = deque()
+        self._summaries: dict[tuple[Hashable, ...], _Summary] = {}
         self._wake = trio.Event()
-        #: Records dropped because the buffer overflowed before a write.
+        self._lock = trio.Lock()
+        self._logged_at = -LOG_EVERY
+        #: Records folded into summary rows, and records dropped, since the start.
+        self.aggregated = 0
         self.dropped = 0
+        #: Writes failed in a row (0 once one succeeds).
+        self.failures = 0
 
     def record(self, usage: object) -> None:
-        """Queue one request's usage (called by the gateway; never blocks).
+        """Queue one request's usage (called by the gateway; O(1), never blocks).
 
         ``usage`` is the gateway's ``UsageRecord``, read by the fields of
         :class:`UsageEntry` (so this package does not import the gateway, which
         imports it).
         """
-        if len(self._pending) == self._pending.maxlen:
-            self.dropped += 1
-        self._pending.append(UsageEntry(**{name: getattr(usage, name) for name in _ENTRY_FIELDS}))
+        pending = self._pending
+        if len(pending) < self.capacity:
+            pending.append(usage)
+            if len(pending) >= self.batch_size:
+                self._wake.set()
+            return
+        key = _summary_key(usage)
+        summary = self._summaries.get(key)
+        if summary is None:
+            if len(self._summaries) >= self.capacity:
+                self.dropped += 1
+                self._dropped.inc()
+                self._note("dropped")
+                return
+            summary = self._summaries[key] = _Summary(first=usage, period=key[-1])  # type: ignore[arg-type]
+        summary.add(usage)
+        self.aggregated += 1
+        self._aggregated.inc()
+        self._note("aggregated")
+
+    def _note(self, what: str) -> None:
+        now = time.monotonic()
+        if now - self._logged_at >= LOG_EVERY:
+            self._logged_at = now
+            log.warning(
+                "the usage buffer is full (%d records, the store is behind): %d records "
+                "aggregated into %d summary rows and %d dropped since the start (this one %s)",
+                len(self._pending),
+                self.aggregated,
+                len(self._summaries),
+                self.dropped,
+                what,
+            )
+
+    @property
+    def buffered(self) -> int:
+        """Records and summary rows waiting to be written."""
+        return len(self._pending) + len(self._summaries)
 
     async def flush(self) -> int:
-        """Write every queued record now; return how many were written."""
-        if not self._pending:
-            return 0
-        batch = list(self._pending)
-        self._pending.clear()
+        """Write every queued record now, a batch per transaction; return how many.
 
-        def write(tx: Transaction) -> None:
-            repository.insert_usage(tx, batch)
+        A failed write raises and keeps its batch (and everything after it) queued.
+        """
+        async with self._lock:
+            try:
+                return await self._write_all()
+            finally:
+                self._buffered.set(self.buffered)
 
-        await self.store.write(write)
-        return len(batch)
+    async def _write_all(self) -> int:
+        written, pending = 0, self._pending
+        while pending:
+            batch = list(islice(pending, self.batch_size))
+            await self.store.write(partial(_insert, batch))
+            for _ in batch:
+                pending.popleft()
+            written += len(batch)
+        if not self._summaries:
+            return written
+        summaries, self._summaries = self._summaries, {}
+        keys = list(summaries)
+        try:
+            for start in range(0, len(keys), self.batch_size):
+                chunk = keys[start : start + self.batch_size]
+                entries = [summaries[key].entry() for key in chunk]
+                await self.store.write(lambda tx, e=entries: repository.insert_usage(tx, e))
+                for key in chunk:
+                    written += summaries.pop(key).requests
+        finally:
+            # What was not written goes back, beside what was folded meanwhile.
+            for key, summary in summaries.items():
+                newer = self._summaries.get(key)
+                if newer is None:
+                    self._summaries[key] = summary
+                else:
+                    summary.merge(newer)
+                    self._summaries[key] = summary
+        return written
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Write batches every ``period`` seconds until cancelled, then write the rest."""
+        """Write the buffer every ``period`` seconds (or once a batch is full) until
+        cancelled, then write the rest; a failure never ends it (see the module docs)."""
         task_status.started()
         try:
             while True:
-                await trio.sleep(self.period)
-                await self.flush()
+                if self.failures:
+                    await trio.sleep(min(self.period * 2**self.failures, MAX_BACKOFF))
+                else:
+                    with trio.move_on_after(self.period):
+                        await self._wake.wait()
+                self._wake = trio.Event()
+                await self._try_flush()
         finally:
-            with trio.CancelScope(shield=True):
-                try:
-                    await self.flush()
-                except Exception:  # the store may already be closing
-                    log.exception("could not write the last usage records")
+            with trio.move_on_after(SHUTDOWN_WAIT) as scope:
+                scope.shield = True
+                await self._try_flush()
+
+    async def _try_flush(self) -> None:
+        try:
+            await self.flush()
+        except Exception as exc:  # the store is slow, down or closing: keep the records
+            self.failures += 1
+            self._write_failures.inc()
+            if self.failures == 1 or self.failures % 10 == 0:
+                log.warning(
+                    "cannot write usage records (%d failures in a row, %d waiting): %s",
+                    self.failures,
+                    self.buffered,
+                    exc,
+                )
+        else:
+            if self.failures:
+                log.info("usage records are written again after %d failures", self.failures)
+            self.failures = 0
 
     async def summary(
         self, service_id: str, *, since: float | None = None, recent: int = 50
     ) -> UsageSummary:
         """Totals, per-credential totals and the latest requests of one service."""
-        await self.flush()
+        await self._try_flush()
         return await self.store.read(
             lambda tx: repository.usage_summary(tx, service_id, since, recent)
         )
+
+    async def report(self, query: UsageQuery) -> UsageReport:
+        """The usage ``query`` selects, what is buffered written first (when the store takes it)."""
+        await self._try_flush()
+        return await self.store.read(partial(usage_report, query=query))

@@ -363,6 +363,26 @@ MIGRATIONS: list[tuple[str, ...]] = [
     ),
     # 16: people: account states, personal keys, services shared with people.
     (),
-    # 17: usage records with their project, person, model and spend.
-    (),
+    # 17: usage records with their project, person, model and spend (milli-units); a row
+    # may sum several requests (records aggregated while the store was behind). Rows from
+    # before take the project, person and model of their credential and service.
+    (
+        "ALTER TABLE inference_usage ADD COLUMN project_id TEXT NOT NULL DEFAULT ''",
+        "ALTER TABLE inference_usage ADD COLUMN user_id TEXT",
+        "ALTER TABLE inference_usage ADD COLUMN model TEXT NOT NULL DEFAULT ''",
+        "ALTER TABLE inference_usage ADD COLUMN cost INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE inference_usage ADD COLUMN requests INTEGER NOT NULL DEFAULT 1",
+        """UPDATE inference_usage SET
+            project_id = COALESCE((SELECT c.project_id FROM credentials c
+                WHERE c.id = inference_usage.credential_id), ''),
+            user_id = (SELECT c.user_id FROM credentials c
+                WHERE c.id = inference_usage.credential_id),
+            model = COALESCE((SELECT s.model_id FROM inference_services s
+                WHERE s.id = inference_usage.service_id), '')""",
+        "CREATE INDEX inference_usage_finished ON inference_usage(finished_at)",
+        "CREATE INDEX inference_usage_credential ON inference_usage(credential_id, finished_at)",
+        "CREATE INDEX inference_usage_project ON inference_usage(project_id, finished_at)",
+        "CREATE INDEX inference_usage_user ON inference_usage(user_id, finished_at)",
+        "CREATE INDEX inference_usage_model ON inference_usage(model, finished_at)",
+    ),
 ]
