@@ -130,7 +130,10 @@ async def test_a_budget_of_one_unit_serves_nine_and_refuses_the_tenth_spend_exac
             resets = (int(T0) // 86400 + 1) * 86400
             assert error["details"]["resets_at"] == resets
             assert response.headers["Retry-After"] == str(resets - int(T0 + 1))
-            assert [record.cost for record in env.gateway.usage] == [104] * 9
+            # The refusals are usage records too, of their code and costing nothing.
+            assert [(r.outcome, r.cost) for r in env.gateway.usage] == [("ok", 104)] * 9 + [
+                ("budget_exceeded", 0)
+            ] * 3
             async with env.http(env.admin_token) as admin:
                 view = (await admin.get("/api/v1/projects/default/limits")).json()
             assert view["use"]["spent"] == 0.936 and view["use"]["period"] == "day"
