@@ -15,11 +15,12 @@ from functools import partial
 
 import trio
 
-from ..errors import Unauthenticated
+from ..errors import Forbidden, Unauthenticated
 from ..store import Store
 from . import repository
 from . import secrets as sec
 from .principal import Principal, PrincipalKind
+from .records import StoredCredential, UserStatus
 
 #: Seconds a verified bearer credential is served from memory (see ``authenticate_bearer``).
 CREDENTIAL_CACHE_SECONDS = 5.0
@@ -45,6 +46,7 @@ class Authority:
     :param clock: wall-clock seconds (expiries, the cache's age, revocation times).
     :param cache_seconds: how long a verified credential is served from memory, and
         how often other processes' revocations are looked for.
+    :param personal_disabled: refuse personal keys (``personal_disabled``).
     """
 
     def __init__(
@@ -53,10 +55,12 @@ class Authority:
         *,
         clock: Callable[[], float],
         cache_seconds: float = CREDENTIAL_CACHE_SECONDS,
+        personal_disabled: bool = False,
     ) -> None:
         self.store = store
         self.clock = clock
         self.cache_seconds = cache_seconds
+        self.personal_disabled = personal_disabled
         # Credential and session IDs revoked (or logged out) in this process, so a
         # streaming response can re-check its authority per chunk without the store.
         self._revoked: set[str] = set()
@@ -67,6 +71,12 @@ class Authority:
         """Refuse ``principal_id`` from now on, its cached verification included."""
         self._revoked.add(principal_id)
         self._credentials.pop(principal_id, None)
+
+    def forget_personal(self) -> None:
+        """Drop the cached personal keys, so what is shared with them is read again (a
+        share changed in this process applies to their next request)."""
+        for credential_id in [k for k, v in self._credentials.items() if v[1].personal]:
+            del self._credentials[credential_id]
 
     async def watch_revocations(
         self,
@@ -146,6 +156,7 @@ class Authority:
             )
         if credential.expires_at is not None and credential.expires_at <= self.clock():
             raise Unauthenticated("the bearer credential has expired", code="credential_expired")
+        self._check_person(stored)
         principal = Principal(
             kind=PrincipalKind.CREDENTIAL,
             id=credential.id,
@@ -159,9 +170,24 @@ class Authority:
             service_id=credential.service_id,
             band=credential.band,
             project_band=stored.project_band,
+            personal=stored.personal,
+            shared=stored.shared,
         )
         self._credentials[credential_id] = (stored.secret_hash, principal, now)
         self._credentials.move_to_end(credential_id)
         while len(self._credentials) > CREDENTIAL_CACHE_SIZE:
             self._credentials.popitem(last=False)
         return principal
+
+    def _check_person(self, stored: StoredCredential) -> None:
+        """Refuse a pending user's key, and a personal key while ``personal_disabled``."""
+        if stored.user_status == UserStatus.PENDING:
+            raise Forbidden(
+                "this account is pending an administrator's approval",
+                code="account_pending",
+            )
+        if stored.personal and self.personal_disabled:
+            raise Forbidden(
+                "personal keys are disabled on this installation (personal_disabled)",
+                code="personal_disabled",
+            )
