@@ -372,7 +372,8 @@ ROUTES: dict[str, Route] = {
         "GET",
         "/api/v1/inference/{id}/shares",
         needs(s.INFERENCE_MANAGE),
-        "`{service_id, users: [{id, username}], everyone}`: who its personal keys may be",
+        "`{service_id, users: [{id, username}], everyone}`: the people whose personal keys "
+        "may invoke it",
     ),
     "inference_shares_set": Route(
         "PUT",
@@ -502,7 +503,8 @@ ROUTES: dict[str, Route] = {
         "GET",
         "/v1/models",
         needs(s.INFERENCE_INVOKE),
-        "the project's services this credential may invoke (not stopped), with "
+        "the project's services this credential may invoke (not stopped; a personal key: "
+        "those [shared](people.md#sharing) with its person), with "
         "`description`, `context_length`, `max_output`, `capabilities`",
     ),
     "project_chat_completions": Route(

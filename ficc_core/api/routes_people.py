@@ -49,7 +49,7 @@ class PersonalTokenBody:
     lifetime: float | None = attrs.field(default=None, validator=lifetime_validator)
 
 
-def _users(_instance: Any, attribute: attrs.Attribute, value: list[str]) -> None:
+def _users(_instance: Any, attribute: attrs.Attribute, value: tuple[str, ...]) -> None:
     if len(value) > MAX_SHARED_USERS:
         raise FieldError(attribute.name, f"at most {MAX_SHARED_USERS} users")
     if any(not user or len(user) > 64 for user in value):
@@ -60,7 +60,8 @@ def _users(_instance: Any, attribute: attrs.Attribute, value: list[str]) -> None
 class SharesBody:
     """``PUT /api/v1/inference/{id}/shares``: exactly who the service is shared with."""
 
-    users: list[str] = attrs.field(factory=list, validator=_users)
+    # A tuple: the converter takes only a JSON array for it (a string is not a list).
+    users: tuple[str, ...] = attrs.field(default=(), validator=_users)
     everyone: bool = False
 
 

@@ -218,7 +218,7 @@ class Catalog:
 
     @staticmethod
     def _unknown(model: str, views: Iterable[LiveService]) -> Any:
-        names = [name for view in views for name in (view.alias, *view.names)]
+        names = list(dict.fromkeys(name for view in views for name in (view.alias, *view.names)))
         raise ModelNotFound(
             f"The model `{model}` does not exist: this credential may use "
             f"{', '.join(f'`{name}`' for name in names) or 'no model'}",
