@@ -3,6 +3,9 @@ personal_disabled, the reserved personal project, and hostile input to each."""
 
 from __future__ import annotations
 
+import json
+import re
+
 import pytest
 
 from ficc_core.api.app import create_app
@@ -321,3 +324,37 @@ async def test_shares_refuse_unknown_users_by_name_and_another_projects_service(
     view = await shared.get_json()
     assert [u["username"] for u in view["users"]] == ["leo"]
     assert view["everyone"] is True
+
+
+def test_the_users_commands_list_approve_and_reset_with_a_prompt_and_refuse_clearly(tmp_path):
+    from click.testing import CliRunner
+
+    from ficc_core.cli.main import cli
+
+    from .serve_support import make_data_dir
+
+    make_data_dir(tmp_path / "data")
+
+    def run(*args: str, input: str | None = None):
+        return CliRunner().invoke(
+            cli, ["--data-dir", str(tmp_path / "data"), *args], input=input, env={}
+        )
+
+    made = run("admin", "create-user", "quinn", "--password-stdin", input=f"{PASSWORD}\n")
+    assert made.exit_code == 0, made.output
+    listed = run("admin", "users", "list")
+    assert re.search(r"quinn\s+active", listed.output), listed.output
+
+    # Interactive: asked twice, without echo; a mismatch is asked again.
+    reset = run(
+        "admin", "users", "reset-password", "quinn", "--json",
+        input="first password\nother password\nnew password 1\nnew password 1\n",
+    )  # fmt: skip
+    assert reset.exit_code == 0, reset.output
+    assert "new password 1" not in reset.output
+    assert json.loads(reset.output[reset.output.index("{") :])["sessions_ended"] == 0
+
+    short = run("admin", "users", "reset-password", "quinn", "--password-stdin", input="short\n")
+    assert short.exit_code != 0 and "at least 8 characters" in short.output
+    unknown = run("admin", "users", "approve", "nobody")
+    assert unknown.exit_code != 0 and "no user 'nobody'" in unknown.output

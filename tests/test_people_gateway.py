@@ -97,6 +97,8 @@ async def test_a_personal_key_invokes_exactly_the_services_shared_with_its_perso
                 )
 
                 # The per-service routes: shared ones answer, an unshared one is not found.
+                listed = (await nina.get("/api/v1/inference/svc-b/v1/models")).json()["data"]
+                assert [(m["id"], m["owned_by"]) for m in listed] == [("alpha", other.id)]
                 for service_id in ("svc-a", "svc-b"):
                     path = f"/api/v1/inference/{service_id}/v1/chat/completions"
                     assert (await nina.post(path, json=chat())).status_code == 200
