@@ -8,12 +8,17 @@ are managed with ``inference:manage`` in the service's project (docs/people.md).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import attrs
 from quart import Response, g, jsonify, request
 
+from ..inference import repository as inference_repository
+from ..inference.errors import service_not_found
+from ..inference.transitions import writable
 from ..schema import FieldError
+from ..store import Transaction
 from .bodies import lifetime_validator, name_validator, read_json
 from .views_auth import credential_view, issued_view, revocation_view, shares_view, user_view
 
@@ -65,6 +70,17 @@ class SharesBody:
     everyone: bool = False
 
 
+def _in_project(project_id: str, service_id: str) -> Callable[[Transaction], None]:
+    """The check that ``service_id`` is a service of the project (else 404)."""
+
+    def check(tx: Transaction) -> None:
+        record = inference_repository.service(tx, service_id)
+        if record is None or record.project_id != project_id:
+            raise service_not_found(service_id)
+
+    return check
+
+
 def register(app: QuartTrio, service: Service) -> None:
     """Add the people routes to ``app``."""
     people = service.auth.people
@@ -107,12 +123,18 @@ def register(app: QuartTrio, service: Service) -> None:
 
     @app.get("/api/v1/inference/<service_id>/shares", endpoint="inference_shares_get")
     async def inference_shares_get(service_id: str) -> Response:
-        return jsonify(shares_view(await people.shares(g.principal.project_id, service_id)))
+        check = _in_project(g.principal.project_id, service_id)
+        return jsonify(shares_view(await people.shares(service_id, check_service=check)))
 
     @app.put("/api/v1/inference/<service_id>/shares", endpoint="inference_shares_set")
     async def inference_shares_set(service_id: str) -> Response:
         body = await read_json(SharesBody, limit)
+        project_id = g.principal.project_id
         shares = await people.set_shares(
-            g.principal.project_id, service_id, body.users, body.everyone
+            service_id,
+            body.users,
+            body.everyone,
+            # Not one being removed (409 service_removing): its shares go with it.
+            check_service=lambda tx: writable(tx, project_id, service_id),
         )
         return jsonify(shares_view(shares))

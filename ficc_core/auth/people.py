@@ -190,14 +190,23 @@ class People:
     # -- shares ----------------------------------------------------------------------------------
 
     async def set_shares(
-        self, project_id: str, service_id: str, users: Iterable[str], everyone: bool
+        self,
+        service_id: str,
+        users: Iterable[str],
+        everyone: bool,
+        *,
+        check_service: Callable[[Transaction], object],
     ) -> Shares:
-        """Share the project's service with exactly ``users`` (ids or usernames) and,
-        with ``everyone``, every person; an unknown user is refused by name."""
+        """Share the service with exactly ``users`` (ids or usernames) and, with
+        ``everyone``, every person; an unknown user is refused by name.
+
+        ``check_service(tx)`` refuses a service the caller may not share (inference owns
+        its table: the caller passes its check), in the same transaction.
+        """
         refs = list(dict.fromkeys(users))
 
         def write(tx: Transaction) -> Shares:
-            _require_service(tx, service_id, project_id)
+            check_service(tx)
             found = {ref: repository.find_user_ref(tx, ref) for ref in refs}
             unknown = [ref for ref, user in found.items() if user is None]
             if unknown:
@@ -218,20 +227,13 @@ class People:
         self.authority.forget_personal()
         return shares
 
-    async def shares(self, project_id: str, service_id: str) -> Shares:
-        """Who the project's service is shared with."""
+    async def shares(
+        self, service_id: str, *, check_service: Callable[[Transaction], object]
+    ) -> Shares:
+        """Who the service is shared with (``check_service`` as for :meth:`set_shares`)."""
 
         def read(tx: Transaction) -> Shares:
-            _require_service(tx, service_id, project_id)
+            check_service(tx)
             return repository.shares_of(tx, service_id)
 
         return await self.store.read(read)
-
-
-def _require_service(tx: Transaction, service_id: str, project_id: str) -> None:
-    if not repository.service_in_project(tx, service_id, project_id):
-        raise NotFound(
-            f"no inference service {service_id!r} in this project",
-            code="service_not_found",
-            details={"id": service_id},
-        )

@@ -408,15 +408,6 @@ def stored_session(tx: Transaction, session_id: str) -> StoredSession | None:
 # -- services shared with people ---------------------------------------------------------------
 
 
-def service_in_project(tx: Transaction, service_id: str, project_id: str) -> bool:
-    """Whether inference service ``service_id`` exists in the project."""
-    row = tx.fetch_one(
-        "SELECT 1 AS found FROM inference_services WHERE id = ? AND project_id = ?",
-        (service_id, project_id),
-    )
-    return row is not None
-
-
 def set_shares(
     tx: Transaction, service_id: str, user_ids: Iterable[str], everyone: bool, now: float
 ) -> None:
