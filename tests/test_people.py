@@ -358,3 +358,29 @@ def test_the_users_commands_list_approve_and_reset_with_a_prompt_and_refuse_clea
     assert short.exit_code != 0 and "at least 8 characters" in short.output
     unknown = run("admin", "users", "approve", "nobody")
     assert unknown.exit_code != 0 and "no user 'nobody'" in unknown.output
+
+
+async def test_a_personal_key_reaches_no_route_beyond_invoking(app, client, service, bootstrap):
+    from ficc_core.api.access import ROUTE_ACCESS
+
+    await service.auth.create_user("rita", PASSWORD)
+    key = bearer((await _personal_key(client, "rita"))["token"])
+    checked = 0
+    for rule in app.url_map.iter_rules():
+        access = ROUTE_ACCESS[rule.endpoint]
+        if access.public or rule.websocket or not access.scopes - {"inference:invoke"}:
+            continue
+        path = re.sub(r"<int:[^>]+>", "0", rule.rule)
+        path = re.sub(r"<(?:[^:>]+:)?([^>]+)>", r"placeholder-\1", path)
+        for method in sorted(rule.methods - {"HEAD", "OPTIONS"}):
+            response = await client.open(path, method=method, headers=key, json={})
+            await _error(response, 403, "missing_scope")
+            checked += 1
+    assert checked >= 40
+    # What it does reach finds nothing of any project: no service is shared with rita.
+    listed = await client.get("/v1/models", headers=key)
+    assert (await listed.get_json())["data"] == []
+    missing = await client.post(
+        "/api/v1/inference/placeholder/v1/chat/completions", headers=key, json={"messages": []}
+    )
+    await _error(missing, 404, "service_not_found")
