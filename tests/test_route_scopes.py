@@ -115,10 +115,14 @@ async def test_a_ticket_route_refuses_a_bearer_credential_without_a_ticket(
 async def test_a_credential_holding_the_scopes_gets_past_authorisation(
     app, client, service, bootstrap
 ):
+    admin = next(user for user in await service.auth.list_users() if user.username == "admin")
     for rule, method, path in _routes(app):
         access = ROUTE_ACCESS[rule.endpoint]
         if access.public:
             continue  # node routes too: a project credential never opens them
-        token = await issue_token(service, scopes=access.scopes or {"models:read"})
+        # A person's credential: the /me routes are a person's (docs/people.md).
+        token = await issue_token(
+            service, scopes=access.scopes or {"models:read"}, user_id=admin.id
+        )
         response = await _call(client, method, path, bearer(token))
         assert response.status_code not in (401, 403), (method, path)

@@ -82,8 +82,10 @@ ROUTES: dict[str, Route] = {
         "POST",
         "/api/v1/session",
         PUBLIC,
-        "`{username, password, project}` → session cookie + `csrf_token`; 429 "
-        "`login_throttled` past the [login limits](#browser-sessions)",
+        "`{username, password, project?}` → session cookie + `csrf_token` (no project: "
+        "a [personal session](people.md#personal-sessions)); 403 `account_pending` "
+        "(after a right password); 429 `login_throttled` past the "
+        "[login limits](#browser-sessions)",
     ),
     "session_logout": Route(
         "DELETE",
@@ -160,6 +162,48 @@ ROUTES: dict[str, Route] = {
         "/api/v1/tokens/{id}/limits",
         needs(s.TOKENS_MANAGE),
         "`{rpm?, tpm?, budget?, period?}` for this credential; another project's is 404",
+    ),
+    # people (docs/people.md)
+    "signup": Route(
+        "POST",
+        "/api/v1/signup",
+        PUBLIC,
+        "`{username, password}` → 201, a `pending` account; 404 `signup_closed` unless "
+        "`signup_open`; 409 `user_exists`; 429 `signup_throttled`",
+    ),
+    "users_approve": Route(
+        "POST",
+        "/api/v1/users/{id}/approve",
+        needs(s.ADMIN),
+        "activates a pending account (id or username)",
+    ),
+    "users_set_password": Route(
+        "PUT",
+        "/api/v1/users/{id}/password",
+        needs(s.ADMIN),
+        "`{password}` replaces it and ends the user's browser sessions (`sessions_ended`)",
+    ),
+    "me_tokens_list": Route(
+        "GET",
+        "/api/v1/me/tokens",
+        AUTHENTICATED,
+        "the caller's personal keys (no secrets)",
+        "a person (not a personal key)",
+    ),
+    "me_tokens_create": Route(
+        "POST",
+        "/api/v1/me/tokens",
+        AUTHENTICATED,
+        "`{name, lifetime?}` → 201 `{credential, token}`: a personal key, `inference:invoke` "
+        "only, outside any project; 403 `personal_disabled`",
+        "a person (not a personal key)",
+    ),
+    "me_tokens_revoke": Route(
+        "DELETE",
+        "/api/v1/me/tokens/{id}",
+        AUTHENTICATED,
+        "revoke one of the caller's personal keys (another's is 404)",
+        "a person (not a personal key)",
     ),
     # project credentials
     "tokens_list": Route(
@@ -369,6 +413,20 @@ ROUTES: dict[str, Route] = {
         needs(s.INFERENCE_MANAGE, s.TOKENS_MANAGE),
         "revoke; in-flight requests end too",
     ),
+    "inference_shares_get": Route(
+        "GET",
+        "/api/v1/inference/{id}/shares",
+        needs(s.INFERENCE_MANAGE),
+        "`{service_id, users: [{id, username}], everyone}`: the people whose personal keys "
+        "may invoke it",
+    ),
+    "inference_shares_set": Route(
+        "PUT",
+        "/api/v1/inference/{id}/shares",
+        needs(s.INFERENCE_MANAGE),
+        "`{users: [names or ids], everyone}` shares it with exactly those people's "
+        "[personal keys](people.md#sharing); an unknown user is 400 `unknown_user`",
+    ),
     # operations on running services (extensions beside the contract's routes)
     "inference_move": Route(
         "POST",
@@ -490,7 +548,8 @@ ROUTES: dict[str, Route] = {
         "GET",
         "/v1/models",
         needs(s.INFERENCE_INVOKE),
-        "the project's services this credential may invoke (not stopped), with "
+        "the project's services this credential may invoke (not stopped; a personal key: "
+        "those [shared](people.md#sharing) with its person), with "
         "`description`, `context_length`, `max_output`, `capabilities`",
     ),
     "project_chat_completions": Route(

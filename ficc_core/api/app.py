@@ -26,6 +26,7 @@ from . import (
     routes_logs,
     routes_models,
     routes_operations,
+    routes_people,
     routes_system,
     routes_tokens,
     routes_usage,
@@ -111,6 +112,7 @@ def create_app(service: Service) -> QuartTrio:
     routes_admin.register(app, service)
     routes_tokens.register(app, service)
     routes_limits.register(app, service)
+    routes_people.register(app, service)
     routes_models.register(app, service)
     routes_contributors.register(app, service)
     routes_inference.register(app, service)

@@ -152,6 +152,12 @@ def name_validator(_instance: Any, attribute: attrs.Attribute, value: str) -> No
         raise FieldError(attribute.name, str(exc)) from None
 
 
+def lifetime_validator(_instance: Any, attribute: attrs.Attribute, value: float | None) -> None:
+    """attrs validator for an optional credential lifetime: positive seconds."""
+    if value is not None and not value > 0:
+        raise FieldError(attribute.name, "must be a positive number of seconds")
+
+
 def band_validator(_instance: Any, attribute: attrs.Attribute, value: str | None) -> None:
     """attrs validator for an optional band name (which band exists is the settings' word:
     an unknown one is ``unknown_band``)."""

@@ -21,11 +21,12 @@ if TYPE_CHECKING:
 
 @attrs.frozen
 class LoginBody:
-    """``POST /api/v1/session``: a user's password and the project the session works in."""
+    """``POST /api/v1/session``: a user's password and the project the session works in
+    (none: a personal session, docs/people.md)."""
 
     username: str
     password: str
-    project: str
+    project: str | None = None
 
 
 def register(app: QuartTrio, service: Service) -> None:

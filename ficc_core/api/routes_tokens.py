@@ -8,19 +8,13 @@ import attrs
 from quart import Response, g, jsonify
 
 from ..auth.scopes import ADMIN
-from ..schema import FieldError
-from .bodies import band_validator, name_validator, read_json
+from .bodies import band_validator, lifetime_validator, name_validator, read_json
 from .views_auth import credential_view, issued_view, revocation_view
 
 if TYPE_CHECKING:
     from quart_trio import QuartTrio
 
     from ..controller.service import Service
-
-
-def _positive(_instance: object, attribute: attrs.Attribute, value: float | None) -> None:
-    if value is not None and not value > 0:
-        raise FieldError(attribute.name, "must be a positive number of seconds")
 
 
 @attrs.frozen
@@ -30,7 +24,7 @@ class TokenBody:
 
     name: str = attrs.field(validator=name_validator)
     scopes: list[str]
-    lifetime: float | None = attrs.field(default=None, validator=_positive)
+    lifetime: float | None = attrs.field(default=None, validator=lifetime_validator)
     band: str | None = attrs.field(default=None, validator=band_validator)
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..auth.principal import Principal
-from ..auth.records import Credential, LifetimeCap, Project, Revocation, User
+from ..auth.records import Credential, LifetimeCap, Project, Revocation, Shares, User
 
 
 def principal_view(principal: Principal) -> dict[str, Any]:
@@ -25,6 +25,7 @@ def principal_view(principal: Principal) -> dict[str, Any]:
         "service_id": principal.service_id,
         "band": principal.band,
         "project_band": principal.project_band,
+        "personal": principal.personal,
     }
 
 
@@ -44,6 +45,7 @@ def user_view(user: User) -> dict[str, Any]:
         "id": user.id,
         "username": user.username,
         "admin": user.is_admin,
+        "status": str(user.status),
         "created_at": user.created_at,
         "projects": [{"project_id": m.project_id, "scopes": list(m.scopes)} for m in user.projects],
     }
@@ -81,3 +83,12 @@ def issued_view(credential: Credential, token: str) -> dict[str, Any]:
 def revocation_view(revocation: Revocation) -> dict[str, Any]:
     """A revoked credential and the ids of what was revoked with it."""
     return {**credential_view(revocation.credential), "also_revoked": list(revocation.also_revoked)}
+
+
+def shares_view(shares: Shares) -> dict[str, Any]:
+    """Who an inference service is shared with."""
+    return {
+        "service_id": shares.service_id,
+        "users": [{"id": user_id, "username": username} for user_id, username in shares.users],
+        "everyone": shares.everyone,
+    }

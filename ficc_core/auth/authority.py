@@ -25,12 +25,12 @@ from typing import Any, NoReturn, TypeVar
 import attrs
 import trio
 
-from ..errors import StoreUnavailable, Unauthenticated
+from ..errors import Forbidden, StoreUnavailable, Unauthenticated
 from ..store import Store, Transaction
 from . import repository
 from . import secrets as sec
 from .principal import Principal, PrincipalKind
-from .records import StoredCredential
+from .records import StoredCredential, UserStatus
 
 #: Seconds a verified bearer credential is served from memory (see ``authenticate_bearer``).
 CREDENTIAL_CACHE_SECONDS = 5.0
@@ -76,6 +76,7 @@ class Authority:
         how often other processes' revocations are looked for.
     :param rejected_seconds: how long a rejected token is refused from memory (0: never).
     :param store_wait: seconds a check waits for the store before it answers 503.
+    :param personal_disabled: refuse personal keys (``personal_disabled``).
     """
 
     def __init__(
@@ -86,6 +87,7 @@ class Authority:
         cache_seconds: float = CREDENTIAL_CACHE_SECONDS,
         rejected_seconds: float = REJECTED_CACHE_SECONDS,
         store_wait: float = STORE_WAIT_SECONDS,
+        personal_disabled: bool = False,
     ) -> None:
         self.store = store
         self.clock = clock
@@ -98,6 +100,7 @@ class Authority:
         self._reads: dict[str, _Read] = {}
         # Store reads failed in a row (logged at the first and every 100th).
         self._failures = 0
+        self.personal_disabled = personal_disabled
         # Credential and session IDs revoked (or logged out) in this process, so a
         # streaming response can re-check its authority per chunk without the store.
         self._revoked: set[str] = set()
@@ -108,6 +111,12 @@ class Authority:
         """Refuse ``principal_id`` from now on, its cached verification included."""
         self._revoked.add(principal_id)
         self._credentials.pop(principal_id, None)
+
+    def forget_personal(self) -> None:
+        """Drop the cached personal keys, so what is shared with them is read again (a
+        share changed in this process applies to their next request)."""
+        for credential_id in [k for k, v in self._credentials.items() if v[1].personal]:
+            del self._credentials[credential_id]
 
     async def watch_revocations(
         self,
@@ -209,6 +218,7 @@ class Authority:
         if credential.expires_at is not None and credential.expires_at <= self.clock():
             self._credentials.pop(credential_id, None)
             self._reject(key, "credential_expired", "the bearer credential has expired", now)
+        self._check_person(stored)
         principal = Principal(
             kind=PrincipalKind.CREDENTIAL,
             id=credential.id,
@@ -222,6 +232,8 @@ class Authority:
             service_id=credential.service_id,
             band=credential.band,
             project_band=stored.project_band,
+            personal=stored.personal,
+            shared=stored.shared,
         )
         self._credentials[credential_id] = (stored.secret_hash, principal, now)
         self._credentials.move_to_end(credential_id)
@@ -275,4 +287,17 @@ class Authority:
         if self._failures == 1 or self._failures % 100 == 0:
             log.warning(
                 "cannot read %s (%s store failures in a row): %s", what, self._failures, exc
+            )
+
+    def _check_person(self, stored: StoredCredential) -> None:
+        """Refuse a pending user's key, and a personal key while ``personal_disabled``."""
+        if stored.user_status == UserStatus.PENDING:
+            raise Forbidden(
+                "this account is pending an administrator's approval",
+                code="account_pending",
+            )
+        if stored.personal and self.personal_disabled:
+            raise Forbidden(
+                "personal keys are disabled on this installation (personal_disabled)",
+                code="personal_disabled",
             )

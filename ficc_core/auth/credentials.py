@@ -17,8 +17,8 @@ from . import repository
 from . import secrets as sec
 from .authority import Authority
 from .principal import Principal
-from .records import CapReason, Credential, LifetimeCap, Revocation
-from .scopes import ADMIN, check_scopes
+from .records import PERSONAL_PROJECT, CapReason, Credential, LifetimeCap, Revocation
+from .scopes import ADMIN, INFERENCE_INVOKE, check_scopes
 
 
 def _not_found(credential_id: str) -> NotFound:
@@ -99,6 +99,7 @@ class Credentials:
         issuer: Principal | None = None,
         service_id: str | None = None,
         band: str | None = None,
+        personal: bool = False,
     ) -> tuple[Credential, str]:
         """Create a credential; return it and the token, which is shown only once.
 
@@ -115,14 +116,22 @@ class Credentials:
         ``band`` is its priority band (None: its project's): one of the configured
         bands, and not above the issuer's own unless the issuer holds ``admin``
         (``band_escalation``).
+
+        ``personal`` mints a person's personal key (``project_ref`` is ignored): in the
+        reserved personal project, for ``user_id``, holding ``inference:invoke`` only:
+        a person's own right, not a delegation of the issuer's project scopes.
         """
+        if personal:
+            if user_id is None or scopes != {INFERENCE_INVOKE} or service_id or band:
+                raise ValueError("a personal key is a person's, holding inference:invoke only")
+            project_ref = PERSONAL_PROJECT
         scopes = check_scopes(scopes)
         if not scopes:
             raise InvalidRequest(
                 "a credential needs at least one scope",
                 details={"errors": [{"path": "$.scopes", "message": "empty"}]},
             )
-        if issuer is not None:
+        if issuer is not None and not personal:
             beyond = sorted(scopes - issuer.scopes)
             if beyond:
                 raise Forbidden(
@@ -135,10 +144,14 @@ class Credentials:
         expires_at, capped = credential_expiry(lifetime, issuer, now, self.token_max_lifetime)
 
         def insert(tx: Transaction) -> Credential:
+            if personal:
+                repository.ensure_personal_project(tx)
             credential = Credential(
                 id=credential_id,
                 name=name,
-                project_id=repository.require_project(tx, project_ref).id,
+                project_id=PERSONAL_PROJECT
+                if personal
+                else repository.require_project(tx, project_ref).id,
                 user_id=user_id,
                 scopes=tuple(sorted(scopes)),
                 created_at=now,
@@ -173,10 +186,20 @@ class Credentials:
             raise _not_found(credential_id)
         return credential
 
+    async def list_personal(self, user_id: str) -> list[Credential]:
+        """The person's personal keys."""
+        return await self.store.read(lambda tx: repository.list_personal_credentials(tx, user_id))
+
     async def revoke(
-        self, project_id: str | None, credential_id: str, *, installation: bool = True
+        self,
+        project_id: str | None,
+        credential_id: str,
+        *,
+        installation: bool = True,
+        user_id: str | None = None,
     ) -> Revocation:
-        """Revoke a credential and what it minted, transitively, in one transaction."""
+        """Revoke a credential and what it minted, transitively, in one transaction
+        (with ``user_id``: only one of that user's)."""
         now = self.clock()
 
         def write(tx: Transaction) -> Revocation:
@@ -184,6 +207,7 @@ class Credentials:
             if (
                 found is None
                 or (project_id is not None and found.project_id != project_id)
+                or (user_id is not None and found.user_id != user_id)
                 or not (installation or not found.installation_level)
             ):
                 raise _not_found(credential_id)

@@ -12,8 +12,17 @@ from ..errors import Conflict, InvalidRequest, NotFound
 from ..store import Store, Transaction
 from . import repository
 from . import secrets as sec
-from .records import Project, User
+from .records import Project, User, UserStatus
 from .scopes import ADMIN, check_scopes
+
+
+def check_password(password: str) -> None:
+    """Refuse a password too short to keep (the one rule for every password set)."""
+    if len(password) < 8:
+        raise InvalidRequest(
+            "a password needs at least 8 characters",
+            details={"errors": [{"path": "$.password", "message": "too short"}]},
+        )
 
 
 def _require_user(tx: Transaction, user_id: str) -> User:
@@ -86,13 +95,10 @@ class Directory:
         *,
         admin: bool = False,
         projects: Mapping[str, frozenset[str]] | None = None,
+        status: UserStatus = UserStatus.ACTIVE,
     ) -> User:
         """Create a user with an argon2 password hash and project memberships."""
-        if len(password) < 8:
-            raise InvalidRequest(
-                "a password needs at least 8 characters",
-                details={"errors": [{"path": "$.password", "message": "too short"}]},
-            )
+        check_password(password)
         grants = {ref: check_scopes(scopes) - {ADMIN} for ref, scopes in (projects or {}).items()}
         password_hash = await sec.hash_password(password, self._password_limiter)
         user_id, now = sec.new_id(), self.clock()
@@ -105,7 +111,7 @@ class Directory:
                     details={"username": username},
                 )
             repository.insert_user(
-                tx, user_id, username, password_hash, is_admin=admin, created_at=now
+                tx, user_id, username, password_hash, is_admin=admin, created_at=now, status=status
             )
             for ref, scopes in grants.items():
                 project = repository.require_project(tx, ref)

@@ -36,6 +36,9 @@ class Principal:
     #: A person's personal key: outside any project, within the personal limits, and
     #: invoking the services shared with its person (docs/people.md).
     personal: bool = False
+    #: For a personal key, the services shared with its person or with everyone, as read
+    #: at authentication (a share changed elsewhere applies within the cache period).
+    shared: frozenset[str] = frozenset()
 
     def may_invoke(self, service_id: str) -> bool:
         """Whether this principal may invoke inference service ``service_id``."""

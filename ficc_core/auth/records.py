@@ -11,6 +11,17 @@ import attrs
 
 from .scopes import ADMIN
 
+#: The reserved project personal keys (and personal sessions) belong to: no one can
+#: name, list, join or create it, so every project route's scoping keeps them out.
+PERSONAL_PROJECT = "~personal"
+
+
+class UserStatus(enum.StrEnum):
+    """Whether a user may log in and use their keys (``pending``: signed up, not approved)."""
+
+    ACTIVE = "active"
+    PENDING = "pending"
+
 
 class CapReason(enum.StrEnum):
     """Why a credential's lifetime was shortened (its ``capped.by``)."""
@@ -47,6 +58,7 @@ class User:
     is_admin: bool
     created_at: float
     projects: tuple[Membership, ...] = ()
+    status: UserStatus = UserStatus.ACTIVE
 
 
 @attrs.frozen
@@ -56,6 +68,7 @@ class UserLogin:
     id: str
     is_admin: bool
     password_hash: str
+    status: UserStatus = UserStatus.ACTIVE
 
 
 @attrs.frozen
@@ -113,6 +126,24 @@ class StoredCredential:
     username: str | None
     is_admin: bool
     project_band: str | None = None
+    #: Its user's status (None: no user).
+    user_status: UserStatus | None = None
+    #: For a personal key, the services shared with its person (or with everyone).
+    shared: frozenset[str] = frozenset()
+
+    @property
+    def personal(self) -> bool:
+        """Whether it is a personal key (of the reserved personal project)."""
+        return self.credential.project_id == PERSONAL_PROJECT
+
+
+@attrs.frozen
+class Shares:
+    """Who an inference service is shared with: people (id, username) and/or everyone."""
+
+    service_id: str
+    users: tuple[tuple[str, str], ...]
+    everyone: bool
 
 
 @attrs.frozen

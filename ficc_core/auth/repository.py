@@ -13,14 +13,17 @@ from typing import Any
 from ..errors import NotFound
 from ..store import Transaction
 from .records import (
+    PERSONAL_PROJECT,
     Credential,
     Membership,
     NewSession,
     Project,
+    Shares,
     StoredCredential,
     StoredSession,
     User,
     UserLogin,
+    UserStatus,
 )
 
 
@@ -40,9 +43,10 @@ def _project(row: dict[str, Any]) -> Project:
 
 
 def find_project(tx: Transaction, ref: str) -> Project | None:
-    """The project whose id or name is ``ref``."""
+    """The project whose id or name is ``ref`` (never the reserved personal one)."""
     row = tx.fetch_one(
-        "SELECT id, name, created_at, band FROM projects WHERE id = ? OR name = ?", (ref, ref)
+        "SELECT id, name, created_at, band FROM projects WHERE (id = ? OR name = ?) AND id != ?",
+        (ref, ref, PERSONAL_PROJECT),
     )
     return None if row is None else _project(row)
 
@@ -56,8 +60,18 @@ def require_project(tx: Transaction, ref: str) -> Project:
 
 
 def project_name_taken(tx: Transaction, name: str) -> bool:
-    """Whether a project is named ``name``."""
+    """Whether a project is named ``name`` (the reserved personal project's name is taken)."""
+    if name == PERSONAL_PROJECT:
+        return True
     return tx.fetch_one("SELECT id FROM projects WHERE name = ?", (name,)) is not None
+
+
+def ensure_personal_project(tx: Transaction) -> None:
+    """Write the reserved personal project's row if it is not there yet."""
+    tx.execute(
+        "INSERT OR IGNORE INTO projects (id, name, created_at) VALUES (?, ?, 0)",
+        (PERSONAL_PROJECT, PERSONAL_PROJECT),
+    )
 
 
 def insert_project(tx: Transaction, project: Project) -> None:
@@ -69,8 +83,11 @@ def insert_project(tx: Transaction, project: Project) -> None:
 
 
 def list_projects(tx: Transaction) -> list[Project]:
-    """Every project, oldest first."""
-    rows = tx.fetch_all("SELECT id, name, created_at, band FROM projects ORDER BY created_at, name")
+    """Every project, oldest first (not the reserved personal one)."""
+    rows = tx.fetch_all(
+        "SELECT id, name, created_at, band FROM projects WHERE id != ? ORDER BY created_at, name",
+        (PERSONAL_PROJECT,),
+    )
     return [_project(row) for row in rows]
 
 
@@ -100,19 +117,20 @@ def insert_user(
     *,
     is_admin: bool,
     created_at: float,
+    status: UserStatus = UserStatus.ACTIVE,
 ) -> None:
     """Store a new user (memberships are added with :func:`insert_membership`)."""
     tx.execute(
-        "INSERT INTO users (id, username, password_hash, is_admin, created_at)"
-        " VALUES (?, ?, ?, ?, ?)",
-        (user_id, username, password_hash, int(is_admin), created_at),
+        "INSERT INTO users (id, username, password_hash, is_admin, created_at, status)"
+        " VALUES (?, ?, ?, ?, ?, ?)",
+        (user_id, username, password_hash, int(is_admin), created_at, str(status)),
     )
 
 
 def find_user(tx: Transaction, user_id: str) -> User | None:
     """A user with their memberships (ordered by project id)."""
     row = tx.fetch_one(
-        "SELECT id, username, is_admin, created_at FROM users WHERE id = ?", (user_id,)
+        "SELECT id, username, is_admin, created_at, status FROM users WHERE id = ?", (user_id,)
     )
     if row is None:
         return None
@@ -126,7 +144,24 @@ def find_user(tx: Transaction, user_id: str) -> User | None:
         is_admin=bool(row["is_admin"]),
         created_at=row["created_at"],
         projects=tuple(Membership(m["project_id"], _scopes(m["scopes"])) for m in memberships),
+        status=UserStatus(row["status"]),
     )
+
+
+def find_user_ref(tx: Transaction, ref: str) -> User | None:
+    """The user whose id or username is ``ref``."""
+    row = tx.fetch_one("SELECT id FROM users WHERE id = ? OR username = ?", (ref, ref))
+    return None if row is None else find_user(tx, row["id"])
+
+
+def set_user_status(tx: Transaction, user_id: str, status: UserStatus) -> None:
+    """Set the user's status."""
+    tx.execute("UPDATE users SET status = ? WHERE id = ?", (str(status), user_id))
+
+
+def set_password_hash(tx: Transaction, user_id: str, password_hash: str) -> None:
+    """Replace the user's password hash."""
+    tx.execute("UPDATE users SET password_hash = ? WHERE id = ?", (password_hash, user_id))
 
 
 def list_users(tx: Transaction) -> list[User]:
@@ -138,12 +173,15 @@ def list_users(tx: Transaction) -> list[User]:
 def user_login(tx: Transaction, username: str) -> UserLogin | None:
     """What a login by ``username`` checks, if there is such a user."""
     row = tx.fetch_one(
-        "SELECT id, is_admin, password_hash FROM users WHERE username = ?", (username,)
+        "SELECT id, is_admin, password_hash, status FROM users WHERE username = ?", (username,)
     )
     if row is None:
         return None
     return UserLogin(
-        id=row["id"], is_admin=bool(row["is_admin"]), password_hash=row["password_hash"]
+        id=row["id"],
+        is_admin=bool(row["is_admin"]),
+        password_hash=row["password_hash"],
+        status=UserStatus(row["status"]),
     )
 
 
@@ -239,17 +277,29 @@ def list_credentials(tx: Transaction, project_id: str) -> list[Credential]:
     return [_credential(row) for row in rows]
 
 
+def list_personal_credentials(tx: Transaction, user_id: str) -> list[Credential]:
+    """The person's personal keys, oldest first."""
+    rows = tx.fetch_all(
+        f"SELECT {_CREDENTIAL_COLUMNS} FROM credentials c WHERE c.project_id = ?"
+        " AND c.user_id = ? ORDER BY c.created_at, c.id",
+        (PERSONAL_PROJECT, user_id),
+    )
+    return [_credential(row) for row in rows]
+
+
 def stored_credential(tx: Transaction, credential_id: str) -> StoredCredential | None:
-    """A credential with its secret's hash, project name and user, for authentication."""
+    """A credential with its secret's hash, project name and user, for authentication
+    (a personal key's with the services shared with its person)."""
     row = tx.fetch_one(
         f"SELECT {_CREDENTIAL_COLUMNS}, c.secret_hash, p.name AS project_name, u.username,"
-        " u.is_admin, p.band AS project_band"
+        " u.is_admin, p.band AS project_band, u.status AS user_status"
         " FROM credentials c JOIN projects p ON p.id = c.project_id"
         " LEFT JOIN users u ON u.id = c.user_id WHERE c.id = ?",
         (credential_id,),
     )
     if row is None:
         return None
+    personal = row["project_id"] == PERSONAL_PROJECT and row["user_id"] is not None
     return StoredCredential(
         credential=_credential(row),
         secret_hash=row["secret_hash"],
@@ -257,6 +307,8 @@ def stored_credential(tx: Transaction, credential_id: str) -> StoredCredential |
         username=row["username"],
         is_admin=bool(row["is_admin"]),
         project_band=row["project_band"],
+        user_status=None if row["user_status"] is None else UserStatus(row["user_status"]),
+        shared=shared_with(tx, row["user_id"]) if personal else frozenset(),
     )
 
 
@@ -317,6 +369,12 @@ def delete_session(tx: Transaction, session_id: str) -> None:
     tx.execute("DELETE FROM sessions WHERE id = ?", (session_id,))
 
 
+def user_session_ids(tx: Transaction, user_id: str) -> list[str]:
+    """The ids of the user's browser sessions."""
+    rows = tx.fetch_all("SELECT id FROM sessions WHERE user_id = ?", (user_id,))
+    return [row["id"] for row in rows]
+
+
 def stored_session(tx: Transaction, session_id: str) -> StoredSession | None:
     """A session with its user, project and the user's scopes there, for authentication."""
     row = tx.fetch_one(
@@ -345,3 +403,40 @@ def stored_session(tx: Transaction, session_id: str) -> StoredSession | None:
         scopes=() if membership is None else _scopes(membership["scopes"]),
         project_band=row["project_band"],
     )
+
+
+# -- services shared with people ---------------------------------------------------------------
+
+
+def set_shares(
+    tx: Transaction, service_id: str, user_ids: Iterable[str], everyone: bool, now: float
+) -> None:
+    """Share the service with exactly ``user_ids`` (and everyone, when ``everyone``)."""
+    tx.execute("DELETE FROM service_shares WHERE service_id = ?", (service_id,))
+    for user_id in (*sorted(set(user_ids)), *([None] if everyone else [])):
+        tx.execute(
+            "INSERT INTO service_shares (service_id, user_id, created_at) VALUES (?, ?, ?)",
+            (service_id, user_id, now),
+        )
+
+
+def shares_of(tx: Transaction, service_id: str) -> Shares:
+    """Who the service is shared with, people by username."""
+    rows = tx.fetch_all(
+        "SELECT s.user_id, u.username FROM service_shares s"
+        " LEFT JOIN users u ON u.id = s.user_id WHERE s.service_id = ? ORDER BY u.username",
+        (service_id,),
+    )
+    return Shares(
+        service_id=service_id,
+        users=tuple((r["user_id"], r["username"]) for r in rows if r["user_id"] is not None),
+        everyone=any(r["user_id"] is None for r in rows),
+    )
+
+
+def shared_with(tx: Transaction, user_id: str) -> frozenset[str]:
+    """The ids of the services shared with the user or with everyone."""
+    rows = tx.fetch_all(
+        "SELECT service_id FROM service_shares WHERE user_id = ? OR user_id IS NULL", (user_id,)
+    )
+    return frozenset(row["service_id"] for row in rows)

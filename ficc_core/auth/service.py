@@ -3,6 +3,7 @@
 A bearer credential belongs to exactly one project and carries its own scopes
 (:mod:`.credentials`); a browser session belongs to a user and to the one project
 chosen at login (:mod:`.sessions`); projects and users are the :mod:`.directory`;
+signup, approval, password resets, personal keys and shares are :mod:`.people`;
 :mod:`.authority` verifies bearer tokens and knows what was revoked. Every SQL
 statement is in :mod:`.repository`; the records it returns are in :mod:`.records`.
 """
@@ -22,6 +23,7 @@ from . import secrets as sec
 from .authority import CREDENTIAL_CACHE_SECONDS, REJECTED_CACHE_SECONDS, Authority
 from .credentials import Credentials
 from .directory import Directory
+from .people import People
 from .scopes import ALL_SCOPES, PROJECT_SCOPES
 from .sessions import Sessions
 from .throttle import LoginThrottle
@@ -37,6 +39,8 @@ class AuthService:
     :param rejected_cache_seconds: how long a rejected bearer token is refused from memory.
     :param bands: the configured priority bands (a credential's or project's band is
         one of them; default: the default bands).
+    :param signup_open: serve signup (``signup_open``); ``signup_throttle`` bounds it.
+    :param personal_disabled: refuse personal keys and sessions (``personal_disabled``).
     """
 
     def __init__(
@@ -50,6 +54,9 @@ class AuthService:
         credential_cache_seconds: float = CREDENTIAL_CACHE_SECONDS,
         rejected_cache_seconds: float = REJECTED_CACHE_SECONDS,
         bands: BandTable | None = None,
+        signup_open: bool = False,
+        signup_throttle: LoginThrottle | None = None,
+        personal_disabled: bool = False,
     ) -> None:
         self.store = store
         self.clock = clock
@@ -61,6 +68,7 @@ class AuthService:
             clock=clock,
             cache_seconds=credential_cache_seconds,
             rejected_seconds=rejected_cache_seconds,
+            personal_disabled=personal_disabled,
         )
         self.directory = Directory(store, password_limiter=limiter, clock=clock, bands=self.bands)
         self.credentials = Credentials(
@@ -77,6 +85,19 @@ class AuthService:
             login_throttle=login_throttle or LoginThrottle(),
             password_limiter=limiter,
             clock=clock,
+            personal_disabled=personal_disabled,
+        )
+        self.people = People(
+            store,
+            directory=self.directory,
+            credentials=self.credentials,
+            sessions=self.sessions,
+            authority=self.authority,
+            password_limiter=limiter,
+            clock=clock,
+            signup_throttle=signup_throttle or LoginThrottle(),
+            signup_open=signup_open,
+            personal_disabled=personal_disabled,
         )
         # The surface callers use, each name bound to the concern that implements it.
         self.create_project = self.directory.create_project

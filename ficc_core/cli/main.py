@@ -7,6 +7,7 @@ import click
 from .._version import __version__
 from .admin import admin
 from .admin_limits import set_limits, show_limits
+from .admin_users import users
 from .executor import executor
 from .inference import inference
 from .login import login, logout, whoami
@@ -34,6 +35,7 @@ cli.add_command(config_command, "config")
 cli.add_command(admin, "admin")
 admin.add_command(set_limits)
 admin.add_command(show_limits)
+admin.add_command(users, "users")
 cli.add_command(models, "models")
 cli.add_command(inference, "inference")
 cli.add_command(plugins_command, "plugins")

@@ -133,6 +133,11 @@ async def open_service(
                 on_lock=lambda limit: metrics.login_lockouts.labels(limit).inc(),
             ),
             bands=BandTable(config.bands, config.band_default),
+            signup_open=config.signup_open,
+            signup_throttle=LoginThrottle(
+                max_failures=config.login_max_failures, lockout=config.login_lockout
+            ),
+            personal_disabled=config.personal_disabled,
         )
         models = ModelRegistry(store, blobs, acquirer)
         contributors = NodeRegistry(

@@ -13,6 +13,12 @@ credential: its one service; a project credential: every service of its project)
    ``aliases``, then the model's manifest name): the first, by alias, with a
    ready replica while it admits requests; else the first by alias.
 
+A personal key reaches the services shared with its person, whatever their projects
+(docs/people.md): aliases are unique only within a project, so where two shared
+services answer to one alias or name, the earliest created wins, and ``/v1/models``
+lists the one it hides by its service ID, which always reaches it. A fallback is
+followed only within the first service's project, among the services shared.
+
 A stopped or draining service still answers to its names (its fallbacks may
 serve); ``/v1/models`` lists the services that are not stopped, draining ones
 included: a drain is the last step before a stop or a move, and while it lasts
@@ -37,6 +43,8 @@ __all__ = ["CAPABILITIES", "Catalog", "model_entry", "models_document"]
 
 #: The capabilities ``/v1/models`` reports for each model, true or false.
 CAPABILITIES = ("chat", "embeddings", "tools", "vision", "completions")
+#: Indexes of distinct shared sets kept between changes of the live table.
+SHARED_INDEXES = 1024
 
 
 def model_entry(view: LiveService, owner: str) -> dict[str, Any]:
@@ -72,19 +80,45 @@ class _Project:
     by_name: dict[str, list[LiveService]]
     listed: list[LiveService]
     documents: dict[str, bytes] = attrs.field(factory=dict)
+    #: Services shared with a person: each by (project, alias), for fallbacks.
+    by_project_alias: dict[tuple[str, str], LiveService] | None = None
 
 
-def _index(views: Iterable[LiveService]) -> _Project:
-    ordered = sorted(views, key=lambda view: view.alias)
+def _index(views: Iterable[LiveService], *, shared: bool = False) -> _Project:
+    """The index of one project's services, or (``shared``) of a person's shared ones:
+    earliest created first, an alias another holds reached by the service's ID."""
+    if shared:
+        ordered = sorted(views, key=lambda view: (view.created, view.id))
+    else:
+        ordered = sorted(views, key=lambda view: view.alias)
     by_name: dict[str, list[LiveService]] = {}
     for view in ordered:
         for name in view.names:
             by_name.setdefault(name, []).append(view)
+    by_alias: dict[str, LiveService] = {}
+    for view in ordered:
+        by_alias.setdefault(view.alias, view)
+    if shared:
+        for view in ordered:
+            by_alias.setdefault(view.id, view)
     return _Project(
-        by_alias={view.alias: view for view in ordered},
+        by_alias=by_alias,
         by_name=by_name,
         listed=[view for view in ordered if view.admission != "stopped"],
+        by_project_alias={(v.project_id, v.alias): v for v in ordered} if shared else None,
     )
+
+
+def _shared_document(project: _Project) -> bytes:
+    """The ``/v1/models`` answer of a person's shared services, each owned by its project
+    and named by its alias, or by its ID where an earlier one holds the alias."""
+    data = []
+    for view in project.listed:
+        entry = model_entry(view, view.project_id)
+        if project.by_alias.get(view.alias) is not view:
+            entry["id"] = view.id
+        data.append(entry)
+    return dumps({"object": "list", "data": data})
 
 
 class Catalog:
@@ -97,15 +131,31 @@ class Catalog:
         self.live = live
         self._version = -1
         self._projects: dict[str, _Project] = {}
+        self._shared: dict[frozenset[str], _Project] = {}
 
     def _project(self, project_id: str) -> _Project:
         if self._version != self.live.version:
             self._projects.clear()
+            self._shared.clear()
             self._version = self.live.version
         project = self._projects.get(project_id)
         if project is None:
             mine = (view for view in self.live.services() if view.project_id == project_id)
             project = self._projects[project_id] = _index(mine)
+        return project
+
+    def _index_of(self, actor: Principal) -> _Project:
+        """The index of what ``actor`` may invoke: its project's, or for a personal key
+        the services shared with its person."""
+        if not actor.personal:
+            return self._project(actor.project_id)
+        self._project(actor.project_id)  # drops stale indexes
+        project = self._shared.get(actor.shared)
+        if project is None:
+            if len(self._shared) >= SHARED_INDEXES:
+                self._shared.clear()
+            mine = (view for view in self.live.services() if view.id in actor.shared)
+            project = self._shared[actor.shared] = _index(mine, shared=True)
         return project
 
     def _bound(self, actor: Principal) -> LiveService | None:
@@ -118,17 +168,21 @@ class Catalog:
         if actor.service_id is not None:
             view = self._bound(actor)
             return [] if view is None or view.admission == "stopped" else [view]
-        return self._project(actor.project_id).listed
+        return self._index_of(actor).listed
 
     def listing(self, actor: Principal) -> bytes:
         """The project endpoint's ``/v1/models`` answer for ``actor``."""
         owner = actor.project_name or actor.project_id
         if actor.service_id is not None:
             return models_document(self.visible(actor), owner)
-        project = self._project(actor.project_id)
+        project = self._index_of(actor)
         document = project.documents.get(owner)
         if document is None:
-            document = project.documents[owner] = models_document(project.listed, owner)
+            if actor.personal:
+                document = _shared_document(project)
+            else:
+                document = models_document(project.listed, owner)
+            project.documents[owner] = document
         return document
 
     def resolve(self, actor: Principal, model: str) -> LiveService:
@@ -139,7 +193,7 @@ class Catalog:
             if view is not None and (model == view.alias or model in view.names):
                 return view
             return self._unknown(model, [] if view is None else [view])
-        project = self._project(actor.project_id)
+        project = self._index_of(actor)
         view = project.by_alias.get(model)
         if view is not None:
             return view
@@ -154,12 +208,17 @@ class Catalog:
         another service)."""
         if actor.service_id is not None or not view.fallbacks:
             return []
-        by_alias = self._project(actor.project_id).by_alias
+        project = self._index_of(actor)
+        if project.by_project_alias is not None:
+            shared = project.by_project_alias
+            keys = [(view.project_id, alias) for alias in view.fallbacks]
+            return [shared[key] for key in keys if key in shared]
+        by_alias = project.by_alias
         return [by_alias[alias] for alias in view.fallbacks if alias in by_alias]
 
     @staticmethod
     def _unknown(model: str, views: Iterable[LiveService]) -> Any:
-        names = [name for view in views for name in (view.alias, *view.names)]
+        names = list(dict.fromkeys(name for view in views for name in (view.alias, *view.names)))
         raise ModelNotFound(
             f"The model `{model}` does not exist: this credential may use "
             f"{', '.join(f'`{name}`' for name in names) or 'no model'}",

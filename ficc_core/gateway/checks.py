@@ -120,7 +120,8 @@ class RequestChecks:
                 details={"service": service_id},
             )
         view = self.live.get(service_id)
-        if view is None or view.project_id != actor.project_id:
+        # A personal key reaches the services shared with its person (no project's own).
+        if view is None or (view.project_id != actor.project_id and service_id not in actor.shared):
             raise ServiceNotFound(
                 f"no inference service {service_id!r} in this project", details={"id": service_id}
             )

@@ -321,7 +321,9 @@ class Gateway:
 
     @staticmethod
     def _models(view: LiveService, actor: Principal) -> ResponseChunks:
-        document = models_document((view,), actor.project_name or actor.project_id)
+        # A personal key's shared service is owned by its project (as /v1/models says).
+        owner = view.project_id if actor.personal else actor.project_name or actor.project_id
+        document = models_document((view,), owner)
         return ResponseChunks(status=200, content_type="application/json", pending=[document])
 
     async def _dispatch(self, request: Request, method: str, payload: bytes) -> ResponseChunks:

@@ -361,8 +361,22 @@ MIGRATIONS: list[tuple[str, ...]] = [
         )""",
         "CREATE INDEX quota_counters_window ON quota_counters(kind, window_start)",
     ),
-    # 16: people: account states, personal keys, services shared with people.
-    (),
+    # 16: people: account states, personal keys, services shared with people. A user is
+    # active or pending (signup); personal keys belong to the reserved project `~personal`
+    # (written with the first personal key or login; no one can name, list, join or create
+    # it: the credential table keeps its project NOT NULL and every project route keeps
+    # its scoping); a share's NULL user is everyone.
+    (
+        "ALTER TABLE users ADD COLUMN status TEXT NOT NULL DEFAULT 'active'",
+        """CREATE TABLE service_shares (
+            service_id TEXT NOT NULL REFERENCES inference_services(id) ON DELETE CASCADE,
+            user_id TEXT REFERENCES users(id) ON DELETE CASCADE,
+            created_at REAL NOT NULL
+        )""",
+        "CREATE UNIQUE INDEX service_shares_one ON service_shares(service_id, ifnull(user_id, ''))",
+        "CREATE INDEX service_shares_user ON service_shares(user_id)",
+        "CREATE INDEX credentials_user ON credentials(user_id)",
+    ),
     # 17: usage records with their project, person, model and spend (milli-units); a row
     # may sum several requests (records aggregated while the store was behind). Rows from
     # before take the project, person and model of their credential and service.
