@@ -75,6 +75,13 @@ async def test_limits_routes_and_cli_set_show_and_reach_the_server_from_another_
                 put = await http.put(f"/api/v1/users/{user_id}/limits", json={"tpm": 5000})
                 assert put.status_code == 200, put.text
                 assert (put.json()["scope"], put.json()["name"]) == ("user", "admin")
+                by_name = await http.get("/api/v1/users/admin/limits")
+                assert by_name.json()["limits"]["tpm"] == 5000
+                nobody = await http.get("/api/v1/users/nobody/limits")
+                assert (nobody.status_code, nobody.json()["error"]["code"]) == (
+                    404,
+                    "user_not_found",
+                )
 
                 me = (await http.get("/api/v1/whoami")).json()["id"]
                 put = await http.put(f"/api/v1/tokens/{me}/limits", json={"budget": 2})

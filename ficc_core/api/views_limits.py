@@ -27,10 +27,8 @@ async def subject(
         project = await auth.get_project(ref)
         return project.id, project.name
     if scope == "user":
-        for user in await auth.list_users():
-            if ref in (user.id, user.username):
-                return user.id, user.username
-        raise NotFound(f"no user {ref!r}", code="user_not_found", details={"id": ref})
+        user = await auth.people.get_user(ref)
+        return user.id, user.username
     if project_id is not None:
         credential = await auth.get_credential(project_id, ref, installation=installation)
         return credential.id, credential.name
