@@ -127,3 +127,20 @@ async def test_a_personal_key_invokes_exactly_the_services_shared_with_its_perso
                 models = (await nina.get("/v1/models")).json()["data"]
                 assert [m["id"] for m in models] == ["alpha"]  # now svc-b's alias is free
                 assert models[0]["owned_by"] == other.id
+
+            # Each person reads their own personal usage (and only theirs).
+            async with env.http(key) as nina, env.http(omar_key) as omar:
+                mine = (await nina.get("/api/v1/me/usage", params={"group_by": "service"})).json()
+                totals = mine["totals"]
+                assert totals["requests"] - totals["errors"] == 4, totals
+                # Her refusals with her key known: gamma by name, svc-c and the unshared svc-a.
+                assert totals["errors_by_code"] == {"model_not_found": 1, "service_not_found": 2}
+                served_by = {
+                    g["service"]["id"]: g["requests"] - g["errors"] for g in mine["groups"]
+                }
+                assert served_by["svc-a"] == 2 and served_by["svc-b"] == 2, mine["groups"]
+                theirs = (await omar.get("/api/v1/me/usage")).json()["totals"]
+                assert theirs["requests"] - theirs["errors"] == 1, theirs
+            _, no_person = await env.token()
+            async with env.http(no_person) as anonymous:
+                await _error(await anonymous.get("/api/v1/me/usage"), 403, "no_person")

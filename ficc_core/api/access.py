@@ -350,6 +350,14 @@ ROUTES: dict[str, Route] = {
         "sees every project's, a project principal its own, a personal key its person's "
         "(see [usage.md](usage.md#reading-usage))",
     ),
+    "me_usage": Route(
+        "GET",
+        "/api/v1/me/usage?service=&key=&model=&since=&until=&period=&group_by=",
+        AUTHENTICATED,
+        "the caller's person's personal usage (their personal keys' requests), in the "
+        "fields of `/api/v1/usage`; a credential of no person is 403 `no_person`",
+        "a person (a personal key included)",
+    ),
     "inference_status": Route(
         "GET",
         "/api/v1/inference/{id}/status",

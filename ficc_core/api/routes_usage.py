@@ -6,7 +6,7 @@ username), ``project`` (ID or name), ``model`` (ID or name), ``since``/``until``
 ``15m`` ending now); ``group_by`` names one or more of service, key, person, project,
 model (comma-separated). An administrator sees every request; a project principal
 its project's (its keys' and its services'); a personal key its person's personal
-requests.
+requests. ``GET /api/v1/me/usage`` is any person's own personal usage.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from quart import Response, g, jsonify, request
 
 from ..auth import scopes as s
+from ..errors import Forbidden
 from ..inference.usage_report import GROUPS, UsageGroup, UsageQuery, UsageReport, period_start
 from ..prices import MILLI
 from .bodies import bad_query, query_number
@@ -40,14 +41,17 @@ def _text(name: str) -> str | None:
     return raw
 
 
-def parse_query(now: float) -> UsageQuery:
-    """The :class:`UsageQuery` of this request's query string, scoped to its principal."""
+def parse_query(now: float, person: str | None = None) -> UsageQuery:
+    """The :class:`UsageQuery` of this request's query string, scoped to its principal
+    (or, given ``person``, to that person's personal requests)."""
     principal = g.principal
     since, until, period = query_number("since"), query_number("until"), _text("period")
     if period is not None:
         if since is not None:
             raise bad_query("period", "give period or since, not both")
         since = period_start(period, now)
+        if since is not None:
+            since = max(0.0, since)  # a duration longer than the epoch is "since ever"
         if since is None:
             raise bad_query("period", "expected day, month or a duration such as 15m, 12h, 7d")
     group_by: tuple[str, ...] = ()
@@ -57,14 +61,19 @@ def parse_query(now: float) -> UsageQuery:
         unknown = [name for name in group_by if name not in GROUPS]
         if unknown:
             raise bad_query("group_by", f"expected some of {', '.join(GROUPS)}, got {unknown[0]!r}")
-    admin = s.ADMIN in principal.scopes
+    admin = s.ADMIN in principal.scopes and person is None
+    if person is not None:
+        scope_project, scope_person = None, person
+    else:
+        scope_project = None if admin or principal.personal else principal.project_id
+        scope_person = (principal.user_id or "") if principal.personal and not admin else None
     return UsageQuery(
         since=since,
         until=until,
         group_by=group_by,
         **{name: _text(name) for name in _FILTERS},
-        scope_project=None if admin or principal.personal else principal.project_id,
-        scope_person=(principal.user_id or "") if principal.personal and not admin else None,
+        scope_project=scope_project,
+        scope_person=scope_person,
     )
 
 
@@ -102,4 +111,15 @@ def register(app: QuartTrio, service: Service) -> None:
     @app.get("/api/v1/usage", endpoint="usage_report")
     async def usage_report() -> Response:
         query = parse_query(time.time())
+        return jsonify(report_view(await service.usage.report(query)))
+
+    @app.get("/api/v1/me/usage", endpoint="me_usage")
+    async def me_usage() -> Response:
+        principal = g.principal
+        if principal.user_id is None:
+            raise Forbidden(
+                "this credential belongs to no person: log in, or use a credential of yours",
+                code="no_person",
+            )
+        query = parse_query(time.time(), person=principal.user_id)
         return jsonify(report_view(await service.usage.report(query)))
