@@ -68,7 +68,13 @@ class ServeProcess:
             text=True,
             env=env,
         )
+        #: The environment it runs with: ``ficc`` commands given it reach its data.
+        self.env = env
         self.lines: list[str] = []
+
+    def cli(self) -> Callable[..., Awaitable[str]]:
+        """``await ficc(*args)`` against this server's data directory and configuration."""
+        return ficc_command(self.env)
 
     async def wait_ready(self) -> str:
         """Wait for the listening line; return the API's URL."""

@@ -5,13 +5,12 @@ stand-in engine)."""
 from __future__ import annotations
 
 import json
-import os
 
 import httpx
 import trio
 
 from .gateway_support import chat, gateway_env
-from .serve_support import ServeProcess, ficc_command, first_run_secrets
+from .serve_support import ServeProcess, first_run_secrets
 
 
 def _refusal(response: httpx.Response, status: int, code: str) -> dict:
@@ -24,9 +23,7 @@ def _refusal(response: httpx.Response, status: int, code: str) -> dict:
 async def test_bands_of_credentials_and_projects_are_stored_shown_and_never_escalated(tmp_path):
     data_dir = tmp_path / "data"
     server = ServeProcess(data_dir)
-    env = {**os.environ, "FICC_DATA_DIR": str(data_dir)}
-    env.pop("FICC_CONFIG", None)
-    ficc = ficc_command(env)
+    ficc = server.cli()
     try:
         url = await server.wait_ready()
         admin = {"Authorization": f"Bearer {await server.admin_token()}"}

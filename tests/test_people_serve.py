@@ -4,12 +4,11 @@
 from __future__ import annotations
 
 import json
-import os
 
 import httpx
 import trio
 
-from .serve_support import ServeProcess, ficc_command
+from .serve_support import ServeProcess
 
 PASSWORD = "correct horse battery"
 
@@ -26,8 +25,7 @@ async def test_a_signup_waits_for_the_cli_approval_and_a_cli_reset_ends_its_sess
     config = tmp_path / "ficc.toml"
     config.write_text("signup_open = true\n")
     server = ServeProcess(data_dir, config=config)
-    env = {**os.environ, "FICC_DATA_DIR": str(data_dir), "FICC_CONFIG": str(config)}
-    ficc = ficc_command(env)
+    ficc = server.cli()
     try:
         url = await server.wait_ready()
         with trio.fail_after(120):

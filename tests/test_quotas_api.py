@@ -5,12 +5,11 @@ and a limit set from another process applying in the server within the sync inte
 from __future__ import annotations
 
 import json
-import os
 
 import httpx
 import trio
 
-from .serve_support import FICC, ServeProcess, ficc_command
+from .serve_support import FICC, ServeProcess
 
 
 def _errors(response: httpx.Response) -> list[dict]:
@@ -25,9 +24,7 @@ async def test_limits_routes_and_cli_set_show_and_reach_the_server_from_another_
 ):
     data_dir = tmp_path / "data"
     server = ServeProcess(data_dir)
-    env = {**os.environ, "FICC_DATA_DIR": str(data_dir)}
-    env.pop("FICC_CONFIG", None)
-    ficc = ficc_command(env)
+    ficc = server.cli()
     try:
         url = await server.wait_ready()
         admin = {"Authorization": f"Bearer {await server.admin_token()}"}
@@ -134,7 +131,7 @@ async def test_limits_routes_and_cli_set_show_and_reach_the_server_from_another_
             assert json.loads(out)["limits"]["budget"] is None
             refused = await trio.run_process(
                 [*FICC, "admin", "set-limits", "--user", "admin", "--budget", "3"],
-                env=env,
+                env=server.env,
                 capture_stdout=True,
                 capture_stderr=True,
                 check=False,
