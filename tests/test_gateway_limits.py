@@ -178,7 +178,9 @@ async def test_llama_cpp_an_over_long_prompt_is_refused_before_a_slot_and_a_fitt
                 "counted": "tokenizer",
             }
             # No replica was taken and the engine processed no prompt for it.
-            assert len(gateway.usage) == relayed
+            # Its usage record is the refusal's, on no replica.
+            (refused,) = list(gateway.usage)[relayed:]
+            assert (refused.replica, refused.outcome) == ("", "context_length_exceeded")
             assert await _engine_prompt_tokens(controller, service_id) == seen
             # A prompt over the byte bound that the tokenizer finds short enough is served.
             response = await post("word " * 150, max_tokens=4)
