@@ -152,8 +152,9 @@ async def test_one_base_url_reaches_two_services_by_name_and_a_fallback_serves_a
             listed, served_by, model = await trio.to_thread.run_sync(after_stop)
             assert listed == ["beta"]  # a stopped service is not listed
             assert (served_by, model) == ("beta", "beta")
-            # Each request is accounted to the service that served it.
-            requests = {}
+            # Each request is accounted to the service that served it; the stopped one
+            # keeps the record of the refusal the fallback answered.
+            requests, refusals = {}, {}
             async with httpx.AsyncClient(base_url=url, timeout=30) as http:
                 for alias in ("alpha", "beta"):
                     shown = json.loads(await ficc("inference", "show", alias, "--json"))
@@ -161,8 +162,11 @@ async def test_one_base_url_reaches_two_services_by_name_and_a_fallback_serves_a
                         f"/api/v1/inference/{shown['id']}/usage",
                         headers={"Authorization": f"Bearer {secrets['admin token']}"},
                     )
-                    requests[alias] = usage.json()["totals"]["requests"]
+                    totals = usage.json()["totals"]
+                    requests[alias] = totals["requests"] - totals["errors"]
+                    refusals[alias] = totals["errors"]
             assert requests == {"alpha": 5, "beta": 3}
+            assert refusals == {"alpha": 1, "beta": 0}
     finally:
         serve.proc.terminate()
         serve.kill()

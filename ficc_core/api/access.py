@@ -347,8 +347,8 @@ ROUTES: dict[str, Route] = {
         needs(s.INFERENCE_READ),
         "requests, errors by code (429s included), prompt and completion tokens, spend and "
         "latency percentiles, in total and per group, names beside IDs; an administrator "
-        "sees every project's, a project principal its own, a personal key its person's "
-        "(see [usage.md](usage.md#reading-usage))",
+        "sees every project's, a project principal its own; a person's personal usage is "
+        "`/api/v1/me/usage` (see [usage.md](usage.md#reading-usage))",
     ),
     "me_usage": Route(
         "GET",
