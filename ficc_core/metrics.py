@@ -249,6 +249,41 @@ class Metrics:
             "Usage writes the store refused or failed; their batch is kept and retried.",
             registry=self.registry,
         )
+        # -- on-demand services and scaling (docs/inference.md, "Scaling") --
+        self.activations = prom.Counter(
+            "ficc_activations",
+            "Activations of idle on-demand services, by service and outcome (ready, "
+            "failed, no_capacity).",
+            ("service", "outcome"),
+            registry=self.registry,
+        )
+        self.activation_waiting = prom.Gauge(
+            "ficc_activation_waiting",
+            "Requests waiting for their service's activation now, by service.",
+            ("service",),
+            registry=self.registry,
+        )
+        self.activation_wait = prom.Histogram(
+            "ficc_activation_wait_seconds",
+            "How long requests waited for an activation, by service and outcome (served, "
+            "timeout, failed, left).",
+            ("service", "outcome"),
+            registry=self.registry,
+            buckets=(0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0),
+        )
+        self.scaling_decisions = prom.Counter(
+            "ficc_scaling_decisions",
+            "Scaling decisions, by service, direction (out, in) and reason (activation, "
+            "queue, wait, idle, pin).",
+            ("service", "direction", "reason"),
+            registry=self.registry,
+        )
+        self.scaling_replicas = prom.Gauge(
+            "ficc_scaling_replicas",
+            "Replicas a scaled service runs now (its active placements), by service.",
+            ("service",),
+            registry=self.registry,
+        )
 
     def render(self) -> tuple[bytes, str]:
         """Return the exposition body and its content type."""

@@ -8,7 +8,13 @@ import attrs
 
 from ..inference import Preview, ServiceDetail
 from ..inference.publication import give_up_reason, given_up
-from ..inference.records import AttemptState, Desired, ServiceState, UsageSummary
+from ..inference.records import (
+    AttemptState,
+    Desired,
+    ServiceRecord,
+    ServiceState,
+    UsageSummary,
+)
 from ..inference.status import ServiceStatus, current_attempts
 from ..schema import unstructure
 
@@ -65,7 +71,7 @@ def service_view(detail: ServiceDetail, give_up_after: int = 0) -> dict[str, Any
         # Derived from the attempts as they are read, so it never lags the list above.
         index, last = next(iter(stopped_retrying.items()))
         reason = give_up_reason(index, last, give_up_after)
-    return {
+    view = {
         "id": service.id,
         "project_id": service.project_id,
         "alias": service.alias,
@@ -83,6 +89,27 @@ def service_view(detail: ServiceDetail, give_up_after: int = 0) -> dict[str, Any
         "stopped_retrying": list(stopped_retrying),
         "created_at": service.created_at,
         "updated_at": service.updated_at,
+    }
+    scaling = spec.get("scaling")
+    if scaling is not None:
+        view["scaling"] = scaling_view(service, scaling, len(spec["placements"]))
+    return view
+
+
+def scaling_view(
+    service: ServiceRecord, scaling: dict[str, Any], placements: int
+) -> dict[str, Any]:
+    """A scaled service's ``scaling`` block: its bounds, whether it is pinned, and the
+    placements that run replicas now (``active``)."""
+    active = list(service.active or ())
+    return {
+        "min": scaling.get("min", 1),
+        "max": scaling.get("max") or placements,
+        "idle_timeout": scaling.get("idle_timeout"),
+        "pinned": service.pinned,
+        "active": active,
+        "running": len(active),
+        "last_decision_at": service.scaled_at,
     }
 
 

@@ -31,6 +31,9 @@ class EventKind(enum.StrEnum):
     SERVICE_ROLLOUT = "service.rollout"
     #: A replica moved to another node (its placement now names the target).
     REPLICA_MOVED = "replica.moved"
+    #: A scaled service's running replicas changed (activation, scale out or in, idle),
+    #: or it was pinned or unpinned: the reason and the figures it was decided on.
+    SERVICE_SCALED = "service.scaled"
     #: A node's state changed (connected, unreachable, lost, revoked).
     NODE_STATE = "node.state"
 

@@ -42,7 +42,7 @@ from __future__ import annotations
 import logging
 import math
 import random
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
@@ -94,6 +94,16 @@ RETRIED_STATUSES = frozenset({502, 503, 504})
 ENGINE_FAULTS = (EngineTimeout, EngineFailed)
 #: A request without headers routing reads.
 NO_HEADERS: Mapping[str, str] = MappingProxyType({})
+
+
+async def _no_activation(service_id: str) -> None:
+    """No autoscaler is wired in (a gateway built alone): nothing can wake a service."""
+    raise FiccError(
+        f"service {service_id!r} is idle and this controller cannot wake it",
+        code="activation_failed",
+        status=503,
+        details={"service": service_id},
+    )
 
 
 def method_of(path: str) -> str:
@@ -225,6 +235,10 @@ class Gateway:
         self.usage = self.accounting.usage
         #: Called with each :class:`UsageRecord` (e.g. to persist it); must not block.
         self.usage_sinks = self.accounting.usage_sinks
+        #: Wakes an idle on-demand service: returns once its activation is recorded (a
+        #: replica is starting), raises its refusal (no capacity, a recent failure). The
+        #: controller's assembly sets the autoscaler's (:mod:`ficc_core.inference.scaling`).
+        self.activate: Callable[[str], Awaitable[None]] = _no_activation
 
     # -- the seam ------------------------------------------------------------------------------
 

@@ -21,6 +21,7 @@ the response ends (its ``aclose``); :meth:`LiveTable.request` is the same pair a
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Literal
 
 import attrs
@@ -32,6 +33,27 @@ from ..schema import Fence
 #: new ones are refused; ``stopped``: nothing is admitted and in-flight streams end.
 Admission = Literal["serving", "draining", "stopped"]
 _NARROWNESS = {"serving": 0, "draining": 1, "stopped": 2}
+#: Where a scaled service that may run no replica stands (:attr:`LiveService.activation`).
+Activation = Literal["", "idle", "activating", "failed"]
+
+
+@attrs.frozen(kw_only=True)
+class Demand:
+    """What the gateway saw of one service's requests, for the autoscaler
+    (:mod:`ficc_core.inference.scaling`): the request path's figures, read in memory.
+
+    :ivar queued: requests waiting now: for a replica slot, or for an activation.
+    :ivar oldest_wait: seconds the longest-waiting of them has waited (0 when none).
+    :ivar inflight: requests being served now.
+    :ivar idle_for: per routed replica (its attempt ID), seconds since it last served a
+        request (0 while one is in flight); a replica never used counts from when the
+        gateway first saw it.
+    """
+
+    queued: int = 0
+    oldest_wait: float = 0.0
+    inflight: int = 0
+    idle_for: Mapping[str, float] = attrs.field(factory=dict)
 
 
 @attrs.frozen(kw_only=True)
@@ -81,6 +103,13 @@ class LiveService:
     :ivar model_id: the registry model it serves, and ``model_name`` its name (what
         ``pricing`` is looked up by; empty when the model is gone).
     :ivar created: when the service was created, in Unix seconds (``/v1/models``).
+    :ivar scaled: the service has ``scaling``: how many replicas run follows demand.
+    :ivar activation: for a scaled service that may run no replica (``min = 0``, not
+        pinned): ``idle`` (none runs; the next request wakes it), ``activating`` (woken,
+        none ready yet), ``failed`` (the last activation failed: ``activation_error``),
+        or ``""`` (it runs a replica, or cannot be woken).
+    :ivar activation_error: the failed activation's ``(code, message)``: every request
+        waiting for it gets this at once.
     """
 
     id: str
@@ -101,6 +130,15 @@ class LiveService:
     created: int = 0
     model_id: str = ""
     model_name: str = ""
+    scaled: bool = False
+    activation: Activation = ""
+    activation_error: tuple[str, str] | None = None
+
+    @property
+    def wakes(self) -> bool:
+        """Whether a request finding no ready replica waits for an activation (instead of
+        being refused ``no_ready_replica``)."""
+        return self.admission == "serving" and self.activation in ("idle", "activating")
 
     def serves(self, key: str) -> bool:
         """Whether a request in flight on the attempt ``key`` may go on (routed or retiring)."""

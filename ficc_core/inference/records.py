@@ -41,6 +41,9 @@ class ServiceState(enum.StrEnum):
     DRAINING = "draining"
     STOPPING = "stopping"
     REMOVING = "removing"
+    #: A scaled service with ``min = 0`` runs no replica because nobody asked for a while;
+    #: the next request wakes it (docs/inference.md, "Scaling").
+    IDLE = "idle"
 
 
 class AttemptState(enum.StrEnum):
@@ -76,6 +79,15 @@ ENDED = frozenset({AttemptState.STOPPED, AttemptState.FAILED})
 ROUTABLE = frozenset({AttemptState.READY, AttemptState.DRAINING})
 
 
+def _indices(value: Any) -> tuple[int, ...] | None:
+    """Placement indices from the store's JSON text (or a sequence), sorted."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = json.loads(value)
+    return tuple(sorted({int(index) for index in value}))
+
+
 @attrs.frozen(kw_only=True)
 class ServiceRecord:
     """One row of ``inference_services``."""
@@ -95,6 +107,13 @@ class ServiceRecord:
     drain_deadline: float | None = None
     created_at: float
     updated_at: float
+    #: The placements that run replicas now, for a scaled service (None: not scaled, every
+    #: placement runs one while the service runs).
+    active: tuple[int, ...] | None = attrs.field(default=None, converter=_indices)
+    #: An operator pinned it: never scaled to zero (docs/inference.md, "Scaling").
+    pinned: bool = attrs.field(default=False, converter=bool)
+    #: When the last scaling decision was recorded (its cooldown), or None.
+    scaled_at: float | None = None
 
     def document(self) -> Any:
         """The specification as a JSON document."""

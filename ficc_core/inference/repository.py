@@ -35,7 +35,7 @@ from .records import (
 
 _SERVICE_COLUMNS = (
     "id, project_id, alias, model_id, spec, revision, generation, desired, state, reason,"
-    " plan_digest, drain_deadline, created_at, updated_at"
+    " plan_digest, drain_deadline, created_at, updated_at, active, pinned, scaled_at"
 )
 _ATTEMPT_COLUMNS = (
     "attempt_id, service_id, replica, generation, number, node_id, provider, plan_digest,"
@@ -99,7 +99,7 @@ def insert_service(tx: Transaction, record: ServiceRecord) -> None:
     """Record a new service."""
     tx.execute(
         f"INSERT INTO inference_services ({_SERVICE_COLUMNS})"
-        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (
             record.id,
             record.project_id,
@@ -115,7 +115,40 @@ def insert_service(tx: Transaction, record: ServiceRecord) -> None:
             record.drain_deadline,
             record.created_at,
             record.updated_at,
+            _active_json(record.active),
+            int(record.pinned),
+            record.scaled_at,
         ),
+    )
+
+
+def _active_json(active: tuple[int, ...] | None) -> str | None:
+    return None if active is None else json.dumps(list(active))
+
+
+def set_scale(
+    tx: Transaction,
+    service_id: str,
+    active: tuple[int, ...] | None,
+    now: float,
+    *,
+    decided: bool = True,
+) -> None:
+    """Record the placements a scaled service runs now (and, when ``decided``, that a
+    scaling decision was made now); the service moves to its next revision."""
+    tx.execute(
+        "UPDATE inference_services SET revision = revision + 1, updated_at = ?, active = ?,"
+        " scaled_at = CASE WHEN ? THEN ? ELSE scaled_at END WHERE id = ?",
+        (now, _active_json(active), int(decided), now, service_id),
+    )
+
+
+def set_pinned(tx: Transaction, service_id: str, pinned: bool, now: float) -> None:
+    """Pin (never scale to zero) or unpin the service; it moves to its next revision."""
+    tx.execute(
+        "UPDATE inference_services SET revision = revision + 1, updated_at = ?, pinned = ?"
+        " WHERE id = ?",
+        (now, int(pinned), service_id),
     )
 
 

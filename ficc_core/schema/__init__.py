@@ -9,7 +9,15 @@ from ._convert import FieldError, SchemaError, canonical_json, digest, structure
 from .job import BootstrapRequest, EndpointContract, Fence, Job, JobInput, ReadinessProbe
 from .models import ModelFile, ModelManifest, ModelMetadata, ModelRecord, ModelSource
 from .snapshot import ExecutorSnapshot, GpuDevice, InstalledRuntime, NodeResources, ProviderInfo
-from .spec import Capabilities, GpuRequest, Placement, ResourceLimits, Runtime, Specification
+from .spec import (
+    Capabilities,
+    GpuRequest,
+    Placement,
+    ResourceLimits,
+    Runtime,
+    Scaling,
+    Specification,
+)
 from .workload import Workload
 
 __all__ = [
@@ -35,6 +43,7 @@ __all__ = [
     "ReadinessProbe",
     "ResourceLimits",
     "Runtime",
+    "Scaling",
     "SchemaError",
     "Specification",
     "Workload",

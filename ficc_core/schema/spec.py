@@ -324,6 +324,37 @@ class Capabilities:
         return tuple(name for name in ("tools", "vision") if getattr(self, name))
 
 
+#: Replicas a scaled service may run at most (``scaling.max``).
+MAX_REPLICAS = 1024
+
+
+@attrs.frozen(kw_only=True)
+class Scaling:
+    """How many of a service's placements run, by demand (docs/inference.md, "Scaling").
+
+    Without it every placement runs a replica while the service runs (the contract's
+    behaviour). With it the placements are candidates: ``min`` replicas always run,
+    another starts on a free candidate when requests queue, and one that served nothing
+    for ``idle_timeout`` stops while more than ``min`` run. ``min = 0`` makes the service
+    on-demand: it takes no memory while nobody uses it and wakes on the next request.
+
+    :ivar min: replicas that always run (0 to ``max``); 0 is on-demand.
+    :ivar max: replicas that may run at once (1 to the number of placements); absent
+        means every placement.
+    :ivar idle_timeout: seconds a replica may serve nothing before it stops (more than 0,
+        at most seven days); absent means the ``idle_timeout`` setting. Minutes, not
+        seconds: a stopped replica loses the KV cache that affinity filled.
+    """
+
+    min: int = integer(0, MAX_REPLICAS, default=1)
+    max: int | None = integer(1, MAX_REPLICAS, default=None)
+    idle_timeout: float | None = number(0, MAX_SECONDS, above=True, default=None)
+
+    def __attrs_post_init__(self) -> None:
+        if self.max is not None and self.min > self.max:
+            raise FieldError("min", f"must be at most max ({self.max}), got {self.min}")
+
+
 @attrs.frozen(kw_only=True)
 class Specification:
     """What an operator declares for one managed inference service.
@@ -361,6 +392,8 @@ class Specification:
         absent means no bound beyond the context.
     :ivar capabilities: what the model can do beyond the engine's claims (``tools``,
         ``vision``).
+    :ivar scaling: how many placements run, by demand (:class:`Scaling`); absent means
+        every placement runs a replica.
     """
 
     alias: str = attrs.field(
@@ -400,6 +433,11 @@ class Specification:
         default=None,
         validator=attrs.validators.optional(attrs.validators.instance_of(Capabilities)),
     )
+    # Added by the scaling step (None omitted from the canonical JSON, as above).
+    scaling: Scaling | None = attrs.field(
+        default=None,
+        validator=attrs.validators.optional(attrs.validators.instance_of(Scaling)),
+    )
 
     def __attrs_post_init__(self) -> None:
         if self.context_length is not None and self.context_length > self.context:
@@ -416,6 +454,33 @@ class Specification:
             )
         if self.fallbacks is not None and self.alias in self.fallbacks:
             raise FieldError("fallbacks", f"must not name the service itself ({self.alias!r})")
+        scaling = self.scaling
+        if scaling is not None:
+            count = len(self.placements)
+            if scaling.max is not None and scaling.max > count:
+                raise FieldError(
+                    "scaling.max",
+                    f"must be at most the number of placements ({count}): each replica runs "
+                    f"on one of them, got {scaling.max}",
+                )
+            if scaling.min > count:
+                raise FieldError(
+                    "scaling.min",
+                    f"must be at most the number of placements ({count}), got {scaling.min}",
+                )
+
+    @property
+    def max_replicas(self) -> int:
+        """Replicas that may run at once: ``scaling.max``, else every placement."""
+        scaling = self.scaling
+        if scaling is None or scaling.max is None:
+            return len(self.placements)
+        return scaling.max
+
+    @property
+    def min_replicas(self) -> int:
+        """Replicas that always run: ``scaling.min``, else every placement."""
+        return len(self.placements) if self.scaling is None else self.scaling.min
 
     def digest(self) -> str:
         """Return ``sha256:<hex>`` of this specification's canonical JSON."""

@@ -399,4 +399,13 @@ MIGRATIONS: list[tuple[str, ...]] = [
         "CREATE INDEX inference_usage_user ON inference_usage(user_id, finished_at)",
         "CREATE INDEX inference_usage_model ON inference_usage(model, finished_at)",
     ),
+    # 18: scaled services (docs/inference.md, "Scaling"): the placements that run now (a
+    # JSON list of indices; NULL for a service without scaling, where every one does),
+    # whether an operator pinned it (never scaled to zero), and when the last scaling
+    # decision was made (its cooldown survives a restart).
+    (
+        "ALTER TABLE inference_services ADD COLUMN active TEXT",
+        "ALTER TABLE inference_services ADD COLUMN pinned INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE inference_services ADD COLUMN scaled_at REAL",
+    ),
 ]
