@@ -245,6 +245,14 @@ async def test_activation_without_capacity_is_refused_with_every_reason(tmp_path
             [planned] = preview["replicas"]
             assert planned["held"] is False and planned["fits"] is False
             assert planned["reasons"][0]["code"] == "insufficient_memory"
+            assert preview["scaling"] == {
+                "min": 0,
+                "max": 1,
+                "held": [],
+                "planned": [0],
+                "fit_together": 0,
+                "max_fits": False,
+            }
             created = await controller.ok("POST", "/api/v1/inference", status=201, json=spec)
             service_id = created["id"]
             assert (await controller.control(service_id, "start")).status_code == 200
