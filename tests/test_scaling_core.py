@@ -232,6 +232,10 @@ async def test_failed_activation_goes_back_to_idle_with_its_reason(tmp_path: Pat
             assert getattr(refused.value, "code", None) == "activation_failed"
             assert refused.value.headers["Retry-After"] == "30"
             assert [e["reason"] for e in await events(controller, service_id)] == reasons
+            metrics = controller.service.metrics.render()[0].decode()
+            assert f'ficc_activations_total{{outcome="failed",service="{service_id}"}} 1.0' in (
+                metrics
+            )
 
 
 async def test_activation_without_capacity_is_refused_with_every_reason(tmp_path: Path) -> None:

@@ -108,6 +108,11 @@ class Autoscaler:
         self._flights: dict[str, _Flight] = {}
         self._watch: dict[str, _Watch] = {}
         self._nursery: trio.Nursery | None = None
+        reconciler.on_demand.count = self._failed
+
+    def _failed(self, service_id: str, outcome: str) -> None:
+        self.metrics.activations.labels(service_id, outcome).inc()
+        self.metrics.scaling_decisions.labels(service_id, "in", "activation_failed").inc()
 
     # -- activation ----------------------------------------------------------------------
 
