@@ -336,7 +336,11 @@ class Gateway:
                 )
                 if waiting is not None:
                     return 200, waiting  # a stream kept alive until a replica is ready
-            response = await self._respond(request, method, payload)
+            response = await self._dispatch(request, method, payload)
+            if response.status >= 400 and not response.streaming:
+                refusal = engine_error(response.status, response.take_pending())
+                if refusal is not None:
+                    raise refusal
         except BaseException as exc:
             with trio.CancelScope(shield=True):
                 code = exc.code if isinstance(exc, FiccError) else "cancelled"
@@ -348,7 +352,8 @@ class Gateway:
 
     async def _respond(self, request: Request, method: str, payload: bytes) -> ResponseChunks:
         """The engine's response to ``request`` (an engine's JSON error raised as the
-        refusal it is)."""
+        refusal it is): what :meth:`invoke` does inline, for a stream answered while its
+        service loaded (:class:`~.activation.WaitingResponse`)."""
         response = await self._dispatch(request, method, payload)
         if response.status >= 400 and not response.streaming:
             refusal = engine_error(response.status, response.take_pending())
