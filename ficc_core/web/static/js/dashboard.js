@@ -19,6 +19,8 @@ const SECTIONS = {
 
 let principal = null;
 let timer = null;
+let stopped = false;
+let current = Promise.resolve(); // the refresh in flight, awaited before leaving the page
 
 const has = (scope) => principal.scopes.includes(scope);
 
@@ -30,6 +32,18 @@ function note(section, text) {
 
 function fill(section, rows, emptyText) {
   const table = document.getElementById(section);
+  // Each cell names its column, which a phone-width layout shows beside the value.
+  const columns = [...table.tHead.rows[0].cells].map((cell) => cell.textContent);
+  for (const row of rows) {
+    [...row.cells].forEach((cell, index) => {
+      if (cell.tagName !== "TD") return;
+      cell.setAttribute("data-label", columns[index]);
+      const value = document.createElement("div");
+      value.className = "value";
+      value.append(...cell.childNodes);
+      cell.append(value);
+    });
+  }
   table.tBodies[0].replaceChildren(...rows);
   table.closest(".table-wrap").hidden = rows.length === 0;
   note(section, rows.length === 0 ? emptyText : "");
@@ -48,8 +62,9 @@ async function recentEvents(services) {
   const pages = await Promise.all(
     followed.map((s) => api("GET", `/api/v1/inference/${encodeURIComponent(s.id)}/events?limit=${EVENTS_SHOWN}`)),
   );
-  return pages
-    .flatMap((page) => page.events)
+  // A node's events are in the listing of every service placed on it: each once.
+  const unique = new Map(pages.flatMap((page) => page.events).map((e) => [e.id, e]));
+  return [...unique.values()]
     .sort((a, b) => b.at - a.at || b.id - a.id)
     .slice(0, EVENTS_SHOWN);
 }
@@ -83,14 +98,19 @@ async function refresh() {
 
 function schedule(delay) {
   clearTimeout(timer);
+  if (stopped) return;
   timer = setTimeout(async () => {
-    if (document.hidden) return; // visibilitychange schedules the next one
-    await refresh();
+    if (document.hidden || stopped) return; // visibilitychange schedules the next one
+    current = refresh();
+    await current;
     schedule(REFRESH_MS);
   }, delay);
 }
 
 async function logout() {
+  stopped = true;
+  clearTimeout(timer);
+  await current; // leave no request of this page unanswered
   try {
     await api("DELETE", "/api/v1/session", undefined, { redirectOn401: false });
   } catch {
@@ -113,7 +133,8 @@ async function start() {
   document.addEventListener("visibilitychange", () => {
     if (!document.hidden) schedule(0);
   });
-  await refresh();
+  current = refresh();
+  await current;
   schedule(REFRESH_MS);
 }
 

@@ -11,7 +11,8 @@ export function bytes(value) {
     n /= 1024;
     unit += 1;
   }
-  return `${unit === 0 ? n : n.toFixed(n < 10 ? 1 : 0)} ${UNITS[unit]}`;
+  const shown = unit === 0 ? String(n) : n.toFixed(n < 10 ? 1 : 0).replace(/\.0$/, "");
+  return `${shown} ${UNITS[unit]}`;
 }
 
 export function number(value, digits = 2) {

@@ -78,6 +78,18 @@ function scalingCell(scaling) {
   );
 }
 
+// The states a service settles in for what was desired: any other pair is on its way.
+const SETTLED = {
+  running: ["ready", "idle"],
+  stopped: ["stopped"],
+  draining: ["draining"],
+  removed: ["removing"],
+};
+
+function settled(service) {
+  return (SETTLED[service.desired] || []).includes(service.state);
+}
+
 export function serviceRow(service, modelNames) {
   return el(
     "tr",
@@ -87,7 +99,7 @@ export function serviceRow(service, modelNames) {
       "td",
       { class: "state" },
       badge(service.state),
-      service.desired !== service.state ? el("div", { class: "muted small" }, `desired: ${service.desired}`) : null,
+      settled(service) ? null : el("div", { class: "muted small" }, `desired: ${service.desired}`),
       service.reason ? el("div", { class: "reason small" }, service.reason) : null,
     ),
     el("td", { class: "replicas" }, replicaSummary(service.replicas || [])),
