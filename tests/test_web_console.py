@@ -41,7 +41,8 @@ class Console:
     controller: Controller
     url: str
     service_id: str  # project default's service "smol"
-    other_id: str  # project beta's service "other"
+    other_id: str  # project beta's service "other", on demand (scaling min 0)
+    beta_token: str  # an all-scopes credential of project beta
 
 
 async def _create_user(controller: Controller, name: str, password: str, project: str, scopes):
@@ -79,8 +80,9 @@ async def open_console(tmp_path) -> AsyncIterator[Console]:
         beta_model = (await beta.ok("POST", "/api/v1/models", status=201, json=manifest))["id"]
         assert (await beta.ok("GET", f"/api/v1/models/{beta_model}"))["state"] == "verified"
         beta_spec = await llama_spec(beta, beta_model, alias="other", cpus=0.5)
+        beta_spec["scaling"] = {"min": 0, "max": 1}
         other = await beta.ok("POST", "/api/v1/inference", status=201, json=beta_spec)
-        yield Console(controller, controller.url, created["id"], other["id"])
+        yield Console(controller, controller.url, created["id"], other["id"], beta.token)
 
 
 async def in_browser(scenario, *args) -> None:
@@ -95,6 +97,16 @@ def _page(browser, url: str, width: int = 1280, height: int = 900):
     page = context.new_page()
     page.set_default_timeout(STEP_MS)
     return page, PageWatch(page)
+
+
+def _start(url: str, token: str, service_id: str) -> None:
+    """Start a service through the API, as another client would."""
+    with httpx.Client(base_url=url, headers=bearer(token), timeout=30) as http:
+        view = http.get(f"/api/v1/inference/{service_id}").json()
+        started = http.post(
+            f"/api/v1/inference/{service_id}/control/start", json={"revision": view["revision"]}
+        )
+        assert started.status_code == 200, started.text
 
 
 def _log_in(page, username: str, password: str, project: str) -> None:
@@ -161,9 +173,10 @@ def _login_dashboard_and_logout(console: Console) -> None:
         expect(node.locator("td.state")).to_have_text("connected")
         expect(node).to_contain_text("llama_server (process)")
         expect(node).to_contain_text("ficc/embedded=true")
-        # Reserved of the node's: both projects' services hold half a CPU and 1 GiB each.
-        expect(node.locator("td").nth(1)).to_have_text("1 of 2")
-        expect(node.locator("td").nth(2)).to_contain_text("2 GiB of ")
+        # Reserved of the node's: smol holds half a CPU and 1 GiB (beta's on-demand
+        # service, stopped, holds nothing).
+        expect(node.locator("td").nth(1)).to_have_text("0.5 of 2")
+        expect(node.locator("td").nth(2)).to_contain_text("1 GiB of ")
         row = page.locator(f'#services tr[data-service-id="{console.service_id}"]')
         expect(row.locator("th")).to_contain_text("smol")
         expect(row.locator("td.state .badge")).to_have_text("stopped")
@@ -175,15 +188,7 @@ def _login_dashboard_and_logout(console: Console) -> None:
 
         # Started through the API, the row changes in place: no reload.
         page.evaluate("window.__sameDocument = true")
-        with httpx.Client(base_url=console.url, timeout=30) as http:
-            headers = bearer(console.controller.token)
-            view = http.get(f"/api/v1/inference/{console.service_id}", headers=headers).json()
-            started = http.post(
-                f"/api/v1/inference/{console.service_id}/control/start",
-                json={"revision": view["revision"]},
-                headers=headers,
-            )
-            assert started.status_code == 200, started.text
+        _start(console.url, console.controller.token, console.service_id)
         expect(row.locator("td.state .badge")).to_have_text("ready", timeout=READY_MS)
         expect(row.locator("td.replicas")).to_have_text("1 ready (of 1)")
         expect(page.locator("#events")).to_contain_text("service.state")
@@ -254,6 +259,8 @@ def _csrf_and_projects(console: Console) -> None:
         expect(page.locator("#whoami")).to_have_text("bob · beta")
         other = page.locator(f'#services tr[data-service-id="{console.other_id}"]')
         expect(other.locator("th")).to_contain_text("other")
+        expect(other.locator("td.state .badge")).to_have_text("stopped")
+        expect(other.locator("td.scaling")).to_have_text("0 running, min 0, max 1")
         expect(page.locator("#services tbody tr")).to_have_count(1)
         expect(page.locator('#nodes tr[data-node-id="local"]')).to_be_visible()
         expect(page.locator("#events")).to_contain_text("service other created")
@@ -264,6 +271,10 @@ def _csrf_and_projects(console: Console) -> None:
         path = f"/api/v1/inference/{console.service_id}"
         with watch.provoking(404, re.escape(path) + "$"):
             assert page.evaluate(_GET_STATUS, path) == [404, "service_not_found"]
+        # Started on demand, it waits idle for its first request: said live, with why.
+        _start(console.url, console.beta_token, console.other_id)
+        expect(other.locator("td.state .badge")).to_have_text("idle")
+        expect(other.locator("td.state")).to_contain_text("next request wakes it")
         assert _fits_width(page)
         screenshot(page, "dashboard-beta-phone")
         watch.check()

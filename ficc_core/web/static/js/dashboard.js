@@ -59,9 +59,13 @@ async function recentEvents(services) {
   const followed = [...services]
     .sort((a, b) => b.updated_at - a.updated_at)
     .slice(0, SERVICES_FOLLOWED);
-  const pages = await Promise.all(
+  const answers = await Promise.allSettled(
     followed.map((s) => api("GET", `/api/v1/inference/${encodeURIComponent(s.id)}/events?limit=${EVENTS_SHOWN}`)),
   );
+  // A service removed since it was listed has no events to show; any other failure is.
+  const failed = answers.find((a) => a.status === "rejected" && a.reason.status !== 404);
+  if (failed) throw failed.reason;
+  const pages = answers.filter((a) => a.status === "fulfilled").map((a) => a.value);
   // A node's events are in the listing of every service placed on it: each once.
   const unique = new Map(pages.flatMap((page) => page.events).map((e) => [e.id, e]));
   return [...unique.values()]
