@@ -284,3 +284,55 @@ async def test_csrf_is_required_from_the_page_and_a_project_sees_only_its_own(tm
     chromium_or_skip()
     async with open_console(tmp_path) as console:
         await in_browser(_csrf_and_projects, console)
+
+
+CAROL = ("carol", "carol-password-1")  # a member of project beta who may not read nodes
+
+
+def _few_scopes_then_ended(console: Console, carol_id: str) -> None:
+    from playwright.sync_api import expect
+
+    with chromium(chromium_or_skip()) as browser:
+        page, watch = _page(browser, console.url)
+        _log_in(page, *CAROL, "beta")
+        # Sections whose routes need a scope the session lacks say so, and are not asked.
+        nodes = page.locator('.note[data-for="nodes"]')
+        expect(nodes).to_have_text(
+            "This session lacks the contributors:read scope that listing nodes needs."
+        )
+        expect(page.locator("#nodes")).to_be_hidden()
+        expect(page.locator("#models tbody tr")).to_have_count(1)
+        expect(page.locator(f'#services tr[data-service-id="{console.other_id}"]')).to_be_visible()
+        refreshes = int(page.locator("body").get_attribute("data-refreshes"))
+        expect(page.locator("body")).not_to_have_attribute("data-refreshes", str(refreshes))
+        # A session ended elsewhere (an administrator resets the password): the next
+        # refresh finds it gone and, its requests answered (none is left in flight to
+        # fail), the page goes back to the login form by itself.
+        with watch.provoking(401, r"/api/v1/"):
+            with httpx.Client(
+                base_url=console.url, headers=bearer(console.controller.token), timeout=30
+            ) as http:
+                reset = http.put(
+                    f"/api/v1/users/{carol_id}/password", json={"password": "carol-password-2"}
+                )
+                assert reset.status_code == 200, reset.text
+                assert reset.json()["sessions_ended"] == 1
+            page.wait_for_url(re.compile(r"/$"))
+        expect(page.get_by_role("button", name="Log in")).to_be_visible()
+        watch.check()
+
+
+async def test_a_session_sees_what_its_scopes_allow_and_leaves_when_ended_elsewhere(tmp_path):
+    chromium_or_skip()
+    async with open_console(tmp_path) as console:
+        carol = await console.controller.ok(
+            "POST",
+            "/api/v1/users",
+            status=201,
+            json={
+                "username": CAROL[0],
+                "password": CAROL[1],
+                "projects": {"beta": ["inference:read", "models:read"]},
+            },
+        )
+        await in_browser(_few_scopes_then_ended, console, carol["id"])

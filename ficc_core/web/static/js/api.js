@@ -42,8 +42,9 @@ async function parsed(response) {
 }
 
 // Call `method path` with `body` (JSON); answer the parsed JSON, or throw ApiError.
-// A 401 means the session ended (expired, revoked, logged out elsewhere): back to login.
-export async function api(method, path, body = undefined, { redirectOn401 = true } = {}) {
+// A page that gets 401 (the session expired, was revoked or logged out elsewhere)
+// goes back to the login page once its other requests are answered (leave()).
+export async function api(method, path, body = undefined) {
   const headers = { Accept: "application/json" };
   if (body !== undefined) headers["Content-Type"] = "application/json";
   if (!SAFE.has(method)) headers["X-CSRF-Token"] = csrfToken();
@@ -55,12 +56,17 @@ export async function api(method, path, body = undefined, { redirectOn401 = true
     cache: "no-store",
   });
   const data = await parsed(response);
-  if (!response.ok) {
-    if (response.status === 401 && redirectOn401) {
-      forgetCsrf();
-      window.location.assign("/");
-    }
-    throw new ApiError(response.status, data);
-  }
+  if (!response.ok) throw new ApiError(response.status, data);
   return data;
+}
+
+// Whether `error` says the session is gone.
+export function sessionEnded(error) {
+  return error instanceof ApiError && error.status === 401;
+}
+
+// Back to the landing page's login form, forgetting this tab's CSRF token.
+export function leave() {
+  forgetCsrf();
+  window.location.assign("/");
 }

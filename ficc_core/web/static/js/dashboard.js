@@ -2,7 +2,7 @@
 // `data-refresh-ms` while the page is visible, redrawn in place (no reload). A section
 // whose route needs a scope the session lacks says so instead of asking.
 
-import { api, forgetCsrf } from "./api.js";
+import { api, leave, sessionEnded } from "./api.js";
 import { clock } from "./format.js";
 import { eventRow, modelRow, nodeRow, serviceRow } from "./tables.js";
 
@@ -73,10 +73,19 @@ async function recentEvents(services) {
     .slice(0, EVENTS_SHOWN);
 }
 
+// Every request settled, then the first failure thrown: a page never leaves with a
+// request of its own still in flight.
+async function allAnswered(requests) {
+  const answers = await Promise.allSettled(requests);
+  const failures = answers.filter((a) => a.status === "rejected").map((a) => a.reason);
+  if (failures.length) throw failures.find(sessionEnded) || failures[0];
+  return answers.map((a) => a.value);
+}
+
 async function refresh() {
   const problem = document.getElementById("problem");
   try {
-    const [nodes, services, models] = await Promise.all([
+    const [nodes, services, models] = await allAnswered([
       has("contributors:read") ? api("GET", "/api/v1/contributors") : null,
       has("inference:read") ? api("GET", "/api/v1/inference") : null,
       has("models:read") ? api("GET", "/api/v1/models") : null,
@@ -95,6 +104,11 @@ async function refresh() {
       `Updated ${clock(Date.now() / 1000)}, every ${REFRESH_MS / 1000} s`;
     document.body.dataset.refreshes = String(Number(document.body.dataset.refreshes || 0) + 1);
   } catch (error) {
+    if (sessionEnded(error)) {
+      stopped = true;
+      leave();
+      return;
+    }
     problem.textContent = `Could not refresh: ${error.message}`;
     problem.hidden = false;
   }
@@ -116,16 +130,26 @@ async function logout() {
   clearTimeout(timer);
   await current; // leave no request of this page unanswered
   try {
-    await api("DELETE", "/api/v1/session", undefined, { redirectOn401: false });
+    await api("DELETE", "/api/v1/session");
   } catch {
     // Ended already (or the server is away): the cookie goes with the next login.
   }
-  forgetCsrf();
-  window.location.assign("/");
+  leave();
 }
 
 async function start() {
-  principal = await api("GET", "/api/v1/whoami");
+  try {
+    principal = await api("GET", "/api/v1/whoami");
+  } catch (error) {
+    if (sessionEnded(error)) {
+      leave();
+      return;
+    }
+    const problem = document.getElementById("problem");
+    problem.textContent = `Could not load the dashboard: ${error.message}`;
+    problem.hidden = false;
+    return;
+  }
   document.getElementById("whoami").textContent = identity(principal);
   document.getElementById("logout").addEventListener("click", logout);
   for (const [section, { scope, what }] of Object.entries(SECTIONS)) {

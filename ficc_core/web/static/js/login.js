@@ -35,12 +35,11 @@ form.addEventListener("submit", async (event) => {
   problem.hidden = true;
   const chosen = project.value.trim();
   try {
-    const answer = await api(
-      "POST",
-      "/api/v1/session",
-      { username, password, project: chosen || null },
-      { redirectOn401: false },
-    );
+    const answer = await api("POST", "/api/v1/session", {
+      username,
+      password,
+      project: chosen || null,
+    });
     rememberCsrf(answer.csrf_token);
     localStorage.setItem(PROJECT_KEY, chosen);
     window.location.assign("/ui/dashboard");
