@@ -336,3 +336,79 @@ async def test_a_session_sees_what_its_scopes_allow_and_leaves_when_ended_elsewh
             },
         )
         await in_browser(_few_scopes_then_ended, console, carol["id"])
+
+
+GIB = 1024**3
+_ROW = """async ([url, kind, view]) => {
+  const tables = await import(url);
+  const row = kind === "node" ? tables.nodeRow(view) : tables.serviceRow(view, new Map());
+  return [...row.cells].map((cell) => cell.textContent);
+}"""
+
+
+def test_a_node_row_adds_up_each_gpus_reserved_memory_and_a_service_row_its_scaling(
+    live_server,
+):
+    """The dashboard's rows from API views this machine cannot produce (a node with
+    GPUs, a pinned scaled service), rendered by the page's own module in the browser."""
+    from ficc_core.web import Assets
+
+    gpu = {"name": "NVIDIA H200", "memory_bytes": 140 * GIB}
+    node = {
+        "id": "gpu-1",
+        "name": "gpu-1",
+        "state": "connected",
+        "labels": {"zone": "a"},
+        "last_heartbeat": None,
+        "snapshot": {
+            "labels": {},
+            "resources": {
+                "cpus": 16,
+                "memory_bytes": 64 * GIB,
+                "gpus": [{"index": 0, **gpu}, {"index": 1, **gpu}],
+            },
+            "runtimes": [],
+        },
+        "reservations": [
+            {"cpus": 4, "memory_bytes": 16 * GIB, "gpus": [{"index": 0, "memory_bytes": 40 * GIB}]},
+            {
+                "cpus": 2.5,
+                "memory_bytes": 8 * GIB,
+                "gpus": [
+                    {"index": 0, "memory_bytes": 60 * GIB},
+                    {"index": 1, "memory_bytes": 20 * GIB},
+                ],
+            },
+        ],
+    }
+    service = {
+        "id": "svc_1",
+        "alias": "qwen",
+        "model_id": "m1",
+        "state": "ready",
+        "desired": "running",
+        "reason": None,
+        "revision": 4,
+        "generation": 2,
+        "replicas": [{"state": "ready"}, {"state": "ready"}, {"state": "stopped"}],
+        "scaling": {"min": 1, "max": 3, "idle_timeout": 600, "pinned": True, "running": 2},
+    }
+    url = Assets.load().url("js/tables.js")
+    with chromium(chromium_or_skip()) as browser:
+        page, watch = _page(browser, live_server.url)
+        page.goto("/")
+        cells = page.evaluate(_ROW, [url, "node", node])
+        assert cells[2:5] == [
+            "6.5 of 16",
+            "24 GiB of 64 GiB",
+            "GPU 0 NVIDIA H200: 100 GiB reserved, 40 GiB free of 140 GiB"
+            "GPU 1 NVIDIA H200: 20 GiB reserved, 120 GiB free of 140 GiB",
+        ]
+        assert cells[5] == "zone=a" and cells[6] == "\u2013" and cells[7] == "never"
+        cells = page.evaluate(_ROW, [url, "service", service])
+        assert cells[1:4] == [
+            "ready",
+            "2 ready · 1 stopped (of 3)",
+            "2 running, min 1, max 3; idle after 600 s pinned",
+        ]
+        watch.check()

@@ -74,7 +74,7 @@ function scalingCell(scaling) {
     "td",
     { class: "scaling" },
     parts.join("; "),
-    scaling.pinned ? el("span", { class: "chip" }, "pinned") : null,
+    scaling.pinned ? [" ", el("span", { class: "chip" }, "pinned")] : null,
   );
 }
 
