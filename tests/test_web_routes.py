@@ -155,3 +155,16 @@ def test_every_console_file_is_package_data_of_the_wheel():
     # And every asset is one the server serves (a known content type).
     served = set(Assets.load().files)
     assert {str(p.relative_to("static")) for p in files if p.parts[0] == "static"} == served
+
+
+def test_without_chromium_the_browser_tests_skip_but_fail_in_ci(monkeypatch):
+    from . import web_support
+
+    monkeypatch.setattr(web_support, "CHROMIUM", "/nonexistent/chromium")
+    monkeypatch.setattr(web_support.shutil, "which", lambda name: None)
+    monkeypatch.delenv("CI", raising=False)
+    with pytest.raises(pytest.skip.Exception, match="chromium is not installed"):
+        web_support.chromium_or_skip()
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="CI must run the browser tests"):
+        web_support.chromium_or_skip()
