@@ -16,7 +16,7 @@ from quart import Response, redirect, request
 
 from .._version import __version__
 from ..errors import NotFound, Unauthenticated
-from ..web import PAGE_HEADERS, Assets, Pages
+from ..web import CONSOLE_PAGES, PAGE_HEADERS, Assets, ConsolePage, Pages
 from .authn import SESSION_COOKIE
 
 if TYPE_CHECKING:
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from ..controller.service import Service
 
 LANDING = "/"
-DASHBOARD = "/ui/dashboard"
+DASHBOARD = CONSOLE_PAGES[0].path
 
 
 def _page(html: str) -> Response:
@@ -68,11 +68,17 @@ def register(app: QuartTrio, service: Service) -> None:
             return _redirect(DASHBOARD)
         return _page(pages.render("landing.html", script="login.js"))
 
-    @app.get(DASHBOARD, endpoint="web_dashboard")
-    async def dashboard() -> Response:
-        if not await logged_in():
-            return _redirect(LANDING)
-        return _page(pages.render("dashboard.html", script="dashboard.js"))
+    def console_route(page: ConsolePage) -> None:
+        async def shell(**_params: str) -> Response:
+            # The path's parameters (a service ID) are read by the page's script.
+            if not await logged_in():
+                return _redirect(LANDING)
+            return _page(pages.render(f"{page.name}.html", script=f"{page.name}.js", page=page))
+
+        app.add_url_rule(page.path, endpoint=f"web_{page.name}", view_func=shell, methods=["GET"])
+
+    for page in CONSOLE_PAGES:
+        console_route(page)
 
     @app.get("/ui/static/<build>/<path:name>", endpoint="web_static")
     async def static(build: str, name: str) -> Response:

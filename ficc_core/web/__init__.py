@@ -11,6 +11,22 @@ renders.
 from __future__ import annotations
 
 from .assets import Asset, Assets
-from .pages import CONTENT_SECURITY_POLICY, PAGE_HEADERS, Pages, contact_link
+from .pages import (
+    CONSOLE_PAGES,
+    CONTENT_SECURITY_POLICY,
+    PAGE_HEADERS,
+    ConsolePage,
+    Pages,
+    contact_link,
+)
 
-__all__ = ["CONTENT_SECURITY_POLICY", "PAGE_HEADERS", "Asset", "Assets", "Pages", "contact_link"]
+__all__ = [
+    "CONSOLE_PAGES",
+    "CONTENT_SECURITY_POLICY",
+    "PAGE_HEADERS",
+    "Asset",
+    "Assets",
+    "ConsolePage",
+    "Pages",
+    "contact_link",
+]

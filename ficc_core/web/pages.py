@@ -39,6 +39,32 @@ PAGE_HEADERS = {
     "Cache-Control": "no-store",
 }
 
+
+@attrs.frozen(kw_only=True)
+class ConsolePage:
+    """One page of the console behind the login.
+
+    :ivar name: its name: the route's endpoint is ``web_<name>``, its template
+        ``<name>.html`` (extending ``console.html``) and its module ``js/<name>.js``.
+    :ivar path: the Quart rule (``/ui/dashboard``, ``/ui/services/<service_id>``).
+    :ivar title: what the navigation calls it.
+    :ivar nav: it is linked from the navigation (a page for one item is reached from a
+        list instead).
+    """
+
+    name: str
+    path: str
+    title: str
+    nav: bool = True
+
+
+#: The console's pages, in navigation order. A page is added here, with its template,
+#: its module and its route entry in ``ficc_core.api.access`` (``web_<name>``).
+CONSOLE_PAGES: tuple[ConsolePage, ...] = (
+    ConsolePage(name="dashboard", path="/ui/dashboard", title="Dashboard"),
+)
+
+
 _EMAIL = re.compile(r"[^@\s/:]+@[^@\s/]+\.[^@\s/]+")
 _URL = re.compile(r"https?://\S+", re.IGNORECASE)
 
@@ -76,6 +102,7 @@ class Pages:
             lstrip_blocks=True,
         )
         self.env.globals["asset"] = self.assets.url
+        self.env.globals["console_pages"] = [page for page in CONSOLE_PAGES if page.nav]
 
     def render(self, template: str, **context: Any) -> str:
         """The HTML of ``template`` (``landing.html``) with the console's settings."""
