@@ -62,6 +62,8 @@ class ConsolePage:
 #: its module and its route entry in ``ficc_core.api.access`` (``web_<name>``).
 CONSOLE_PAGES: tuple[ConsolePage, ...] = (
     ConsolePage(name="dashboard", path="/ui/dashboard", title="Dashboard"),
+    ConsolePage(name="services", path="/ui/services", title="Services"),
+    ConsolePage(name="service", path="/ui/services/<service_id>", title="Service", nav=False),
 )
 
 

@@ -4,7 +4,7 @@
 
 import { api, leave, sessionEnded } from "./api.js";
 import { clock } from "./format.js";
-import { eventRow, modelRow, nodeRow, serviceRow } from "./tables.js";
+import { eventRow, modelRow, nodeRow, serviceLink, serviceRow } from "./tables.js";
 
 const REFRESH_MS = Number(document.body.dataset.refreshMs) || 5000;
 const EVENTS_SHOWN = 20;
@@ -95,7 +95,7 @@ async function refresh() {
     const aliases = new Map((services ? services.services : []).map((s) => [s.id, s.alias]));
     if (nodes) fill("nodes", nodes.contributors.map(nodeRow), "No node has connected yet.");
     if (services) {
-      fill("services", services.services.map((s) => serviceRow(s, modelNames)), "This project has no service yet.");
+      fill("services", services.services.map((s) => serviceLink(serviceRow(s, modelNames), s)), "This project has no service yet.");
     }
     if (models) fill("models", models.models.map(modelRow), "This project has no model yet.");
     if (events) fill("events", events.map((e) => eventRow(e, aliases)), "Nothing has happened yet.");

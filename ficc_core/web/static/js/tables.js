@@ -142,3 +142,15 @@ export function eventRow(event, aliases) {
     el("td", {}, event.message),
   );
 }
+
+// The service page's address: /ui/services/<id>.
+export function serviceHref(service) {
+  return `/ui/services/${encodeURIComponent(service.id)}`;
+}
+
+// A service row (serviceRow) whose name links to the service's page.
+export function serviceLink(row, service) {
+  const name = row.cells[0].firstChild;
+  name.replaceWith(el("a", { href: serviceHref(service), class: "service-link" }, service.alias));
+  return row;
+}

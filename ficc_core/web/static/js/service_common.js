@@ -1,0 +1,109 @@
+// What the services list and the service page share: the header's identity and
+// logout, a poller that refreshes while the page is visible, and filling a table
+// whose cells name their column (the phone-width layout shows it beside the value).
+
+import { api, leave, sessionEnded } from "./api.js";
+
+export const REFRESH_MS = Number(document.body.dataset.refreshMs) || 5000;
+
+export function identity(who) {
+  const user = who.user ? who.user.username : who.id;
+  const project = who.project && who.project.name ? who.project.name : "personal";
+  return `${user} · ${project}`;
+}
+
+// Every request settled, then the first failure thrown (a 401 first): a page never
+// leaves with a request of its own still in flight.
+export async function allAnswered(requests) {
+  const answers = await Promise.allSettled(requests);
+  const failures = answers.filter((a) => a.status === "rejected").map((a) => a.reason);
+  if (failures.length) throw failures.find(sessionEnded) || failures[0];
+  return answers.map((a) => a.value);
+}
+
+export function fillTable(table, rows, note, emptyText) {
+  const columns = [...table.tHead.rows[0].cells].map((cell) => cell.textContent);
+  for (const row of rows) {
+    [...row.cells].forEach((cell, index) => {
+      if (cell.tagName !== "TD") return;
+      cell.setAttribute("data-label", columns[index]);
+      const value = document.createElement("div");
+      value.className = "value";
+      value.append(...cell.childNodes);
+      cell.append(value);
+    });
+  }
+  table.tBodies[0].replaceChildren(...rows);
+  table.closest(".table-wrap").hidden = rows.length === 0;
+  if (note) {
+    note.textContent = rows.length === 0 ? emptyText : "";
+    note.hidden = rows.length !== 0;
+  }
+}
+
+// Calls `refresh` now and every REFRESH_MS while the page is visible; `stop()` ends
+// it, `settled()` waits for the refresh in flight.
+export class Poller {
+  constructor(refresh, every = REFRESH_MS) {
+    this.refresh = refresh;
+    this.every = every;
+    this.timer = null;
+    this.stopped = false;
+    this.current = Promise.resolve();
+    document.addEventListener("visibilitychange", () => {
+      if (!document.hidden) this.schedule(0);
+    });
+  }
+
+  schedule(delay) {
+    clearTimeout(this.timer);
+    if (this.stopped) return;
+    this.timer = setTimeout(async () => {
+      if (document.hidden || this.stopped) return; // visibilitychange schedules the next
+      await this.now();
+      this.schedule(this.every);
+    }, delay);
+  }
+
+  async now() {
+    const run = this.current.then(() => (this.stopped ? null : this.refresh()));
+    this.current = run.catch(() => null);
+    await this.current;
+  }
+
+  start() {
+    this.schedule(0);
+  }
+
+  async stop() {
+    this.stopped = true;
+    clearTimeout(this.timer);
+    await this.current;
+  }
+}
+
+// The header: who is logged in, and the logout button (which first lets `beforeLeave`
+// stop the page's own requests and streams).
+export async function header(beforeLeave) {
+  let principal;
+  try {
+    principal = await api("GET", "/api/v1/whoami");
+  } catch (error) {
+    if (sessionEnded(error)) {
+      leave();
+      return null;
+    }
+    throw error;
+  }
+  document.getElementById("whoami").textContent = identity(principal);
+  document.getElementById("logout").addEventListener("click", async () => {
+    await beforeLeave();
+    try {
+      await api("DELETE", "/api/v1/session");
+    } catch {
+      // Ended already (or the server is away): the cookie goes with the next login.
+    }
+    leave();
+  });
+  return principal;
+}
