@@ -336,9 +336,19 @@ async function follow() {
   updateLogButtons();
   source.onopen = () => logStatus(`Following replica ${index}'s log live.`);
   source.onmessage = (event) => appendLine(event.data);
-  source.addEventListener("end", () => closeStream(`Replica ${index}'s attempt ended; its log is complete.`));
+  // The attempt ended: the server closes the stream next (closing it here would abort
+  // a response still open), and the error event that closing fires ends it here.
+  let ended = false;
+  source.addEventListener("end", () => {
+    ended = true;
+    logStatus(`Replica ${index}'s attempt ended; its log is complete.`);
+  });
   // A ticket opens its stream once: never let the browser reconnect with it.
   source.addEventListener("error", (event) => {
+    if (ended) {
+      if (stream === source) closeStream();
+      return;
+    }
     let text = `The log stream of replica ${index} closed.`;
     if (event.data) {
       try {

@@ -1,0 +1,214 @@
+"""The services list and a service's page in a real browser (Debian's chromium through
+Playwright) against a real controller with the real llama.cpp engine: open the page of a
+service created through the API, start it from the page (with a confirmation) and watch
+it become ready live, follow its replica's log live, see its usage, stop it, see a
+rollout preview that does not fit say why inline, and find the start in its events.
+
+Every page fails its test on a console error, an uncaught exception, a failed request or
+a response of 400 or more the test did not provoke (``PageWatch``). With
+``FICC_SCREENSHOTS=docs/ui`` the test also saves the screenshots of docs/ui.md.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import httpx
+import pytest
+import trio
+
+from ficc_core.auth import ALL_SCOPES
+
+from .conftest import bearer
+from .inference_support import llama_spec, open_inference_controller, register_smollm2
+from .web_support import STEP_MS, PageWatch, chromium, chromium_or_skip, screenshot
+
+pytestmark = pytest.mark.slow
+
+ALICE = ("alice", "alice-password-1")  # a member of project default
+MEMBER_SCOPES = sorted(set(ALL_SCOPES) - {"admin"})
+#: How long a SmolLM2 replica may take from start to ready.
+READY_MS = 120_000
+PIB = 1024**5
+
+
+def _page(browser, url: str, width: int = 1280, height: int = 900):
+    context = browser.new_context(base_url=url, viewport={"width": width, "height": height})
+    page = context.new_page()
+    page.set_default_timeout(STEP_MS)
+    return page, PageWatch(page)
+
+
+def _log_in(page, username: str, password: str, project: str) -> None:
+    page.goto("/")
+    page.get_by_label("Username").fill(username)
+    page.get_by_label("Password").fill(password)
+    page.get_by_label("Project").fill(project)
+    page.get_by_role("button", name="Log in").click()
+    page.wait_for_url("**/ui/dashboard")
+
+
+def _fits_width(page) -> bool:
+    return page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
+
+
+def _confirm(page, title: str, says: str) -> None:
+    """The confirmation dialog asks first; Confirm (its action's name) goes ahead."""
+    from playwright.sync_api import expect
+
+    dialog = page.get_by_role("dialog")
+    expect(dialog).to_be_visible()
+    expect(dialog.get_by_role("heading")).to_have_text(title)
+    expect(dialog).to_contain_text(says)
+    # The focus starts on Cancel: Enter never confirms by accident.
+    expect(dialog.get_by_role("button", name="Cancel")).to_be_focused()
+    dialog.get_by_role("button", name=title.split()[0], exact=True).click()
+    expect(dialog).to_be_hidden()
+
+
+def _chat(url: str, token: str, service_id: str) -> None:
+    """One short chat completion through the service's route, as a client would."""
+    with httpx.Client(base_url=url, headers=bearer(token), timeout=60) as http:
+        answer = http.post(
+            f"/api/v1/inference/{service_id}/v1/chat/completions",
+            json={"messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 8},
+        )
+        assert answer.status_code == 200, answer.text
+
+
+def _service_page(url: str, service_id: str, invoke_token: str) -> None:
+    from playwright.sync_api import expect
+
+    with chromium(chromium_or_skip()) as browser:
+        page, watch = _page(browser, url)
+        _log_in(page, *ALICE, "default")
+
+        # The dashboard's service name links to its page; so does the services list.
+        dashboard_link = page.locator(f'#services tr[data-service-id="{service_id}"] a')
+        expect(dashboard_link).to_have_attribute("href", f"/ui/services/{service_id}")
+        page.get_by_role("navigation", name="Console").get_by_role("link", name="Services").click()
+        page.wait_for_url("**/ui/services")
+        row = page.locator(f'#services tr[data-service-id="{service_id}"]')
+        expect(row.locator("td.state .badge")).to_have_text("stopped")
+        screenshot(page, "services")
+        row.get_by_role("link", name="smol").click()
+        page.wait_for_url(f"**/ui/services/{service_id}")
+
+        # The page of a stopped service: its state, its replica, its specification.
+        expect(page.get_by_role("heading", level=1)).to_have_text("smol")
+        expect(page.locator("#state .badge")).to_have_text("stopped")
+        replica = page.locator('#replicas tr[data-replica="0"]')
+        expect(replica.locator("td.state .badge")).to_have_text("stopped")
+        expect(replica.locator("td.node")).to_have_text("local")
+        expect(page.locator("#spec")).to_contain_text("llama_cpp")
+        expect(page.locator("#spec")).to_contain_text("on local: 0.5 CPU, 1 GiB")
+        raw = json.loads(page.locator("#spec-json").text_content())
+        assert raw["alias"] == "smol" and raw["placements"][0]["node_id"] == "local"
+        expect(page.locator('#events tr[data-kind="service.created"]')).to_have_count(1)
+        expect(page.get_by_role("button", name="Follow live")).to_be_disabled()
+        expect(page.locator("#log-status")).to_contain_text("has not been started yet")
+
+        # A rollout preview that does not fit says why, inline, and cannot be rolled out.
+        spec = json.loads(page.get_by_label("Next specification (JSON)").input_value())
+        spec["placements"][0]["limits"]["memory_bytes"] = PIB
+        page.get_by_label("Next specification (JSON)").fill(json.dumps(spec, indent=2))
+        page.get_by_role("button", name="Preview").click()
+        expect(page.locator("#rollout-verdict")).to_have_text("The next generation does not fit.")
+        refused = page.locator("#rollout-result tr.refused").first
+        expect(refused.locator("td.fit")).to_have_text("does not fit")
+        expect(refused.locator("td.reasons")).to_contain_text("insufficient_memory")
+        expect(page.get_by_role("button", name="Roll out")).to_be_disabled()
+        page.get_by_role("button", name="Reset to the current specification").click()
+        expect(page.locator("#rollout-result")).to_be_empty()
+
+        # Started from the page, after a confirmation: ready live, no reload.
+        page.evaluate("window.__sameDocument = true")
+        page.get_by_role("button", name="Start", exact=True).click()
+        _confirm(page, "Start smol", "Each replica is launched on its node")
+        expect(page.locator("#action-status")).to_have_text("smol is starting.")
+        expect(page.locator("#state .badge")).to_have_text("ready", timeout=READY_MS)
+        expect(replica.locator("td.state .badge")).to_have_text("ready")
+        expect(replica.locator("td.health")).to_have_text("200")
+        expect(replica.locator("td.pid")).to_have_text(re.compile(r"^\d+$"))
+        assert page.evaluate("window.__sameDocument") is True
+        # The events list shows the start.
+        start = page.locator('#events tr[data-kind="service.desired"]')
+        expect(start).to_have_count(1)
+        expect(start).to_contain_text("start")
+        expect(page.locator('#events tr[data-kind="service.state"]').first).to_contain_text("ready")
+
+        # Move: the only node is the replica's own, so there is nowhere it fits.
+        page.get_by_role("button", name="Move replica 0…").click()
+        expect(page.locator("#move-note")).to_have_text("No other connected node than local.")
+        expect(page.get_by_role("button", name="Move", exact=True)).to_be_disabled()
+        page.locator("#move-cancel").click()
+
+        # The replica's log, followed live.
+        page.get_by_label("Replica", exact=True).select_option("0")
+        page.get_by_role("button", name="Follow live").click()
+        expect(page.locator("#log-status")).to_have_text("Following replica 0's log live.")
+        log = page.get_by_label("Engine log")
+        expect(log).to_contain_text("ficc-llama-server: listening on")
+
+        # A request to the service: its usage appears in the charts' totals.
+        _chat(url, invoke_token, service_id)
+        expect(page.locator("#usage-totals")).to_contain_text(
+            "1 requests (0 errors)", timeout=30_000
+        )
+        expect(page.locator("#chart-requests svg")).to_have_attribute(
+            "aria-label", re.compile(r"requests 1")
+        )
+        assert _fits_width(page)
+        screenshot(page, "service")
+
+        # Stopped from the page: the engine's own words as it stops arrive live, then
+        # the stream ends with the attempt.
+        page.get_by_role("button", name="Stop", exact=True).click()
+        _confirm(page, "Stop smol", "those in flight end with the engines")
+        expect(log).to_contain_text("received SIGTERM, stopping")
+        expect(page.locator("#log-status")).to_have_text(
+            "Replica 0's attempt ended; its log is complete."
+        )
+        expect(page.locator("#state .badge")).to_have_text("stopped", timeout=60_000)
+        expect(page.locator('#events tr[data-kind="service.desired"]')).to_have_count(2)
+
+        # At phone width nothing overflows the page.
+        page.set_viewport_size({"width": 390, "height": 844})
+        expect(page.locator("#state .badge")).to_have_text("stopped")
+        assert _fits_width(page)
+        screenshot(page, "service-phone")
+        watch.check()
+
+
+async def test_a_service_page_starts_follows_logs_stops_and_previews_a_rollout(tmp_path):
+    chromium_or_skip()
+    with trio.fail_after(600):
+        async with open_inference_controller(tmp_path, console_refresh=0.5) as controller:
+            await controller.ok(
+                "POST",
+                "/api/v1/users",
+                status=201,
+                json={
+                    "username": ALICE[0],
+                    "password": ALICE[1],
+                    "projects": {"default": MEMBER_SCOPES},
+                },
+            )
+            model_id = await register_smollm2(controller)
+            spec = await llama_spec(controller, model_id, alias="smol", cpus=0.5)
+            created = await controller.ok("POST", "/api/v1/inference", status=201, json=spec)
+            # A service-bound invoke token, as a client of the service holds.
+            issued = await controller.ok(
+                "POST",
+                f"/api/v1/inference/{created['id']}/tokens",
+                status=201,
+                json={"lifetime": 600},
+            )
+            await trio.to_thread.run_sync(
+                _service_page,
+                controller.url,
+                created["id"],
+                issued["token"],
+                abandon_on_cancel=True,
+            )
