@@ -77,7 +77,7 @@ def _chat(url: str, token: str, service_id: str) -> None:
         assert answer.status_code == 200, answer.text
 
 
-def _service_page(url: str, service_id: str, invoke_token: str) -> None:
+def _service_page(url: str, service_id: str, invoke_token: str, operator_token: str) -> None:
     from playwright.sync_api import expect
 
     with chromium(chromium_or_skip()) as browser:
@@ -178,7 +178,51 @@ def _service_page(url: str, service_id: str, invoke_token: str) -> None:
         expect(page.locator("#state .badge")).to_have_text("stopped")
         assert _fits_width(page)
         screenshot(page, "service-phone")
+        page.set_viewport_size({"width": 1280, "height": 900})
+
+        # Another client changes the service while this page still shows what it read
+        # (its reads of the service answered from that, as if they had not come yet):
+        # the page's start names the revision it read and is refused, with a reload.
+        _stale_start(page, watch, url, service_id, operator_token)
         watch.check()
+
+
+def _stale_start(page, watch, url: str, service_id: str, token: str) -> None:
+    from playwright.sync_api import expect
+
+    path = f"/api/v1/inference/{service_id}"
+    with httpx.Client(base_url=url, headers=bearer(token), timeout=30) as http:
+        read = http.get(path)
+        revision = read.json()["revision"]
+        expect(page.locator("#revision")).to_contain_text(f"revision {revision},")
+        page.route(
+            re.compile(re.escape(path) + "$"),
+            lambda route: route.fulfill(
+                status=200, content_type="application/json", body=read.text
+            ),
+        )
+        for action in ("start", "stop"):
+            # The reconciler moves the revision on as the replica launches: read again
+            # until the action names the current one.
+            for _ in range(50):
+                current = http.get(path).json()["revision"]
+                changed = http.post(f"{path}/control/{action}", json={"revision": current})
+                if changed.status_code != 409:
+                    break
+            assert changed.status_code == 200, changed.text
+    page.get_by_role("button", name="Start", exact=True).click()
+    with watch.provoking(409, re.escape(path) + "/control/start$"):
+        _confirm(page, "Start smol", "Each replica is launched on its node")
+        problem = page.locator("#action-problem")
+        expect(problem).to_contain_text(
+            f"The service changed since this page read it (revision {revision} read"
+        )
+    page.unroute(re.compile(re.escape(path) + "$"))
+    problem.get_by_role("button", name="Reload the service").click()
+    expect(problem).to_be_hidden()
+    expect(page.locator("#action-status")).to_have_text(re.compile(r"^Reloaded: revision \d+\.$"))
+    assert f"revision {revision}," not in page.locator("#revision").text_content()
+    expect(page.locator("#state .badge")).to_have_text("stopped", timeout=60_000)
 
 
 async def test_a_service_page_starts_follows_logs_stops_and_previews_a_rollout(tmp_path):
@@ -210,5 +254,6 @@ async def test_a_service_page_starts_follows_logs_stops_and_previews_a_rollout(t
                 controller.url,
                 created["id"],
                 issued["token"],
+                controller.token,
                 abandon_on_cancel=True,
             )

@@ -49,7 +49,8 @@ export function lineChart(container, { title, times, series, format = (v) => num
   for (const fraction of [0, 0.5, 1]) {
     const at = y(top * fraction);
     chart.append(svg("line", { x1: PAD.left, x2: WIDTH - PAD.right, y1: at, y2: at, class: "grid" }));
-    chart.append(svg("text", { x: PAD.left - 4, y: at + 4, class: "axis", "text-anchor": "end" }, format(top * fraction)));
+    const tick = top * fraction;
+    chart.append(svg("text", { x: PAD.left - 4, y: at + 4, class: "axis", "text-anchor": "end" }, number(tick, tick < 10 ? 2 : 0)));
   }
   if (times.length) {
     chart.append(svg("text", { x: PAD.left, y: HEIGHT - 6, class: "axis" }, clock(times[0])));

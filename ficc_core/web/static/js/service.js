@@ -29,6 +29,7 @@ let usageAt = 0;
 let specShown = null; // the spec the rollout editor was filled from
 let stream = null; // the EventSource of the log followed
 let previewed = null; // the spec text of the last preview that fits beside the serving one
+let modelNames = new Map(); // the project's models' names, read once
 
 const has = (scope) => principal.scopes.includes(scope);
 
@@ -416,10 +417,11 @@ async function readUsage() {
     (latency ? `, time to first token p50 ${number(latency.p50, 3)} s, p99 ${number(latency.p99, 3)} s` : "") +
     ` in the ${$("usage-window").selectedOptions[0].textContent.toLowerCase()}.`;
   const pick = (f) => parts.map((p) => f(p.totals));
+  const ends = buckets.map((since) => since + width); // each point says its bucket's end
   const ttfb = (q) => (x) => (x.latency && x.latency.ttfb ? x.latency.ttfb[q] : null);
   lineChart($("chart-requests"), {
     title: "Requests",
-    times: buckets,
+    times: ends,
     series: [
       { name: "requests", values: pick((x) => x.requests), class: "s1" },
       { name: "errors", values: pick((x) => x.errors), class: "s3" },
@@ -428,7 +430,7 @@ async function readUsage() {
   });
   lineChart($("chart-tokens"), {
     title: "Tokens",
-    times: buckets,
+    times: ends,
     series: [
       { name: "prompt", values: pick((x) => x.prompt_tokens), class: "s1" },
       { name: "completion", values: pick((x) => x.completion_tokens), class: "s2" },
@@ -437,7 +439,7 @@ async function readUsage() {
   });
   lineChart($("chart-latency"), {
     title: "Time to first token",
-    times: buckets,
+    times: ends,
     series: [
       { name: "p50", values: pick(ttfb("p50")), class: "s1" },
       { name: "p99", values: pick(ttfb("p99")), class: "s3" },
@@ -453,7 +455,7 @@ function specEntries(spec) {
   const runtime = spec.runtime || {};
   const entries = [
     ["Alias", spec.alias],
-    ["Model", spec.model_id],
+    ["Model", modelNames.has(spec.model_id) ? `${modelNames.get(spec.model_id)} (${spec.model_id})` : spec.model_id],
     ["Engine", spec.engine],
     ["Runtime", `${runtime.executor_provider} · isolation ${runtime.isolation} · network ${runtime.network}`],
     ["Executable", spec.image_executable],
@@ -661,6 +663,14 @@ async function start() {
   if (!has("inference:read")) {
     showProblem("This session lacks the inference:read scope that reading a service needs.");
     return;
+  }
+  if (has("models:read")) {
+    try {
+      modelNames = new Map((await api("GET", "/api/v1/models")).models.map((m) => [m.id, m.name]));
+    } catch (error) {
+      if (sessionEnded(error)) return leave();
+      // Without the names the specification shows the model's ID.
+    }
   }
   poller.start();
 }
