@@ -84,9 +84,23 @@ def _service_page(url: str, service_id: str, invoke_token: str, operator_token: 
         page, watch = _page(browser, url)
         _log_in(page, *ALICE, "default")
 
-        # The dashboard's service name links to its page; so does the services list.
+        # The dashboard's service name links to its page.
         dashboard_link = page.locator(f'#services tr[data-service-id="{service_id}"] a')
         expect(dashboard_link).to_have_attribute("href", f"/ui/services/{service_id}")
+        # The dashboard goes on polling in its tab (leaving it would abort what it has
+        # in flight); the service pages open in another tab of the same session.
+        dashboard, dashboard_watch = page, watch
+        page = dashboard.context.new_page()
+        page.set_default_timeout(STEP_MS)
+        watch = PageWatch(page)
+
+        # A service this project does not have: said on its page.
+        with watch.provoking(404, r"/api/v1/inference/svc_unknown(/status)?$"):
+            page.goto("/ui/services/svc_unknown")
+            expect(page.get_by_role("alert").first).to_have_text(
+                "No such service in this project: it was removed, or it is another project's."
+            )
+        # The services list, from the navigation, links each service to its page.
         page.get_by_role("navigation", name="Console").get_by_role("link", name="Services").click()
         page.wait_for_url("**/ui/services")
         row = page.locator(f'#services tr[data-service-id="{service_id}"]')
@@ -121,6 +135,16 @@ def _service_page(url: str, service_id: str, invoke_token: str, operator_token: 
         expect(page.get_by_role("button", name="Roll out")).to_be_disabled()
         page.get_by_role("button", name="Reset to the current specification").click()
         expect(page.locator("#rollout-result")).to_be_empty()
+
+        # By keyboard: Enter on Start asks; Escape answers no, and nothing is sent.
+        page.get_by_role("button", name="Start", exact=True).focus()
+        page.keyboard.press("Enter")
+        expect(page.get_by_role("dialog")).to_be_visible()
+        expect(page.get_by_role("dialog").get_by_role("button", name="Cancel")).to_be_focused()
+        page.keyboard.press("Escape")
+        expect(page.get_by_role("dialog")).to_be_hidden()
+        expect(page.locator("#action-status")).to_have_text("")
+        expect(page.locator("#state .badge")).to_have_text("stopped")
 
         # Started from the page, after a confirmation: ready live, no reload.
         page.evaluate("window.__sameDocument = true")
@@ -185,6 +209,7 @@ def _service_page(url: str, service_id: str, invoke_token: str, operator_token: 
         # the page's start names the revision it read and is refused, with a reload.
         _stale_start(page, watch, url, service_id, operator_token)
         watch.check()
+        dashboard_watch.check()
 
 
 def _stale_start(page, watch, url: str, service_id: str, token: str) -> None:

@@ -6,7 +6,7 @@
 import { api, ApiError, leave, sessionEnded } from "./api.js";
 import { lineChart } from "./charts.js";
 import { badge, bytes, clock, el, number, stamp } from "./format.js";
-import { Poller, REFRESH_MS, allAnswered, fillTable, header } from "./service_common.js";
+import { Poller, REFRESH_MS, allAnswered, fillTable, guardLinks, header } from "./service_common.js";
 
 const SERVICE_ID = decodeURIComponent(window.location.pathname.split("/").pop());
 const BASE = `/api/v1/inference/${encodeURIComponent(SERVICE_ID)}`;
@@ -616,11 +616,13 @@ async function refresh() {
 
 async function start() {
   poller = new Poller(refresh);
+  const beforeLeave = async () => {
+    closeStream();
+    await poller.stop();
+  };
+  guardLinks(beforeLeave);
   try {
-    principal = await header(async () => {
-      closeStream();
-      await poller.stop();
-    });
+    principal = await header(beforeLeave);
   } catch (error) {
     showProblem(`Could not load the service: ${error.message}`);
     return;

@@ -107,3 +107,18 @@ export async function header(beforeLeave) {
   });
   return principal;
 }
+
+// A click on a link to another console page first lets `beforeLeave` stop the page's
+// own requests and streams (a navigation would abort those in flight), then goes.
+export function guardLinks(beforeLeave) {
+  document.addEventListener("click", async (event) => {
+    const link = event.target.closest("a[href]");
+    if (!link || event.defaultPrevented || event.button !== 0) return;
+    if (event.metaKey || event.ctrlKey || event.shiftKey || event.altKey || link.target) return;
+    const url = new URL(link.href, window.location.href);
+    if (url.origin !== window.location.origin || (url.pathname === window.location.pathname && url.hash)) return;
+    event.preventDefault();
+    await beforeLeave();
+    window.location.assign(url.href);
+  });
+}

@@ -3,7 +3,7 @@
 
 import { api, leave, sessionEnded } from "./api.js";
 import { clock } from "./format.js";
-import { Poller, REFRESH_MS, allAnswered, fillTable, header } from "./service_common.js";
+import { Poller, REFRESH_MS, allAnswered, fillTable, guardLinks, header } from "./service_common.js";
 import { serviceLink, serviceRow } from "./tables.js";
 
 const problem = document.getElementById("problem");
@@ -41,6 +41,7 @@ async function refresh() {
 
 async function start() {
   poller = new Poller(refresh);
+  guardLinks(() => poller.stop());
   try {
     principal = await header(() => poller.stop());
   } catch (error) {
