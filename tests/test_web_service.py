@@ -282,3 +282,69 @@ async def test_a_service_page_starts_follows_logs_stops_and_previews_a_rollout(t
                 controller.token,
                 abandon_on_cancel=True,
             )
+
+
+def _pin_and_unpin(url: str, service_id: str) -> None:
+    from playwright.sync_api import expect
+
+    with chromium(chromium_or_skip()) as browser:
+        page, watch = _page(browser, url, width=390, height=844)
+        _log_in(page, *ALICE, "default")
+        dashboard, dashboard_watch = page, watch
+        page = dashboard.context.new_page()
+        page.set_default_timeout(STEP_MS)
+        watch = PageWatch(page)
+        page.goto(f"/ui/services/{service_id}")
+        expect(page.locator("#revision")).to_contain_text("scaling 0 running, min 0, max 1")
+        pin = page.get_by_role("button", name="Pin", exact=True)
+        unpin = page.get_by_role("button", name="Unpin", exact=True)
+        expect(unpin).to_be_hidden()
+
+        # Started from the page, an on-demand service waits idle for its first request.
+        page.get_by_role("button", name="Start", exact=True).click()
+        _confirm(page, "Start on-demand", "Each replica is launched on its node")
+        expect(page.locator("#state .badge")).to_have_text("idle")
+        # Pinned, it wakes at once and is never scaled to zero.
+        pin.click()
+        _confirm(page, "Pin on-demand", "It is never scaled to zero while pinned")
+        expect(page.locator("#action-status")).to_have_text("on-demand is pinned.")
+        expect(page.locator("#revision")).to_contain_text("pinned")
+        expect(pin).to_be_hidden()
+        expect(page.locator("#state .badge")).to_have_text("ready", timeout=READY_MS)
+        unpin.click()
+        _confirm(page, "Unpin on-demand", "It may be scaled to zero again")
+        expect(page.locator("#action-status")).to_have_text("on-demand is no longer pinned.")
+        expect(pin).to_be_visible()
+        expect(page.locator("#revision")).not_to_contain_text("pinned")
+        assert _fits_width(page)
+
+        # Drained from the page: it stops once nothing is in flight.
+        page.get_by_role("button", name="Drain", exact=True).click()
+        _confirm(page, "Drain on-demand", "New requests are refused at once")
+        expect(page.locator("#state .badge")).to_have_text("stopped", timeout=60_000)
+        expect(page.locator('#events tr[data-kind="service.desired"]')).to_contain_text(["drain"])
+        watch.check()
+        dashboard_watch.check()
+
+
+async def test_a_scaled_service_is_pinned_unpinned_and_drained_from_its_page(tmp_path):
+    chromium_or_skip()
+    with trio.fail_after(600):
+        async with open_inference_controller(tmp_path, console_refresh=0.5) as controller:
+            await controller.ok(
+                "POST",
+                "/api/v1/users",
+                status=201,
+                json={
+                    "username": ALICE[0],
+                    "password": ALICE[1],
+                    "projects": {"default": MEMBER_SCOPES},
+                },
+            )
+            model_id = await register_smollm2(controller)
+            spec = await llama_spec(controller, model_id, alias="on-demand", cpus=0.5)
+            spec["scaling"] = {"min": 0, "max": 1}
+            created = await controller.ok("POST", "/api/v1/inference", status=201, json=spec)
+            await trio.to_thread.run_sync(
+                _pin_and_unpin, controller.url, created["id"], abandon_on_cancel=True
+            )
