@@ -30,6 +30,7 @@ ALICE = ("alice", "alice-password-1")  # a member of project default
 MEMBER_SCOPES = sorted(set(ALL_SCOPES) - {"admin"})
 #: How long a SmolLM2 replica may take from start to ready.
 READY_MS = 120_000
+GIB = 1024**3
 PIB = 1024**5
 
 
@@ -311,6 +312,7 @@ def _pin_and_unpin(url: str, service_id: str) -> None:
         expect(page.locator("#revision")).to_contain_text("pinned")
         expect(pin).to_be_hidden()
         expect(page.locator("#state .badge")).to_have_text("ready", timeout=READY_MS)
+        _move_to_a_node_that_fits(page)
         unpin.click()
         _confirm(page, "Unpin on-demand", "It may be scaled to zero again")
         expect(page.locator("#action-status")).to_have_text("on-demand is no longer pinned.")
@@ -325,6 +327,64 @@ def _pin_and_unpin(url: str, service_id: str) -> None:
         expect(page.locator('#events tr[data-kind="service.desired"]')).to_contain_text(["drain"])
         watch.check()
         dashboard_watch.check()
+
+
+def _plan(node_id: str, reasons: list[dict[str, str]]) -> dict:
+    replica = {
+        "index": 0,
+        "node_id": node_id,
+        "held": True,
+        "fits": not reasons,
+        "reservation": {"cpus": 0.5, "memory_bytes": GIB, "disk_bytes": 0, "gpus": []},
+        "reasons": reasons,
+    }
+    return {"fits": not reasons, "plan_digest": "sha256:0", "replicas": [replica], "nodes": []}
+
+
+def _move_to_a_node_that_fits(page) -> None:
+    """Move lists the nodes the replica fits on, as the server's previews say. This machine
+    has one node, so two more (one with room, one without) and their previews and the
+    move's answer are made up here, for this page only; the page's code is the real one."""
+    from playwright.sync_api import expect
+
+    def contributors(route) -> None:
+        answer = route.fetch()
+        nodes = answer.json()
+        for node_id in ("gpu-2", "busy-3"):
+            nodes["contributors"].append({"id": node_id, "name": node_id, "state": "connected"})
+        route.fulfill(response=answer, json=nodes)
+
+    def preview(route) -> None:
+        node_id = route.request.post_data_json["spec"]["placements"][0]["node_id"]
+        full = [{"code": "insufficient_memory", "message": "busy-3 has 0 B of memory free"}]
+        plan = _plan(node_id, full if node_id == "busy-3" else [])
+        route.fulfill(json={**plan, "spec": {}, "beside_serving": plan})
+
+    moved = []
+
+    def move(route) -> None:
+        moved.append(route.request.post_data_json)
+        route.fulfill(
+            json={"final_state": "moved", "from_node": "local", "to_node": "gpu-2", "steps": []}
+        )
+
+    page.route(re.compile(r"/api/v1/contributors$"), contributors)
+    page.route(re.compile(r"/rollout/preview$"), preview)
+    page.route(re.compile(r"/replicas/0/move$"), move)
+    page.get_by_role("button", name="Move replica 0…").click()
+    note = page.locator("#move-note")
+    expect(note).to_contain_text("It fits on 1 of 2 other node(s).")
+    expect(note).to_contain_text("busy-3: busy-3 has 0 B of memory free")
+    target = page.get_by_label("Target node")
+    expect(target.locator("option")).to_have_text(["gpu-2"])
+    expect(target).to_be_focused()
+    page.get_by_role("button", name="Move", exact=True).click()
+    _confirm(page, "Move replica 0", "from local to gpu-2")
+    expect(page.locator("#action-status")).to_have_text("Replica 0: moved (local → gpu-2).")
+    expect(page.locator("#move-form")).to_be_hidden()
+    [body] = moved
+    assert body["target_node_id"] == "gpu-2" and isinstance(body["revision"], int)
+    page.unroute_all()
 
 
 async def test_a_scaled_service_is_pinned_unpinned_and_drained_from_its_page(tmp_path):
