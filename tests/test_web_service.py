@@ -54,7 +54,7 @@ def _fits_width(page) -> bool:
     return page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
 
 
-def _confirm(page, title: str, says: str) -> None:
+def _confirm(page, title: str, says: str, button: str | None = None) -> None:
     """The confirmation dialog asks first; Confirm (its action's name) goes ahead."""
     from playwright.sync_api import expect
 
@@ -64,7 +64,7 @@ def _confirm(page, title: str, says: str) -> None:
     expect(dialog).to_contain_text(says)
     # The focus starts on Cancel: Enter never confirms by accident.
     expect(dialog.get_by_role("button", name="Cancel")).to_be_focused()
-    dialog.get_by_role("button", name=title.split()[0], exact=True).click()
+    dialog.get_by_role("button", name=button or title.split()[0], exact=True).click()
     expect(dialog).to_be_hidden()
 
 
@@ -187,8 +187,45 @@ def _service_page(url: str, service_id: str, invoke_token: str, operator_token: 
         assert _fits_width(page)
         screenshot(page, "service")
 
-        # Stopped from the page: the engine's own words as it stops arrive live, then
-        # the stream ends with the attempt.
+        # A rollout that fits (one request at a time instead of two): previewed, rolled
+        # out after a confirmation; the next generation takes over, and the followed
+        # attempt, rolled out, ends its log.
+        editor = page.get_by_label("Next specification (JSON)")
+        spec = json.loads(editor.input_value())
+        spec["concurrency"] = 1
+        editor.fill(json.dumps(spec, indent=2))
+        page.get_by_role("button", name="Preview").click()
+        expect(page.locator("#rollout-verdict")).to_have_text(
+            "The next generation fits beside the serving one: it can be rolled out."
+        )
+        expect(page.locator("#rollout-result tr.fits").first.locator("td.fit")).to_have_text("fits")
+        page.get_by_role("button", name="Roll out").click()
+        _confirm(page, "Roll out smol", "once every replica is ready", "Roll out")
+        expect(page.locator("#action-status")).to_have_text("Rollout to generation 2 started.")
+        expect(page.locator("#revision")).to_contain_text("generation 2", timeout=READY_MS)
+        expect(page.locator("#spec")).to_contain_text("1 requests per replica")
+        expect(page.locator("#state .badge")).to_have_text("ready")
+        expect(log).to_contain_text("received SIGTERM, stopping")
+        expect(page.locator("#log-status")).to_have_text(
+            "Replica 0's attempt ended; its log is complete."
+        )
+        expect(page.locator('#events tr[data-kind="service.rollout"]').first).to_be_visible()
+
+        # Restarted from the page: the answer comes once the replacement is ready.
+        page.get_by_role("button", name="Restart", exact=True).click()
+        _confirm(page, "Restart smol", "one at a time")
+        expect(page.locator("#action-status")).to_have_text(
+            "smol restarted: replica 0 ready again.", timeout=READY_MS
+        )
+        expect(replica.locator("td").nth(2)).to_contain_text("(generation 2)")
+        expect(replica.locator("td").nth(4)).to_have_text("1")  # restarts
+
+        # Stopped from the page while the new attempt's log is followed: the engine's
+        # own words as it stops arrive live, then the stream ends with the attempt.
+        page.get_by_role("button", name="Follow live").click()
+        expect(page.locator("#log-status")).to_have_text("Following replica 0's log live.")
+        expect(log).to_contain_text("ficc-llama-server: listening on")
+        expect(log).not_to_contain_text("received SIGTERM")
         page.get_by_role("button", name="Stop", exact=True).click()
         _confirm(page, "Stop smol", "those in flight end with the engines")
         expect(log).to_contain_text("received SIGTERM, stopping")
@@ -197,6 +234,7 @@ def _service_page(url: str, service_id: str, invoke_token: str, operator_token: 
         )
         expect(page.locator("#state .badge")).to_have_text("stopped", timeout=60_000)
         expect(page.locator('#events tr[data-kind="service.desired"]')).to_have_count(2)
+        expect(page.locator('#events tr[data-kind="replica.restarted"]').first).to_be_visible()
 
         # At phone width nothing overflows the page.
         page.set_viewport_size({"width": 390, "height": 844})
