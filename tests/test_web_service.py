@@ -22,7 +22,7 @@ from ficc_core.auth import ALL_SCOPES
 
 from .conftest import bearer
 from .inference_support import llama_spec, open_inference_controller, register_smollm2
-from .web_support import STEP_MS, PageWatch, chromium, chromium_or_skip, screenshot
+from .web_support import STEP_MS, PageWatch, chromium, chromium_or_skip, screenshot, tolerating
 
 pytestmark = pytest.mark.slow
 
@@ -66,6 +66,29 @@ def _confirm(page, title: str, says: str, button: str | None = None) -> None:
     expect(dialog.get_by_role("button", name="Cancel")).to_be_focused()
     dialog.get_by_role("button", name=button or title.split()[0], exact=True).click()
     expect(dialog).to_be_hidden()
+
+
+def _act(page, watch, button: str, title: str, says: str, done: str, timeout: int = STEP_MS):
+    """Press ``button``, confirm, and wait for the page to say ``done``. While the
+    reconciler moves the service on (a cut-over, a replacement), the page's revision may
+    be a step behind: the page says so and offers a reload, which the test takes, as a
+    person would, before trying again."""
+    from playwright.sync_api import expect
+
+    status = page.locator("#action-status")
+    problem = page.locator("#action-problem")
+    with tolerating(watch, 409, r"/api/v1/inference/"):
+        for _ in range(5):
+            page.get_by_role("button", name=button, exact=True).click()
+            _confirm(page, title, says, button)
+            expect(status.filter(has_text=done).or_(problem).first).to_be_visible(timeout=timeout)
+            if not problem.is_visible():
+                expect(status).to_have_text(done)
+                return
+            expect(problem).to_contain_text("The service changed since this page read it")
+            problem.get_by_role("button", name="Reload the service").click()
+            expect(problem).to_be_hidden()
+    raise AssertionError(f"{button}: the page's revision never caught up")
 
 
 def _chat(url: str, token: str, service_id: str) -> None:
@@ -199,9 +222,14 @@ def _service_page(url: str, service_id: str, invoke_token: str, operator_token: 
             "The next generation fits beside the serving one: it can be rolled out."
         )
         expect(page.locator("#rollout-result tr.fits").first.locator("td.fit")).to_have_text("fits")
-        page.get_by_role("button", name="Roll out").click()
-        _confirm(page, "Roll out smol", "once every replica is ready", "Roll out")
-        expect(page.locator("#action-status")).to_have_text("Rollout to generation 2 started.")
+        _act(
+            page,
+            watch,
+            "Roll out",
+            "Roll out smol",
+            "once every replica is ready",
+            "Rollout to generation 2 started.",
+        )
         expect(page.locator("#revision")).to_contain_text("generation 2", timeout=READY_MS)
         expect(page.locator("#spec")).to_contain_text("1 requests per replica")
         expect(page.locator("#state .badge")).to_have_text("ready")
@@ -212,10 +240,14 @@ def _service_page(url: str, service_id: str, invoke_token: str, operator_token: 
         expect(page.locator('#events tr[data-kind="service.rollout"]').first).to_be_visible()
 
         # Restarted from the page: the answer comes once the replacement is ready.
-        page.get_by_role("button", name="Restart", exact=True).click()
-        _confirm(page, "Restart smol", "one at a time")
-        expect(page.locator("#action-status")).to_have_text(
-            "smol restarted: replica 0 ready again.", timeout=READY_MS
+        _act(
+            page,
+            watch,
+            "Restart",
+            "Restart smol",
+            "one at a time",
+            "smol restarted: replica 0 ready again.",
+            timeout=READY_MS,
         )
         expect(replica.locator("td").nth(2)).to_contain_text("(generation 2)")
         expect(replica.locator("td").nth(4)).to_have_text("1")  # restarts
@@ -226,8 +258,9 @@ def _service_page(url: str, service_id: str, invoke_token: str, operator_token: 
         expect(page.locator("#log-status")).to_have_text("Following replica 0's log live.")
         expect(log).to_contain_text("ficc-llama-server: listening on")
         expect(log).not_to_contain_text("received SIGTERM")
-        page.get_by_role("button", name="Stop", exact=True).click()
-        _confirm(page, "Stop smol", "those in flight end with the engines")
+        _act(
+            page, watch, "Stop", "Stop smol", "in flight end with the engines", "smol is stopping."
+        )
         expect(log).to_contain_text("received SIGTERM, stopping")
         expect(page.locator("#log-status")).to_have_text(
             "Replica 0's attempt ended; its log is complete."
@@ -344,23 +377,25 @@ def _pin_and_unpin(url: str, service_id: str) -> None:
         _confirm(page, "Start on-demand", "Each replica is launched on its node")
         expect(page.locator("#state .badge")).to_have_text("idle")
         # Pinned, it wakes at once and is never scaled to zero.
-        pin.click()
-        _confirm(page, "Pin on-demand", "It is never scaled to zero while pinned")
-        expect(page.locator("#action-status")).to_have_text("on-demand is pinned.")
+        _act(page, watch, "Pin", "Pin on-demand", "never scaled to zero", "on-demand is pinned.")
         expect(page.locator("#revision")).to_contain_text("pinned")
         expect(pin).to_be_hidden()
         expect(page.locator("#state .badge")).to_have_text("ready", timeout=READY_MS)
         _move_to_a_node_that_fits(page)
-        unpin.click()
-        _confirm(page, "Unpin on-demand", "It may be scaled to zero again")
-        expect(page.locator("#action-status")).to_have_text("on-demand is no longer pinned.")
+        _act(
+            page,
+            watch,
+            "Unpin",
+            "Unpin on-demand",
+            "It may be scaled to zero again",
+            "on-demand is no longer pinned.",
+        )
         expect(pin).to_be_visible()
         expect(page.locator("#revision")).not_to_contain_text("pinned")
         assert _fits_width(page)
 
         # Drained from the page: it stops once nothing is in flight.
-        page.get_by_role("button", name="Drain", exact=True).click()
-        _confirm(page, "Drain on-demand", "New requests are refused at once")
+        _act(page, watch, "Drain", "Drain on-demand", "refused at once", "on-demand is draining.")
         expect(page.locator("#state .badge")).to_have_text("stopped", timeout=60_000)
         expect(page.locator('#events tr[data-kind="service.desired"]')).to_contain_text(["drain"])
         watch.check()
