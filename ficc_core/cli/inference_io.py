@@ -178,7 +178,7 @@ def echo_service(view: Mapping[str, Any]) -> None:
     if options:
         lines.append(f"options:      {', '.join(options)}")
     lines.append(f"plan digest:  {view['plan_digest'] or '-'}")
-    if view.get("reason"):
+    if view.get("reason") and view["state"] != "idle":  # an idle one's: its scaling lines
         lines.append(f"reason:       {view['reason']}")
     if view.get("unknown_attempts"):
         lines.append(
