@@ -181,7 +181,10 @@ def pin(
     limit = seconds(timeout, "--timeout")  # refuse a bad --timeout before changing anything
     client, view = _pin(ctx, service_id, "pin", revision)
     if wait:
-        view = _wait(client, view["id"], "ready", timeout=limit, interval=interval) or view
+        view = (
+            _wait(client, view["id"], "ready", timeout=limit, interval=interval, idle_rests=False)
+            or view
+        )
     _echo_pinned(view, "pinned", as_json)
 
 
