@@ -467,6 +467,20 @@ ROUTES: dict[str, Route] = {
         needs(*_START),
         "`{revision}`: replica n drains, stops and starts again → `{restarted, replicas[]}`",
     ),
+    "inference_pin": Route(
+        "POST",
+        "/api/v1/inference/{id}/pin",
+        needs(*_START),
+        "`{revision?}`: a scaled service is never scaled to zero (an idle one wakes now) → "
+        "the service; 422 `not_scaled` without `scaling` "
+        "([scaling](inference.md#scaling-and-on-demand-services))",
+    ),
+    "inference_unpin": Route(
+        "POST",
+        "/api/v1/inference/{id}/unpin",
+        needs(*_START),
+        "`{revision?}`: it may be scaled to zero again after its idle timeout → the service",
+    ),
     "inference_rollout": Route(
         "POST",
         "/api/v1/inference/{id}/rollout",

@@ -27,6 +27,7 @@ from . import (
     routes_models,
     routes_operations,
     routes_people,
+    routes_scaling,
     routes_system,
     routes_tokens,
     routes_usage,
@@ -117,6 +118,7 @@ def create_app(service: Service) -> QuartTrio:
     routes_contributors.register(app, service)
     routes_inference.register(app, service)
     routes_operations.register(app, service)
+    routes_scaling.register(app, service)
     routes_events.register(app, service)
     routes_logs.register(app, service)
     routes_invoke.register(app, service)

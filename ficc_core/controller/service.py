@@ -22,6 +22,7 @@ from ..contributors import NodeRegistry
 from ..events import EventRetention
 from ..gateway import Gateway
 from ..inference import InferenceManager, LiveTable, ModelContexts, Reconciler, UsageLedger
+from ..inference.autoscaler import Autoscaler
 from ..inference.moves import Mover
 from ..inference.rollout import Restarter
 from ..metrics import Metrics
@@ -170,6 +171,7 @@ async def open_service(
             retry_max=config.replica_retry_max,
             give_up_after=config.replica_give_up_after,
             drain_timeout=config.drain_timeout,
+            activation_retry=config.activation_retry,
         )
         gateway = Gateway(
             live=live,
@@ -201,6 +203,18 @@ async def open_service(
         inference.restarter = Restarter(
             reconciler=reconciler, ready_timeout=config.replica_ready_timeout
         )
+        # Idle on-demand services wake on a request; scaled ones follow the gateway's demand.
+        autoscaler = inference.autoscaler = Autoscaler(
+            store=store,
+            reconciler=reconciler,
+            contexts=contexts,
+            live=live,
+            config=config,
+            metrics=metrics,
+        )
+        gateway.activate = autoscaler.activate
+        if hasattr(gateway, "demand"):
+            autoscaler.demand = gateway.demand
         service = Service(
             config=config,
             store=store,
@@ -226,6 +240,7 @@ async def open_service(
             await nursery.start(acquirer.run)
             await nursery.start(contributors.run)
             await nursery.start(reconciler.run)
+            await nursery.start(autoscaler.run)
             await nursery.start(usage.run)
             await nursery.start(auth.watch_revocations)
             await nursery.start(gateway.run)

@@ -7,6 +7,7 @@ it, so two submissions never both take the last GPU.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
 from ..errors import FiccError
@@ -15,6 +16,7 @@ from ..store import Transaction
 from . import repository
 from .errors import PlacementFailed
 from .placement import Plan, plan
+from .scaling import initial
 from .tiers import check_placements
 
 if TYPE_CHECKING:
@@ -83,10 +85,15 @@ def plan_in(
     generation: int = 0,
     beside_own: bool = False,
     action: str = "preview",
+    held: Collection[int] | None = None,
 ) -> Plan:
     """Plan ``specification`` (for ``generation``) in ``tx`` beside every reservation but
     the service's own, or beside its own too (``beside_own``: they stay held meanwhile,
     as a rollout's serving generation does).
+
+    ``held`` names the replicas whose reservations the plan takes; by default those a
+    scaled service starts with (:func:`~.scaling.initial`: ``min`` of them), every one
+    for any other. The rest are planned: shown with their fit, never refused.
 
     A runtime that requires a GPU placed on a node without one is refused first
     (:class:`~.tiers.TierMismatch`, naming ``action``).
@@ -104,6 +111,7 @@ def plan_in(
         model_bytes=model.size,
         model_revision=model.record.revision,
         generation=generation,
+        held=initial(specification) if held is None else held,
     )
 
 
@@ -127,6 +135,7 @@ def place(
     generation: int = 0,
     beside_own: bool = False,
     action: str = "create",
+    held: Collection[int] | None = None,
 ) -> Plan:
     """A plan that fits; refuse with :class:`~.tiers.TierMismatch` (a GPU runtime on a node
     without GPUs, naming ``action``) or :class:`PlacementFailed` otherwise."""
@@ -138,6 +147,7 @@ def place(
         generation=generation,
         beside_own=beside_own,
         action=action,
+        held=held,
     )
     if not result.fits:
         raise refuse_plan(result)
@@ -153,10 +163,13 @@ def reserve(
     *,
     generation: int,
     action: str = "replace",
+    held: Collection[int] | None = None,
 ) -> Plan:
     """Place ``specification`` and replace the service's reservations with the plan's
-    (for ``generation``, the one about to start)."""
-    result = place(tx, service_id, specification, model, generation=generation, action=action)
+    (for ``generation``, the one about to start; ``held`` as :func:`plan_in` says)."""
+    result = place(
+        tx, service_id, specification, model, generation=generation, action=action, held=held
+    )
     repository.delete_reservations(tx, service_id)
     repository.insert_reservations(tx, result.reservations, now)
     return result

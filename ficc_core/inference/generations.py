@@ -24,6 +24,7 @@ from ..events import EventKind
 from ..store import Transaction
 from . import history, repository
 from .records import AttemptRecord, RolloutRecord, ServiceRecord
+from .scaling import running_indices
 
 if TYPE_CHECKING:
     from ..schema import Specification
@@ -47,13 +48,21 @@ class Running:
             wanted[self.rollout.generation] = self.rollout.specification()
         return wanted
 
+    def wanted(self) -> dict[int, tuple[int, ...]]:
+        """Each generation still wanted, with the placements whose replicas run
+        (:func:`~.scaling.running_indices`: every one, or a scaled service's active ones)."""
+        active = self.record.active
+        return {g: running_indices(s, active) for g, s in self.specifications().items()}
+
 
 def needed_keys(running: Running, attempts: Iterable[AttemptRecord]) -> set[tuple[int, int, str]]:
     """The reservation keys the running service needs (see the module docs): each wanted
     generation's placements, and every attempt whose end is not confirmed."""
     keep: set[tuple[int, int, str]] = set()
+    wanted = running.wanted()
     for generation, specification in running.specifications().items():
-        keep |= {(generation, i, p.node_id) for i, p in enumerate(specification.placements)}
+        placements = specification.placements
+        keep |= {(generation, i, placements[i].node_id) for i in wanted[generation]}
     keep |= {(a.generation, a.replica, a.node_id) for a in attempts if not a.released}
     return keep
 
@@ -124,6 +133,11 @@ def cut_over(tx: Transaction, service_id: str, generation: int, now: float) -> b
         now,
     )
     repository.delete_rollout(tx, service_id)
+    scaled = specification.scaling is not None
+    active = running_indices(specification, record.active) if scaled else None
+    if active != record.active:
+        # The placements that ran carry over (those the next generation still has).
+        repository.set_scale(tx, service_id, active, now, decided=False, bump=False)
     after = repository.service(tx, service_id)
     assert after is not None
     rollout_event(

@@ -136,9 +136,11 @@ class LiveService:
 
     @property
     def wakes(self) -> bool:
-        """Whether a request finding no ready replica waits for an activation (instead of
-        being refused ``no_ready_replica``)."""
-        return self.admission == "serving" and self.activation in ("idle", "activating")
+        """Whether a request finding no ready replica asks for an activation and waits for
+        it (instead of being refused ``no_ready_replica``). A ``failed`` one is asked too:
+        the activation answers the recent failure's reason at once, or, once
+        ``activation_retry`` passed, tries again."""
+        return self.admission == "serving" and self.activation in ("idle", "activating", "failed")
 
     def serves(self, key: str) -> bool:
         """Whether a request in flight on the attempt ``key`` may go on (routed or retiring)."""

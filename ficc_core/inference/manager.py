@@ -20,11 +20,11 @@ import attrs
 
 from ..auth import secrets as sec
 from ..contributors import repository as contributors_repository
-from ..errors import Conflict, InvalidRequest, NotFound
+from ..errors import Conflict, FiccError, InvalidRequest, NotFound
 from ..events import Event, EventKind
 from ..schema import Specification, canonical_json
 from ..store import Store, Transaction
-from . import history, repository, rollout
+from . import history, repository, rollout, scaling
 from .admission import check_specification, place, plan_in, reserve
 from .errors import service_not_found
 from .live import LiveTable
@@ -37,6 +37,7 @@ from .records import (
     ServiceState,
     UsageSummary,
 )
+from .scaling import initial
 from .suggest import Suggestion, complete, memory_warnings
 from .transitions import (
     check_revision,
@@ -53,6 +54,7 @@ if TYPE_CHECKING:
     from ..auth.records import Credential, Revocation
     from ..gateway import Gateway
     from ..plugins import AdapterRegistry
+    from .autoscaler import Autoscaler
     from .model_context import ModelContext, ModelContexts
     from .moves import Mover
     from .rollout import Restarter
@@ -127,6 +129,8 @@ class InferenceManager:
         #: reconciler exists).
         self.mover: Mover
         self.restarter: Restarter
+        #: Wakes and scales services with ``scaling`` (set once the reconciler exists).
+        self.autoscaler: Autoscaler
 
     async def _resolved(self, project_id: str, document: Any) -> Any:
         """``document`` with its ``model_id`` a model ID (a model name is resolved)."""
@@ -266,7 +270,11 @@ class InferenceManager:
             require_released(tx, service_id, acknowledge=False)
             generation = next_generation(tx, record)
             repository.delete_rollout(tx, service_id)
-            result = reserve(tx, service_id, specification, model, now, generation=generation)
+            active = initial(specification, record.pinned)
+            result = reserve(
+                tx, service_id, specification, model, now, generation=generation, held=active
+            )
+            repository.set_scale(tx, service_id, active, now, decided=False, bump=False)
             repository.update_service(
                 tx,
                 attrs.evolve(
@@ -361,6 +369,9 @@ class InferenceManager:
             else:  # remove
                 changed = attrs.evolve(record, desired=Desired.REMOVED, state=ServiceState.REMOVING)
                 repository.update_service(tx, changed, now)
+            if action != "start" and record.active:
+                # Nothing runs once it stopped; the next start begins from ``min``.
+                repository.set_scale(tx, service_id, (), now, decided=False, bump=False)
             detail = _detail(tx, service_id)
             history.service_changed(
                 tx, record, detail.service, now, action=action, actor=principal.id
@@ -372,6 +383,34 @@ class InferenceManager:
             # The gateway acts on the answer before the reconciler's next step does.
             self.live.close(service_id, CLOSES_ADMISSION[action], detail.service.revision)
         self.notify(service_id)
+        return detail
+
+    async def pin(
+        self, principal: Principal, service_id: str, pinned: bool, revision: int | None = None
+    ) -> ServiceDetail:
+        """Pin a scaled service (never scaled to zero; an idle one wakes now) or unpin it."""
+        now = self.clock()
+
+        def write(tx: Transaction) -> ServiceDetail:
+            record = writable(tx, principal.project_id, service_id)
+            if revision is not None:
+                check_revision(record, revision)
+            if record.specification().scaling is None:
+                raise FiccError(
+                    f"service {record.alias!r} has no scaling: every placement runs while it "
+                    "runs, so there is nothing to pin",
+                    code="not_scaled",
+                    status=422,
+                    details={"service": service_id},
+                )
+            scaling.set_pin(tx, record, pinned, principal.id, now)
+            return _detail(tx, service_id)
+
+        detail = await self.store.write(write)
+        self.notify(service_id)
+        if pinned and detail.service.desired == Desired.RUNNING:
+            await self.autoscaler.look(service_id)  # an idle pinned service wakes now
+            detail = await self.get(principal.project_id, service_id)
         return detail
 
     # -- operations on a running service ------------------------------------------------------

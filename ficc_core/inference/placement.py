@@ -15,7 +15,7 @@ sentence an operator can act on.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -109,6 +109,9 @@ class ReplicaPlan:
     node_id: str
     reservation: Reservation
     reasons: tuple[Reason, ...] = ()
+    #: Its reservation is taken when the plan is recorded; a scaled service's candidate
+    #: placements that do not run now are planned (shown, with their fit) but not held.
+    held: bool = True
 
     @property
     def fits(self) -> bool:
@@ -118,6 +121,7 @@ class ReplicaPlan:
         return {
             "index": self.index,
             "node_id": self.node_id,
+            "held": self.held,
             "fits": self.fits,
             "reservation": self.reservation.to_json(),
             "reasons": [reason.to_json() for reason in self.reasons],
@@ -134,17 +138,20 @@ class Plan:
 
     @property
     def fits(self) -> bool:
-        return all(replica.fits for replica in self.replicas)
+        """Every held replica fits (a planned one that does not is shown, not refused)."""
+        return all(replica.fits for replica in self.replicas if replica.held)
 
     @property
     def reservations(self) -> tuple[Reservation, ...]:
-        return tuple(replica.reservation for replica in self.replicas)
+        """The reservations the plan takes: its held replicas'."""
+        return tuple(replica.reservation for replica in self.replicas if replica.held)
 
     def reasons(self) -> list[dict[str, Any]]:
-        """Every refusal, replica by replica (for the error details of a refused submit)."""
+        """Every refusal of a held replica (for the error details of a refused submit)."""
         return [
             {"index": r.index, "node_id": r.node_id, **reason.to_json()}
             for r in self.replicas
+            if r.held
             for reason in r.reasons
         ]
 
@@ -348,8 +355,16 @@ def plan(
     model_bytes: int,
     model_revision: str,
     generation: int = 0,
+    held: Collection[int] | None = None,
+    cumulative: bool = True,
 ) -> Plan:
     """Place every replica of ``specification`` beside the ``existing`` reservations.
+
+    ``held`` names the replicas whose reservations the plan takes (None: every one); the
+    others are planned — their fit is shown, a misfit refuses nothing. With
+    ``cumulative`` (the default) each replica that fits is counted before the next is
+    placed, so a preview shows whether all of them would fit together; without it each
+    is placed beside ``existing`` alone (a scaled service's choice of one candidate).
 
     ``existing`` holds what the plan must fit beside: every other service's
     reservations, and the service's own that stay held meanwhile (a rollout's serving
@@ -384,12 +399,16 @@ def plan(
             reasons += _capacity_reasons(
                 node, reservation, used.setdefault(node_id, _Used()), model_bytes
             )
-        if not reasons:
+        if not reasons and cumulative:
             used[node_id].add(reservation)
             staged_here.add(node_id)
         replicas.append(
             ReplicaPlan(
-                index=index, node_id=node_id, reservation=reservation, reasons=tuple(reasons)
+                index=index,
+                node_id=node_id,
+                reservation=reservation,
+                reasons=tuple(reasons),
+                held=held is None or index in held,
             )
         )
     summaries = tuple(

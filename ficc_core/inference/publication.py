@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from .live import Admission, LiveReplica, LiveService, LiveTable
+from .live import Activation, Admission, LiveReplica, LiveService, LiveTable
 from .records import ROUTABLE, AttemptRecord, AttemptState, ServiceRecord, ServiceState
 
 if TYPE_CHECKING:
@@ -36,19 +36,26 @@ def latest(attempts: Iterable[AttemptRecord], generation: int) -> dict[int, Atte
     return {**found, **serving}
 
 
+def _indices(replicas: int | Collection[int]) -> Collection[int]:
+    """Replica indices: a count's ``range``, or the indices themselves."""
+    return range(replicas) if isinstance(replicas, int) else replicas
+
+
 def routed(
     attempts: Iterable[AttemptRecord],
     generation: int,
-    replicas: int,
+    replicas: int | Collection[int],
     dismissed: Collection[str] = (),
 ) -> dict[int, AttemptRecord]:
-    """Per replica of ``generation`` (below ``replicas``), its newest unreleased ready (or
-    draining) attempt; one ``dismissed`` (told to go: a restart, a move) never is."""
+    """Per replica of ``generation`` (below ``replicas``, or among those indices), its
+    newest unreleased ready (or draining) attempt; one ``dismissed`` (told to go: a
+    restart, a move) never is."""
     found: dict[int, AttemptRecord] = {}
+    wanted = _indices(replicas)
     for attempt in attempts:
         if (
             attempt.generation == generation
-            and attempt.replica < replicas
+            and attempt.replica in wanted
             and attempt.state in ROUTABLE
             and not attempt.released
             and attempt.attempt_id not in dismissed
@@ -59,23 +66,24 @@ def routed(
 
 def retiring(
     attempts: Sequence[AttemptRecord],
-    wanted: Mapping[int, int],
+    wanted: Mapping[int, Collection[int]],
     dismissed: Collection[str] = (),
 ) -> list[AttemptRecord]:
     """The unreleased attempts nobody needs any more, to drain and stop.
 
     ``wanted`` maps each generation still wanted (the service's, a pending rollout's)
-    to its replica count. An attempt is kept while it is routed, or while it is the
-    newest unreleased attempt of a wanted replica (a successor still loading); any
-    other (a predecessor whose successor is ready, a generation no longer wanted, a
-    replica beyond the count, a ``dismissed`` one) retires.
+    to the replicas it runs (:meth:`~.generations.Running.wanted`). An attempt is kept
+    while it is routed, or while it is the newest unreleased attempt of a wanted
+    replica (a successor still loading); any other (a predecessor whose successor is
+    ready, a generation no longer wanted, a replica not wanted any more, a
+    ``dismissed`` one) retires.
     """
     keep: set[str] = set()
     newest: dict[tuple[int, int], AttemptRecord] = {}
     for generation, replicas in wanted.items():
         keep |= {a.attempt_id for a in routed(attempts, generation, replicas, dismissed).values()}
     for attempt in attempts:
-        if not attempt.released and attempt.replica < wanted.get(attempt.generation, 0):
+        if not attempt.released and attempt.replica in wanted.get(attempt.generation, ()):
             newest[(attempt.generation, attempt.replica)] = attempt
     keep |= {a.attempt_id for a in newest.values()}
     return [
@@ -115,7 +123,7 @@ def give_up_reason(replica: int, attempt: AttemptRecord, limit: int) -> str:
 
 
 def rolled_up(
-    replicas: int,
+    replicas: int | Collection[int],
     attempts: Sequence[AttemptRecord],
     generation: int,
     give_up_after: int = 0,
@@ -129,11 +137,12 @@ def rolled_up(
     is declared unreachable or lost.
     """
     current = latest(attempts, generation)
-    states = [current[i].state if i in current else AttemptState.PENDING for i in range(replicas)]
+    indices = list(_indices(replicas))
+    states = [current[i].state if i in current else AttemptState.PENDING for i in indices]
     troubles = {}
-    for index, state in enumerate(states):
+    for position, (index, state) in enumerate(zip(indices, states, strict=True)):
         if state == AttemptState.READY and (why := trouble(current[index].node_id)) is not None:
-            states[index] = AttemptState.LOADING
+            states[position] = AttemptState.LOADING
             troubles[index] = why
     if all(state == AttemptState.READY for state in states):
         state = ServiceState.READY
@@ -143,11 +152,15 @@ def rolled_up(
         state = ServiceState.UNKNOWN if AttemptState.UNKNOWN in states else ServiceState.FAILED
     else:
         state = ServiceState.STARTING
-    for index in range(replicas):
+    for index in indices:
         last = given_up(attempts, generation, index, give_up_after)
         if last is not None:
             return state, give_up_reason(index, last, give_up_after)
-    failures = [a.message for a in current.values() if a.state == AttemptState.FAILED and a.message]
+    failures = [
+        current[i].message
+        for i in indices
+        if i in current and current[i].state == AttemptState.FAILED and current[i].message
+    ]
     if failures and state != ServiceState.READY:
         return state, failures[0]
     if troubles:
@@ -166,8 +179,15 @@ def publish(
     admission: Admission,
     dismissed: Collection[str] = (),
     model: ModelRecord | None = None,
+    wanted: Collection[int] | None = None,
+    activation: Activation = "",
+    activation_error: tuple[str, str] | None = None,
 ) -> None:
     """Publish the service's routing view at its current revision.
+
+    :param wanted: the placements whose replicas run (default: every one).
+    :param activation: where an on-demand service stands (:attr:`LiveService.activation`),
+        with ``activation_error`` when its last activation failed.
 
     :param capabilities: what the engine serves (the adapter's job); the
         specification's ``capabilities`` (tools, vision) are added to them.
@@ -178,7 +198,8 @@ def publish(
     replicas: list[LiveReplica] = []
     retired: list[LiveReplica] = []
     if admission != "stopped":
-        chosen = routed(attempts, record.generation, len(specification.placements), dismissed)
+        runs = len(specification.placements) if wanted is None else wanted
+        chosen = routed(attempts, record.generation, runs, dismissed)
         for attempt in attempts:
             # A node not (yet) connected here cannot be reached; the next step adds it.
             if (
@@ -215,6 +236,9 @@ def publish(
             created=int(record.created_at),
             model_id=specification.model_id,
             model_name=model.manifest.name if model is not None else "",
+            scaled=specification.scaling is not None,
+            activation="" if replicas else activation,
+            activation_error=activation_error if activation == "failed" else None,
         ),
         revision=record.revision,
     )

@@ -45,6 +45,7 @@ from .generations import (
 )
 from .live import Admission, LiveTable
 from .observed import Observations
+from .on_demand import OnDemand
 from .publication import given_up, publish, retiring, rolled_up
 from .records import (
     ACTIVE,
@@ -54,6 +55,7 @@ from .records import (
     ServiceRecord,
     ServiceState,
 )
+from .scaling import ActivationNotes
 from .succession import Succession, strays, unwatch
 
 if TYPE_CHECKING:
@@ -131,6 +133,7 @@ class Reconciler:
     :param ready_period: seconds between status checks of a ready attempt.
     :param loading_period: seconds between status checks of a loading one.
     :param drain_timeout: how long a retiring attempt's in-flight requests may take.
+    :param activation_retry: how long a failed activation's reason answers requests.
     """
 
     def __init__(
@@ -149,6 +152,7 @@ class Reconciler:
         ready_period: float = 1.0,
         loading_period: float = 0.2,
         drain_timeout: float = 30.0,
+        activation_retry: float = 10.0,
     ) -> None:
         self.store = store
         self.drain_timeout = drain_timeout
@@ -172,6 +176,10 @@ class Reconciler:
             loading_period=loading_period,
         )
         self.succession = Succession(self)
+        #: The failed activations of on-demand services, while recent (the autoscaler
+        #: reads them too).
+        self.activations = ActivationNotes(clock, activation_retry)
+        self.on_demand = OnDemand(store, self.activations, clock)
         #: Ends the replica task watching an attempt (an operation stops it next).
         self.unwatch = unwatch
         self._drivers: dict[str, _Driver] = {}
@@ -331,6 +339,7 @@ class Reconciler:
         attempts: Sequence[AttemptRecord],
         driver: _Driver,
         admission: Admission,
+        wanted: tuple[int, ...] | None = None,
     ) -> None:
         if admission != "stopped" and not driver.capabilities:
             # Know what the engine serves before publishing (an adopted attempt was
@@ -345,6 +354,7 @@ class Reconciler:
                 model = (await self.attempts.model(record, specification)).record
             except FiccError:
                 pass  # the model is gone: the service is still published without its name
+        activation, failure = self.on_demand.activation(record, specification, wanted)
         publish(
             self.live,
             self.contributors,
@@ -355,6 +365,9 @@ class Reconciler:
             admission,
             dismissed=driver.dismissed,
             model=model,
+            wanted=wanted,
+            activation=activation,
+            activation_error=None if failure is None else (failure.code, failure.message),
         )
 
     async def _run_replicas(
@@ -366,13 +379,13 @@ class Reconciler:
     ) -> None:
         record = running.record
         specification = record.specification()
-        wanted = {g: len(s.placements) for g, s in running.specifications().items()}
+        wanted = running.wanted()
         for key, task in list(driver.replicas.items()):
-            if key[1] >= wanted.get(key[0], 0):
+            if key[1] not in wanted.get(key[0], ()):
                 task.scope.cancel()  # its generation (or the replica) is no longer wanted
                 del driver.replicas[key]
-        for generation, count in wanted.items():
-            for index in range(count):
+        for generation, indices in wanted.items():
+            for index in indices:
                 if (generation, index) not in driver.replicas:
                     task = driver.replicas[(generation, index)] = _ReplicaTask()
                     nursery.start_soon(self._replica, record.id, index, generation, driver, task)
@@ -389,17 +402,20 @@ class Reconciler:
             # controller did not finish (it restarted meanwhile). It goes; the replica
             # serves on its placement.
             driver.dismissed.setdefault(attempt.attempt_id, "move_interrupted")
-        state, reason = rolled_up(
-            len(specification.placements),
-            attempts,
-            record.generation,
-            self.give_up_after,
-            self.contributors.trouble,
-        )
+        runs = wanted[record.generation]
+        if await self.on_demand.failed(record, specification, attempts, runs):
+            driver.wake.set()  # it is idle again: the next step reads it
+            return
+        if runs or specification.scaling is None:
+            state, reason = rolled_up(
+                runs, attempts, record.generation, self.give_up_after, self.contributors.trouble
+            )
+        else:
+            state, reason = ServiceState.IDLE, self.on_demand.idle_reason(record)
         reason = reason or driver.notice
         await self.observations.set_service(record.id, state=state, reason=reason)
         # Published before anything retires, so no new request goes to a retiring attempt.
-        await self._publish(record, specification, attempts, driver, "serving")
+        await self._publish(record, specification, attempts, driver, "serving", runs)
         for attempt in retiring(attempts, wanted, driver.dismissed):
             if attempt.attempt_id not in driver.held | driver.retiring:
                 driver.retiring.add(attempt.attempt_id)
@@ -491,8 +507,8 @@ class Reconciler:
             if running is None or running.record.desired != Desired.RUNNING:
                 return
             specification = running.specifications().get(generation)
-            if specification is None or index >= len(specification.placements):
-                return  # no longer wanted: a rollout cut over or gave up
+            if specification is None or index not in running.wanted().get(generation, ()):
+                return  # no longer wanted: a rollout cut over or gave up, or scaled in
             record = attrs.evolve(running.record, generation=generation)
             mine = [a for a in attempts if a.replica == index and a.generation == generation]
             last = mine[-1] if mine else None

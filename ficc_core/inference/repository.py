@@ -133,13 +133,15 @@ def set_scale(
     now: float,
     *,
     decided: bool = True,
+    bump: bool = True,
 ) -> None:
     """Record the placements a scaled service runs now (and, when ``decided``, that a
-    scaling decision was made now); the service moves to its next revision."""
+    scaling decision was made now); the service moves to its next revision unless
+    ``bump`` is false (the transaction's other write of the service moves it)."""
     tx.execute(
-        "UPDATE inference_services SET revision = revision + 1, updated_at = ?, active = ?,"
+        "UPDATE inference_services SET revision = revision + ?, updated_at = ?, active = ?,"
         " scaled_at = CASE WHEN ? THEN ? ELSE scaled_at END WHERE id = ?",
-        (now, _active_json(active), int(decided), now, service_id),
+        (int(bump), now, _active_json(active), int(decided), now, service_id),
     )
 
 

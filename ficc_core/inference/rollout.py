@@ -36,6 +36,7 @@ from .placement import Plan
 from .publication import routed
 from .records import ACTIVE, AttemptRecord, Desired, RolloutRecord, ServiceRecord
 from .refusals import nothing_to_do
+from .scaling import running_indices
 from .transitions import check_revision, next_generation, writable
 
 if TYPE_CHECKING:
@@ -83,6 +84,7 @@ def begin(
             generation=generation,
             beside_own=True,
             action="rollout",
+            held=running_indices(specification, record.active),
         )
     except PlacementFailed as exc:
         raise PlacementFailed(
@@ -121,8 +123,11 @@ def preview(
     every other service), and whether it fits beside the serving one meanwhile."""
     record = writable(tx, project_id, service_id)
     generation = next_generation(tx, record)
-    alone = plan_in(tx, service_id, specification, model, generation=generation)
-    beside = plan_in(tx, service_id, specification, model, generation=generation, beside_own=True)
+    held = running_indices(specification, record.active)
+    alone = plan_in(tx, service_id, specification, model, generation=generation, held=held)
+    beside = plan_in(
+        tx, service_id, specification, model, generation=generation, beside_own=True, held=held
+    )
     return alone, beside
 
 

@@ -60,10 +60,10 @@ class Succession:
         record, rollout = running.record, running.rollout
         assert rollout is not None
         service_id, generation = record.id, rollout.generation
-        count = len(rollout.specification().placements)
-        ready = routed(attempts, generation, count)
+        indices = running.wanted()[generation]
+        ready = routed(attempts, generation, indices)
         now = self.reconciler.clock()
-        if len(ready) == count and all(
+        if len(ready) == len(indices) and all(
             self.reconciler.contributors.connected_here(a.node_id) for a in ready.values()
         ):
             if await self.reconciler.store.write(
@@ -79,7 +79,7 @@ class Succession:
                 driver.notice = None
             return True
         why = None
-        for index in range(count):
+        for index in indices:
             last = given_up(attempts, generation, index, self.reconciler.give_up_after)
             if last is not None:
                 said = f": {last.message}" if last.message else ""

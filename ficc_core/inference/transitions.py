@@ -19,6 +19,7 @@ from . import repository
 from .admission import reserve
 from .errors import StaleRevision, UnknownOutcome, service_not_found
 from .records import AttemptState, Desired, ServiceRecord, ServiceState
+from .scaling import initial
 
 if TYPE_CHECKING:
     from ..schema import Specification
@@ -119,9 +120,11 @@ def start_in(
         repository.give_up_attempts(tx, record.id, AssignmentReason.ACKNOWLEDGED_UNKNOWN, now)
     generation = next_generation(tx, record)
     repository.delete_rollout(tx, record.id)
+    active = initial(specification, record.pinned)
     result = reserve(
-        tx, record.id, specification, model, now, generation=generation, action="start"
+        tx, record.id, specification, model, now, generation=generation, action="start", held=active
     )
+    repository.set_scale(tx, record.id, active, now, decided=False, bump=False)
     repository.update_service(
         tx,
         attrs.evolve(

@@ -1,0 +1,266 @@
+"""Scaled services: which placements run, and the transactions that change it.
+
+A service whose specification has ``scaling`` runs replicas on some of its placements
+(its *candidates*): the service record's ``active`` indices, at most ``max`` of them.
+Every other part of the inference package asks :func:`running_indices` which
+replicas a generation wants; for a service without ``scaling`` that is every
+placement, as the contract says.
+
+The changes are transactions over the record and its reservations, each with its
+``service.scaled`` event (reason and figures):
+
+- :func:`grow` takes the reservation of the first candidate that fits beside
+  everything held now and adds it to ``active`` (an activation, a scale-out, ``min``);
+- :func:`shrink` takes one index out of ``active`` (scale-in, idle, a failed
+  activation); its attempt retires through the reconciler and its reservation goes
+  once the executor confirmed the end (:mod:`~ficc_core.inference.generations`);
+- :func:`set_pin` pins (never scaled to zero) or unpins.
+
+The autoscaler (:mod:`~ficc_core.inference.autoscaler`) decides when.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Mapping
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from ..errors import FiccError
+from ..events import EventKind
+from ..store import Transaction
+from . import history, repository
+from .placement import plan
+from .records import Desired, ServiceRecord
+
+if TYPE_CHECKING:
+    from ..schema import Specification
+    from .model_context import ModelContext
+
+
+class NoCapacity(FiccError):
+    """No candidate placement of a scaled service fits beside what is held now."""
+
+    def __init__(self, message: str, **kwargs: Any) -> None:
+        super().__init__(message, code="no_capacity", status=503, **kwargs)
+
+
+def floor(specification: Specification, pinned: bool) -> int:
+    """Replicas that always run: ``min``, at least one when pinned."""
+    least = specification.min_replicas
+    return max(least, 1) if pinned and specification.scaling is not None else least
+
+
+def on_demand(specification: Specification, pinned: bool) -> bool:
+    """Whether the service may run no replica (and a request wakes it)."""
+    return specification.scaling is not None and floor(specification, pinned) == 0
+
+
+def running_indices(
+    specification: Specification, active: Collection[int] | None
+) -> tuple[int, ...]:
+    """The placements whose replicas run: every one without ``scaling``; else the
+    ``active`` ones that exist (a service scaled by a rollout starts from its first
+    ``max``), at most ``max``."""
+    count = len(specification.placements)
+    if specification.scaling is None:
+        return tuple(range(count))
+    if active is None:
+        return tuple(range(specification.max_replicas))
+    return tuple(sorted(i for i in set(active) if i < count))[: specification.max_replicas]
+
+
+def initial(specification: Specification, pinned: bool = False) -> tuple[int, ...] | None:
+    """The placements a starting service runs: ``min`` of them (the first), or every one
+    without ``scaling`` (None)."""
+    if specification.scaling is None:
+        return None
+    return tuple(range(floor(specification, pinned)))
+
+
+def _event(
+    tx: Transaction,
+    record: ServiceRecord,
+    reason: str,
+    message: str,
+    now: float,
+    details: Mapping[str, Any],
+) -> None:
+    after = repository.service(tx, record.id)
+    assert after is not None
+    history.service_event(
+        tx, after, EventKind.SERVICE_SCALED, now, reason=reason, message=message, details=details
+    )
+
+
+def grow(
+    tx: Transaction,
+    record: ServiceRecord,
+    model: ModelContext,
+    *,
+    reason: str,
+    now: float,
+    figures: Mapping[str, Any] | None = None,
+    only_when_idle: bool = False,
+) -> int | None:
+    """Start one more replica of the running scaled service ``record`` (read in ``tx``):
+    the first candidate placement not running whose reservation fits beside everything
+    held now. Returns its index; None when ``max`` already run (or, ``only_when_idle``,
+    when one already runs: an activation already under way). Raises :class:`NoCapacity`
+    (every candidate's reasons in its details) when none fits."""
+    specification = record.specification()
+    active = running_indices(specification, record.active)
+    if record.desired != Desired.RUNNING or len(active) >= specification.max_replicas:
+        return None
+    if only_when_idle and active:
+        return None
+    candidates = [i for i in range(len(specification.placements)) if i not in active]
+    node_ids = [specification.placements[i].node_id for i in candidates]
+    nodes = repository.placement_nodes(tx, node_ids)
+    result = plan(
+        record.id,
+        specification,
+        nodes,
+        repository.reservations_but(tx, record.id) + repository.reservations(tx, record.id),
+        model_bytes=model.size,
+        model_revision=model.record.revision,
+        generation=record.generation,
+        held=candidates,
+        cumulative=False,
+    )
+    chosen = next((r for r in result.replicas if r.held and r.fits), None)
+    if chosen is None:
+        reasons = result.reasons()
+        first = reasons[0]["message"] if reasons else "no candidate placement is free"
+        raise NoCapacity(
+            f"service {record.alias!r} cannot start another replica: no candidate placement "
+            f"fits ({first})",
+            details={"service": record.id, "reason": reason, "reasons": reasons},
+        )
+    after = (*active, chosen.index)
+    repository.insert_reservations(tx, [chosen.reservation], now)
+    repository.set_scale(tx, record.id, after, now)
+    _event(
+        tx,
+        record,
+        reason,
+        f"replica {chosen.index} starts on node {chosen.node_id} ({reason}); "
+        f"{len(after)} of at most {specification.max_replicas} run",
+        now,
+        {
+            "direction": "out",
+            "placement": chosen.index,
+            "node_id": chosen.node_id,
+            "replicas_before": len(active),
+            "replicas_after": len(after),
+            **(figures or {}),
+        },
+    )
+    return chosen.index
+
+
+def shrink(
+    tx: Transaction,
+    record: ServiceRecord,
+    index: int,
+    *,
+    reason: str,
+    now: float,
+    message: str | None = None,
+    figures: Mapping[str, Any] | None = None,
+) -> bool:
+    """Stop the replica on placement ``index`` of the scaled service ``record`` (read in
+    ``tx``). False when it does not run."""
+    specification = record.specification()
+    active = running_indices(specification, record.active)
+    if index not in active:
+        return False
+    after = tuple(i for i in active if i != index)
+    repository.set_scale(tx, record.id, after, now)
+    _event(
+        tx,
+        record,
+        reason,
+        message
+        or f"replica {index} drains and stops ({reason}); {len(after)} of at most "
+        f"{specification.max_replicas} run",
+        now,
+        {
+            "direction": "in",
+            "placement": index,
+            "replicas_before": len(active),
+            "replicas_after": len(after),
+            **(figures or {}),
+        },
+    )
+    return True
+
+
+def set_pin(tx: Transaction, record: ServiceRecord, pinned: bool, actor: str, now: float) -> bool:
+    """Pin or unpin ``record``; False when it already was."""
+    if record.pinned == pinned:
+        return False
+    repository.set_pinned(tx, record.id, pinned, now)
+    word = "pinned" if pinned else "unpinned"
+    _event(
+        tx,
+        record,
+        word,
+        f"service {record.alias} {word}"
+        + (": it is never scaled to zero" if pinned else ": it may be scaled to zero again"),
+        now,
+        {"actor": actor, "pinned": pinned},
+    )
+    return True
+
+
+@attrs.frozen(kw_only=True)
+class Failure:
+    """A failed activation: the envelope's code and message, and when (the clock's)."""
+
+    code: str
+    message: str
+    at: float
+
+
+class ActivationNotes:
+    """The last failed activation of each on-demand service, kept ``retry`` seconds: the
+    view says ``failed`` meanwhile, so every waiter gets the reason at once and a burst
+    does not relaunch a broken engine for each request. In memory: a restarted
+    controller tries again at the next request."""
+
+    def __init__(self, clock: Callable[[], float], retry: float) -> None:
+        self.clock = clock
+        self.retry = retry
+        self._failures: dict[str, Failure] = {}
+
+    def failed(self, service_id: str, code: str, message: str) -> Failure:
+        """Note a failed activation of ``service_id``."""
+        failure = self._failures[service_id] = Failure(code=code, message=message, at=self.clock())
+        return failure
+
+    def recent(self, service_id: str) -> Failure | None:
+        """The service's failed activation, while it is recent."""
+        failure = self._failures.get(service_id)
+        if failure is not None and self.clock() - failure.at >= self.retry:
+            del self._failures[service_id]
+            return None
+        return failure
+
+    def clear(self, service_id: str) -> None:
+        """Forget the service's failed activation (a new one begins, or it served)."""
+        self._failures.pop(service_id, None)
+
+
+__all__ = [
+    "ActivationNotes",
+    "Failure",
+    "NoCapacity",
+    "floor",
+    "grow",
+    "initial",
+    "on_demand",
+    "running_indices",
+    "set_pin",
+    "shrink",
+]
