@@ -82,6 +82,23 @@ async def test_scaling_flags_reach_the_specification_and_show_says_how_it_scales
             listed = await run.ok("list")
             assert re.search(rf"^{service_id}\s.*\s0/1 min 0$", listed.stdout, re.M), listed.stdout
 
+            # Its one placement is a candidate that runs nothing yet: not held.
+            assert re.search(r"^0\s+local\s+not held\s+-\s+-$", shown.stdout, re.M), shown.stdout
+
+            # Preview plans every candidate and says which are only planned.
+            two = write_json(
+                tmp_path / "two.json",
+                {**base, "alias": "two", "placements": base["placements"] * 2,
+                 "scaling": {"min": 1}},
+            )  # fmt: skip
+            planned = await run.ok("preview", str(two))
+            assert re.search(r"^REPLICA\s+NODE\s+CPUS\s+MEMORY\s+GPUS\s+DISK\s+FITS\s+HELD$",
+                             planned.stdout, re.M)  # fmt: skip
+            assert re.search(r"^0\s+local\s+1\s+512 MiB\s+-\s+-\s+yes\s+yes$", planned.stdout, re.M)
+            assert re.search(r"^1\s+local\s+1\s+512 MiB\s+-\s+-\s+yes\s+planned$",
+                             planned.stdout, re.M)  # fmt: skip
+            assert "HELD" not in (await run.ok("preview", str(spec_file))).stdout
+
             # A service without scaling has no scaling line and "-" in the list.
             plain = await run.ok("create", str(write_json(tmp_path / "plain.json",
                                                           {**base, "alias": "plain"})))  # fmt: skip
@@ -89,6 +106,9 @@ async def test_scaling_flags_reach_the_specification_and_show_says_how_it_scales
             assert "scaling:" not in (await run.ok("show", plain_id)).stdout
             listed = await run.ok("list")
             assert re.search(rf"^{plain_id}\s.*\s-$", listed.stdout, re.M), listed.stdout
+            # Pinning is for scaled services: the controller's refusal, its code.
+            refused = await run("pin", "plain")
+            assert refused.exit_code == 1 and "[not_scaled]" in refused.stderr
 
 
 async def test_rollout_changes_only_the_scaling_fields_given(tmp_path):
@@ -137,8 +157,8 @@ def test_show_lines_for_an_idle_a_running_and_a_pinned_service():
         "scaling:      0 of at most 3 replicas running (min 0, idle timeout 15m)",
         "idle:         no request for 900 s; the next request wakes it",
     ]
-    # A reason that already says how it wakes is not said twice.
-    worded = {**idle, "reason": "no request for 900 s; the next request wakes it"}
+    # A reason that already says how it wakes, or that it is idle, is not said twice.
+    worded = {**idle, "reason": "idle: no request for 900 s; the next request wakes it"}
     assert (
         scaling_lines(worded)[1] == "idle:         no request for 900 s; the next request wakes it"
     )

@@ -124,6 +124,7 @@ def scaling_lines(view: Mapping[str, Any]) -> list[str]:
         )
     if view.get("state") == "idle":
         reason = view.get("reason") or "no request for a while"
+        reason = reason.removeprefix("idle: ")  # the controller's reason may start so
         lines.append(f"idle:         {reason}" + ("" if WAKES in reason else f"; {WAKES}"))
     return lines
 
