@@ -252,8 +252,8 @@ class Metrics:
         # -- on-demand services and scaling (docs/inference.md, "Scaling") --
         self.activations = prom.Counter(
             "ficc_activations",
-            "Activations of idle on-demand services, by service and outcome (ready, "
-            "failed, no_capacity).",
+            "Activations of idle on-demand services, by service and outcome (started, "
+            "no_capacity, failed: the woken replica failed).",
             ("service", "outcome"),
             registry=self.registry,
         )

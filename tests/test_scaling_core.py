@@ -232,6 +232,10 @@ async def test_failed_activation_goes_back_to_idle_with_its_reason(tmp_path: Pat
             assert getattr(refused.value, "code", None) == "activation_failed"
             assert refused.value.headers["Retry-After"] == "30"
             assert [e["reason"] for e in await events(controller, service_id)] == reasons
+            metrics = controller.service.metrics.render()[0].decode()
+            assert f'ficc_activations_total{{outcome="failed",service="{service_id}"}} 1.0' in (
+                metrics
+            )
 
 
 async def test_activation_without_capacity_is_refused_with_every_reason(tmp_path: Path) -> None:
@@ -245,6 +249,14 @@ async def test_activation_without_capacity_is_refused_with_every_reason(tmp_path
             [planned] = preview["replicas"]
             assert planned["held"] is False and planned["fits"] is False
             assert planned["reasons"][0]["code"] == "insufficient_memory"
+            assert preview["scaling"] == {
+                "min": 0,
+                "max": 1,
+                "held": [],
+                "planned": [0],
+                "fit_together": 0,
+                "max_fits": False,
+            }
             created = await controller.ok("POST", "/api/v1/inference", status=201, json=spec)
             service_id = created["id"]
             assert (await controller.control(service_id, "start")).status_code == 200
@@ -314,3 +326,32 @@ async def test_a_rollout_runs_the_placements_that_ran_and_an_idle_one_stays_idle
                 idle_id, lambda v: v["generation"] == 2 and v["state"] == "idle"
             )
             assert after["spec"]["concurrency"] == 1 and not reserved(after)
+
+
+async def test_a_service_woken_while_its_replica_stops_starts_it_again(tmp_path: Path) -> None:
+    with trio.fail_after(120):
+        async with open_inference_controller(tmp_path, **FAST) as controller:
+            model_id = await register_smollm2(controller)
+            service_id = (await create(controller, model_id, min=0))["id"]
+            assert (await controller.control(service_id, "start")).status_code == 200
+            await live_until(controller, service_id, lambda v: v.activation == "idle")
+            autoscaler = controller.service.inference.autoscaler
+            await autoscaler.activate(service_id)
+            first = await live_until(controller, service_id, lambda v: bool(v.replicas))
+            autoscaler.demand = lambda _id: Demand(idle_for={first.replicas[0].key: 10_000.0})
+            await autoscaler.look(service_id)  # scaled to zero: the replica drains and stops
+            # A request comes before the stop is confirmed: its reservation is still held.
+            assert reserved(await controller.ok("GET", f"/api/v1/inference/{service_id}")) == [0]
+            autoscaler.demand = lambda _id: Demand()
+            await autoscaler.activate(service_id)
+            second = await live_until(
+                controller,
+                service_id,
+                lambda v: bool(v.replicas) and v.replicas[0].key != first.replicas[0].key,
+            )
+            assert second.activation == ""
+            view = await controller.wait_service(service_id, lambda v: v["state"] == "ready")
+            assert reserved(view) == [0] and view["scaling"]["active"] == [0]
+            assert [r["attempt"] for r in view["replicas"]] == [2]
+            reasons = [e["reason"] for e in await events(controller, service_id)]
+            assert reasons == ["activation", "idle", "activation"]

@@ -120,6 +120,20 @@ def preview_view(preview: Preview) -> dict[str, Any]:
     so a complete specification's preview that warns of nothing is unchanged.
     """
     view = {"spec": unstructure(preview.specification), **preview.plan.to_json()}
+    specification = preview.specification
+    if specification.scaling is not None:
+        # Capacity planning for max replicas: which candidates are held at the start, which
+        # are planned (shown, not held), and whether max of them fit together.
+        replicas = preview.plan.replicas
+        together = sum(1 for r in replicas if r.fits)
+        view["scaling"] = {
+            "min": specification.min_replicas,
+            "max": specification.max_replicas,
+            "held": [r.index for r in replicas if r.held],
+            "planned": [r.index for r in replicas if not r.held],
+            "fit_together": together,
+            "max_fits": together >= specification.max_replicas,
+        }
     if preview.suggested:
         view["suggested"] = list(preview.suggested)
     if preview.warnings:

@@ -108,6 +108,11 @@ class Autoscaler:
         self._flights: dict[str, _Flight] = {}
         self._watch: dict[str, _Watch] = {}
         self._nursery: trio.Nursery | None = None
+        reconciler.on_demand.count = self._failed
+
+    def _failed(self, service_id: str, outcome: str) -> None:
+        self.metrics.activations.labels(service_id, outcome).inc()
+        self.metrics.scaling_decisions.labels(service_id, "in", "activation_failed").inc()
 
     # -- activation ----------------------------------------------------------------------
 
@@ -210,12 +215,19 @@ class Autoscaler:
         self, record: ServiceRecord, index: int, reason: str, figures: dict[str, Any]
     ) -> None:
         now = self.clock()
+        message = (
+            f"replica {index} served nothing for {figures['idle_for']:g} s (idle timeout "
+            f"{figures['idle_timeout']:g} s): it drains and stops"
+            + ("; the service is idle until the next request" if reason == "idle" else "")
+        )
 
         def write(tx: Transaction) -> bool:
             current = repository.service(tx, record.id)
             if current is None or current.desired != Desired.RUNNING:
                 return False
-            return scaling.shrink(tx, current, index, reason=reason, now=now, figures=figures)
+            return scaling.shrink(
+                tx, current, index, reason=reason, now=now, message=message, figures=figures
+            )
 
         if await self.store.write(write):
             self.metrics.scaling_decisions.labels(record.id, "in", reason).inc()

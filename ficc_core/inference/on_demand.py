@@ -35,6 +35,9 @@ class OnDemand:
         self.store = store
         self.activations = activations
         self.clock = clock
+        #: Counts a decision made here (the autoscaler's metrics, once it exists):
+        #: called with the service ID and the outcome.
+        self.count: Callable[[str, str], None] = lambda _service_id, _outcome: None
 
     def activation(
         self, record: ServiceRecord, specification: Specification, wanted: tuple[int, ...] | None
@@ -102,6 +105,7 @@ class OnDemand:
 
         self.activations.failed(record.id, "activation_failed", message)
         await self.store.write(write)
+        self.count(record.id, "failed")
         log.warning("service %s: activation failed: %s", record.id, message)
         return True
 

@@ -363,7 +363,9 @@ class Reconciler:
             attempts,
             capabilities,
             admission,
-            dismissed=driver.dismissed,
+            # One being retired is never routed again, even if its placement is wanted
+            # again meanwhile (a scaled service woken while its replica stops).
+            dismissed=driver.dismissed.keys() | driver.retiring,
             model=model,
             wanted=wanted,
             activation=activation,

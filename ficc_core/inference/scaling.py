@@ -114,49 +114,57 @@ def grow(
         return None
     if only_when_idle and active:
         return None
-    candidates = [i for i in range(len(specification.placements)) if i not in active]
-    node_ids = [specification.placements[i].node_id for i in candidates]
-    nodes = repository.placement_nodes(tx, node_ids)
-    result = plan(
-        record.id,
-        specification,
-        nodes,
-        repository.reservations_but(tx, record.id) + repository.reservations(tx, record.id),
-        model_bytes=model.size,
-        model_revision=model.record.revision,
-        generation=record.generation,
-        held=candidates,
-        cumulative=False,
-    )
-    chosen = next((r for r in result.replicas if r.held and r.fits), None)
-    if chosen is None:
-        reasons = result.reasons()
-        first = reasons[0]["message"] if reasons else "no candidate placement is free"
-        raise NoCapacity(
-            f"service {record.alias!r} cannot start another replica: no candidate placement "
-            f"fits ({first})",
-            details={"service": record.id, "reason": reason, "reasons": reasons},
+    placements = specification.placements
+    candidates = [i for i in range(len(placements)) if i not in active]
+    own = repository.reservations(tx, record.id)
+    held = {r.key for r in own}
+    # A candidate still holding its reservation (its replica was just scaled in and has
+    # not ended yet) is the first choice: it fits by definition, and holds it on.
+    kept = [i for i in candidates if (record.generation, i, placements[i].node_id) in held]
+    if kept:
+        index, node_id = kept[0], placements[kept[0]].node_id
+    else:
+        result = plan(
+            record.id,
+            specification,
+            repository.placement_nodes(tx, [placements[i].node_id for i in candidates]),
+            repository.reservations_but(tx, record.id) + own,
+            model_bytes=model.size,
+            model_revision=model.record.revision,
+            generation=record.generation,
+            held=candidates,
+            cumulative=False,
         )
-    after = (*active, chosen.index)
-    repository.insert_reservations(tx, [chosen.reservation], now)
+        chosen = next((r for r in result.replicas if r.held and r.fits), None)
+        if chosen is None:
+            reasons = result.reasons()
+            first = reasons[0]["message"] if reasons else "no candidate placement is free"
+            raise NoCapacity(
+                f"service {record.alias!r} cannot start another replica: no candidate "
+                f"placement fits ({first})",
+                details={"service": record.id, "reason": reason, "reasons": reasons},
+            )
+        index, node_id = chosen.index, chosen.node_id
+        repository.insert_reservations(tx, [chosen.reservation], now)
+    after = (*active, index)
     repository.set_scale(tx, record.id, after, now)
     _event(
         tx,
         record,
         reason,
-        f"replica {chosen.index} starts on node {chosen.node_id} ({reason}); "
+        f"replica {index} starts on node {node_id} ({reason}); "
         f"{len(after)} of at most {specification.max_replicas} run",
         now,
         {
             "direction": "out",
-            "placement": chosen.index,
-            "node_id": chosen.node_id,
+            "placement": index,
+            "node_id": node_id,
             "replicas_before": len(active),
             "replicas_after": len(after),
             **(figures or {}),
         },
     )
-    return chosen.index
+    return index
 
 
 def shrink(
