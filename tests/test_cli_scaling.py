@@ -97,7 +97,14 @@ async def test_scaling_flags_reach_the_specification_and_show_says_how_it_scales
             assert re.search(r"^0\s+local\s+1\s+512 MiB\s+-\s+-\s+yes\s+yes$", planned.stdout, re.M)
             assert re.search(r"^1\s+local\s+1\s+512 MiB\s+-\s+-\s+yes\s+planned$",
                              planned.stdout, re.M)  # fmt: skip
-            assert "HELD" not in (await run.ok("preview", str(spec_file))).stdout
+            assert re.search(
+                r"^scaling:\s+min 1, max 2; held at the start: 1, planned \(not held\): 1; "
+                r"2 fit together, max fits$",
+                planned.stdout,
+                re.M,
+            ), planned.stdout
+            unscaled = (await run.ok("preview", str(spec_file))).stdout
+            assert "HELD" not in unscaled and "scaling:" not in unscaled
 
             # A service without scaling has no scaling line and "-" in the list.
             plain = await run.ok("create", str(write_json(tmp_path / "plain.json",
@@ -159,6 +166,11 @@ def test_show_lines_for_an_idle_a_running_and_a_pinned_service():
     ]
     # A reason that already says how it wakes, or that it is idle, is not said twice.
     worded = {**idle, "reason": "idle: no request for 900 s; the next request wakes it"}
+    failed = {**idle, "reason": "idle: the last activation failed (x); a request tries again"}
+    assert (
+        scaling_lines(failed)[1]
+        == "idle:         the last activation failed (x); a request tries again"
+    )
     assert (
         scaling_lines(worded)[1] == "idle:         no request for 900 s; the next request wakes it"
     )

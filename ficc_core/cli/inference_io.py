@@ -152,6 +152,15 @@ def echo_plan(preview: Mapping[str, Any]) -> None:
                 )
             )
         echo_table(nodes)
+    scaling = preview.get("scaling")
+    if scaling:
+        planned = ", ".join(str(index) for index in scaling["planned"]) or "none"
+        click.echo("")
+        click.echo(
+            f"scaling:     min {scaling['min']}, max {scaling['max']}; held at the start: "
+            f"{len(scaling['held'])}, planned (not held): {planned}; {scaling['fit_together']} "
+            f"fit together, " + ("max fits" if scaling["max_fits"] else "max does not fit")
+        )
     click.echo("")
     click.echo(f"plan digest: {preview['plan_digest']}")
     click.echo(

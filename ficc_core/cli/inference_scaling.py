@@ -125,7 +125,8 @@ def scaling_lines(view: Mapping[str, Any]) -> list[str]:
     if view.get("state") == "idle":
         reason = view.get("reason") or "no request for a while"
         reason = reason.removeprefix("idle: ")  # the controller's reason may start so
-        lines.append(f"idle:         {reason}" + ("" if WAKES in reason else f"; {WAKES}"))
+        says = WAKES in reason or "tries again" in reason  # how it wakes, said already
+        lines.append(f"idle:         {reason}" + ("" if says else f"; {WAKES}"))
     return lines
 
 
