@@ -611,9 +611,10 @@ def main() -> None:
         gone = lambda: not engine_pids("ondemand", serve.proc.pid)  # noqa: E731
         gb.wait_until("ondemand removed", gone, 60)
         print("c. a load step from 1 to 16 streams", flush=True)
-        # Three placements that fit the two CPUs together (one engine thread each), four
-        # slots a replica: 16 streams queue 12 on the first, never past the band's queue.
-        stepped = serve.service("step", {"min": 1, "max": 3, "idle_timeout": 120}, 3, 0.6, 4)
+        # Three placements that fit the two CPUs together (one engine thread each), six
+        # slots a replica: 16 streams queue 10 on the first (never past the band's queue
+        # of 4 x its slots) and fit the three replicas together without queueing.
+        stepped = serve.service("step", {"min": 1, "max": 3, "idle_timeout": 120}, 3, 0.6, 6)
         step = load_step(serve, stepped, args.quick)
         print(f"  replicas joined at {step['joined']}", flush=True)
         raw = {"cold": cold, "burst": burst_, "step": step}
