@@ -1,7 +1,8 @@
 """The inference gateway: the one seam every invoke path (HTTP, federation) goes through.
 
 :mod:`.gateway` runs a request through the concerns beside it: :mod:`.checks`
-(authority, admission, the body), :mod:`.admission` (replica slots, the wait
+(authority, admission, the body), :mod:`.activation` (waking an idle on-demand
+service, the bounded wait for it), :mod:`.admission` (replica slots, the wait
 queue), :mod:`.relay` (the engine's stream, the response), :mod:`.accounting`
 (usage records, metrics), :mod:`.breakers` (replicas out for a cooldown),
 :mod:`.limits` (context and output refusal) and :mod:`.engine_errors` (an
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 from .accounting import UsageRecord
 from .errors import (
+    ActivationTimeout,
     CapabilityNotServed,
     ContextLengthExceeded,
     DeadlineExceeded,
@@ -39,6 +41,7 @@ from .relay import ResponseChunks
 
 __all__ = [
     "PATHS",
+    "ActivationTimeout",
     "CapabilityNotServed",
     "ContextLengthExceeded",
     "DeadlineExceeded",

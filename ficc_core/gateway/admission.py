@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import random
 from collections import deque
+from collections.abc import Collection, Iterable
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -59,6 +60,8 @@ class _Waiter:
     event: trio.Event = attrs.field(factory=trio.Event)
     #: Its slot was taken for it (by :meth:`Admission._grant`): it only has to return.
     granted: bool = False
+    #: When it joined the queue, on the trio clock (the queue is FIFO per band).
+    joined: float = attrs.field(factory=trio.current_time)
 
 
 @attrs.define(eq=False)
@@ -129,6 +132,9 @@ class Admission:
         self._load: dict[str, int] = {}
         self._lines: dict[str, _Line] = {}
         self._idle: dict[str, trio.Event] = {}
+        #: Per replica key with nothing in flight: when its last request ended (or when
+        #: :meth:`idle_for` first saw it), on the trio clock.
+        self._last: dict[str, float] = {}
 
     def load(self, replica_key: str) -> int:
         """Requests in flight on the replica with ``replica_key`` (its attempt ID)."""
@@ -149,6 +155,29 @@ class Admission:
         if line is None:
             return 0
         return line.waiting if band is None else len(line.queues.get(band, ()))
+
+    def figures(self, service_id: str, now: float) -> tuple[int, float]:
+        """(requests of ``service_id`` waiting for a slot, seconds the oldest has waited)."""
+        line = self._lines.get(service_id)
+        if line is None:
+            return 0, 0.0
+        heads = [queue[0].joined for queue in line.queues.values() if queue]
+        return line.waiting, (now - min(heads)) if heads else 0.0
+
+    def idle_for(self, replicas: Iterable[LiveReplica], now: float) -> dict[str, float]:
+        """Per replica of ``replicas``, seconds since its last request here ended (0 while
+        one is in flight; one never used counts from this first call that saw it)."""
+        load, last, idle = self._load, self._last, {}
+        for replica in replicas:
+            key = replica.key
+            idle[key] = 0.0 if load.get(key) else now - last.setdefault(key, now)
+        return idle
+
+    def forget_idle(self, routed: Collection[str]) -> None:
+        """Forget when replicas no longer ``routed`` to were last used (they left)."""
+        last = self._last
+        for key in [key for key in last if key not in routed]:
+            del last[key]
 
     #: Chooses among the replicas (:class:`~ficc_core.gateway.scoring.Router`); the gateway sets it.
     router: Router
@@ -189,6 +218,7 @@ class Admission:
             self._load[key] = left
         else:
             self._load.pop(key, None)
+            self._last[key] = trio.current_time()
             idle = self._idle.pop(key, None)
             if idle is not None:
                 idle.set()

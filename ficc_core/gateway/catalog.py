@@ -11,7 +11,8 @@ credential: its one service; a project credential: every service of its project)
 1. the service whose alias it is (aliases are unique in a project);
 2. else the services listing it among their ``names`` (the specification's
    ``aliases``, then the model's manifest name): the first, by alias, with a
-   ready replica while it admits requests; else the first by alias.
+   ready replica while it admits requests; else the first idle on-demand
+   service (a request wakes it); else the first by alias.
 
 A personal key reaches the services shared with its person, whatever their projects
 (docs/people.md): aliases are unique only within a project, so where two shared
@@ -21,6 +22,7 @@ followed only within the first service's project, among the services shared.
 
 A stopped or draining service still answers to its names (its fallbacks may
 serve); ``/v1/models`` lists the services that are not stopped, draining ones
+and idle on-demand ones (no replica running until a request wakes them)
 included: a drain is the last step before a stop or a move, and while it lasts
 the name still reaches the service (or its fallbacks).
 """
@@ -199,7 +201,10 @@ class Catalog:
             return view
         named = project.by_name.get(model)
         if named:
-            return next((view for view in named if _ready(view)), named[0])
+            return next(
+                (view for view in named if _ready(view)),
+                next((view for view in named if view.wakes), named[0]),
+            )
         return self._unknown(model, project.by_alias.values())
 
     def fallbacks(self, actor: Principal, view: LiveService) -> list[LiveService]:

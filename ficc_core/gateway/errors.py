@@ -12,6 +12,7 @@ from typing import Any
 from ..errors import FiccError, Forbidden, NotFound
 
 __all__ = [
+    "ActivationTimeout",
     "CapabilityNotServed",
     "ContextLengthExceeded",
     "DeadlineExceeded",
@@ -109,6 +110,14 @@ class NoReadyReplica(GatewayError):
 
     def __init__(self, message: str, **kwargs: Any) -> None:
         super().__init__(message, **_retry(kwargs))
+
+
+class ActivationTimeout(GatewayError):
+    """An idle on-demand service did not load within ``activation_wait`` (or the request
+    deadline, when sooner). Sent with ``Retry-After`` (the ``activation_retry`` setting)."""
+
+    status = 503
+    code = "activation_timeout"
 
 
 class GenerationChanged(GatewayError):

@@ -24,7 +24,9 @@ engine's ``status``, ``content_type``, ``headers``, ``deadline`` and
 response did not end by itself, frees the replica slot and accounts the request.
 
 The concerns live beside this module: :mod:`.checks` (authority, admission and
-body checks), :mod:`.admission` (replica slots and the wait queue), :mod:`.relay`
+body checks), :mod:`.activation` (a request to an idle on-demand service wakes it
+and waits, bounded, for a ready replica), :mod:`.admission` (replica slots and the
+wait queue), :mod:`.relay`
 (reading the engine's stream with authority re-checked, the response) and
 :mod:`.accounting` (usage records and metrics). This module runs a request
 through them: admit, take a slot, open the engine stream, and move to another
@@ -43,6 +45,7 @@ import logging
 import math
 import random
 from collections.abc import Awaitable, Callable, Iterable, Mapping
+from functools import partial
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
@@ -53,6 +56,7 @@ from ..executor.errors import InputNotAdmitted, PathNotAdmitted
 from ..executor.types import ResponseHead
 from ..quotas import QuotaGate, Unlimited
 from .accounting import Accounting, UsageRecord
+from .activation import Activation, Demand
 from .admission import Admission, no_replica
 from .breakers import Breakers
 from .catalog import models_document
@@ -239,6 +243,12 @@ class Gateway:
         #: replica is starting), raises its refusal (no capacity, a recent failure). The
         #: controller's assembly sets the autoscaler's (:mod:`ficc_core.inference.scaling`).
         self.activate: Callable[[str], Awaitable[None]] = _no_activation
+        #: The requests waiting for an activation (:mod:`.activation`).
+        self.activation = Activation(
+            self.checks, self.relay, metrics, config, recheck_interval=recheck_interval
+        )
+        # When a replica was last used is forgotten once it is no longer routed to.
+        self.router.swept.append(self.admission.forget_idle)
 
     # -- the seam ------------------------------------------------------------------------------
 
@@ -319,6 +329,13 @@ class Gateway:
         # Counted in flight until settled (a drain waits for it): every way out settles.
         self.live.enter(service_id)
         try:
+            # An idle on-demand service (no replica, an activation state) is woken first.
+            if not view.replicas and view.activation:
+                waiting = await self.activation.hold(
+                    request, self.activate, partial(self._respond, request, method, payload)
+                )
+                if waiting is not None:
+                    return 200, waiting  # a stream kept alive until a replica is ready
             response = await self._dispatch(request, method, payload)
             if response.status >= 400 and not response.streaming:
                 refusal = engine_error(response.status, response.take_pending())
@@ -332,6 +349,17 @@ class Gateway:
                 await self.relay.finish(request, code)
             raise
         return response.status, response
+
+    async def _respond(self, request: Request, method: str, payload: bytes) -> ResponseChunks:
+        """The engine's response to ``request`` (an engine's JSON error raised as the
+        refusal it is): what :meth:`invoke` does inline, for a stream answered while its
+        service loaded (:class:`~.activation.WaitingResponse`)."""
+        response = await self._dispatch(request, method, payload)
+        if response.status >= 400 and not response.streaming:
+            refusal = engine_error(response.status, response.take_pending())
+            if refusal is not None:
+                raise refusal
+        return response
 
     @staticmethod
     def _models(view: LiveService, actor: Principal) -> ResponseChunks:
@@ -461,3 +489,19 @@ class Gateway:
     def queued(self, service_id: str) -> int:
         """Requests of ``service_id`` waiting for a slot."""
         return self.admission.queued(service_id)
+
+    def demand(self, service_id: str) -> Demand:
+        """What the autoscaler decides by for ``service_id`` (:class:`~.activation.Demand`):
+        requests waiting (for a slot or an activation), the oldest one's wait, requests in
+        flight, and how long each replica of its view has served nothing. In memory,
+        O(replicas + bands)."""
+        now = trio.current_time()
+        queued, oldest = self.admission.figures(service_id, now)
+        held, longest = self.activation.figures(service_id, now)
+        view = self.live.get(service_id)
+        return Demand(
+            queued=queued + held,
+            oldest_wait=max(oldest, longest),
+            inflight=self.live.inflight(service_id),
+            idle_for=self.admission.idle_for(() if view is None else view.replicas, now),
+        )

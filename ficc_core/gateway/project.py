@@ -10,7 +10,9 @@ accounting. ``GET /v1/models`` lists those services.
 any response exists (:data:`FALLBACK_CODES`: stopped, draining, no ready replica
 (none ready, every replica failed before its response head, no slot freed in
 time), saturated) or its engines failed before any response existed (timed out,
-broke off, answered 5xx: :func:`falls_back`), the aliases its specification lists
+broke off, answered 5xx: :func:`falls_back`), or it is an idle on-demand service
+whose activation failed or did not finish within ``activation_wait``
+(:mod:`.activation`; an idle service is woken, not skipped), the aliases its specification lists
 in ``fallbacks`` are tried in order, each through :meth:`Gateway.invoke` like the
 first. Only the first service's fallbacks are followed (no chains, hence no
 loops), and only those the credential may invoke: a service-bound credential
@@ -31,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from ..errors import FiccError, InvalidRequest
+from .activation import activation_refusal
 from .catalog import Catalog
 from .errors import EngineError
 from .gateway import NO_HEADERS, method_of
@@ -60,8 +63,10 @@ FALLBACK_CODES = frozenset(
 
 def falls_back(refusal: FiccError) -> bool:
     """Whether ``refusal`` of one service sends the request on to its fallbacks."""
-    return refusal.code in FALLBACK_CODES or (
-        isinstance(refusal, EngineError) and refusal.status >= 500
+    return (
+        refusal.code in FALLBACK_CODES
+        or (isinstance(refusal, EngineError) and refusal.status >= 500)
+        or activation_refusal(refusal)
     )
 
 

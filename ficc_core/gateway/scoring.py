@@ -27,7 +27,7 @@ Everything here is in memory and O(replicas) per request.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -129,6 +129,8 @@ class Router:
         self.clock = clock
         self._decisions: dict[tuple[str, str], Any] = {}
         self._routed: set[str] = set()
+        #: Called with the routed replica keys at every sweep, to forget the others.
+        self.swept: list[Callable[[Collection[str]], None]] = []
 
     def rate(self, key: str, local: int, now: float) -> tuple[int, float, float]:
         """(tier, score, estimated requests in flight at its engine) of replica ``key``."""
@@ -208,6 +210,8 @@ class Router:
         gone = self._routed - routed
         self._routed = routed
         self.affinity.prune(gone)
+        for forget in self.swept:
+            forget(routed)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Scrape the engines and sweep every scrape interval until cancelled (off the
