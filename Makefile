@@ -8,7 +8,7 @@ DISTRIBUTIONS := -e .[test] \
 	-e executors/process -e executors/container \
 	-e runtimes/llama_server -e plugins-example
 
-.PHONY: install serve test test-fast lint format docs clean
+.PHONY: install serve test test-fast lint format docs screenshots clean
 
 $(VENV)/.installed: pyproject.toml adapters/*/pyproject.toml executors/*/pyproject.toml \
 		runtimes/*/pyproject.toml plugins-example/pyproject.toml Makefile
@@ -45,6 +45,9 @@ docs: install  ## regenerate the generated sections of docs/
 	$(BIN)/python -m ficc_core.devtools.docs_config
 	$(BIN)/python -m ficc_core.devtools.docs_ranges
 	$(BIN)/python -m ficc_core.devtools.docs_routes
+
+screenshots: install  ## regenerate docs/ui/*.png: the web console's browser tests, saving each page
+	FICC_SCREENSHOTS=docs/ui $(BIN)/python -m pytest -q tests/test_web_console.py
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info */*/*.egg-info plugins-example/*.egg-info

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import trio
 
-from ficc_core.inference.live import Demand
+from ficc_core.demand import Demand
 
 from .inference_support import (
     GIB,

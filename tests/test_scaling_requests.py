@@ -137,8 +137,10 @@ async def test_a_failed_activation_answers_every_waiter_at_once(tmp_path: Path) 
                 assert answer.json()["error"]["code"] == "activation_failed"
                 assert "failed to load" in answer.json()["error"]["message"]
                 assert int(answer.headers["Retry-After"]) >= 1
-            view = await controller.ok("GET", f"/api/v1/inference/{service_id}")
-            assert view["state"] == "idle" and not reserved(view) and attempts_of(view) == [1]
+            view = await controller.wait_service(
+                service_id, lambda v: v["state"] == "idle" and not reserved(v)
+            )
+            assert attempts_of(view) == [1]  # one launch for the five
 
 
 async def test_the_activation_wait_is_bounded(tmp_path: Path) -> None:

@@ -593,6 +593,28 @@ ROUTES: dict[str, Route] = {
         needs(s.INFERENCE_INVOKE),
         "as the service's route, for the service `model` names (or its fallbacks)",
     ),
+    # the web console (docs/ui.md): shells and assets; the pages' data comes from /api/v1
+    "web_landing": Route(
+        "GET",
+        "/",
+        PUBLIC,
+        "the console's landing page (the operator's contact and notice) and login form; "
+        "303 to `/ui/dashboard` with a valid session cookie",
+    ),
+    "web_dashboard": Route(
+        "GET",
+        "/ui/dashboard",
+        PUBLIC,
+        "the console's dashboard (HTML; its script reads `/api/v1`); 303 to `/` without a "
+        "valid session cookie",
+    ),
+    "web_static": Route(
+        "GET",
+        "/ui/static/{build}/{name}",
+        PUBLIC,
+        "a console asset (CSS, JavaScript, images), cached for good under the current "
+        "build; an unknown one is 404 `asset_not_found`",
+    ),
 }
 
 #: Who may call each route, by endpoint: what ``create_app`` enforces.

@@ -31,6 +31,7 @@ from . import (
     routes_system,
     routes_tokens,
     routes_usage,
+    routes_web,
 )
 from .access import ROUTE_ACCESS, Access
 from .authn import CSRF_HEADER, SESSION_COOKIE, authenticate
@@ -123,6 +124,7 @@ def create_app(service: Service) -> QuartTrio:
     routes_logs.register(app, service)
     routes_invoke.register(app, service)
     routes_usage.register(app, service)
+    routes_web.register(app, service)
 
     missing = sorted(
         rule.endpoint for rule in app.url_map.iter_rules() if rule.endpoint not in ROUTE_ACCESS

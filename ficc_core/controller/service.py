@@ -213,8 +213,7 @@ async def open_service(
             metrics=metrics,
         )
         gateway.activate = autoscaler.activate
-        if hasattr(gateway, "demand"):
-            autoscaler.demand = gateway.demand
+        autoscaler.demand = gateway.demand
         service = Service(
             config=config,
             store=store,

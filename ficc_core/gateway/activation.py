@@ -39,7 +39,7 @@ A service with a ready replica costs the request path one attribute read
 from __future__ import annotations
 
 import math
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 import attrs
@@ -57,31 +57,11 @@ if TYPE_CHECKING:
     from .relay import Relay
     from .request import Request
 
-__all__ = ["Activation", "Demand", "WaitingResponse"]
+__all__ = ["Activation", "WaitingResponse"]
 
 #: A refusal that is about the activation: it sends a project-endpoint request to the
 #: service's fallbacks (:mod:`.project`).
 ACTIVATION_FAILED = "failed"
-
-
-@attrs.frozen(kw_only=True)
-class Demand:
-    """What the gateway saw of one service's requests, for the autoscaler: the same
-    figures as :class:`ficc_core.inference.live.Demand` (the gateway may not import the
-    inference package; see the layering contracts in pyproject.toml).
-
-    :ivar queued: requests waiting now: for a replica slot, or for an activation.
-    :ivar oldest_wait: seconds the longest-waiting of them has waited (0 when none).
-    :ivar inflight: requests admitted and not yet ended (those queued included).
-    :ivar idle_for: per replica of the current view (its attempt ID), seconds since it
-        last served a request (0 while one is in flight); a replica never used counts
-        from when the gateway first saw it.
-    """
-
-    queued: int = 0
-    oldest_wait: float = 0.0
-    inflight: int = 0
-    idle_for: Mapping[str, float] = attrs.field(factory=dict)
 
 
 @attrs.define(eq=False)
@@ -180,6 +160,8 @@ class Activation:
         now = trio.current_time()
         hold = _Hold(request, now, min(now + self.wait_bound, request.deadline))
         holds[hold] = None
+        # Counted against activation_queue, not the slot queue's bound, once it is woken.
+        request.woken = True
         self.metrics.activation_waiting.labels(service_id).inc()
         outcome, handed = "left", False
         try:

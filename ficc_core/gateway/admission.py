@@ -251,7 +251,7 @@ class Admission:
             line = self._lines[service_id] = _Line({b.name: deque() for b in self.bands.ordered})
         queue = line.queues[band.name]
         bound = min(self.band_queue_capacity, self.queue_factor * capacity)
-        if len(queue) >= bound:
+        if len(queue) >= bound and not request.woken:
             if not line.waiting:
                 self._lines.pop(service_id, None)
             self.accounting.band_refused(service_id, band.name, "service_saturated")

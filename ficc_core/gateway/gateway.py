@@ -51,12 +51,13 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from ..demand import Demand
 from ..errors import FiccError
 from ..executor.errors import InputNotAdmitted, PathNotAdmitted
 from ..executor.types import ResponseHead
 from ..quotas import QuotaGate, Unlimited
 from .accounting import Accounting, UsageRecord
-from .activation import Activation, Demand
+from .activation import Activation
 from .admission import Admission, no_replica
 from .breakers import Breakers
 from .catalog import models_document
@@ -336,11 +337,7 @@ class Gateway:
                 )
                 if waiting is not None:
                     return 200, waiting  # a stream kept alive until a replica is ready
-            response = await self._dispatch(request, method, payload)
-            if response.status >= 400 and not response.streaming:
-                refusal = engine_error(response.status, response.take_pending())
-                if refusal is not None:
-                    raise refusal
+            response = await self._respond(request, method, payload)
         except BaseException as exc:
             with trio.CancelScope(shield=True):
                 code = exc.code if isinstance(exc, FiccError) else "cancelled"

@@ -63,6 +63,10 @@ class Request:
     wait_until: float = math.inf
     # -- priority bands (admission.py, docs/priority.md) --
     band: Band | None = None
+    #: It waited for its service's activation (activation.py): the slot queue takes it
+    #: whatever its bound (the activation queue already bounded it), so a request held
+    #: while the engine loaded is not refused once it is ready.
+    woken: bool = False
     # -- routing (gateway/scoring.py, gateway/affinity.py) ----------------------------------
     #: The bytes sent to the engine, until the router hashed its prompt (then released).
     payload: bytes = b""

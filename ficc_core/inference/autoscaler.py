@@ -30,10 +30,10 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 
+from ..demand import Demand
 from ..errors import FiccError
 from ..store import Transaction
 from . import repository, scaling
-from .live import Demand
 from .records import Desired
 from .scaling import NoCapacity, floor, running_indices
 

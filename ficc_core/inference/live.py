@@ -21,7 +21,6 @@ the response ends (its ``aclose``); :meth:`LiveTable.request` is the same pair a
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Literal
 
 import attrs
@@ -35,25 +34,6 @@ Admission = Literal["serving", "draining", "stopped"]
 _NARROWNESS = {"serving": 0, "draining": 1, "stopped": 2}
 #: Where a scaled service that may run no replica stands (:attr:`LiveService.activation`).
 Activation = Literal["", "idle", "activating", "failed"]
-
-
-@attrs.frozen(kw_only=True)
-class Demand:
-    """What the gateway saw of one service's requests, for the autoscaler
-    (:mod:`ficc_core.inference.scaling`): the request path's figures, read in memory.
-
-    :ivar queued: requests waiting now: for a replica slot, or for an activation.
-    :ivar oldest_wait: seconds the longest-waiting of them has waited (0 when none).
-    :ivar inflight: requests being served now.
-    :ivar idle_for: per routed replica (its attempt ID), seconds since it last served a
-        request (0 while one is in flight); a replica never used counts from when the
-        gateway first saw it.
-    """
-
-    queued: int = 0
-    oldest_wait: float = 0.0
-    inflight: int = 0
-    idle_for: Mapping[str, float] = attrs.field(factory=dict)
 
 
 @attrs.frozen(kw_only=True)

@@ -1,0 +1,134 @@
+"""Driving the web console in a real browser: Debian's chromium through Playwright.
+
+Playwright's sync API runs in one worker thread (``trio.to_thread.run_sync``) while
+the controller under test keeps serving on the trio loop; everything a browser test
+does with the browser happens inside that one thread.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+CHROMIUM = "/usr/bin/chromium"
+#: How long one browser step (a click, an expectation) may take, in milliseconds.
+STEP_MS = 20_000
+
+
+def chromium_or_skip() -> str:
+    """The system Chromium's path. Without it (or without Playwright) the test is skipped,
+    except in CI (``CI`` set), where it fails: CI installs both (.ci/run, pyproject)."""
+    found = shutil.which("chromium") or (CHROMIUM if Path(CHROMIUM).exists() else None)
+    missing = None
+    if found is None:
+        missing = "Debian's chromium is not installed (apt-get install chromium)"
+    else:
+        try:
+            import playwright.sync_api  # noqa: F401
+        except ImportError:
+            missing = "Playwright for Python is not installed (pip install playwright)"
+    if missing is not None:
+        if os.environ.get("CI"):
+            pytest.fail(f"{missing}, and CI must run the browser tests")
+        pytest.skip(missing)
+    return found
+
+
+@contextmanager
+def chromium(executable: str) -> Iterator[Any]:
+    """A headless Chromium (Playwright's ``Browser``), closed on exit."""
+    from playwright.sync_api import expect, sync_playwright
+
+    expect.set_options(timeout=STEP_MS)
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=executable,
+            args=["--no-sandbox", "--disable-dev-shm-usage"],
+        )
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+class PageWatch:
+    """Every console error, uncaught exception, failed request and response of status 400
+    or more on a page: a test fails on any it did not provoke (:meth:`provoking`)."""
+
+    def __init__(self, page: Any) -> None:
+        self.page = page
+        self.problems: list[str] = []
+        self.allowed: list[tuple[int, re.Pattern[str]]] = []
+        self.provoked: list[str] = []
+        page.on("console", self._console)
+        page.on("pageerror", lambda error: self.problems.append(f"page error: {error}"))
+        page.on("requestfailed", self._failed)
+        page.on("response", self._response)
+
+    def _allows(self, status: int | None, url: str) -> bool:
+        return any(
+            (status is None or status == code) and pattern.search(url)
+            for code, pattern in self.allowed
+        )
+
+    def _console(self, message: Any) -> None:
+        if message.type != "error":
+            return
+        url = (message.location or {}).get("url", "")
+        # Chromium logs each response of 400 or more as a console error; one a test
+        # provoked is the test's, the others are already problems as responses.
+        if message.text.startswith("Failed to load resource") and self._allows(None, url):
+            return
+        self.problems.append(f"console error: {message.text} ({url})")
+
+    def _failed(self, request: Any) -> None:
+        self.problems.append(f"request failed: {request.method} {request.url}: {request.failure}")
+
+    def _response(self, response: Any) -> None:
+        if response.status < 400:
+            return
+        if self._allows(response.status, response.url):
+            self.provoked.append(f"{response.status} {response.url}")
+            return
+        method = response.request.method
+        self.problems.append(f"response {response.status}: {method} {response.url}")
+
+    @contextmanager
+    def provoking(self, status: int, url_pattern: str) -> Iterator[None]:
+        """Allow responses of ``status`` to URLs matching ``url_pattern`` inside the block,
+        and require at least one."""
+        entry = (status, re.compile(url_pattern))
+        before = len(self.provoked)
+        self.allowed.append(entry)
+        try:
+            yield
+        finally:
+            self.allowed.remove(entry)
+        assert len(self.provoked) > before, f"no {status} response from {url_pattern} came"
+
+    def check(self) -> None:
+        assert not self.problems, "\n".join(self.problems)
+
+
+def screenshot_folder() -> Path | None:
+    """Where the tests save the console's screenshots (``FICC_SCREENSHOTS``), or None."""
+    folder = os.environ.get("FICC_SCREENSHOTS")
+    if not folder:
+        return None
+    path = Path(folder)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def screenshot(page: Any, name: str) -> None:
+    """Save a full-page screenshot ``name``.png when screenshots are asked for."""
+    folder = screenshot_folder()
+    if folder is not None:
+        page.screenshot(path=str(folder / f"{name}.png"), full_page=True, animations="disabled")
