@@ -51,7 +51,7 @@ function limitsText(model) {
 
 // The choices: the project's services (by alias, with their state), then every name
 // the project endpoint routes (each service's alias and its other names).
-async function loadTargets() {
+async function loadTargets(keep = null) {
   const [services, models] = await Promise.allSettled([
     has("inference:read") ? api("GET", "/api/v1/inference") : Promise.resolve(null),
     api("GET", "/v1/models"),
@@ -90,7 +90,7 @@ async function loadTargets() {
   }
   if (names.length) groups.push(el("optgroup", { label: "Project endpoint" }, names));
   target.replaceChildren(...groups);
-  const remembered = localStorage.getItem(TARGET_KEY);
+  const remembered = keep || localStorage.getItem(TARGET_KEY);
   const first = [...targets.entries()].find(([, t]) => t.ready);
   if (remembered && targets.has(remembered)) target.value = remembered;
   else if (first) target.value = first[0];
@@ -231,6 +231,16 @@ async function converse(text, controller) {
   const stats = statsText(reply);
   meta.textContent = [outcome === "stopped" ? "stopped" : null, stats].filter(Boolean).join(" · ");
   document.getElementById("stats").textContent = stats ? `Last answer: ${stats}` : "";
+  // The services' states may have changed (an idle one woke up): list them afresh,
+  // keeping the choice, before the turn is settled.
+  try {
+    await loadTargets(target.value);
+  } catch (error) {
+    if (sessionEnded(error)) {
+      leave();
+      return;
+    }
+  }
   setState(outcome);
   say(outcome === "failed" ? "The last request failed." : outcome === "stopped" ? "Stopped." : "Ready.");
 }
