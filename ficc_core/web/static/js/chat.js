@@ -335,6 +335,9 @@ async function start() {
       form.requestSubmit();
     }
   });
+  document.addEventListener("keydown", (event) => {
+    if (event.key === "Escape" && running) onStop();
+  });
   document.getElementById("clear").addEventListener("click", () => {
     if (running) return;
     history = [];
