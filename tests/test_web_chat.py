@@ -151,7 +151,7 @@ def _chat(controller, service_id: str) -> None:
         # the answer comes chunk by chunk.
         page.evaluate(_OBSERVE)
         _tab_to(page, "#message")
-        page.keyboard.type("Name three colours.")
+        page.keyboard.type("Write a short poem about the sea.")
         page.keyboard.press("Enter")
         turn = _last_turn(page)
         expect(turn).to_have_attribute("data-state", "done", timeout=LOAD_MS)
