@@ -271,3 +271,46 @@ async def test_the_playground_streams_stops_shows_refusals_and_the_dashboard_cou
         await controller.wait_service(created["id"], lambda v: v["state"] == "idle")
         with trio.fail_after(400):
             await trio.to_thread.run_sync(_chat, controller, created["id"], abandon_on_cancel=True)
+
+
+_USAGE_CELLS = """async ([url, group]) => {
+  const tables = await import(url);
+  return tables.serviceUsageCells(group === null ? undefined : group).map((c) => c.textContent);
+}"""
+
+
+def test_the_dashboards_request_figures_from_a_usage_group(live_server):
+    """The services table's last hour from made-up usage groups (many requests, errors of
+    two codes; none at all), rendered by the page's own module in the browser."""
+    from ficc_core.web import Assets
+
+    group = {
+        "service": {"id": "svc_1", "name": "qwen"},
+        "requests": 7200,
+        "errors": 5,
+        "errors_by_code": {"rate_limited": 3, "service_saturated": 2},
+        "latency": {
+            "duration": {"p50": 1.0, "p90": 2.0, "p99": 3.0},
+            "ttfb": {"p50": 0.0424, "p90": 0.2, "p99": 1.5},
+        },
+    }
+    url = Assets.load().url("js/tables.js")
+    with chromium(chromium_or_skip()) as browser:
+        page = browser.new_context(base_url=live_server.url).new_page()
+        page.set_default_timeout(STEP_MS)
+        watch = StreamWatch(page)
+        page.goto("/")
+        assert page.evaluate(_USAGE_CELLS, [url, group]) == [
+            "2/s7200 requests",
+            "5rate_limited 3, service_saturated 2",
+            "42 ms / 1500 ms",
+        ]
+        assert page.evaluate(_USAGE_CELLS, [url, None]) == ["0/s0 requests", "0", "\u2013"]
+        refused = {**group, "requests": 1, "errors": 1, "errors_by_code": {"rate_limited": 1}}
+        refused["latency"] = {"duration": {"p50": None}, "ttfb": {"p50": None, "p99": None}}
+        assert page.evaluate(_USAGE_CELLS, [url, refused]) == [
+            "0.00028/s1 request",
+            "1rate_limited 1",
+            "\u2013",
+        ]
+        watch.check()
