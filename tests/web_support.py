@@ -132,3 +132,34 @@ def screenshot(page: Any, name: str) -> None:
     folder = screenshot_folder()
     if folder is not None:
         page.screenshot(path=str(folder / f"{name}.png"), full_page=True, animations="disabled")
+
+
+class StreamWatch(PageWatch):
+    """A :class:`PageWatch` that also lets the page abort a request of its own (the chat's
+    Stop button aborting its stream, which Chromium reports as a failed request) inside
+    :meth:`aborting`; any other failed request is still a problem."""
+
+    def __init__(self, page: Any) -> None:
+        self.aborting_patterns: list[re.Pattern[str]] = []
+        self.aborted: list[str] = []
+        super().__init__(page)
+
+    def _failed(self, request: Any) -> None:
+        failure = request.failure or ""
+        if "ERR_ABORTED" in failure and any(p.search(request.url) for p in self.aborting_patterns):
+            self.aborted.append(request.url)
+            return
+        super()._failed(request)
+
+    @contextmanager
+    def aborting(self, url_pattern: str) -> Iterator[None]:
+        """Allow the page to abort requests to URLs matching ``url_pattern`` inside the
+        block, and require at least one."""
+        pattern = re.compile(url_pattern)
+        before = len(self.aborted)
+        self.aborting_patterns.append(pattern)
+        try:
+            yield
+        finally:
+            self.aborting_patterns.remove(pattern)
+        assert len(self.aborted) > before, f"no request to {url_pattern} was aborted"

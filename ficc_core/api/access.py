@@ -608,6 +608,13 @@ ROUTES: dict[str, Route] = {
         "the console's dashboard (HTML; its script reads `/api/v1`); 303 to `/` without a "
         "valid session cookie",
     ),
+    "web_chat": Route(
+        "GET",
+        "/ui/chat",
+        PUBLIC,
+        "the console's chat playground (HTML; its script streams from the invoke routes with "
+        "the session); 303 to `/` without a valid session cookie",
+    ),
     "web_static": Route(
         "GET",
         "/ui/static/{build}/{name}",

@@ -4,11 +4,14 @@
 
 import { api, leave, sessionEnded } from "./api.js";
 import { clock } from "./format.js";
-import { eventRow, modelRow, nodeRow, serviceRow } from "./tables.js";
+import { eventRow, modelRow, nodeRow, serviceRow, serviceUsageCells } from "./tables.js";
 
 const REFRESH_MS = Number(document.body.dataset.refreshMs) || 5000;
 const EVENTS_SHOWN = 20;
 const SERVICES_FOLLOWED = 20;
+// The services' request figures cover the last hour (GET /api/v1/usage, by service).
+const USAGE_PERIOD = "1h";
+const USAGE_SECONDS = 3600;
 
 const SECTIONS = {
   nodes: { scope: "contributors:read", what: "nodes" },
@@ -85,17 +88,24 @@ async function allAnswered(requests) {
 async function refresh() {
   const problem = document.getElementById("problem");
   try {
-    const [nodes, services, models] = await allAnswered([
+    const [nodes, services, models, usage] = await allAnswered([
       has("contributors:read") ? api("GET", "/api/v1/contributors") : null,
       has("inference:read") ? api("GET", "/api/v1/inference") : null,
       has("models:read") ? api("GET", "/api/v1/models") : null,
+      has("inference:read") ? api("GET", `/api/v1/usage?period=${USAGE_PERIOD}&group_by=service`) : null,
     ]);
+    const served = new Map((usage ? usage.groups : []).map((g) => [g.service.id, g]));
     const events = services ? await recentEvents(services.services) : null;
     const modelNames = new Map((models ? models.models : []).map((m) => [m.id, m.name]));
     const aliases = new Map((services ? services.services : []).map((s) => [s.id, s.alias]));
     if (nodes) fill("nodes", nodes.contributors.map(nodeRow), "No node has connected yet.");
     if (services) {
-      fill("services", services.services.map((s) => serviceRow(s, modelNames)), "This project has no service yet.");
+      const rows = services.services.map((s) => {
+        const row = serviceRow(s, modelNames);
+        row.append(...serviceUsageCells(served.get(s.id), USAGE_SECONDS));
+        return row;
+      });
+      fill("services", rows, "This project has no service yet.");
     }
     if (models) fill("models", models.models.map(modelRow), "This project has no model yet.");
     if (events) fill("events", events.map((e) => eventRow(e, aliases)), "Nothing has happened yet.");
