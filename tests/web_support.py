@@ -132,3 +132,26 @@ def screenshot(page: Any, name: str) -> None:
     folder = screenshot_folder()
     if folder is not None:
         page.screenshot(path=str(folder / f"{name}.png"), full_page=True, animations="disabled")
+
+
+def open_page(browser: Any, url: str, width: int = 1280, height: int = 900) -> tuple[Any, PageWatch]:
+    """A page in a fresh browser context (its own cookies) at ``url``, and its watch."""
+    context = browser.new_context(base_url=url, viewport={"width": width, "height": height})
+    page = context.new_page()
+    page.set_default_timeout(STEP_MS)
+    return page, PageWatch(page)
+
+
+def log_in(page: Any, username: str, password: str, project: str) -> None:
+    """Log in through the landing page's form; wait for the dashboard."""
+    page.goto("/")
+    page.get_by_label("Username").fill(username)
+    page.get_by_label("Password").fill(password)
+    page.get_by_label("Project").fill(project)
+    page.get_by_role("button", name="Log in").click()
+    page.wait_for_url("**/ui/dashboard")
+
+
+def fits_width(page: Any) -> bool:
+    """Nothing on the page is wider than the window (tables scroll inside their region)."""
+    return page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
