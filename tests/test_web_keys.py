@@ -12,8 +12,6 @@ or a response of 400 or more that the test did not provoke (``PageWatch``). With
 
 from __future__ import annotations
 
-import re
-
 import httpx
 import pytest
 import trio
@@ -21,7 +19,7 @@ import trio
 from ficc_core.auth import ALL_SCOPES
 
 from .conftest import bearer
-from .inference_support import open_inference_controller, llama_spec, register_smollm2
+from .inference_support import llama_spec, open_inference_controller, register_smollm2
 from .web_support import chromium, chromium_or_skip, fits_width, log_in, open_page, screenshot
 
 pytestmark = pytest.mark.slow
@@ -189,9 +187,7 @@ async def test_a_service_key_is_shown_once_works_until_revoked_and_its_use_is_on
         )
         model_id = await register_smollm2(controller)
         spec = await llama_spec(controller, model_id, alias="smol", cpus=0.5)
-        service_id = (await controller.ok("POST", "/api/v1/inference", status=201, json=spec))[
-            "id"
-        ]
+        service_id = (await controller.ok("POST", "/api/v1/inference", status=201, json=spec))["id"]
         started = await controller.control(service_id, "start")
         assert started.status_code == 200, started.text
         # A key of the project with limits of its own, for the usage page's limits.
@@ -321,7 +317,9 @@ async def test_an_administrator_approves_a_signup_and_a_member_sees_no_administr
         assert signed_up.json()["status"] == "pending"
         await in_browser(_approve_a_signup, controller.url)
         dave = next(
-            u for u in (await controller.ok("GET", "/api/v1/users"))["users"] if u["username"] == "dave"
+            u
+            for u in (await controller.ok("GET", "/api/v1/users"))["users"]
+            if u["username"] == "dave"
         )
         assert dave["status"] == "active"
         assert sorted(dave["projects"][0]["scopes"]) == ["inference:read", "models:read"]

@@ -134,7 +134,9 @@ def screenshot(page: Any, name: str) -> None:
         page.screenshot(path=str(folder / f"{name}.png"), full_page=True, animations="disabled")
 
 
-def open_page(browser: Any, url: str, width: int = 1280, height: int = 900) -> tuple[Any, PageWatch]:
+def open_page(
+    browser: Any, url: str, width: int = 1280, height: int = 900
+) -> tuple[Any, PageWatch]:
     """A page in a fresh browser context (its own cookies) at ``url``, and its watch."""
     context = browser.new_context(base_url=url, viewport={"width": width, "height": height})
     page = context.new_page()

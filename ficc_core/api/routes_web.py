@@ -23,7 +23,6 @@ if TYPE_CHECKING:
     from quart_trio import QuartTrio
 
     from ..auth.principal import Principal
-
     from ..controller.service import Service
 
 LANDING = "/"
