@@ -11,6 +11,7 @@ const SERVICE_SCOPES = ["inference:read", "inference:manage", "tokens:manage"];
 const CREATE_SCOPE = "inference:invoke"; // a service key holds it: its maker must too
 
 let principal = null;
+let issuedId = null; // the key shown in the box, hidden with it when revoked
 const inFlight = new Set();
 const $ = (id) => document.getElementById(id);
 
@@ -130,6 +131,7 @@ function duration(seconds) {
 // The key just made, shown this once.
 function reveal(answer, what) {
   const credential = answer.credential;
+  issuedId = credential.id;
   $("issued-token").value = answer.token;
   $("issued-what").textContent = `${what} "${credential.name}", ${
     credential.expires_at ? `expiring ${fromNow(credential.expires_at)} (${stamp(credential.expires_at)})` : "never expiring"
@@ -151,6 +153,7 @@ function reveal(answer, what) {
 }
 
 function hideIssued() {
+  issuedId = null;
   $("issued-token").value = "";
   $("issued-copied").textContent = "";
   $("issued").hidden = true;
@@ -198,6 +201,7 @@ async function revokeServiceKey(key) {
   await attempt("Could not revoke the key", async () => {
     await call("DELETE", `/api/v1/inference/${encodeURIComponent(serviceId)}/tokens/${encodeURIComponent(key.id)}`);
     problem("");
+    if (key.id === issuedId) hideIssued();
     status(`Key "${key.name}" is revoked.`);
     await loadServiceKeys();
   });
@@ -279,6 +283,7 @@ async function revokePersonalKey(key) {
   await attempt("Could not revoke the key", async () => {
     await call("DELETE", `/api/v1/me/tokens/${encodeURIComponent(key.id)}`);
     problem("");
+    if (key.id === issuedId) hideIssued();
     status(`Key "${key.name}" is revoked.`);
     await loadPersonalKeys();
   });
