@@ -12,6 +12,8 @@ or a response of 400 or more that the test did not provoke (``PageWatch``). With
 
 from __future__ import annotations
 
+import re
+
 import httpx
 import pytest
 import trio
@@ -20,7 +22,15 @@ from ficc_core.auth import ALL_SCOPES
 
 from .conftest import bearer
 from .inference_support import llama_spec, open_inference_controller, register_smollm2
-from .web_support import chromium, chromium_or_skip, fits_width, log_in, open_page, screenshot
+from .web_support import (
+    chromium,
+    chromium_or_skip,
+    fits_width,
+    leave_dashboard,
+    log_in,
+    open_page,
+    screenshot,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -55,8 +65,9 @@ def _keys_and_usage(url: str, service_id: str) -> None:
         page, watch = open_page(browser, url)
         page.context.grant_permissions(["clipboard-read", "clipboard-write"], origin=url)
         log_in(page, *ALICE, "default")
-        page.get_by_role("navigation", name="Console").get_by_role("link", name="Keys").click()
-        page.wait_for_url("**/ui/keys")
+        nav = page.get_by_role("navigation", name="Console")
+        expect(nav.get_by_role("link", name="Keys")).to_have_attribute("href", "/ui/keys")
+        leave_dashboard(page, "/ui/keys")
         expect(page.get_by_role("link", name="Administration")).to_have_count(0)
 
         # A service key: made on the page, shown once, its lifetime bounded by the session.
@@ -176,7 +187,7 @@ async def test_a_service_key_is_shown_once_works_until_revoked_and_its_use_is_on
     tmp_path,
 ):
     chromium_or_skip()
-    async with open_inference_controller(tmp_path, console_refresh=0.5) as controller:
+    async with open_inference_controller(tmp_path, console_refresh=60) as controller:
         await controller.ok(
             "POST",
             "/api/v1/users",
@@ -236,8 +247,11 @@ def _approve_a_signup(url: str) -> None:
         # An administrator: the navigation offers the administration page.
         admin, admin_watch = open_page(browser, url)
         log_in(admin, *ROOT, "default")
-        admin.get_by_role("link", name="Administration").click()
-        admin.wait_for_url("**/ui/admin")
+        nav = admin.get_by_role("navigation", name="Console")
+        expect(nav.get_by_role("link", name="Administration")).to_have_attribute(
+            "href", "/ui/admin"
+        )
+        leave_dashboard(admin, "/ui/admin")
         waiting = admin.locator('#pending tr[data-username="dave"]')
         expect(waiting).to_be_visible()
         expect(admin.locator('#users tr[data-username="dave"] td.state')).to_have_text("pending")
@@ -278,6 +292,7 @@ def _approve_a_signup(url: str) -> None:
         page, watch = open_page(browser, url)
         log_in(page, *DAVE, "default")
         expect(page.locator("#whoami")).to_have_text("dave · default")
+        expect(page.locator("body")).to_have_attribute("data-refreshes", re.compile(r"^\d+$"))
         watch.check()
 
         # A member's session: no administration link, and the page asks for nothing;
@@ -287,7 +302,7 @@ def _approve_a_signup(url: str) -> None:
         nav = page.get_by_role("navigation", name="Console")
         expect(nav.get_by_role("link", name="Keys")).to_be_visible()
         expect(nav.get_by_role("link", name="Administration")).to_have_count(0)
-        page.goto("/ui/admin")
+        leave_dashboard(page, "/ui/admin")
         expect(page.locator("#not-admin")).to_contain_text("lacks the admin scope")
         expect(page.locator("#users")).to_have_count(0)
         expect(page.locator("body")).to_have_attribute("data-loaded", "true")
@@ -296,11 +311,33 @@ def _approve_a_signup(url: str) -> None:
             assert page.evaluate(_GET, "/api/v1/projects") == [403, "missing_scope"]
         watch.check()
 
+        # A personal session (no project): no service keys to manage, its own keys by
+        # keyboard alone (Enter submits), its own usage only.
+        page, watch = open_page(browser, url)
+        log_in(page, *ALICE, "")
+        leave_dashboard(page, "/ui/keys")
+        expect(page.locator('.note[data-for="service-keys"]')).to_have_text(
+            "A personal session has no project: log in to a project to manage its service keys."
+        )
+        expect(page.locator("#service-key-form")).to_be_hidden()
+        page.locator("#personal-key-form").get_by_label("Name", exact=True).focus()
+        page.keyboard.type("notebook")
+        page.keyboard.press("Enter")
+        expect(page.locator("#issued")).to_be_focused()
+        expect(page.locator('#personal-keys tr[data-key-name="notebook"] td.state')).to_have_text(
+            "active"
+        )
+        page.goto("/ui/usage")
+        whose = page.get_by_label("Whose")
+        expect(whose.locator("option")).to_have_text(["My personal keys"])
+        expect(page.locator('[data-figure="requests"] .amount')).to_have_text("0")
+        watch.check()
+
 
 async def test_an_administrator_approves_a_signup_and_a_member_sees_no_administration(tmp_path):
     chromium_or_skip()
     async with open_inference_controller(
-        tmp_path, embedded=False, signup_open=True, console_refresh=0.5
+        tmp_path, embedded=False, signup_open=True, console_refresh=60
     ) as controller:
         for (name, password), admin, projects in (
             (ROOT, True, {}),

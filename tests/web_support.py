@@ -157,3 +157,13 @@ def log_in(page: Any, username: str, password: str, project: str) -> None:
 def fits_width(page: Any) -> bool:
     """Nothing on the page is wider than the window (tables scroll inside their region)."""
     return page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
+
+
+def leave_dashboard(page: Any, path: str) -> None:
+    """Open ``path`` from the dashboard once its first refresh is answered, so no request
+    of its is cut off by the navigation (a failed request to PageWatch). Use it with a
+    ``console_refresh`` longer than the test's steps on the dashboard."""
+    from playwright.sync_api import expect
+
+    expect(page.locator("body")).to_have_attribute("data-refreshes", re.compile(r"^\d+$"))
+    page.goto(path)

@@ -7,6 +7,8 @@ import { api, leave, openSession, sessionEnded } from "./api.js";
 import { ago, badge, el, fromNow, stamp } from "./format.js";
 import { fillRows } from "./tables.js";
 
+// A personal session works in the reserved project no one can name (docs/people.md).
+const PERSONAL_PROJECT = "~personal";
 const SERVICE_SCOPES = ["inference:read", "inference:manage", "tokens:manage"];
 const CREATE_SCOPE = "inference:invoke"; // a service key holds it: its maker must too
 
@@ -14,6 +16,7 @@ let principal = null;
 let issuedId = null; // the key shown in the box, hidden with it when revoked
 const inFlight = new Set();
 const $ = (id) => document.getElementById(id);
+const inProject = () => Boolean(principal.project && principal.project.id && principal.project.id !== PERSONAL_PROJECT);
 
 // Every request of the page is tracked, so logging out waits for them all.
 function track(promise) {
@@ -229,7 +232,7 @@ async function createServiceKey(event) {
 }
 
 async function startServiceKeys() {
-  if (!principal.project || !principal.project.id) {
+  if (!inProject()) {
     note("service-keys", "A personal session has no project: log in to a project to manage its service keys.");
     return;
   }

@@ -10,6 +10,8 @@ import { fillRows } from "./tables.js";
 const REFRESH_MS = Number(document.body.dataset.refreshMs) || 5000;
 const KEYS_CHECKED = 100; // the project's active keys whose limits are read, at most
 const GROUP_NAMES = { key: "Key", service: "Service", person: "Person", model: "Model", project: "Project" };
+// A personal session works in the reserved project no one can name (docs/people.md).
+const PERSONAL_PROJECT = "~personal";
 const PERSONAL_GROUPS = new Set(["", "key", "service", "model"]);
 
 let principal = null;
@@ -20,6 +22,10 @@ let current = Promise.resolve();
 const inFlight = new Set();
 const $ = (id) => document.getElementById(id);
 const has = (scope) => principal.scopes.includes(scope);
+const projectId = () => {
+  const id = principal.project && principal.project.id;
+  return id && id !== PERSONAL_PROJECT ? id : null;
+};
 
 function call(method, path) {
   const promise = api(method, path);
@@ -80,7 +86,7 @@ function usagePath() {
   if (by) query.set("group_by", by);
   if (service && whose !== "me") query.set("service", service);
   // An administrator sees every project's usage; "this project" narrows it to its own.
-  if (whose === "project" && has("admin")) query.set("project", principal.project.id);
+  if (whose === "project" && has("admin")) query.set("project", projectId());
   const base = whose === "me" ? "/api/v1/me/usage" : "/api/v1/usage";
   const text = query.toString();
   return text ? `${base}?${text}` : base;
@@ -247,7 +253,7 @@ async function activeKeys() {
 async function refreshLimits() {
   const asked = [];
   const checked = [];
-  const project = principal.project && principal.project.id;
+  const project = projectId();
   if (has("admin") && project) {
     asked.push(call("GET", `/api/v1/projects/${encodeURIComponent(project)}/limits`));
     checked.push("the project");
@@ -300,7 +306,7 @@ function limitsFailed(error) {
 // -- start -------------------------------------------------------------------------------
 
 async function services() {
-  if (!has("inference:read") || !principal.project.id) return;
+  if (!has("inference:read") || !projectId()) return;
   const answer = await call("GET", "/api/v1/inference");
   const sorted = [...answer.services].sort((a, b) => a.alias.localeCompare(b.alias));
   $("usage-service").append(...sorted.map((s) => el("option", { value: s.id }, s.alias)));
@@ -319,7 +325,7 @@ async function start() {
   }
   if (!principal) return;
   const whose = $("whose");
-  const project = principal.project && principal.project.id;
+  const project = projectId();
   for (const option of [...whose.options]) {
     const allowed =
       (option.value === "project" && project && has("inference:read")) ||
