@@ -315,7 +315,9 @@ def _approve_a_signup(url: str) -> None:
         # keyboard alone (Enter submits), its own usage only.
         page, watch = open_page(browser, url)
         log_in(page, *ALICE, "")
+        expect(page.locator("#whoami")).to_have_text(re.compile(r"^alice · "))
         leave_dashboard(page, "/ui/keys")
+        expect(page.locator("#whoami")).to_have_text("alice · personal")
         expect(page.locator('.note[data-for="service-keys"]')).to_have_text(
             "A personal session has no project: log in to a project to manage its service keys."
         )

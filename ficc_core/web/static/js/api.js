@@ -73,7 +73,9 @@ export function leave() {
 
 function sessionIdentity(who) {
   const user = who.user ? who.user.username : who.id;
-  const project = who.project && who.project.name ? who.project.name : "personal";
+  // A personal session works in the reserved project "~personal" (docs/people.md).
+  const named = who.project && who.project.name && who.project.id !== "~personal";
+  const project = named ? who.project.name : "personal";
   return `${user} · ${project}`;
 }
 
