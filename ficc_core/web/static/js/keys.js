@@ -262,7 +262,7 @@ async function startServiceKeys() {
     form.hidden = false;
     form.querySelector("button[type=submit]").hidden = true;
     for (const field of ["service-key-name", "service-key-lifetime"]) $(field).closest(".field").hidden = true;
-    note("service-keys", `This session lacks the ${CREATE_SCOPE} scope a new service key would hold: it can list and revoke keys only.`);
+    form.append(el("p", { class: "hint" }, `This session lacks the ${CREATE_SCOPE} scope a new service key would hold: it lists and revokes keys only.`));
   }
   serviceSelect().addEventListener("change", () => {
     const url = new URL(window.location.href);
