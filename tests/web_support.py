@@ -180,3 +180,38 @@ class StreamWatch(PageWatch):
         finally:
             self.aborting_patterns.remove(pattern)
         assert len(self.aborted) > before, f"no request to {url_pattern} was aborted"
+
+
+def open_page(
+    browser: Any, url: str, width: int = 1280, height: int = 900
+) -> tuple[Any, PageWatch]:
+    """A page in a fresh browser context (its own cookies) at ``url``, and its watch."""
+    context = browser.new_context(base_url=url, viewport={"width": width, "height": height})
+    page = context.new_page()
+    page.set_default_timeout(STEP_MS)
+    return page, PageWatch(page)
+
+
+def log_in(page: Any, username: str, password: str, project: str) -> None:
+    """Log in through the landing page's form; wait for the dashboard."""
+    page.goto("/")
+    page.get_by_label("Username").fill(username)
+    page.get_by_label("Password").fill(password)
+    page.get_by_label("Project").fill(project)
+    page.get_by_role("button", name="Log in").click()
+    page.wait_for_url("**/ui/dashboard")
+
+
+def fits_width(page: Any) -> bool:
+    """Nothing on the page is wider than the window (tables scroll inside their region)."""
+    return page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
+
+
+def leave_dashboard(page: Any, path: str) -> None:
+    """Open ``path`` from the dashboard once its first refresh is answered, so no request
+    of its is cut off by the navigation (a failed request to PageWatch). Use it with a
+    ``console_refresh`` longer than the test's steps on the dashboard."""
+    from playwright.sync_api import expect
+
+    expect(page.locator("body")).to_have_attribute("data-refreshes", re.compile(r"^\d+$"))
+    page.goto(path)

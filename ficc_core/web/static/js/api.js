@@ -131,3 +131,42 @@ export async function* sseEvents(response) {
     await reader.cancel().catch(() => {});
   }
 }
+
+function sessionIdentity(who) {
+  const user = who.user ? who.user.username : who.id;
+  // A personal session works in the reserved project "~personal" (docs/people.md).
+  const named = who.project && who.project.name && who.project.id !== "~personal";
+  const project = named ? who.project.name : "personal";
+  return `${user} · ${project}`;
+}
+
+// A console page's session: GET /api/v1/whoami, the header's identity and its Log out
+// button, which first awaits `settled()` (the page's requests in flight, so none is
+// left unanswered) and then ends the session. Answers the principal; null when the
+// session is gone already (the page then goes back to the login form). Any other
+// failure is thrown for the page to say.
+export async function openSession(settled = () => Promise.resolve()) {
+  let principal;
+  try {
+    principal = await api("GET", "/api/v1/whoami");
+  } catch (error) {
+    if (sessionEnded(error)) {
+      leave();
+      return null;
+    }
+    throw error;
+  }
+  document.getElementById("whoami").textContent = sessionIdentity(principal);
+  const button = document.getElementById("logout");
+  button.addEventListener("click", async () => {
+    button.disabled = true;
+    await Promise.allSettled([settled()]);
+    try {
+      await api("DELETE", "/api/v1/session");
+    } catch {
+      // Ended already (or the server is away): the cookie goes with the next login.
+    }
+    leave();
+  });
+  return principal;
+}

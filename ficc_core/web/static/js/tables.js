@@ -165,3 +165,20 @@ export function serviceUsageCells(group, seconds = 3600) {
     el("td", { class: "ttft" }, ttfb && ttfb.p50 !== null ? `${ms(ttfb.p50)} / ${ms(ttfb.p99)}` : dash),
   ];
 }
+
+// Put `rows` in `table`'s body, each cell named after its column (the phone-width
+// layout shows the name beside the value, console.css), as the dashboard's tables.
+export function fillRows(table, rows) {
+  const columns = [...table.tHead.rows[0].cells].map((cell) => cell.textContent);
+  for (const row of rows) {
+    [...row.cells].forEach((cell, index) => {
+      if (cell.tagName !== "TD" || cell.hasAttribute("data-label")) return;
+      cell.setAttribute("data-label", columns[index]);
+      const value = document.createElement("div");
+      value.className = "value";
+      value.append(...cell.childNodes);
+      cell.append(value);
+    });
+  }
+  table.tBodies[0].replaceChildren(...rows);
+}
