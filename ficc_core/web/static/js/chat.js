@@ -5,7 +5,7 @@
 // the gateway cancels the engine's request, freeing its slot. The conversation lives
 // in the page only.
 
-import { api, ApiError, leave, openStream, sessionEnded, sseEvents } from "./api.js";
+import { api, ApiError, leave, openSession, openStream, sessionEnded, sseEvents } from "./api.js";
 import { el, number } from "./format.js";
 
 const TARGET_KEY = "ficc.chat.target";
@@ -25,12 +25,6 @@ let history = []; // the messages sent so far, without the system prompt
 let running = null; // {controller, done} while a reply streams: Stop aborts controller
 
 const has = (scope) => principal.scopes.includes(scope);
-
-function identity(who) {
-  const user = who.user ? who.user.username : who.id;
-  const project = who.project && who.project.name ? who.project.name : "personal";
-  return `${user} · ${project}`;
-}
 
 function say(text) {
   chatState.textContent = text;
@@ -277,32 +271,22 @@ function onStop() {
   if (running) running.controller.abort();
 }
 
-async function logout() {
+// Logging out first stops the answer in flight.
+async function settled() {
   if (running) {
     running.controller.abort();
     await running.done.catch(() => {});
   }
-  try {
-    await api("DELETE", "/api/v1/session");
-  } catch {
-    // Ended already (or the server is away): the cookie goes with the next login.
-  }
-  leave();
 }
 
 async function start() {
   try {
-    principal = await api("GET", "/api/v1/whoami");
+    principal = await openSession(settled);
   } catch (error) {
-    if (sessionEnded(error)) {
-      leave();
-      return;
-    }
     showProblem(`Could not load the playground: ${error.message}`);
     return;
   }
-  document.getElementById("whoami").textContent = identity(principal);
-  document.getElementById("logout").addEventListener("click", logout);
+  if (principal === null) return; // the session had ended: back to the login form
   if (!has("inference:invoke")) {
     say("This session lacks the inference:invoke scope that chatting needs.");
     send.disabled = true;

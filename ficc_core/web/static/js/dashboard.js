@@ -2,7 +2,7 @@
 // `data-refresh-ms` while the page is visible, redrawn in place (no reload). A section
 // whose route needs a scope the session lacks says so instead of asking.
 
-import { api, leave, sessionEnded } from "./api.js";
+import { api, leave, openSession, sessionEnded } from "./api.js";
 import { clock } from "./format.js";
 import { eventRow, modelRow, nodeRow, serviceRow, serviceUsageCells } from "./tables.js";
 
@@ -50,12 +50,6 @@ function fill(section, rows, emptyText) {
   table.tBodies[0].replaceChildren(...rows);
   table.closest(".table-wrap").hidden = rows.length === 0;
   note(section, rows.length === 0 ? emptyText : "");
-}
-
-function identity(who) {
-  const user = who.user ? who.user.username : who.id;
-  const project = who.project && who.project.name ? who.project.name : "personal";
-  return `${user} · ${project}`;
 }
 
 async function recentEvents(services) {
@@ -135,33 +129,23 @@ function schedule(delay) {
   }, delay);
 }
 
-async function logout() {
+// Logging out stops the refreshes and leaves no request of this page unanswered.
+function settled() {
   stopped = true;
   clearTimeout(timer);
-  await current; // leave no request of this page unanswered
-  try {
-    await api("DELETE", "/api/v1/session");
-  } catch {
-    // Ended already (or the server is away): the cookie goes with the next login.
-  }
-  leave();
+  return current;
 }
 
 async function start() {
   try {
-    principal = await api("GET", "/api/v1/whoami");
+    principal = await openSession(settled);
   } catch (error) {
-    if (sessionEnded(error)) {
-      leave();
-      return;
-    }
     const problem = document.getElementById("problem");
     problem.textContent = `Could not load the dashboard: ${error.message}`;
     problem.hidden = false;
     return;
   }
-  document.getElementById("whoami").textContent = identity(principal);
-  document.getElementById("logout").addEventListener("click", logout);
+  if (principal === null) return; // the session had ended: back to the login form
   for (const [section, { scope, what }] of Object.entries(SECTIONS)) {
     if (!has(scope)) {
       document.getElementById(section).closest(".table-wrap").hidden = true;
