@@ -132,3 +132,24 @@ def screenshot(page: Any, name: str) -> None:
     folder = screenshot_folder()
     if folder is not None:
         page.screenshot(path=str(folder / f"{name}.png"), full_page=True, animations="disabled")
+
+
+@contextmanager
+def abandoning(watch: PageWatch, url_pattern: str) -> Iterator[None]:
+    """Inside the block, requests to URLs matching ``url_pattern`` that the browser
+    abandons (``net::ERR_ABORTED``: the page navigated away while they were in flight)
+    are the test's doing, not problems. Other failures still are."""
+    pattern = re.compile(url_pattern)
+    before = len(watch.problems)
+    try:
+        yield
+    finally:
+        kept = watch.problems[:before]
+        for problem in watch.problems[before:]:
+            # "request failed: METHOD URL: net::ERR_ABORTED"
+            aborted = problem.startswith("request failed: ") and "ERR_ABORTED" in problem
+            if aborted and pattern.search(problem):
+                watch.provoked.append(problem)
+            else:
+                kept.append(problem)
+        watch.problems[:] = kept

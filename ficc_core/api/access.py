@@ -608,6 +608,13 @@ ROUTES: dict[str, Route] = {
         "the console's dashboard (HTML; its script reads `/api/v1`); 303 to `/` without a "
         "valid session cookie",
     ),
+    "web_models": Route(
+        "GET",
+        "/ui/models",
+        PUBLIC,
+        "the console's models page (HTML; its script reads and changes `/api/v1/models`); "
+        "303 to `/` without a valid session cookie",
+    ),
     "web_static": Route(
         "GET",
         "/ui/static/{build}/{name}",
