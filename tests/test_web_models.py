@@ -130,7 +130,10 @@ def _upload_resume_and_delete(url: str, token: str, data_dir) -> None:
 
         # A reload cuts the chunk in flight; the server keeps the bytes it made durable.
         page.unroute(cut)
-        with abandoning(watch, r"/files/0/bytes\?offset="):
+        with (
+            abandoning(watch, r"/files/0/bytes\?offset="),
+            page.expect_event("requestfailed", lambda r: _offset(r.url) == CUT_AT),
+        ):
             page.reload()
             expect(row.locator("td.progress")).to_contain_text("24 MiB of 94 MiB received")
         assert models()[0]["received_bytes"] == CUT_AT
@@ -253,6 +256,7 @@ def _hub_preview_register_and_acquire(url: str, token: str) -> None:
         expect(row.locator("td.state")).to_contain_text("acquisition: running")
         expect(row.locator("td.source")).to_contain_text(f"{REPO}at {COMMIT[:12]}")
         expect(row.locator("td.progress .received")).to_contain_text("received")
+        screenshot(page, "models-acquiring")
         # Paused, it keeps its bytes; resumed, it completes and is verified.
         row.get_by_role("button", name="Pause the acquisition of smol-hub").click()
         expect(row.locator("td.state")).to_contain_text("acquisition: paused")
