@@ -24,13 +24,14 @@ from ficc_core.auth import ALL_SCOPES
 
 from .conftest import bearer
 from .httpsd import ServedFile, ServedJSON
-from .inference_support import open_inference_controller
+from .inference_support import llama_spec, open_inference_controller
 from .models_support import blob_files, random_bytes, sha256_of, smollm2_path
 from .web_support import STEP_MS, PageWatch, abandoning, chromium, chromium_or_skip, screenshot
 
 pytestmark = pytest.mark.slow
 
 ALICE = ("alice", "alice-password-1")
+READER = ("rita", "rita-password-1")  # a member of project default who may only read models
 MEMBER_SCOPES = sorted(set(ALL_SCOPES) - {"admin"})
 MIB = 1 << 20
 #: The page's upload chunk (models.js CHUNK).
@@ -59,10 +60,10 @@ def _page(browser, url: str, width: int = 1280, height: int = 900):
     return page, PageWatch(page)
 
 
-def _log_in_to_models(page) -> None:
+def _log_in_to_models(page, user: tuple[str, str] = ALICE) -> None:
     page.goto("/")
-    page.get_by_label("Username").fill(ALICE[0])
-    page.get_by_label("Password").fill(ALICE[1])
+    page.get_by_label("Username").fill(user[0])
+    page.get_by_label("Password").fill(user[1])
     page.get_by_label("Project").fill("default")
     page.get_by_role("button", name="Log in").click()
     page.wait_for_url("**/ui/dashboard")
@@ -214,12 +215,18 @@ def _sibling(name: str, size: int, sha256: str | None) -> dict:
     return entry
 
 
-def _hub_preview_register_and_acquire(url: str, token: str) -> None:
+async def _serve_with(controller, model_id: str) -> str:
+    """A (stopped) llama.cpp service of the model, made through the API; its ID."""
+    spec = await llama_spec(controller, model_id, alias="uses-it", cpus=0.5)
+    return (await controller.ok("POST", "/api/v1/inference", status=201, json=spec))["id"]
+
+
+def _hub_preview_register_and_acquire(controller) -> None:
     from playwright.sync_api import expect
 
     path = smollm2_path()
     with chromium(chromium_or_skip()) as browser:
-        page, watch = _page(browser, url)
+        page, watch = _page(browser, controller.url)
         _log_in_to_models(page)
 
         # A repository the hub does not have: said under the form.
@@ -265,6 +272,32 @@ def _hub_preview_register_and_acquire(url: str, token: str) -> None:
         resume.click()
         expect(row.locator("td.state .badge")).to_have_text("verified", timeout=DONE_MS)
         expect(row.locator("td.progress")).to_have_text("100% verified")
+
+        # A model a service uses is not deleted: the refusal is said, the model stays.
+        model_id = row.get_attribute("data-model-id")
+        service_id = trio.from_thread.run(_serve_with, controller, model_id)
+        row.get_by_role("button", name="Delete smol-hub").click()
+        with watch.provoking(409, rf"/api/v1/models/{model_id}\?evict=true$"):
+            page.get_by_role("dialog").get_by_role("button", name="Delete").click()
+            expect(page.locator("#problem")).to_have_text(
+                f"Could not delete smol-hub: model {model_id!r} is used by inference "
+                f"service(s) {service_id}"
+            )
+        expect(row).to_be_visible()
+        watch.check()
+
+        # A session that may only read models sees them, and no action or form.
+        page, watch = _page(browser, controller.url)
+        _log_in_to_models(page, READER)
+        row = page.locator('#models tr[data-model-name="smol-hub"]')
+        expect(row.locator("td.state .badge")).to_have_text("verified")
+        expect(row.locator("td.actions")).to_have_text("\u2013")
+        expect(page.get_by_role("status")).to_have_text(
+            "This session lacks the models:manage scope that registering, uploading and "
+            "deleting need."
+        )
+        expect(page.get_by_role("button", name="Upload", exact=True)).to_be_hidden()
+        expect(page.get_by_role("button", name="Preview")).to_be_hidden()
         watch.check()
 
 
@@ -293,14 +326,23 @@ async def test_register_from_the_hub_after_its_preview_and_follow_the_acquisitio
     https_server.add(f"/{REPO}/resolve/{COMMIT}/{path.name}", ServedFile(path, chunk_delay=0.006))
     async with open_inference_controller(
         tmp_path,
-        embedded=False,
         console_refresh=0.5,
         hub_url=https_server.url(""),
         ca_bundle=str(ca_bundle),
         allow_private_addresses=True,
     ) as controller:
         await _alice(controller)
-        await in_browser(_hub_preview_register_and_acquire, controller.url, controller.token)
+        await controller.ok(
+            "POST",
+            "/api/v1/users",
+            status=201,
+            json={
+                "username": READER[0],
+                "password": READER[1],
+                "projects": {"default": ["models:read"]},
+            },
+        )
+        await in_browser(_hub_preview_register_and_acquire, controller)
 
 
 _HASHES = """async ([url, pieces]) => {
