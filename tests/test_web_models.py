@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import struct
 from urllib.parse import parse_qs, urlsplit
 
 import httpx
@@ -129,14 +130,15 @@ def _upload_resume_and_delete(url: str, token: str, data_dir) -> None:
         expect(row.locator("td.progress")).to_contain_text("24 MiB of 94 MiB received (25%)")
         screenshot(page, "models-upload")
 
-        # A reload cuts the chunk in flight; the server keeps the bytes it made durable.
-        page.unroute(cut)
+        # A reload cuts the chunk in flight (held: it never reaches the server); the server
+        # keeps the bytes it made durable.
         with (
             abandoning(watch, r"/files/0/bytes\?offset="),
             page.expect_event("requestfailed", lambda r: _offset(r.url) == CUT_AT),
         ):
             page.reload()
             expect(row.locator("td.progress")).to_contain_text("24 MiB of 94 MiB received")
+        page.unroute_all(behavior="ignoreErrors")  # the held request went with the reload
         assert models()[0]["received_bytes"] == CUT_AT
 
         # The row offers to resume; the file is chosen again (a browser cannot reopen it),
@@ -371,3 +373,76 @@ def test_the_pages_sha256_fed_in_pieces_matches_hashlib(live_server):
             assert page.evaluate(_HASHES, [url, pieces]) == hashlib.sha256(data).hexdigest(), size
         assert page.evaluate(_HASHES, [url, [list(b"abc")]]) == hashlib.sha256(b"abc").hexdigest()
         watch.check()
+
+
+def _tiny_gguf(folder, size: int) -> tuple:
+    """A file that starts as a GGUF does (version 3, no tensors, one key: its
+    general.basename) followed by pseudo-random bytes: ``size`` bytes in all."""
+    key, name = b"general.basename", b"tiny-model"
+    header = b"GGUF" + struct.pack("<IQQ", 3, 0, 1)
+    header += struct.pack("<Q", len(key)) + key + struct.pack("<I", 8)
+    header += struct.pack("<Q", len(name)) + name
+    path = folder / "tiny.gguf"
+    path.write_bytes(header + random_bytes(size - len(header), seed=7))
+    text = folder / "notes.gguf"
+    text.write_text("not a model\n")
+    return path, text
+
+
+def _stop_and_continue(url: str, token: str, folder) -> None:
+    from playwright.sync_api import expect
+
+    size = 2 * CHUNK + MIB
+    path, text = _tiny_gguf(folder, size)
+    with chromium(chromium_or_skip()) as browser:
+        page, watch = _page(browser, url)
+        _log_in_to_models(page)
+
+        # A file that is no GGUF is refused before anything is hashed or registered.
+        page.get_by_label("GGUF file", exact=True).set_input_files(text)
+        page.get_by_role("button", name="Upload", exact=True).click()
+        expect(page.locator("#upload-error")).to_have_text(
+            'The upload failed: notes.gguf is not a GGUF file: it does not start with "GGUF"'
+        )
+
+        # Stop, while the second chunk is on its way: it completes, and no other is sent.
+        held = []
+        second = re.compile(rf"/files/0/bytes\?offset={CHUNK}$")
+        page.route(second, lambda route: held.append(route))
+        sent: list[int] = []
+        page.on("request", lambda r: "/bytes?" in r.url and sent.append(_offset(r.url)))
+        page.get_by_label("GGUF file", exact=True).set_input_files(path)
+        with page.expect_request(second):
+            page.get_by_role("button", name="Upload", exact=True).click()
+        page.get_by_role("button", name="Stop").click()
+        held[0].continue_()
+        page.unroute(second)
+        phase = page.locator("#upload-phase")
+        expect(phase).to_have_text(
+            "Stopped. Choose the same file again to continue from what the server holds."
+        )
+        assert sent == [0, CHUNK]
+        # Named by its header's general.basename; the server holds the two chunks.
+        row = page.locator('#models tr[data-model-name="tiny-model"]')
+        expect(row.locator("td.progress")).to_contain_text("16 MiB of 17 MiB received")
+        expect(row.get_by_role("button", name="Upload tiny-model")).to_have_text("Resume upload…")
+
+        # Upload again: the last chunk only, and the model is verified.
+        sent.clear()
+        page.get_by_role("button", name="Upload", exact=True).click()
+        expect(phase).to_have_text("tiny-model is uploaded and verified")
+        assert sent == [2 * CHUNK]
+        expect(row.locator("td.state .badge")).to_have_text("verified")
+        with httpx.Client(base_url=url, headers=bearer(token), timeout=30) as api:
+            (model,) = api.get("/api/v1/models").json()["models"]
+        assert model["files"][0]["sha256"] == sha256_of(path)
+        watch.check()
+
+
+async def test_an_upload_stopped_from_the_page_continues_where_it_stopped(tmp_path):
+    chromium_or_skip()
+    async with open_inference_controller(
+        tmp_path, embedded=False, console_refresh=0.5
+    ) as controller:
+        await _alice(controller)
+        await in_browser(_stop_and_continue, controller.url, controller.token, tmp_path)
