@@ -29,6 +29,7 @@ let previews = []; // the last hub preview's answers
 let uploading = null; // {stop, file}: the upload this page runs
 let resumeFor = null; // the model whose upload the user asked to resume
 let deleting = null; // the model the delete dialog asks about
+let refreshFailed = false; // the problem shown is a refresh's, cleared by the next one
 
 const has = (scope) => principal.scopes.includes(scope);
 const modelPath = (id) => `/api/v1/models/${encodeURIComponent(id)}`;
@@ -45,6 +46,7 @@ function status(text) {
 
 function problem(text) {
   say("problem", text);
+  refreshFailed = false;
 }
 
 // Each cell names its column, which a phone-width layout shows beside the value.
@@ -230,7 +232,7 @@ async function refresh() {
     const answer = await api("GET", "/api/v1/models");
     listed = answer.models;
     drawModels(listed);
-    problem("");
+    if (refreshFailed) problem(""); // an action's refusal stays until the next action
     $("refreshed").textContent = `Updated ${clock(Date.now() / 1000)}, every ${REFRESH_MS / 1000} s`;
     document.body.dataset.refreshes = String(Number(document.body.dataset.refreshes || 0) + 1);
   } catch (error) {
@@ -240,6 +242,7 @@ async function refresh() {
       return;
     }
     problem(`Could not refresh: ${error.message}`);
+    refreshFailed = true;
   }
 }
 
@@ -536,6 +539,7 @@ async function rowAction(event) {
   const model = listed.find((m) => m.id === button.dataset.modelId);
   if (!model) return;
   const name = button.dataset.action;
+  problem("");
   if (name === "delete") {
     deleting = model;
     $("delete-title").textContent = `Delete model ${model.name}`;
@@ -587,6 +591,7 @@ async function deleteClosed() {
     return;
   }
   const evict = $("delete-evict").checked;
+  problem("");
   try {
     const answer = await api("DELETE", `${modelPath(model.id)}?evict=${evict}`);
     const evicted = answer.evicted.length;
