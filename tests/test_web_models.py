@@ -419,7 +419,7 @@ def _stop_and_continue(url: str, token: str, folder) -> None:
         page.unroute(second)
         phase = page.locator("#upload-phase")
         expect(phase).to_have_text(
-            "Stopped. Choose the same file again to continue from what the server holds."
+            "Stopped: the server holds 16 MiB of 17 MiB. Upload again to continue from there."
         )
         assert sent == [0, CHUNK]
         # Named by its header's general.basename; the server holds the two chunks.

@@ -336,6 +336,7 @@ async function sendFile(model, index, file) {
   let view = (await api("GET", modelPath(model.id))).files[index];
   let offset = view.received_bytes;
   const from = offset;
+  uploading.held = offset;
   let sent = 0;
   const started = performance.now();
   document.body.dataset.uploadFrom = String(from);
@@ -362,6 +363,7 @@ async function sendFile(model, index, file) {
     }
     sent += end - offset;
     offset = view.received_bytes;
+    uploading.held = offset;
     const seconds = (performance.now() - started) / 1000;
     uploadPhase(
       `${verb}: ${percent(offset, file.size)}%`,
@@ -386,7 +388,7 @@ async function upload(event) {
     input.focus();
     return;
   }
-  uploading = { stop: false, modelId: null };
+  uploading = { stop: false, modelId: null, held: null };
   uploadControls(true);
   try {
     uploadPhase(`Reading the header of ${file.name}`);
@@ -421,7 +423,14 @@ async function upload(event) {
     input.value = "";
   } catch (error) {
     if (error instanceof Stopped) {
-      uploadPhase("Stopped. Choose the same file again to continue from what the server holds.", 0, 1);
+      const held = uploading.held;
+      uploadPhase(
+        held === null
+          ? "Stopped before anything was sent."
+          : `Stopped: the server holds ${bytes(held)} of ${bytes(file.size)}. Upload again to continue from there.`,
+        held || 0,
+        file.size,
+      );
     } else if (sessionEnded(error)) {
       stop();
       leave();
