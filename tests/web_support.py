@@ -215,3 +215,24 @@ def leave_dashboard(page: Any, path: str) -> None:
 
     expect(page.locator("body")).to_have_attribute("data-refreshes", re.compile(r"^\d+$"))
     page.goto(path)
+
+
+@contextmanager
+def abandoning(watch: PageWatch, url_pattern: str) -> Iterator[None]:
+    """Inside the block, requests to URLs matching ``url_pattern`` that the browser
+    abandons (``net::ERR_ABORTED``: the page navigated away while they were in flight)
+    are the test's doing, not problems. Other failures still are."""
+    pattern = re.compile(url_pattern)
+    before = len(watch.problems)
+    try:
+        yield
+    finally:
+        kept = watch.problems[:before]
+        for problem in watch.problems[before:]:
+            # "request failed: METHOD URL: net::ERR_ABORTED"
+            aborted = problem.startswith("request failed: ") and "ERR_ABORTED" in problem
+            if aborted and pattern.search(problem):
+                watch.provoked.append(problem)
+            else:
+                kept.append(problem)
+        watch.problems[:] = kept

@@ -635,7 +635,13 @@ ROUTES: dict[str, Route] = {
         "/ui/admin",
         PUBLIC,
         "the console's administration page: users, projects, membership, pending signups "
-        "(HTML; linked only for a session holding `admin`, whose routes refuse any other); "
+        "(HTML; linked only for a session holding `admin`, whose routes refuse any other); ",
+    ),
+    "web_models": Route(
+        "GET",
+        "/ui/models",
+        PUBLIC,
+        "the console's models page (HTML; its script reads and changes `/api/v1/models`); "
         "303 to `/` without a valid session cookie",
     ),
     "web_static": Route(

@@ -170,3 +170,28 @@ export async function openSession(settled = () => Promise.resolve()) {
   });
   return principal;
 }
+
+// POST `body` (a Blob, ArrayBuffer or typed array) to `path` as application/octet-stream,
+// with the CSRF header; answer the parsed JSON, or throw ApiError. `signal` (an
+// AbortSignal) may cancel it. The models page's chunked uploads use it.
+export async function apiBytes(path, body, signal = undefined) {
+  const response = await fetch(path, {
+    method: "POST",
+    headers: {
+      Accept: "application/json",
+      "Content-Type": "application/octet-stream",
+      "X-CSRF-Token": csrfToken(),
+    },
+    body,
+    signal,
+    credentials: "same-origin",
+    cache: "no-store",
+  });
+  const data = await parsed(response);
+  if (!response.ok) {
+    const error = new ApiError(response.status, data);
+    error.retryAfter = Number(response.headers.get("Retry-After")) || 0;
+    throw error;
+  }
+  return data;
+}
