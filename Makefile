@@ -47,7 +47,7 @@ docs: install  ## regenerate the generated sections of docs/
 	$(BIN)/python -m ficc_core.devtools.docs_routes
 
 screenshots: install  ## regenerate docs/ui/*.png: the web console's browser tests, saving each page
-	FICC_SCREENSHOTS=docs/ui $(BIN)/python -m pytest -q tests/test_web_console.py tests/test_web_service.py
+	FICC_SCREENSHOTS=docs/ui $(BIN)/python -m pytest -q tests/test_web_*.py
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info */*/*.egg-info plugins-example/*.egg-info

@@ -168,3 +168,49 @@ def test_without_chromium_the_browser_tests_skip_but_fail_in_ci(monkeypatch):
     monkeypatch.setenv("CI", "true")
     with pytest.raises(pytest.fail.Exception, match="CI must run the browser tests"):
         web_support.chromium_or_skip()
+
+
+async def test_each_console_page_is_served_and_the_navigation_offers_only_what_a_session_may_use(
+    app, service, bootstrap
+):
+    from ficc_core.auth import ALL_SCOPES
+    from ficc_core.web import CONSOLE_PAGES
+
+    member = sorted(set(ALL_SCOPES) - {"admin"})
+    await service.auth.create_user("erin", "erin-password-1", projects={"default": member})
+    pages = {page.name: page for page in CONSOLE_PAGES}
+    assert {"dashboard", "keys", "usage", "admin"} <= set(pages)
+    assert pages["admin"].scope == "admin"
+    anonymous = app.test_client()
+    for page in CONSOLE_PAGES:
+        response = await anonymous.get(page.path)
+        assert response.status_code == 303, page.path
+        assert response.headers["Location"] == "/"
+
+    admin = app.test_client()
+    await _login(admin, bootstrap["password"])
+    for page in CONSOLE_PAGES:
+        # A page for one item (/ui/services/<service_id>) is served for any ID.
+        response = await admin.get(re.sub(r"<[^>]+>", "any-id", page.path))
+        assert response.status_code == 200, page.path
+        assert response.headers["Content-Security-Policy"] == CONTENT_SECURITY_POLICY
+        html = await response.get_data(as_text=True)
+        assert f'src="{Assets.load().url(f"js/{page.name}.js")}"' in html
+        assert re.search(r'<a href="/ui/admin"[^>]*>Administration</a>', html)
+        if page.nav:
+            assert f'<a href="{page.path}" aria-current="page">{page.title}</a>' in html
+        else:  # reached from a list, not from the navigation
+            assert 'aria-current="page"' not in html
+        assert "<style" not in html and " style=" not in html
+    assert 'id="users"' in await (await admin.get("/ui/admin")).get_data(as_text=True)
+
+    erin = app.test_client()
+    login = await erin.post(
+        "/api/v1/session",
+        json={"username": "erin", "password": "erin-password-1", "project": "default"},
+    )
+    assert login.status_code == 201
+    html = await (await erin.get("/ui/keys")).get_data(as_text=True)
+    assert '<a href="/ui/usage">Usage</a>' in html and "/ui/admin" not in html
+    html = await (await erin.get("/ui/admin")).get_data(as_text=True)
+    assert 'id="not-admin"' in html and 'id="users"' not in html and "/ui/admin" not in html

@@ -67,10 +67,25 @@ class PageWatch:
         self.problems: list[str] = []
         self.allowed: list[tuple[int, re.Pattern[str]]] = []
         self.provoked: list[str] = []
+        #: Navigations of the main frame so far, and the count when each request began:
+        #: a request the browser cancels because the page was left is not a problem.
+        self.navigations = 0
+        self._began: dict[Any, int] = {}
         page.on("console", self._console)
         page.on("pageerror", lambda error: self.problems.append(f"page error: {error}"))
+        page.on("request", lambda request: self._began.__setitem__(request, self.navigations))
+        page.on("framenavigated", self._navigated)
         page.on("requestfailed", self._failed)
         page.on("response", self._response)
+
+    def _navigated(self, frame: Any) -> None:
+        if frame == self.page.main_frame:
+            self.navigations += 1
+
+    def left_behind(self, request: Any) -> bool:
+        """Whether ``request`` was cancelled because the page navigated away meanwhile."""
+        began = self._began.pop(request, self.navigations)
+        return "ERR_ABORTED" in (request.failure or "") and self.navigations > began
 
     def _allows(self, status: int | None, url: str) -> bool:
         return any(
@@ -89,6 +104,8 @@ class PageWatch:
         self.problems.append(f"console error: {message.text} ({url})")
 
     def _failed(self, request: Any) -> None:
+        if self.left_behind(request):
+            return
         self.problems.append(f"request failed: {request.method} {request.url}: {request.failure}")
 
     def _response(self, response: Any) -> None:
@@ -145,3 +162,90 @@ def tolerating(watch: PageWatch, status: int, url_pattern: str) -> Iterator[None
         yield
     finally:
         watch.allowed.remove(entry)
+
+
+class StreamWatch(PageWatch):
+    """A :class:`PageWatch` that also lets the page abort a request of its own (the chat's
+    Stop button aborting its stream, which Chromium reports as a failed request) inside
+    :meth:`aborting`; any other failed request is still a problem."""
+
+    def __init__(self, page: Any) -> None:
+        self.aborting_patterns: list[re.Pattern[str]] = []
+        self.aborted: list[str] = []
+        super().__init__(page)
+
+    def _failed(self, request: Any) -> None:
+        failure = request.failure or ""
+        if "ERR_ABORTED" in failure and any(p.search(request.url) for p in self.aborting_patterns):
+            self.aborted.append(request.url)
+            return
+        super()._failed(request)
+
+    @contextmanager
+    def aborting(self, url_pattern: str) -> Iterator[None]:
+        """Allow the page to abort requests to URLs matching ``url_pattern`` inside the
+        block, and require at least one."""
+        pattern = re.compile(url_pattern)
+        before = len(self.aborted)
+        self.aborting_patterns.append(pattern)
+        try:
+            yield
+        finally:
+            self.aborting_patterns.remove(pattern)
+        assert len(self.aborted) > before, f"no request to {url_pattern} was aborted"
+
+
+def open_page(
+    browser: Any, url: str, width: int = 1280, height: int = 900
+) -> tuple[Any, PageWatch]:
+    """A page in a fresh browser context (its own cookies) at ``url``, and its watch."""
+    context = browser.new_context(base_url=url, viewport={"width": width, "height": height})
+    page = context.new_page()
+    page.set_default_timeout(STEP_MS)
+    return page, PageWatch(page)
+
+
+def log_in(page: Any, username: str, password: str, project: str) -> None:
+    """Log in through the landing page's form; wait for the dashboard."""
+    page.goto("/")
+    page.get_by_label("Username").fill(username)
+    page.get_by_label("Password").fill(password)
+    page.get_by_label("Project").fill(project)
+    page.get_by_role("button", name="Log in").click()
+    page.wait_for_url("**/ui/dashboard")
+
+
+def fits_width(page: Any) -> bool:
+    """Nothing on the page is wider than the window (tables scroll inside their region)."""
+    return page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
+
+
+def leave_dashboard(page: Any, path: str) -> None:
+    """Open ``path`` from the dashboard once its first refresh is answered, so no request
+    of its is cut off by the navigation (a failed request to PageWatch). Use it with a
+    ``console_refresh`` longer than the test's steps on the dashboard."""
+    from playwright.sync_api import expect
+
+    expect(page.locator("body")).to_have_attribute("data-refreshes", re.compile(r"^\d+$"))
+    page.goto(path)
+
+
+@contextmanager
+def abandoning(watch: PageWatch, url_pattern: str) -> Iterator[None]:
+    """Inside the block, requests to URLs matching ``url_pattern`` that the browser
+    abandons (``net::ERR_ABORTED``: the page navigated away while they were in flight)
+    are the test's doing, not problems. Other failures still are."""
+    pattern = re.compile(url_pattern)
+    before = len(watch.problems)
+    try:
+        yield
+    finally:
+        kept = watch.problems[:before]
+        for problem in watch.problems[before:]:
+            # "request failed: METHOD URL: net::ERR_ABORTED"
+            aborted = problem.startswith("request failed: ") and "ERR_ABORTED" in problem
+            if aborted and pattern.search(problem):
+                watch.provoked.append(problem)
+            else:
+                kept.append(problem)
+        watch.problems[:] = kept

@@ -623,6 +623,42 @@ ROUTES: dict[str, Route] = {
         "usage, actions (HTML; its script reads `/api/v1`); 303 to `/` without a valid "
         "session cookie",
     ),
+    "web_chat": Route(
+        "GET",
+        "/ui/chat",
+        PUBLIC,
+        "the console's chat playground (HTML; its script streams from the invoke routes with "
+        "the session); 303 to `/` without a valid session cookie",
+    ),
+    "web_keys": Route(
+        "GET",
+        "/ui/keys",
+        PUBLIC,
+        "the console's keys page: service keys and personal keys, made (shown once) and "
+        "revoked (HTML; its script reads `/api/v1`); 303 to `/` without a valid session cookie",
+    ),
+    "web_usage": Route(
+        "GET",
+        "/ui/usage",
+        PUBLIC,
+        "the console's usage page: usage and spend per key, service, person, model or "
+        "project and period, limits and budgets (HTML); 303 to `/` without a valid session "
+        "cookie",
+    ),
+    "web_admin": Route(
+        "GET",
+        "/ui/admin",
+        PUBLIC,
+        "the console's administration page: users, projects, membership, pending signups "
+        "(HTML; linked only for a session holding `admin`, whose routes refuse any other); ",
+    ),
+    "web_models": Route(
+        "GET",
+        "/ui/models",
+        PUBLIC,
+        "the console's models page (HTML; its script reads and changes `/api/v1/models`); "
+        "303 to `/` without a valid session cookie",
+    ),
     "web_static": Route(
         "GET",
         "/ui/static/{build}/{name}",

@@ -22,6 +22,7 @@ from .authn import SESSION_COOKIE
 if TYPE_CHECKING:
     from quart_trio import QuartTrio
 
+    from ..auth.principal import Principal
     from ..controller.service import Service
 
 LANDING = "/"
@@ -52,28 +53,37 @@ def register(app: QuartTrio, service: Service) -> None:
         version=__version__,
     )
 
-    async def logged_in() -> bool:
+    async def logged_in() -> Principal | None:
+        """The browser's session, or None without a valid one."""
         cookie = request.cookies.get(SESSION_COOKIE)
         if not cookie:
-            return False
+            return None
         try:
-            await service.auth.authenticate_session(cookie)
+            return await service.auth.authenticate_session(cookie)
         except Unauthenticated:
-            return False
-        return True
+            return None
 
     @app.get(LANDING, endpoint="web_landing")
     async def landing() -> Response:
-        if await logged_in():
+        if await logged_in() is not None:
             return _redirect(DASHBOARD)
         return _page(pages.render("landing.html", script="login.js"))
 
     def console_route(page: ConsolePage) -> None:
         async def shell(**_params: str) -> Response:
             # The path's parameters (a service ID) are read by the page's script.
-            if not await logged_in():
+            principal = await logged_in()
+            if principal is None:
                 return _redirect(LANDING)
-            return _page(pages.render(f"{page.name}.html", script=f"{page.name}.js", page=page))
+            # The scopes only choose what the navigation links (a page a session may
+            # not use is not offered); the API decides what the page may do.
+            html = pages.render(
+                f"{page.name}.html",
+                script=f"{page.name}.js",
+                page=page,
+                scopes=sorted(principal.scopes),
+            )
+            return _page(html)
 
         app.add_url_rule(page.path, endpoint=f"web_{page.name}", view_func=shell, methods=["GET"])
 

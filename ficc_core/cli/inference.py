@@ -31,6 +31,8 @@ from .inference_io import (
 )
 from .inference_logs import logs
 from .inference_ops import COMMANDS as OPERATIONS
+from .inference_scaling import COMMANDS as SCALING
+from .inference_scaling import scaling_cell, scaling_lines
 from .inference_status import echo_replicas, fetch_status
 from .options import url_flag
 from .output import echo_json, echo_table, json_option, when
@@ -41,7 +43,7 @@ from .resolve import resolve
 
 @click.group()
 def inference() -> None:
-    """Preview, create, start, drain, stop, replace and remove managed inference services.
+    """Preview, create, start, drain, stop, replace, pin and remove managed inference services.
 
     Reading needs inference:read; preview inference:manage; create, replace and
     start also jobs:execute, contributors:read and models:read; drain, stop and
@@ -89,6 +91,8 @@ def show(ctx: click.Context, service_id: str, as_json: bool) -> None:
         echo_json({**view, "status": status})
     else:
         echo_service(view)
+        for line in scaling_lines(view):
+            click.echo(line)
         click.echo("")
         echo_replicas(view, status)
         click.echo("")
@@ -106,7 +110,18 @@ def list_services(ctx: click.Context, as_json: bool) -> None:
         echo_json(found)
         return
     rows: list[tuple[Any, ...]] = [
-        ("ID", "ALIAS", "MODEL", "ENGINE", "STATE", "DESIRED", "READY", "REVISION", "GENERATION")
+        (
+            "ID",
+            "ALIAS",
+            "MODEL",
+            "ENGINE",
+            "STATE",
+            "DESIRED",
+            "READY",
+            "REVISION",
+            "GENERATION",
+            "SCALING",
+        )
     ]
     for view in found["services"]:
         ready = sum(1 for replica in view["replicas"] if replica["state"] == "ready")
@@ -121,6 +136,7 @@ def list_services(ctx: click.Context, as_json: bool) -> None:
                 f"{ready}/{len(view['replicas'])}",
                 view["revision"],
                 view["generation"],
+                scaling_cell(view),
             )
         )
     echo_table(rows)
@@ -132,6 +148,8 @@ inference.add_command(create)
 for _operation in OPERATIONS:  # restart, move, bulk-move, rollout
     inference.add_command(_operation)
 inference.add_command(events)
+for _scaling in SCALING:  # pin, unpin
+    inference.add_command(_scaling)
 
 
 # -- invoke tokens ---------------------------------------------------------------------------

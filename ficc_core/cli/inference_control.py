@@ -43,8 +43,13 @@ def _wait(
     *,
     timeout: float,
     interval: float,
+    idle_rests: bool = True,
 ) -> dict[str, Any] | None:
     """Poll the service until it rests in ``resting`` (``gone``: until it is 404).
+
+    An on-demand service that started rests ``idle`` (no replica until a request wakes
+    it), which ends a wait for ``ready`` too unless ``idle_rests`` is false (``pin``
+    waits for the replica it wakes).
 
     Each change of state is reported on standard error. A service that can no
     longer get there by itself (all its replicas unknown, or someone asked
@@ -70,7 +75,7 @@ def _wait(
             )
             last = now
         if resting == "ready":
-            if view["state"] == "ready":
+            if view["state"] == "ready" or (idle_rests and view["state"] == "idle"):
                 return view
             if view["desired"] != "running":
                 raise click.ClickException(

@@ -21,6 +21,7 @@ import click
 from .client import ApiClient, client_from
 from .inference_control import _finish
 from .inference_io import BASE, SPEC_FILE, echo_outcome, echo_plan, read_spec, refusals, seconds
+from .inference_scaling import scaling_given, scaling_options, with_scaling
 from .options import url_flag
 from .output import echo_json
 
@@ -100,6 +101,7 @@ def echo_suggestion(preview: dict[str, Any]) -> None:
     help="Tokens one request may use (default: --context, bounded by the model's own).",
 )
 @click.option("--max-output", type=click.IntRange(1), help="Tokens one completion may generate.")
+@scaling_options
 @click.option("--yes", is_flag=True, help="Submit the suggestion without asking.")
 @click.option("--start/--no-start", default=True, help="Start it once created (--model).")
 @click.option("--wait", is_flag=True, help="Wait until it is ready (with --start).")
@@ -120,6 +122,9 @@ def create(
     fallbacks: tuple[str, ...],
     context_length: int | None,
     max_output: int | None,
+    min_replicas: int | None,
+    max_replicas: int | None,
+    idle_timeout: str | None,
     yes: bool,
     start: bool,
     wait: bool,
@@ -139,7 +144,13 @@ def create(
     --description, --also-as, --fallback, --context-length and --max-output set
     the specification's routing fields (see docs/inference.md); a SPEC_FILE
     carries its own.
+
+    --min, --max and --idle-timeout set its scaling (with SPEC_FILE too, over the
+    file's own): at most --max of the placements run, --min always; --min 0 makes
+    it on-demand, idle until a request wakes it (see docs/inference.md, "Scaling
+    and on-demand services").
     """
+    scaling = scaling_given(min_replicas, max_replicas, idle_timeout)
     client = client_from(ctx)
     routing = {
         "description": description,
@@ -156,7 +167,7 @@ def create(
                 "--description, --also-as, --fallback, --context-length and --max-output "
                 "go with --model; SPEC_FILE carries its own fields"
             )
-        document = read_spec(spec_file)
+        document = with_scaling(read_spec(spec_file), scaling)
         view = refusals(lambda: client.json("POST", BASE, json=document))
         if as_json:
             echo_json(view)
@@ -177,6 +188,7 @@ def create(
         concurrency=concurrency,
         **routing,
     )
+    partial = with_scaling(partial, scaling)
     preview = refusals(lambda: client.json("POST", f"{BASE}/preview", json=partial))
     if as_json:
         if not yes:

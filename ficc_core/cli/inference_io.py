@@ -105,21 +105,26 @@ def _reasons_table(reasons: list[Mapping[str, Any]]) -> list[tuple[Any, ...]]:
 
 
 def echo_plan(preview: Mapping[str, Any]) -> None:
-    """A preview as tables: one row per replica, every reason, each node's capacity."""
-    rows: list[tuple[Any, ...]] = [("REPLICA", "NODE", "CPUS", "MEMORY", "GPUS", "DISK", "FITS")]
+    """A preview as tables: one row per replica, every reason, each node's capacity.
+
+    A scaled service's plan adds HELD: ``planned`` for a candidate placement whose
+    reservation is shown but not taken (it runs no replica now).
+    """
+    scaled = any(replica.get("held") is False for replica in preview["replicas"])
+    header = ("REPLICA", "NODE", "CPUS", "MEMORY", "GPUS", "DISK", "FITS")
+    rows: list[tuple[Any, ...]] = [header + (("HELD",) if scaled else ())]
     for replica in preview["replicas"]:
         reservation = replica["reservation"]
-        rows.append(
-            (
-                replica["index"],
-                replica["node_id"],
-                _cpus(reservation["cpus"]),
-                _size(reservation["memory_bytes"]),
-                _gpus(reservation),
-                _size(reservation["disk_bytes"]) if reservation["disk_bytes"] else "-",
-                "yes" if replica["fits"] else "no",
-            )
+        row = (
+            replica["index"],
+            replica["node_id"],
+            _cpus(reservation["cpus"]),
+            _size(reservation["memory_bytes"]),
+            _gpus(reservation),
+            _size(reservation["disk_bytes"]) if reservation["disk_bytes"] else "-",
+            "yes" if replica["fits"] else "no",
         )
+        rows.append(row + (("yes" if replica.get("held", True) else "planned",) if scaled else ()))
     echo_table(rows)
     reasons = [
         {"index": replica["index"], "node_id": replica["node_id"], **reason}
@@ -147,6 +152,15 @@ def echo_plan(preview: Mapping[str, Any]) -> None:
                 )
             )
         echo_table(nodes)
+    scaling = preview.get("scaling")
+    if scaling:
+        planned = ", ".join(str(index) for index in scaling["planned"]) or "none"
+        click.echo("")
+        click.echo(
+            f"scaling:     min {scaling['min']}, max {scaling['max']}; held at the start: "
+            f"{len(scaling['held'])}, planned (not held): {planned}; {scaling['fit_together']} "
+            f"fit together, " + ("max fits" if scaling["max_fits"] else "max does not fit")
+        )
     click.echo("")
     click.echo(f"plan digest: {preview['plan_digest']}")
     click.echo(
@@ -178,7 +192,7 @@ def echo_service(view: Mapping[str, Any]) -> None:
     if options:
         lines.append(f"options:      {', '.join(options)}")
     lines.append(f"plan digest:  {view['plan_digest'] or '-'}")
-    if view.get("reason"):
+    if view.get("reason") and view["state"] != "idle":  # an idle one's: its scaling lines
         lines.append(f"reason:       {view['reason']}")
     if view.get("unknown_attempts"):
         lines.append(
@@ -189,15 +203,17 @@ def echo_service(view: Mapping[str, Any]) -> None:
 
 
 def echo_reservations(view: Mapping[str, Any]) -> None:
-    """What each replica holds on its node (``released`` once its attempt ended)."""
+    """What each replica holds on its node (``released`` once its attempt ended; ``not
+    held`` for a scaled service's placement that runs no replica now)."""
     rows: list[tuple[Any, ...]] = [("REPLICA", "NODE", "CPUS", "MEMORY", "GPUS")]
+    nothing = "not held" if view.get("scaling") else "released"
     for replica in view["replicas"]:
         reservation = replica["reservation"]
         rows.append(
             (
                 replica["index"],
                 replica["node_id"],
-                _cpus(reservation["cpus"]) if reservation else "released",
+                _cpus(reservation["cpus"]) if reservation else nothing,
                 _size(reservation["memory_bytes"]) if reservation else "-",
                 _gpus(reservation),
             )

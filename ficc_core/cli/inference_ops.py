@@ -25,6 +25,7 @@ from .inference_io import (
     seconds,
     wait_options,
 )
+from .inference_scaling import scaling_given, scaling_options, with_scaling
 from .output import echo_json, echo_table, json_option
 from .resolve import resolve
 
@@ -223,6 +224,7 @@ def _next_spec(
 @click.option("-f", "--file", "spec_file", type=SPEC_FILE, default=None, help="The next spec.")
 @click.option("--replicas", type=int, default=None, help="The next replica count.")
 @click.option("--context", type=int, default=None, help="The next context size in tokens.")
+@scaling_options
 @wait_options("Wait until the next generation serves.")
 @click.pass_context
 def rollout(
@@ -231,6 +233,9 @@ def rollout(
     spec_file: Path | None,
     replicas: int | None,
     context: int | None,
+    min_replicas: int | None,
+    max_replicas: int | None,
+    idle_timeout: str | None,
     revision: int | None,
     wait: bool,
     timeout: str,
@@ -242,12 +247,16 @@ def rollout(
     The next generation (-f SPEC, or the current one with --replicas/--context)
     starts beside the serving one and takes the traffic once every replica is
     ready; a failed rollout leaves the serving generation as it was.
+
+    --min, --max and --idle-timeout change the next specification's scaling (only
+    the ones given; the rest stay as they are).
     """
+    scaling = scaling_given(min_replicas, max_replicas, idle_timeout)
     client = client_from(ctx)
     limit = seconds(timeout, "--timeout")
     service_id = resolve(client, "inference", service)
     current = client.json("GET", f"{BASE}/{service_id}")
-    spec = _next_spec(current["spec"], spec_file, replicas, context)
+    spec = with_scaling(_next_spec(current["spec"], spec_file, replicas, context), scaling)
     body = {"revision": current["revision"] if revision is None else revision, "spec": spec}
     started = refusals(lambda: client.json("POST", f"{BASE}/{service_id}/rollout", json=body))
     generation = started["rollout"]["generation"]

@@ -94,7 +94,7 @@ class Autoscaler:
         config: Config,
         metrics: Metrics,
         clock: Callable[[], float] = time.time,
-        period: float = 1.0,
+        period: float = 0.5,
     ) -> None:
         self.store = store
         self.reconciler = reconciler
@@ -331,7 +331,10 @@ class Autoscaler:
             watch.pressed_since = None if signal is None else watch.pressed_since
             return False
         if watch.pressed_since is None:
-            watch.pressed_since = now
+            # The oldest waiting request says since when its wait has been above the
+            # target: the window counts from then, not from this look.
+            above = max(0.0, demand.oldest_wait - self.config.scale_out_wait)
+            watch.pressed_since = now - above
         held = now - watch.pressed_since
         specification = record.specification()
         if held < self.config.scale_out_window or not cooled:

@@ -50,12 +50,16 @@ class ConsolePage:
     :ivar title: what the navigation calls it.
     :ivar nav: it is linked from the navigation (a page for one item is reached from a
         list instead).
+    :ivar scope: the scope a session needs to see it in the navigation (``admin``), or
+        None for every session; the page itself tells a session without it so, and its
+        routes refuse that session anyway.
     """
 
     name: str
     path: str
     title: str
     nav: bool = True
+    scope: str | None = None
 
 
 #: The console's pages, in navigation order. A page is added here, with its template,
@@ -64,6 +68,11 @@ CONSOLE_PAGES: tuple[ConsolePage, ...] = (
     ConsolePage(name="dashboard", path="/ui/dashboard", title="Dashboard"),
     ConsolePage(name="services", path="/ui/services", title="Services"),
     ConsolePage(name="service", path="/ui/services/<service_id>", title="Service", nav=False),
+    ConsolePage(name="models", path="/ui/models", title="Models"),
+    ConsolePage(name="chat", path="/ui/chat", title="Chat"),
+    ConsolePage(name="keys", path="/ui/keys", title="Keys"),
+    ConsolePage(name="usage", path="/ui/usage", title="Usage"),
+    ConsolePage(name="admin", path="/ui/admin", title="Administration", scope="admin"),
 )
 
 

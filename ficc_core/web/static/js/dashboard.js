@@ -2,13 +2,16 @@
 // `data-refresh-ms` while the page is visible, redrawn in place (no reload). A section
 // whose route needs a scope the session lacks says so instead of asking.
 
-import { api, leave, sessionEnded } from "./api.js";
+import { api, leave, openSession, sessionEnded } from "./api.js";
 import { clock } from "./format.js";
-import { eventRow, modelRow, nodeRow, serviceLink, serviceRow } from "./tables.js";
+import { eventRow, modelRow, nodeRow, serviceLink, serviceRow, serviceUsageCells } from "./tables.js";
 
 const REFRESH_MS = Number(document.body.dataset.refreshMs) || 5000;
 const EVENTS_SHOWN = 20;
 const SERVICES_FOLLOWED = 20;
+// The services' request figures cover the last hour (GET /api/v1/usage, by service).
+const USAGE_PERIOD = "1h";
+const USAGE_SECONDS = 3600;
 
 const SECTIONS = {
   nodes: { scope: "contributors:read", what: "nodes" },
@@ -49,12 +52,6 @@ function fill(section, rows, emptyText) {
   note(section, rows.length === 0 ? emptyText : "");
 }
 
-function identity(who) {
-  const user = who.user ? who.user.username : who.id;
-  const project = who.project && who.project.name ? who.project.name : "personal";
-  return `${user} · ${project}`;
-}
-
 async function recentEvents(services) {
   const followed = [...services]
     .sort((a, b) => b.updated_at - a.updated_at)
@@ -85,17 +82,24 @@ async function allAnswered(requests) {
 async function refresh() {
   const problem = document.getElementById("problem");
   try {
-    const [nodes, services, models] = await allAnswered([
+    const [nodes, services, models, usage] = await allAnswered([
       has("contributors:read") ? api("GET", "/api/v1/contributors") : null,
       has("inference:read") ? api("GET", "/api/v1/inference") : null,
       has("models:read") ? api("GET", "/api/v1/models") : null,
+      has("inference:read") ? api("GET", `/api/v1/usage?period=${USAGE_PERIOD}&group_by=service`) : null,
     ]);
+    const served = new Map((usage ? usage.groups : []).map((g) => [g.service.id, g]));
     const events = services ? await recentEvents(services.services) : null;
     const modelNames = new Map((models ? models.models : []).map((m) => [m.id, m.name]));
     const aliases = new Map((services ? services.services : []).map((s) => [s.id, s.alias]));
     if (nodes) fill("nodes", nodes.contributors.map(nodeRow), "No node has connected yet.");
     if (services) {
-      fill("services", services.services.map((s) => serviceLink(serviceRow(s, modelNames), s)), "This project has no service yet.");
+      const rows = services.services.map((s) => {
+        const row = serviceLink(serviceRow(s, modelNames), s);
+        row.append(...serviceUsageCells(served.get(s.id), USAGE_SECONDS));
+        return row;
+      });
+      fill("services", rows, "This project has no service yet.");
     }
     if (models) fill("models", models.models.map(modelRow), "This project has no model yet.");
     if (events) fill("events", events.map((e) => eventRow(e, aliases)), "Nothing has happened yet.");
@@ -125,33 +129,23 @@ function schedule(delay) {
   }, delay);
 }
 
-async function logout() {
+// Logging out stops the refreshes and leaves no request of this page unanswered.
+function settled() {
   stopped = true;
   clearTimeout(timer);
-  await current; // leave no request of this page unanswered
-  try {
-    await api("DELETE", "/api/v1/session");
-  } catch {
-    // Ended already (or the server is away): the cookie goes with the next login.
-  }
-  leave();
+  return current;
 }
 
 async function start() {
   try {
-    principal = await api("GET", "/api/v1/whoami");
+    principal = await openSession(settled);
   } catch (error) {
-    if (sessionEnded(error)) {
-      leave();
-      return;
-    }
     const problem = document.getElementById("problem");
     problem.textContent = `Could not load the dashboard: ${error.message}`;
     problem.hidden = false;
     return;
   }
-  document.getElementById("whoami").textContent = identity(principal);
-  document.getElementById("logout").addEventListener("click", logout);
+  if (principal === null) return; // the session had ended: back to the login form
   for (const [section, { scope, what }] of Object.entries(SECTIONS)) {
     if (!has(scope)) {
       document.getElementById(section).closest(".table-wrap").hidden = true;

@@ -55,3 +55,14 @@ export function el(tag, attributes = {}, ...children) {
 export function badge(state) {
   return el("span", { class: `badge state-${String(state).replace(/[^a-z_]/g, "")}` }, state);
 }
+
+// A time to come, said from now ("in 3 h"); a past one is "expired" (`past`).
+export function fromNow(seconds, past = "expired") {
+  if (seconds === null || seconds === undefined) return "never";
+  const left = seconds - Date.now() / 1000;
+  if (left <= 0) return past;
+  if (left < 60) return `in ${Math.round(left)} s`;
+  if (left < 3600) return `in ${Math.round(left / 60)} min`;
+  if (left < 86400) return `in ${Math.round(left / 3600)} h`;
+  return `in ${Math.round(left / 86400)} d`;
+}

@@ -2,15 +2,9 @@
 // logout, a poller that refreshes while the page is visible, and filling a table
 // whose cells name their column (the phone-width layout shows it beside the value).
 
-import { api, leave, sessionEnded } from "./api.js";
+import { openSession, sessionEnded } from "./api.js";
 
 export const REFRESH_MS = Number(document.body.dataset.refreshMs) || 5000;
-
-export function identity(who) {
-  const user = who.user ? who.user.username : who.id;
-  const project = who.project && who.project.name ? who.project.name : "personal";
-  return `${user} · ${project}`;
-}
 
 // Every request settled, then the first failure thrown (a 401 first): a page never
 // leaves with a request of its own still in flight.
@@ -82,30 +76,10 @@ export class Poller {
   }
 }
 
-// The header: who is logged in, and the logout button (which first lets `beforeLeave`
-// stop the page's own requests and streams).
-export async function header(beforeLeave) {
-  let principal;
-  try {
-    principal = await api("GET", "/api/v1/whoami");
-  } catch (error) {
-    if (sessionEnded(error)) {
-      leave();
-      return null;
-    }
-    throw error;
-  }
-  document.getElementById("whoami").textContent = identity(principal);
-  document.getElementById("logout").addEventListener("click", async () => {
-    await beforeLeave();
-    try {
-      await api("DELETE", "/api/v1/session");
-    } catch {
-      // Ended already (or the server is away): the cookie goes with the next login.
-    }
-    leave();
-  });
-  return principal;
+// The header: who is logged in, and the logout button, which first lets `beforeLeave`
+// stop the page's own requests and streams (api.js's openSession, shared by the pages).
+export function header(beforeLeave) {
+  return openSession(beforeLeave);
 }
 
 // A click on a link to another console page first lets `beforeLeave` stop the page's

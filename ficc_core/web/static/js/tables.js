@@ -154,3 +154,43 @@ export function serviceLink(row, service) {
   name.replaceWith(el("a", { href: serviceHref(service), class: "service-link" }, service.alias));
   return row;
 }
+
+// The services table's last hour of requests (a group of GET /api/v1/usage grouped by
+// service, or undefined when it had none): requests/s with the count, errors with
+// their codes, the time to first token's p50 and p99.
+export function serviceUsageCells(group, seconds = 3600) {
+  const requests = group ? group.requests : 0;
+  const errors = group ? group.errors : 0;
+  const ttfb = group && group.latency && group.latency.ttfb;
+  const codes = group
+    ? Object.entries(group.errors_by_code || {}).map(([code, count]) => `${code} ${count}`)
+    : [];
+  const ms = (value) => (value === null || value === undefined ? dash : `${Math.round(value * 1000)} ms`);
+  return [
+    el(
+      "td",
+      { class: "requests" },
+      `${requests ? String(Number((requests / seconds).toPrecision(2))) : "0"}/s`,
+      el("div", { class: "muted small" }, `${requests} request${requests === 1 ? "" : "s"}`),
+    ),
+    el("td", { class: "errors" }, String(errors), codes.length ? el("div", { class: "muted small" }, codes.join(", ")) : null),
+    el("td", { class: "ttft" }, ttfb && ttfb.p50 !== null ? `${ms(ttfb.p50)} / ${ms(ttfb.p99)}` : dash),
+  ];
+}
+
+// Put `rows` in `table`'s body, each cell named after its column (the phone-width
+// layout shows the name beside the value, console.css), as the dashboard's tables.
+export function fillRows(table, rows) {
+  const columns = [...table.tHead.rows[0].cells].map((cell) => cell.textContent);
+  for (const row of rows) {
+    [...row.cells].forEach((cell, index) => {
+      if (cell.tagName !== "TD" || cell.hasAttribute("data-label")) return;
+      cell.setAttribute("data-label", columns[index]);
+      const value = document.createElement("div");
+      value.className = "value";
+      value.append(...cell.childNodes);
+      cell.append(value);
+    });
+  }
+  table.tBodies[0].replaceChildren(...rows);
+}
