@@ -151,6 +151,19 @@ def screenshot(page: Any, name: str) -> None:
         page.screenshot(path=str(folder / f"{name}.png"), full_page=True, animations="disabled")
 
 
+@contextmanager
+def tolerating(watch: PageWatch, status: int, url_pattern: str) -> Iterator[None]:
+    """Allow responses of ``status`` to URLs matching ``url_pattern`` inside the block,
+    without requiring one: for a race the test cannot rule out and answers as a person
+    would (a 409 ``stale_revision`` while the reconciler moves a service on, say)."""
+    entry = (status, re.compile(url_pattern))
+    watch.allowed.append(entry)
+    try:
+        yield
+    finally:
+        watch.allowed.remove(entry)
+
+
 class StreamWatch(PageWatch):
     """A :class:`PageWatch` that also lets the page abort a request of its own (the chat's
     Stop button aborting its stream, which Chromium reports as a failed request) inside

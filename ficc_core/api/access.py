@@ -608,6 +608,21 @@ ROUTES: dict[str, Route] = {
         "the console's dashboard (HTML; its script reads `/api/v1`); 303 to `/` without a "
         "valid session cookie",
     ),
+    "web_services": Route(
+        "GET",
+        "/ui/services",
+        PUBLIC,
+        "the console's list of the project's services, each linked to its page (HTML); 303 "
+        "to `/` without a valid session cookie",
+    ),
+    "web_service": Route(
+        "GET",
+        "/ui/services/{id}",
+        PUBLIC,
+        "the console's page of one service: specification, replicas, live logs, events, "
+        "usage, actions (HTML; its script reads `/api/v1`); 303 to `/` without a valid "
+        "session cookie",
+    ),
     "web_chat": Route(
         "GET",
         "/ui/chat",

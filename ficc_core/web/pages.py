@@ -66,6 +66,8 @@ class ConsolePage:
 #: its module and its route entry in ``ficc_core.api.access`` (``web_<name>``).
 CONSOLE_PAGES: tuple[ConsolePage, ...] = (
     ConsolePage(name="dashboard", path="/ui/dashboard", title="Dashboard"),
+    ConsolePage(name="services", path="/ui/services", title="Services"),
+    ConsolePage(name="service", path="/ui/services/<service_id>", title="Service", nav=False),
     ConsolePage(name="models", path="/ui/models", title="Models"),
     ConsolePage(name="chat", path="/ui/chat", title="Chat"),
     ConsolePage(name="keys", path="/ui/keys", title="Keys"),

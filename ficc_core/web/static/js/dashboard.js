@@ -4,7 +4,7 @@
 
 import { api, leave, openSession, sessionEnded } from "./api.js";
 import { clock } from "./format.js";
-import { eventRow, modelRow, nodeRow, serviceRow, serviceUsageCells } from "./tables.js";
+import { eventRow, modelRow, nodeRow, serviceLink, serviceRow, serviceUsageCells } from "./tables.js";
 
 const REFRESH_MS = Number(document.body.dataset.refreshMs) || 5000;
 const EVENTS_SHOWN = 20;
@@ -95,7 +95,7 @@ async function refresh() {
     if (nodes) fill("nodes", nodes.contributors.map(nodeRow), "No node has connected yet.");
     if (services) {
       const rows = services.services.map((s) => {
-        const row = serviceRow(s, modelNames);
+        const row = serviceLink(serviceRow(s, modelNames), s);
         row.append(...serviceUsageCells(served.get(s.id), USAGE_SECONDS));
         return row;
       });

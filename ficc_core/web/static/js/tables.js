@@ -143,6 +143,18 @@ export function eventRow(event, aliases) {
   );
 }
 
+// The service page's address: /ui/services/<id>.
+export function serviceHref(service) {
+  return `/ui/services/${encodeURIComponent(service.id)}`;
+}
+
+// A service row (serviceRow) whose name links to the service's page.
+export function serviceLink(row, service) {
+  const name = row.cells[0].firstChild;
+  name.replaceWith(el("a", { href: serviceHref(service), class: "service-link" }, service.alias));
+  return row;
+}
+
 // The services table's last hour of requests (a group of GET /api/v1/usage grouped by
 // service, or undefined when it had none): requests/s with the count, errors with
 // their codes, the time to first token's p50 and p99.

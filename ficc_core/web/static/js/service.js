@@ -1,0 +1,680 @@
+// One service's page: its state, replicas (GET .../status), live logs per replica
+// (the ticketed SSE stream), events (followed with `after`), usage charts (buckets of
+// GET /api/v1/usage), the specification, and actions with a confirmation, each
+// sending the revision this page read (409 stale_revision says to reload).
+
+import { api, ApiError, leave, sessionEnded } from "./api.js";
+import { lineChart } from "./charts.js";
+import { badge, bytes, clock, el, number, stamp } from "./format.js";
+import { Poller, REFRESH_MS, allAnswered, fillTable, guardLinks, header } from "./service_common.js";
+
+const SERVICE_ID = decodeURIComponent(window.location.pathname.split("/").pop());
+const BASE = `/api/v1/inference/${encodeURIComponent(SERVICE_ID)}`;
+const EVENTS_KEPT = 200;
+const LOG_LINES_KEPT = 1000;
+const USAGE_BUCKETS = 12;
+const USAGE_EVERY_MS = Math.max(5000, REFRESH_MS * 6);
+const dash = "–";
+
+const $ = (id) => document.getElementById(id);
+const problem = $("problem");
+
+let principal = null;
+let poller = null;
+let view = null; // GET /inference/{id}: the revision every action sends
+let status = null;
+let events = [];
+let eventsAfter = null;
+let usageAt = 0;
+let specShown = null; // the spec the rollout editor was filled from
+let stream = null; // the EventSource of the log followed
+let previewed = null; // the spec text of the last preview that fits beside the serving one
+let modelNames = new Map(); // the project's models' names, read once
+
+const has = (scope) => principal.scopes.includes(scope);
+
+function showProblem(text) {
+  problem.textContent = text;
+  problem.hidden = !text;
+}
+
+// ---- replicas ------------------------------------------------------------------------
+
+function lastExit(exit) {
+  if (!exit) return dash;
+  if (exit.memory_limit) return "memory limit";
+  if (exit.signal !== null && exit.signal !== undefined) return `signal ${exit.signal}`;
+  if (exit.exit_code !== null && exit.exit_code !== undefined) return `status ${exit.exit_code}`;
+  return exit.reason || dash;
+}
+
+function reservationText(reservation) {
+  if (!reservation) return dash;
+  const parts = [`${number(reservation.cpus)} CPU`, bytes(reservation.memory_bytes)];
+  for (const gpu of reservation.gpus || []) parts.push(`GPU ${gpu.index}: ${bytes(gpu.memory_bytes)}`);
+  return parts.join(", ");
+}
+
+function replicaRow(replica, held) {
+  const node = replica.node || {};
+  const nodeText = node.state && node.state !== "connected" ? `${node.name || node.id} (${node.state})` : node.name || node.id;
+  const reason = replica.reason || (replica.last_exit && replica.last_exit.reason);
+  const move = el("button", { type: "button", class: "plain-button small-button", "data-move": replica.index }, `Move replica ${replica.index}…`);
+  move.disabled = !(replica.serving && view.desired === "running");
+  return el(
+    "tr",
+    { "data-replica": replica.index },
+    el("th", { scope: "row" }, String(replica.index)),
+    el(
+      "td",
+      { class: "state" },
+      badge(replica.state),
+      reason ? el("div", { class: "reason small" }, reason) : null,
+    ),
+    el("td", { class: "node" }, nodeText, node.trouble ? el("div", { class: "reason small" }, node.trouble) : null),
+    el("td", { title: replica.attempt_id || null }, replica.attempt ? `${replica.attempt} (generation ${replica.generation})` : dash),
+    el("td", { class: "pid" }, replica.pid ? String(replica.pid) : dash),
+    el("td", {}, String(replica.restarts)),
+    el("td", { title: replica.last_exit && replica.last_exit.message ? replica.last_exit.message : null }, lastExit(replica.last_exit)),
+    el("td", { class: "health", title: replica.health_at ? `since ${stamp(replica.health_at)}` : null }, replica.health || dash),
+    el("td", {}, String(replica.in_flight || 0)),
+    el("td", {}, reservationText(held)),
+    el("td", {}, move),
+  );
+}
+
+function drawReplicas() {
+  const held = new Map(view.replicas.map((r) => [r.index, r.reservation]));
+  const rows = status.replicas.map((r) => replicaRow(r, held.get(r.index)));
+  fillTable($("replicas"), rows, document.querySelector('.note[data-for="replicas"]'), "This service has no replica.");
+  // The log's replica choice follows the replicas, keeping the one chosen.
+  const select = $("log-replica");
+  const chosen = select.value;
+  const options = status.replicas.map((r) =>
+    el("option", { value: r.index }, `Replica ${r.index} (${r.state}${r.attempt ? `, attempt ${r.attempt}` : ""})`),
+  );
+  select.replaceChildren(...options);
+  if (chosen !== "" && status.replicas.some((r) => String(r.index) === chosen)) select.value = chosen;
+  updateLogButtons();
+}
+
+// ---- summary and actions ---------------------------------------------------------------
+
+const SETTLED = { running: ["ready", "idle"], stopped: ["stopped"], draining: ["draining"], removed: ["removing"] };
+
+function drawSummary() {
+  document.title = `${view.alias} · FICC Inference`;
+  $("service-title").textContent = view.alias;
+  $("state").replaceChildren(badge(view.state));
+  const settled = (SETTLED[view.desired] || []).includes(view.state);
+  $("desired").textContent = settled ? `desired: ${view.desired}` : `on its way to: ${view.desired}`;
+  $("reason").textContent = view.reason || "";
+  $("reason").hidden = !view.reason;
+  $("revision").textContent = `${view.id} · revision ${view.revision}, generation ${view.generation}` +
+    (view.scaling ? ` · scaling ${view.scaling.running} running, min ${view.scaling.min}, max ${view.scaling.max}${view.scaling.pinned ? ", pinned" : ""}` : "");
+  $("summary").hidden = false;
+  $("summary").dataset.state = view.state;
+
+  const running = view.desired === "running";
+  const manage = has("inference:manage");
+  const buttons = Object.fromEntries([...document.querySelectorAll("[data-action]")].map((b) => [b.dataset.action, b]));
+  buttons.start.disabled = !manage || running || view.state === "removing";
+  buttons.drain.disabled = !manage || !running;
+  buttons.stop.disabled = !manage || (view.desired === "stopped" && view.state === "stopped");
+  buttons.restart.disabled = !manage || !running;
+  buttons.pin.hidden = !view.scaling || view.scaling.pinned;
+  buttons.unpin.hidden = !view.scaling || !view.scaling.pinned;
+  buttons.pin.disabled = buttons.unpin.disabled = !manage;
+  $("rollout-start").disabled = !(running && previewed !== null && previewed === $("rollout-spec").value);
+}
+
+const ACTIONS = {
+  start: {
+    label: "Start",
+    text: (a) => `Start ${a}? Each replica is launched on its node; the service takes requests once one is ready.`,
+    call: () => api("POST", `${BASE}/control/start`, { revision: view.revision }),
+    done: (a) => `${a} is starting.`,
+  },
+  drain: {
+    label: "Drain",
+    text: (a) => `Drain ${a}? New requests are refused at once; those in flight finish (within the drain timeout), then it stops.`,
+    call: () => api("POST", `${BASE}/control/drain`, { revision: view.revision }),
+    done: (a) => `${a} is draining.`,
+  },
+  stop: {
+    label: "Stop",
+    text: (a) => `Stop ${a}? New requests are refused at once, and those in flight end with the engines.`,
+    call: () => api("POST", `${BASE}/control/stop`, { revision: view.revision }),
+    done: (a) => `${a} is stopping.`,
+  },
+  restart: {
+    label: "Restart",
+    text: (a) => `Restart every replica of ${a}, one at a time? Each is replaced once its successor is ready (a one-replica service is unavailable meanwhile).`,
+    call: () => api("POST", `${BASE}/restart`, { revision: view.revision }),
+    busy: (a) => `Restarting ${a}: this answers once every replacement is ready…`,
+    done: (a, answer) => `${a} restarted: ${answer.replicas.map((r) => `replica ${r.replica} ${r.ok ? "ready again" : "failed"}`).join(", ")}.`,
+  },
+  pin: {
+    label: "Pin",
+    text: (a) => `Pin ${a}? It is never scaled to zero while pinned (an idle one wakes now).`,
+    call: () => api("POST", `${BASE}/pin`, { revision: view.revision }),
+    done: (a) => `${a} is pinned.`,
+  },
+  unpin: {
+    label: "Unpin",
+    text: (a) => `Unpin ${a}? It may be scaled to zero again after its idle timeout.`,
+    call: () => api("POST", `${BASE}/unpin`, { revision: view.revision }),
+    done: (a) => `${a} is no longer pinned.`,
+  },
+};
+
+// Asks in the confirmation dialog; answers whether the operator confirmed.
+function confirmed(title, text, okLabel) {
+  const dialog = $("confirm");
+  $("confirm-title").textContent = title;
+  $("confirm-text").textContent = text;
+  $("confirm-ok").textContent = okLabel;
+  dialog.returnValue = "";
+  return new Promise((resolve) => {
+    dialog.addEventListener("close", () => resolve(dialog.returnValue === "ok"), { once: true });
+    dialog.showModal();
+    $("confirm-cancel").focus();
+  });
+}
+
+function actionFailed(error) {
+  const text = $("action-problem-text");
+  const reload = $("action-reload");
+  if (error instanceof ApiError && error.code === "stale_revision") {
+    text.textContent = `The service changed since this page read it (revision ${error.details.requested ?? view.revision} read, ${error.details.revision} now): nothing was done. Reload it, check, and try again.`;
+    reload.hidden = false;
+  } else {
+    text.textContent = error.message;
+    reload.hidden = true;
+  }
+  $("action-problem").hidden = false;
+}
+
+async function act(name, run, { busy, done, after } = {}) {
+  $("action-problem").hidden = true;
+  $("action-status").textContent = busy || `${name}…`;
+  try {
+    const answer = await run();
+    $("action-status").textContent = done ? done(answer) : "";
+    if (after) after(answer);
+  } catch (error) {
+    if (sessionEnded(error)) return leave();
+    $("action-status").textContent = "";
+    actionFailed(error);
+  }
+  await poller.now();
+}
+
+async function onAction(event) {
+  const name = event.currentTarget.dataset.action;
+  const action = ACTIONS[name];
+  const alias = view.alias;
+  if (!(await confirmed(`${action.label} ${alias}`, action.text(alias), action.label))) return;
+  await act(action.label, action.call, {
+    busy: action.busy ? action.busy(alias) : `${action.label}: asking…`,
+    done: (answer) => action.done(alias, answer),
+  });
+}
+
+// ---- move ------------------------------------------------------------------------------
+
+async function openMove(index) {
+  const form = $("move-form");
+  const select = $("move-target");
+  $("move-replica").textContent = String(index);
+  form.dataset.replica = String(index);
+  form.hidden = false;
+  select.replaceChildren();
+  $("move-submit").disabled = true;
+  const note = $("move-note");
+  if (!has("contributors:read")) {
+    note.textContent = "This session lacks the contributors:read scope that listing nodes needs.";
+    return;
+  }
+  note.textContent = "Checking which nodes it fits on…";
+  const source = view.spec.placements[index].node_id;
+  try {
+    const { contributors } = await api("GET", "/api/v1/contributors");
+    const candidates = contributors.filter((n) => n.id !== source && n.state === "connected");
+    // Each candidate checked by the server: the spec with this replica placed there,
+    // planned beside the serving generation (a move holds both while it runs).
+    const checks = await allAnswered(
+      candidates.map((node) => {
+        const spec = structuredClone(view.spec);
+        spec.placements[index].node_id = node.id;
+        return api("POST", `${BASE}/rollout/preview`, { spec });
+      }),
+    );
+    const fits = [];
+    const refused = [];
+    candidates.forEach((node, i) => {
+      const planned = checks[i].beside_serving.replicas.find((r) => r.index === index);
+      if (planned && planned.fits) fits.push(node);
+      else refused.push(`${node.name || node.id}: ${planned ? planned.reasons.map((r) => r.message).join("; ") : "not planned"}`);
+    });
+    select.replaceChildren(...fits.map((n) => el("option", { value: n.id }, n.name || n.id)));
+    $("move-submit").disabled = fits.length === 0;
+    const none = candidates.length === 0 ? `No other connected node than ${source}.` : fits.length === 0 ? "It fits on no other node." : `It fits on ${fits.length} of ${candidates.length} other node(s).`;
+    note.textContent = [none, ...refused].join(" ");
+    if (fits.length) select.focus();
+  } catch (error) {
+    if (sessionEnded(error)) return leave();
+    note.textContent = `Could not check the nodes: ${error.message}`;
+  }
+}
+
+async function submitMove(event) {
+  event.preventDefault();
+  const index = Number($("move-form").dataset.replica);
+  const target = $("move-target").value;
+  if (!target) return;
+  const text = `Move replica ${index} of ${view.alias} from ${view.spec.placements[index].node_id} to ${target}? It starts there first and the source keeps serving until the target is ready.`;
+  if (!(await confirmed(`Move replica ${index}`, text, "Move"))) return;
+  await act("Move", () => api("POST", `${BASE}/replicas/${index}/move`, { target_node_id: target, revision: view.revision }), {
+    busy: `Moving replica ${index} to ${target}…`,
+    done: (answer) => `Replica ${index}: ${answer.final_state} (${answer.from_node} → ${answer.to_node}).`,
+    after: () => {
+      $("move-form").hidden = true;
+    },
+  });
+}
+
+// ---- logs ------------------------------------------------------------------------------
+
+function logStatus(text) {
+  $("log-status").textContent = text;
+}
+
+function updateLogButtons() {
+  const index = $("log-replica").value;
+  const replica = status && status.replicas.find((r) => String(r.index) === index);
+  $("log-follow").disabled = stream !== null || !replica || !replica.attempt_id;
+  $("log-stop").hidden = stream === null;
+  if (stream === null && replica && !replica.attempt_id) logStatus(`Replica ${index} has not been started yet, so it has no log.`);
+}
+
+function appendLine(text) {
+  const log = $("log");
+  const atEnd = log.scrollTop + log.clientHeight >= log.scrollHeight - 4;
+  log.append(el("span", { class: "line" }, text), "\n");
+  while (log.childNodes.length > 2 * LOG_LINES_KEPT) {
+    log.firstChild.remove();
+    log.firstChild.remove();
+  }
+  if (atEnd) log.scrollTop = log.scrollHeight;
+}
+
+function closeStream(text) {
+  if (stream) stream.close();
+  stream = null;
+  if (text) logStatus(text);
+  updateLogButtons();
+}
+
+async function follow() {
+  const index = $("log-replica").value;
+  closeStream();
+  $("log").replaceChildren();
+  $("log-follow").disabled = true;
+  logStatus(`Opening replica ${index}'s log…`);
+  let ticket;
+  try {
+    ticket = (await api("POST", `${BASE}/replicas/${index}/logs/ticket`)).ticket;
+  } catch (error) {
+    if (sessionEnded(error)) return leave();
+    logStatus(`Could not open the log: ${error.message}`);
+    updateLogButtons();
+    return;
+  }
+  const url = `${BASE}/replicas/${index}/logs/stream?tail=100&ticket=${encodeURIComponent(ticket)}`;
+  const source = new EventSource(url);
+  stream = source;
+  updateLogButtons();
+  source.onopen = () => logStatus(`Following replica ${index}'s log live.`);
+  source.onmessage = (event) => appendLine(event.data);
+  // The attempt ended: the server closes the stream next (closing it here would abort
+  // a response still open), and the error event that closing fires ends it here.
+  let ended = false;
+  source.addEventListener("end", () => {
+    ended = true;
+    logStatus(`Replica ${index}'s attempt ended; its log is complete.`);
+  });
+  // A ticket opens its stream once: never let the browser reconnect with it.
+  source.addEventListener("error", (event) => {
+    if (ended) {
+      if (stream === source) closeStream();
+      return;
+    }
+    let text = `The log stream of replica ${index} closed.`;
+    if (event.data) {
+      try {
+        text = `The log stream of replica ${index} ended: ${JSON.parse(event.data).error.message}`;
+      } catch {
+        // not the error envelope: the plain sentence says enough
+      }
+    }
+    if (stream === source) closeStream(text);
+  });
+}
+
+// ---- events ----------------------------------------------------------------------------
+
+function subjectText(event) {
+  if (event.subject === "node") return `node ${event.node_id || event.subject_id}`;
+  if (event.replica !== null && event.replica !== undefined) return `replica ${event.replica}`;
+  return event.subject;
+}
+
+function eventLine(event) {
+  return el(
+    "tr",
+    { "data-event-id": event.id, "data-kind": event.kind },
+    el("td", { title: stamp(event.at) }, clock(event.at)),
+    el("td", {}, el("code", {}, event.kind)),
+    el("td", {}, subjectText(event)),
+    el("td", {}, event.message),
+  );
+}
+
+async function readEvents() {
+  const query = eventsAfter === null ? "limit=100" : `after=${eventsAfter}&limit=500`;
+  const page = await api("GET", `${BASE}/events?${query}`);
+  if (page.events.length) {
+    events = events.concat(page.events).slice(-EVENTS_KEPT);
+  }
+  if (page.next_after !== null && page.next_after !== undefined) eventsAfter = page.next_after;
+  else if (page.events.length) eventsAfter = page.events[page.events.length - 1].id;
+  return page.events.length > 0;
+}
+
+function drawEvents() {
+  const rows = [...events].reverse().map(eventLine);
+  fillTable($("events"), rows, document.querySelector('.note[data-for="events"]'), "Nothing has happened yet.");
+}
+
+// ---- usage -----------------------------------------------------------------------------
+
+async function readUsage() {
+  const window_ = Number($("usage-window").value);
+  const now = Date.now() / 1000;
+  const width = window_ / USAGE_BUCKETS;
+  const start = now - window_;
+  const service = encodeURIComponent(SERVICE_ID);
+  const buckets = Array.from({ length: USAGE_BUCKETS }, (_, i) => start + i * width);
+  const [total, ...parts] = await allAnswered([
+    api("GET", `/api/v1/usage?service=${service}&since=${start.toFixed(3)}`),
+    ...buckets.map((since) => api("GET", `/api/v1/usage?service=${service}&since=${since.toFixed(3)}&until=${(since + width).toFixed(3)}`)),
+  ]);
+  const t = total.totals;
+  const latency = t.latency && t.latency.ttfb;
+  $("usage-totals").textContent =
+    `${t.requests} requests (${t.errors} errors), ${t.prompt_tokens} prompt and ${t.completion_tokens} completion tokens` +
+    (latency ? `, time to first token p50 ${number(latency.p50, 3)} s, p99 ${number(latency.p99, 3)} s` : "") +
+    ` in the ${$("usage-window").selectedOptions[0].textContent.toLowerCase()}.`;
+  const pick = (f) => parts.map((p) => f(p.totals));
+  const ends = buckets.map((since) => since + width); // each point says its bucket's end
+  const ttfb = (q) => (x) => (x.latency && x.latency.ttfb ? x.latency.ttfb[q] : null);
+  lineChart($("chart-requests"), {
+    title: "Requests",
+    times: ends,
+    series: [
+      { name: "requests", values: pick((x) => x.requests), class: "s1" },
+      { name: "errors", values: pick((x) => x.errors), class: "s3" },
+    ],
+    format: (v) => number(v, 0),
+  });
+  lineChart($("chart-tokens"), {
+    title: "Tokens",
+    times: ends,
+    series: [
+      { name: "prompt", values: pick((x) => x.prompt_tokens), class: "s1" },
+      { name: "completion", values: pick((x) => x.completion_tokens), class: "s2" },
+    ],
+    format: (v) => number(v, 0),
+  });
+  lineChart($("chart-latency"), {
+    title: "Time to first token",
+    times: ends,
+    series: [
+      { name: "p50", values: pick(ttfb("p50")), class: "s1" },
+      { name: "p99", values: pick(ttfb("p99")), class: "s3" },
+    ],
+    format: (v) => number(v, 2),
+    floor: 0.1,
+  });
+}
+
+// ---- specification and rollout ---------------------------------------------------------
+
+function specEntries(spec) {
+  const runtime = spec.runtime || {};
+  const entries = [
+    ["Alias", spec.alias],
+    ["Model", modelNames.has(spec.model_id) ? `${modelNames.get(spec.model_id)} (${spec.model_id})` : spec.model_id],
+    ["Engine", spec.engine],
+    ["Runtime", `${runtime.executor_provider} · isolation ${runtime.isolation} · network ${runtime.network}`],
+    ["Executable", spec.image_executable],
+    ["Context", `${spec.context} tokens`],
+    ["Concurrency", `${spec.concurrency} requests per replica`],
+  ];
+  const optional = [
+    ["description", "Description"],
+    ["gpu_layers", "GPU layers"],
+    ["tensor_split", "Tensor split"],
+    ["parallelism", "Parallelism"],
+    ["request_deadline", "Request deadline (s)"],
+    ["context_length", "Context length"],
+    ["max_output", "Max output"],
+    ["aliases", "Also answers to"],
+    ["fallbacks", "Fallbacks"],
+    ["capabilities", "Capabilities"],
+    ["scaling", "Scaling"],
+  ];
+  for (const [key, label] of optional) {
+    const value = spec[key];
+    if (value === undefined || value === null) continue;
+    const text = Array.isArray(value) ? value.join(", ") : typeof value === "object" ? Object.entries(value).map(([k, v]) => `${k}: ${v}`).join(", ") : String(value);
+    entries.push([label, text]);
+  }
+  spec.placements.forEach((p, i) => {
+    entries.push([`Replica ${i}`, `on ${p.node_id}: ${reservationText(p.limits)}`]);
+  });
+  return entries;
+}
+
+function drawSpec() {
+  const key = JSON.stringify(view.spec);
+  if (key === specShown) return;
+  const editor = $("rollout-spec");
+  const untouched = specShown === null || editor.value === JSON.stringify(JSON.parse(specShown), null, 2);
+  specShown = key;
+  $("spec").replaceChildren(...specEntries(view.spec).flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, v)]));
+  $("spec-json").textContent = JSON.stringify(view.spec, null, 2);
+  if (untouched) editor.value = JSON.stringify(view.spec, null, 2);
+}
+
+function planTable(caption, plan) {
+  const rows = plan.replicas.map((r) =>
+    el(
+      "tr",
+      { "data-replica": r.index, class: r.fits ? "fits" : "refused" },
+      el("th", { scope: "row" }, String(r.index)),
+      el("td", { "data-label": "Node" }, r.node_id),
+      el("td", { "data-label": "Reservation" }, reservationText(r.reservation)),
+      el("td", { class: "fit", "data-label": "Fits" }, r.fits ? "fits" : "does not fit"),
+      el("td", { class: "reasons", "data-label": "Reasons" }, r.reasons.length ? el("ul", { class: "plain" }, r.reasons.map((x) => el("li", {}, el("code", {}, x.code), ` ${x.message}`))) : dash),
+    ),
+  );
+  return el(
+    "div",
+    { class: "table-wrap plan" },
+    el(
+      "table",
+      {},
+      el("caption", {}, caption),
+      el("thead", {}, el("tr", {}, ["Replica", "Node", "Reservation", "Fits", "Reasons"].map((h) => el("th", { scope: "col" }, h)))),
+      el("tbody", {}, rows),
+    ),
+  );
+}
+
+async function previewRollout(event) {
+  event.preventDefault();
+  const out = $("rollout-result");
+  const refusal = $("rollout-problem");
+  refusal.hidden = true;
+  previewed = null;
+  $("rollout-start").disabled = true;
+  const text = $("rollout-spec").value;
+  let spec;
+  try {
+    spec = JSON.parse(text);
+  } catch (error) {
+    refusal.textContent = `The specification is not JSON: ${error.message}`;
+    refusal.hidden = false;
+    return;
+  }
+  out.replaceChildren(el("p", { class: "note" }, "Planning…"));
+  try {
+    const preview = await api("POST", `${BASE}/rollout/preview`, { spec });
+    const beside = preview.beside_serving;
+    const verdict = beside.fits
+      ? "The next generation fits beside the serving one: it can be rolled out."
+      : preview.fits
+        ? "The next generation would fit alone, but not beside the serving one: a rollout is refused (stop, then replace, or free room first)."
+        : "The next generation does not fit.";
+    out.replaceChildren(
+      el("p", { id: "rollout-verdict", class: beside.fits ? "verdict fits" : "verdict refused" }, verdict),
+      ...(preview.warnings || []).map((w) => el("p", { class: "notice" }, typeof w === "string" ? w : w.message || JSON.stringify(w))),
+      planTable("Beside the serving generation (while both run)", beside),
+      planTable("Serving alone (after the cut-over)", preview),
+      el("p", { class: "muted small" }, `Plan ${beside.plan_digest}`),
+    );
+    if (beside.fits) previewed = text;
+    $("rollout-start").disabled = !(beside.fits && view.desired === "running");
+  } catch (error) {
+    if (sessionEnded(error)) return leave();
+    out.replaceChildren();
+    const errors = (error.details && error.details.errors) || [];
+    refusal.textContent = errors.length ? `${error.message} ${errors.map((e) => `${e.path}: ${e.message}`).join("; ")}` : error.message;
+    refusal.hidden = false;
+  }
+}
+
+async function startRollout() {
+  const spec = JSON.parse(previewed);
+  const text = `Roll ${view.alias} out to this specification? Its next generation starts beside the serving one and takes the traffic once every replica is ready.`;
+  if (!(await confirmed(`Roll out ${view.alias}`, text, "Roll out"))) return;
+  await act("Rollout", () => api("POST", `${BASE}/rollout`, { revision: view.revision, spec }), {
+    busy: "Starting the rollout…",
+    done: (answer) => `Rollout to generation ${answer.rollout.generation} started.`,
+    after: () => {
+      previewed = null;
+    },
+  });
+}
+
+// ---- refresh ---------------------------------------------------------------------------
+
+async function refresh() {
+  try {
+    const [service, replicas] = await allAnswered([api("GET", BASE), api("GET", `${BASE}/status`)]);
+    view = service;
+    status = replicas;
+    const newEvents = await readEvents();
+    drawSummary();
+    drawReplicas();
+    drawSpec();
+    if (newEvents || events.length === 0) drawEvents();
+    if (Date.now() - usageAt >= USAGE_EVERY_MS) {
+      usageAt = Date.now();
+      await readUsage();
+    }
+    showProblem("");
+    $("refreshed").textContent = `Updated ${clock(Date.now() / 1000)}, every ${REFRESH_MS / 1000} s`;
+    document.body.dataset.refreshes = String(Number(document.body.dataset.refreshes || 0) + 1);
+  } catch (error) {
+    if (sessionEnded(error)) {
+      poller.stopped = true;
+      closeStream();
+      leave();
+      return;
+    }
+    if (error instanceof ApiError && error.status === 404 && !view) {
+      poller.stopped = true;
+      showProblem("No such service in this project: it was removed, or it is another project's.");
+      return;
+    }
+    showProblem(`Could not refresh: ${error.message}`);
+  }
+}
+
+async function start() {
+  poller = new Poller(refresh);
+  const beforeLeave = async () => {
+    closeStream();
+    await poller.stop();
+  };
+  guardLinks(beforeLeave);
+  try {
+    principal = await header(beforeLeave);
+  } catch (error) {
+    showProblem(`Could not load the service: ${error.message}`);
+    return;
+  }
+  if (!principal) return;
+  for (const button of document.querySelectorAll("[data-action]")) button.addEventListener("click", onAction);
+  $("action-reload").addEventListener("click", async () => {
+    $("action-problem").hidden = true;
+    await poller.now();
+    $("action-status").textContent = `Reloaded: revision ${view.revision}.`;
+  });
+  $("replicas").addEventListener("click", (event) => {
+    const button = event.target.closest("[data-move]");
+    if (button) openMove(Number(button.dataset.move));
+  });
+  $("move-form").addEventListener("submit", submitMove);
+  $("move-cancel").addEventListener("click", () => {
+    $("move-form").hidden = true;
+  });
+  $("log-follow").addEventListener("click", follow);
+  $("log-stop").addEventListener("click", () => closeStream("Stopped following."));
+  $("log-replica").addEventListener("change", updateLogButtons);
+  $("usage-window").addEventListener("change", () => {
+    usageAt = 0;
+    poller.now();
+  });
+  $("rollout-form").addEventListener("submit", previewRollout);
+  $("rollout-reset").addEventListener("click", () => {
+    $("rollout-spec").value = JSON.stringify(view.spec, null, 2);
+    previewed = null;
+    $("rollout-result").replaceChildren();
+    $("rollout-problem").hidden = true;
+    $("rollout-start").disabled = true;
+  });
+  $("rollout-spec").addEventListener("input", () => {
+    $("rollout-start").disabled = !(previewed !== null && previewed === $("rollout-spec").value && view.desired === "running");
+  });
+  $("rollout-start").addEventListener("click", startRollout);
+  window.addEventListener("pagehide", () => closeStream());
+  if (!has("inference:read")) {
+    showProblem("This session lacks the inference:read scope that reading a service needs.");
+    return;
+  }
+  if (has("models:read")) {
+    try {
+      modelNames = new Map((await api("GET", "/api/v1/models")).models.map((m) => [m.id, m.name]));
+    } catch (error) {
+      if (sessionEnded(error)) return leave();
+      // Without the names the specification shows the model's ID.
+    }
+  }
+  poller.start();
+}
+
+start();
