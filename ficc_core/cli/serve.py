@@ -98,6 +98,7 @@ def _print_ready(
     lines = [
         f"FICC {__version__} listening on {', '.join(urls)}",
         f"  data directory: {service.config.data_dir}",
+        f"  web console: {url}/ (log in with a username and password)",
     ]
     if metrics_urls:
         lines.append(f"  metrics on {', '.join(u + '/metrics' for u in metrics_urls)}")
