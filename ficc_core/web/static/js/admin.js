@@ -6,33 +6,18 @@
 import { api, leave, openSession, sessionEnded } from "./api.js";
 import { ago, badge, el, stamp } from "./format.js";
 import { fillRows } from "./tables.js";
+import { $, note, problem, status } from "./page.js";
 
 let principal = null;
 let users = [];
 let projects = [];
 const inFlight = new Set();
-const $ = (id) => document.getElementById(id);
 
 function call(method, path, body) {
   const promise = api(method, path, body);
   inFlight.add(promise);
   promise.finally(() => inFlight.delete(promise)).catch(() => {});
   return promise;
-}
-
-function problem(text) {
-  $("problem").textContent = text || "";
-  $("problem").hidden = !text;
-}
-
-function status(text) {
-  $("status").textContent = text || "";
-}
-
-function note(section, text) {
-  const p = document.querySelector(`.note[data-for="${section}"]`);
-  p.textContent = text || "";
-  p.hidden = !text;
 }
 
 async function attempt(what, action) {

@@ -4,7 +4,16 @@
 
 import { api, leave, openSession, sessionEnded } from "./api.js";
 import { clock } from "./format.js";
-import { eventRow, modelRow, nodeRow, serviceLink, serviceRow, serviceUsageCells } from "./tables.js";
+import {
+  eventRow,
+  fillRows,
+  modelRow,
+  nodeRow,
+  serviceLink,
+  serviceRow,
+  serviceUsageCells,
+} from "./tables.js";
+import { note } from "./page.js";
 
 const REFRESH_MS = Number(document.body.dataset.refreshMs) || 5000;
 const EVENTS_SHOWN = 20;
@@ -27,27 +36,9 @@ let current = Promise.resolve(); // the refresh in flight, awaited before leavin
 
 const has = (scope) => principal.scopes.includes(scope);
 
-function note(section, text) {
-  const p = document.querySelector(`.note[data-for="${section}"]`);
-  p.textContent = text || "";
-  p.hidden = !text;
-}
-
 function fill(section, rows, emptyText) {
   const table = document.getElementById(section);
-  // Each cell names its column, which a phone-width layout shows beside the value.
-  const columns = [...table.tHead.rows[0].cells].map((cell) => cell.textContent);
-  for (const row of rows) {
-    [...row.cells].forEach((cell, index) => {
-      if (cell.tagName !== "TD") return;
-      cell.setAttribute("data-label", columns[index]);
-      const value = document.createElement("div");
-      value.className = "value";
-      value.append(...cell.childNodes);
-      cell.append(value);
-    });
-  }
-  table.tBodies[0].replaceChildren(...rows);
+  fillRows(table, rows);
   table.closest(".table-wrap").hidden = rows.length === 0;
   note(section, rows.length === 0 ? emptyText : "");
 }

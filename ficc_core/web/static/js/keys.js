@@ -6,6 +6,7 @@
 import { api, leave, openSession, sessionEnded } from "./api.js";
 import { ago, badge, el, fromNow, stamp } from "./format.js";
 import { fillRows } from "./tables.js";
+import { $, note, problem, status } from "./page.js";
 
 // A personal session works in the reserved project no one can name (docs/people.md).
 const PERSONAL_PROJECT = "~personal";
@@ -15,7 +16,6 @@ const CREATE_SCOPE = "inference:invoke"; // a service key holds it: its maker mu
 let principal = null;
 let issuedId = null; // the key shown in the box, hidden with it when revoked
 const inFlight = new Set();
-const $ = (id) => document.getElementById(id);
 const inProject = () => Boolean(principal.project && principal.project.id && principal.project.id !== PERSONAL_PROJECT);
 
 // Every request of the page is tracked, so logging out waits for them all.
@@ -26,21 +26,6 @@ function track(promise) {
 }
 
 const call = (method, path, body) => track(api(method, path, body));
-
-function problem(text) {
-  $("problem").textContent = text || "";
-  $("problem").hidden = !text;
-}
-
-function status(text) {
-  $("status").textContent = text || "";
-}
-
-function note(section, text) {
-  const p = document.querySelector(`.note[data-for="${section}"]`);
-  p.textContent = text || "";
-  p.hidden = !text;
-}
 
 // Run a page action: its failure is said on the page; a session gone leaves it.
 async function attempt(what, action) {

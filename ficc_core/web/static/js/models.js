@@ -9,6 +9,8 @@ import { ApiError, api, apiBytes, leave, sessionEnded } from "./api.js";
 import { badge, bytes, clock, el } from "./format.js";
 import { ggufHead } from "./gguf.js";
 import { Sha256 } from "./sha256.js";
+import { $ } from "./page.js";
+import { fillRows } from "./tables.js";
 
 const REFRESH_MS = Number(document.body.dataset.refreshMs) || 5000;
 //: Each upload request carries this much (the byte route takes at most 16 MiB).
@@ -16,8 +18,6 @@ const CHUNK = 8 << 20;
 //: The file is read this much at a time while it is hashed.
 const HASH_SLICE = 4 << 20;
 const dash = "–";
-
-const $ = (id) => document.getElementById(id);
 
 let principal = null;
 let timer = null;
@@ -49,21 +49,6 @@ function problem(text) {
   refreshFailed = false;
 }
 
-// Each cell names its column, which a phone-width layout shows beside the value.
-function fill(table, rows) {
-  const columns = [...table.tHead.rows[0].cells].map((cell) => cell.textContent);
-  for (const row of rows) {
-    [...row.cells].forEach((cell, index) => {
-      if (cell.tagName !== "TD") return;
-      cell.setAttribute("data-label", columns[index]);
-      const value = document.createElement("div");
-      value.className = "value";
-      value.append(...cell.childNodes);
-      cell.append(value);
-    });
-  }
-  table.tBodies[0].replaceChildren(...rows);
-}
 
 function count(value) {
   if (value === null || value === undefined) return dash;
@@ -213,7 +198,7 @@ function drawModels(models) {
       ? { action: focused.dataset.action, id: focused.dataset.modelId }
       : null;
   const table = $("models");
-  fill(table, models.map(modelRow));
+  fillRows(table, models.map(modelRow));
   table.closest(".table-wrap").hidden = models.length === 0;
   const note = document.querySelector('.note[data-for="models"]');
   note.textContent = models.length === 0 ? "This project has no model yet." : "";
@@ -496,7 +481,7 @@ async function preview(event) {
   button.textContent = "Previewing…";
   try {
     previews = (await api("POST", "/api/v1/models/hub-preview", body)).previews;
-    fill($("previews"), previews.map(previewRow));
+    fillRows($("previews"), previews.map(previewRow));
     $("previews-source").textContent = `${repository} at ${body.revision}: ${previews.length} GGUF model(s)`;
     $("previews-section").hidden = false;
     $("previews-title").scrollIntoView({ block: "nearest" });

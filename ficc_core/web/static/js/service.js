@@ -7,6 +7,7 @@ import { api, ApiError, leave, sessionEnded } from "./api.js";
 import { lineChart } from "./charts.js";
 import { badge, bytes, clock, el, number, stamp } from "./format.js";
 import { Poller, REFRESH_MS, allAnswered, fillTable, guardLinks, header } from "./service_common.js";
+import { $ } from "./page.js";
 
 const SERVICE_ID = decodeURIComponent(window.location.pathname.split("/").pop());
 const BASE = `/api/v1/inference/${encodeURIComponent(SERVICE_ID)}`;
@@ -16,7 +17,6 @@ const USAGE_BUCKETS = 12;
 const USAGE_EVERY_MS = Math.max(5000, REFRESH_MS * 6);
 const dash = "–";
 
-const $ = (id) => document.getElementById(id);
 const problem = $("problem");
 
 let principal = null;

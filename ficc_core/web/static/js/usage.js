@@ -6,6 +6,7 @@
 import { api, leave, openSession, sessionEnded } from "./api.js";
 import { el, number, stamp } from "./format.js";
 import { fillRows } from "./tables.js";
+import { $, note, problem } from "./page.js";
 
 const REFRESH_MS = Number(document.body.dataset.refreshMs) || 5000;
 const KEYS_CHECKED = 100; // the project's active keys whose limits are read, at most
@@ -20,7 +21,6 @@ let loop = 0;
 let stopped = false;
 let current = Promise.resolve();
 const inFlight = new Set();
-const $ = (id) => document.getElementById(id);
 const has = (scope) => principal.scopes.includes(scope);
 const projectId = () => {
   const id = principal.project && principal.project.id;
@@ -32,17 +32,6 @@ function call(method, path) {
   inFlight.add(promise);
   promise.finally(() => inFlight.delete(promise)).catch(() => {});
   return promise;
-}
-
-function problem(text) {
-  $("problem").textContent = text || "";
-  $("problem").hidden = !text;
-}
-
-function note(section, text) {
-  const p = document.querySelector(`.note[data-for="${section}"]`);
-  p.textContent = text || "";
-  p.hidden = !text;
 }
 
 // -- formatting --------------------------------------------------------------------------
