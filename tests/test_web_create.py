@@ -87,13 +87,22 @@ def _create_from_the_page(url: str, model_id: str, operator_token: str) -> None:
 
         # The form: the verified model, the engine the node's runtime serves.
         form = page.locator("#create-form")
-        expect(page.get_by_label("Model", exact=True).locator("option")).to_have_text([f"smollm2 ({model_id})"])
+        models = page.get_by_label("Model", exact=True).locator("option")
+        expect(models).to_have_text([f"smollm2 ({model_id})"])
         expect(page.get_by_label("Engine")).to_have_value("llama_cpp")
         create = page.get_by_role("button", name="Create", exact=True)
         expect(create).to_be_disabled()
         for label in ("Minimum replicas", "Maximum replicas", "Idle timeout (s)"):
             expect(form.get_by_label(label)).to_have_value("")
+        # A refusal with a field path is said at its field.
+        _fill(page, model_id, "Not an alias!", 512, 2)
+        with watch.provoking(400, r"/api/v1/inference/preview$"):
+            page.get_by_role("button", name="Preview").click()
+            expect(page.locator("#create-alias-error")).to_contain_text("$.alias")
+        expect(page.get_by_label("Alias", exact=True)).to_be_focused()
+        expect(create).to_be_disabled()
         _fill(page, model_id, "made", 512, 2)
+        expect(page.locator("#create-alias-error")).to_be_hidden()
 
         # Preview: the completed specification (what was suggested), the plan on the
         # local node, and Create enabled since it fits.
@@ -102,8 +111,12 @@ def _create_from_the_page(url: str, model_id: str, operator_token: str) -> None:
             "It fits: Create submits this specification."
         )
         completed = page.locator("#create-completed")
-        expect(completed).to_contain_text("llama_cpp (context 512 × concurrency 2)")
+        expect(completed).to_contain_text(
+            "llama_cpp (context 512 \N{MULTIPLICATION SIGN} concurrency 2)"
+        )
+        expect(completed).to_contain_text(f"smollm2 ({model_id})")
         expect(completed).to_contain_text("suggested")
+        expect(page.locator("#create-result")).not_to_contain_text("null")
         expect(completed).to_contain_text("0: local")
         row = page.locator('#create-plan tr[data-replica="0"]')
         expect(row.locator("td.node")).to_have_text("local")
@@ -166,6 +179,7 @@ def _create_from_the_page(url: str, model_id: str, operator_token: str) -> None:
         page.set_viewport_size({"width": 390, "height": 844})
         expect(page.get_by_role("button", name="Preview")).to_be_visible()
         assert fits_width(page)
+        screenshot(page, "services-create-phone")
         watch.check()
         dashboard_watch.check()
 

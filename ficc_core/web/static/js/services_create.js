@@ -31,6 +31,7 @@ const FIELDS = {
 
 let previewed = null; // the preview answered for the form as it is now, when it fits
 let afterCreate = () => null;
+let modelNames = new Map(); // the project's verified models' names by ID
 
 function reservationText(reservation) {
   if (!reservation) return dash;
@@ -175,7 +176,7 @@ function completedList(preview) {
   const runtime = spec.runtime || {};
   const entries = [
     ["Alias", spec.alias],
-    ["Model", spec.model_id],
+    ["Model", modelNames.has(spec.model_id) ? `${modelNames.get(spec.model_id)} (${spec.model_id})` : spec.model_id],
     ["Engine", `${spec.engine} (context ${spec.context} × concurrency ${spec.concurrency})`],
     ["Runtime", [`${runtime.executor_provider || dash} ${String(runtime.image_digest || "").slice(0, 19)}…`, mark("$.runtime")]],
     ["Executable", [spec.image_executable || dash, mark("$.image_executable")]],
@@ -232,7 +233,7 @@ async function preview(event) {
   const verdict = fits
     ? "It fits: Create submits this specification."
     : "It does not fit: see the reasons in the plan; Create stays disabled.";
-  out.replaceChildren(
+  const shown = [
     el("p", { id: "create-verdict", class: fits ? "verdict fits" : "verdict refused" }, verdict),
     completedList(answer),
     ...(answer.warnings || []).map((w) =>
@@ -241,7 +242,8 @@ async function preview(event) {
     planTable(answer),
     scaling ? el("p", { class: "muted small" }, `Held at the start: ${scaling.held.join(", ") || "none"}; planned: ${scaling.planned.join(", ") || "none"}; ${scaling.fit_together} of ${scaling.max} fit together.`) : null,
     el("p", { class: "muted small" }, `Plan ${answer.plan_digest}`),
-  );
+  ];
+  out.replaceChildren(...shown.filter(Boolean));
   if (fits) {
     previewed = answer;
     $("create-submit").disabled = false;
@@ -310,6 +312,7 @@ export async function setUpCreate(principal, refresh) {
     canNodes ? api("GET", "/api/v1/contributors").catch(() => null) : null,
   ]);
   const verified = models.models.filter((m) => m.state === "verified").sort((a, b) => a.name.localeCompare(b.name));
+  modelNames = new Map(verified.map((m) => [m.id, m.name]));
   const modelSelect = $("create-model");
   modelSelect.replaceChildren(...verified.map((m) => el("option", { value: m.id }, `${m.name} (${m.id})`)));
   if (!verified.length) {
