@@ -164,6 +164,18 @@ def _create_from_the_page(url: str, model_id: str, operator_token: str) -> None:
         expect(page.get_by_label("Alias", exact=True)).to_be_focused()
         expect(page.locator("#services tbody tr")).to_have_count(1)
 
+        # The scaling fields: an on-demand service's replica is planned, not held.
+        _fill(page, model_id, "lazy", 512, 2)
+        page.get_by_label("Minimum replicas").fill("0")
+        page.get_by_label("Maximum replicas").fill("1")
+        page.get_by_label("Idle timeout (s)").fill("60")
+        page.get_by_role("button", name="Preview").click()
+        expect(page.locator("#create-completed")).to_contain_text("min 0, max 1, idle 60 s")
+        expect(page.locator('#create-plan tr[data-replica="0"] td.held')).to_have_text("planned")
+        expect(create).to_be_enabled()
+        for label in ("Minimum replicas", "Maximum replicas", "Idle timeout (s)"):
+            page.get_by_label(label).fill("")
+
         # Too much memory (the KV cache of 2,048 tokens x 4,096 requests): the plan says
         # why at its replica, and Create stays disabled.
         _fill(page, model_id, "huge", 2048, 4096)
