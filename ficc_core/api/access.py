@@ -612,8 +612,8 @@ ROUTES: dict[str, Route] = {
         "GET",
         "/ui/services",
         PUBLIC,
-        "the console's list of the project's services, each linked to its page (HTML); 303 "
-        "to `/` without a valid session cookie",
+        "the console's list of the project's services, each linked to its page, and the form "
+        "that previews, creates and starts one (HTML); 303 to `/` without a valid session cookie",
     ),
     "web_service": Route(
         "GET",

@@ -1,9 +1,11 @@
 // The services list: every service of the project, each linked to its page, polled
-// from GET /api/v1/inference (and the models' names) while the page is visible.
+// from GET /api/v1/inference (and the models' names) while the page is visible; below
+// it, the form that previews, creates and starts a service (services_create.js).
 
 import { api, leave, sessionEnded } from "./api.js";
 import { clock } from "./format.js";
 import { Poller, REFRESH_MS, allAnswered, fillTable, guardLinks, header } from "./service_common.js";
+import { setUpCreate } from "./services_create.js";
 import { serviceLink, serviceRow } from "./tables.js";
 
 const problem = document.getElementById("problem");
@@ -57,6 +59,17 @@ async function start() {
     return;
   }
   poller.start();
+  try {
+    await setUpCreate(principal, () => poller.now());
+  } catch (error) {
+    if (sessionEnded(error)) {
+      await poller.stop();
+      leave();
+      return;
+    }
+    problem.textContent = `Could not set up the create form: ${error.message}`;
+    problem.hidden = false;
+  }
 }
 
 start();
