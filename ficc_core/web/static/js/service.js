@@ -8,6 +8,7 @@ import { lineChart } from "./charts.js";
 import { badge, bytes, clock, el, number, stamp } from "./format.js";
 import { Poller, REFRESH_MS, allAnswered, fillTable, guardLinks, header } from "./service_common.js";
 import { $ } from "./page.js";
+import { reservationText } from "./tables.js";
 
 const SERVICE_ID = decodeURIComponent(window.location.pathname.split("/").pop());
 const BASE = `/api/v1/inference/${encodeURIComponent(SERVICE_ID)}`;
@@ -46,13 +47,6 @@ function lastExit(exit) {
   if (exit.signal !== null && exit.signal !== undefined) return `signal ${exit.signal}`;
   if (exit.exit_code !== null && exit.exit_code !== undefined) return `status ${exit.exit_code}`;
   return exit.reason || dash;
-}
-
-function reservationText(reservation) {
-  if (!reservation) return dash;
-  const parts = [`${number(reservation.cpus)} CPU`, bytes(reservation.memory_bytes)];
-  for (const gpu of reservation.gpus || []) parts.push(`GPU ${gpu.index}: ${bytes(gpu.memory_bytes)}`);
-  return parts.join(", ");
 }
 
 function replicaRow(replica, held) {

@@ -7,7 +7,8 @@
 // their path names, or at the plan.
 
 import { api, sessionEnded, leave } from "./api.js";
-import { bytes, el, number } from "./format.js";
+import { el } from "./format.js";
+import { reservationText } from "./tables.js";
 
 //: The engines a preview knows how to complete when no node lists its runtimes' engines.
 const KNOWN_ENGINES = ["llama_cpp", "ollama", "vllm"];
@@ -32,13 +33,6 @@ const FIELDS = {
 let previewed = null; // the preview answered for the form as it is now, when it fits
 let afterCreate = () => null;
 let modelNames = new Map(); // the project's verified models' names by ID
-
-function reservationText(reservation) {
-  if (!reservation) return dash;
-  const parts = [`${number(reservation.cpus)} CPU`, bytes(reservation.memory_bytes)];
-  for (const gpu of reservation.gpus || []) parts.push(`GPU ${gpu.index}: ${bytes(gpu.memory_bytes)}`);
-  return parts.join(", ");
-}
 
 function fieldFor(path) {
   const bare = String(path || "").replace(/^\$\.?/, "");

@@ -194,3 +194,11 @@ export function fillRows(table, rows) {
   }
   table.tBodies[0].replaceChildren(...rows);
 }
+
+// A reservation (or a placement's limits) as a line: CPUs, memory, each GPU's memory.
+export function reservationText(reservation) {
+  if (!reservation) return dash;
+  const parts = [`${number(reservation.cpus)} CPU`, bytes(reservation.memory_bytes)];
+  for (const gpu of reservation.gpus || []) parts.push(`GPU ${gpu.index}: ${bytes(gpu.memory_bytes)}`);
+  return parts.join(", ");
+}
