@@ -67,25 +67,10 @@ class PageWatch:
         self.problems: list[str] = []
         self.allowed: list[tuple[int, re.Pattern[str]]] = []
         self.provoked: list[str] = []
-        #: Navigations of the main frame so far, and the count when each request began:
-        #: a request the browser cancels because the page was left is not a problem.
-        self.navigations = 0
-        self._began: dict[Any, int] = {}
         page.on("console", self._console)
         page.on("pageerror", lambda error: self.problems.append(f"page error: {error}"))
-        page.on("request", lambda request: self._began.__setitem__(request, self.navigations))
-        page.on("framenavigated", self._navigated)
         page.on("requestfailed", self._failed)
         page.on("response", self._response)
-
-    def _navigated(self, frame: Any) -> None:
-        if frame == self.page.main_frame:
-            self.navigations += 1
-
-    def left_behind(self, request: Any) -> bool:
-        """Whether ``request`` was cancelled because the page navigated away meanwhile."""
-        began = self._began.pop(request, self.navigations)
-        return "ERR_ABORTED" in (request.failure or "") and self.navigations > began
 
     def _allows(self, status: int | None, url: str) -> bool:
         return any(
@@ -104,8 +89,6 @@ class PageWatch:
         self.problems.append(f"console error: {message.text} ({url})")
 
     def _failed(self, request: Any) -> None:
-        if self.left_behind(request):
-            return
         self.problems.append(f"request failed: {request.method} {request.url}: {request.failure}")
 
     def _response(self, response: Any) -> None:
