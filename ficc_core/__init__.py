@@ -65,6 +65,7 @@ _EXPORTS: dict[str, str] = {
     "Specification": "ficc_core.schema",
     "Capabilities": "ficc_core.schema",
     "Runtime": "ficc_core.schema",
+    "Scaling": "ficc_core.schema",
     "Placement": "ficc_core.schema",
     "ResourceLimits": "ficc_core.schema",
     "GpuRequest": "ficc_core.schema",
@@ -140,6 +141,7 @@ __all__ = [
     "ResponseHead",
     "Runtime",
     "RuntimeRegistry",
+    "Scaling",
     "Specification",
     "StaleFence",
     "StreamExists",
@@ -221,6 +223,7 @@ if TYPE_CHECKING:
         ReadinessProbe,
         ResourceLimits,
         Runtime,
+        Scaling,
         Specification,
         Workload,
     )

@@ -144,7 +144,9 @@ async def test_scaled_service_scales_out_on_queueing_and_in_after_idleness(
                 "active"
             ] == [0, 1]
 
-            # Both idle past the timeout, min 1: exactly one stops.
+            # Both idle past the timeout, min 1: exactly one stops (the gateway routes to
+            # both first: the idle figures are of the replicas it routes to).
+            await live_until(controller, service_id, lambda v: len(v.replicas) == 2)
             autoscaler.demand = lambda _id: Demand(
                 idle_for={r.key: 10_000.0 for r in controller.service.live.get(_id).replicas}
             )

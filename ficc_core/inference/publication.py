@@ -66,13 +66,14 @@ def routed(
 
 def retiring(
     attempts: Sequence[AttemptRecord],
-    wanted: Mapping[int, Collection[int]],
+    wanted: Mapping[int, int | Collection[int]],
     dismissed: Collection[str] = (),
 ) -> list[AttemptRecord]:
     """The unreleased attempts nobody needs any more, to drain and stop.
 
     ``wanted`` maps each generation still wanted (the service's, a pending rollout's)
-    to the replicas it runs (:meth:`~.generations.Running.wanted`). An attempt is kept
+    to the replicas it runs (:meth:`~.generations.Running.wanted`; a count means the
+    first that many). An attempt is kept
     while it is routed, or while it is the newest unreleased attempt of a wanted
     replica (a successor still loading); any other (a predecessor whose successor is
     ready, a generation no longer wanted, a replica not wanted any more, a
@@ -83,7 +84,7 @@ def retiring(
     for generation, replicas in wanted.items():
         keep |= {a.attempt_id for a in routed(attempts, generation, replicas, dismissed).values()}
     for attempt in attempts:
-        if not attempt.released and attempt.replica in wanted.get(attempt.generation, ()):
+        if not attempt.released and attempt.replica in _indices(wanted.get(attempt.generation, ())):
             newest[(attempt.generation, attempt.replica)] = attempt
     keep |= {a.attempt_id for a in newest.values()}
     return [
