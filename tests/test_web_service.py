@@ -22,7 +22,17 @@ from ficc_core.auth import ALL_SCOPES
 
 from .conftest import bearer
 from .inference_support import llama_spec, open_inference_controller, register_smollm2
-from .web_support import STEP_MS, PageWatch, chromium, chromium_or_skip, screenshot, tolerating
+from .web_support import (
+    STEP_MS,
+    PageWatch,
+    chromium,
+    chromium_or_skip,
+    fits_width,
+    log_in,
+    open_page,
+    screenshot,
+    tolerating,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -32,26 +42,6 @@ MEMBER_SCOPES = sorted(set(ALL_SCOPES) - {"admin"})
 READY_MS = 120_000
 GIB = 1024**3
 PIB = 1024**5
-
-
-def _page(browser, url: str, width: int = 1280, height: int = 900):
-    context = browser.new_context(base_url=url, viewport={"width": width, "height": height})
-    page = context.new_page()
-    page.set_default_timeout(STEP_MS)
-    return page, PageWatch(page)
-
-
-def _log_in(page, username: str, password: str, project: str) -> None:
-    page.goto("/")
-    page.get_by_label("Username").fill(username)
-    page.get_by_label("Password").fill(password)
-    page.get_by_label("Project").fill(project)
-    page.get_by_role("button", name="Log in").click()
-    page.wait_for_url("**/ui/dashboard")
-
-
-def _fits_width(page) -> bool:
-    return page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
 
 
 def _confirm(page, title: str, says: str, button: str | None = None) -> None:
@@ -105,8 +95,8 @@ def _service_page(url: str, service_id: str, invoke_token: str, operator_token: 
     from playwright.sync_api import expect
 
     with chromium(chromium_or_skip()) as browser:
-        page, watch = _page(browser, url)
-        _log_in(page, *ALICE, "default")
+        page, watch = open_page(browser, url)
+        log_in(page, *ALICE, "default")
 
         # The dashboard's service name links to its page.
         dashboard_link = page.locator(f'#services tr[data-service-id="{service_id}"] a')
@@ -207,7 +197,7 @@ def _service_page(url: str, service_id: str, invoke_token: str, operator_token: 
         expect(page.locator("#chart-requests svg")).to_have_attribute(
             "aria-label", re.compile(r"requests 1")
         )
-        assert _fits_width(page)
+        assert fits_width(page)
         screenshot(page, "service")
 
         # A rollout that fits (one request at a time instead of two): previewed, rolled
@@ -272,7 +262,7 @@ def _service_page(url: str, service_id: str, invoke_token: str, operator_token: 
         # At phone width nothing overflows the page.
         page.set_viewport_size({"width": 390, "height": 844})
         expect(page.locator("#state .badge")).to_have_text("stopped")
-        assert _fits_width(page)
+        assert fits_width(page)
         screenshot(page, "service-phone")
         page.set_viewport_size({"width": 1280, "height": 900})
 
@@ -360,8 +350,8 @@ def _pin_and_unpin(url: str, service_id: str) -> None:
     from playwright.sync_api import expect
 
     with chromium(chromium_or_skip()) as browser:
-        page, watch = _page(browser, url, width=390, height=844)
-        _log_in(page, *ALICE, "default")
+        page, watch = open_page(browser, url, width=390, height=844)
+        log_in(page, *ALICE, "default")
         dashboard, dashboard_watch = page, watch
         page = dashboard.context.new_page()
         page.set_default_timeout(STEP_MS)
@@ -392,7 +382,7 @@ def _pin_and_unpin(url: str, service_id: str) -> None:
         )
         expect(pin).to_be_visible()
         expect(page.locator("#revision")).not_to_contain_text("pinned")
-        assert _fits_width(page)
+        assert fits_width(page)
 
         # Drained from the page: it stops once nothing is in flight.
         _act(page, watch, "Drain", "Drain on-demand", "refused at once", "on-demand is draining.")
