@@ -12,7 +12,7 @@ import pytest
 import trio
 from ficc_executor_process.provider import ProcessProvider
 
-from ficc_core.agent import Agent, AgentSettings, DeclaredRuntime, parse_nvidia_smi
+from ficc_core.agent import Agent, AgentSettings, DeclaredRuntime
 from ficc_core.digests import file_digest
 from ficc_core.errors import ConfigError
 from ficc_core.executor import BodyChunk, ResponseHead, UnknownAttempt
@@ -55,46 +55,6 @@ async def running(state_dir: Path) -> AsyncIterator[Agent]:
         nursery.cancel_scope.cancel()
 
 
-# -- nvidia-smi ---------------------------------------------------------------------------
-
-
-def test_nvidia_smi_lines_become_devices_with_memory_in_bytes():
-    text = "0, NVIDIA H200, 143771\n1, NVIDIA A100-SXM4-80GB, 81920\n"
-    assert parse_nvidia_smi(text) == (
-        GpuDevice(index=0, name="NVIDIA H200", memory_bytes=143771 * 1024 * 1024),
-        GpuDevice(index=1, name="NVIDIA A100-SXM4-80GB", memory_bytes=81920 * 1024 * 1024),
-    )
-
-
-def test_nvidia_smi_names_with_commas_keep_them():
-    (device,) = parse_nvidia_smi("3, Tesla, V100, 16384\n")
-    assert (device.index, device.name) == (3, "Tesla, V100")
-
-
-def test_nvidia_smi_noise_and_unreadable_lines_are_skipped():
-    text = (
-        "WARNING: infoROM is corrupted at gpu 0000:41:00.0\n"
-        "\n"
-        "0, NVIDIA L4, [N/A]\n"
-        "1, NVIDIA L4, 23034\n"
-        "1, NVIDIA L4, 23034\n"
-        "x, broken, 12\n"
-        "No devices were found\n"
-    )
-    assert [d.index for d in parse_nvidia_smi(text)] == [1]
-
-
-def test_nvidia_smi_empty_output_means_no_gpus():
-    assert parse_nvidia_smi("") == ()
-
-
-async def test_a_node_without_nvidia_smi_reports_no_gpus(monkeypatch):
-    from ficc_core.agent import query_gpus
-
-    with trio.fail_after(5):
-        assert await query_gpus("ficc-no-such-nvidia-smi") == ()
-
-
 # -- snapshot -----------------------------------------------------------------------------
 
 
@@ -113,7 +73,9 @@ async def test_snapshot_reports_providers_measured_resources_and_endpoint_versio
 
 async def test_snapshot_carries_the_gpus_the_node_reports(state_dir):
     async def two_gpus():
-        return parse_nvidia_smi("0, NVIDIA H200, 143771\n1, NVIDIA H200, 143771\n")
+        return tuple(
+            GpuDevice(index=i, name="NVIDIA H200", memory_bytes=143771 << 20) for i in (0, 1)
+        )
 
     agent = _agent(state_dir, gpu_query=two_gpus)
     async with trio.open_nursery() as nursery:

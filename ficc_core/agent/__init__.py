@@ -1,7 +1,7 @@
 """The node agent: what runs engines on a node for the controller, embedded or remote."""
 
 from .agent import DEFAULT_LEASE, Agent, Lease
-from .gpus import parse_nvidia_smi, query_gpus
+from .gpus import GpuDiscovery, GpuInventory, discover_gpus, parse_nvidia_smi_xml, query_gpus
 from .runtimes import AgentSettings, DeclaredRuntime, check_runtime
 
 __all__ = [
@@ -9,8 +9,11 @@ __all__ = [
     "Agent",
     "AgentSettings",
     "DeclaredRuntime",
+    "GpuDiscovery",
+    "GpuInventory",
     "Lease",
     "check_runtime",
-    "parse_nvidia_smi",
+    "discover_gpus",
+    "parse_nvidia_smi_xml",
     "query_gpus",
 ]

@@ -30,7 +30,7 @@ from ..executor.errors import ExecutorError, LaunchFailed
 from ..executor.node import measure_resources
 from ..schema import ExecutorSnapshot, GpuDevice, NodeResources
 from ..schema.snapshot import ENDPOINT_VERSION
-from .gpus import query_gpus
+from .gpus import GpuDiscovery, GpuInventory, visible_devices
 from .runtimes import AgentSettings, RuntimeCheck, check_runtime
 from .staging import Stager, stage_job_inputs
 
@@ -67,7 +67,9 @@ class Agent:
     :param settings: labels and declared runtimes.
     :param lease_duration: seconds an attempt may run past its last renewal.
     :param stop_grace: seconds between SIGTERM and SIGKILL when a lease expires.
-    :param gpu_query: how GPUs are found (``nvidia-smi`` by default; tests pass a fake).
+    :param gpu_query: how GPUs are found (by default :class:`~ficc_core.agent.gpus.
+        GpuDiscovery`: NVML, then ``nvidia-smi``, unless the settings say ``skip_gpus``);
+        tests pass a fake returning devices or a :class:`~ficc_core.agent.gpus.GpuInventory`.
     """
 
     def __init__(
@@ -79,7 +81,7 @@ class Agent:
         settings: AgentSettings | None = None,
         lease_duration: float = DEFAULT_LEASE,
         stop_grace: float = 10.0,
-        gpu_query: Callable[[], Awaitable[tuple[GpuDevice, ...]]] = query_gpus,
+        gpu_query: Callable[[], Awaitable[tuple[GpuDevice, ...] | GpuInventory]] | None = None,
     ) -> None:
         if not providers:
             raise LaunchFailed("an agent needs at least one executor provider")
@@ -89,8 +91,9 @@ class Agent:
         self.settings = settings or AgentSettings()
         self.lease_duration = lease_duration
         self.stop_grace = stop_grace
+        if gpu_query is None:
+            gpu_query = GpuDiscovery(skip=self.settings.skip_gpus).inventory
         self._gpu_query = gpu_query
-        self._gpus: tuple[GpuDevice, ...] | None = None
         self._leases: dict[str, Lease] = {}
         self._changed = trio.Event()
         self._started = False
@@ -153,11 +156,14 @@ class Agent:
 
     # -- snapshot ----------------------------------------------------------------------------
 
+    async def gpu_inventory(self) -> GpuInventory:
+        """The node's GPUs as discovery last saw them (it refreshes free memory itself)."""
+        found = await self._gpu_query()
+        return found if isinstance(found, GpuInventory) else GpuInventory(tuple(found))
+
     async def gpus(self) -> tuple[GpuDevice, ...]:
-        """The node's GPUs, asked once (they do not change while the agent runs)."""
-        if self._gpus is None:
-            self._gpus = await self._gpu_query()
-        return self._gpus
+        """The node's GPUs."""
+        return (await self.gpu_inventory()).devices
 
     async def snapshot(self) -> ExecutorSnapshot:
         """Describe this node: providers, measured resources, checked runtimes, labels."""
@@ -165,11 +171,15 @@ class Agent:
         infos = [info for snap in provider_snapshots for info in snap.providers]
         package_digests = {info.name: info.package_digest for info in infos}
         measured = await trio.to_thread.run_sync(measure_resources, self.state_dir)
+        inventory = await self.gpu_inventory()
         resources = NodeResources(
             cpus=measured.cpus,
             memory_bytes=measured.memory_bytes,
             disk_free_bytes=measured.disk_free_bytes,
-            gpus=await self.gpus(),
+            gpus=inventory.devices,
+            gpu_source=inventory.source,
+            gpu_driver=inventory.driver,
+            gpu_error=inventory.error,
         )
         checks: list[RuntimeCheck] = [
             await check_runtime(declared, package_digests) for declared in self.settings.runtimes
@@ -222,6 +232,10 @@ class Agent:
             )
         if (blobs or directories) and self.stager is not None:
             job = await stage_job_inputs(self.stager, job, blobs or {}, directories)
+        # The engine sees exactly the GPUs its placement reserved (none when it reserved none).
+        shown = visible_devices(limits, await self.gpus())
+        if shown:
+            job = attrs.evolve(job, env={**job.env, **shown})
         status = await self.providers[provider].launch(job, fence, limits=limits, runtime=runtime)
         held = self._leases[fence.attempt_id] = Lease(
             provider, fence, trio.current_time() + (lease or self.lease_duration)

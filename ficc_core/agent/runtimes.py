@@ -51,19 +51,25 @@ class AgentSettings:
     optionally, ``engines`` (a list), ``isolation``, ``network``, ``requires_gpu``
     (a boolean) and ``default_gpu_memory_bytes`` (a positive integer);
     ``[staging] shared_dirs`` lists read-only directories (a shared filer) that may
-    already hold model blobs named by their digest (see :mod:`.staging`).
+    already hold model blobs named by their digest (see :mod:`.staging`);
+    ``skip_gpus = true`` reports no GPUs without looking for them (a node whose GPUs
+    serve something else, or whose driver is known broken and not to be asked).
     """
 
     labels: dict[str, str] = attrs.Factory(dict)
     runtimes: tuple[DeclaredRuntime, ...] = ()
     staging_shared_dirs: tuple[Path, ...] = ()
+    skip_gpus: bool = False
 
     @classmethod
     def from_document(cls, document: Mapping[str, Any], source: str) -> AgentSettings:
         """Build settings from a parsed TOML document, naming ``source`` in errors."""
-        unknown = sorted(set(document) - {"labels", "runtimes", "staging"})
+        unknown = sorted(set(document) - {"labels", "runtimes", "staging", "skip_gpus"})
         if unknown:
             raise ConfigError(f"{source}: unknown key(s) {', '.join(unknown)}")
+        skip_gpus = document.get("skip_gpus", False)
+        if not isinstance(skip_gpus, bool):
+            raise ConfigError(f"{source}: skip_gpus must be true or false")
         labels = document.get("labels", {})
         if not isinstance(labels, dict) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in labels.items()
@@ -121,6 +127,7 @@ class AgentSettings:
             labels=dict(labels),
             runtimes=tuple(runtimes),
             staging_shared_dirs=tuple(Path(d) for d in shared),
+            skip_gpus=skip_gpus,
         )
 
     def beside(self, installed: Iterable[DeclaredRuntime]) -> AgentSettings:

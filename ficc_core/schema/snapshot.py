@@ -45,6 +45,22 @@ class ProviderInfo:
 
 
 @attrs.frozen(kw_only=True)
+class MigDevice:
+    """One MIG instance of a GPU (a slice with its own memory and compute).
+
+    :ivar gpu_instance_id: the GPU instance's ID on its device.
+    :ivar compute_instance_id: the compute instance's ID within it.
+    :ivar memory_bytes: the memory of the slice, in bytes.
+    :ivar uuid: its ``MIG-...`` UUID where the discovery reports one.
+    """
+
+    gpu_instance_id: int = integer(0, MAX_SAFE_INTEGER)
+    compute_instance_id: int = integer(0, MAX_SAFE_INTEGER)
+    memory_bytes: int = integer(0, MAX_SAFE_INTEGER)
+    uuid: str | None = attrs.field(default=None, validator=_optional(_text(128)))
+
+
+@attrs.frozen(kw_only=True)
 class GpuDevice:
     """One GPU on the node.
 
@@ -56,6 +72,26 @@ class GpuDevice:
     index: int = integer(0, MAX_GPU_INDEX)
     name: str = attrs.field(validator=_text())
     memory_bytes: int = integer(0, MAX_SAFE_INTEGER)
+    #: Later additions, each left out when the discovery did not say (a GPU declared by
+    #: an older executor, ``nvidia-smi`` without the field): the device's UUID (what
+    #: ``CUDA_VISIBLE_DEVICES`` names it by), its free memory and its utilisation (percent)
+    #: when the snapshot was taken, its MIG instances when MIG is on, and the indexes of
+    #: the GPUs it reaches over NVLink.
+    uuid: str | None = attrs.field(default=None, validator=_optional(_text(128)))
+    memory_free_bytes: int | None = integer(0, MAX_SAFE_INTEGER, default=None)
+    utilization: int | None = integer(0, 100, default=None)
+    mig: tuple[MigDevice, ...] | None = attrs.field(
+        default=None,
+        converter=attrs.converters.optional(_as_tuple),
+        validator=attrs.validators.optional(_items(MigDevice)),
+    )
+    nvlink_peers: tuple[int, ...] | None = attrs.field(
+        default=None,
+        converter=attrs.converters.optional(_as_tuple),
+        validator=attrs.validators.optional(
+            attrs.validators.deep_iterable(attrs.validators.instance_of(int))
+        ),
+    )
 
 
 def _distinct_devices(_instance: Any, attribute: "attrs.Attribute[Any]", value: Any) -> None:
@@ -85,6 +121,12 @@ class NodeResources:
     gpus: tuple[GpuDevice, ...] = attrs.field(
         default=(), converter=_as_tuple, validator=_distinct_devices
     )
+    #: Later additions, left out when not known: where the GPUs were found (``nvml``,
+    #: ``nvidia-smi``), the driver's version, and why discovery failed on a node whose
+    #: driver is present but broken (such a node reports no GPUs and says so here).
+    gpu_source: str | None = attrs.field(default=None, validator=_optional(_identifier))
+    gpu_driver: str | None = attrs.field(default=None, validator=_optional(_text(64)))
+    gpu_error: str | None = attrs.field(default=None, validator=_optional(_text(1024)))
 
 
 @attrs.frozen(kw_only=True)

@@ -59,6 +59,19 @@ def default_ulimits() -> tuple[str, ...]:
     return (f"nofile={files}:{files}", "nproc=32768:32768")
 
 
+#: What the agent sets to show a process its GPUs; a container's devices say it instead.
+GPU_VISIBILITY_ENV = frozenset({"CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER"})
+
+
+def gpu_device_args(limits: ResourceLimits | None) -> list[str]:
+    """The device requests for the reserved GPUs: CDI names (``nvidia.com/gpu=<index>``,
+    what ``nvidia-ctk cdi generate`` writes by default), one per GPU; podman then puts
+    exactly those devices, and the driver's libraries, in the container."""
+    if limits is None:
+        return []
+    return [arg for gpu in limits.gpus for arg in ("--device", f"nvidia.com/gpu={gpu.index}")]
+
+
 class ContainerProvider(SupervisingProvider):
     """Run engine jobs as containers.
 
@@ -210,8 +223,6 @@ class ContainerProvider(SupervisingProvider):
                 f"{runtime.network!r}; this is the container provider, which runs "
                 "network: none only"
             )
-        if limits is not None and limits.gpus:
-            raise LaunchFailed("the container provider does not assign GPUs yet")
 
     async def _pinned_image(self, runtime: Runtime | None) -> str:
         if runtime is None:
@@ -276,7 +287,10 @@ class ContainerProvider(SupervisingProvider):
             args += ["-v", f"{path}:{path}:ro"]
         for item in attempt.job.inputs:
             args += ["-v", f"{item.path}:{item.path}:ro"]
+        args += gpu_device_args(limits)
         for env_name, value in attempt.job.env.items():
+            if limits is not None and limits.gpus and env_name in GPU_VISIBILITY_ENV:
+                continue  # the container sees only its devices, numbered from 0 inside
             args += ["--env", f"{env_name}={value}"]
         argv = [arg.replace(SOCKET_PLACEHOLDER, inner_socket) for arg in attempt.job.argv]
         args += [image, *argv]

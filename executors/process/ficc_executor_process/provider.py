@@ -170,8 +170,6 @@ class ProcessProvider(SupervisingProvider):
                 f"the runtime binds executor {runtime.executor_provider!r} with network "
                 f"{runtime.network!r}; this is the process provider, which runs network: none only",
             )
-        if limits is not None and limits.gpus:
-            raise LaunchFailed("the process provider does not assign GPUs")
 
     async def _start(
         self, attempt: ExecutorAttempt, limits: ResourceLimits | None, runtime: Runtime | None
@@ -216,6 +214,11 @@ class ProcessProvider(SupervisingProvider):
         env = dict(job.env)
         env[SOCKET_ENV] = str(attempt.socket_path)
         env[ATTEMPT_DIR_ENV] = str(attempt.directory)
+        if limits is not None and limits.gpus and "CUDA_VISIBLE_DEVICES" not in env:
+            # The agent names the reserved devices by UUID; launched without it, by index,
+            # counted in PCI order as the node's GPU inventory counts them.
+            env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(gpu.index) for gpu in limits.gpus)
         argv = [arg.replace(SOCKET_PLACEHOLDER, str(attempt.socket_path)) for arg in job.argv]
         executable = argv[0]
         if "/" not in executable:
