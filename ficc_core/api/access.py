@@ -65,7 +65,12 @@ _START = (s.INFERENCE_MANAGE, s.JOBS_EXECUTE, s.CONTRIBUTORS_READ, s.MODELS_READ
 
 ROUTES: dict[str, Route] = {
     # system
-    "health": Route("GET", "/api/v1/health", PUBLIC, '`{"status": "ok", "version": ...}`'),
+    "health": Route(
+        "GET",
+        "/api/v1/health",
+        PUBLIC,
+        '`{"status": "ok", "version": ..., "time": <the controller\'s clock, epoch seconds>}`',
+    ),
     "metrics": Route(
         "GET",
         "/metrics",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING
 
 import attrs
@@ -35,7 +36,8 @@ def register(app: QuartTrio, service: Service) -> None:
 
     @app.get("/api/v1/health", endpoint="health")
     async def health() -> Response:
-        return jsonify({"status": "ok", "version": __version__})
+        # ``time``: the controller's clock, which ``ficc doctor`` compares a node's with.
+        return jsonify({"status": "ok", "version": __version__, "time": time.time()})
 
     if service.config.metrics_listen is None:
         # Otherwise the metrics listener serves it (server.serve_metrics), not the API.

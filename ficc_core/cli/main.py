@@ -8,6 +8,7 @@ from .._version import __version__
 from .admin import admin
 from .admin_limits import set_limits, show_limits
 from .admin_users import users
+from .doctor import doctor
 from .executor import executor
 from .inference import inference
 from .login import login, logout, whoami
@@ -31,6 +32,7 @@ def cli() -> None:
 
 cli.add_command(serve, "serve")
 cli.add_command(executor, "executor")
+cli.add_command(doctor, "doctor")
 cli.add_command(config_command, "config")
 cli.add_command(admin, "admin")
 admin.add_command(set_limits)

@@ -1,0 +1,125 @@
+"""``ficc doctor`` on this machine: the real isolation probes, runtimes, disk and a real
+controller on loopback (reachability, TLS, clock)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+import trio
+
+from ficc_core.agent.doctor import (
+    Status,
+    disk_findings,
+    gpu_findings,
+    isolation_findings,
+    runtime_findings,
+    skew_finding,
+)
+
+from .agent_support import open_controller
+from .inference_support import write_agent_settings
+from .serve_support import FICC
+
+
+@pytest.fixture
+def folder():
+    path = Path(tempfile.mkdtemp(prefix="fd-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+async def _doctor(*args: str) -> tuple[int, str]:
+    env = {**os.environ}
+    env.pop("FICC_CONFIG", None)
+    with trio.fail_after(120):
+        done = await trio.run_process(
+            [*FICC, "doctor", *args], capture_stdout=True, capture_stderr=True, check=False, env=env
+        )
+    return done.returncode, done.stdout.decode() + done.stderr.decode()
+
+
+async def test_doctor_reports_this_machines_real_facts_and_a_reachable_controller(tmp_path, folder):
+    settings = write_agent_settings(folder)
+    async with open_controller(tmp_path) as (_service, url):
+        code, out = await _doctor(
+            "--agent-dir",
+            str(folder / "agent"),
+            "--agent-config",
+            str(settings),
+            "--controller",
+            url,
+            "--json",
+        )
+    assert code == 0, out
+    findings = {f["check"]: f for f in json.loads(out)["findings"]}
+    # Tests run where the process provider isolates engines (they launch real ones).
+    assert findings["isolation"]["status"] == "OK"
+    assert "network namespace" in findings["isolation"]["message"]
+    for limit in ("limits.memory", "limits.cpu", "limits.pids"):
+        assert findings[limit]["status"] in ("OK", "WARN")
+    runtime = findings["runtime/llama_server"]
+    assert runtime["status"] == "OK" and "sha256:" in runtime["message"]
+    assert findings["gpus"]["message"].startswith("no GPUs")  # this machine has none
+    assert findings["disk"]["status"] in ("OK", "WARN")
+    assert findings["controller"]["status"] == "OK"
+    assert findings["tls"]["message"] == "plain HTTP on loopback"
+    assert findings["clock"]["status"] == "OK"
+
+
+async def test_a_runtime_with_a_wrong_digest_is_a_fail_with_its_fix(tmp_path, folder):
+    engine = folder / "llama-server"
+    engine.write_text("#!/bin/sh\necho engine\n")
+    engine.chmod(0o755)
+    settings = folder / "agent.toml"
+    wrong = "sha256:" + "0" * 64
+    settings.write_text(
+        f'[[runtimes]]\nname = "mine"\nprovider = "process"\nimage_digest = "{wrong}"\n'
+        f'executable = "{engine}"\n'
+    )
+    code, out = await _doctor("--agent-dir", str(folder / "agent"), "--agent-config", str(settings))
+    assert code == 1, out
+    [line] = [line for line in out.splitlines() if "runtime/mine" in line]
+    assert line.startswith("FAIL") and wrong in line
+    fix = out.splitlines()[out.splitlines().index(line) + 1]
+    assert "-> " in fix and 'image_digest = "sha256:' in fix and wrong not in fix
+
+
+async def test_an_unreachable_controller_is_a_fail(folder):
+    code, out = await _doctor(
+        "--agent-dir", str(folder / "agent"), "--controller", "http://127.0.0.1:9"
+    )
+    assert code == 1
+    assert any(line.startswith("FAIL  controller") for line in out.splitlines()), out
+
+
+def test_weak_limits_warn_and_missing_isolation_fails():
+    labels = {
+        "isolation.network": "unavailable",
+        "isolation.problem": "unshare: operation not permitted",
+        "limits.memory": "rlimit-as",
+        "limits.cpu": "cgroup-v2",
+        "limits.pids": "none",
+    }
+    found = {f.check: f for f in isolation_findings(labels, ["process"])}
+    assert found["isolation"].status == Status.FAIL and "operation not permitted" in (
+        found["isolation"].message
+    )
+    assert found["limits.memory"].status == Status.WARN and found["limits.memory"].fix
+    assert found["limits.cpu"].status == Status.OK
+    assert found["limits.pids"].status == Status.WARN
+
+
+def test_clock_gpu_disk_and_runtime_thresholds():
+    assert skew_finding(0.4).status == Status.OK
+    assert skew_finding(-5).status == Status.WARN
+    assert skew_finding(45).status == Status.FAIL
+    assert gpu_findings((), "nvidia-smi", None, "nvidia-smi exited 9").pop().status == Status.FAIL
+    assert disk_findings(512 << 20, "/x")[0].status == Status.FAIL
+    assert disk_findings(5 << 30, "/x")[0].status == Status.WARN
+    [missing] = runtime_findings([], {"r": "cannot read /nope: No such file or directory"})
+    assert missing.status == Status.FAIL and "install" in missing.fix
