@@ -169,6 +169,20 @@ class Config:
         kind="str",
         validator=attrs.validators.in_(("debug", "info", "warning", "error")),
     )
+    access_log: bool = _setting(
+        True,
+        "Log one line per HTTP request at INFO on the logger ficc.access: method, path, "
+        "status, duration, credential name, and for invoke requests the service alias, "
+        "replica, node and tokens (never a prompt).",
+        kind="bool",
+    )
+    log_format: str = _setting(
+        "text",
+        "Log lines as text, or 'json': one JSON object per line (time, level, logger, "
+        "message, and the access log's fields), for a log collector to parse.",
+        kind="str",
+        validator=attrs.validators.in_(("text", "json")),
+    )
     store_read_threads: int = _setting(
         4,
         "SQLite reader connections, each used from a worker thread off the event loop.",

@@ -34,6 +34,7 @@ from . import (
     routes_web,
 )
 from .access import ROUTE_ACCESS, Access
+from .access_log import log_request
 from .authn import CSRF_HEADER, SESSION_COOKIE, authenticate
 
 if TYPE_CHECKING:
@@ -159,7 +160,11 @@ def create_app(service: Service) -> QuartTrio:
         service.metrics.http_requests.labels(route, request.method, str(response.status_code)).inc()
         started = g.get("started")
         if started is not None:
-            service.metrics.http_duration.labels(route).observe(time.perf_counter() - started)
+            duration = time.perf_counter() - started
+            service.metrics.http_duration.labels(route).observe(duration)
+            log_request(
+                request.method, request.path, response.status_code, duration, g.get("principal")
+            )
         response.headers.setdefault("Cache-Control", "no-store")
         return response
 

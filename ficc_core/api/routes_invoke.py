@@ -42,6 +42,7 @@ from werkzeug.http import parse_cookie
 from ..errors import FiccError, PayloadTooLarge
 from ..gateway import PATHS, ProjectEndpoint
 from ..strictjson import dumps_error
+from .access_log import log_request
 from .authn import SESSION_COOKIE, authenticate
 
 if TYPE_CHECKING:
@@ -142,6 +143,8 @@ class InvokeRoutes:
     ) -> None:
         started = time.perf_counter()
         status, answered = 500, False
+        principal: Principal | None = None
+        response = None
         try:
             principal = await self._principal(scope)
             if scope["method"] == "POST":
@@ -171,9 +174,27 @@ class InvokeRoutes:
             status = error.status
             await self._refuse(send, error)
         finally:
+            duration = time.perf_counter() - started
             metrics = self.service.metrics
             metrics.http_requests.labels(route, scope["method"], str(status)).inc()
-            metrics.http_duration.labels(route).observe(time.perf_counter() - started)
+            metrics.http_duration.labels(route).observe(duration)
+            served = getattr(response, "request", None)
+            if served is not None and served.replica is not None:
+                prompt, completion = served.tokens
+                log_request(
+                    scope["method"],
+                    scope["path"],
+                    status,
+                    duration,
+                    principal,
+                    service=served.view.alias,
+                    replica=served.replica.index,
+                    node=served.replica.node_id,
+                    prompt_tokens=prompt,
+                    completion_tokens=completion,
+                )
+            else:
+                log_request(scope["method"], scope["path"], status, duration, principal)
 
     async def _principal(self, scope: Scope) -> Principal:
         authorization: str | None = None

@@ -234,6 +234,7 @@ class Authority:
             project_band=stored.project_band,
             personal=stored.personal,
             shared=stored.shared,
+            name=credential.name,
         )
         self._credentials[credential_id] = (stored.secret_hash, principal, now)
         self._credentials.move_to_end(credential_id)

@@ -39,6 +39,8 @@ class Principal:
     #: For a personal key, the services shared with its person or with everyone, as read
     #: at authentication (a share changed elsewhere applies within the cache period).
     shared: frozenset[str] = frozenset()
+    #: A bearer credential's name (what the access log shows it as; None for sessions).
+    name: str | None = None
 
     def may_invoke(self, service_id: str) -> bool:
         """Whether this principal may invoke inference service ``service_id``."""

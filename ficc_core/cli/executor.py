@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import sys
 from pathlib import Path
 from typing import Any
@@ -11,6 +10,7 @@ import click
 import trio
 
 from ..config import Config
+from .logs import configure_logging
 from .settings import load_settings, run_trio
 
 _AGENT_DIR_HELP = "Agent state directory (keep it short). [env: FICC_AGENT_DIR]"
@@ -52,6 +52,7 @@ _AGENT_CONFIG_HELP = (
     help="PEM bundle of CAs trusted for an https controller (default: the system's).",
 )
 @click.option("--log-level", default=None, help="debug, info, warning or error.")
+@click.option("--log-format", default=None, help="text, or json: one JSON object per line.")
 @click.pass_context
 def executor(
     ctx: click.Context,
@@ -67,9 +68,7 @@ def executor(
     holds leases, and reconnects with backoff until SIGINT or SIGTERM.
     """
     config = load_settings(ctx, flags)
-    logging.basicConfig(
-        level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure_logging(config.log_level, config.log_format)
     run_trio(_executor, config, controller, credential, providers)
 
 

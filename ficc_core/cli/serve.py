@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import sys
 from typing import Any
 
@@ -13,6 +12,7 @@ from .._version import __version__
 from ..config import Config
 from ..controller.service import Service, open_service
 from ..errors import FiccError
+from .logs import configure_logging
 from .options import data_dir_flag
 from .settings import config_options, load_settings, run_trio
 
@@ -35,9 +35,7 @@ def serve(ctx: click.Context, demo: bool, **flags: Any) -> None:
     'stdout', prints them instead).
     """
     config = load_settings(ctx, flags)
-    logging.basicConfig(
-        level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure_logging(config.log_level, config.log_format, access=config.access_log)
     if demo and not config.embedded_agent:
         raise click.UsageError("--demo runs its service on the embedded agent")
     run_trio(_serve, config, demo)

@@ -232,6 +232,7 @@ class Accounting:
         duration = trio.current_time() - request.started
         series.duration.observe(duration)
         prompt, completion = usage_of(request.prev_chunk + request.last_chunk)
+        request.tokens = (prompt, completion)
         if prompt:
             self.metrics.gateway_tokens.labels(service, key, "prompt").inc(prompt)
         if completion:

@@ -135,6 +135,11 @@ class ResponseChunks:
         self._request = request
         self._done = request is None or request.ended
 
+    @property
+    def request(self) -> Request | None:
+        """The gateway request it answers (None for an answer made without one)."""
+        return self._request
+
     async def __aenter__(self) -> ResponseChunks:
         return self
 

@@ -82,6 +82,8 @@ class Request:
     #: leaves): what the gate reserves until the engine reports its usage.
     prompt_estimate: int = 0
     completion_estimate: int = 0
+    #: The tokens the engine reported (prompt, completion), once the request settled.
+    tokens: tuple[int | None, int | None] = (None, None)
 
     def took(self, data: bytes) -> None:
         """Note a body chunk relayed: the first byte's time, the last two chunks (usage)."""
