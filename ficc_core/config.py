@@ -479,6 +479,12 @@ class Config:
     )
 
     # -- routing: engine load, scores, affinity (docs/routing.md) ---------------------------
+    metrics_state_interval: float = _setting(
+        5.0,
+        "How often the state gauges of /metrics (services, replicas, nodes, reservations, "
+        "transfers) are read from the store (duration); a scrape never waits on the store.",
+        kind="duration",
+    )
     scrape_interval: float = _setting(
         1.0,
         "How often the gateway reads each ready replica engine's /metrics (running, waiting, "

@@ -285,6 +285,106 @@ class Metrics:
             registry=self.registry,
         )
 
+        # -- state, read from the store (ficc_core/inference/state_metrics.py) -------------
+        def gauge(name: str, text: str, labels: tuple[str, ...]) -> prom.Gauge:
+            return prom.Gauge(name, text, labels, registry=self.registry)
+
+        self.service_state = gauge(
+            "ficc_service_state",
+            "1 for each inference service's current state (stopped, starting, ready, "
+            "degraded, failed, idle, ...), by service ID, alias and project.",
+            ("service", "alias", "project", "state"),
+        )
+        self.service_replicas = gauge(
+            "ficc_service_replicas",
+            "An inference service's replicas: desired (its placements) and ready.",
+            ("service", "alias", "kind"),
+        )
+        self.replica_state = gauge(
+            "ficc_replica_state",
+            "1 for each replica's current state, by service, alias, placement index and node.",
+            ("service", "alias", "index", "node", "state"),
+        )
+        self.replica_info = gauge(
+            "ficc_replica_info",
+            "1 per running attempt: joins the gateway's per-replica series (replica = attempt "
+            "ID) to its service alias, placement index and node.",
+            ("service", "replica", "alias", "index", "node"),
+        )
+        self.node_state = gauge(
+            "ficc_node_state",
+            "1 for each contributor node's state (registered, connected, unreachable, lost, "
+            "revoked).",
+            ("node", "state"),
+        )
+        self.node_heartbeat_age = gauge(
+            "ficc_node_heartbeat_age_seconds",
+            "Seconds since a node's last recorded heartbeat.",
+            ("node",),
+        )
+        self.node_cpus = gauge(
+            "ficc_node_cpus", "A node's CPU cores: capacity and reserved.", ("node", "kind")
+        )
+        self.node_memory = gauge(
+            "ficc_node_memory_bytes", "A node's memory: capacity and reserved.", ("node", "kind")
+        )
+        self.node_gpu_memory = gauge(
+            "ficc_node_gpu_memory_bytes",
+            "Each GPU's memory on a node: total, reserved by replicas, and free as the "
+            "driver last reported it.",
+            ("node", "gpu", "kind"),
+        )
+        self.transfer_bytes = gauge(
+            "ficc_model_transfer_bytes",
+            "Model files being uploaded or acquired: bytes durably received and the size, "
+            "by model and file index (gone once verified).",
+            ("model", "file", "kind"),
+        )
+        self.controller_leader = gauge(
+            "ficc_controller_leader",
+            "1 while this controller holds the leader lease (it places work), 0 on a standby.",
+            ("controller",),
+        )
+        self.controller_term = gauge(
+            "ficc_controller_term",
+            "The leader lease's fencing term this controller last saw.",
+            ("controller",),
+        )
+        self.quota_budget_used = gauge(
+            "ficc_quota_budget_used_ratio",
+            "The share of a budget spent in its current period (1: spent; requests are "
+            "refused past it), by scope (credential, project, user) and subject ID.",
+            ("scope", "subject"),
+        )
+        self.gateway_output_rate = prom.Histogram(
+            "ficc_gateway_output_tokens_per_second",
+            "Completion tokens per second of generation (from the first byte to the end), by "
+            "service and replica.",
+            ("service", "replica"),
+            registry=self.registry,
+            buckets=(1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000),
+        )
+
+    def remove_replica(self, service: str, replica: str) -> None:
+        """Remove every per-replica series of ``replica`` (an attempt ID) of ``service``."""
+        for family in (
+            self.gateway_requests,
+            self.gateway_errors,
+            self.gateway_retries,
+            self.gateway_inflight,
+            self.gateway_ttft,
+            self.gateway_duration,
+            self.gateway_tokens,
+            self.gateway_timeouts,
+            self.gateway_output_rate,
+        ):
+            # prometheus_client keeps a family's children by label values; no public
+            # iteration exists, so its own mapping is read under its own lock.
+            with family._lock:
+                held = [labels for labels in family._metrics if labels[:2] == (service, replica)]
+            for labels in held:
+                family.remove(*labels)
+
     def render(self) -> tuple[bytes, str]:
         """Return the exposition body and its content type."""
         return prom.generate_latest(self.registry), prom.CONTENT_TYPE_LATEST

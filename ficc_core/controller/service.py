@@ -25,6 +25,7 @@ from ..inference import InferenceManager, LiveTable, ModelContexts, Reconciler, 
 from ..inference.autoscaler import Autoscaler
 from ..inference.moves import Mover
 from ..inference.rollout import Restarter
+from ..inference.state_metrics import StateMetrics
 from ..metrics import Metrics
 from ..models.acquire import Acquirer
 from ..models.blobs import BlobStore
@@ -244,6 +245,14 @@ async def open_service(
             await nursery.start(auth.watch_revocations)
             await nursery.start(gateway.run)
             await nursery.start(quota_sync.run)
+            await nursery.start(
+                StateMetrics(
+                    store=store,
+                    contributors=contributors,
+                    metrics=metrics,
+                    interval=config.metrics_state_interval,
+                ).run
+            )
             await nursery.start(
                 EventRetention(
                     store,

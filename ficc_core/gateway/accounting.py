@@ -6,7 +6,7 @@ import logging
 import re
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -99,6 +99,10 @@ def usage_of(tail: bytes) -> tuple[int | None, int | None]:
     )
 
 
+#: Seconds a departed replica's series stay exported (a few scrape intervals and more).
+SERIES_KEPT = 600.0
+
+
 class Accounting:
     """Usage records and the ``ficc_gateway_*`` metrics.
 
@@ -126,6 +130,22 @@ class Accounting:
         self._series: dict[tuple[str, str], Series] = {}
         self._bands: dict[tuple[str, str], BandSeries] = {}
         self._queue_waits: dict[str, Any] = {}
+        #: Replicas no longer routed to, since when (trio clock): their series go after
+        #: :data:`SERIES_KEPT` (so scrapes see their last counts), keeping the series
+        #: count bounded by the replicas that exist however often attempts are replaced.
+        self._departed: dict[tuple[str, str], float] = {}
+
+    def forget_departed(self, routed: Collection[str]) -> None:
+        """Drop the per-replica series of replicas gone for :data:`SERIES_KEPT` seconds
+        (the router's sweep calls this with the replicas routed to now)."""
+        now = trio.current_time()
+        for pair in list(self._series):
+            if pair[1] in routed:
+                self._departed.pop(pair, None)
+            elif now - self._departed.setdefault(pair, now) >= SERIES_KEPT:
+                del self._series[pair]
+                del self._departed[pair]
+                self.metrics.remove_replica(*pair)
 
     def series(self, service_id: str, key: str) -> Series:
         """The metric series of replica ``key`` of ``service_id``."""
@@ -237,6 +257,9 @@ class Accounting:
             self.metrics.gateway_tokens.labels(service, key, "prompt").inc(prompt)
         if completion:
             self.metrics.gateway_tokens.labels(service, key, "completion").inc(completion)
+            if ttfb is not None and duration - ttfb > 0:
+                rate = completion / (duration - ttfb)
+                self.metrics.gateway_output_rate.labels(service, key).observe(rate)
         cost = self.quotas.settle(request, outcome, prompt, completion)
         self._record(
             request.actor,

@@ -250,6 +250,7 @@ class Gateway:
         )
         # When a replica was last used is forgotten once it is no longer routed to.
         self.router.swept.append(self.admission.forget_idle)
+        self.router.swept.append(self.accounting.forget_departed)
 
     # -- the seam ------------------------------------------------------------------------------
 

@@ -81,6 +81,9 @@ class Quotas:
         self._project_limits = self.limits["project"]
         #: Every meter by subject (``scope:id``), and per scope by ID.
         self.meters: dict[str, Meter] = {}
+        #: Each budgeted subject's scope and budget (whole units), as last checked: what
+        #: the budget gauge (:class:`~.sync.QuotaSync`) reports against.
+        self.budgets: dict[str, tuple[str, int]] = {}
         self._by_scope: dict[str, dict[str, Meter]] = {scope: {} for scope in SCOPES}
         self._credentials = self._by_scope["credential"]
         self._users = self._by_scope["user"]
@@ -228,6 +231,7 @@ class Quotas:
     ) -> None:
         period = period or "month"
         meter.roll_period(period, self.periods.start(period, now), self.pending)
+        self.budgets[meter.subject] = (scope, budget)
         spent = meter.spend + meter.reserved
         if spent + cost > budget * MILLI:
             resets = self.periods.end(period, now)

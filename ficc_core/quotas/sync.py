@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from ..prices import MILLI
 from . import repository
 from .meters import MINUTE, Pending, add
 
@@ -50,6 +51,17 @@ class QuotaSync:
         while True:
             await trio.sleep(self.interval)
             await self.sync()
+            self.show_budgets()
+
+    def show_budgets(self) -> None:
+        """Set each budget's used share (spend over budget, of its current period)."""
+        gauge = self.metrics.quota_budget_used
+        for subject, (scope, budget) in list(self.quotas.budgets.items()):
+            meter = self.quotas.meters.get(subject)
+            if meter is None or budget <= 0:
+                continue
+            key = subject.partition(":")[2]
+            gauge.labels(scope, key).set(meter.spend / (budget * MILLI))
 
     def _collect(self, minute: int) -> Pending:
         quotas = self.quotas
