@@ -118,6 +118,8 @@ class Stager:
         self._io_limiter = trio.CapacityLimiter(2)
         #: Each download request made, as (hex digest, Range header or None).
         self.requests: list[tuple[str, str | None]] = []
+        #: The controller each download request went to, in order.
+        self.asked: list[str] = []
         #: Called with (hex digest, bytes on disk) after each chunk written (tests, progress).
         self.on_progress: Callable[[str, int], None] | None = None
 
@@ -288,6 +290,7 @@ class Stager:
         part = self.partial_path(hex_digest)
         headers = {"Range": f"bytes={have}-"} if have else {}
         self.requests.append((hex_digest, headers.get("Range")))
+        self.asked.append(controller)
         try:
             url = self.blob_url(hex_digest, controller)
             async with client.stream("GET", url, headers=headers) as reply:
