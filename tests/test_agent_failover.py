@@ -214,21 +214,23 @@ async def test_an_attempt_renewed_only_by_a_deposed_leader_expires(agent_dir):
             nursery.cancel_scope.cancel()
 
 
-async def test_a_second_controller_naming_another_node_is_refused_and_the_first_keeps_working(
+async def test_a_controller_naming_another_node_is_refused_and_the_other_keeps_working(
     agent_dir, caplog
 ):
     caplog.set_level(logging.ERROR, logger="ficc.agent")
     with trio.fail_after(30):
         async with trio.open_nursery() as nursery:
-            right = await nursery.start(WirePeer(node_id="gpu-1").run)
-            wrong = await nursery.start(WirePeer(node_id="gpu-2").run)
-            remote = _remote([right, wrong], agent_dir)
-            agent = await nursery.start(remote.run)
+            peers = {
+                node: await nursery.start(WirePeer(node_id=node).run) for node in ("gpu-1", "gpu-2")
+            }
+            agent = await nursery.start(_remote(list(peers.values()), agent_dir).run)
+            # The first controller to name the node decides it; the other is refused.
+            named = peers[agent.node_id]
+            other = peers["gpu-2" if agent.node_id == "gpu-1" else "gpu-1"]
             while not any("node_mismatch" in r.getMessage() for r in caplog.records):  # noqa: ASYNC110
                 await trio.sleep(0.02)
-            assert agent.node_id == "gpu-1"
-            await right.wait_heartbeats(2)
-            assert wrong.heartbeats == 0
+            await named.wait_heartbeats(2)
+            assert other.heartbeats == 0
             nursery.cancel_scope.cancel()
 
 
@@ -282,3 +284,28 @@ async def test_the_embedded_agents_link_goes_through_the_same_term_check(agent_d
             assert agent.renew(term=7) == [fence.attempt_id]
             nursery.cancel_scope.cancel()
         assert json.loads((agent_dir / TERM_FILE).read_text()) == {"term_seen": 7}
+
+
+async def test_the_embedded_renewals_of_a_deposed_term_extend_nothing(agent_dir):
+    from ficc_core.agent.embedded import renew_leases
+
+    with trio.fail_after(30):
+        agent = process_agent_maker(agent_dir)("local")
+        async with trio.open_nursery() as nursery:
+            await nursery.start(agent.run)
+            agent.lease_duration = 1.0
+            fence = new_fence()
+            await LocalNodeLink(agent).call(
+                {
+                    "op": "launch",
+                    "provider": "process",
+                    "job": unstructure(standin_job()),
+                    "fence": unstructure(fence),
+                    "term": 2,
+                }
+            )
+            await agent.see_term(3)  # another controller took over
+            nursery.start_soon(renew_leases, agent, 1.0, lambda: 2)
+            while fence.attempt_id not in agent.expired:  # noqa: ASYNC110
+                await trio.sleep(0.05)
+            nursery.cancel_scope.cancel()
