@@ -309,3 +309,26 @@ async def test_the_embedded_renewals_of_a_deposed_term_extend_nothing(agent_dir)
             while fence.attempt_id not in agent.expired:  # noqa: ASYNC110
                 await trio.sleep(0.05)
             nursery.cancel_scope.cancel()
+
+
+async def test_an_unreadable_term_file_starts_from_term_zero(tmp_path, caplog):
+    from ficc_core.agent.terms import TermRecord
+
+    (tmp_path / TERM_FILE).write_text("{not json", encoding="utf-8")
+    with caplog.at_level(logging.WARNING, logger="ficc.agent"):
+        assert await TermRecord(tmp_path).load() == 0
+    assert "unreadable" in caplog.text
+
+
+async def test_a_term_that_cannot_be_written_still_fences_in_memory(tmp_path, caplog):
+    from ficc_core.agent.terms import TermRecord
+
+    blocked = tmp_path / "a-file"
+    blocked.write_text("", encoding="utf-8")
+    record = TermRecord(blocked / "agent")  # its directory cannot be made
+    with caplog.at_level(logging.WARNING, logger="ficc.agent"):
+        await record.raise_to(9)
+    assert record.seen == 9
+    assert "could not record leader term 9" in caplog.text
+    await record.raise_to(4)
+    assert record.seen == 9
