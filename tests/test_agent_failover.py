@@ -332,3 +332,60 @@ async def test_a_term_that_cannot_be_written_still_fences_in_memory(tmp_path, ca
     assert "could not record leader term 9" in caplog.text
     await record.raise_to(4)
     assert record.seen == 9
+
+
+class _HeldStager:
+    """A stager whose download waits until the test lets it finish (the network's edge)."""
+
+    def __init__(self, cache_dir: Path, content: Path) -> None:
+        self.cache_dir = cache_dir
+        self.content = content
+        self.entered = trio.Event()
+        self.release = trio.Event()
+
+    async def stage(self, sha256: str, size: int, *, source: str | None = None) -> Path:
+        self.entered.set()
+        await self.release.wait()
+        return self.content
+
+
+async def test_a_launch_whose_term_was_superseded_while_staging_starts_nothing(agent_dir, tmp_path):
+    from ficc_core.schema import JobInput
+
+    blob = tmp_path / "model.gguf"
+    blob.write_bytes(b"weights")
+    digest = "sha256:" + "ab" * 32
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            peer = await nursery.start(WirePeer(role="leader", term=1).run)
+            agent = await nursery.start(_remote([peer], agent_dir).run)
+            agent.stager = stager = _HeldStager(tmp_path / "cache", blob)
+            job = standin_job(inputs=(JobInput(id="model", path="/far.gguf", digest=digest),))
+            fence = new_fence()
+            refusals = []
+
+            async def launch() -> None:
+                with pytest.raises(StaleTerm) as refused:
+                    await peer.command(
+                        "launch",
+                        fence,
+                        term=1,
+                        provider="process",
+                        job=unstructure(job),
+                        blobs={digest: 7},
+                    )
+                refusals.append(refused.value)
+
+            nursery.start_soon(launch)
+            await stager.entered.wait()
+            await peer.renew(term=2)  # a takeover while the blob downloads
+            while agent.term_seen < 2:  # noqa: ASYNC110
+                await trio.sleep(0.02)
+            stager.release.set()
+            while not refusals:  # noqa: ASYNC110
+                await trio.sleep(0.02)
+            assert refusals[0].details["current"] == 2
+            assert agent.leases() == []
+            with pytest.raises(UnknownAttempt):
+                await agent.providers["process"].status(fence)
+            nursery.cancel_scope.cancel()

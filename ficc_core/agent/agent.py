@@ -33,6 +33,7 @@ import trio
 from ..executor.endpoint import check_fence
 from ..executor.errors import ExecutorError, LaunchFailed
 from ..executor.node import measure_resources
+from ..nodelink.wire import StaleTerm
 from ..schema import ExecutorSnapshot, GpuDevice, NodeResources
 from ..schema.snapshot import ENDPOINT_VERSION
 from .gpus import query_gpus
@@ -229,6 +230,7 @@ class Agent:
         blobs: Mapping[str, int] | None = None,
         directories: Mapping[str, Mapping[str, tuple[str, int]]] | None = None,
         origin: str | None = None,
+        term: int | None = None,
     ) -> AttemptStatus:
         """Launch ``job`` as attempt ``fence`` on ``provider``, holding a fresh lease.
 
@@ -236,7 +238,10 @@ class Agent:
         ``directories`` a directory input's id to its files (path -> digest, size);
         with a :attr:`stager`, those inputs are staged on this node first (verified,
         read-only; fetched from ``origin``, the controller that sent the launch,
-        first) and the job is rewritten to their local paths.
+        first) and the job is rewritten to their local paths. ``term`` is the
+        sender's leader term: should a newer one be seen while the inputs stage
+        (a download takes minutes), the launch is refused
+        :class:`~ficc_core.nodelink.wire.StaleTerm` before anything starts.
         """
         if provider not in self.providers:
             raise LaunchFailed(
@@ -245,6 +250,8 @@ class Agent:
             )
         if (blobs or directories) and self.stager is not None:
             job = await stage_job_inputs(self.stager, job, blobs or {}, directories, source=origin)
+        if term is not None and term < self.term_seen:
+            raise StaleTerm(term=term, current=self.term_seen)
         status = await self.providers[provider].launch(job, fence, limits=limits, runtime=runtime)
         held = self._leases[fence.attempt_id] = Lease(
             provider, fence, trio.current_time() + (lease or self.lease_duration)

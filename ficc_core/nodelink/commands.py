@@ -52,11 +52,13 @@ class CommandTarget(Protocol):
         blobs: Mapping[str, int] | None = None,
         directories: Mapping[str, Mapping[str, tuple[str, int]]] | None = None,
         origin: str | None = None,
+        term: int | None = None,
     ) -> AttemptStatus:
         """Launch the job as the fenced attempt on the named provider.
 
         ``origin`` is the base URL of the controller that sent the launch (inputs
-        this node lacks are fetched from it first); None in-process.
+        this node lacks are fetched from it first); None in-process. ``term`` is the
+        sender's leader term, checked again once the inputs are staged.
         """
         ...
 
@@ -116,6 +118,7 @@ async def run_command(
                     what="directories",
                 ),
                 origin=origin,
+                term=term,
             )
         elif op == "stop":
             status = await target.stop(fence, float(message.get("grace", target.stop_grace)))
