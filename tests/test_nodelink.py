@@ -65,10 +65,15 @@ async def test_a_remote_nodes_fence_refusals_arrive_as_their_own_classes(tmp_pat
                 await nursery.start(remote.run)
                 while (await service.contributors.get("gpu-1")).state != "connected":  # noqa: ASYNC110
                     await trio.sleep(0.05)
+                missing = new_fence()
                 with pytest.raises(UnknownAttempt) as unknown:
-                    await service.contributors.status("gpu-1", new_fence())
+                    await service.contributors.status("gpu-1", missing)
                 assert (unknown.value.code, unknown.value.status) == ("unknown_attempt", 404)
-                assert unknown.value.details == {"node_error": True}
+                # The node's own details travel with a command's refusal.
+                assert unknown.value.details == {
+                    "node_error": True,
+                    "attempt_id": missing.attempt_id,
+                }
 
                 fence = new_fence()
                 await service.contributors.launch("gpu-1", "process", standin_job(), fence)

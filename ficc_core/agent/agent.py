@@ -10,6 +10,11 @@ so a partitioned node never keeps serving a generation the controller has moved
 on from. Each grant and renewal is also passed to the provider (its optional
 ``hold``), so an engine is stopped on the node when its lease passes even if the
 agent itself died.
+
+With several controllers, only the leader launches, stops and renews, and each
+of its messages carries its leader term: the agent keeps the highest term seen
+(:attr:`Agent.term_seen`, in ``term.json`` of its state directory, see
+:mod:`~ficc_core.agent.terms`), and renewals of an older term extend nothing.
 """
 
 from __future__ import annotations
@@ -28,11 +33,13 @@ import trio
 from ..executor.endpoint import check_fence
 from ..executor.errors import ExecutorError, LaunchFailed
 from ..executor.node import measure_resources
+from ..nodelink.wire import StaleTerm
 from ..schema import ExecutorSnapshot, GpuDevice, NodeResources
 from ..schema.snapshot import ENDPOINT_VERSION
 from .gpus import GpuDiscovery, GpuInventory, visible_devices
 from .runtimes import AgentSettings, RuntimeCheck, check_runtime
 from .staging import Stager, stage_job_inputs
+from .terms import TermRecord
 
 if TYPE_CHECKING:
     from ..executor.protocol import ExecutorProvider, Headers
@@ -108,6 +115,7 @@ class Agent:
         self._launched: OrderedDict[str, tuple[str, Fence]] = OrderedDict()
         #: Log follows running on this agent now (a follow ends with its stream or attempt).
         self.open_follows = 0
+        self._terms = TermRecord(self.state_dir)
 
     @classmethod
     def from_plugins(
@@ -143,6 +151,9 @@ class Agent:
         Cancelling it stops every attempt (each provider stops its own engines).
         """
         await trio.to_thread.run_sync(lambda: self.state_dir.mkdir(parents=True, exist_ok=True))
+        # Before any command is admitted: a restart must not accept an old leader again.
+        if await self._terms.load():
+            log.info("leader term %d recorded here; older terms are refused", self.term_seen)
         async with trio.open_nursery() as nursery:
             for provider in self.providers.values():
                 await nursery.start(provider.run)
@@ -153,6 +164,17 @@ class Agent:
                 await trio.sleep_forever()
             finally:
                 self._started = False
+
+    # -- leader terms --------------------------------------------------------------------------
+
+    @property
+    def term_seen(self) -> int:
+        """The highest leader term a command, renewal or leader's welcome carried here."""
+        return self._terms.seen
+
+    async def see_term(self, term: int) -> None:
+        """Raise :attr:`term_seen` to ``term`` if it is higher, recording it durably first."""
+        await self._terms.raise_to(term)
 
     # -- snapshot ----------------------------------------------------------------------------
 
@@ -217,13 +239,19 @@ class Agent:
         lease: float | None = None,
         blobs: Mapping[str, int] | None = None,
         directories: Mapping[str, Mapping[str, tuple[str, int]]] | None = None,
+        origin: str | None = None,
+        term: int | None = None,
     ) -> AttemptStatus:
         """Launch ``job`` as attempt ``fence`` on ``provider``, holding a fresh lease.
 
         ``blobs`` maps the digests of the job's blob inputs to their sizes, and
         ``directories`` a directory input's id to its files (path -> digest, size);
         with a :attr:`stager`, those inputs are staged on this node first (verified,
-        read-only) and the job is rewritten to their local paths.
+        read-only; fetched from ``origin``, the controller that sent the launch,
+        first) and the job is rewritten to their local paths. ``term`` is the
+        sender's leader term: should a newer one be seen while the inputs stage
+        (a download takes minutes), the launch is refused
+        :class:`~ficc_core.nodelink.wire.StaleTerm` before anything starts.
         """
         if provider not in self.providers:
             raise LaunchFailed(
@@ -231,7 +259,9 @@ class Agent:
                 details={"provider": provider, "loaded": sorted(self.providers)},
             )
         if (blobs or directories) and self.stager is not None:
-            job = await stage_job_inputs(self.stager, job, blobs or {}, directories)
+            job = await stage_job_inputs(self.stager, job, blobs or {}, directories, source=origin)
+        if term is not None and term < self.term_seen:
+            raise StaleTerm(term=term, current=self.term_seen)
         # The engine sees exactly the GPUs its placement reserved (none when it reserved none).
         shown = visible_devices(limits, await self.gpus())
         if shown:
@@ -248,12 +278,21 @@ class Agent:
         return status
 
     def renew(
-        self, attempt_ids: Iterable[str] | None = None, duration: float | None = None
+        self,
+        attempt_ids: Iterable[str] | None = None,
+        duration: float | None = None,
+        *,
+        term: int | None = None,
     ) -> list[str]:
         """Extend the leases of ``attempt_ids`` (every lease when None); return those renewed.
 
-        A lease already expiring is not revived: its attempt is being stopped.
+        A lease already expiring is not revived: its attempt is being stopped. A
+        renewal of a ``term`` below :attr:`term_seen` renews nothing: it comes from a
+        controller that is no longer the leader, and only the leader keeps work alive.
         """
+        if term is not None and term < self.term_seen:
+            log.debug("renewal of term %d ignored (term %d seen)", term, self.term_seen)
+            return []
         deadline = trio.current_time() + (duration or self.lease_duration)
         ids = list(self._leases) if attempt_ids is None else list(attempt_ids)
         renewed = []

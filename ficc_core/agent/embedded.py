@@ -8,7 +8,7 @@ and the controller's lease renewals are a task of their own in this process.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import trio
@@ -53,14 +53,21 @@ def agent_from_config(
     )
 
 
-async def renew_leases(agent: Agent, lease_duration: float) -> None:
+async def renew_leases(
+    agent: Agent, lease_duration: float, term: Callable[[], int | None] | None = None
+) -> None:
     """The controller's side of leases for one node: renew every held lease, forever.
 
     It is a task of its own so that nothing on a request path (an endpoint read,
-    a slow engine) can delay it.
+    a slow engine) can delay it. ``term`` says the controller's leader term at each
+    renewal (None: renew without one); a renewal of a term below the agent's
+    ``term_seen`` extends nothing, as over the wire.
     """
     while True:
-        agent.renew(duration=lease_duration)
+        current = None if term is None else term()
+        if current is not None and current > agent.term_seen:
+            await agent.see_term(current)
+        agent.renew(duration=lease_duration, term=current)
         await trio.sleep(lease_duration / 3)
 
 

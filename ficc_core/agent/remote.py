@@ -1,13 +1,23 @@
-"""The remote agent's transport: dial out to the controller over a WebSocket, stay connected.
+"""The remote agent's transport: dial out to every controller over a WebSocket, stay connected.
 
-The agent connects (so it works behind NAT), over TLS when the controller URL is
-https, authenticated by its node credential. The controller names the node in
-its welcome; the agent then heartbeats its snapshot and attempts every
+The agent connects (so it works behind NAT), over TLS when a controller URL is
+https, authenticated by its node credential. An installation may run several
+controllers (one leader, standbys); the agent keeps one link to each, every link
+with its own backoff, and one :class:`~ficc_core.agent.Agent` behind them all,
+built when the first controller names the node. On each link the controller
+names the node in its welcome (with its ``role``, ``leader`` or ``standby``, and
+its leader ``term``); the agent then heartbeats its snapshot and attempts every
 ``heartbeat_interval`` seconds from one task and applies lease renewals as they
-arrive in another, so neither waits on the other; relayed endpoint streams
-(:mod:`~ficc_core.nodelink.relay_node`) run in tasks of their own. A dropped connection is
-retried with exponential backoff (0.5 s doubling to 30 s, with jitter); a refused
-credential, or being fenced out by a newer connection of the same node, ends it.
+arrive in another, so neither waits on the other; commands and relayed endpoint
+streams (:mod:`~ficc_core.nodelink.relay_node`) are answered on the link they came
+on, in tasks of their own. Launches, stops and renewals carry the sender's term
+and are fenced by it (:mod:`~ficc_core.nodelink.commands`), so only the current
+leader changes what runs, while the endpoint action works through any controller.
+
+A dropped connection is retried with exponential backoff (0.5 s doubling to 30 s,
+with jitter); a refused credential, a second controller naming another node, or
+being fenced out by a newer connection of the same node ends that link. The
+agent ends when every link has ended so.
 """
 
 from __future__ import annotations
@@ -16,17 +26,18 @@ import json
 import logging
 import random
 import ssl
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+import attrs
 import trio
 from trio_websocket import ConnectionClosed, ConnectionRejected, HandshakeError, open_websocket_url
 
 from ..errors import FiccError
 from ..nodelink.commands import run_command
 from ..nodelink.relay_node import RelayServer
-from ..nodelink.wire import decode
+from ..nodelink.wire import decode, message_term
 from ..schema import unstructure
 from .agent import Agent
 
@@ -40,6 +51,7 @@ _TRANSIENT = (
     trio.BrokenResourceError,
     ValueError,
     KeyError,
+    TypeError,
 )
 
 
@@ -62,63 +74,172 @@ def websocket_url(controller: str) -> str:
     return urlunsplit((schemes[parts.scheme], parts.netloc, CONNECT_PATH, "", ""))
 
 
-class RemoteAgent:
-    """Keep one agent connected to its controller.
+@attrs.frozen
+class Welcome:
+    """What a controller said of itself when it welcomed this node (or later turned leader).
 
-    :param controller: the controller's base URL (``https://ficc.example:8484``).
+    ``role`` is ``leader`` or ``standby``, or None from a controller built before
+    there could be a second one (it is the leader then); ``term`` is its leader term.
+    """
+
+    controller: str
+    node_id: str
+    role: str | None
+    term: int
+
+    @property
+    def leads(self) -> bool:
+        """Whether this controller places work (a controller without roles does)."""
+        return self.role != "standby"
+
+
+class RemoteAgent:
+    """Keep one agent connected to every controller of its installation.
+
+    :param controllers: the controllers' base URLs (``https://ficc.example:8484``), in
+        the order blobs are fetched from them; one URL (a string) is the one-controller case.
     :param credential: the node credential from ``ficc admin add-node``.
-    :param make_agent: builds the :class:`Agent` once the controller has named the node.
+    :param make_agent: builds the :class:`Agent` once the first controller has named the node.
     :param ssl_context: trust for https controllers (default: the system's).
+    :param on_connected: called with each :class:`Welcome`, and again when a standby's
+        link turns leader.
     """
 
     def __init__(
         self,
-        controller: str,
+        controllers: str | Sequence[str],
         credential: str,
         make_agent: Callable[[str], Agent],
         *,
         ssl_context: ssl.SSLContext | None = None,
         backoff_initial: float = 0.5,
         backoff_max: float = 30.0,
-        on_connected: Callable[[str], None] | None = None,
+        on_connected: Callable[[Welcome], None] | None = None,
     ) -> None:
-        self.url = websocket_url(controller)
+        urls = [controllers] if isinstance(controllers, str) else list(controllers)
+        if not urls:
+            raise AgentRefused("give at least one controller URL", code="bad_controller_url")
         self.credential = credential
         self.make_agent = make_agent
         self.ssl_context = ssl_context
-        if self.url.startswith("wss:") and ssl_context is None:
+        if ssl_context is None and any(websocket_url(url).startswith("wss:") for url in urls):
             self.ssl_context = ssl.create_default_context()
         self.backoff_initial = backoff_initial
         self.backoff_max = backoff_max
         self.on_connected = on_connected
+        #: One link per controller, in the order given (a URL given twice is one link).
+        self.links = [ControllerLink(self, url) for url in dict.fromkeys(urls)]
         self.agent: Agent | None = None
-        #: How many sessions the controller welcomed (reconnects show here).
-        self.sessions = 0
-        #: The current session's relayed endpoint streams (None before the first).
-        self.relay: RelayServer | None = None
+        self._agent_ready = trio.Event()
+        self._welcomed = trio.Event()
+
+    @property
+    def url(self) -> str:
+        """The first controller's WebSocket URL."""
+        return self.links[0].url
+
+    @property
+    def sessions(self) -> int:
+        """How many sessions the controllers welcomed, all links together (reconnects show)."""
+        return sum(link.sessions for link in self.links)
+
+    @property
+    def relay(self) -> RelayServer | None:
+        """The first link's current relayed streams (the one-controller case's)."""
+        return self.links[0].relay
+
+    @property
+    def leader(self) -> ControllerLink | None:
+        """The link whose controller said last that it leads, while it is connected."""
+        leading = [link for link in self.links if link.connected and link.leads]
+        return max(leading, key=lambda link: link.term, default=None)
 
     async def run(self, *, task_status: trio.TaskStatus[Agent] = trio.TASK_STATUS_IGNORED) -> None:
-        """Connect, and reconnect with backoff, until cancelled or refused.
+        """Connect every link, and reconnect each with backoff, until cancelled or refused.
 
-        Reports the agent as started after the first welcome. Raises
-        :class:`AgentRefused` when the controller refuses the credential or a
-        newer connection of this node fences this one out.
+        Reports the agent as started after the first welcome on any link. Raises
+        :class:`AgentRefused` (the first link's refusal) once every link has been
+        refused: a bad credential, a controller naming another node, or a newer
+        connection of this node fencing this one out.
         """
-        refused: AgentRefused | None = None
+        refusals: dict[int, AgentRefused] = {}
         async with trio.open_nursery() as nursery:
-            refused = await self._keep_connected(nursery, task_status)
-            nursery.cancel_scope.cancel()
-        # Raised outside the nursery, so callers catch it as itself, not in a group.
-        if refused is not None:
-            raise refused
 
-    async def _keep_connected(
-        self, nursery: trio.Nursery, task_status: trio.TaskStatus[Agent]
-    ) -> AgentRefused:
-        delay = self.backoff_initial
+            async def keep(index: int, link: ControllerLink) -> None:
+                refused = await link.keep_connected(nursery)
+                log.error("controller %s: %s [%s]", link.controller, refused.message, refused.code)
+                refusals[index] = refused
+                if len(refusals) == len(self.links):
+                    self._welcomed.set()
+                    nursery.cancel_scope.cancel()
+
+            for index, link in enumerate(self.links):
+                nursery.start_soon(keep, index, link)
+            await self._welcomed.wait()
+            if self.agent is not None and len(refusals) < len(self.links):
+                task_status.started(self.agent)
+        # Raised outside the nursery, so callers catch it as itself, not in a group.
+        if len(refusals) == len(self.links):
+            raise refusals[min(refusals)]
+
+    async def agent_for(self, node_id: str, nursery: trio.Nursery) -> Agent:
+        """The one agent, built and started the first time a controller names the node.
+
+        Raises :class:`AgentRefused` (``node_mismatch``) when the agent runs another node.
+        """
+        if self.agent is None:
+            self.agent = self.make_agent(node_id)
+            await nursery.start(self.agent.run)
+            self._agent_ready.set()
+        await self._agent_ready.wait()
+        if self.agent.node_id != node_id:
+            raise AgentRefused(
+                f"this agent runs node {self.agent.node_id!r}; the credential is for {node_id!r}",
+                code="node_mismatch",
+            )
+        return self.agent
+
+    def welcomed(self, welcome: Welcome) -> None:
+        """A link was welcomed (or its controller turned leader): tell the caller."""
+        self._welcomed.set()
+        if self.on_connected is not None:
+            self.on_connected(welcome)
+
+
+class ControllerLink:
+    """This node's connection to one controller: backoff, heartbeats, renewals, commands.
+
+    :param remote: the :class:`RemoteAgent` it belongs to (the shared agent, credential, trust).
+    :param controller: the controller's base URL.
+    """
+
+    def __init__(self, remote: RemoteAgent, controller: str) -> None:
+        self.remote = remote
+        self.controller = controller
+        self.url = websocket_url(controller)
+        #: How many sessions this controller welcomed.
+        self.sessions = 0
+        #: Whether a session is welcomed and running now.
+        self.connected = False
+        #: The controller's role and term, as it last said (None before a welcome).
+        self.role: str | None = None
+        self.term = 0
+        #: The current session's relayed endpoint streams (None before the first).
+        self.relay: RelayServer | None = None
+        #: Heartbeats sent on this link, all sessions together.
+        self.heartbeats = 0
+
+    @property
+    def leads(self) -> bool:
+        """Whether this controller said it places work (see :attr:`Welcome.leads`)."""
+        return self.role != "standby"
+
+    async def keep_connected(self, nursery: trio.Nursery) -> AgentRefused:
+        """Connect, and reconnect with backoff, until refused; return the refusal."""
+        delay = self.remote.backoff_initial
         while True:
             try:
-                welcomed = await self._session(nursery, task_status)
+                welcomed = await self._session(nursery)
             except AgentRefused as exc:
                 return exc
             except _TRANSIENT as exc:
@@ -133,39 +254,43 @@ class RemoteAgent:
                     raise
                 welcomed = False
                 log.warning("controller %s unreachable: %r", self.url, group)
+            finally:
+                self.connected = False
             if welcomed:
-                delay = self.backoff_initial
+                delay = self.remote.backoff_initial
             await trio.sleep(delay * random.uniform(0.8, 1.2))
-            delay = min(delay * 2, self.backoff_max)
+            delay = min(delay * 2, self.remote.backoff_max)
 
-    async def _session(self, nursery: trio.Nursery, task_status: trio.TaskStatus[Agent]) -> bool:
+    async def _session(self, nursery: trio.Nursery) -> bool:
         """One connection: return whether the controller welcomed it before it ended."""
-        headers = [(b"authorization", f"Bearer {self.credential}".encode())]
+        headers = [(b"authorization", f"Bearer {self.remote.credential}".encode())]
         try:
             connection = open_websocket_url(
-                self.url, self.ssl_context, extra_headers=headers, connect_timeout=15
+                self.url, self.remote.ssl_context, extra_headers=headers, connect_timeout=15
             )
             async with connection as ws:
                 welcome = decode(await ws.get_message())
                 if welcome.get("type") != "welcome":
                     raise AgentRefused(f"the controller said {welcome!r} instead of welcome")
                 node_id = str(welcome["node_id"])
-                if self.agent is None:
-                    self.agent = self.make_agent(node_id)
-                    await nursery.start(self.agent.run)
-                elif self.agent.node_id != node_id:
-                    raise AgentRefused(
-                        f"this agent runs node {self.agent.node_id!r}; the credential is "
-                        f"for {node_id!r}",
-                        code="node_mismatch",
-                    )
-                agent = self.agent
-                agent.lease_duration = float(welcome["lease_duration"])
+                agent = await self.remote.agent_for(node_id, nursery)
+                role = welcome.get("role")
+                self.role = None if role is None else str(role)
+                self.term = _welcome_term(welcome)
+                if self.leads:
+                    agent.lease_duration = float(welcome["lease_duration"])
+                if self.role == "leader":
+                    await agent.see_term(self.term)
                 self.sessions += 1
-                if self.sessions == 1:
-                    task_status.started(agent)
-                if self.on_connected is not None:
-                    self.on_connected(node_id)
+                self.connected = True
+                log.info(
+                    "controller %s welcomed node %s as %s (term %d)",
+                    self.controller,
+                    node_id,
+                    self.role or "the only controller",
+                    self.term,
+                )
+                self.remote.welcomed(Welcome(self.controller, node_id, self.role, self.term))
                 outcome = await self._converse(ws, agent, float(welcome["heartbeat_interval"]))
                 if outcome is not None:
                     raise outcome
@@ -177,6 +302,22 @@ class RemoteAgent:
                     code="credential_refused",
                 ) from None
             raise
+
+    async def _renewal(self, agent: Agent, message: dict[str, Any]) -> None:
+        """Apply a renewal: a newer term raises the node's; an older one extends nothing."""
+        try:
+            term = message_term(message)
+        except FiccError:
+            log.warning("controller %s sent a renewal with a malformed term", self.controller)
+            return
+        if term > agent.term_seen:
+            await agent.see_term(term)
+        if term > self.term or self.role == "standby":
+            # Only the leader renews: a standby's link that renews has taken over.
+            self.role, self.term = "leader", max(term, self.term)
+            log.info("controller %s leads now (term %d)", self.controller, self.term)
+            self.remote.welcomed(Welcome(self.controller, agent.node_id, self.role, self.term))
+        agent.renew(duration=float(message["duration"]), term=term)
 
     async def _converse(self, ws: Any, agent: Agent, interval: float) -> FiccError | None:
         """Heartbeat in one task, apply renewals in another; return why it ended."""
@@ -190,6 +331,7 @@ class RemoteAgent:
                         attempts = await agent.report()
                         message = {"type": "heartbeat", "snapshot": snapshot, "attempts": attempts}
                         await ws.send_message(json.dumps(message))
+                        self.heartbeats += 1
                         await trio.sleep(interval)
                 except _TRANSIENT:
                     session.cancel_scope.cancel()
@@ -208,11 +350,11 @@ class RemoteAgent:
                     message = decode(raw)
                     kind = message.get("type")
                     if kind == "renew":
-                        agent.renew(duration=float(message["duration"]))
+                        await self._renewal(agent, message)
                     elif kind == "relay":
                         relay.deliver(message)
                     elif kind == "command":
-                        session.start_soon(_reply, ws, agent, message)
+                        session.start_soon(_reply, ws, agent, message, self.controller)
                     elif kind == "fenced":
                         outcome.append(
                             AgentRefused(
@@ -235,14 +377,22 @@ class RemoteAgent:
         return outcome[0] if outcome else None
 
 
-async def _reply(ws: Any, agent: Agent, message: dict[str, Any]) -> None:
-    reply = await run_command(agent, message)
+async def _reply(ws: Any, agent: Agent, message: dict[str, Any], origin: str) -> None:
+    reply = await run_command(agent, message, origin=origin)
     try:
         await ws.send_message(
             json.dumps({**reply, "type": "reply", "request_id": message.get("request_id")})
         )
     except _TRANSIENT:
         pass  # the controller is gone; it fails the command on its side
+
+
+def _welcome_term(welcome: dict[str, Any]) -> int:
+    """The term a welcome names (0 from a controller without terms); ValueError if malformed."""
+    try:
+        return message_term(welcome)
+    except FiccError as exc:
+        raise ValueError(f"the controller's welcome is malformed: {exc.message}") from None
 
 
 def _first(group: BaseExceptionGroup) -> Any:

@@ -15,6 +15,12 @@ read-only) before launching an engine that reads it. In order, :meth:`Stager.sta
    ``Range: bytes=<size>-``, hashes it in a worker thread, and renames it into
    place with mode 0444. A file that does not hash to its digest is discarded.
 
+With several controllers (they share one blob store), the download is asked of
+the controller that sent the launch first, then of the others in the configured
+order while a controller is unreachable or answers 5xx; the partial file carries
+over, so the next one resumes where the last stopped. A 4xx or a digest mismatch
+is an answer, not an outage, and is not asked again elsewhere.
+
 Concurrent stages of one digest share one download. Nothing blocking runs on the
 event loop: file writes, hashing, renames and disk checks run in worker threads.
 """
@@ -69,6 +75,8 @@ class Stager:
 
     :param cache_dir: the node-local cache (``sha256/``, ``partial/`` and the index).
     :param controller_url: the controller's base URL (``https://ficc.example``).
+    :param other_controllers: the base URLs of more controllers of the installation,
+        asked in order when the one before is unreachable.
     :param credential: the node credential (``ficcnode_...``), sent as a Bearer token.
     :param ssl_context: trust for an https controller, the same as the agent's
         connection (default: the system's trust store; verification is always on).
@@ -84,6 +92,7 @@ class Stager:
         controller_url: str,
         credential: str,
         *,
+        other_controllers: Sequence[str] = (),
         ssl_context: ssl.SSLContext | None = None,
         shared_dirs: Sequence[Path] = (),
         free_margin: int = DEFAULT_FREE_MARGIN,
@@ -93,6 +102,10 @@ class Stager:
     ) -> None:
         self.cache_dir = Path(cache_dir)
         self.controller_url = controller_url.rstrip("/")
+        #: Every controller blobs may come from, in the order they are asked.
+        self.controller_urls = tuple(
+            dict.fromkeys(url.rstrip("/") for url in (controller_url, *other_controllers))
+        )
         self.shared_dirs = tuple(Path(d) for d in shared_dirs)
         self.free_margin = free_margin
         self.chunk_size = chunk_size
@@ -105,6 +118,8 @@ class Stager:
         self._io_limiter = trio.CapacityLimiter(2)
         #: Each download request made, as (hex digest, Range header or None).
         self.requests: list[tuple[str, str | None]] = []
+        #: The controller each download request went to, in order.
+        self.asked: list[str] = []
         #: Called with (hex digest, bytes on disk) after each chunk written (tests, progress).
         self.on_progress: Callable[[str, int], None] | None = None
 
@@ -118,9 +133,16 @@ class Stager:
         """Where an interrupted download of a blob waits to be resumed."""
         return self.cache_dir / "partial" / f"{_hex(sha256)}.part"
 
-    def blob_url(self, sha256: str) -> str:
-        """The controller route this stager downloads ``sha256`` from."""
-        return f"{self.controller_url}/api/v1/contributors/blobs/{_hex(sha256)}"
+    def blob_url(self, sha256: str, controller_url: str | None = None) -> str:
+        """The route of ``controller_url`` (default: the first) that serves ``sha256``."""
+        base = (controller_url or self.controller_url).rstrip("/")
+        return f"{base}/api/v1/contributors/blobs/{_hex(sha256)}"
+
+    def sources(self, first: str | None = None) -> tuple[str, ...]:
+        """The controllers to ask, in order: ``first`` (when given), then the others."""
+        if first is None:
+            return self.controller_urls
+        return tuple(dict.fromkeys((first.rstrip("/"), *self.controller_urls)))
 
     # -- the index of verified files ---------------------------------------------------------
 
@@ -179,11 +201,13 @@ class Stager:
 
     # -- staging -----------------------------------------------------------------------------
 
-    async def stage(self, sha256: str, size: int) -> Path:
+    async def stage(self, sha256: str, size: int, *, source: str | None = None) -> Path:
         """Return a verified, read-only local path for blob ``sha256`` of ``size`` bytes.
 
         Fetches nothing when the cache or a shared directory already holds it;
-        raises :class:`StagingError` when it cannot be had (no space, a refused
+        otherwise downloads it from ``source`` (the controller that sent the launch)
+        or, while that one cannot serve it, from the other controllers in order.
+        Raises :class:`StagingError` when it cannot be had (no space, a refused
         download, content that does not match the digest).
         """
         hex_digest = _hex(sha256)
@@ -197,7 +221,16 @@ class Stager:
                     if await self._verified(candidate, hex_digest, size):
                         return candidate
             await trio.to_thread.run_sync(self._prepare, staged)
-            await self._download(hex_digest, size)
+            *earlier, last = self.sources(source)
+            for controller in earlier:
+                try:
+                    await self._download(hex_digest, size, controller)
+                    return staged
+                except StagingError as exc:
+                    if not _outage(exc):
+                        raise
+                    log.warning("blob %s: %s; asking the next controller", hex_digest, exc.message)
+            await self._download(hex_digest, size, last)
             return staged
 
     def _prepare(self, staged: Path) -> None:
@@ -231,7 +264,7 @@ class Stager:
                 details={"needed": needed, "margin": self.free_margin, "free": usage.free},
             )
 
-    async def _download(self, hex_digest: str, size: int) -> None:
+    async def _download(self, hex_digest: str, size: int, controller: str) -> None:
         part = self.partial_path(hex_digest)
         have = await trio.to_thread.run_sync(lambda: part.stat().st_size if part.exists() else 0)
         if have > size:
@@ -240,9 +273,9 @@ class Stager:
         await self._check_space(size - have)
         if have < size:
             async with self._client() as client:
-                have = await self._fetch(client, hex_digest, size, have)
+                have = await self._fetch(client, hex_digest, size, have, controller)
                 if have < 0:  # the controller refused the range: start again, once
-                    have = await self._fetch(client, hex_digest, size, 0)
+                    have = await self._fetch(client, hex_digest, size, 0, controller)
         if have != size:
             raise StagingError(
                 f"the controller sent {have} of the {size} bytes of blob {hex_digest}",
@@ -250,13 +283,17 @@ class Stager:
             )
         await self._publish(hex_digest, size)
 
-    async def _fetch(self, client: httpx.AsyncClient, hex_digest: str, size: int, have: int) -> int:
+    async def _fetch(
+        self, client: httpx.AsyncClient, hex_digest: str, size: int, have: int, controller: str
+    ) -> int:
         """Download from byte ``have``; return the bytes on disk, or -1 when 416 answered."""
         part = self.partial_path(hex_digest)
         headers = {"Range": f"bytes={have}-"} if have else {}
         self.requests.append((hex_digest, headers.get("Range")))
+        self.asked.append(controller)
         try:
-            async with client.stream("GET", self.blob_url(hex_digest), headers=headers) as reply:
+            url = self.blob_url(hex_digest, controller)
+            async with client.stream("GET", url, headers=headers) as reply:
                 if reply.status_code == 416 and have:
                     await trio.to_thread.run_sync(lambda: part.unlink(missing_ok=True))
                     return -1
@@ -292,7 +329,7 @@ class Stager:
                         await handle.aclose()
         except httpx.HTTPError as exc:
             raise StagingError(
-                f"downloading blob {hex_digest} from {self.controller_url} failed: {exc}; "
+                f"downloading blob {hex_digest} from {controller} failed: {exc}; "
                 "staging again resumes where it stopped",
                 code="download_failed",
             ) from None
@@ -325,7 +362,16 @@ class Stager:
             await self._record(staged, _Seen(info.st_size, info.st_mtime_ns))
 
 
-async def stage_directory(stager: Stager, files: Mapping[str, tuple[str, int]]) -> Path:
+def _outage(exc: StagingError) -> bool:
+    """Whether another controller may serve what this one could not (it was not an answer)."""
+    if exc.code in ("download_failed", "short_download"):
+        return True
+    return exc.code == "download_refused" and int(exc.details.get("status", 0)) >= 500
+
+
+async def stage_directory(
+    stager: Stager, files: Mapping[str, tuple[str, int]], *, source: str | None = None
+) -> Path:
     """Stage a directory model (``relative path -> (digest, size)``); return its local root.
 
     Every blob is staged (concurrently), then the tree is assembled under
@@ -340,7 +386,7 @@ async def stage_directory(stager: Stager, files: Mapping[str, tuple[str, int]]) 
     staged: dict[str, Path] = {}
 
     async def one(path: str, digest: str, size: int) -> None:
-        staged[path] = await stager.stage(digest, size)
+        staged[path] = await stager.stage(digest, size, source=source)
 
     async with trio.open_nursery() as nursery:
         for path, digest, size in listing:
@@ -355,6 +401,8 @@ async def stage_job_inputs(
     job: Job,
     digests: Mapping[str, int],
     directories: Mapping[str, Mapping[str, tuple[str, int]]] | None = None,
+    *,
+    source: str | None = None,
 ) -> Job:
     """Stage the job's blob inputs; return the job with their paths on this node.
 
@@ -367,6 +415,7 @@ async def stage_job_inputs(
     ``directories`` maps a directory input's id to its files (see
     :func:`stage_directory`); those inputs are assembled and rewritten the same way.
     Other inputs are left as they are. Raises :class:`StagingError` if any fails.
+    ``source`` is the controller asked first (see :meth:`Stager.stage`).
     """
     sizes = {_hex(digest): size for digest, size in digests.items()}
     trees = directories or {}
@@ -378,10 +427,10 @@ async def stage_job_inputs(
     staged: dict[str, Path] = {}
 
     async def one(input_id: str, hex_digest: str) -> None:
-        staged[input_id] = await stager.stage(hex_digest, sizes[hex_digest])
+        staged[input_id] = await stager.stage(hex_digest, sizes[hex_digest], source=source)
 
     async def tree(input_id: str) -> None:
-        staged[input_id] = await stage_directory(stager, trees[input_id])
+        staged[input_id] = await stage_directory(stager, trees[input_id], source=source)
 
     async with trio.open_nursery() as nursery:
         for input_id, hex_digest in wanted.items():
@@ -422,17 +471,22 @@ async def stage_job_inputs(
 
 def stager_from_settings(
     agent_dir: Path,
-    controller_url: str,
+    controller_url: str | Sequence[str],
     credential: str,
     settings: AgentSettings,
     *,
     ssl_context: ssl.SSLContext | None = None,
 ) -> Stager:
-    """The stager a remote agent uses: ``<agent_dir>/blobs``, ``[staging]`` shared dirs."""
+    """The stager a remote agent uses: ``<agent_dir>/blobs``, ``[staging]`` shared dirs.
+
+    ``controller_url`` is one controller's base URL or every controller's, in order.
+    """
+    urls = [controller_url] if isinstance(controller_url, str) else list(controller_url)
     return Stager(
         Path(agent_dir) / "blobs",
-        controller_url,
+        urls[0],
         credential,
+        other_controllers=urls[1:],
         ssl_context=ssl_context,
         shared_dirs=settings.staging_shared_dirs,
     )

@@ -1,4 +1,4 @@
-"""``ficc executor``: a node agent that dials out to a controller."""
+"""``ficc executor``: a node agent that dials out to its controller, or to every one of several."""
 
 from __future__ import annotations
 
@@ -20,12 +20,33 @@ _AGENT_CONFIG_HELP = (
 )
 
 
+_CONTROLLER_HELP = (
+    "A controller's URL (http:// or https://); repeat it, or give a comma-separated list, "
+    "for an installation of several controllers: the agent keeps a link to each, and blobs "
+    "are fetched from them in this order. [env: FICC_CONTROLLER, comma-separated]"
+)
+
+
+def _controller_list(
+    ctx: click.Context, param: click.Parameter, values: tuple[str, ...]
+) -> tuple[str, ...]:
+    """Every URL given, split at commas (FICC_CONTROLLER holds a list), in order, once each."""
+    urls = [url.strip() for value in values for url in value.split(",")]
+    found = tuple(dict.fromkeys(url for url in urls if url))
+    if not found:
+        raise click.BadParameter("give at least one controller URL", ctx=ctx, param=param)
+    return found
+
+
 @click.command()
 @click.option(
     "--controller",
+    "controllers",
+    multiple=True,
     required=True,
     envvar="FICC_CONTROLLER",
-    help="The controller's URL (http:// or https://). [env: FICC_CONTROLLER]",
+    callback=_controller_list,
+    help=_CONTROLLER_HELP,
 )
 @click.option(
     "--credential",
@@ -56,40 +77,47 @@ _AGENT_CONFIG_HELP = (
 @click.pass_context
 def executor(
     ctx: click.Context,
-    controller: str,
+    controllers: tuple[str, ...],
     credential: str,
     providers: tuple[str, ...],
     **flags: Any,
 ) -> None:
-    """Run a node agent that dials out to CONTROLLER and runs what it is told, fenced.
+    """Run a node agent that dials out to its controllers and runs what it is told, fenced.
 
     It authenticates with a node credential, reports its snapshot (providers,
     measured resources, the runtimes installed here with their computed digests),
-    holds leases, and reconnects with backoff until SIGINT or SIGTERM.
+    holds leases, and reconnects with backoff until SIGINT or SIGTERM. With several
+    controllers it keeps a link to each and prints which one leads; only the
+    leader's launches and stops are obeyed (the highest leader term wins).
     """
     config = load_settings(ctx, flags)
     configure_logging(config.log_level, config.log_format)
-    run_trio(_executor, config, controller, credential, providers)
+    run_trio(_executor, config, controllers, credential, providers)
 
 
 async def _executor(
-    config: Config, controller: str, credential: str, providers: tuple[str, ...]
+    config: Config, controllers: tuple[str, ...], credential: str, providers: tuple[str, ...]
 ) -> None:
     import signal
     import ssl
 
     from ..agent import Agent
     from ..agent.embedded import agent_from_config
-    from ..agent.remote import RemoteAgent
+    from ..agent.remote import RemoteAgent, Welcome
     from ..agent.staging import stager_from_settings
     from ..plugins import build_plugin_manager
 
     context = None
-    if config.ca_bundle is not None and controller.startswith("https"):
+    if config.ca_bundle is not None and any(url.startswith("https") for url in controllers):
         context = ssl.create_default_context(cafile=str(config.ca_bundle))
 
-    def connected(node_id: str) -> None:
-        click.echo(f"ficc executor: connected to {controller} as node {node_id}")
+    def connected(welcome: Welcome) -> None:
+        role = "" if welcome.role is None else f" ({welcome.role}, term {welcome.term})"
+        click.echo(
+            f"ficc executor: connected to {welcome.controller} as node {welcome.node_id}{role}"
+        )
+        if welcome.role == "leader":
+            click.echo(f"ficc executor: the leader is {welcome.controller} (term {welcome.term})")
         sys.stdout.flush()
 
     # One plugin set for the process (entry points are read off the event loop): its
@@ -98,14 +126,15 @@ async def _executor(
 
     def make_agent(node_id: str) -> Agent:
         agent = agent_from_config(config, plugins, node_id=node_id, providers=providers)
-        # Blob inputs this node lacks are fetched from the controller before a launch.
+        # Blob inputs this node lacks are fetched before a launch: from the controller
+        # that sent it, then from the others in order.
         agent.stager = stager_from_settings(
-            config.agent_path, controller, credential, agent.settings, ssl_context=context
+            config.agent_path, controllers, credential, agent.settings, ssl_context=context
         )
         return agent
 
     remote = RemoteAgent(
-        controller, credential, make_agent, ssl_context=context, on_connected=connected
+        controllers, credential, make_agent, ssl_context=context, on_connected=connected
     )
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as received:
         async with trio.open_nursery() as nursery:

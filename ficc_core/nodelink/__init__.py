@@ -5,14 +5,20 @@ the node credential as a Bearer token). JSON text messages, and binary frames fo
 relayed bytes:
 
 - controller → agent ``{"type": "welcome", "node_id", "connection_id",
-  "heartbeat_interval", "lease_duration"}`` once, first;
+  "heartbeat_interval", "lease_duration", "role", "term"}`` once, first (``role``
+  is ``leader`` or ``standby``; a controller built before there could be a second
+  one sends neither);
 - agent → controller ``{"type": "heartbeat", "snapshot": {...}, "attempts": [...]}``;
-- controller → agent ``{"type": "renew", "duration": seconds}`` from a task of its
-  own, every third of the lease, so no slow request can delay a renewal;
-- controller → agent ``{"type": "command", "request_id", "op", ...}`` (``launch``,
-  ``stop``, ``status``), answered by agent → controller ``{"type": "reply",
-  "request_id", "ok": true, "status": {...}}`` or ``"ok": false`` with an
-  ``error`` (``code``, ``message``, ``status``);
+- controller → agent ``{"type": "renew", "duration": seconds, "term"}`` from a task
+  of its own, every third of the lease, so no slow request can delay a renewal;
+- controller → agent ``{"type": "command", "request_id", "op", "term", ...}``
+  (``launch``, ``stop``, ``status``, ``logs``), answered by agent → controller
+  ``{"type": "reply", "request_id", "ok": true, "status": {...}}`` or ``"ok": false``
+  with an ``error`` (``code``, ``message``, ``status``, and ``details`` when it has
+  any);
+- ``term`` is the sender's leader term (absent: 0); the node refuses a ``launch``
+  or ``stop`` below the highest it has seen (``stale_term``) and ignores such a
+  renewal (:mod:`~ficc_core.nodelink.commands`);
 - both ways ``{"type": "relay", ...}`` and binary frames: relayed endpoint streams;
 - controller → agent ``{"type": "fenced"}`` or ``{"type": "error", "code", "message"}``
   just before the controller closes the connection.

@@ -7,6 +7,13 @@ lines that fit :data:`~ficc_core.nodelink.wire.MAX_LOG_REPLY`), or ``{"ok": fals
 "error": {...}}`` with the refusal (:func:`~ficc_core.nodelink.wire.error_to_wire`).
 Following a log is a relayed stream (:mod:`~ficc_core.nodelink.relay_node`), not a
 command.
+
+Commands are fenced by the sender's leader term (``"term"``, 0 when absent): a
+``launch`` or ``stop`` below the highest term the node has seen is refused
+:class:`~ficc_core.nodelink.wire.StaleTerm` and runs nothing, and a higher one
+raises that term (durably, before the command runs) so every older leader is
+refused from then on. ``status`` and ``logs`` change nothing and are answered for
+any term.
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import FiccError
 from ..schema import Fence, Job, ResourceLimits, Runtime, structure
-from .wire import error_to_wire, log_lines, status_to_wire
+from .wire import StaleTerm, error_to_wire, log_lines, message_term, status_to_wire
 
 if TYPE_CHECKING:
     from ..executor.types import AttemptStatus
@@ -27,6 +34,12 @@ class CommandTarget(Protocol):
 
     #: Seconds between SIGTERM and SIGKILL when a stop names none.
     stop_grace: float
+    #: The highest leader term a command or renewal has carried here.
+    term_seen: int
+
+    async def see_term(self, term: int) -> None:
+        """Raise :attr:`term_seen` to ``term`` (a higher one) and keep it across restarts."""
+        ...
 
     async def launch(
         self,
@@ -38,8 +51,15 @@ class CommandTarget(Protocol):
         runtime: Runtime | None = None,
         blobs: Mapping[str, int] | None = None,
         directories: Mapping[str, Mapping[str, tuple[str, int]]] | None = None,
+        origin: str | None = None,
+        term: int | None = None,
     ) -> AttemptStatus:
-        """Launch the job as the fenced attempt on the named provider."""
+        """Launch the job as the fenced attempt on the named provider.
+
+        ``origin`` is the base URL of the controller that sent the launch (inputs
+        this node lacks are fetched from it first); None in-process. ``term`` is the
+        sender's leader term, checked again once the inputs are staged.
+        """
         ...
 
     async def stop(self, fence: Fence, grace: float | None = None) -> AttemptStatus:
@@ -55,11 +75,33 @@ class CommandTarget(Protocol):
         ...
 
 
-async def run_command(target: CommandTarget, message: dict[str, Any]) -> dict[str, Any]:
-    """Run one command on ``target``; return its reply (refusals become ``ok: false``)."""
+#: The commands that change what runs, and so are refused from a superseded leader.
+FENCED_OPS = frozenset({"launch", "stop"})
+
+
+async def admit_term(target: CommandTarget, term: int) -> None:
+    """Refuse ``term`` below the target's :attr:`~CommandTarget.term_seen`; raise it to a
+    higher one."""
+    if term < target.term_seen:
+        raise StaleTerm(term=term, current=target.term_seen)
+    if term > target.term_seen:
+        await target.see_term(term)
+
+
+async def run_command(
+    target: CommandTarget, message: dict[str, Any], *, origin: str | None = None
+) -> dict[str, Any]:
+    """Run one command on ``target``; return its reply (refusals become ``ok: false``).
+
+    ``origin`` is the base URL of the controller the command came from (a remote
+    agent's link says; None in-process).
+    """
     try:
         op = message.get("op")
+        term = message_term(message)
         fence = structure(message.get("fence"), Fence, what="fence")
+        if op in FENCED_OPS:
+            await admit_term(target, term)
         if op == "launch":
             limits = message.get("limits")
             runtime = message.get("runtime")
@@ -75,6 +117,8 @@ async def run_command(target: CommandTarget, message: dict[str, Any]) -> dict[st
                     dict[str, dict[str, tuple[str, int]]],
                     what="directories",
                 ),
+                origin=origin,
+                term=term,
             )
         elif op == "stop":
             status = await target.stop(fence, float(message.get("grace", target.stop_grace)))
@@ -88,5 +132,5 @@ async def run_command(target: CommandTarget, message: dict[str, Any]) -> dict[st
         else:
             raise FiccError(f"unknown command {op!r}", code="unknown_command", status=400)
     except FiccError as exc:
-        return {"ok": False, "error": error_to_wire(exc)}
+        return {"ok": False, "error": error_to_wire(exc, details=True)}
     return {"ok": True, "status": status_to_wire(status)}

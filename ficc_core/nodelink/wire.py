@@ -47,6 +47,50 @@ _HEADER = struct.Struct("!BI")
 #: Sends one message on the connection: text (str) or a binary frame (bytes).
 Send = Callable[[str | bytes], Awaitable[None]]
 
+
+def message_term(message: Mapping[str, Any]) -> int:
+    """The controller term a message carries; 0 when it carries none.
+
+    A controller built before there could be a second one sends no ``term``, and
+    neither do tests of the wire: their messages are term 0, which every node
+    accepts until a controller with a term has spoken to it.
+    """
+    term = message.get("term", 0)
+    if not isinstance(term, int) or isinstance(term, bool) or term < 0:
+        raise InvalidRequest("term must be a whole number", code="bad_command")
+    return term
+
+
+class StaleTerm(FiccError):
+    """A ``launch`` or ``stop`` from a controller whose leader term this node has seen
+    superseded: 409 with details ``term`` (the one sent) and ``current`` (the highest
+    the node has seen). The sender is no longer the leader and must stop placing work.
+    """
+
+    status = 409
+    code = "stale_term"
+
+    def __init__(
+        self,
+        message: str | None = None,
+        *,
+        term: int | None = None,
+        current: int | None = None,
+        details: Mapping[str, Any] | None = None,
+    ) -> None:
+        facts = {**(details or {})}
+        if term is not None:
+            facts["term"] = term
+        if current is not None:
+            facts["current"] = current
+        if message is None:
+            message = (
+                f"this node has seen leader term {current}; a command of term {term} "
+                "comes from a controller that is no longer the leader"
+            )
+        super().__init__(message, details=facts)
+
+
 #: The refusals a node may report that come back as their own class, by code.
 _KNOWN: dict[str, type[FiccError]] = {
     cls.code: cls
@@ -54,6 +98,7 @@ _KNOWN: dict[str, type[FiccError]] = {
         *(getattr(executor_errors, name) for name in executor_errors.__all__),
         digests.InvalidDigest,
         digests.UnsafePath,
+        StaleTerm,
     )
 }
 
@@ -108,17 +153,27 @@ class NodeTimeout(NodeGone):
 # -- errors ------------------------------------------------------------------------------------
 
 
-def error_to_wire(exc: FiccError) -> dict[str, Any]:
-    """A refusal as it travels."""
-    return {"code": exc.code, "message": exc.message, "status": exc.status}
+def error_to_wire(exc: FiccError, *, details: bool = False) -> dict[str, Any]:
+    """A refusal as it travels; with ``details``, its details too (a command's reply
+    carries them to the controller, e.g. :class:`StaleTerm`'s terms; a relayed stream's
+    refusal, which may reach an API client, does not)."""
+    wire: dict[str, Any] = {"code": exc.code, "message": exc.message, "status": exc.status}
+    if details and exc.details:
+        wire["details"] = exc.details
+    return wire
 
 
 def error_from_wire(
     error: Mapping[str, Any], *, details: Mapping[str, Any] | None = None
 ) -> FiccError:
-    """The refusal a node reported, as its own class when it is one we know."""
+    """The refusal a node reported, as its own class when it is one we know.
+
+    The node's own details (a newer node sends them) come first; ``details`` adds to them.
+    """
     code = str(error.get("code", "node_error"))
     message = str(error.get("message", "the node refused the request"))
+    sent = error.get("details")
+    details = {**(sent if isinstance(sent, Mapping) else {}), **(details or {})}
     known = _KNOWN.get(code)
     if known is not None:
         return known(message, details=details)
