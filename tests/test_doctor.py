@@ -22,6 +22,7 @@ from ficc_core.agent.doctor import (
 )
 
 from .agent_support import open_controller
+from .conftest import issue_token
 from .inference_support import write_agent_settings
 from .serve_support import FICC
 
@@ -123,3 +124,27 @@ def test_clock_gpu_disk_and_runtime_thresholds():
     assert disk_findings(5 << 30, "/x")[0].status == Status.WARN
     [missing] = runtime_findings([], {"r": "cannot read /nope: No such file or directory"})
     assert missing.status == Status.FAIL and "install" in missing.fix
+
+
+async def test_the_controller_asks_a_connected_node_for_its_doctor_findings(tmp_path):
+    from .inference_support import open_inference_controller
+
+    with trio.fail_after(120):
+        async with open_inference_controller(tmp_path) as controller:
+            answer = await controller.ok("GET", "/api/v1/contributors/local/doctor")
+            await controller.service.contributors.add_node("never-connected")
+            absent = await controller.call("GET", "/api/v1/contributors/never-connected/doctor")
+            unknown = await controller.call("GET", "/api/v1/contributors/nope/doctor")
+            reader = await issue_token(controller.service, scopes={"inference:read"})
+            forbidden = await controller.call(
+                "GET", "/api/v1/contributors/local/doctor", token=reader
+            )
+    findings = {f["check"]: f for f in answer["findings"]}
+    assert answer["node"] == "local" and answer["ok"] is True
+    assert findings["isolation"]["status"] == "OK"
+    assert findings["runtime/llama_server"]["status"] == "OK"
+    assert {"gpus", "disk", "clock"} <= set(findings)
+    assert findings["clock"]["status"] == "OK"  # the same machine's clock
+    assert (absent.status_code, absent.json()["error"]["code"]) == (502, "node_unavailable")
+    assert unknown.status_code == 404
+    assert forbidden.status_code == 403

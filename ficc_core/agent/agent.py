@@ -176,6 +176,12 @@ class Agent:
         """Raise :attr:`term_seen` to ``term`` if it is higher, recording it durably first."""
         await self._terms.raise_to(term)
 
+    async def doctor(self) -> list[dict[str, Any]]:
+        """What ``ficc doctor`` finds on this node (isolation, limits, runtimes, GPUs, disk)."""
+        from .doctor import node_findings
+
+        return [finding.to_json() for finding in await node_findings(self)]
+
     # -- snapshot ----------------------------------------------------------------------------
 
     async def gpu_inventory(self) -> GpuInventory:

@@ -301,6 +301,14 @@ ROUTES: dict[str, Route] = {
         needs(s.CONTRIBUTORS_READ),
         "one node; an unknown one is 404 `node_not_found`",
     ),
+    "contributors_doctor": Route(
+        "GET",
+        "/api/v1/contributors/{id}/doctor",
+        needs(s.CONTRIBUTORS_READ),
+        "the node's own `ficc doctor` checks, asked over its link, with its clock against "
+        "this controller's: `{node, findings: [{check, status, message, fix?}], ok}`; 502 "
+        "`node_unavailable` when it is not connected here",
+    ),
     "contributors_remove": Route(
         "DELETE",
         "/api/v1/contributors/{id}",

@@ -10,6 +10,7 @@ Nodes belong to the installation, not to a project: every project's readers see 
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -101,6 +102,26 @@ def register(app: QuartTrio, service: Service) -> None:
     @app.get("/api/v1/contributors/<node_id>", endpoint="contributors_get")
     async def contributors_get(node_id: str) -> Response:
         return jsonify(node_view(await service.contributors.get(node_id)))
+
+    @app.get("/api/v1/contributors/<node_id>/doctor", endpoint="contributors_doctor")
+    async def contributors_doctor(node_id: str) -> Response:
+        from ..agent.doctor import Finding, skew_finding
+
+        await service.contributors.get(node_id)  # 404 for an unknown node
+        before = time.time()
+        found, node_time = await service.contributors.doctor(node_id)
+        after = time.time()
+        findings = [Finding.from_json(item) for item in found]
+        if node_time:
+            # Positive: the controller is ahead (as ficc doctor on the node reports it).
+            findings.append(skew_finding((before + after) / 2 - node_time))
+        return jsonify(
+            {
+                "node": node_id,
+                "findings": [f.to_json() for f in findings],
+                "ok": all(f.status != "FAIL" for f in findings),
+            }
+        )
 
     @app.delete("/api/v1/contributors/<node_id>", endpoint="contributors_remove")
     async def contributors_remove(node_id: str) -> Response:

@@ -355,6 +355,14 @@ class NodeRegistry:
         )
         return status_from_wire(reply["status"])
 
+    async def doctor(self, node_id: str) -> tuple[list[dict[str, Any]], float]:
+        """The node's own ``ficc doctor`` findings and its clock (epoch seconds).
+
+        Raises ``node_unavailable`` when the node is not connected to this controller.
+        """
+        reply = await self.live.require_link(node_id).call({"op": "doctor"})
+        return list(reply.get("findings") or ()), float(reply.get("time") or 0.0)
+
     async def logs(self, node_id: str, fence: Fence, tail: int = 100) -> list[str]:
         """The last ``tail`` lines of an attempt's log on a connected node (also once ended).
 

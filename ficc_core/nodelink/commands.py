@@ -18,6 +18,7 @@ any term.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -36,6 +37,10 @@ class CommandTarget(Protocol):
     stop_grace: float
     #: The highest leader term a command or renewal has carried here.
     term_seen: int
+
+    async def doctor(self) -> list[dict[str, Any]]:
+        """``ficc doctor``'s findings about this node, as JSON objects."""
+        ...
 
     async def see_term(self, term: int) -> None:
         """Raise :attr:`term_seen` to ``term`` (a higher one) and keep it across restarts."""
@@ -98,6 +103,9 @@ async def run_command(
     """
     try:
         op = message.get("op")
+        if op == "doctor":
+            # What the node finds about itself (ficc doctor's checks), and its clock.
+            return {"ok": True, "findings": await target.doctor(), "time": time.time()}
         term = message_term(message)
         fence = structure(message.get("fence"), Fence, what="fence")
         if op in FENCED_OPS:
