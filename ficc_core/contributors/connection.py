@@ -20,6 +20,7 @@ from ..errors import FiccError, InvalidRequest
 from ..nodelink.links import ConnectionLink, MessageChannel, NodeLink
 from ..nodelink.wire import MAX_MESSAGE, heartbeat_attempts
 from ..schema import ExecutorSnapshot, Fence, SchemaError, structure, unstructure
+from ..store.outage import is_store_failure
 from .assignments import Reconciliation
 from .errors import ConnectionFenced
 from .registry import NodeRegistry
@@ -92,10 +93,18 @@ async def serve_node_connection(
                 except SchemaError as exc:
                     raise InvalidRequest(exc.message, code="bad_heartbeat") from None
                 attempts = heartbeat_attempts(message.get("attempts", []))
-                await registry.heartbeat(node_id, connection_id, snapshot, attempts)
-                if not reconciled:
+                recorded = await registry.heartbeat(node_id, connection_id, snapshot, attempts)
+                # Reconciled with the first heartbeat the store took (while it fails, the
+                # connection goes on and the next heartbeat tries again).
+                if not reconciled and recorded is not None:
+                    try:
+                        result = await registry.reconcile(node_id, connection_id, attempts, known)
+                    except Exception as exc:
+                        if not is_store_failure(exc):
+                            raise
+                        registry.states.outage.failed(exc, f"reconciling node {node_id}")
+                        continue
                     reconciled = True
-                    result = await registry.reconcile(node_id, connection_id, attempts, known)
                     _log_reconciliation(node_id, result)
                     if result.stop:
                         nursery.start_soon(_stop_unwanted, link, node_id, result.stop)

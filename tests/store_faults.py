@@ -1,0 +1,65 @@
+"""A database outage on demand: a real store whose reads and writes fail while a switch is on.
+
+:func:`store_outage` switches the store every component of a controller shares (the
+very object, so nothing is rebuilt around it): while :attr:`StoreOutage.down` holds,
+each ``read`` and ``write`` raises what a store raises when its database cannot be
+reached (:class:`~ficc_core.errors.StoreUnavailable`, or with ``raw`` a driver's
+own error, SQLite's ``OperationalError``), after a checkpoint, as a real one would.
+A transaction already running when the switch turns finishes as it would have.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import trio
+
+from ficc_core.errors import StoreUnavailable
+
+
+class StoreOutage:
+    """The switch (see the module docs); :attr:`refused` counts the calls it failed."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+        self.down = False
+        #: Raise SQLite's own ``OperationalError`` instead of ``StoreUnavailable``.
+        self.raw = False
+        self.refused = 0
+        self._read, self._write = store.read, store.write
+
+    async def _fail(self) -> None:
+        await trio.lowlevel.checkpoint()
+        self.refused += 1
+        if self.raw:
+            raise sqlite3.OperationalError("disk I/O error")
+        raise StoreUnavailable("the database is down (a test's outage)")
+
+    async def read(self, fn: Any) -> Any:
+        if self.down:
+            await self._fail()
+        return await self._read(fn)
+
+    async def write(self, fn: Any) -> Any:
+        if self.down:
+            await self._fail()
+        return await self._write(fn)
+
+    def restore(self) -> None:
+        """The store as it was (its own methods again)."""
+        self.store.read, self.store.write = self._read, self._write
+
+
+@contextmanager
+def store_outage(store: Any) -> Iterator[StoreOutage]:
+    """Put the switch on ``store`` (off at first) for the ``with`` block."""
+    outage = StoreOutage(store)
+    store.read, store.write = outage.read, outage.write
+    try:
+        yield outage
+    finally:
+        outage.down = False
+        outage.restore()
