@@ -4,7 +4,8 @@
 very object, so nothing is rebuilt around it): while :attr:`StoreOutage.down` holds,
 each ``read`` and ``write`` raises what a store raises when its database cannot be
 reached (:class:`~ficc_core.errors.StoreUnavailable`, or with ``raw`` a driver's
-own error, SQLite's ``OperationalError``), after a checkpoint, as a real one would.
+own error, SQLite's ``OperationalError``), after a checkpoint, as a real one would;
+with :attr:`StoreOutage.hang` a call answers nothing until :meth:`StoreOutage.end`.
 A transaction already running when the switch turns finishes as it would have.
 """
 
@@ -28,11 +29,23 @@ class StoreOutage:
         self.down = False
         #: Raise SQLite's own ``OperationalError`` instead of ``StoreUnavailable``.
         self.raw = False
+        #: Calls do not answer until the outage ends (a database that does not answer
+        #: at all), then fail.
+        self.hang = False
         self.refused = 0
+        self._ended = trio.Event()
         self._read, self._write = store.read, store.write
+
+    def end(self) -> None:
+        """The database is back: calls go through again, and those hanging fail now."""
+        self.down = False
+        self._ended.set()
+        self._ended = trio.Event()
 
     async def _fail(self) -> None:
         await trio.lowlevel.checkpoint()
+        if self.hang:
+            await self._ended.wait()
         self.refused += 1
         if self.raw:
             raise sqlite3.OperationalError("disk I/O error")
@@ -61,5 +74,5 @@ def store_outage(store: Any) -> Iterator[StoreOutage]:
     try:
         yield outage
     finally:
-        outage.down = False
+        outage.end()
         outage.restore()

@@ -1,0 +1,119 @@
+"""Each part of a controller that meets a store outage, on a real SQLite store switched
+down (:mod:`.store_faults`): credentials, browser sessions, the API's envelope, the
+node registry's expiry."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+
+from ficc_core.auth.authority import Authority
+from ficc_core.contributors import NodeRegistry
+from ficc_core.errors import StoreUnavailable
+
+from .conftest import FakeClock, bearer
+from .store_faults import store_outage
+from .test_contributors import _snapshot
+
+
+async def test_a_credential_verified_before_is_served_at_once_while_the_store_fails(
+    service, bootstrap
+):
+    clock = FakeClock()
+    authority = Authority(service.store, clock=clock, cache_seconds=5, store_wait=30)
+    token = bootstrap["token"]
+    with trio.fail_after(10):
+        known = await authority.authenticate_bearer(token)
+    clock.now += 60  # its cache entry is stale: the store would be asked
+    with store_outage(service.store) as outage:
+        outage.down = True
+        with trio.fail_after(10):
+            assert (await authority.authenticate_bearer(token)).id == known.id
+        # The store keeps failing, now without answering at all: a known credential
+        # does not wait for it (store_wait is 30 s), it is served from memory at once.
+        outage.hang = True
+        clock.now += 60
+        with trio.fail_after(1):
+            assert (await authority.authenticate_bearer(token)).id == known.id
+        assert authority.store_failing
+    # The store answers again: the read that check started in the background says so,
+    # and the next check after the cache period reads the store again.
+    clock.now += 60
+    with trio.fail_after(10):
+        assert (await authority.authenticate_bearer(token)).id == known.id
+        while authority.store_failing:  # noqa: ASYNC110
+            await trio.sleep(0.01)
+
+
+async def test_a_credential_never_seen_is_503_store_unavailable_not_401(service, bootstrap):
+    _, token = await service.auth.create_credential(
+        "default", name="unseen", scopes=frozenset({"inference:read"})
+    )
+    with store_outage(service.store) as outage, trio.fail_after(10):
+        outage.down = True
+        with pytest.raises(StoreUnavailable) as refused:
+            await service.auth.authenticate_bearer(token)
+    assert refused.value.status == 503 and refused.value.headers["Retry-After"] == "1"
+
+
+async def test_a_browser_session_verified_before_is_served_while_the_store_fails(
+    service, bootstrap
+):
+    with trio.fail_after(30):
+        _, cookie, _ = await service.auth.login("admin", bootstrap["password"], "default")
+        _, ended, _ = await service.auth.login("admin", bootstrap["password"], "default")
+        known = await service.auth.authenticate_session(cookie)
+        gone = await service.auth.authenticate_session(ended)
+        await service.auth.logout(gone.id)
+        with store_outage(service.store) as outage:
+            outage.down = True
+            assert (await service.auth.authenticate_session(cookie)).id == known.id
+            # One logged out is never served from memory; a wrong secret is not either.
+            with pytest.raises(StoreUnavailable):
+                await service.auth.authenticate_session(ended)
+            with pytest.raises(StoreUnavailable):
+                await service.auth.authenticate_session(cookie[:-4] + "abcd")
+
+
+@pytest.mark.parametrize("raw", [False, True], ids=["store_unavailable", "driver_error"])
+async def test_a_management_route_is_a_503_envelope_with_retry_after(
+    service, client, bootstrap, raw
+):
+    headers = bearer(bootstrap["token"])
+    with trio.fail_after(10):
+        assert (await client.get("/api/v1/inference", headers=headers)).status_code == 200
+        with store_outage(service.store) as outage:
+            outage.down, outage.raw = True, raw
+            response = await client.get("/api/v1/inference", headers=headers)
+            body = await response.get_json()
+    assert response.status_code == 503
+    assert body["error"]["code"] == "store_unavailable"
+    assert "Traceback" not in str(body)
+    assert int(response.headers["Retry-After"]) >= 1
+
+
+async def test_node_silence_counts_from_the_stores_return_not_through_the_outage(service):
+    clock = FakeClock()
+    nodes = NodeRegistry(service.store, unreachable_after=2, lost_after=4, clock=clock)
+    with trio.fail_after(30):
+        await nodes.add_node("gpu-1")
+        connection = await nodes.connect("gpu-1")
+        assert (await nodes.heartbeat("gpu-1", connection, _snapshot("gpu-1"))) is not None
+        async with trio.open_nursery() as nursery:
+            with store_outage(service.store) as outage:
+                await nursery.start(nodes.run)
+                outage.down = True
+                clock.now += 1
+                # Heard, not recorded: the connection goes on (no error is raised).
+                assert (await nodes.heartbeat("gpu-1", connection, _snapshot("gpu-1"))) is None
+                clock.now += 100  # far past lost_after while the store is down
+                while nodes.states.outage.failures < 3:  # noqa: ASYNC110 (the sweep fails, goes on)
+                    await trio.sleep(0.01)
+                outage.end()
+                while nodes.states.resumed_at is None:  # noqa: ASYNC110
+                    await trio.sleep(0.01)
+            assert await nodes.sweep() == []  # the outage was not the node's silence
+            assert (await nodes.get("gpu-1")).state == "connected"
+            clock.now += 2.5  # silent since the store's return, past unreachable_after
+            assert await nodes.sweep() == [("gpu-1", "unreachable")]
+            nursery.cancel_scope.cancel()
