@@ -4,6 +4,8 @@ node registry's expiry."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import trio
 
@@ -117,3 +119,30 @@ async def test_node_silence_counts_from_the_stores_return_not_through_the_outage
             clock.now += 2.5  # silent since the store's return, past unreachable_after
             assert await nodes.sweep() == [("gpu-1", "unreachable")]
             nursery.cancel_scope.cancel()
+
+
+async def test_no_route_answers_a_500_while_the_store_is_down(service, app, client, bootstrap):
+    """Every route of the table, with placeholders in its path and an empty JSON body:
+    what needs the store is 503 store_unavailable with Retry-After; nothing is a 500."""
+    headers = bearer(bootstrap["token"])
+    with trio.fail_after(10):
+        assert (await client.get("/api/v1/whoami", headers=headers)).status_code == 200
+    answered: dict[int, list[str]] = {}
+    with store_outage(service.store) as outage:
+        outage.down = True
+        for rule in app.url_map.iter_rules():
+            path = re.sub(r"<(?:\w+:)?(\w+)>", lambda m: _placeholder(m.group(1)), rule.rule)
+            for method in sorted(rule.methods - {"HEAD", "OPTIONS"}):
+                with trio.fail_after(10):
+                    response = await client.open(path, method=method, headers=headers, json={})
+                answered.setdefault(response.status_code, []).append(f"{method} {rule.rule}")
+                if response.status_code >= 500:
+                    body = await response.get_json()
+                    assert body["error"]["code"] == "store_unavailable", (method, rule.rule, body)
+                    assert int(response.headers["Retry-After"]) >= 1
+    assert 500 not in answered
+    assert len(answered.get(503, [])) > 20, answered  # most routes read the store
+
+
+def _placeholder(name: str) -> str:
+    return {"index": "0", "replica": "0", "file_index": "0"}.get(name, f"x-{name}")
