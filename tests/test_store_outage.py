@@ -17,6 +17,7 @@ import trio
 from .inference_support import llama_spec, open_inference_controller, register_gguf, standin_engine
 from .models_support import tiny_gguf
 from .store_faults import store_outage
+from .test_agent_processes import ExecutorProcess, agent_dir  # noqa: F401
 
 #: Short node timeouts, so that an outage of a few seconds outlasts them.
 NODE_TIMEOUTS = {"unreachable_after": "1s", "lost_after": "2s", "usage_flush_interval": "100ms"}
@@ -139,3 +140,75 @@ async def test_an_outage_is_served_from_memory_and_nothing_is_lost_when_it_ends(
                 json=_chat("smol-2"),
             )
             assert response.status_code == 200, response.text
+
+
+async def test_a_remote_nodes_relayed_requests_flow_while_the_store_does_not_answer(
+    tmp_path,
+    agent_dir,  # noqa: F811
+):
+    """A store that hangs (no answer at all, as a database host gone from the network):
+    the remote node's heartbeats wait for it beside its connection, never in front of
+    the relayed streams, and a known credential waits for it at most once."""
+    engine, settings = standin_engine(tmp_path)
+    executor = None
+    try:
+        with trio.fail_after(120):
+            async with open_inference_controller(
+                tmp_path, embedded=False, **NODE_TIMEOUTS
+            ) as controller:
+                service = controller.service
+                _, credential = await service.contributors.add_node("gpu-1")
+                executor = ExecutorProcess(
+                    controller.url, credential, agent_dir, "--agent-config", str(settings)
+                )
+                await executor.wait_connected()
+                node = await controller.wait_node("gpu-1")
+                while not node["snapshot"] or not node["snapshot"]["runtimes"]:
+                    node = await controller.node("gpu-1")
+                tiny_gguf(tmp_path / "tiny.gguf", size=64 << 10)
+                model_id = await register_gguf(controller, tmp_path / "tiny.gguf", "tiny")
+                spec = await llama_spec(
+                    controller, model_id, node_ids=("gpu-1",), memory_bytes=256 << 20
+                )
+                spec["image_executable"] = str(engine)
+                created = await controller.ok("POST", "/api/v1/inference", status=201, json=spec)
+                service_id = created["id"]
+                assert (await controller.control(service_id, "start")).status_code == 200
+                await controller.wait_service(
+                    service_id,
+                    lambda v: v["state"] == "ready" and service.live.get(service_id).replicas,
+                )
+                path = f"/api/v1/inference/{service_id}/v1/chat/completions"
+                made = 0
+                for _ in range(2):
+                    ok = await controller.call("POST", path, json=_chat("smol"))
+                    assert ok.status_code == 200, ok.text
+                    made += 1
+
+                with store_outage(service.store) as outage:
+                    outage.down, outage.hang = True, True
+                    began = trio.current_time()
+                    slow = 0
+                    while trio.current_time() - began < OUTAGE_SECONDS:
+                        asked = trio.current_time()
+                        with trio.fail_after(5):
+                            served = await controller.call("POST", path, json=_chat("smol"))
+                        assert served.status_code == 200, served.text
+                        made += 1
+                        slow += trio.current_time() - asked > 1
+                        await trio.sleep(0.1)
+                    # At most the check that found the store silent waited for it.
+                    assert slow <= 1, slow
+
+                with trio.fail_after(30):
+                    while service.usage.buffered:  # noqa: ASYNC110
+                        await trio.sleep(0.05)
+                report = await controller.ok(
+                    "GET", "/api/v1/usage", params={"service": service_id, "group_by": "key"}
+                )
+                assert sum(g["requests"] for g in report["groups"]) == made
+                assert (await controller.node("gpu-1"))["state"] == "connected"
+                assert await _events(service, ("no_heartbeat", "node_lost")) == []
+    finally:
+        if executor is not None:
+            executor.kill()

@@ -293,6 +293,9 @@ class Authority:
         with trio.move_on_after(self.store_wait):
             await read.done.wait()
         if not read.done.is_set():
+            # A store that does not answer is failing too: known credentials are served
+            # at once from now on, until a read goes through.
+            self._failed(what, TimeoutError(f"no answer within {self.store_wait:g} s"))
             raise StoreUnavailable(
                 f"the store did not answer within {self.store_wait:g} s; retry shortly",
                 details={"waited": self.store_wait},
