@@ -14,8 +14,11 @@ from ficc_core.contributors import NodeRegistry
 from ficc_core.errors import StoreUnavailable
 
 from .conftest import FakeClock, bearer
+from .httpsd import ServedFile
+from .models_support import gguf_manifest, random_bytes
 from .store_faults import store_outage
 from .test_contributors import _snapshot
+from .test_models_acquire import MiB, _api, controller  # noqa: F401
 
 
 async def test_a_credential_verified_before_is_served_at_once_while_the_store_fails(
@@ -146,3 +149,28 @@ async def test_no_route_answers_a_500_while_the_store_is_down(service, app, clie
 
 def _placeholder(name: str) -> str:
     return {"index": "0", "replica": "0", "file_index": "0"}.get(name, f"x-{name}")
+
+
+async def test_an_acquisition_waits_out_an_outage_and_resumes(
+    controller,  # noqa: F811
+    https_server,
+    caplog,
+):
+    content = random_bytes(2 * MiB + 17, seed=5)
+    https_server.add("/m.gguf", ServedFile(content, chunk_delay=0.01))
+    async with await controller() as service:
+        api = await _api(service)
+        model = await api.register(gguf_manifest("m", content, url=https_server.url("/m.gguf")))
+        with store_outage(service.store) as outage:
+            response = await api.post(f"/api/v1/models/{model['id']}/acquire")
+            assert response.status_code == 202
+            outage.down = True  # while the file downloads (a piece every 10 ms)
+            with trio.fail_after(20):
+                while not any("model acquisitions" in r.message for r in caplog.records):  # noqa: ASYNC110
+                    await trio.sleep(0.01)
+        # The store is back: the acquisition (still running on record) resumes and ends.
+        done = await api.wait_until(
+            model["id"],
+            lambda m: m["state"] == "verified" and m["acquisition"]["state"] == "done",
+        )
+        assert done["files"][0]["state"] == "verified"
