@@ -5,6 +5,7 @@ node registry's expiry."""
 from __future__ import annotations
 
 import re
+import sqlite3
 
 import pytest
 import trio
@@ -174,3 +175,18 @@ async def test_an_acquisition_waits_out_an_outage_and_resumes(
             lambda m: m["state"] == "verified" and m["acquisition"]["state"] == "done",
         )
         assert done["files"][0]["state"] == "verified"
+
+
+def test_what_counts_as_a_store_outage_and_what_is_a_defect():
+    from ficc_core.store.outage import is_store_failure
+
+    down = StoreUnavailable("no connection within 1 s")
+    assert is_store_failure(down)
+    assert is_store_failure(sqlite3.OperationalError("database is locked"))
+    assert is_store_failure(sqlite3.OperationalError("disk I/O error"))
+    assert is_store_failure(ExceptionGroup("tasks", [down, StoreUnavailable("again")]))
+    # A defect is not an outage: it stays a 500 with a reference, and shows.
+    assert not is_store_failure(sqlite3.OperationalError("no such column: nope"))
+    assert not is_store_failure(sqlite3.IntegrityError("UNIQUE constraint failed"))
+    assert not is_store_failure(ExceptionGroup("tasks", [down, KeyError("x")]))
+    assert not is_store_failure(RuntimeError("the database is down"))

@@ -38,18 +38,33 @@ OUTAGE_BACKOFF_FIRST = 0.25
 
 log = logging.getLogger("ficc.store")
 
+#: What SQLite's ``OperationalError`` says when the database cannot be used right now.
+_SQLITE_UNAVAILABLE = (
+    "locked",
+    "busy",
+    "disk i/o",
+    "unable to open",
+    "readonly",
+    "disk is full",
+    "interrupted",
+)
+
 
 def is_store_failure(exc: BaseException) -> bool:
     """Whether ``exc`` says the store is down or slow (retry later), not a defect.
 
     :class:`~ficc_core.errors.StoreUnavailable` (both backends raise it when the
     database cannot be reached or a connection cannot be had in time), SQLite's
-    ``OperationalError`` (a locked, unreadable or vanished file), and an exception
-    group made only of those (a nursery whose tasks all met the outage).
+    ``OperationalError`` when it says the file cannot be used now (locked, busy, an
+    I/O error, unopenable, read-only, full), and an exception group made only of
+    those (a nursery whose tasks all met the outage).
     """
     if isinstance(exc, BaseExceptionGroup):
         return all(is_store_failure(inner) for inner in exc.exceptions)
-    return isinstance(exc, StoreUnavailable | sqlite3.OperationalError)
+    if isinstance(exc, sqlite3.OperationalError):
+        # Only what says the file cannot be used now; "no such column" is a defect.
+        return any(word in str(exc).lower() for word in _SQLITE_UNAVAILABLE)
+    return isinstance(exc, StoreUnavailable)
 
 
 def as_store_unavailable(exc: BaseException) -> StoreUnavailable:
