@@ -173,16 +173,15 @@ class InvokeRoutes:
         except Exception as exc:
             if answered:
                 raise  # the head may be out: nothing else can be sent
-            if is_store_failure(exc):
+            outage = is_store_failure(exc)
+            if outage:
                 # Only a credential never verified here (or an activation) needs the store.
-                error: FiccError = as_store_unavailable(exc)
+                error = as_store_unavailable(exc)
                 self.store_refusals.refused(error, f"{scope['method']} {scope['path']}")
-                status = error.status
-                await self._refuse(send, error, logged=True)
-                return
-            error = exc if isinstance(exc, FiccError) else self._internal(scope, exc)
+            else:
+                error = exc if isinstance(exc, FiccError) else self._internal(scope, exc)
             status = error.status
-            await self._refuse(send, error)
+            await self._refuse(send, error, logged=outage)
         finally:
             duration = time.perf_counter() - started
             metrics = self.service.metrics
