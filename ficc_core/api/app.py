@@ -13,8 +13,9 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from ..auth import Principal
-from ..errors import FiccError, Forbidden
+from ..errors import FiccError, Forbidden, StoreUnavailable
 from ..models.registry import MAX_BYTES_CHUNK
+from ..store.outage import RefusalLog, as_store_unavailable, is_store_failure
 from ..strictjson import dumps_error
 from . import (
     routes_admin,
@@ -168,9 +169,14 @@ def create_app(service: Service) -> QuartTrio:
         response.headers.setdefault("Cache-Control", "no-store")
         return response
 
+    # While the store is down every management route is refused: said once a while.
+    store_refusals = RefusalLog(logger=log)
+
     @app.errorhandler(FiccError)
     async def ficc_error(error: FiccError) -> Response:
-        if error.status >= 500:
+        if isinstance(error, StoreUnavailable):
+            store_refusals.refused(error, f"{request.method} {request.path}")
+        elif error.status >= 500:
             log.error("%s: %s", error.code, error.message)
         response = error_response(error)
         if error.status == 401:
@@ -183,6 +189,10 @@ def create_app(service: Service) -> QuartTrio:
 
     @app.errorhandler(Exception)
     async def unexpected(exc: Exception) -> Response:
+        if is_store_failure(exc):
+            # A driver's own error (or a group of them) the store let through: the store
+            # is down, which is the one envelope's 503, never a 500.
+            return await ficc_error(as_store_unavailable(exc))
         reference = secrets.token_hex(6)
         log.exception(
             "unexpected error (reference %s) on %s %s", reference, request.method, request.path

@@ -41,6 +41,7 @@ from werkzeug.http import parse_cookie
 
 from ..errors import FiccError, PayloadTooLarge
 from ..gateway import PATHS, ProjectEndpoint
+from ..store.outage import RefusalLog, as_store_unavailable, is_store_failure
 from ..strictjson import dumps_error
 from .access_log import log_request
 from .authn import SESSION_COOKIE, authenticate
@@ -114,6 +115,8 @@ class InvokeRoutes:
         self.service = service
         self.limit = service.config.max_body_bytes
         self.project = ProjectEndpoint(service.gateway)
+        #: Invoke requests refused because the store failed (logged once a while).
+        self.store_refusals = RefusalLog(logger=log)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
@@ -170,9 +173,15 @@ class InvokeRoutes:
         except Exception as exc:
             if answered:
                 raise  # the head may be out: nothing else can be sent
-            error = exc if isinstance(exc, FiccError) else self._internal(scope, exc)
+            outage = is_store_failure(exc)
+            if outage:
+                # Only a credential never verified here (or an activation) needs the store.
+                error = as_store_unavailable(exc)
+                self.store_refusals.refused(error, f"{scope['method']} {scope['path']}")
+            else:
+                error = exc if isinstance(exc, FiccError) else self._internal(scope, exc)
             status = error.status
-            await self._refuse(send, error)
+            await self._refuse(send, error, logged=outage)
         finally:
             duration = time.perf_counter() - started
             metrics = self.service.metrics
@@ -250,8 +259,8 @@ class InvokeRoutes:
             details={"reference": reference},
         )
 
-    async def _refuse(self, send: Send, error: FiccError) -> None:
-        if error.status >= 500:
+    async def _refuse(self, send: Send, error: FiccError, *, logged: bool = False) -> None:
+        if error.status >= 500 and not logged:
             log.error("%s: %s", error.code, error.message)
         body = dumps_error(error.envelope())
         headers = [

@@ -10,7 +10,9 @@ verified credentials for ``auth_cache_ttl``, and rejected tokens (keyed by the w
 token, so a wrong secret never blocks the right one) for ``auth_negative_ttl``. A
 store read that fails or takes more than :data:`STORE_WAIT_SECONDS` is a 503
 ``store_unavailable`` with ``Retry-After``, never a 401; a credential verified before
-is then served from its (stale) cache entry.
+is then served from its (stale) cache entry, at once while the store keeps failing
+(docs/operations.md, "When the database is down"); so is a browser session verified
+before.
 """
 
 from __future__ import annotations
@@ -106,11 +108,32 @@ class Authority:
         self._revoked: set[str] = set()
         # Recently verified credentials: id -> (secret hash, principal, clock time).
         self._credentials: OrderedDict[str, tuple[str, Principal, float]] = OrderedDict()
+        # Browser sessions verified before: id -> (secret hash, principal), served only
+        # while the store fails (a session is otherwise read on every request).
+        self._sessions: OrderedDict[str, tuple[str, Principal]] = OrderedDict()
 
     def mark_revoked(self, principal_id: str) -> None:
         """Refuse ``principal_id`` from now on, its cached verification included."""
         self._revoked.add(principal_id)
         self._credentials.pop(principal_id, None)
+        self._sessions.pop(principal_id, None)
+
+    def remember_session(self, secret_hash: str, principal: Principal) -> None:
+        """Keep a verified session's principal for :meth:`remembered_session`."""
+        self._sessions[principal.id] = (secret_hash, principal)
+        self._sessions.move_to_end(principal.id)
+        while len(self._sessions) > CREDENTIAL_CACHE_SIZE:
+            self._sessions.popitem(last=False)
+
+    def remembered_session(self, session_id: str, secret_hash: str) -> Principal | None:
+        """The principal of a session verified before with this secret (its hash), while
+        it is neither ended here nor expired: what a browser is served while the store
+        fails. None otherwise."""
+        remembered = self._sessions.get(session_id)
+        if remembered is None or not hmac.compare_digest(remembered[0], secret_hash):
+            return None
+        principal = remembered[1]
+        return principal if self.still_valid(principal) else None
 
     def forget_personal(self) -> None:
         """Drop the cached personal keys, so what is shared with them is read again (a
@@ -195,6 +218,16 @@ class Authority:
         rejected = self._rejected.get(key)
         if rejected is not None and 0 <= now - rejected[2] < self.rejected_seconds:
             raise Unauthenticated(rejected[1], code=rejected[0])
+        if cached is not None and self._failures:
+            # The store is failing: a credential verified before is served at once (its
+            # read goes on in the background, and tells when the store answers again),
+            # so an outage costs known credentials no wait at all.
+            self.check_valid(cached[1])
+            self._start_read(
+                f"credential {credential_id}",
+                partial(repository.stored_credential, credential_id=credential_id),
+            )
+            return cached[1]
 
         try:
             stored: StoredCredential | None = await self.read_bounded(
@@ -256,13 +289,13 @@ class Authority:
         the same ``what`` (e.g. ``credential <id>``), so that a caller waits at most
         ``store_wait`` seconds; raise :class:`StoreUnavailable` when the read failed or
         did not answer in time (the request path's reads: credentials, sessions)."""
-        read = self._reads.get(what)
-        if read is None:
-            read = self._reads[what] = _Read()
-            trio.lowlevel.spawn_system_task(self._read, what, fn, read)
+        read = self._start_read(what, fn)
         with trio.move_on_after(self.store_wait):
             await read.done.wait()
         if not read.done.is_set():
+            # A store that does not answer is failing too: known credentials are served
+            # at once from now on, until a read goes through.
+            self._failed(what, TimeoutError(f"no answer within {self.store_wait:g} s"))
             raise StoreUnavailable(
                 f"the store did not answer within {self.store_wait:g} s; retry shortly",
                 details={"waited": self.store_wait},
@@ -270,6 +303,19 @@ class Authority:
         if read.error is not None:
             raise StoreUnavailable(f"the store failed ({type(read.error).__name__}); retry shortly")
         return read.result
+
+    def _start_read(self, what: str, fn: Callable[[Transaction], Any]) -> _Read:
+        """The read of ``what`` in progress, started now if there is none."""
+        read = self._reads.get(what)
+        if read is None:
+            read = self._reads[what] = _Read()
+            trio.lowlevel.spawn_system_task(self._read, what, fn, read)
+        return read
+
+    @property
+    def store_failing(self) -> bool:
+        """Whether the last store read of credentials, sessions or revocations failed."""
+        return self._failures > 0
 
     async def _read(self, what: str, fn: Callable[[Transaction], Any], read: _Read) -> None:
         try:

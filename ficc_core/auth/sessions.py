@@ -15,7 +15,7 @@ from functools import partial
 
 import trio
 
-from ..errors import Forbidden, Unauthenticated
+from ..errors import Forbidden, StoreUnavailable, Unauthenticated
 from ..store import Store, Transaction
 from . import repository
 from . import secrets as sec
@@ -126,10 +126,19 @@ class Sessions:
         if parts is None:
             raise Unauthenticated("the session cookie is not valid", code="invalid_session")
         session_id, secret = parts
-        # Bounded: a store that fails or hangs is 503 store_unavailable, never a 401.
-        session = await self.authority.read_bounded(
-            f"session {session_id}", partial(repository.stored_session, session_id=session_id)
-        )
+        # Bounded: a store that fails or hangs is 503 store_unavailable, never a 401; a
+        # session verified before is served from memory meanwhile.
+        try:
+            session = await self.authority.read_bounded(
+                f"session {session_id}", partial(repository.stored_session, session_id=session_id)
+            )
+        except StoreUnavailable:
+            remembered = self.authority.remembered_session(session_id, sec.hash_secret(secret))
+            if remembered is None:
+                raise
+            return remembered
+        if session is None:
+            self.authority.mark_revoked(session_id)  # ended (elsewhere): never served again
         if session is None or not sec.secret_matches(secret, session.secret_hash):
             raise Unauthenticated("the session is not valid; log in again", code="invalid_session")
         if session.expires_at <= self.clock():
@@ -138,7 +147,7 @@ class Sessions:
             scopes: frozenset[str] = frozenset()  # a personal session: no project's scopes
         else:
             scopes = frozenset(ALL_SCOPES if session.is_admin else session.scopes)
-        return Principal(
+        principal = Principal(
             kind=PrincipalKind.SESSION,
             id=session.id,
             project_id=session.project_id,
@@ -151,6 +160,8 @@ class Sessions:
             csrf_hash=session.csrf_hash,
             project_band=session.project_band,
         )
+        self.authority.remember_session(session.secret_hash, principal)
+        return principal
 
     async def logout(self, session_id: str) -> None:
         """End a session and revoke what it minted (responses streaming under them end too)."""

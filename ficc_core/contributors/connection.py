@@ -4,7 +4,10 @@ The messages are the node protocol's (:mod:`ficc_core.nodelink`); what is here
 is their effect on the :class:`~ficc_core.contributors.registry.NodeRegistry`:
 the connection registered (and an older one of the node fenced out), heartbeats
 recorded, the first report reconciled with what the controller wanted, and
-attempts the controller no longer wants stopped through the node.
+attempts the controller no longer wants stopped through the node. Heartbeats are
+recorded by a task beside the loop that receives the node's messages, so a store
+that is slow or down never holds up the relayed streams (docs/operations.md, "When
+the database is down").
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from ..errors import FiccError, InvalidRequest
 from ..nodelink.links import ConnectionLink, MessageChannel, NodeLink
 from ..nodelink.wire import MAX_MESSAGE, heartbeat_attempts
 from ..schema import ExecutorSnapshot, Fence, SchemaError, structure, unstructure
+from ..store.outage import is_store_failure
 from .assignments import Reconciliation
 from .errors import ConnectionFenced
 from .registry import NodeRegistry
@@ -63,42 +67,76 @@ async def serve_node_connection(
 
             nursery.start_soon(renew)
             await nursery.start(link.endpoint.run)
-            while True:
-                raw = await channel.receive()
-                if len(raw) > MAX_MESSAGE:
-                    raise InvalidRequest("the message is too large", code="bad_heartbeat")
-                if isinstance(raw, bytes):
-                    link.endpoint.deliver_binary(raw)
-                    continue
+            heartbeats = _Heartbeats()
+
+            async def record(receiving: trio.CancelScope) -> None:
+                # Heartbeats are written beside the receiving loop, never in it: a slow or
+                # failing store must not hold up the relayed streams' messages behind it.
+                nonlocal reconciled
                 try:
-                    message = json.loads(raw)
-                except ValueError:
-                    raise InvalidRequest("messages must be JSON", code="bad_heartbeat") from None
-                if not isinstance(message, dict):
-                    continue
-                if message.get("type") == "reply":
-                    link.deliver(message)
-                    continue
-                if message.get("type") == "relay":
+                    while True:
+                        snapshot, attempts = await heartbeats.take()
+                        recorded = await registry.heartbeat(
+                            node_id, connection_id, snapshot, attempts
+                        )
+                        # Reconciled with the first heartbeat the store took (while it
+                        # fails, the connection goes on and a later heartbeat tries again).
+                        if reconciled or recorded is None:
+                            continue
+                        try:
+                            result = await registry.reconcile(
+                                node_id, connection_id, attempts, known
+                            )
+                        except Exception as exc:
+                            if not is_store_failure(exc):
+                                raise
+                            registry.states.outage.failed(exc, f"reconciling node {node_id}")
+                            continue
+                        reconciled = True
+                        _log_reconciliation(node_id, result)
+                        if result.stop:
+                            nursery.start_soon(_stop_unwanted, link, node_id, result.stop)
+                except FiccError as exc:  # fenced out, or refused: the connection ends
+                    heartbeats.failure = exc
+                    receiving.cancel()
+
+            with trio.CancelScope() as receiving:
+                nursery.start_soon(record, receiving)
+                while True:
+                    raw = await channel.receive()
+                    if len(raw) > MAX_MESSAGE:
+                        raise InvalidRequest("the message is too large", code="bad_heartbeat")
+                    if isinstance(raw, bytes):
+                        link.endpoint.deliver_binary(raw)
+                        continue
                     try:
-                        link.endpoint.deliver(message)
-                    except (KeyError, TypeError, ValueError):
-                        log.warning("node %s sent a malformed relay message", node_id)
-                    continue
-                if message.get("type") != "heartbeat":
-                    continue
-                try:
-                    snapshot = structure(message.get("snapshot"), ExecutorSnapshot, what="snapshot")
-                except SchemaError as exc:
-                    raise InvalidRequest(exc.message, code="bad_heartbeat") from None
-                attempts = heartbeat_attempts(message.get("attempts", []))
-                await registry.heartbeat(node_id, connection_id, snapshot, attempts)
-                if not reconciled:
-                    reconciled = True
-                    result = await registry.reconcile(node_id, connection_id, attempts, known)
-                    _log_reconciliation(node_id, result)
-                    if result.stop:
-                        nursery.start_soon(_stop_unwanted, link, node_id, result.stop)
+                        message = json.loads(raw)
+                    except ValueError:
+                        raise InvalidRequest(
+                            "messages must be JSON", code="bad_heartbeat"
+                        ) from None
+                    if not isinstance(message, dict):
+                        continue
+                    if message.get("type") == "reply":
+                        link.deliver(message)
+                        continue
+                    if message.get("type") == "relay":
+                        try:
+                            link.endpoint.deliver(message)
+                        except (KeyError, TypeError, ValueError):
+                            log.warning("node %s sent a malformed relay message", node_id)
+                        continue
+                    if message.get("type") != "heartbeat":
+                        continue
+                    try:
+                        snapshot = structure(
+                            message.get("snapshot"), ExecutorSnapshot, what="snapshot"
+                        )
+                    except SchemaError as exc:
+                        raise InvalidRequest(exc.message, code="bad_heartbeat") from None
+                    heartbeats.put(snapshot, heartbeat_attempts(message.get("attempts", [])))
+            if heartbeats.failure is not None:
+                raise heartbeats.failure
         except ConnectionFenced:
             pass  # said in the finally block below
         except FiccError as exc:
@@ -110,6 +148,27 @@ async def serve_node_connection(
                 await _last_word(channel, {"type": "fenced"})
             registry.disconnect(node_id, connection_id)
             nursery.cancel_scope.cancel()
+
+
+class _Heartbeats:
+    """The newest heartbeat not yet recorded (each report is whole: a newer one replaces
+    one still waiting), and what recording one raised."""
+
+    def __init__(self) -> None:
+        self.latest: tuple[ExecutorSnapshot, list[dict[str, Any]]] | None = None
+        self.arrived = trio.Event()
+        self.failure: FiccError | None = None
+
+    def put(self, snapshot: ExecutorSnapshot, attempts: list[dict[str, Any]]) -> None:
+        self.latest = (snapshot, attempts)
+        self.arrived.set()
+
+    async def take(self) -> tuple[ExecutorSnapshot, list[dict[str, Any]]]:
+        await self.arrived.wait()
+        self.arrived = trio.Event()
+        latest, self.latest = self.latest, None
+        assert latest is not None
+        return latest
 
 
 def _log_reconciliation(node_id: str, result: Reconciliation) -> None:

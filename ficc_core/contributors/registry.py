@@ -23,6 +23,7 @@ from ..nodelink.links import NodeLink
 from ..nodelink.wire import status_from_wire
 from ..schema import ExecutorSnapshot, Fence, unstructure
 from ..store import Store
+from ..store.outage import is_store_failure
 from . import repository
 from .assignments import Assignments, Reconciliation, input_digests
 from .credentials import NodeEnrolment, read_node
@@ -241,17 +242,30 @@ class NodeRegistry:
         connection_id: str,
         snapshot: ExecutorSnapshot,
         attempts: Sequence[Mapping[str, Any]] = (),
-    ) -> Node:
+    ) -> Node | None:
         """Record a heartbeat: the node is connected, its snapshot and attempts are current.
 
         The attempts (the agent's report) replace what the node reported before. A
         heartbeat from a connection that a newer one replaced raises
         :class:`~.errors.ConnectionFenced`.
+
+        While the store fails, the heartbeat is heard in memory only and None is
+        returned: the node's connection goes on, what it runs stays routed (it is not
+        :meth:`trouble`), and its silence is judged from when the store answers again
+        (:class:`~.states.NodeStates`), so an outage is never taken for the node's.
         """
         stale = self.trouble(node_id) is not None
-        node = await self.states.heartbeat(node_id, connection_id, snapshot, attempts)
-        if node.last_heartbeat is not None:
-            self._heard[node_id] = node.last_heartbeat
+        try:
+            node = await self.states.heartbeat(node_id, connection_id, snapshot, attempts)
+        except Exception as exc:
+            if not is_store_failure(exc):
+                raise
+            self.states.outage.failed(exc, f"heartbeat of node {node_id}")
+            node = None
+            self._heard[node_id] = self.clock()
+        else:
+            if node.last_heartbeat is not None:
+                self._heard[node_id] = node.last_heartbeat
         if stale and self.trouble(node_id) is None:
             self.notify(node_id)
         return node

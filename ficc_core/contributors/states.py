@@ -6,6 +6,11 @@ after ``lost_after`` seconds, when every attempt it last reported becomes
 ``unknown`` and nothing assigned to it is wanted any more. A node that never
 connected is ``registered``; a revoked one stays ``revoked``.
 
+A store outage is not the nodes' silence: heartbeats that could not be recorded
+are heard in memory (the registry's), the sweep pauses while the store fails, and
+once it answers again silence counts from then (a node is unreachable only
+``unreachable_after`` seconds after the store's return with no heartbeat since).
+
 Every change of a node's state is an event (:func:`node_changed`), written with it.
 Each connection gets a new ID, recorded here; a heartbeat from any other
 connection of the node is refused (:class:`~.errors.ConnectionFenced`).
@@ -13,6 +18,7 @@ connection of the node is refused (:class:`~.errors.ConnectionFenced`).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -22,9 +28,12 @@ from ..errors import InvalidRequest
 from ..events import EventKind, Subject, record
 from ..schema import ExecutorSnapshot, canonical_json
 from ..store import Store, Transaction
+from ..store.outage import Backoff, OutageLog, is_store_failure
 from . import repository
 from .errors import ConnectionFenced, NodeCredentialRevoked, NodeNotFound
 from .records import AssignmentReason, Node, NodeAttempt, NodeState
+
+log = logging.getLogger("ficc.contributors")
 
 
 def forget_attempts(tx: Transaction, node_id: str, now: float) -> None:
@@ -96,6 +105,11 @@ class NodeStates:
         self.unreachable_after = unreachable_after
         self.lost_after = max(lost_after, unreachable_after)
         self.clock = clock
+        #: Store failures of heartbeats and sweeps (one warning per outage).
+        self.outage = OutageLog("node heartbeats and states", logger=log)
+        #: When the store answered the sweep again after an outage: silence counts from
+        #: then (``clock`` seconds; None before any outage).
+        self.resumed_at: float | None = None
 
     async def connect(self, node_id: str, connection_id: str) -> None:
         """Record ``connection_id`` as the node's newest connection (refused when revoked)."""
@@ -152,23 +166,42 @@ class NodeStates:
         return await self.store.write(write)
 
     async def sweep(self) -> list[tuple[str, NodeState]]:
-        """Move silent nodes to unreachable or lost; return the ``(node, state)`` changes."""
+        """Move silent nodes to unreachable or lost; return the ``(node, state)`` changes.
+
+        Within ``unreachable_after`` (``lost_after``) of the store's return after an
+        outage, no node is made unreachable (lost): the heartbeats it sent meanwhile
+        could not be recorded.
+        """
         now = self.clock()
+        since = now - (self.resumed_at if self.resumed_at is not None else -float("inf"))
+        expire_unreachable = since > self.unreachable_after
+        expire_lost = since > self.lost_after
 
         def write(tx: Transaction) -> list[tuple[str, NodeState]]:
-            lost = repository.silent_node_ids(
-                tx,
-                now=now,
-                silent_for=self.lost_after,
-                states=(NodeState.CONNECTED, NodeState.UNREACHABLE),
-            )
-            unreachable = [
-                node_id
-                for node_id in repository.silent_node_ids(
-                    tx, now=now, silent_for=self.unreachable_after, states=(NodeState.CONNECTED,)
+            lost = (
+                repository.silent_node_ids(
+                    tx,
+                    now=now,
+                    silent_for=self.lost_after,
+                    states=(NodeState.CONNECTED, NodeState.UNREACHABLE),
                 )
-                if node_id not in lost
-            ]
+                if expire_lost
+                else []
+            )
+            unreachable = (
+                [
+                    node_id
+                    for node_id in repository.silent_node_ids(
+                        tx,
+                        now=now,
+                        silent_for=self.unreachable_after,
+                        states=(NodeState.CONNECTED,),
+                    )
+                    if node_id not in lost
+                ]
+                if expire_unreachable
+                else []
+            )
             for node_id in lost:
                 before = repository.fetch_node(tx, node_id)
                 repository.set_state(tx, node_id, NodeState.LOST)
@@ -201,9 +234,25 @@ class NodeStates:
         return await self.store.write(write)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Sweep node states on a short period until cancelled."""
+        """Sweep node states on a short period until cancelled; a store that fails
+        pauses the sweep (tried again with a bounded backoff), never ends it."""
         period = max(0.05, min(1.0, self.unreachable_after / 4))
+        backoff = Backoff()
         task_status.started()
         while True:
-            await self.sweep()
+            try:
+                if self.outage.failing:
+                    # The store failed (a sweep's or a heartbeat's write): silence counts
+                    # from its return, so the sweep waits for a read to go through first.
+                    await self.store.read(lambda tx: None)
+                    self.resumed_at = self.clock()
+                    self.outage.answered()
+                await self.sweep()
+            except Exception as exc:
+                if not is_store_failure(exc):
+                    raise
+                self.outage.failed(exc, "the sweep of silent nodes")
+                await backoff.wait()
+                continue
+            backoff.reset()
             await trio.sleep(period)

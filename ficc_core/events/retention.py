@@ -13,6 +13,7 @@ from collections.abc import Callable
 import trio
 
 from ..store import Store
+from ..store.outage import OutageLog, is_store_failure
 from . import repository
 
 log = logging.getLogger("ficc.events.retention")
@@ -40,6 +41,8 @@ class EventRetention:
         self.max_per_service = max(1, max_per_service)
         self.period = period
         self.clock = clock
+        #: Store failures of prunes (one warning per outage).
+        self.outage = OutageLog("event retention", logger=log)
 
     async def prune(self) -> int:
         """Delete what is past the bounds now; return how many events went."""
@@ -54,9 +57,13 @@ class EventRetention:
         while True:
             try:
                 deleted = await self.prune()
-            except Exception:  # a failed prune is retried on the next period
-                log.exception("cannot prune the events")
+            except Exception as exc:  # a failed prune is retried on the next period
+                if is_store_failure(exc):
+                    self.outage.failed(exc, "pruning events")
+                else:
+                    log.exception("cannot prune the events")
             else:
+                self.outage.answered()
                 if deleted:
                     log.debug("pruned %d events", deleted)
             await trio.sleep(self.period)

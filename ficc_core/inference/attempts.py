@@ -21,6 +21,7 @@ from ..contributors.records import NodeState
 from ..errors import FiccError
 from ..executor.errors import StaleFence, UnknownAttempt
 from ..schema import Specification, Workload, canonical_json
+from ..store.outage import is_store_failure
 from .records import ENDED, AttemptRecord, AttemptState, ServiceRecord
 
 if TYPE_CHECKING:
@@ -154,6 +155,8 @@ class Attempts:
             adapter = self.adapters[specification.engine]
             job = adapter.job(specification, model.record, placement, model.inputs)
         except Exception as exc:  # the model vanished, or the adapter refused
+            if is_store_failure(exc):
+                raise  # the store is down: the replica task tries again, nothing failed
             message = exc.message if isinstance(exc, FiccError) else f"{type(exc).__name__}: {exc}"
             await self._end(
                 service_id, attempt_id, AttemptState.FAILED, "job_refused", message=message
@@ -203,6 +206,10 @@ class Attempts:
                     directories=model.directories,
                 )
         except FiccError as exc:
+            if is_store_failure(exc):
+                # Recording the assignment failed before anything was sent: the attempt
+                # stays as recorded and the replica task looks at it again.
+                raise
             await self._refused(service_id, attempt_id, exc)
             return tuple(job.capabilities)
         await self.observations.set_attempt(

@@ -33,6 +33,7 @@ import trio
 from ..demand import Demand
 from ..errors import FiccError
 from ..store import Transaction
+from ..store.outage import OutageLog, as_store_unavailable, is_store_failure
 from . import repository, scaling
 from .records import Desired
 from .scaling import NoCapacity, floor, running_indices
@@ -108,6 +109,8 @@ class Autoscaler:
         self._flights: dict[str, _Flight] = {}
         self._watch: dict[str, _Watch] = {}
         self._nursery: trio.Nursery | None = None
+        #: Store failures met while scaling (one warning per outage).
+        self.outage = OutageLog("the autoscaler", logger=log)
         reconciler.on_demand.count = self._failed
 
     def _failed(self, service_id: str, outcome: str) -> None:
@@ -153,8 +156,12 @@ class Autoscaler:
             )
             flight.error.details["reasons"] = exc.details.get("reasons", [])
         except FiccError as exc:
-            flight.error = exc
+            flight.error = as_store_unavailable(exc) if is_store_failure(exc) else exc
         except Exception as exc:  # a defect: the waiters hear it, the autoscaler goes on
+            if is_store_failure(exc):
+                # The store is down: the waiters hear 503 store_unavailable (retry soon).
+                flight.error = as_store_unavailable(exc)
+                return
             log.exception("service %s: activation failed unexpectedly", service_id)
             flight.error = FiccError(
                 f"the activation failed: {type(exc).__name__}: {exc}",
@@ -255,10 +262,17 @@ class Autoscaler:
     async def _look_safely(self, service_id: str) -> None:
         try:
             await self.look(service_id)
-        except FiccError as exc:
-            log.warning("service %s: scaling: %s (%s)", service_id, exc.message, exc.code)
-        except Exception:
-            log.exception("service %s: scaling failed unexpectedly", service_id)
+        except Exception as exc:
+            if is_store_failure(exc):
+                # Scaling waits for the store (one warning per outage); the next period
+                # looks again.
+                self.outage.failed(exc, f"scaling service {service_id}")
+            elif isinstance(exc, FiccError):
+                log.warning("service %s: scaling: %s (%s)", service_id, exc.message, exc.code)
+            else:
+                log.exception("service %s: scaling failed unexpectedly", service_id)
+        else:
+            self.outage.answered()
 
     async def look(self, service_id: str) -> None:
         """One look at ``service_id``: the floor, then scale out, then scale in."""

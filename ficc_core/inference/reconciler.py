@@ -19,6 +19,12 @@ An unexpected exception while driving one service (a defect, not a refusal) is
 logged with its traceback and shown as the service's reason; that service's driver
 starts again after the same backoff, and every other service goes on.
 
+A store that fails (:func:`~ficc_core.store.outage.is_store_failure`) is no defect:
+the driver and its replica tasks keep what they hold (the published routing view,
+the attempts they watch), log it once per outage for the whole reconciler, and try
+again with a bounded backoff (:class:`~ficc_core.store.outage.Backoff`); nothing is
+marked failed because of it.
+
 The record survives a controller restart: a new reconciler finds the attempts
 that were running and watches them (adopts them) instead of launching new ones;
 the node's reconnection keeps the ones the controller still wants.
@@ -36,6 +42,7 @@ import trio
 
 from ..errors import FiccError
 from ..store import Transaction
+from ..store.outage import Backoff, OutageLog, is_store_failure
 from . import repository
 from .attempts import Attempts
 from .generations import (
@@ -184,6 +191,8 @@ class Reconciler:
         self.unwatch = unwatch
         self._drivers: dict[str, _Driver] = {}
         self._nursery: trio.Nursery | None = None
+        #: Store failures met by any driver or replica task (one warning per outage).
+        self.outage = OutageLog("the reconciler", logger=log)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -238,6 +247,7 @@ class Reconciler:
 
     async def _drive(self, service_id: str, driver: _Driver) -> None:
         backoff = _Backoff(self.retry_max)
+        outage = Backoff()
         try:
             with driver.scope:
                 while True:
@@ -248,6 +258,17 @@ class Reconciler:
                             return
                     except* Exception as group:
                         fault = group  # cancellation is not caught: it goes on up
+                    if fault is not None and is_store_failure(fault):
+                        # The store is down (met where no retry wraps it): no defect to
+                        # show, and the driver starts again once it answers.
+                        self.outage.failed(fault, f"driving service {service_id}")
+                        driver.replicas.clear()
+                        driver.retiring.clear()
+                        if driver.finished:
+                            return
+                        await outage.wait()
+                        continue
+                    outage.reset()
                     # A defect met while driving this one service (a bug, never an
                     # expected refusal) must not end the others or the API: it is
                     # shown on the service and the driver starts again after a backoff.
@@ -266,14 +287,26 @@ class Reconciler:
     async def _session(self, service_id: str, driver: _Driver) -> bool:
         """Step the service (and run its replica tasks) until it is done: ``True``."""
         async with trio.open_nursery() as nursery:
+            backoff = Backoff()
             while True:
                 driver.wake = trio.Event()
-                done = await self._step(service_id, driver, nursery)
-                if driver.fault is not None:
-                    fault, driver.fault = driver.fault, None
-                    # A step went through again: the fault's reason goes (unless a step
-                    # replaced it).
-                    await self.observations.clear_reason(service_id, fault)
+                try:
+                    done = await self._step(service_id, driver, nursery)
+                    if driver.fault is not None:
+                        # A step went through again: the fault's reason goes (unless a
+                        # step replaced it).
+                        await self.observations.clear_reason(service_id, driver.fault)
+                        driver.fault = None
+                except Exception as exc:
+                    if not is_store_failure(exc):
+                        raise
+                    # The routing view stays as published and the replica tasks go on.
+                    self.outage.failed(exc, f"driving service {service_id}")
+                    await backoff.wait()
+                    continue
+                if backoff.delay:
+                    backoff.reset()
+                    self.outage.answered()
                 # A change recorded while the step ran (a start right after a stop
                 # settled) is acted on before the driver may finish.
                 if done and not driver.wake.is_set():
@@ -328,6 +361,8 @@ class Reconciler:
             else:
                 return await self._stop_all(record, specification, attempts, driver)
         except FiccError as exc:
+            if is_store_failure(exc):
+                raise  # an outage, not the service's reason (the driver tries again)
             log.warning("service %s: %s (%s)", service_id, exc.message, exc.code)
             await self.observations.set_service(service_id, reason=exc.message)
         return False
@@ -503,42 +538,68 @@ class Reconciler:
         task: _ReplicaTask,
     ) -> None:
         backoff = _Backoff(self.retry_max)
+        outage = Backoff()
         while True:
             task.watching = None
-            running, attempts = await self._read(service_id)
-            if running is None or running.record.desired != Desired.RUNNING:
-                return
-            specification = running.specifications().get(generation)
-            if specification is None or index not in running.wanted().get(generation, ()):
-                return  # no longer wanted: a rollout cut over or gave up, or scaled in
-            record = attrs.evolve(running.record, generation=generation)
-            mine = [a for a in attempts if a.replica == index and a.generation == generation]
-            last = mine[-1] if mine else None
-            unreleased = [a for a in mine if not a.released]
-            # The newest attempt no operation handles: the one this task follows.
-            busy = driver.held | set(driver.dismissed)
-            free = [a for a in unreleased if a.attempt_id not in busy]
-            if free and free[-1].state == AttemptState.UNKNOWN:
-                return  # never retried by itself: stop, then start with acknowledgement
-            if free and free[-1].state in ACTIVE:
-                task.watching = free[-1].attempt_id
-                await self.attempts.watch(free[-1])
+            try:
+                if await self._replica_turn(service_id, index, generation, driver, task, backoff):
+                    return
+            except Exception as exc:
+                if not is_store_failure(exc):
+                    raise
+                # What it watched stays as it is; the next turn reads the record again.
+                self.outage.failed(exc, f"replica {index} of service {service_id}")
+                await outage.wait()
                 continue
-            if unreleased:
-                # An operation handles the replica's attempts (a move, a restart): the
-                # next one starts once they ended or were handed over.
-                await trio.sleep(self.attempts.loading_period)
-                continue
-            if given_up(attempts, generation, index, self.give_up_after) is not None:
-                return  # it failed the same way too often: the service shows why
-            if last is not None and last.state == AttemptState.FAILED:
-                # The previous attempt failed: wait, doubling up to the cap. (One told to
-                # go, a restart's, is replaced at once.)
-                await backoff.wait()
-            number = (last.number if last else 0) + 1
-            capabilities = await self.attempts.launch(record, specification, index, number)
-            if capabilities is not None:
-                driver.capabilities[index] = capabilities
+            if outage.delay:
+                outage.reset()
+                self.outage.answered()
+
+    async def _replica_turn(
+        self,
+        service_id: str,
+        index: int,
+        generation: int,
+        driver: _Driver,
+        task: _ReplicaTask,
+        backoff: _Backoff,
+    ) -> bool:
+        """One turn of a replica task: read, then watch, wait or launch; ``True`` to end."""
+        running, attempts = await self._read(service_id)
+        if running is None or running.record.desired != Desired.RUNNING:
+            return True
+        specification = running.specifications().get(generation)
+        if specification is None or index not in running.wanted().get(generation, ()):
+            return True  # no longer wanted: a rollout cut over or gave up, or scaled in
+        record = attrs.evolve(running.record, generation=generation)
+        mine = [a for a in attempts if a.replica == index and a.generation == generation]
+        last = mine[-1] if mine else None
+        unreleased = [a for a in mine if not a.released]
+        # The newest attempt no operation handles: the one this task follows.
+        busy = driver.held | set(driver.dismissed)
+        free = [a for a in unreleased if a.attempt_id not in busy]
+        if free and free[-1].state == AttemptState.UNKNOWN:
+            return True  # never retried by itself: stop, then start with acknowledgement
+        if free and free[-1].state in ACTIVE:
+            task.watching = free[-1].attempt_id
+            await self.attempts.watch(free[-1])
+            return False
+        if unreleased:
+            # An operation handles the replica's attempts (a move, a restart): the
+            # next one starts once they ended or were handed over.
+            await trio.sleep(self.attempts.loading_period)
+            return False
+        if given_up(attempts, generation, index, self.give_up_after) is not None:
+            return True  # it failed the same way too often: the service shows why
+        if last is not None and last.state == AttemptState.FAILED:
+            # The previous attempt failed: wait, doubling up to the cap. (One told to
+            # go, a restart's, is replaced at once.)
+            await backoff.wait()
+        number = (last.number if last else 0) + 1
+        capabilities = await self.attempts.launch(record, specification, index, number)
+        if capabilities is not None:
+            driver.capabilities[index] = capabilities
+        return False
 
 
 async def _idle_at_once(_attempt_id: str) -> None:

@@ -26,6 +26,7 @@ import trio
 
 from ..errors import FiccError
 from ..store import Store
+from ..store.outage import Backoff, OutageLog, is_store_failure
 from . import repository
 from .blob_records import DigestMismatch, FileRef, FileVerified, error_record
 from .blobs import BlobStore
@@ -97,6 +98,8 @@ class Acquirer:
         self._client: Fetcher | None = None
         self._tasks: dict[str, trio.CancelScope] = {}
         self._finished: dict[str, trio.Event] = {}
+        #: Store failures met by acquisitions (one warning per outage).
+        self.outage = OutageLog("model acquisitions", logger=log)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Own the acquisition tasks; resume those left running by a previous controller."""
@@ -167,31 +170,49 @@ class Acquirer:
         self._nursery.start_soon(self._acquire_model, model_id, scope)
 
     async def _acquire_model(self, model_id: str, scope: trio.CancelScope) -> None:
+        backoff = Backoff()
         try:
             with scope:
-                files = await self.store.read(lambda tx: repository.acquisition_files(tx, model_id))
-                failures: list[tuple[AcquisitionFile, FiccError]] = []
-
-                async def one(file: AcquisitionFile) -> None:
+                while True:
                     try:
-                        async with self._limiter:
-                            await self._acquire_file(file)
-                    except FiccError as exc:
-                        failures.append((file, exc))
-
-                async with trio.open_nursery() as nursery:
-                    for file in files:
-                        if not file.verified and file.url:
-                            nursery.start_soon(one, file)
-                with trio.CancelScope(shield=True):
-                    if failures:
-                        reason, error = _failure(failures)
-                        await self._record(model_id, AcquisitionState.FAILED, reason, error)
-                    else:
-                        await self._record(model_id, AcquisitionState.DONE)
+                        await self._acquire_files(model_id)
+                        break
+                    except Exception as exc:
+                        if not is_store_failure(exc):
+                            raise
+                        # The store is down: what is durable stays, and the acquisition
+                        # (still running on record) resumes from it once it answers.
+                        self.outage.failed(exc, f"acquiring model {model_id}")
+                        await backoff.wait()
+                if backoff.delay:
+                    self.outage.answered()
         finally:
             self._tasks.pop(model_id, None)
             self._finished.pop(model_id).set()
+
+    async def _acquire_files(self, model_id: str) -> None:
+        files = await self.store.read(lambda tx: repository.acquisition_files(tx, model_id))
+        failures: list[tuple[AcquisitionFile, FiccError]] = []
+
+        async def one(file: AcquisitionFile) -> None:
+            try:
+                async with self._limiter:
+                    await self._acquire_file(file)
+            except FiccError as exc:
+                if is_store_failure(exc):
+                    raise  # not the file's failure: the whole acquisition waits
+                failures.append((file, exc))
+
+        async with trio.open_nursery() as nursery:
+            for file in files:
+                if not file.verified and file.url:
+                    nursery.start_soon(one, file)
+        with trio.CancelScope(shield=True):
+            if failures:
+                reason, error = _failure(failures)
+                await self._record(model_id, AcquisitionState.FAILED, reason, error)
+            else:
+                await self._record(model_id, AcquisitionState.DONE)
 
     async def _acquire_file(self, file: AcquisitionFile) -> None:
         url, ref = file.url, file.ref
