@@ -2,9 +2,15 @@
 
 The messages are the node protocol's (:mod:`ficc_core.nodelink`); what is here
 is their effect on the :class:`~ficc_core.contributors.registry.NodeRegistry`:
-the connection registered (and an older one of the node fenced out), heartbeats
-recorded, the first report reconciled with what the controller wanted, and
-attempts the controller no longer wants stopped through the node.
+the connection registered (and an older one of the node to this controller fenced
+out), heartbeats recorded, the first report reconciled with what the controller
+wanted, and attempts the controller no longer wants stopped through the node.
+
+With several controllers (docs/operations.md, "Several controllers") a node keeps a
+connection to each. Every one records its heartbeats and relays its endpoint action
+and logs; only the leader's renews the node's leases, reconciles its report and
+stops what it does not want, each message carrying the leader's term. The welcome
+says which this controller is (``role``, ``term``).
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ async def serve_node_connection(
 ) -> None:
     """Serve one authenticated node connection until it ends, is fenced out or fails."""
     link = ConnectionLink(channel, node=node_id)
+    leadership = registry.leadership
     # What the controller wanted before this connection: reconciled with the first report.
     known = await registry.wanted_attempt_ids(node_id)
     reconciled = False
@@ -52,13 +59,19 @@ async def serve_node_connection(
                         "connection_id": connection_id,
                         "heartbeat_interval": heartbeat_interval,
                         "lease_duration": lease_duration,
+                        "role": "leader" if leadership.leading else "standby",
+                        "term": leadership.term,
                     }
                 )
             )
 
             async def renew() -> None:
+                # Only the leader renews: a standby's renewal would keep alive what the
+                # leader may have given up.
                 while True:
-                    await channel.send(json.dumps({"type": "renew", "duration": lease_duration}))
+                    if leadership.leading:
+                        renewal = {"type": "renew", "duration": lease_duration}
+                        await channel.send(json.dumps({**renewal, "term": leadership.term}))
                     await trio.sleep(lease_duration / 3)
 
             nursery.start_soon(renew)
@@ -93,12 +106,15 @@ async def serve_node_connection(
                     raise InvalidRequest(exc.message, code="bad_heartbeat") from None
                 attempts = heartbeat_attempts(message.get("attempts", []))
                 await registry.heartbeat(node_id, connection_id, snapshot, attempts)
-                if not reconciled:
+                if not reconciled and leadership.leading:
+                    # A standby leaves the report to the leader (it stops nothing).
                     reconciled = True
                     result = await registry.reconcile(node_id, connection_id, attempts, known)
                     _log_reconciliation(node_id, result)
                     if result.stop:
-                        nursery.start_soon(_stop_unwanted, link, node_id, result.stop)
+                        nursery.start_soon(
+                            _stop_unwanted, link, node_id, result.stop, leadership.term
+                        )
         except ConnectionFenced:
             pass  # said in the finally block below
         except FiccError as exc:
@@ -123,11 +139,11 @@ def _log_reconciliation(node_id: str, result: Reconciliation) -> None:
         )
 
 
-async def _stop_unwanted(link: NodeLink, node_id: str, fences: Sequence[Fence]) -> None:
+async def _stop_unwanted(link: NodeLink, node_id: str, fences: Sequence[Fence], term: int) -> None:
     """Stop, through the node, the attempts a reconciliation does not want."""
     for fence in fences:
         try:
-            await link.call({"op": "stop", "fence": unstructure(fence)})
+            await link.call({"op": "stop", "fence": unstructure(fence), "term": term})
         except FiccError as exc:
             log.warning(
                 "node %s: could not stop unwanted attempt %s: %s",
