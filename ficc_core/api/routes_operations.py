@@ -122,6 +122,7 @@ def register(app: QuartTrio, service: Service) -> None:
     )
     async def inference_move(service_id: str, replica: int) -> Response:
         with _refusals("move", service_id, replica):
+            service.lease.require_leader("move")
             body = await read_json(MoveBody, limit)
             result = await inference.mover.move(
                 g.principal,
@@ -137,6 +138,7 @@ def register(app: QuartTrio, service: Service) -> None:
     @app.post("/api/v1/inference/bulk-move", endpoint="inference_bulk_move")
     async def inference_bulk_move() -> Response:
         with _refusals("bulk_move", None):
+            service.lease.require_leader("bulk_move")
             body = await read_json(BulkMoveBody, limit)
         result = await bulk_move(
             inference.mover,
@@ -151,6 +153,7 @@ def register(app: QuartTrio, service: Service) -> None:
     @app.post("/api/v1/inference/<service_id>/restart", endpoint="inference_restart")
     async def inference_restart(service_id: str) -> Response:
         with _refusals("restart", service_id):
+            service.lease.require_leader("restart")
             body = await read_json(RestartBody, limit)
             result = await inference.restarter.restart(g.principal, service_id, body.revision)
         return jsonify(result)
@@ -161,6 +164,7 @@ def register(app: QuartTrio, service: Service) -> None:
     )
     async def inference_replica_restart(service_id: str, replica: int) -> Response:
         with _refusals("restart", service_id, replica):
+            service.lease.require_leader("restart")
             body = await read_json(RestartBody, limit)
             result = await inference.restarter.restart(
                 g.principal, service_id, body.revision, replica

@@ -39,6 +39,8 @@ def register(app: QuartTrio, service: Service) -> None:
         word = "pin" if pinned else "unpin"
 
         async def pin(service_id: str) -> Response:
+            # In process with the autoscaler, which runs on the leader alone.
+            service.lease.require_leader(word)
             body = await read_json(PinBody, limit)
             detail = await inference.pin(g.principal, service_id, pinned, body.revision)
             return jsonify(service_view(detail, service.config.replica_give_up_after))

@@ -291,6 +291,15 @@ class LeaderLease:
             retry_after=max(1, math.ceil(self.renew_interval)),
         )
 
+    def describe(self) -> str:
+        """``leader (term N)`` or ``standby; leader is X at URL (term N)``, as logged."""
+        if self.leading:
+            return f"leader (term {self.term})"
+        row = self.known_leader()
+        if row is None:
+            return f"standby; no leader holds the lease now (term {self.term})"
+        return f"standby; leader is {row.holder} at {row.url} (term {row.term})"
+
     def advertise(self, url: str) -> None:
         """Set the URL written with the next claim (the listener's, once it bound a port)."""
         self.url = url

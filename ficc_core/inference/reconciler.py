@@ -225,6 +225,11 @@ class Reconciler:
                     self.wake(service_id)
             versions = now
 
+    @property
+    def running(self) -> bool:
+        """Whether :meth:`run` runs now (on the leader of several controllers alone)."""
+        return self._nursery is not None
+
     def wake(self, service_id: str) -> None:
         """Make the service's driver act now (starting one if there is none).
 

@@ -1,0 +1,122 @@
+"""Two controllers on one store: one leads and drives the services; the standby serves.
+
+Real components throughout: one SQLite file and blob directory shared by two
+``open_service`` controllers served on loopback, and a real remote agent running the
+stand-in engine, connected to both.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import trio
+
+from ficc_core.inference import repository
+
+from .conftest import bearer
+from .lease_support import open_pair, serve
+
+CHAT = {"messages": [{"role": "user", "content": "hi"}]}
+
+
+async def test_two_controllers_on_one_store_have_exactly_one_leader(tmp_path: Path) -> None:
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            a = await serve(nursery, tmp_path, "ctl-a")
+            b = await serve(nursery, tmp_path, "ctl-b")
+            leases = [a.controller.service.lease, b.controller.service.lease]
+            assert [lease.leading for lease in leases] == [True, False]
+            assert a.controller.service.reconciler.running
+            assert not b.controller.service.reconciler.running
+            # Both list the same installation.
+            for served in (a, b):
+                view = await served.controller.ok("GET", "/api/v1/system/controllers")
+                assert view["leader"]["id"] == "ctl-a" and view["term"] == 1
+                assert view["leader"]["url"] == a.controller.url
+                assert {c["id"]: c["role"] for c in view["controllers"]} == {
+                    "ctl-a": "leader",
+                    "ctl-b": "standby",
+                }
+            assert (await b.controller.ok("GET", "/api/v1/system/controllers"))["this"] == {
+                "id": "ctl-b",
+                "role": "standby",
+                "term": 1,
+            }
+            nursery.cancel_scope.cancel()
+
+
+async def test_the_standby_takes_over_when_the_leader_ends_and_the_old_one_returns_as_standby(
+    tmp_path: Path,
+) -> None:
+    lease, renew = 1.5, 0.3
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            a = await serve(nursery, tmp_path, "ctl-a")
+            b = await serve(nursery, tmp_path, "ctl-b")
+            b_lease = b.controller.service.lease
+            ended = trio.current_time()
+            await a.end()
+            while not b_lease.leading:  # noqa: ASYNC110
+                await trio.sleep(0.02)
+            assert trio.current_time() - ended <= lease + renew
+            assert b_lease.term == 2
+            while not b.controller.service.reconciler.running:  # noqa: ASYNC110
+                await trio.sleep(0.02)
+            again = await serve(nursery, tmp_path, "ctl-a")
+            assert not again.controller.service.lease.leading
+            assert again.controller.service.lease.term == 2
+            assert not again.controller.service.reconciler.running
+            view = await again.controller.ok("GET", "/api/v1/system/controllers")
+            assert view["leader"]["id"] == "ctl-b" and view["this"]["role"] == "standby"
+            await b.end()
+            while not again.controller.service.lease.leading:  # noqa: ASYNC110
+                await trio.sleep(0.02)
+            assert again.controller.service.lease.term == 3
+            nursery.cancel_scope.cancel()
+
+
+async def test_the_standby_refuses_a_move_naming_the_leader_and_serves_invoke(
+    tmp_path: Path,
+) -> None:
+    with trio.fail_after(90):
+        async with open_pair(tmp_path) as pair:
+            a, b = pair.a.controller, pair.b.controller
+            # Created and started through the standby: the leader notices and drives it.
+            created = await b.ok("POST", "/api/v1/inference", status=201, json=await pair.spec())
+            service_id = created["id"]
+            assert (await b.control(service_id, "start")).status_code == 200
+            await a.wait_service(service_id, lambda v: v["state"] == "ready")
+            # The standby's routing table follows the store.
+            while not (b.service.live.get(service_id) and b.service.live.get(service_id).replicas):
+                await trio.sleep(0.05)
+            issued = await b.ok(
+                "POST", f"/api/v1/inference/{service_id}/tokens", status=201, json={"lifetime": 60}
+            )
+            token = issued["token"]
+            path = f"/api/v1/inference/{service_id}/v1/chat/completions"
+            response = await b.http.post(path, headers=bearer(token), json=CHAT)
+            assert response.status_code == 200, response.text
+
+            move = await b.call(
+                "POST",
+                f"/api/v1/inference/{service_id}/replicas/0/move",
+                json={"target_node_id": "node-2"},
+            )
+            assert move.status_code == 409, move.text
+            error = move.json()["error"]
+            assert error["code"] == "not_leader"
+            assert error["details"]["leader"] == {"id": "ctl-a", "url": a.url}
+            assert error["details"]["term"] == 1
+
+            # The leader ends: invoke through the standby goes on, then it takes over and
+            # adopts the running attempt instead of launching another.
+            await pair.a.end()
+            response = await b.http.post(path, headers=bearer(token), json=CHAT)
+            assert response.status_code == 200, response.text
+            while not b.service.lease.leading:  # noqa: ASYNC110
+                await trio.sleep(0.02)
+            response = await b.http.post(path, headers=bearer(token), json=CHAT)
+            assert response.status_code == 200, response.text
+            await b.wait_service(service_id, lambda v: v["state"] == "ready")
+            attempts = await b.service.store.read(lambda tx: repository.attempts(tx, service_id))
+            assert len(attempts) == 1 and not attempts[0].released
