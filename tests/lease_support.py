@@ -124,7 +124,7 @@ async def open_pair(tmp_path: Path) -> AsyncIterator[Pair]:
             nursery.start_soon(to_b.run)
             with trio.fail_after(30):
                 for served in (a, b):
-                    while not served.controller.service.contributors.connected_here("node-2"):
+                    while not served.controller.service.contributors.connected_here("node-2"):  # noqa: ASYNC110
                         await trio.sleep(0.05)
                 node = await a.controller.wait_node("node-2")
                 while not node["snapshot"] or not node["snapshot"]["runtimes"]:

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import httpx
+import pytest
 import trio
 
 from ficc_core.inference import repository
 
 from .conftest import bearer
 from .lease_support import open_pair, serve
+from .serve_support import ServeProcess
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}]}
 
@@ -87,7 +90,8 @@ async def test_the_standby_refuses_a_move_naming_the_leader_and_serves_invoke(
             assert (await b.control(service_id, "start")).status_code == 200
             await a.wait_service(service_id, lambda v: v["state"] == "ready")
             # The standby's routing table follows the store.
-            while not (b.service.live.get(service_id) and b.service.live.get(service_id).replicas):
+            live = b.service.live
+            while not (live.get(service_id) and live.get(service_id).replicas):  # noqa: ASYNC110
                 await trio.sleep(0.05)
             issued = await b.ok(
                 "POST", f"/api/v1/inference/{service_id}/tokens", status=201, json={"lifetime": 60}
@@ -120,3 +124,52 @@ async def test_the_standby_refuses_a_move_naming_the_leader_and_serves_invoke(
             await b.wait_service(service_id, lambda v: v["state"] == "ready")
             attempts = await b.service.store.read(lambda tx: repository.attempts(tx, service_id))
             assert len(attempts) == 1 and not attempts[0].released
+
+
+def _config(folder: Path, name: str) -> Path:
+    path = folder / f"{name}.toml"
+    path.write_text(
+        f'controller_id = "{name}"\nembedded_agent = false\nleader_lease = "1.5s"\n'
+        'leader_renew_interval = "300ms"\nfollow_interval = "200ms"\n'
+    )
+    return path
+
+
+@pytest.mark.slow
+async def test_a_killed_leader_process_is_replaced_within_lease_and_renewal(
+    tmp_path: Path,
+) -> None:
+    """Two real `ficc serve` processes on one data directory; SIGKILL the leader (no
+    release): the standby leads within leader_lease + leader_renew_interval."""
+    data = tmp_path / "data"
+    a = ServeProcess(data, config=_config(tmp_path, "ctl-a"))
+    b = again = None
+    try:
+        await a.wait_ready()
+        token = await a.admin_token()
+        b = ServeProcess(data, config=_config(tmp_path, "ctl-b"))
+        url_b = await b.wait_ready()
+        with trio.fail_after(10):
+            said = await b.read_until(r"controller ctl-b: (standby[^\n]*)")
+        assert "leader is ctl-a" in said
+        async with httpx.AsyncClient(base_url=url_b, headers=bearer(token)) as http:
+            killed = trio.current_time()
+            a.kill()
+            with trio.fail_after(10):
+                while True:
+                    view = (await http.get("/api/v1/system/controllers")).json()
+                    if view["this"]["role"] == "leader":
+                        break
+                    await trio.sleep(0.05)
+            elapsed = trio.current_time() - killed
+            assert elapsed <= 1.5 + 0.3 + 0.5, elapsed  # a poll's slack beyond the bound
+            assert view["term"] == 2 and view["leader"]["id"] == "ctl-b"
+        again = ServeProcess(data, config=_config(tmp_path, "ctl-a"))
+        await again.wait_ready()
+        with trio.fail_after(10):
+            said = await again.read_until(r"controller ctl-a: (standby[^\n]*)")
+        assert "leader is ctl-b" in said and "term 2" in said
+    finally:
+        for process in (a, b, again):
+            if process is not None:
+                process.kill()
