@@ -144,7 +144,8 @@ async def test_a_leader_whose_store_stalls_steps_down_when_its_lease_runs_out(
     led = trio.Event()
     ended = trio.Event()
 
-    async def lead(term: int) -> None:
+    async def lead(term: int, task_status: trio.TaskStatus[None]) -> None:
+        task_status.started()
         led.set()
         try:
             await trio.sleep_forever()
@@ -173,7 +174,8 @@ async def test_a_standby_takes_over_within_lease_and_renewal_when_the_leader_sto
     stalling = StallingStore(store)
     b_led = trio.Event()
 
-    async def b_lead(term: int) -> None:
+    async def b_lead(term: int, task_status: trio.TaskStatus[None]) -> None:
+        task_status.started()
         b_led.set()
         await trio.sleep_forever()
 
@@ -245,7 +247,8 @@ async def test_role_work_switches_with_the_role(store: SQLiteStore) -> None:
     log: list[str] = []
 
     def work(name: str) -> Callable[..., Any]:
-        async def run(*_args: Any) -> None:
+        async def run(*_args: Any, task_status: trio.TaskStatus[None]) -> None:
+            task_status.started()
             assert not running, "two roles' work ran at once"
             running.append(name)
             log.append(name)

@@ -13,6 +13,8 @@ import httpx
 import pytest
 import trio
 
+from ficc_core.controller.follower import RoutingFollower
+from ficc_core.errors import StoreUnavailable
 from ficc_core.inference import repository
 
 from .conftest import bearer
@@ -20,6 +22,13 @@ from .lease_support import open_pair, serve
 from .serve_support import ServeProcess
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}]}
+
+
+class FailingStore:
+    """A store that cannot be reached."""
+
+    async def read(self, fn):
+        raise StoreUnavailable("the database is down")
 
 
 async def test_two_controllers_on_one_store_have_exactly_one_leader(tmp_path: Path) -> None:
@@ -45,6 +54,11 @@ async def test_two_controllers_on_one_store_have_exactly_one_leader(tmp_path: Pa
                 "role": "standby",
                 "term": 1,
             }
+            # What runs in process with the leader's workers is refused on the standby.
+            for path in ("/api/v1/models/m/acquire", "/api/v1/inference/s/pin"):
+                refused = await b.controller.call("POST", path, json={})
+                assert refused.status_code == 409, refused.text
+                assert refused.json()["error"]["code"] == "not_leader"
             nursery.cancel_scope.cancel()
 
 
@@ -100,6 +114,18 @@ async def test_the_standby_refuses_a_move_naming_the_leader_and_serves_invoke(
             path = f"/api/v1/inference/{service_id}/v1/chat/completions"
             response = await b.http.post(path, headers=bearer(token), json=CHAT)
             assert response.status_code == 200, response.text
+
+            # A read that fails keeps the last table: the replica is still routed.
+            routed = live.get(service_id)
+            follower = RoutingFollower(
+                FailingStore(),
+                live=live,
+                contributors=b.service.contributors,
+                reconciler=b.service.reconciler,
+                interval=1,
+            )
+            assert not await follower.refresh()
+            assert live.get(service_id) is routed
 
             move = await b.call(
                 "POST",

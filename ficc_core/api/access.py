@@ -260,13 +260,13 @@ ROUTES: dict[str, Route] = {
         "POST",
         "/api/v1/models/{id}/acquire",
         needs(s.MODELS_MANAGE),
-        "start/resume HTTPS acquisition (202)",
+        "start/resume HTTPS acquisition (202); 409/503 `not_leader` on a standby",
     ),
     "models_pause": Route(
         "POST",
         "/api/v1/models/{id}/pause",
         needs(s.MODELS_MANAGE),
-        "pause it, keeping durable offsets",
+        "pause it, keeping durable offsets; 409/503 `not_leader` on a standby",
     ),
     "models_upload_chunk": Route(
         "POST",

@@ -71,11 +71,13 @@ class RoutingFollower:
         self.interval = interval
         self._capabilities: dict[tuple[str, int], tuple[str, ...]] = {}
 
-    async def run(self) -> None:
-        """Refresh the table every ``interval`` until cancelled."""
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Refresh the table every ``interval`` until cancelled (started after the first)."""
+        await self.refresh()
+        task_status.started()
         while True:
-            await self.refresh()
             await trio.sleep(self.interval)
+            await self.refresh()
 
     async def refresh(self) -> bool:
         """Read the store and publish every service; False (the table kept) when the

@@ -199,13 +199,17 @@ def release(
     seen(tx, me, url, Role.STOPPED, 0 if row is None else row.term, started_at, now)
 
 
-#: What a leader runs, for its term, until cancelled.
-Lead = Callable[[int], Awaitable[None]]
-#: What a standby runs until cancelled.
-Follow = Callable[[], Awaitable[None]]
+#: What a leader runs, for its term, until cancelled: ``lead(term, task_status=...)``,
+#: reporting ``task_status.started()`` once its work runs.
+Lead = Callable[..., Awaitable[None]]
+#: What a standby runs until cancelled: ``follow(task_status=...)``, likewise.
+Follow = Callable[..., Awaitable[None]]
 
 
-async def _nothing(*_args: object) -> None:
+async def _nothing(
+    *_args: object, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+) -> None:
+    task_status.started()
     await trio.sleep_forever()
 
 
@@ -315,7 +319,8 @@ class LeaderLease:
     # -- running ----------------------------------------------------------------------------------
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Claim the lease once, start the role's work, then keep claiming until cancelled.
+        """Claim the lease once, start the role's work (reported started once it runs),
+        then keep claiming until cancelled.
 
         On cancellation the lease is released (when held) and this controller recorded
         as stopped.
@@ -324,7 +329,7 @@ class LeaderLease:
             async with trio.open_nursery() as nursery:
                 await self.tick()
                 nursery.start_soon(self._watch_expiry)
-                nursery.start_soon(self._run_roles)
+                await nursery.start(self._run_roles)
                 task_status.started()
                 while True:
                     await trio.sleep(self.renew_interval)
@@ -407,17 +412,22 @@ class LeaderLease:
                 continue
             await trio.sleep_until(self._deadline)
 
-    async def _run_roles(self) -> None:
+    async def _run_roles(self, *, task_status: trio.TaskStatus[None]) -> None:
         """Run ``lead`` or ``follow`` for the role now; switch when the role changes."""
+        reported = False
         while True:
             held = self._held
             with trio.CancelScope() as scope:
                 self._role_scope = scope
-                if held is not None:
-                    await self.lead(held)
-                else:
-                    await self.follow()
-                await trio.sleep_forever()  # the work ended by itself: wait for a change
+                async with trio.open_nursery() as work:
+                    if held is not None:
+                        await work.start(self.lead, held)
+                    else:
+                        await work.start(self.follow)
+                    if not reported:
+                        reported = True
+                        task_status.started()
+                    await trio.sleep_forever()  # until the role changes
             self._role_scope = None
 
 

@@ -176,8 +176,8 @@ async def open_service(
             url=advertise_url(config),
             duration=config.leader_lease,
             renew_interval=config.leader_renew_interval,
-            lead=lambda term: lead(term),
-            follow=lambda: follower.run(),
+            lead=lambda term, task_status: lead(term, task_status=task_status),
+            follow=lambda task_status: follower.run(task_status=task_status),
         )
         contributors = NodeRegistry(
             store,
@@ -284,7 +284,7 @@ async def open_service(
             yield service
             return
 
-        async def lead(_term: int) -> None:
+        async def lead(_term: int, *, task_status: trio.TaskStatus[None]) -> None:
             """The leader's work, cancelled when it loses the lease (nothing it runs stops)."""
             async with trio.open_nursery() as leading:
                 await leading.start(models.run)
@@ -299,7 +299,7 @@ async def open_service(
                         max_per_service=config.events_max_per_service,
                     ).run
                 )
-                await trio.sleep_forever()
+                task_status.started()
 
         async with trio.open_nursery() as nursery:
             await nursery.start(usage.run)
