@@ -54,11 +54,6 @@ async def test_two_controllers_on_one_store_have_exactly_one_leader(tmp_path: Pa
                 "role": "standby",
                 "term": 1,
             }
-            # What runs in process with the leader's workers is refused on the standby.
-            for path in ("/api/v1/models/m/acquire", "/api/v1/inference/s/pin"):
-                refused = await b.controller.call("POST", path, json={})
-                assert refused.status_code == 409, refused.text
-                assert refused.json()["error"]["code"] == "not_leader"
             nursery.cancel_scope.cancel()
 
 
@@ -137,6 +132,15 @@ async def test_the_standby_refuses_a_move_naming_the_leader_and_serves_invoke(
             assert error["code"] == "not_leader"
             assert error["details"]["leader"] == {"id": "ctl-a", "url": a.url}
             assert error["details"]["term"] == 1
+            # So is what else runs in process with the leader's workers.
+            for leader_only in (
+                f"/api/v1/models/{pair.model_id}/acquire",
+                f"/api/v1/inference/{service_id}/pin",
+                f"/api/v1/inference/{service_id}/restart",
+            ):
+                refused = await b.call("POST", leader_only, json={"revision": 1})
+                assert refused.status_code == 409, refused.text
+                assert refused.json()["error"]["code"] == "not_leader"
 
             # The leader ends: invoke through the standby goes on, then it takes over and
             # adopts the running attempt instead of launching another.

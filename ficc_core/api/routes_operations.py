@@ -117,13 +117,19 @@ def register(app: QuartTrio, service: Service) -> None:
     def service_view(detail: ServiceDetail) -> dict[str, Any]:
         return view_of_service(detail, service.config.replica_give_up_after)
 
+    async def leader_only(action: str, service_id: str) -> None:
+        """Another project's service is a 404 first; then a standby refuses (``not_leader``):
+        these operations run in process with the leader's reconciler."""
+        await inference.get(g.principal.project_id, service_id)
+        service.lease.require_leader(action)
+
     @app.post(
         "/api/v1/inference/<service_id>/replicas/<int:replica>/move", endpoint="inference_move"
     )
     async def inference_move(service_id: str, replica: int) -> Response:
         with _refusals("move", service_id, replica):
-            service.lease.require_leader("move")
             body = await read_json(MoveBody, limit)
+            await leader_only("move", service_id)
             result = await inference.mover.move(
                 g.principal,
                 service_id,
@@ -138,8 +144,8 @@ def register(app: QuartTrio, service: Service) -> None:
     @app.post("/api/v1/inference/bulk-move", endpoint="inference_bulk_move")
     async def inference_bulk_move() -> Response:
         with _refusals("bulk_move", None):
-            service.lease.require_leader("bulk_move")
             body = await read_json(BulkMoveBody, limit)
+            service.lease.require_leader("bulk_move")
         result = await bulk_move(
             inference.mover,
             g.principal,
@@ -153,8 +159,8 @@ def register(app: QuartTrio, service: Service) -> None:
     @app.post("/api/v1/inference/<service_id>/restart", endpoint="inference_restart")
     async def inference_restart(service_id: str) -> Response:
         with _refusals("restart", service_id):
-            service.lease.require_leader("restart")
             body = await read_json(RestartBody, limit)
+            await leader_only("restart", service_id)
             result = await inference.restarter.restart(g.principal, service_id, body.revision)
         return jsonify(result)
 
@@ -164,8 +170,8 @@ def register(app: QuartTrio, service: Service) -> None:
     )
     async def inference_replica_restart(service_id: str, replica: int) -> Response:
         with _refusals("restart", service_id, replica):
-            service.lease.require_leader("restart")
             body = await read_json(RestartBody, limit)
+            await leader_only("restart", service_id)
             result = await inference.restarter.restart(
                 g.principal, service_id, body.revision, replica
             )

@@ -39,9 +39,11 @@ def register(app: QuartTrio, service: Service) -> None:
         word = "pin" if pinned else "unpin"
 
         async def pin(service_id: str) -> Response:
-            # In process with the autoscaler, which runs on the leader alone.
-            service.lease.require_leader(word)
             body = await read_json(PinBody, limit)
+            # In process with the autoscaler, which runs on the leader alone; another
+            # project's service is a 404 first.
+            await inference.get(g.principal.project_id, service_id)
+            service.lease.require_leader(word)
             detail = await inference.pin(g.principal, service_id, pinned, body.revision)
             return jsonify(service_view(detail, service.config.replica_give_up_after))
 
