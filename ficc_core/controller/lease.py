@@ -149,25 +149,46 @@ def claim(
     records ``me`` as seen.
     """
     row = read_leader(tx)
-    holds = True
+    # Each write is conditional on the row it read and counted: under PostgreSQL's
+    # read-committed isolation a concurrent claim blocks on the row and then finds it
+    # changed (0 rows), so two claimants can never both take one term.
+    holds = False
     if row is not None and row.holder == me and row.term == held and row.expires_at > now:
-        tx.execute(
-            "UPDATE controller_leader SET expires_at = ?, url = ? WHERE id = 1 AND term = ?",
-            (now + duration, url, held),
+        holds = (
+            tx.execute(
+                "UPDATE controller_leader SET expires_at = ?, url = ? "
+                "WHERE id = 1 AND holder = ? AND term = ? AND expires_at > ?",
+                (now + duration, url, me, held, now),
+            )
+            == 1
         )
-        row = attrs.evolve(row, expires_at=now + duration, url=url)
-    elif row is None or row.expires_at <= now:
-        term = 1 if row is None else row.term + 1
-        tx.execute(
-            "INSERT INTO controller_leader (id, holder, url, term, acquired_at, expires_at) "
-            "VALUES (1, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET holder = excluded.holder, "
-            "url = excluded.url, term = excluded.term, acquired_at = excluded.acquired_at, "
-            "expires_at = excluded.expires_at",
-            (me, url, term, now, now + duration),
+        if holds:
+            row = attrs.evolve(row, expires_at=now + duration, url=url)
+    elif row is None:
+        holds = (
+            tx.execute(
+                "INSERT INTO controller_leader (id, holder, url, term, acquired_at, expires_at) "
+                "VALUES (1, ?, ?, 1, ?, ?) ON CONFLICT (id) DO NOTHING",
+                (me, url, now, now + duration),
+            )
+            == 1
         )
-        row = LeaderRow(me, url, term, now, now + duration)
-    else:
-        holds = False
+        if holds:
+            row = LeaderRow(me, url, 1, now, now + duration)
+    elif row.expires_at <= now:
+        holds = (
+            tx.execute(
+                "UPDATE controller_leader SET holder = ?, url = ?, term = ?, acquired_at = ?, "
+                "expires_at = ? WHERE id = 1 AND term = ? AND expires_at <= ?",
+                (me, url, row.term + 1, now, now + duration, row.term, now),
+            )
+            == 1
+        )
+        if holds:
+            row = LeaderRow(me, url, row.term + 1, now, now + duration)
+    if not holds:
+        row = read_leader(tx) or row
+    assert row is not None  # a claim that lost a race read the winner's row
     seen(tx, me, url, Role.LEADER if holds else Role.STANDBY, row.term, started_at, now)
     return row, holds
 
