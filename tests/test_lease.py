@@ -273,3 +273,27 @@ async def test_role_work_switches_with_the_role(store: SQLiteStore) -> None:
                 await trio.sleep(0.01)
             assert not a.leading and a.leader.holder == "b"
             nursery.cancel_scope.cancel()
+
+
+async def test_leader_work_that_fails_is_started_again(store: SQLiteStore, caplog) -> None:
+    """A defect or a store error in the leader's work does not end the controller."""
+    clock = WallClock()
+    starts: list[int] = []
+    running = trio.Event()
+
+    async def lead(term: int, task_status: trio.TaskStatus[None]) -> None:
+        starts.append(term)
+        if len(starts) == 1:
+            raise RuntimeError("the store went away under the reconciler's first read")
+        task_status.started()
+        running.set()
+        await trio.sleep_forever()
+
+    a = lease_of(store, "a", clock, lead=lead)
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(a.run)
+            await running.wait()
+            assert starts == [1, 1] and a.leading
+            assert "the leader's work failed" in caplog.text
+            nursery.cancel_scope.cancel()

@@ -84,8 +84,9 @@ class RoutingFollower:
         read failed."""
         try:
             services = await self.store.read(read_services)
-        except FiccError as exc:
-            log.warning("cannot read the services to route: %s; keeping the table", exc.message)
+        except Exception as exc:  # whatever the store raised: the table stays as it was
+            message = exc.message if isinstance(exc, FiccError) else repr(exc)
+            log.warning("cannot read the services to route: %s; keeping the table", message)
             return False
         seen = set()
         for running, attempts in services:

@@ -434,22 +434,37 @@ class LeaderLease:
             await trio.sleep_until(self._deadline)
 
     async def _run_roles(self, *, task_status: trio.TaskStatus[None]) -> None:
-        """Run ``lead`` or ``follow`` for the role now; switch when the role changes."""
+        """Run ``lead`` or ``follow`` for the role now; switch when the role changes.
+
+        Work that fails (its first read met a store that went down, say) is logged and
+        started again after ``renew_interval``, in whatever role this controller has
+        then: a controller keeps serving through it.
+        """
         reported = False
         while True:
             held = self._held
+            failed = False
             with trio.CancelScope() as scope:
                 self._role_scope = scope
-                async with trio.open_nursery() as work:
-                    if held is not None:
-                        await work.start(self.lead, held)
-                    else:
-                        await work.start(self.follow)
-                    if not reported:
-                        reported = True
-                        task_status.started()
-                    await trio.sleep_forever()  # until the role changes
+                try:
+                    async with trio.open_nursery() as work:
+                        if held is not None:
+                            await work.start(self.lead, held)
+                        else:
+                            await work.start(self.follow)
+                        if not reported:
+                            reported = True
+                            task_status.started()
+                        await trio.sleep_forever()  # until the role changes
+                except Exception:
+                    role = "leader" if held is not None else "standby"
+                    log.exception(
+                        "the %s's work failed; starting it again in %g s", role, self.renew_interval
+                    )
+                    failed = True
             self._role_scope = None
+            if failed:
+                await trio.sleep(self.renew_interval)
 
 
 __all__ = [

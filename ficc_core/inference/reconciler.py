@@ -217,8 +217,9 @@ class Reconciler:
             await trio.sleep(interval)
             try:
                 now = await self.store.read(repository.service_versions)
-            except FiccError as exc:
-                log.warning("cannot read the services' revisions: %s", exc.message)
+            except Exception as exc:  # whatever the store raised: the next read tries again
+                message = exc.message if isinstance(exc, FiccError) else repr(exc)
+                log.warning("cannot read the services' revisions: %s", message)
                 continue
             for service_id, version in now.items():
                 if versions.get(service_id) != version:
