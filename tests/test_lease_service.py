@@ -156,6 +156,38 @@ async def test_the_standby_refuses_a_move_naming_the_leader_and_serves_invoke(
             assert len(attempts) == 1 and not attempts[0].released
 
 
+async def test_a_request_through_the_standby_wakes_an_idle_on_demand_service(
+    tmp_path: Path,
+) -> None:
+    """The standby records the wake-up (the autoscaler's durable decision); the leader
+    launches; the standby's table follows and the waiting request is served."""
+    with trio.fail_after(90):
+        async with open_pair(tmp_path) as pair:
+            a, b = pair.a.controller, pair.b.controller
+            spec = {**await pair.spec(), "scaling": {"min": 0}}
+            service_id = (await a.ok("POST", "/api/v1/inference", status=201, json=spec))["id"]
+            assert (await a.control(service_id, "start")).status_code == 200
+            await b.wait_service(service_id, lambda v: v["state"] == "idle")
+            live = b.service.live
+            while not (live.get(service_id) and live.get(service_id).activation == "idle"):  # noqa: ASYNC110
+                await trio.sleep(0.05)
+            issued = await b.ok(
+                "POST", f"/api/v1/inference/{service_id}/tokens", status=201, json={"lifetime": 60}
+            )
+            response = await b.http.post(
+                f"/api/v1/inference/{service_id}/v1/chat/completions",
+                headers=bearer(issued["token"]),
+                json=CHAT,
+            )
+            assert response.status_code == 200, response.text
+            assert not b.service.lease.leading
+            reasons = [
+                e["reason"]
+                for e in (await a.ok("GET", f"/api/v1/inference/{service_id}/events"))["events"]
+            ]
+            assert "activation" in reasons
+
+
 def _config(folder: Path, name: str) -> Path:
     path = folder / f"{name}.toml"
     path.write_text(

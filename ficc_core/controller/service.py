@@ -177,7 +177,7 @@ async def open_service(
             duration=config.leader_lease,
             renew_interval=config.leader_renew_interval,
             lead=lambda term, task_status: lead(term, task_status=task_status),
-            follow=lambda task_status: follower.run(task_status=task_status),
+            follow=lambda task_status: follow(task_status=task_status),
         )
         contributors = NodeRegistry(
             store,
@@ -298,6 +298,16 @@ async def open_service(
                         retention=config.events_retention,
                         max_per_service=config.events_max_per_service,
                     ).run
+                )
+                task_status.started()
+
+        async def follow(*, task_status: trio.TaskStatus[None]) -> None:
+            """A standby's work: its routing table follows the store, and a request to an
+            idle on-demand service records the wake-up for the leader to carry out."""
+            async with trio.open_nursery() as following:
+                await following.start(follower.run)
+                await following.start(
+                    lambda task_status: autoscaler.run(decide=False, task_status=task_status)
                 )
                 task_status.started()
 
