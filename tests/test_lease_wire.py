@@ -204,3 +204,19 @@ async def test_a_node_keeps_one_connection_to_each_controller(service) -> None:
         await a.heartbeat("gpu-1", on_a, snapshot("gpu-1"))
     await a.heartbeat("gpu-1", again_on_a, snapshot("gpu-1"))
     await b.heartbeat("gpu-1", on_b, snapshot("gpu-1"))
+
+
+async def test_a_controller_that_takes_the_lease_renews_at_once(service) -> None:
+    """Not a third of an attempt lease later: the node's leases went unrenewed for the
+    whole takeover already."""
+    leadership = Leadership(False, 1)
+    nodes = registry(service, leadership)
+    await nodes.add_node("gpu-1")
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            end = await served(nursery, nodes, "gpu-1", lease_duration=30)
+            assert (await end.next())["type"] == "welcome"
+            leadership.leading, leadership.term = True, 2
+            with trio.fail_after(2):
+                assert (await end.next())["term"] == 2
+            nursery.cancel_scope.cancel()

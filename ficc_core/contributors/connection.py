@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -67,12 +68,20 @@ async def serve_node_connection(
 
             async def renew() -> None:
                 # Only the leader renews: a standby's renewal would keep alive what the
-                # leader may have given up.
+                # leader may have given up. A controller that just took the lease renews
+                # at once (within a second), not a third of a lease later: the node's
+                # leases went unrenewed for the whole takeover already.
+                period = lease_duration / 3
+                renewed_term, renewed_at = None, -math.inf
                 while True:
-                    if leadership.leading:
-                        renewal = {"type": "renew", "duration": lease_duration}
-                        await channel.send(json.dumps({**renewal, "term": leadership.term}))
-                    await trio.sleep(lease_duration / 3)
+                    now = trio.current_time()
+                    term = leadership.term
+                    due = term != renewed_term or now - renewed_at >= period
+                    if leadership.leading and due:
+                        renewal = {"type": "renew", "duration": lease_duration, "term": term}
+                        await channel.send(json.dumps(renewal))
+                        renewed_term, renewed_at = term, now
+                    await trio.sleep(min(1.0, period))
 
             nursery.start_soon(renew)
             await nursery.start(link.endpoint.run)

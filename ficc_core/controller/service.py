@@ -7,6 +7,7 @@ constructor; the HTTP routes, the CLI and the embedded agent all work through th
 
 from __future__ import annotations
 
+import logging
 import secrets
 import socket
 from collections.abc import AsyncIterator, Mapping
@@ -40,6 +41,8 @@ from .lease import LeaderLease
 
 if TYPE_CHECKING:
     from ..models.hub import HubPreview
+
+log = logging.getLogger("ficc.controller")
 
 
 @attrs.define
@@ -311,6 +314,14 @@ async def open_service(
                 )
                 task_status.started()
 
+        if config.lease_duration <= config.leader_lease + config.leader_renew_interval:
+            log.warning(
+                "lease_duration (%g s) is not longer than leader_lease + leader_renew_interval "
+                "(%g s): with several controllers, agents may stop their attempts while a "
+                "standby takes over",
+                config.lease_duration,
+                config.leader_lease + config.leader_renew_interval,
+            )
         async with trio.open_nursery() as nursery:
             await nursery.start(usage.run)
             await nursery.start(auth.watch_revocations)
