@@ -297,3 +297,31 @@ async def test_leader_work_that_fails_is_started_again(store: SQLiteStore, caplo
             assert starts == [1, 1] and a.leading
             assert "the leader's work failed" in caplog.text
             nursery.cancel_scope.cancel()
+
+
+async def test_an_operation_needing_the_leader_ends_when_the_lease_is_lost(
+    store: SQLiteStore,
+) -> None:
+    clock = WallClock()
+    a = lease_of(store, "a", clock)
+    entered = trio.Event()
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(a.run)
+
+            async def operation() -> None:
+                with pytest.raises(NotLeader) as refused:
+                    async with a.while_leading("move"):
+                        entered.set()
+                        await trio.sleep_forever()  # a move waiting for its target
+                assert refused.value.details["leader"]["id"] == "b"
+
+            async with trio.open_nursery() as operations:
+                operations.start_soon(operation)
+                await entered.wait()
+                clock.offset += 100  # the lease ran out in the store; b took it
+                now = clock()
+                await store.write(lambda tx: claim(tx, "b", "http://b", None, now, 60.0, 0.0))
+                await a.tick()
+            assert not a.leading
+            nursery.cancel_scope.cancel()

@@ -43,8 +43,8 @@ def register(app: QuartTrio, service: Service) -> None:
             # In process with the autoscaler, which runs on the leader alone; another
             # project's service is a 404 first.
             await inference.get(g.principal.project_id, service_id)
-            service.lease.require_leader(word)
-            detail = await inference.pin(g.principal, service_id, pinned, body.revision)
+            async with service.lease.while_leading(word):
+                detail = await inference.pin(g.principal, service_id, pinned, body.revision)
             return jsonify(service_view(detail, service.config.replica_give_up_after))
 
         app.add_url_rule(

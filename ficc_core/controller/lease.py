@@ -30,7 +30,8 @@ import enum
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
 import attrs
@@ -276,6 +277,8 @@ class LeaderLease:
         self._role_scope: trio.CancelScope | None = None
         #: The leader this standby last said it follows.
         self._announced: tuple[str, int] | None = None
+        #: The operations running :meth:`while_leading` now.
+        self._operations: set[trio.CancelScope] = set()
 
     # -- what the rest of the controller asks ---------------------------------------------------
 
@@ -315,6 +318,24 @@ class LeaderLease:
             term=self.term,
             retry_after=max(1, math.ceil(self.renew_interval)),
         )
+
+    @asynccontextmanager
+    async def while_leading(self, action: str) -> AsyncIterator[None]:
+        """Run an operation that needs the leader (a move, a restart) only while it leads.
+
+        Refused at once on a standby; cancelled if the lease is lost while it runs (its
+        shielded steps, a launch, complete first), which then raises ``not_leader``: the
+        new leader's reconciler finds what it left as a restarted controller would.
+        """
+        self.require_leader(action)
+        with trio.CancelScope() as scope:
+            self._operations.add(scope)
+            try:
+                yield
+            finally:
+                self._operations.discard(scope)
+        if scope.cancelled_caught:
+            self.require_leader(action)
 
     def describe(self) -> str:
         """``leader (term N)`` or ``standby; leader is X at URL (term N)``, as logged."""
@@ -417,6 +438,9 @@ class LeaderLease:
         self._changed = trio.Event()
         if self._role_scope is not None:
             self._role_scope.cancel()
+        if held is None:
+            for operation in list(self._operations):
+                operation.cancel()
 
     async def _watch_expiry(self) -> None:
         """Step down the moment the held lease runs out unrenewed (whatever the store does)."""
