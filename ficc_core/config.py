@@ -73,6 +73,14 @@ def _share(config: Any, share: float) -> None:
         )
 
 
+def _below_lease(config: Any, _setting: attrs.Attribute, interval: float) -> None:
+    if interval >= config.leader_lease:
+        raise ValueError(
+            f"leader_renew_interval ({interval:g} s) must be shorter than leader_lease "
+            f"({config.leader_lease:g} s): a leader must renew before its lease runs out"
+        )
+
+
 def default_data_dir() -> Path:
     """Return the default data directory: ``$XDG_DATA_HOME/ficc`` or ``~/.local/share/ficc``."""
     base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
@@ -309,6 +317,45 @@ class Config:
         "a rollout for its new generation to become ready before it gives up and leaves "
         "the serving replicas as they were (duration).",
         kind="duration",
+    )
+    # -- several controllers (docs/operations.md#several-controllers) ----------------------
+    controller_id: str = _setting(
+        "",
+        "This controller's name among the controllers sharing the store (the leader row, "
+        "GET /api/v1/system/controllers, the logs). Empty: the hostname and the listening "
+        "port (with port 0, a random suffix, so two on one machine never share one).",
+        kind="str",
+    )
+    advertise_url: str = _setting(
+        "",
+        "The URL other controllers, clients and a standby's not_leader refusals name for "
+        "this controller. Empty: http(s)://host:port of the listener (the port it bound).",
+        kind="str",
+    )
+    leader_lease: float = _setting(
+        15.0,
+        "How long the leader's claim stands without a renewal; a standby takes the lease "
+        "once it ran out. Long enough to survive a slow query or a brief network stall, "
+        "short enough that a standby takes over before anyone has finished reading the "
+        "alert. The controllers' clocks must agree to well within it (NTP) (duration).",
+        kind="duration",
+        validator=attrs.validators.gt(0),
+    )
+    leader_renew_interval: float = _setting(
+        5.0,
+        "How often the leader renews its lease and a standby tries to take it: a third of "
+        "leader_lease, so two renewals may fail before the leader steps down; a standby "
+        "takes over within leader_lease + this (duration).",
+        kind="duration",
+        validator=[attrs.validators.gt(0), _below_lease],
+    )
+    follow_interval: float = _setting(
+        1.0,
+        "How stale a standby's routing table and the leader's view of services created "
+        "or changed through another controller may be: both read the store this often "
+        "(duration).",
+        kind="duration",
+        validator=attrs.validators.gt(0),
     )
     events_retention: float = _setting(
         7 * 86400.0,

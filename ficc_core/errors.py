@@ -107,6 +107,47 @@ class StoreUnavailable(StoreError):
         super().__init__(message, headers=headers, details=details, **kwargs)
 
 
+class NotLeader(FiccError):
+    """This controller is a standby; the action needs the leader (docs/operations.md,
+    "Several controllers").
+
+    409 with ``details.leader`` (``id``, ``url``) and ``details.term`` while a leader is
+    known, so a client can send the request there; 503 with ``Retry-After`` while none is
+    (a takeover is under way: retry within the lease).
+    """
+
+    status = 409
+    code = "not_leader"
+
+    def __init__(
+        self,
+        action: str,
+        *,
+        leader_id: str | None,
+        leader_url: str | None,
+        term: int,
+        retry_after: int = 5,
+    ) -> None:
+        if leader_id is None:
+            super().__init__(
+                f"{action} needs the leader controller, and none holds the lease now; "
+                f"retry in {retry_after} s",
+                status=503,
+                details={"leader": None, "term": term, "action": action},
+                headers={"Retry-After": str(retry_after)},
+            )
+            return
+        super().__init__(
+            f"{action} needs the leader controller; this one is a standby: send it to "
+            f"{leader_id} at {leader_url or '(no advertised URL)'}",
+            details={
+                "leader": {"id": leader_id, "url": leader_url},
+                "term": term,
+                "action": action,
+            },
+        )
+
+
 class ConfigError(FiccError):
     """A configuration file or value is invalid."""
 

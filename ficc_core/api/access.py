@@ -82,6 +82,15 @@ ROUTES: dict[str, Route] = {
     "whoami": Route(
         "GET", "/api/v1/whoami", AUTHENTICATED, "kind, id, user, project, scopes, expiry"
     ),
+    "system_controllers": Route(
+        "GET",
+        "/api/v1/system/controllers",
+        needs(s.ADMIN),
+        "the controllers sharing the store: `this` (`id`, `role`, `term`), `leader` (`id`, "
+        "`url`, `term`, `acquired_at`, `expires_at`) or null, `term`, `lease_expires_at`, "
+        "and `controllers` (each `id`, `url`, `role`, `term`, `started_at`, `seen_at`) — "
+        "see [operations.md](operations.md#several-controllers)",
+    ),
     # browser sessions
     "session_login": Route(
         "POST",
@@ -256,13 +265,13 @@ ROUTES: dict[str, Route] = {
         "POST",
         "/api/v1/models/{id}/acquire",
         needs(s.MODELS_MANAGE),
-        "start/resume HTTPS acquisition (202)",
+        "start/resume HTTPS acquisition (202); 409/503 `not_leader` on a standby",
     ),
     "models_pause": Route(
         "POST",
         "/api/v1/models/{id}/pause",
         needs(s.MODELS_MANAGE),
-        "pause it, keeping durable offsets",
+        "pause it, keeping durable offsets; 409/503 `not_leader` on a standby",
     ),
     "models_upload_chunk": Route(
         "POST",
@@ -456,7 +465,8 @@ ROUTES: dict[str, Route] = {
         "`{target_node_id, target_gpu_index?, start_after_move?, revision?}` → `{final_state, "
         "from_node, to_node, steps[]}`: moves replica n to another node without an outage; "
         "400 same or unknown target, 422 `over_subscribed_target`, `tier_mismatch`, "
-        "`nothing_to_do`",
+        "`nothing_to_do`; 409/503 `not_leader` on a standby "
+        "([several controllers](operations.md#several-controllers))",
     ),
     "inference_bulk_move": Route(
         "POST",
@@ -464,7 +474,7 @@ ROUTES: dict[str, Route] = {
         needs(*_START),
         "`{replicas: [{service_id, replica}] (1 to 50), target_node_id, target_gpu_index?, "
         "start_after_move?}` → `{total, moved_count, failed_count, items[]}`, one after the "
-        "other",
+        "other; 409/503 `not_leader` on a standby",
     ),
     "inference_restart": Route(
         "POST",
@@ -472,13 +482,14 @@ ROUTES: dict[str, Route] = {
         needs(*_START),
         "`{revision}`: every replica in turn, each replaced once its successor is ready "
         "(never below one ready replica of two or more) → `{restarted, replicas[]}`; 422 "
-        "`nothing_to_do` when it is not running",
+        "`nothing_to_do` when it is not running; 409/503 `not_leader` on a standby",
     ),
     "inference_replica_restart": Route(
         "POST",
         "/api/v1/inference/{id}/replicas/{n}/restart",
         needs(*_START),
-        "`{revision}`: replica n drains, stops and starts again → `{restarted, replicas[]}`",
+        "`{revision}`: replica n drains, stops and starts again → `{restarted, replicas[]}`; "
+        "409/503 `not_leader` on a standby",
     ),
     "inference_pin": Route(
         "POST",
@@ -486,13 +497,15 @@ ROUTES: dict[str, Route] = {
         needs(*_START),
         "`{revision?}`: a scaled service is never scaled to zero (an idle one wakes now) → "
         "the service; 422 `not_scaled` without `scaling` "
-        "([scaling](inference.md#scaling-and-on-demand-services))",
+        "([scaling](inference.md#scaling-and-on-demand-services)); 409/503 `not_leader` on a "
+        "standby",
     ),
     "inference_unpin": Route(
         "POST",
         "/api/v1/inference/{id}/unpin",
         needs(*_START),
-        "`{revision?}`: it may be scaled to zero again after its idle timeout → the service",
+        "`{revision?}`: it may be scaled to zero again after its idle timeout → the service; "
+        "409/503 `not_leader` on a standby",
     ),
     "inference_rollout": Route(
         "POST",

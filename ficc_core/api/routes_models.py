@@ -89,10 +89,16 @@ def register(app: QuartTrio, service: Service) -> None:
 
     @app.post("/api/v1/models/<model_id>/acquire", endpoint="models_acquire")
     async def models_acquire(model_id: str) -> tuple[Response, int]:
+        # The acquisition workers run on the leader alone (docs/operations.md); another
+        # project's model is a 404 first.
+        await models.get(g.principal.project_id, model_id)
+        service.lease.require_leader("acquire")
         return jsonify(model_view(await models.acquire(g.principal.project_id, model_id))), 202
 
     @app.post("/api/v1/models/<model_id>/pause", endpoint="models_pause")
     async def models_pause(model_id: str) -> Response:
+        await models.get(g.principal.project_id, model_id)
+        service.lease.require_leader("pause")
         return jsonify(model_view(await models.pause(g.principal.project_id, model_id)))
 
     @app.post("/api/v1/models/<model_id>/files/<int:index>", endpoint="models_upload_chunk")

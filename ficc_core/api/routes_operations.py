@@ -7,8 +7,8 @@ Writes need the scopes of a start (``inference:manage``, ``jobs:execute``,
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -117,42 +117,55 @@ def register(app: QuartTrio, service: Service) -> None:
     def service_view(detail: ServiceDetail) -> dict[str, Any]:
         return view_of_service(detail, service.config.replica_give_up_after)
 
+    @asynccontextmanager
+    async def leader_only(action: str, service_id: str) -> AsyncIterator[None]:
+        """Another project's service is a 404 first; then a standby refuses (``not_leader``):
+        these operations run in process with the leader's reconciler, and end answering
+        ``not_leader`` if it loses the lease meanwhile (``LeaderLease.while_leading``)."""
+        await inference.get(g.principal.project_id, service_id)
+        async with service.lease.while_leading(action):
+            yield
+
     @app.post(
         "/api/v1/inference/<service_id>/replicas/<int:replica>/move", endpoint="inference_move"
     )
     async def inference_move(service_id: str, replica: int) -> Response:
         with _refusals("move", service_id, replica):
             body = await read_json(MoveBody, limit)
-            result = await inference.mover.move(
-                g.principal,
-                service_id,
-                replica,
-                target_node_id=body.target_node_id,
-                target_gpu_index=body.target_gpu_index,
-                start_after_move=body.start_after_move,
-                revision=body.revision,
-            )
+            async with leader_only("move", service_id):
+                result = await inference.mover.move(
+                    g.principal,
+                    service_id,
+                    replica,
+                    target_node_id=body.target_node_id,
+                    target_gpu_index=body.target_gpu_index,
+                    start_after_move=body.start_after_move,
+                    revision=body.revision,
+                )
         return jsonify(result.to_json())
 
     @app.post("/api/v1/inference/bulk-move", endpoint="inference_bulk_move")
     async def inference_bulk_move() -> Response:
         with _refusals("bulk_move", None):
             body = await read_json(BulkMoveBody, limit)
-        result = await bulk_move(
-            inference.mover,
-            g.principal,
-            [(item.service_id, item.replica) for item in body.replicas],
-            target_node_id=body.target_node_id,
-            target_gpu_index=body.target_gpu_index,
-            start_after_move=body.start_after_move,
-        )
+            service.lease.require_leader("bulk_move")
+        async with service.lease.while_leading("bulk_move"):
+            result = await bulk_move(
+                inference.mover,
+                g.principal,
+                [(item.service_id, item.replica) for item in body.replicas],
+                target_node_id=body.target_node_id,
+                target_gpu_index=body.target_gpu_index,
+                start_after_move=body.start_after_move,
+            )
         return jsonify(result)
 
     @app.post("/api/v1/inference/<service_id>/restart", endpoint="inference_restart")
     async def inference_restart(service_id: str) -> Response:
         with _refusals("restart", service_id):
             body = await read_json(RestartBody, limit)
-            result = await inference.restarter.restart(g.principal, service_id, body.revision)
+            async with leader_only("restart", service_id):
+                result = await inference.restarter.restart(g.principal, service_id, body.revision)
         return jsonify(result)
 
     @app.post(
@@ -162,9 +175,10 @@ def register(app: QuartTrio, service: Service) -> None:
     async def inference_replica_restart(service_id: str, replica: int) -> Response:
         with _refusals("restart", service_id, replica):
             body = await read_json(RestartBody, limit)
-            result = await inference.restarter.restart(
-                g.principal, service_id, body.revision, replica
-            )
+            async with leader_only("restart", service_id):
+                result = await inference.restarter.restart(
+                    g.principal, service_id, body.revision, replica
+                )
         return jsonify(result)
 
     @app.post("/api/v1/inference/<service_id>/rollout", endpoint="inference_rollout")

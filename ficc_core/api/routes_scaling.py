@@ -40,7 +40,11 @@ def register(app: QuartTrio, service: Service) -> None:
 
         async def pin(service_id: str) -> Response:
             body = await read_json(PinBody, limit)
-            detail = await inference.pin(g.principal, service_id, pinned, body.revision)
+            # In process with the autoscaler, which runs on the leader alone; another
+            # project's service is a 404 first.
+            await inference.get(g.principal.project_id, service_id)
+            async with service.lease.while_leading(word):
+                detail = await inference.pin(g.principal, service_id, pinned, body.revision)
             return jsonify(service_view(detail, service.config.replica_give_up_after))
 
         app.add_url_rule(

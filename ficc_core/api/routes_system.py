@@ -46,6 +46,20 @@ def register(app: QuartTrio, service: Service) -> None:
             body, content_type = service.metrics.render()
             return Response(body, content_type=content_type)
 
+    @app.get("/api/v1/system/controllers", endpoint="system_controllers")
+    async def controllers() -> Response:
+        lease = service.lease
+        leader, seen = await lease.status()
+        return jsonify(
+            {
+                "this": {"id": lease.controller_id, "role": str(lease.role), "term": lease.term},
+                "leader": None if leader is None else leader.to_json(),
+                "term": 0 if leader is None else leader.term,
+                "lease_expires_at": None if leader is None else leader.expires_at,
+                "controllers": [row.to_json() for row in seen],
+            }
+        )
+
     @app.get("/api/v1/whoami", endpoint="whoami")
     async def whoami() -> Response:
         return jsonify(principal_view(g.principal))

@@ -96,6 +96,7 @@ def _print_ready(
     lines = [
         f"FICC {__version__} listening on {', '.join(urls)}",
         f"  data directory: {service.config.data_dir}",
+        f"  controller {service.lease.controller_id}: {service.lease.describe()}",
         f"  web console: {url}/ (log in with a username and password)",
     ]
     if metrics_urls:

@@ -2,18 +2,25 @@
 
 The messages are the node protocol's (:mod:`ficc_core.nodelink`); what is here
 is their effect on the :class:`~ficc_core.contributors.registry.NodeRegistry`:
-the connection registered (and an older one of the node fenced out), heartbeats
-recorded, the first report reconciled with what the controller wanted, and
-attempts the controller no longer wants stopped through the node. Heartbeats are
-recorded by a task beside the loop that receives the node's messages, so a store
-that is slow or down never holds up the relayed streams (docs/operations.md, "When
-the database is down").
+the connection registered (and an older one of the node to this controller fenced
+out), heartbeats recorded, the first report reconciled with what the controller
+wanted, and attempts the controller no longer wants stopped through the node.
+Heartbeats are recorded by a task beside the loop that receives the node's messages,
+so a store that is slow or down never holds up the relayed streams (docs/operations.md,
+"When the database is down").
+
+With several controllers (docs/operations.md, "Several controllers") a node keeps a
+connection to each. Every one records its heartbeats and relays its endpoint action
+and logs; only the leader's renews the node's leases, reconciles its report and
+stops what it does not want, each message carrying the leader's term. The welcome
+says which this controller is (``role``, ``term``).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -41,6 +48,7 @@ async def serve_node_connection(
 ) -> None:
     """Serve one authenticated node connection until it ends, is fenced out or fails."""
     link = ConnectionLink(channel, node=node_id)
+    leadership = registry.leadership
     # What the controller wanted before this connection: reconciled with the first report.
     known = await registry.wanted_attempt_ids(node_id)
     reconciled = False
@@ -56,14 +64,28 @@ async def serve_node_connection(
                         "connection_id": connection_id,
                         "heartbeat_interval": heartbeat_interval,
                         "lease_duration": lease_duration,
+                        "role": "leader" if leadership.leading else "standby",
+                        "term": leadership.term,
                     }
                 )
             )
 
             async def renew() -> None:
+                # Only the leader renews: a standby's renewal would keep alive what the
+                # leader may have given up. A controller that just took the lease renews
+                # at once (within a second), not a third of a lease later: the node's
+                # leases went unrenewed for the whole takeover already.
+                period = lease_duration / 3
+                renewed_term, renewed_at = None, -math.inf
                 while True:
-                    await channel.send(json.dumps({"type": "renew", "duration": lease_duration}))
-                    await trio.sleep(lease_duration / 3)
+                    now = trio.current_time()
+                    term = leadership.term
+                    due = term != renewed_term or now - renewed_at >= period
+                    if leadership.leading and due:
+                        renewal = {"type": "renew", "duration": lease_duration, "term": term}
+                        await channel.send(json.dumps(renewal))
+                        renewed_term, renewed_at = term, now
+                    await trio.sleep(min(1.0, period))
 
             nursery.start_soon(renew)
             await nursery.start(link.endpoint.run)
@@ -81,7 +103,8 @@ async def serve_node_connection(
                         )
                         # Reconciled with the first heartbeat the store took (while it
                         # fails, the connection goes on and a later heartbeat tries again).
-                        if reconciled or recorded is None:
+                        # A standby leaves the report to the leader (it stops nothing).
+                        if reconciled or recorded is None or not leadership.leading:
                             continue
                         try:
                             result = await registry.reconcile(
@@ -95,7 +118,9 @@ async def serve_node_connection(
                         reconciled = True
                         _log_reconciliation(node_id, result)
                         if result.stop:
-                            nursery.start_soon(_stop_unwanted, link, node_id, result.stop)
+                            nursery.start_soon(
+                                _stop_unwanted, link, node_id, result.stop, leadership.term
+                            )
                 except FiccError as exc:  # fenced out, or refused: the connection ends
                     heartbeats.failure = exc
                     receiving.cancel()
@@ -182,11 +207,11 @@ def _log_reconciliation(node_id: str, result: Reconciliation) -> None:
         )
 
 
-async def _stop_unwanted(link: NodeLink, node_id: str, fences: Sequence[Fence]) -> None:
+async def _stop_unwanted(link: NodeLink, node_id: str, fences: Sequence[Fence], term: int) -> None:
     """Stop, through the node, the attempts a reconciliation does not want."""
     for fence in fences:
         try:
-            await link.call({"op": "stop", "fence": unstructure(fence)})
+            await link.call({"op": "stop", "fence": unstructure(fence), "term": term})
         except FiccError as exc:
             log.warning(
                 "node %s: could not stop unwanted attempt %s: %s",

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
@@ -38,6 +38,36 @@ if TYPE_CHECKING:
     from ..store import Transaction
 
 
+class Leadership(Protocol):
+    """Whether this controller leads, and the fencing term its commands carry
+    (:class:`~ficc_core.controller.lease.LeaderLease`)."""
+
+    @property
+    def leading(self) -> bool:
+        """Whether this controller holds the leader lease now."""
+        ...
+
+    @property
+    def term(self) -> int:
+        """The term held (or, on a standby, the newest seen)."""
+        ...
+
+    def require_leader(self, action: str) -> None:
+        """Raise ``not_leader`` unless this controller leads."""
+        ...
+
+
+class SoleController:
+    """The leadership of a registry no lease runs for (a one-shot command, a test of the
+    registry alone): it leads, at term 0 (what a node reads a message without one as)."""
+
+    leading = True
+    term = 0
+
+    def require_leader(self, action: str) -> None:
+        """It always leads."""
+
+
 def stale_after(heartbeat_interval: float) -> float:
     """Seconds of silence after which a connected node missed a heartbeat: two intervals
     (so it shows within one interval of the heartbeat it missed), and at least two
@@ -56,6 +86,10 @@ class NodeRegistry:
     :param notify: called with a node's id when its connection here ended, or its
         first heartbeat after one it missed came (what it runs may be reached again).
     :param clock: wall-clock seconds (``time.time``; tests pass their own).
+    :param leadership: whether this controller leads and its term: every command it
+        sends carries the term, and only a leader launches or stops.
+    :param controller_id: this controller's name: a node's connections are fenced per
+        controller, so one node may keep a connection to each.
     """
 
     def __init__(
@@ -67,16 +101,23 @@ class NodeRegistry:
         heartbeat_interval: float = 2.0,
         notify: Callable[[str], None] = lambda _node_id: None,
         clock: Callable[[], float] = time.time,
+        leadership: Leadership | None = None,
+        controller_id: str = "",
     ) -> None:
         self.store = store
         self.clock = clock
+        self.leadership: Leadership = leadership or SoleController()
         self.stale_after = stale_after(heartbeat_interval)
         self.notify = notify
         #: When each node connected here was last heard (its last heartbeat's time).
         self._heard: dict[str, float] = {}
         self.enrolment = NodeEnrolment(store, clock=clock)
         self.states = NodeStates(
-            store, unreachable_after=unreachable_after, lost_after=lost_after, clock=clock
+            store,
+            unreachable_after=unreachable_after,
+            lost_after=lost_after,
+            clock=clock,
+            controller_id=controller_id,
         )
         self.wants = Assignments(store, clock=clock)
         self.live = LiveConnections()
@@ -280,6 +321,11 @@ class NodeRegistry:
 
     # -- commands to connected nodes -----------------------------------------------------------
 
+    async def _call(self, link: NodeLink, message: dict[str, Any]) -> dict[str, Any]:
+        """Send one command stamped with this controller's term (the node refuses a
+        launch or stop with a lower term than it has seen: ``stale_term``)."""
+        return await link.call({**message, "term": self.leadership.term})
+
     async def _link_for_new_work(self, node_id: str) -> NodeLink:
         link = self.live.link(node_id)
         node = await self.get(node_id)
@@ -310,7 +356,10 @@ class NodeRegistry:
         the job's blob inputs it does not hold from this controller before launching;
         ``directories`` does the same for directory inputs (input id to its files,
         relative path to ``(digest, size)``).
+
+        Only the leader launches (``not_leader`` on a standby).
         """
+        self.leadership.require_leader("launching an attempt")
         link = await self._link_for_new_work(node_id)
         message: dict[str, Any] = {
             "op": "launch",
@@ -332,7 +381,7 @@ class NodeRegistry:
         await self.assign(node_id, fence, provider, inputs=input_digests(blobs, directories))
         done = False
         try:
-            reply = await link.call(message)
+            reply = await self._call(link, message)
             done = True
         finally:
             if not done:
@@ -353,10 +402,11 @@ class NodeRegistry:
         return self.live.require_link(node_id).endpoint
 
     async def stop(self, node_id: str, fence: Fence, grace: float = 10.0) -> AttemptStatus:
-        """Stop an attempt on a connected node."""
+        """Stop an attempt on a connected node (only the leader stops: ``not_leader``)."""
+        self.leadership.require_leader("stopping an attempt")
         link = self.live.require_link(node_id)
         await self.wants.unwant(node_id, fence.attempt_id, AssignmentReason.STOPPED)
-        reply = await link.call({"op": "stop", "fence": unstructure(fence), "grace": grace})
+        reply = await self._call(link, {"op": "stop", "fence": unstructure(fence), "grace": grace})
         return status_from_wire(reply["status"])
 
     async def status(self, node_id: str, fence: Fence) -> AttemptStatus:
@@ -364,8 +414,8 @@ class NodeRegistry:
 
         Raises ``node_unavailable`` when the node is not connected to this controller.
         """
-        reply = await self.live.require_link(node_id).call(
-            {"op": "status", "fence": unstructure(fence)}
+        reply = await self._call(
+            self.live.require_link(node_id), {"op": "status", "fence": unstructure(fence)}
         )
         return status_from_wire(reply["status"])
 
@@ -382,8 +432,9 @@ class NodeRegistry:
 
         Raises ``node_unavailable`` when the node is not connected to this controller.
         """
-        reply = await self.live.require_link(node_id).call(
-            {"op": "logs", "fence": unstructure(fence), "tail": tail}
+        reply = await self._call(
+            self.live.require_link(node_id),
+            {"op": "logs", "fence": unstructure(fence), "tail": tail},
         )
         return [str(line) for line in reply.get("lines", ())]
 

@@ -107,18 +107,36 @@ def mark_revoked(tx: Transaction, node_id: str, now: float) -> None:
         "UPDATE nodes SET revoked_at = ?, state = ?, connection_id = NULL WHERE id = ?",
         (now, NodeState.REVOKED.value, node_id),
     )
+    tx.execute("DELETE FROM node_links WHERE node_id = ?", (node_id,))
 
 
 def delete_node(tx: Transaction, node_id: str) -> None:
     """Remove the node: its record and credential, what it reported and was assigned."""
-    for table in ("node_assignments", "node_attempts"):
+    for table in ("node_assignments", "node_attempts", "node_links"):
         tx.execute(f"DELETE FROM {table} WHERE node_id = ?", (node_id,))
     tx.execute("DELETE FROM nodes WHERE id = ?", (node_id,))
 
 
-def set_connection(tx: Transaction, node_id: str, connection_id: str) -> None:
-    """Record the node's newest connection (older ones are fenced out)."""
+def set_connection(
+    tx: Transaction, node_id: str, connection_id: str, controller_id: str = ""
+) -> None:
+    """Record the node's newest connection to ``controller_id`` (older ones to it are
+    fenced out; a node keeps one to each controller sharing the store)."""
     tx.execute("UPDATE nodes SET connection_id = ? WHERE id = ?", (connection_id, node_id))
+    tx.execute(
+        "INSERT INTO node_links (node_id, controller_id, connection_id) VALUES (?, ?, ?) "
+        "ON CONFLICT (node_id, controller_id) DO UPDATE SET connection_id = excluded.connection_id",
+        (node_id, controller_id, connection_id),
+    )
+
+
+def link_connection(tx: Transaction, node_id: str, controller_id: str = "") -> str | None:
+    """The node's newest connection to ``controller_id``, or None."""
+    row = tx.fetch_one(
+        "SELECT connection_id FROM node_links WHERE node_id = ? AND controller_id = ?",
+        (node_id, controller_id),
+    )
+    return None if row is None else row["connection_id"]
 
 
 def record_heartbeat(

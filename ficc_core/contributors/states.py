@@ -12,8 +12,10 @@ once it answers again silence counts from then (a node is unreachable only
 ``unreachable_after`` seconds after the store's return with no heartbeat since).
 
 Every change of a node's state is an event (:func:`node_changed`), written with it.
-Each connection gets a new ID, recorded here; a heartbeat from any other
-connection of the node is refused (:class:`~.errors.ConnectionFenced`).
+Each connection gets a new ID, recorded here per controller (a node keeps a
+connection to every controller sharing the store); a heartbeat from any other
+connection of the node to the same controller is refused
+(:class:`~.errors.ConnectionFenced`).
 """
 
 from __future__ import annotations
@@ -91,6 +93,7 @@ class NodeStates:
     :param lost_after: seconds without a heartbeat before it is lost (at least
         ``unreachable_after``).
     :param clock: wall-clock seconds.
+    :param controller_id: this controller's name: connections are fenced per controller.
     """
 
     def __init__(
@@ -100,8 +103,10 @@ class NodeStates:
         unreachable_after: float,
         lost_after: float,
         clock: Callable[[], float],
+        controller_id: str = "",
     ) -> None:
         self.store = store
+        self.controller_id = controller_id
         self.unreachable_after = unreachable_after
         self.lost_after = max(lost_after, unreachable_after)
         self.clock = clock
@@ -116,7 +121,7 @@ class NodeStates:
 
         def write(tx: Transaction) -> None:
             _connectable(tx, node_id)
-            repository.set_connection(tx, node_id, connection_id)
+            repository.set_connection(tx, node_id, connection_id, self.controller_id)
 
         await self.store.write(write)
 
@@ -144,7 +149,7 @@ class NodeStates:
 
         def write(tx: Transaction) -> Node:
             before = _connectable(tx, node_id)
-            if before.connection_id != connection_id:
+            if repository.link_connection(tx, node_id, self.controller_id) != connection_id:
                 raise ConnectionFenced(
                     f"a newer connection of node {node_id!r} replaced this one",
                     details={"node": node_id},

@@ -41,13 +41,24 @@ async def serve_http(
     shutdown_trigger: Callable[[], Awaitable[None]],
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve the API until ``shutdown_trigger`` returns; report the bound URLs when ready."""
-    await hypercorn_serve(
-        create_app(service),
-        _hypercorn_config(service),
-        shutdown_trigger=shutdown_trigger,
-        task_status=task_status,
-    )
+    """Serve the API until ``shutdown_trigger`` returns; report the bound URLs when ready.
+
+    Without ``advertise_url``, the leader lease names the URL it bound (port 0 chose one).
+    """
+
+    async def serve(task_status: trio.TaskStatus[list[str]]) -> None:
+        await hypercorn_serve(
+            create_app(service),
+            _hypercorn_config(service),
+            shutdown_trigger=shutdown_trigger,
+            task_status=task_status,
+        )
+
+    async with trio.open_nursery() as nursery:
+        urls = await nursery.start(serve)
+        if not service.config.advertise_url and urls:
+            service.lease.advertise(urls[0])
+        task_status.started(urls)
 
 
 async def serve_metrics(

@@ -7,6 +7,9 @@ constructor; the HTTP routes, the CLI and the embedded agent all work through th
 
 from __future__ import annotations
 
+import logging
+import secrets
+import socket
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
@@ -34,9 +37,13 @@ from ..models.registry import ModelRegistry
 from ..plugins import PluginSet, build_plugin_manager
 from ..quotas import Quotas, QuotaSync
 from ..store import Store, open_sqlite_store
+from .follower import RoutingFollower
+from .lease import LeaderLease
 
 if TYPE_CHECKING:
     from ..models.hub import HubPreview
+
+log = logging.getLogger("ficc.controller")
 
 
 @attrs.define
@@ -66,6 +73,8 @@ class Service:
     quotas: Quotas
     #: Shares the gate's counts with the other processes on the store.
     quota_sync: QuotaSync
+    #: Whether this controller leads the ones sharing the store (and its term).
+    lease: LeaderLease
 
     @property
     def fetch_policy(self) -> FetchPolicy:
@@ -91,6 +100,23 @@ class Service:
             )
 
 
+def controller_id(config: Config) -> str:
+    """This controller's name: ``controller_id``, else the hostname and port (with port
+    0, a random suffix: two such controllers on one machine must not share a name)."""
+    if config.controller_id:
+        return config.controller_id
+    suffix = f"-{secrets.token_hex(3)}" if config.port == 0 else ""
+    return f"{socket.gethostname()}:{config.port}{suffix}"
+
+
+def advertise_url(config: Config) -> str:
+    """The URL others reach this controller on: ``advertise_url``, else the listener's."""
+    if config.advertise_url:
+        return config.advertise_url
+    host = f"[{config.host}]" if ":" in config.host else config.host
+    return f"{'https' if config.tls else 'http'}://{host}:{config.port}"
+
+
 @asynccontextmanager
 async def open_service(
     config: Config,
@@ -101,9 +127,14 @@ async def open_service(
 ) -> AsyncIterator[Service]:
     """Open the store (running migrations) and yield the :class:`Service`; close on exit.
 
-    With ``background``, the controller's own tasks run too (acquisitions resume,
-    node states follow heartbeats, the reconciler drives the services, usage is
-    written); ``ficc serve`` asks for them, one-shot admin commands do not.
+    With ``background``, the controller's own tasks run too; ``ficc serve`` asks for
+    them, one-shot admin commands do not. Every controller writes usage, shares quota
+    counts, watches revocations and runs the gateway's tasks. The leader lease decides
+    the rest (docs/operations.md, "Several controllers"): the leader resumes
+    acquisitions, sweeps node states, runs the reconciler (which adopts what the store
+    says runs), the autoscaler and event retention; a standby follows the store into
+    its routing table instead. Losing the lease cancels the leader's work (no replica
+    is stopped); taking it starts that work.
 
     :param plugins: the plugin set to use (by default the installed plugins are loaded,
         once for the process).
@@ -142,6 +173,21 @@ async def open_service(
             personal_disabled=config.personal_disabled,
         )
         models = ModelRegistry(store, blobs, acquirer)
+        # The role's work is named when the lease runs it (after everything is built).
+        lease = LeaderLease(
+            store,
+            controller_id=controller_id(config),
+            url=advertise_url(config),
+            duration=config.leader_lease,
+            renew_interval=config.leader_renew_interval,
+            lead=lambda term, task_status: lead(term, task_status=task_status),
+            follow=lambda task_status: follow(task_status=task_status),
+        )
+        # Read at scrape time: which controller leads, at which term (docs/monitoring.md).
+        metrics.controller_leader.labels(lease.controller_id).set_function(
+            lambda: 1.0 if lease.leading else 0.0
+        )
+        metrics.controller_term.labels(lease.controller_id).set_function(lambda: lease.term)
         contributors = NodeRegistry(
             store,
             unreachable_after=config.unreachable_after,
@@ -149,6 +195,8 @@ async def open_service(
             heartbeat_interval=config.heartbeat_interval,
             # The reconciler is built with the registry, so it is named when called.
             notify=lambda node_id: reconciler.node_changed(node_id),
+            leadership=lease,
+            controller_id=lease.controller_id,
         )
         live = LiveTable()
         contexts = ModelContexts(models=models, blobs=blobs)
@@ -173,6 +221,14 @@ async def open_service(
             give_up_after=config.replica_give_up_after,
             drain_timeout=config.drain_timeout,
             activation_retry=config.activation_retry,
+            follow_interval=config.follow_interval,
+        )
+        follower = RoutingFollower(
+            store,
+            live=live,
+            contributors=contributors,
+            reconciler=reconciler,
+            interval=config.follow_interval,
         )
         gateway = Gateway(
             live=live,
@@ -231,16 +287,48 @@ async def open_service(
             usage=usage,
             quotas=quotas,
             quota_sync=quota_sync,
+            lease=lease,
         )
         if not background:
             yield service
             return
+
+        async def lead(_term: int, *, task_status: trio.TaskStatus[None]) -> None:
+            """The leader's work, cancelled when it loses the lease (nothing it runs stops)."""
+            async with trio.open_nursery() as leading:
+                await leading.start(models.run)
+                await leading.start(acquirer.run)
+                await leading.start(contributors.run)
+                await leading.start(reconciler.run)
+                await leading.start(autoscaler.run)
+                await leading.start(
+                    EventRetention(
+                        store,
+                        retention=config.events_retention,
+                        max_per_service=config.events_max_per_service,
+                    ).run
+                )
+                task_status.started()
+
+        async def follow(*, task_status: trio.TaskStatus[None]) -> None:
+            """A standby's work: its routing table follows the store, and a request to an
+            idle on-demand service records the wake-up for the leader to carry out."""
+            async with trio.open_nursery() as following:
+                await following.start(follower.run)
+                await following.start(
+                    lambda task_status: autoscaler.run(decide=False, task_status=task_status)
+                )
+                task_status.started()
+
+        if config.lease_duration <= config.leader_lease + config.leader_renew_interval:
+            log.warning(
+                "lease_duration (%g s) is not longer than leader_lease + leader_renew_interval "
+                "(%g s): with several controllers, agents may stop their attempts while a "
+                "standby takes over",
+                config.lease_duration,
+                config.leader_lease + config.leader_renew_interval,
+            )
         async with trio.open_nursery() as nursery:
-            await nursery.start(models.run)
-            await nursery.start(acquirer.run)
-            await nursery.start(contributors.run)
-            await nursery.start(reconciler.run)
-            await nursery.start(autoscaler.run)
             await nursery.start(usage.run)
             await nursery.start(auth.watch_revocations)
             await nursery.start(gateway.run)
@@ -253,13 +341,7 @@ async def open_service(
                     interval=config.metrics_state_interval,
                 ).run
             )
-            await nursery.start(
-                EventRetention(
-                    store,
-                    retention=config.events_retention,
-                    max_per_service=config.events_max_per_service,
-                ).run
-            )
+            await nursery.start(lease.run)
             yield service
             nursery.cancel_scope.cancel()
     finally:

@@ -243,19 +243,27 @@ class Autoscaler:
 
     # -- the periodic look ----------------------------------------------------------------
 
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Look at every scaled service once a period, until cancelled."""
+    async def run(
+        self, *, decide: bool = True, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Look at every scaled service once a period, until cancelled.
+
+        Without ``decide`` (a standby of several controllers) it only runs activations:
+        a request through the standby wakes an idle service with the same durable
+        decision, which the leader then carries out; scaling out and in stay the leader's.
+        """
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             task_status.started()
             try:
-                while True:
+                while decide:
                     await trio.sleep(self.period)
                     for view in self.live.services():
                         if view.scaled:
                             await self._look_safely(view.id)
                     for service_id in [s for s in self._watch if self.live.get(s) is None]:
                         del self._watch[service_id]
+                await trio.sleep_forever()
             finally:
                 self._nursery = None
 

@@ -141,6 +141,9 @@ class Reconciler:
     :param loading_period: seconds between status checks of a loading one.
     :param drain_timeout: how long a retiring attempt's in-flight requests may take.
     :param activation_retry: how long a failed activation's reason answers requests.
+    :param follow_interval: seconds between reads of every service's revision while it
+        runs, to wake the drivers of services created or changed through another
+        controller sharing the store (None: this process makes every change itself).
     """
 
     def __init__(
@@ -160,8 +163,10 @@ class Reconciler:
         loading_period: float = 0.2,
         drain_timeout: float = 30.0,
         activation_retry: float = 10.0,
+        follow_interval: float | None = None,
     ) -> None:
         self.store = store
+        self.follow_interval = follow_interval
         self.drain_timeout = drain_timeout
         #: Returns once no request is in flight on an attempt (the gateway's, once built).
         self.replica_idle: Callable[[str], Awaitable[None]] = _idle_at_once
@@ -200,13 +205,40 @@ class Reconciler:
         """Start a driver for every service on record; start more as services are created."""
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
-            for service_id in await self.observations.service_ids():
+            versions = await self.store.read(repository.service_versions)
+            for service_id in versions:
                 self.wake(service_id)
+            if self.follow_interval is not None:
+                nursery.start_soon(self._follow_store, versions, self.follow_interval)
             task_status.started()
             try:
                 await trio.sleep_forever()
             finally:
                 self._nursery = None
+
+    async def _follow_store(self, versions: dict[str, tuple[int, float]], interval: float) -> None:
+        """Wake the driver of every service whose revision moved since the last read (a
+        write through another controller, or this one's: a wake too many is harmless).
+
+        A bounded poll; a failed read is logged and tried again at the next interval.
+        """
+        while True:
+            await trio.sleep(interval)
+            try:
+                now = await self.store.read(repository.service_versions)
+            except Exception as exc:  # whatever the store raised: the next read tries again
+                message = exc.message if isinstance(exc, FiccError) else repr(exc)
+                log.warning("cannot read the services' revisions: %s", message)
+                continue
+            for service_id, version in now.items():
+                if versions.get(service_id) != version:
+                    self.wake(service_id)
+            versions = now
+
+    @property
+    def running(self) -> bool:
+        """Whether :meth:`run` runs now (on the leader of several controllers alone)."""
+        return self._nursery is not None
 
     def wake(self, service_id: str) -> None:
         """Make the service's driver act now (starting one if there is none).

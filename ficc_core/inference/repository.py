@@ -84,6 +84,13 @@ def service_ids(tx: Transaction, project_id: str | None = None) -> list[str]:
     return [row["id"] for row in rows]
 
 
+def service_versions(tx: Transaction) -> dict[str, tuple[int, float]]:
+    """Each service's revision and last change, by id: what a leader compares to notice
+    services created or changed through another controller."""
+    rows = tx.fetch_all("SELECT id, revision, updated_at FROM inference_services")
+    return {row["id"]: (int(row["revision"]), float(row["updated_at"])) for row in rows}
+
+
 def alias_holder(
     tx: Transaction, project_id: str, alias: str, *, other_than: str = ""
 ) -> str | None:

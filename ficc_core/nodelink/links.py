@@ -54,7 +54,12 @@ class LocalAgent(CommandTarget, RelaySource, Protocol):
 
 
 class LocalNodeLink:
-    """The embedded agent's link: commands run in this process, no wire between."""
+    """The embedded agent's link: commands run in this process, no wire between.
+
+    A command reaches the agent exactly as it would travel, ``term`` included (the
+    node registry stamps every command with its controller's term), so the agent's
+    ``stale_term`` check holds in process too.
+    """
 
     def __init__(self, agent: LocalAgent) -> None:
         self.agent = agent

@@ -408,4 +408,33 @@ MIGRATIONS: list[tuple[str, ...]] = [
         "ALTER TABLE inference_services ADD COLUMN pinned INTEGER NOT NULL DEFAULT 0",
         "ALTER TABLE inference_services ADD COLUMN scaled_at REAL",
     ),
+    # 19: several controllers (docs/operations.md, "Several controllers"): the one leader
+    # row (who holds the lease, the URL it is reached on, its fencing term, when the lease
+    # runs out), every controller seen (for status), and each node's newest connection to
+    # each controller (a node keeps one to every controller; a heartbeat is fenced only by
+    # a newer connection to the same controller).
+    (
+        """CREATE TABLE controller_leader (
+            id INTEGER PRIMARY KEY CHECK (id = 1),
+            holder TEXT NOT NULL,
+            url TEXT NOT NULL,
+            term INTEGER NOT NULL,
+            acquired_at REAL NOT NULL,
+            expires_at REAL NOT NULL
+        )""",
+        """CREATE TABLE controllers (
+            id TEXT PRIMARY KEY,
+            url TEXT NOT NULL,
+            role TEXT NOT NULL,
+            term INTEGER NOT NULL,
+            started_at REAL NOT NULL,
+            seen_at REAL NOT NULL
+        )""",
+        """CREATE TABLE node_links (
+            node_id TEXT NOT NULL REFERENCES nodes(id) ON DELETE CASCADE,
+            controller_id TEXT NOT NULL,
+            connection_id TEXT NOT NULL,
+            PRIMARY KEY (node_id, controller_id)
+        )""",
+    ),
 ]
