@@ -104,24 +104,16 @@ async def open_pair(tmp_path: Path) -> AsyncIterator[Pair]:
             a = await serve(nursery, tmp_path, "ctl-a")
             b = await serve(nursery, tmp_path, "ctl-b")
             _, credential = await a.controller.service.contributors.add_node("node-2")
-            to_a = RemoteAgent(
-                a.controller.url,
+            # One agent with a link to each controller, as `ficc executor --controller A
+            # --controller B` runs it.
+            remote = RemoteAgent(
+                [a.controller.url, b.controller.url],
                 credential,
                 _node_factory(folder, settings),
                 backoff_initial=0.1,
                 backoff_max=0.5,
             )
-            agent = await nursery.start(to_a.run)
-            # The same agent keeps a second connection, to the other controller.
-            to_b = RemoteAgent(
-                b.controller.url,
-                credential,
-                _node_factory(folder, settings),
-                backoff_initial=0.1,
-                backoff_max=0.5,
-            )
-            to_b.agent = agent
-            nursery.start_soon(to_b.run)
+            nursery.start_soon(remote.run)
             with trio.fail_after(30):
                 for served in (a, b):
                     while not served.controller.service.contributors.connected_here("node-2"):  # noqa: ASYNC110
