@@ -3,6 +3,7 @@ on a real PostgreSQL database (tests/pg_support.py) where a test asks for both b
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -42,8 +43,13 @@ def _own_user_config(tmp_path_factory, monkeypatch) -> Path:
 
 
 @pytest.fixture
-def config(tmp_path: Path) -> Config:
-    return load_config(overrides={"data_dir": str(tmp_path / "data")}, environ={})
+def config(request, tmp_path: Path) -> Config:
+    """The controller's settings: SQLite in tmp_path/data; with FICC_TEST_BACKEND=postgresql
+    every test of this fixture runs on a fresh PostgreSQL database instead."""
+    overrides = {"data_dir": str(tmp_path / "data")}
+    if os.environ.get("FICC_TEST_BACKEND") == "postgresql":
+        overrides["database_url"] = request.getfixturevalue("pg_url")
+    return load_config(overrides=overrides, environ={})
 
 
 # -- PostgreSQL (tests/pg_support.py) ---------------------------------------------------
@@ -108,6 +114,15 @@ def backend_config(tmp_path: Path, database_url: str) -> Config:
     return load_config(
         overrides={"data_dir": str(tmp_path / "data"), "database_url": database_url}, environ={}
     )
+
+
+async def open_same_store(store: Store) -> Store:
+    """Another store on ``store``'s database: another process's, another controller's."""
+    if store.backend == "postgresql":  # type: ignore[attr-defined]
+        from ficc_core.store.postgres import open_postgres_store
+
+        return await open_postgres_store(store.url)  # type: ignore[attr-defined]
+    return await open_sqlite_store(store.path)  # type: ignore[attr-defined]
 
 
 @pytest.fixture

@@ -16,14 +16,7 @@ from ficc_core.errors import StoreError
 from ficc_core.store import open_sqlite_store
 from ficc_core.store.migrations import MIGRATIONS
 
-
-async def _reopen(store):
-    """A second store on the same database as ``store`` (another controller's, say)."""
-    if store.backend == "postgresql":
-        from ficc_core.store.postgres import open_postgres_store
-
-        return await open_postgres_store(store.url)
-    return await open_sqlite_store(store.path)
+from .conftest import open_same_store
 
 
 def _insert_project(id_: str, name: str, created_at: float = 1.0):
@@ -40,7 +33,7 @@ async def test_open_migrates_to_the_newest_schema(store_backend):
 
 async def test_reopening_keeps_data_and_does_not_rerun_migrations(store_backend):
     await store_backend.write(_insert_project("p1", "kept"))
-    again = await _reopen(store_backend)
+    again = await open_same_store(store_backend)
     try:
         assert again.schema_version == len(MIGRATIONS)
         row = await again.read(lambda tx: tx.fetch_one("SELECT name FROM projects"))

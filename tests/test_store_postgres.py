@@ -83,7 +83,9 @@ async def test_reads_do_not_wait_for_a_write_in_progress(pg_url):
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(store.write, slow_write)
                 await trio.to_thread.run_sync(writing.wait)
-                row = await store.read(lambda tx: tx.fetch_one("SELECT count(*) AS n FROM projects"))
+                row = await store.read(
+                    lambda tx: tx.fetch_one("SELECT count(*) AS n FROM projects")
+                )
                 assert row == {"n": 0}  # the uncommitted row is not seen, and nothing waited
                 done.set()
     finally:
