@@ -48,7 +48,10 @@ def find_bin() -> Path | None:
 def missing() -> str | None:
     """Why a PostgreSQL server cannot be started here (``None`` when it can)."""
     if find_bin() is None:
-        return "PostgreSQL is not installed (/usr/lib/postgresql/*/bin/initdb; apt-get install postgresql)"
+        return (
+            "PostgreSQL is not installed (no /usr/lib/postgresql/*/bin/initdb): "
+            "apt-get install postgresql"
+        )
     if os.geteuid() == 0:
         try:
             pwd.getpwnam(USER)
@@ -91,7 +94,7 @@ class PostgresServer:
             os.chown(self.root, entry.pw_uid, entry.pw_gid)
         self.sockets.mkdir()
         if self._as_user:
-            os.chown(self.sockets, pwd.getpwnam(USER).pw_uid, pwd.getpwnam(USER).pw_gid)
+            os.chown(self.sockets, entry.pw_uid, entry.pw_gid)
         subprocess.run(
             [
                 *self._as_user,
@@ -122,7 +125,7 @@ class PostgresServer:
         attempts = 1 if self.port else 3
         for attempt in range(attempts):
             port = self.port or _free_port()
-            log = open(self.log, "ab")  # noqa: SIM115  (the server's output, kept open by it)
+            log = open(self.log, "ab")  # the server's output (the child keeps its own copy)
             self.proc = subprocess.Popen(
                 [
                     *self._as_user,

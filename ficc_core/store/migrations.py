@@ -253,8 +253,8 @@ MIGRATIONS: list[tuple[str | Dialects, ...]] = [
         )""",
         "CREATE INDEX partials_sha256 ON partials(sha256)",
         Dialects(
-            sqlite="""INSERT INTO partials (model_id, idx, sha256, size, state, durable_offset, error,
-            updated_at)
+            sqlite="""INSERT INTO partials (model_id, idx, sha256, size, state, durable_offset,
+            error, updated_at)
         SELECT f.model_id, f.idx, b.sha256, b.size, b.state, b.durable_offset,
             CASE WHEN b.reason IS NULL THEN NULL ELSE json_object('code', 'upload_failed',
                 'message', b.reason, 'details', json_object()) END,
