@@ -107,6 +107,13 @@ class StoreUnavailable(StoreError):
         super().__init__(message, headers=headers, details=details, **kwargs)
 
 
+class StoreNotEmpty(StoreError):
+    """``ficc admin migrate-store`` refused a destination that already holds data."""
+
+    status = 409
+    code = "store_not_empty"
+
+
 class ConfigError(FiccError):
     """A configuration file or value is invalid."""
 
