@@ -967,6 +967,8 @@ def render_reference() -> str:
             default = "`$XDG_DATA_HOME/ficc` or `~/.local/share/ficc`"
         elif field.default is None:
             default = "unset"
+        elif field.default == "":
+            default = "empty"
         elif field.metadata["kind"] == "bands":
             default = f"`{render_bands(field.default)}`"
         elif field.metadata["kind"] == "pricing":

@@ -11,6 +11,7 @@ the few translations). :func:`open_store` picks one from the ``database_url`` se
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -65,6 +66,20 @@ def is_postgres_url(url: str) -> bool:
     return url.startswith(POSTGRES_SCHEMES)
 
 
+def redact_url(url: str) -> str:
+    """``url`` with its password (in the authority or a ``password=`` parameter) shown
+    as ``***``, for ``ficc config`` and messages."""
+    if not is_postgres_url(url):
+        return url
+    scheme, _, rest = url.partition("://")
+    authority, slash, tail = rest.partition("/")
+    user, at, host = authority.rpartition("@")
+    if at and ":" in user:
+        authority = f"{user.split(':', 1)[0]}:***@{host}"
+    tail = re.sub(r"(?i)(^|[?&])password=[^&]*", r"\1password=***", tail)
+    return f"{scheme}://{authority}{slash}{tail}"
+
+
 async def open_store(config: Config) -> Store:
     """Open the store ``config`` names: ``database_url`` empty is the SQLite file in
     ``data_dir``; a ``postgresql://`` URL is that PostgreSQL database."""
@@ -87,4 +102,5 @@ __all__ = [
     "is_postgres_url",
     "open_sqlite_store",
     "open_store",
+    "redact_url",
 ]
