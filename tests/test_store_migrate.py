@@ -5,6 +5,7 @@ data is refused with nothing written; IDs continue past the source's."""
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 
 import psycopg
@@ -123,6 +124,13 @@ async def test_migrate_store_copies_every_row_and_the_copy_serves(tmp_path, pg_u
             assert _rows(lambda sql: dst.execute(sql).fetchall(), table) == expected, table
             assert report["tables"][table] == len(expected)
     src.close()
+
+    # `ficc admin` works on the copy through database_url, with no SQLite file around.
+    env = {**os.environ, "FICC_DATA_DIR": str(tmp_path / "other"), "FICC_DATABASE_URL": pg_url}
+    listed = await trio.run_process(
+        [*FICC, "admin", "list-projects", "--json"], capture_stdout=True, env=env
+    )
+    assert "default" in [p["name"] for p in json.loads(listed.stdout)]
 
     # A controller on the copy: the same credential works, IDs go on past the source's.
     config = load_config(
