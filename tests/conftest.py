@@ -277,8 +277,20 @@ class LiveServer:
 
 
 @pytest.fixture(scope="module")
-def live_server(tmp_path_factory) -> Iterator[LiveServer]:
+def live_server(request, tmp_path_factory) -> Iterator[LiveServer]:
+    """A live controller for the module; with FICC_TEST_BACKEND=postgresql, on a database
+    of its own on the session's PostgreSQL server."""
     data = tmp_path_factory.mktemp("live")
-    config = load_config(overrides={"data_dir": str(data), "port": 0}, environ={})
-    with LiveServer(config) as server:
-        yield server
+    overrides: dict[str, object] = {"data_dir": str(data), "port": 0}
+    database = None
+    if os.environ.get("FICC_TEST_BACKEND") == "postgresql":
+        pg = request.getfixturevalue("pg_server")
+        database = pg.create_database()
+        overrides["database_url"] = pg.url(database)
+    config = load_config(overrides=overrides, environ={})
+    try:
+        with LiveServer(config) as server:
+            yield server
+    finally:
+        if database is not None:
+            pg.drop_database(database)

@@ -129,12 +129,16 @@ async def test_a_stopped_server_is_a_503_not_a_hang_and_the_store_recovers(pg_ow
     try:
         await store.write(lambda tx: tx.execute("INSERT INTO projects VALUES ('a', 'a', 1, NULL)"))
         await trio.to_thread.run_sync(server.stop)
-        with trio.fail_after(20):
-            for call in (store.read, store.write):
+        with trio.fail_after(30):
+            # Requests go on failing fast for a while (the pool's retries back off).
+            for call in (store.read, store.write) * 3:
+                before = trio.current_time()
                 with pytest.raises(StoreUnavailable) as caught:
                     await call(lambda tx: tx.fetch_one("SELECT count(*) AS n FROM projects"))
+                assert trio.current_time() - before < 4  # the pool timeout, and a margin
                 assert caught.value.headers["Retry-After"]
         await trio.to_thread.run_sync(server.start)
+        back = trio.current_time()
         with trio.fail_after(30):
             while True:  # the pool replaces its broken connections; poll until it has
                 try:
@@ -145,6 +149,7 @@ async def test_a_stopped_server_is_a_503_not_a_hang_and_the_store_recovers(pg_ow
                 except StoreUnavailable:
                     await trio.sleep(0.1)
         assert row == {"n": 1}
+        assert trio.current_time() - back < 6, "the store came back long after the server"
         await store.write(lambda tx: tx.execute("INSERT INTO projects VALUES ('b', 'b', 1, NULL)"))
     finally:
         await store.aclose()

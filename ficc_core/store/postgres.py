@@ -61,6 +61,9 @@ WRITE_LOCK = 0x46494343
 RETRY_BUSY = 1
 RETRY_DOWN = 2
 
+#: The longest the pool goes on retrying one failed connection (see PostgresStore).
+RECONNECT_WITHIN = 2.0
+
 _UNAVAILABLE = (psycopg.OperationalError, psycopg.InterfaceError)
 
 
@@ -208,6 +211,10 @@ class PostgresStore:
             },
             configure=_configure,
             check=ConnectionPool.check_connection,
+            # The pool retries a failed connection with a doubling delay until this bound,
+            # then gives up until the next request asks: a short bound keeps the retries
+            # close together, so the store is back within seconds of the server.
+            reconnect_timeout=RECONNECT_WITHIN,
             name="ficc-store",
         )
         self._open = False
