@@ -11,10 +11,15 @@ import psycopg
 import pytest
 import trio
 
+from ficc_core.api.app import create_app
+from ficc_core.config import load_config
+from ficc_core.controller.service import open_service
 from ficc_core.errors import StoreError, StoreUnavailable
 from ficc_core.store import open_store
 from ficc_core.store.migrations import MIGRATIONS
 from ficc_core.store.postgres import RETRY_BUSY, WRITE_LOCK, open_postgres_store
+
+from .conftest import bearer, issue_token
 
 
 def _waiting_for_the_write_lock(url: str) -> int:
@@ -204,3 +209,39 @@ async def test_open_store_picks_the_backend_from_database_url(backend_config):
         assert store.schema_version == len(MIGRATIONS)
     finally:
         await store.aclose()
+
+
+async def test_a_busy_pool_answers_an_unknown_token_503_never_401(tmp_path, pg_url):
+    """Through the real app: with every connection held, a token the controller has not
+    verified cannot be judged, so it is a 503 with Retry-After, not a 401."""
+    config = load_config(
+        overrides={
+            "data_dir": str(tmp_path / "data"),
+            "database_url": pg_url,
+            "store_pool_size": 1,
+            "store_pool_timeout": "300ms",
+        },
+        environ={},
+    )
+    holding, release = threading.Event(), threading.Event()
+
+    def hold(tx):
+        holding.set()
+        assert release.wait(30)
+
+    with trio.fail_after(60):
+        async with open_service(config) as service:
+            await service.auth.bootstrap()
+            token = await issue_token(service, name="unseen")  # not verified yet: not cached
+            client = create_app(service).test_client()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(service.store.read, hold)
+                await trio.to_thread.run_sync(holding.wait)
+                response = await client.get("/api/v1/whoami", headers=bearer(token))
+                assert response.status_code == 503
+                assert response.headers["Retry-After"]
+                body = await response.get_json()
+                assert body["error"]["code"] == "store_unavailable"
+                release.set()
+            response = await client.get("/api/v1/whoami", headers=bearer(token))
+            assert response.status_code == 200
