@@ -1,5 +1,5 @@
 """The store's settings: database_url chooses the backend, is validated, and its password
-is never printed by `ficc config`."""
+is never printed by `ficc config`; without PostgreSQL its tests skip, except in CI."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ from ficc_core.cli.main import cli
 from ficc_core.config import load_config
 from ficc_core.errors import ConfigError
 from ficc_core.store import is_postgres_url, redact_url
+
+from . import pg_support
 
 
 def test_database_url_defaults_to_sqlite_and_takes_a_postgresql_url_from_the_environment():
@@ -60,3 +62,12 @@ def test_ficc_config_never_prints_the_database_password(tmp_path):
     assert "s3cret" not in result.output
     human = CliRunner().invoke(cli, ["config"], env=env)
     assert "s3cret" not in human.output and "u:***@db" in human.output
+
+
+def test_missing_postgresql_skips_the_tests_locally_and_fails_them_under_ci(monkeypatch):
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="must run in CI: no binaries"):
+        pg_support.unavailable("no binaries")
+    monkeypatch.delenv("CI")
+    with pytest.raises(pytest.skip.Exception, match="no binaries"):
+        pg_support.unavailable("no binaries")
