@@ -12,7 +12,7 @@ import threading
 import pytest
 import trio
 
-from ficc_core.errors import StoreError
+from ficc_core.errors import StoreError, StoreUnavailable
 from ficc_core.store import open_sqlite_store
 from ficc_core.store.migrations import MIGRATIONS
 
@@ -211,3 +211,20 @@ async def test_a_sqlite_database_from_a_newer_ficc_is_refused_untouched(tmp_path
     assert conn.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS) + 5
     assert conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0] == 0
     conn.close()
+
+
+async def test_sqlite_that_cannot_be_had_now_is_a_503_and_a_wrong_statement_is_not(tmp_path):
+    store = await open_sqlite_store(tmp_path / "ficc.sqlite3")
+
+    def locked(tx):
+        raise sqlite3.OperationalError("database is locked")
+
+    try:
+        with pytest.raises(StoreUnavailable) as caught:
+            await store.write(locked)
+        assert caught.value.headers["Retry-After"] and caught.value.status == 503
+        with pytest.raises(sqlite3.OperationalError, match="no such table"):
+            await store.read(lambda tx: tx.fetch_one("SELECT * FROM nowhere"))
+        await store.write(_insert_project("a", "a"))  # rolled back cleanly both times
+    finally:
+        await store.aclose()
