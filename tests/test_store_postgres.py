@@ -167,6 +167,14 @@ async def test_opening_an_unreachable_server_fails_within_the_pool_timeout(pg_ow
         await open_postgres_store(url, pool_timeout=1)
 
 
+async def test_a_refused_connection_at_start_says_why(pg_server):
+    missing = pg_server.url("no_such_database")
+    with trio.fail_after(20), pytest.raises(StoreError, match='"no_such_database" does not exist'):
+        await open_postgres_store(missing)
+    with pytest.raises(StoreError, match="not a valid libpq URL"):
+        await open_postgres_store("postgresql://u@h/db?nonsense=1")
+
+
 async def test_two_controllers_starting_together_migrate_once(pg_url):
     stores = []
 

@@ -202,13 +202,7 @@ class PostgresStore:
             max_size=pool_size,
             timeout=pool_timeout,
             open=False,
-            # libpq counts whole seconds and reads anything below 2 as 2.
-            kwargs={
-                "autocommit": True,
-                "row_factory": dict_row,
-                "connect_timeout": max(2, math.ceil(pool_timeout)),
-                "application_name": "ficc",
-            },
+            kwargs={"autocommit": True, "row_factory": dict_row, **self._connect_options()},
             configure=_configure,
             check=ConnectionPool.check_connection,
             # The pool retries a failed connection with a doubling delay until this bound,
@@ -220,8 +214,28 @@ class PostgresStore:
         self._open = False
 
     def open_sync(self) -> None:
-        """Connect and run migrations (blocking; call from a thread)."""
+        """Connect, run migrations, then open the pool (blocking; call from a thread).
+
+        The first connection is made alone, so a refusal names its reason (no such
+        database, a wrong password, TLS required) rather than a pool timeout.
+        """
         where = describe(self.url)
+        try:
+            psycopg.conninfo.conninfo_to_dict(self.url)
+        except psycopg.ProgrammingError as exc:
+            raise StoreError(f"database_url is not a valid libpq URL: {exc}") from None
+        try:
+            with psycopg.connect(
+                self.url, autocommit=True, row_factory=dict_row, **self._connect_options()
+            ) as conn:
+                self.schema_version = migrate(conn)
+        except psycopg.OperationalError as exc:
+            raise StoreError(
+                f"cannot connect to the database {where}: {str(exc).strip()}",
+                details={"database": where},
+            ) from None
+        except psycopg.Error as exc:
+            raise StoreError(f"cannot migrate the database {where}: {exc}") from None
         try:
             self._pool.open(wait=True, timeout=self.pool_timeout)
         except PoolTimeout:
@@ -231,15 +245,13 @@ class PostgresStore:
                 details={"database": where},
             ) from None
         self._open = True
-        try:
-            with self._pool.connection() as conn:
-                self.schema_version = migrate(conn)
-        except BaseException as exc:
-            self._pool.close()
-            self._open = False
-            if isinstance(exc, psycopg.Error):
-                raise StoreError(f"cannot migrate the database {where}: {exc}") from None
-            raise
+
+    def _connect_options(self) -> dict[str, Any]:
+        # libpq counts whole seconds and reads anything below 2 as 2.
+        return {
+            "connect_timeout": max(2, math.ceil(self.pool_timeout)),
+            "application_name": "ficc",
+        }
 
     def _call(self, begin: str, fn: Callable[[Any], T], write: bool) -> T:
         if not self._open:
