@@ -245,6 +245,12 @@ class PostgresStore:
                 details={"database": where},
             ) from None
         self._open = True
+        log.info(
+            "store: PostgreSQL database %s at schema version %s, up to %s connections",
+            where,
+            self.schema_version,
+            self.pool_size,
+        )
 
     def _connect_options(self) -> dict[str, Any]:
         # libpq counts whole seconds and reads anything below 2 as 2.
