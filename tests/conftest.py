@@ -62,6 +62,7 @@ def pg_server() -> Iterator[pg_support.PostgresServer]:
     reason = pg_support.missing()
     if reason is not None:
         pg_support.unavailable(reason)
+    pg_support.reap_stale()
     server = pg_support.PostgresServer()
     try:
         server.start()

@@ -9,7 +9,9 @@ Debian's binaries (``/usr/lib/postgresql/<version>/bin``) are used. ``initdb`` a
 ``postgres`` user (``runuser -u postgres --``), with the data and socket directories in
 a temporary directory handed to that user. (The ``pytest-postgresql`` plugin runs
 ``pg_ctl`` as the current user, which PostgreSQL refuses to root, so it is not used.)
-TCP is on 127.0.0.1 with a free port; authentication is ``trust`` (loopback only).
+TCP is on 127.0.0.1 with a free port; authentication is ``trust`` (loopback only). A
+server left running by a test run that was killed is stopped by the next session
+(:func:`reap_stale`).
 
 Without the binaries, PostgreSQL tests are skipped locally with the reason, and fail
 under ``CI=true`` (CI installs them: .ci/run).
@@ -67,6 +69,40 @@ def unavailable(reason: str) -> None:
     pytest.skip(reason)
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def reap_stale() -> None:
+    """Stop the servers of test runs that died without stopping theirs (killed, say):
+    each server's directory names the process that started it (``owner``); one whose
+    owner is gone is stopped and removed. Servers of runs still going are left alone."""
+    for root in Path(tempfile.gettempdir()).glob("ficc-pg-*"):
+        try:
+            owner = int((root / "owner").read_text())
+        except (OSError, ValueError):
+            continue
+        if _alive(owner):
+            continue
+        try:
+            postmaster = int((root / "data" / "postmaster.pid").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            postmaster = 0
+        if postmaster and _alive(postmaster):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(postmaster, signal.SIGINT)  # fast shutdown
+            deadline = time.monotonic() + 30
+            while _alive(postmaster) and time.monotonic() < deadline:
+                time.sleep(0.05)  # polling for the process to end, bounded
+        shutil.rmtree(root, ignore_errors=True)
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -82,6 +118,7 @@ class PostgresServer:
         assert bin_dir is not None, missing()
         self.bin = bin_dir
         self.root = Path(tempfile.mkdtemp(prefix="ficc-pg-"))
+        (self.root / "owner").write_text(str(os.getpid()))  # for reap_stale
         self.data = self.root / "data"
         self.sockets = self.root / "sockets"
         self.log = self.root / "postgres.log"

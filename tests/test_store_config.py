@@ -4,6 +4,10 @@ is never printed by `ficc config`; without PostgreSQL its tests skip, except in 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -71,3 +75,32 @@ def test_missing_postgresql_skips_the_tests_locally_and_fails_them_under_ci(monk
     monkeypatch.delenv("CI")
     with pytest.raises(pytest.skip.Exception, match="no binaries"):
         pg_support.unavailable("no binaries")
+
+
+def test_a_server_left_by_a_killed_test_run_is_reaped():
+    """A test process killed before its fixtures ran leaves its server; the next session
+    stops it (and only servers whose starting process is gone)."""
+    reason = pg_support.missing()
+    if reason is not None:
+        pg_support.unavailable(reason)
+    script = (
+        "import sys, time; sys.path.insert(0, sys.argv[1])\n"
+        "from tests.pg_support import PostgresServer\n"
+        "s = PostgresServer(); s.start(); print(s.root, flush=True); time.sleep(600)\n"
+    )
+    repo = str(Path(__file__).resolve().parent.parent)
+    # Its server starts within its own bound (60 s), or it exits and the line is empty.
+    proc = subprocess.Popen([sys.executable, "-c", script, repo], stdout=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline().strip()
+        assert line, "the server did not start"
+        root = Path(line)
+        postmaster = int((root / "data" / "postmaster.pid").read_text().split()[0])
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()
+    pg_support.reap_stale()
+    assert not root.exists()
+    with pytest.raises(ProcessLookupError):
+        os.kill(postmaster, 0)
