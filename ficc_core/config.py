@@ -53,6 +53,15 @@ def _listen_address(_config: Any, setting: attrs.Attribute, address: str) -> Non
         )
 
 
+def _database_url(url: str) -> None:
+    """Refuse a database URL that is neither empty (SQLite) nor a PostgreSQL one."""
+    if url and not url.startswith(("postgresql://", "postgres://")):
+        raise ValueError(
+            "database_url: expected empty (the SQLite file in data_dir) or a "
+            "postgresql://... URL, got a URL of another kind"
+        )
+
+
 def _known_band(config: Any, name: str) -> None:
     if name not in {band.name for band in config.bands}:
         raise ValueError(
@@ -196,6 +205,33 @@ class Config:
         "SQLite reader connections, each used from a worker thread off the event loop.",
         kind="int",
         validator=attrs.validators.ge(1),
+    )
+    # -- the store (docs/operations.md#store) --------------------------------------------
+    database_url: str = _setting(
+        "",
+        "Where the store lives. Empty: the SQLite file in data_dir (one controller, one "
+        "machine). A libpq URL, postgresql://USER:PASSWORD@HOST:PORT/DBNAME?sslmode=..., "
+        "is that PostgreSQL database: the store of an installation with several controllers, "
+        "which all name the same one.",
+        kind="str",
+        validator=lambda _i, _a, value: _database_url(value),
+    )
+    store_pool_size: int = _setting(
+        10,
+        "PostgreSQL connections this controller keeps at most, each used by one transaction "
+        "at a time from a worker thread. Writes queue for one database-wide lock anyway, so "
+        "more connections only help reads; every controller holds its own, and the server's "
+        "max_connections (100 by default) bounds their sum.",
+        kind="int",
+        validator=attrs.validators.ge(1),
+    )
+    store_pool_timeout: float = _setting(
+        5.0,
+        "How long a request waits for a PostgreSQL connection (every one busy, or the server "
+        "unreachable: also the connect timeout) before it is answered 503 store_unavailable "
+        "with Retry-After, rather than holding its client (duration).",
+        kind="duration",
+        validator=attrs.validators.gt(0),
     )
 
     hub_url: str = _setting(
@@ -998,6 +1034,8 @@ def render_reference() -> str:
             default = "`$XDG_DATA_HOME/ficc` or `~/.local/share/ficc`"
         elif field.default is None:
             default = "unset"
+        elif field.default == "":
+            default = "empty"
         elif field.metadata["kind"] == "bands":
             default = f"`{render_bands(field.default)}`"
         elif field.metadata["kind"] == "pricing":

@@ -148,6 +148,13 @@ class NotLeader(FiccError):
         )
 
 
+class StoreNotEmpty(StoreError):
+    """``ficc admin migrate-store`` refused a destination that already holds data."""
+
+    status = 409
+    code = "store_not_empty"
+
+
 class ConfigError(FiccError):
     """A configuration file or value is invalid."""
 

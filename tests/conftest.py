@@ -1,7 +1,9 @@
-"""Shared fixtures: a real controller on a real SQLite file in a temporary directory."""
+"""Shared fixtures: a real controller on a real SQLite file in a temporary directory, or
+on a real PostgreSQL database (tests/pg_support.py) where a test asks for both backends."""
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -15,7 +17,9 @@ from ficc_core.api.app import create_app
 from ficc_core.auth import ALL_SCOPES
 from ficc_core.config import Config, load_config
 from ficc_core.controller.service import Service, open_service
+from ficc_core.store import Store, open_sqlite_store
 
+from . import pg_support
 from .httpsd import open_https_server, write_ca_bundle
 from .serve_support import ServeProcess
 
@@ -39,8 +43,102 @@ def _own_user_config(tmp_path_factory, monkeypatch) -> Path:
 
 
 @pytest.fixture
-def config(tmp_path: Path) -> Config:
-    return load_config(overrides={"data_dir": str(tmp_path / "data")}, environ={})
+def config(request, tmp_path: Path) -> Config:
+    """The controller's settings: SQLite in tmp_path/data; with FICC_TEST_BACKEND=postgresql
+    every test of this fixture runs on a fresh PostgreSQL database instead."""
+    overrides = {"data_dir": str(tmp_path / "data")}
+    if os.environ.get("FICC_TEST_BACKEND") == "postgresql":
+        overrides["database_url"] = request.getfixturevalue("pg_url")
+    return load_config(overrides=overrides, environ={})
+
+
+# -- PostgreSQL (tests/pg_support.py) ---------------------------------------------------
+BACKENDS = ("sqlite", "postgresql")
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[pg_support.PostgresServer]:
+    """The test session's one PostgreSQL server (started on first use)."""
+    reason = pg_support.missing()
+    if reason is not None:
+        pg_support.unavailable(reason)
+    pg_support.reap_stale()
+    server = pg_support.PostgresServer()
+    try:
+        server.start()
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture
+def pg_url(pg_server: pg_support.PostgresServer) -> Iterator[str]:
+    """A libpq URL for this test's own fresh, empty database (dropped afterwards)."""
+    name = pg_server.create_database()
+    try:
+        yield pg_server.url(name)
+    finally:
+        pg_server.drop_database(name)
+
+
+@pytest.fixture
+def pg_own_server() -> Iterator[pg_support.PostgresServer]:
+    """A PostgreSQL server of this test's own, for a test that stops and starts it."""
+    reason = pg_support.missing()
+    if reason is not None:
+        pg_support.unavailable(reason)
+    server = pg_support.PostgresServer()
+    try:
+        server.start()
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request) -> str:
+    """Each backend in turn: "sqlite", then "postgresql"."""
+    return request.param
+
+
+@pytest.fixture
+def database_url(request, backend: str) -> str:
+    """The ``database_url`` setting for :func:`backend`: "" (SQLite in data_dir), or a
+    fresh PostgreSQL database's URL."""
+    return request.getfixturevalue("pg_url") if backend == "postgresql" else ""
+
+
+@pytest.fixture
+def backend_config(tmp_path: Path, database_url: str) -> Config:
+    """:func:`config` on each backend; a module runs its tests on both with
+    ``config = backend_config`` wrapped as its own ``config`` fixture."""
+    return load_config(
+        overrides={"data_dir": str(tmp_path / "data"), "database_url": database_url}, environ={}
+    )
+
+
+async def open_same_store(store: Store) -> Store:
+    """Another store on ``store``'s database: another process's, another controller's."""
+    if store.backend == "postgresql":  # type: ignore[attr-defined]
+        from ficc_core.store.postgres import open_postgres_store
+
+        return await open_postgres_store(store.url)  # type: ignore[attr-defined]
+    return await open_sqlite_store(store.path)  # type: ignore[attr-defined]
+
+
+@pytest.fixture
+async def store_backend(tmp_path: Path, database_url: str) -> AsyncIterator[Store]:
+    """An opened, migrated, empty store of each backend in turn (closed afterwards)."""
+    if database_url:
+        from ficc_core.store.postgres import open_postgres_store
+
+        store: Store = await open_postgres_store(database_url)
+    else:
+        store = await open_sqlite_store(tmp_path / "ficc.sqlite3")
+    try:
+        yield store
+    finally:
+        await store.aclose()
 
 
 @pytest.fixture
@@ -180,8 +278,20 @@ class LiveServer:
 
 
 @pytest.fixture(scope="module")
-def live_server(tmp_path_factory) -> Iterator[LiveServer]:
+def live_server(request, tmp_path_factory) -> Iterator[LiveServer]:
+    """A live controller for the module; with FICC_TEST_BACKEND=postgresql, on a database
+    of its own on the session's PostgreSQL server."""
     data = tmp_path_factory.mktemp("live")
-    config = load_config(overrides={"data_dir": str(data), "port": 0}, environ={})
-    with LiveServer(config) as server:
-        yield server
+    overrides: dict[str, object] = {"data_dir": str(data), "port": 0}
+    database = None
+    if os.environ.get("FICC_TEST_BACKEND") == "postgresql":
+        pg = request.getfixturevalue("pg_server")
+        database = pg.create_database()
+        overrides["database_url"] = pg.url(database)
+    config = load_config(overrides=overrides, environ={})
+    try:
+        with LiveServer(config) as server:
+            yield server
+    finally:
+        if database is not None:
+            pg.drop_database(database)

@@ -18,6 +18,12 @@ from ficc_core.errors import StoreUnavailable, Unauthenticated
 from .conftest import FakeClock, bearer, issue_token
 
 
+@pytest.fixture
+def config(backend_config):
+    """Every test here runs on SQLite and on PostgreSQL (tests/conftest.py)."""
+    return backend_config
+
+
 class FlakyStore:
     """The real store, counting reads; ``fail`` makes reads raise, ``hold`` makes them wait."""
 

@@ -16,6 +16,12 @@ from .conftest import FakeClock
 from .test_contributors import _snapshot
 
 
+@pytest.fixture
+def config(backend_config):
+    """Every test here runs on SQLite and on PostgreSQL (tests/conftest.py)."""
+    return backend_config
+
+
 def _service_event(tx, service_id: str, at: float, reason: str = "x") -> Event:
     return record(
         tx,

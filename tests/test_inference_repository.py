@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import attrs
+import pytest
 
 from ficc_core.contributors import repository as contributors
 from ficc_core.contributors.records import Assignment, AssignmentReason, NodeState
@@ -17,6 +18,12 @@ from ficc_core.inference.records import (
     UsageEntry,
 )
 from ficc_core.schema import ExecutorSnapshot, NodeResources, ProviderInfo, canonical_json
+
+
+@pytest.fixture
+def config(backend_config):
+    """Every test here runs on SQLite and on PostgreSQL (tests/conftest.py)."""
+    return backend_config
 
 
 async def _project_id(service) -> str:

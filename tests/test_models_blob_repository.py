@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import pytest
+
 from ficc_core.models import repository
 from ficc_core.models.blob_records import BlobState, BlobStatus, FileRef, Partial
 from ficc_core.schema import ModelManifest, structure
 
 from .models_support import gguf_manifest
+
+
+@pytest.fixture
+def config(backend_config):
+    """Every test here runs on SQLite and on PostgreSQL (tests/conftest.py)."""
+    return backend_config
 
 
 async def _two_models_of_one_content(service) -> tuple[FileRef, FileRef]:

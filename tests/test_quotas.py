@@ -1,6 +1,7 @@
 """The quota gate on real SQLite: sliding-window rate limits per credential, person and
 project, the defaults as a fallback, reservations reconciled to the engine's usage,
-budgets to the milli-unit, two processes on one store, and a failing store."""
+budgets to the milli-unit, two processes on one store, and a failing store (those two on
+PostgreSQL too)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ from ficc_core.metrics import Metrics
 from ficc_core.quotas import BudgetExceeded, Quotas, QuotaSync, RateLimited
 from ficc_core.quotas.meters import retry_after
 from ficc_core.store import open_sqlite_store
+
+from .conftest import open_same_store
 
 T0 = 1_800_000_000.0  # a minute's start (divisible by 60), mid-January 2027 UTC
 
@@ -293,10 +296,11 @@ async def test_limits_are_validated_field_by_field_and_nothing_changes(tmp_path)
     assert cleared.empty and "p1" not in quotas.limits["project"]
 
 
-async def test_two_processes_hold_a_limit_together_within_one_interval(tmp_path):
+async def test_two_processes_hold_a_limit_together_within_one_interval(tmp_path, store_backend):
+    """Two processes on one SQLite file, or two controllers on one PostgreSQL database."""
     clock = Clock(T0 + 5)
-    store_a = await open_sqlite_store(tmp_path / "q.db")
-    store_b = await open_sqlite_store(tmp_path / "q.db")
+    store_a = store_backend
+    store_b = await open_same_store(store_backend)
     a = await gate(tmp_path, clock, store_a)
     b = await gate(tmp_path, clock, store_b)
     sync_a = QuotaSync(a, Metrics(), interval=1.0)
@@ -322,7 +326,6 @@ async def test_two_processes_hold_a_limit_together_within_one_interval(tmp_path)
         )
     )
     assert {r["subject"]: r["requests"] for r in rows}["project:p1"] >= 120
-    await store_a.aclose()
     await store_b.aclose()
 
 
@@ -343,9 +346,11 @@ class FailingStore:
         return await self.store.write(fn)
 
 
-async def test_a_failing_store_never_stops_counting_and_loses_nothing(tmp_path, caplog):
+async def test_a_failing_store_never_stops_counting_and_loses_nothing(
+    tmp_path, caplog, store_backend
+):
     clock = Clock(T0 + 1)
-    store = FailingStore(await open_sqlite_store(tmp_path / "q.db"))
+    store = FailingStore(store_backend)
     quotas = await gate(tmp_path, clock, store)
     metrics = Metrics()
     sync = QuotaSync(quotas, metrics, interval=1.0)
@@ -368,7 +373,6 @@ async def test_a_failing_store_never_stops_counting_and_loses_nothing(tmp_path, 
         )
     )
     assert row == {"requests": 50}
-    await store.store.aclose()
 
 
 async def test_a_stalled_store_never_holds_a_request(tmp_path, autojump_clock):

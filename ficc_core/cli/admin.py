@@ -20,6 +20,7 @@ from ..auth import ALL_SCOPES, PROJECT_SCOPES
 from ..config import parse_duration
 from ..controller.service import Service, open_service
 from ..errors import FiccError
+from ..store import is_postgres_url
 from .options import data_dir_flag
 from .output import echo_table, emit, json_option, when
 from .settings import load_settings, run_trio
@@ -43,7 +44,7 @@ def _admin(ctx: click.Context, fn: Callable[[Service], Awaitable[Any]]) -> Any:
     """
     config = load_settings(ctx, {})
     database = config.database_path
-    if not database.is_file():
+    if not is_postgres_url(config.database_url) and not database.is_file():
         raise click.ClickException(
             f"no FICC database at {database}; admin commands do not create one. Name the "
             f"data directory 'ficc serve' uses with --data-dir (or FICC_DATA_DIR), or start "

@@ -12,6 +12,7 @@ from .doctor import doctor
 from .executor import executor
 from .inference import inference
 from .login import login, logout, whoami
+from .migrate_store import migrate_store_command
 from .models import models
 from .options import install_global_options
 from .plugins import plugins_command
@@ -38,6 +39,7 @@ cli.add_command(admin, "admin")
 admin.add_command(set_limits)
 admin.add_command(show_limits)
 admin.add_command(users, "users")
+admin.add_command(migrate_store_command)
 cli.add_command(models, "models")
 cli.add_command(inference, "inference")
 cli.add_command(plugins_command, "plugins")

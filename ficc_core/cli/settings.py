@@ -16,6 +16,7 @@ import trio
 
 from ..config import Config, env_name, load_config, render_reference
 from ..errors import FiccError
+from ..store import redact_url
 from .options import settings_sources
 from .output import echo_table, emit, json_option
 
@@ -97,6 +98,7 @@ def config_command(ctx: click.Context, reference: bool, as_json: bool) -> None:
         return
     config = load_settings(ctx, {})
     document = {field.name: _plain(getattr(config, field.name)) for field in attrs.fields(Config)}
+    document["database_url"] = redact_url(config.database_url)  # never print its password
 
     def human(settings: dict[str, Any]) -> None:
         rows = [("SETTING", "VALUE")]

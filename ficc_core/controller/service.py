@@ -36,7 +36,7 @@ from ..models.fetch import FetchPolicy, make_client
 from ..models.registry import ModelRegistry
 from ..plugins import PluginSet, build_plugin_manager
 from ..quotas import Quotas, QuotaSync
-from ..store import Store, open_sqlite_store
+from ..store import Store, open_store
 from .follower import RoutingFollower
 from .lease import LeaderLease
 
@@ -143,7 +143,7 @@ async def open_service(
     """
     if plugins is None:
         plugins = await trio.to_thread.run_sync(build_plugin_manager)
-    store = await open_sqlite_store(config.database_path, readers=config.store_read_threads)
+    store = await open_store(config)
     try:
         blobs = await trio.to_thread.run_sync(BlobStore, config.blobs_path, store)
         acquirer = Acquirer(

@@ -147,7 +147,7 @@ def set_scale(
     ``bump`` is false (the transaction's other write of the service moves it)."""
     tx.execute(
         "UPDATE inference_services SET revision = revision + ?, updated_at = ?, active = ?,"
-        " scaled_at = CASE WHEN ? THEN ? ELSE scaled_at END WHERE id = ?",
+        " scaled_at = CASE WHEN ? = 1 THEN ? ELSE scaled_at END WHERE id = ?",
         (int(bump), now, _active_json(active), int(decided), now, service_id),
     )
 
@@ -457,10 +457,11 @@ def usage_summary(
         " SUM(CASE WHEN outcome NOT IN ('ok', 'cancelled') THEN requests ELSE 0 END) AS errors,"
         " COALESCE(SUM(prompt_tokens), 0) AS prompt_tokens,"
         " COALESCE(SUM(completion_tokens), 0) AS completion_tokens,"
-        # Means of the requests that reached a replica (a refusal's replica is "").
-        " SUM(ttfb * requests) / SUM(CASE WHEN ttfb IS NULL THEN 0 ELSE requests END)"
+        # Means of the requests that reached a replica (a refusal's replica is ""); none
+        # is NULL (NULLIF: PostgreSQL refuses a division by zero, SQLite gives NULL).
+        " SUM(ttfb * requests) / NULLIF(SUM(CASE WHEN ttfb IS NULL THEN 0 ELSE requests END), 0)"
         " AS mean_ttfb, SUM(CASE WHEN replica = '' THEN 0 ELSE duration * requests END)"
-        " / SUM(CASE WHEN replica = '' THEN 0 ELSE requests END) AS mean_duration,"
+        " / NULLIF(SUM(CASE WHEN replica = '' THEN 0 ELSE requests END), 0) AS mean_duration,"
         " COALESCE(SUM(cost), 0) AS cost"
         " FROM inference_usage WHERE service_id = ? AND finished_at >= ?",
         (service_id, start),

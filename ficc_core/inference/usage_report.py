@@ -186,7 +186,9 @@ def _aggregate(
 ) -> list[UsageGroup]:
     columns = [GROUPS[name] for name in groups]
     select = "".join(f"{column}, " for column in columns)
-    grouping = f" GROUP BY {', '.join(columns)} ORDER BY {', '.join(columns)}" if columns else ""
+    # NULLS FIRST: SQLite's order of a NULL group (requests of no person), PostgreSQL's last.
+    ordering = ", ".join(f"{column} NULLS FIRST" for column in columns)
+    grouping = f" GROUP BY {', '.join(columns)} ORDER BY {ordering}" if columns else ""
     rows = tx.fetch_all(
         f"SELECT {select}COALESCE(SUM(requests), 0) AS requests,"
         " COALESCE(SUM(prompt_tokens), 0) AS prompt_tokens,"

@@ -4,13 +4,19 @@ Everything durable goes through a :class:`Store`. Callers hand it a plain
 function that receives a :class:`Transaction`; the store runs that function in a
 worker thread (never on the trio event loop) inside one transaction: all of it
 commits, or none of it does. SQL is written with ``?`` placeholders and the
-portable subset of SQL, so a second backend (PostgreSQL) can follow.
+portable subset of SQL that both backends read: SQLite (:mod:`.sqlite`, the embedded
+default) and PostgreSQL (:mod:`.postgres`, for several controllers; :mod:`.dialect` holds
+the few translations). :func:`open_store` picks one from the ``database_url`` setting.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+if TYPE_CHECKING:
+    from ..config import Config
 
 T = TypeVar("T")
 
@@ -52,4 +58,49 @@ class Store(Protocol):
 
 from .sqlite import SQLiteStore, open_sqlite_store  # noqa: E402
 
-__all__ = ["Row", "SQLiteStore", "Store", "Transaction", "open_sqlite_store"]
+POSTGRES_SCHEMES = ("postgresql://", "postgres://")
+
+
+def is_postgres_url(url: str) -> bool:
+    """Whether ``url`` names a PostgreSQL database (a libpq URL)."""
+    return url.startswith(POSTGRES_SCHEMES)
+
+
+def redact_url(url: str) -> str:
+    """``url`` with its password (in the authority or a ``password=`` parameter) shown
+    as ``***``, for ``ficc config`` and messages."""
+    if not is_postgres_url(url):
+        return url
+    scheme, _, rest = url.partition("://")
+    authority, slash, tail = rest.partition("/")
+    user, at, host = authority.rpartition("@")
+    if at and ":" in user:
+        authority = f"{user.split(':', 1)[0]}:***@{host}"
+    tail = re.sub(r"(?i)(^|[?&])password=[^&]*", r"\1password=***", tail)
+    return f"{scheme}://{authority}{slash}{tail}"
+
+
+async def open_store(config: Config) -> Store:
+    """Open the store ``config`` names: ``database_url`` empty is the SQLite file in
+    ``data_dir``; a ``postgresql://`` URL is that PostgreSQL database."""
+    url = config.database_url
+    if is_postgres_url(url):
+        # Imported here: an installation on SQLite alone never loads psycopg.
+        from .postgres import open_postgres_store
+
+        return await open_postgres_store(
+            url, pool_size=config.store_pool_size, pool_timeout=config.store_pool_timeout
+        )
+    return await open_sqlite_store(config.database_path, readers=config.store_read_threads)
+
+
+__all__ = [
+    "Row",
+    "SQLiteStore",
+    "Store",
+    "Transaction",
+    "is_postgres_url",
+    "open_sqlite_store",
+    "open_store",
+    "redact_url",
+]

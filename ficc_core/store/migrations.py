@@ -1,11 +1,35 @@
-"""Schema migrations, applied in order on start; ``PRAGMA user_version`` records the last.
+"""Schema migrations, applied in order on start; the version records the last applied.
 
-Append a new tuple of statements for every change; never edit a released one.
+SQLite keeps the version in ``PRAGMA user_version``, PostgreSQL in ``ficc_schema``.
+Append a new tuple of statements for every change; never edit a released one. One list
+serves both backends: PostgreSQL runs each statement with its types translated
+(:func:`ficc_core.store.dialect.translate_ddl`); a statement SQLite alone understands
+(its JSON functions, ``rowid``, ``ifnull``) is a :class:`Dialects` pair, with a
+PostgreSQL form of the same meaning beside it.
 """
 
 from __future__ import annotations
 
-MIGRATIONS: list[tuple[str, ...]] = [
+from typing import NamedTuple
+
+
+class Dialects(NamedTuple):
+    """One migration statement written once per backend (the same meaning in each)."""
+
+    sqlite: str
+    postgresql: str
+
+
+def statements(version: int, backend: str) -> tuple[str, ...]:
+    """Migration ``version``'s statements (1-based) in ``backend``'s form ("sqlite" or
+    "postgresql")."""
+    return tuple(
+        getattr(statement, backend) if isinstance(statement, Dialects) else statement
+        for statement in MIGRATIONS[version - 1]
+    )
+
+
+MIGRATIONS: list[tuple[str | Dialects, ...]] = [
     # 1: projects, users, memberships, bearer credentials, browser sessions.
     (
         """CREATE TABLE projects (
@@ -228,8 +252,9 @@ MIGRATIONS: list[tuple[str, ...]] = [
             FOREIGN KEY (model_id, idx) REFERENCES model_files(model_id, idx) ON DELETE CASCADE
         )""",
         "CREATE INDEX partials_sha256 ON partials(sha256)",
-        """INSERT INTO partials (model_id, idx, sha256, size, state, durable_offset, error,
-            updated_at)
+        Dialects(
+            sqlite="""INSERT INTO partials (model_id, idx, sha256, size, state, durable_offset,
+            error, updated_at)
         SELECT f.model_id, f.idx, b.sha256, b.size, b.state, b.durable_offset,
             CASE WHEN b.reason IS NULL THEN NULL ELSE json_object('code', 'upload_failed',
                 'message', b.reason, 'details', json_object()) END,
@@ -238,6 +263,19 @@ MIGRATIONS: list[tuple[str, ...]] = [
         WHERE b.state != 'verified' AND (b.durable_offset > 0 OR b.state != 'partial')
             AND f.rowid = (SELECT f2.rowid FROM model_files f2 JOIN models m ON m.id = f2.model_id
                 WHERE f2.sha256 = b.sha256 ORDER BY m.created_at, f2.model_id, f2.idx LIMIT 1)""",
+            # The same, with PostgreSQL's JSON builder and the file's key for SQLite's rowid.
+            postgresql="""INSERT INTO partials (model_id, idx, sha256, size, state,
+            durable_offset, error, updated_at)
+        SELECT f.model_id, f.idx, b.sha256, b.size, b.state, b.durable_offset,
+            CASE WHEN b.reason IS NULL THEN NULL ELSE json_build_object('code',
+                'upload_failed', 'message', b.reason, 'details', json_build_object())::text END,
+            b.updated_at
+        FROM blobs b JOIN model_files f ON f.sha256 = b.sha256
+        WHERE b.state != 'verified' AND (b.durable_offset > 0 OR b.state != 'partial')
+            AND (f.model_id, f.idx) = (SELECT f2.model_id, f2.idx FROM model_files f2
+                JOIN models m ON m.id = f2.model_id
+                WHERE f2.sha256 = b.sha256 ORDER BY m.created_at, f2.model_id, f2.idx LIMIT 1)""",
+        ),
         "UPDATE blobs SET state = 'partial', durable_offset = 0, reason = NULL"
         " WHERE state != 'verified'",
         "ALTER TABLE acquisitions ADD COLUMN error TEXT",
@@ -373,7 +411,12 @@ MIGRATIONS: list[tuple[str, ...]] = [
             user_id TEXT REFERENCES users(id) ON DELETE CASCADE,
             created_at REAL NOT NULL
         )""",
-        "CREATE UNIQUE INDEX service_shares_one ON service_shares(service_id, ifnull(user_id, ''))",
+        Dialects(
+            sqlite="CREATE UNIQUE INDEX service_shares_one"
+            " ON service_shares(service_id, ifnull(user_id, ''))",
+            postgresql="CREATE UNIQUE INDEX service_shares_one"
+            " ON service_shares(service_id, COALESCE(user_id, ''))",
+        ),
         "CREATE INDEX service_shares_user ON service_shares(user_id)",
         "CREATE INDEX credentials_user ON credentials(user_id)",
     ),

@@ -17,12 +17,23 @@ from typing import Any, TypeVar
 
 import trio
 
-from ..errors import StoreError
-from .migrations import MIGRATIONS
+from ..errors import StoreError, StoreUnavailable
+from .migrations import MIGRATIONS, statements
 
 T = TypeVar("T")
 
 log = logging.getLogger("ficc.store")
+
+#: SQLite's errors that say the file cannot be had now (not that the SQL is wrong): a
+#: request that meets one is answered 503 ``store_unavailable`` with Retry-After.
+_UNAVAILABLE = ("database is locked", "disk i/o error", "unable to open", "disk is full")
+
+
+def _unavailable(exc: sqlite3.OperationalError) -> StoreUnavailable | None:
+    text = str(exc).lower()
+    if any(marker in text for marker in _UNAVAILABLE):
+        return StoreUnavailable(f"the SQLite database cannot be used now: {exc}")
+    return None
 
 
 class _SQLiteTransaction:
@@ -57,6 +68,16 @@ def _connect(path: Path) -> sqlite3.Connection:
 
 
 def _run_in_transaction(conn: sqlite3.Connection, begin: str, fn: Callable[[Any], T]) -> T:
+    try:
+        return _transaction(conn, begin, fn)
+    except sqlite3.OperationalError as exc:
+        unavailable = _unavailable(exc)
+        if unavailable is None:
+            raise
+        raise unavailable from None
+
+
+def _transaction(conn: sqlite3.Connection, begin: str, fn: Callable[[Any], T]) -> T:
     conn.execute(begin)
     tx = _SQLiteTransaction(conn)
     try:
@@ -86,7 +107,7 @@ def migrate(conn: sqlite3.Connection) -> int:
                 details={"schema_version": current, "supported": newest},
             )
         for version in range(current + 1, newest + 1):
-            for statement in MIGRATIONS[version - 1]:
+            for statement in statements(version, "sqlite"):
                 conn.execute(statement)
             conn.execute(f"PRAGMA user_version = {version}")
     except BaseException:
@@ -98,6 +119,8 @@ def migrate(conn: sqlite3.Connection) -> int:
 
 class SQLiteStore:
     """The :class:`~ficc_core.store.Store` backed by one SQLite file in WAL mode."""
+
+    backend = "sqlite"
 
     def __init__(self, path: Path, *, readers: int = 4) -> None:
         self.path = Path(path)
