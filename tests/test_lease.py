@@ -325,3 +325,42 @@ async def test_an_operation_needing_the_leader_ends_when_the_lease_is_lost(
                 await a.tick()
             assert not a.leading
             nursery.cancel_scope.cancel()
+
+
+async def test_a_leader_the_store_stopped_answering_keeps_renewing_its_nodes_until_it_hears(
+    store: SQLiteStore,
+) -> None:
+    """Stepped down because the store did not answer, it leads no more (no launch, no
+    stop, no reconciler) but keeps its nodes' engines alive at its old term, until the
+    store names another leader or a newer term (here its own next claim)."""
+    clock = WallClock()
+    stalling = StallingStore(store)
+    a = lease_of(stalling, "a", clock)
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(a.run)
+            assert a.leading and a.renewing
+            held = a.term
+            stalling.stalled = trio.Event()
+            while a.leading:  # noqa: ASYNC110
+                await trio.sleep(0.05)
+            assert a.renewing and a.term == held  # nobody can have taken it meanwhile
+            with pytest.raises(NotLeader):
+                a.require_leader("move")
+            stalling.stalled.set()  # the store answers; the old claim runs out unresumed
+            while not a.leading:  # noqa: ASYNC110
+                assert a.renewing  # the nodes are renewed all along
+                await trio.sleep(0.02)
+            assert a.term == held + 1
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_standby_never_renews(store: SQLiteStore) -> None:
+    clock = WallClock()
+    a, b = lease_of(store, "a", clock), lease_of(store, "b", clock)
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(a.run)
+            await nursery.start(b.run)
+            assert a.renewing and not b.renewing and not b.leading
+            nursery.cancel_scope.cancel()

@@ -30,6 +30,10 @@ class Leadership:
     leading: bool
     term: int
 
+    @property
+    def renewing(self) -> bool:
+        return self.leading
+
     def require_leader(self, action: str) -> None:
         if not self.leading:
             raise NotLeader(action, leader_id="other", leader_url="http://other", term=self.term)

@@ -81,7 +81,7 @@ async def serve_node_connection(
                     now = trio.current_time()
                     term = leadership.term
                     due = term != renewed_term or now - renewed_at >= period
-                    if leadership.leading and due:
+                    if leadership.renewing and due:
                         renewal = {"type": "renew", "duration": lease_duration, "term": term}
                         await channel.send(json.dumps(renewal))
                         renewed_term, renewed_at = term, now

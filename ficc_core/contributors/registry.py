@@ -52,6 +52,12 @@ class Leadership(Protocol):
         """The term held (or, on a standby, the newest seen)."""
         ...
 
+    @property
+    def renewing(self) -> bool:
+        """Whether this controller renews its nodes' attempt leases (while it leads, and
+        while the store cannot say that another does)."""
+        ...
+
     def require_leader(self, action: str) -> None:
         """Raise ``not_leader`` unless this controller leads."""
         ...
@@ -62,6 +68,7 @@ class SoleController:
     registry alone): it leads, at term 0 (what a node reads a message without one as)."""
 
     leading = True
+    renewing = True
     term = 0
 
     def require_leader(self, action: str) -> None:

@@ -279,6 +279,9 @@ class LeaderLease:
         self._announced: tuple[str, int] | None = None
         #: The operations running :meth:`while_leading` now.
         self._operations: set[trio.CancelScope] = set()
+        #: The term held when this controller stepped down because its lease went
+        #: unrenewed (the store did not answer), until the store names another leader.
+        self._unconfirmed: int | None = None
 
     # -- what the rest of the controller asks ---------------------------------------------------
 
@@ -286,6 +289,20 @@ class LeaderLease:
     def leading(self) -> bool:
         """Whether this controller holds the lease now."""
         return self._held is not None
+
+    @property
+    def renewing(self) -> bool:
+        """Whether this controller renews its nodes' attempt leases: while it leads, and
+        after it stepped down only because the store stopped answering, at the term it
+        held, until the store names another leader or a newer term (its own next claim).
+
+        While the database is down nobody can take the lease, and the nodes' engines
+        must not die of the outage (their leases outlast a short one, not a long one).
+        A renewal at the old term is harmless where another controller did take over
+        (a partition): the nodes refuse it once they saw the newer term, and launches
+        and stops, the commands that change what runs, are never sent without the lease.
+        """
+        return self._held is not None or self._unconfirmed is not None
 
     @property
     def role(self) -> Role:
@@ -405,6 +422,10 @@ class LeaderLease:
             log.exception("cannot claim the leader lease")
             return
         self.leader = row
+        if self._unconfirmed is not None and (
+            row.holder != self.controller_id or row.term != self._unconfirmed
+        ):
+            self._unconfirmed = None  # another controller (or a newer term) leads now
         if held is not None and self._held != held:
             return  # it stepped down while the write was in flight: that claim is void
         if holds:
@@ -420,6 +441,7 @@ class LeaderLease:
 
     async def _release(self) -> None:
         held, self._held = self._held, None
+        self._unconfirmed = None
         now = self.clock()
         try:
             await self.store.write(
@@ -449,6 +471,7 @@ class LeaderLease:
                 await self._changed.wait()
                 continue
             if trio.current_time() >= self._deadline:
+                self._unconfirmed = self._held
                 self._set(
                     None,
                     f"stepping down: the lease (term {self._held}) was not renewed within "
