@@ -348,7 +348,7 @@ async def test_a_leader_the_store_stopped_answering_keeps_renewing_its_nodes_unt
             with pytest.raises(NotLeader):
                 a.require_leader("move")
             stalling.stalled.set()  # the store answers; the old claim runs out unresumed
-            while not a.leading:  # noqa: ASYNC110
+            while not a.leading:
                 assert a.renewing  # the nodes are renewed all along
                 await trio.sleep(0.02)
             assert a.term == held + 1
