@@ -13,7 +13,8 @@ import re
 import signal
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +22,9 @@ import attrs
 import httpx
 import trio
 
-from .models_support import sha256_of, smollm2_path
-from .serve_support import FICC
+from .inference_support import register_gguf, write_agent_settings
+from .models_support import smollm2_path
+from .serve_support import FICC, first_run_secrets
 
 GIB = 1024**3
 
@@ -180,36 +182,55 @@ class Api:
 
 async def register_smollm2(api: Api, name: str = "smollm2") -> str:
     """Register the SmolLM2 GGUF and upload it through the byte route; return its id."""
-    path = smollm2_path()
-    sha = await trio.to_thread.run_sync(sha256_of, path)
-    size = path.stat().st_size
-    manifest = {
-        "name": name,
-        "format": "gguf",
-        "files": [{"path": path.name, "size": size, "sha256": sha}],
-    }
-    model = await api.ok("POST", "/api/v1/models", status=201, json=manifest)
-    chunk = 16 << 20
+    return await register_gguf(api, smollm2_path(), name)
 
-    def read(offset: int) -> bytes:
-        with path.open("rb") as handle:
-            handle.seek(offset)
-            return handle.read(chunk)
 
-    offset = 0
-    while offset < size:
-        data = await trio.to_thread.run_sync(read, offset)
-        response = await api.call(
-            "POST",
-            f"/api/v1/models/{model['id']}/files/0/bytes",
-            params={"offset": offset},
-            content=data,
-            headers={"Content-Type": "application/octet-stream"},
+@attrs.define
+class Installation:
+    """Two controllers on one store and one blob directory, a node linked to both."""
+
+    a: ControllerProcess
+    b: ControllerProcess
+    api_a: Api
+    api_b: Api
+    http: httpx.AsyncClient
+    executor: ExecutorOf
+
+
+@asynccontextmanager
+async def two_controllers(
+    tmp_path: Path,
+    database_url: str,
+    agent_dir: Path,
+    tempo: Mapping[str, str],
+    *,
+    executor_env: Mapping[str, str] | None = None,
+) -> AsyncIterator[Installation]:
+    """``ctl-a`` started first (it leads), then ``ctl-b``, the admin token of the first
+    run, and node ``gpu-1`` (a real ``ficc executor``) linked to both; all stopped after."""
+    data = tmp_path / "data"
+    a = ControllerProcess(controller_env(data, database_url, "ctl-a", **tempo), tmp_path / "a.log")
+    b = ControllerProcess(controller_env(data, database_url, "ctl-b", **tempo), tmp_path / "b.log")
+    executor = None
+    try:
+        with trio.fail_after(120):
+            url_a = await a.start()
+            token = first_run_secrets(data / "first-run-secrets")["admin token"]
+            url_b = await b.start()
+            credential = await trio.to_thread.run_sync(add_node, a.env, "gpu-1")
+        settings = write_agent_settings(tmp_path)
+        executor = ExecutorOf(
+            [url_a, url_b], credential, agent_dir, settings, **(executor_env or {})
         )
-        assert response.status_code in (200, 201, 202), response.text
-        offset += len(data)
-    await api.until("GET", f"/api/v1/models/{model['id']}", lambda m: m["state"] == "verified")
-    return model["id"]
+        async with httpx.AsyncClient(timeout=60) as http:
+            yield Installation(
+                a, b, Api(url_a, token, http), Api(url_b, token, http), http, executor
+            )
+    finally:
+        if executor is not None:
+            executor.kill()
+        for controller in (a, b):
+            controller.stop()
 
 
 @attrs.define

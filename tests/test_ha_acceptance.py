@@ -21,15 +21,11 @@ import trio
 from .ha_support import (
     GIB,
     Api,
-    ControllerProcess,
-    ExecutorOf,
     Streams,
-    add_node,
-    controller_env,
     register_smollm2,
+    two_controllers,
 )
-from .inference_support import llama_server_executable, write_agent_settings
-from .serve_support import first_run_secrets
+from .inference_support import llama_server_executable
 from .test_agent_processes import agent_dir  # noqa: F401
 
 pytestmark = pytest.mark.slow
@@ -104,99 +100,84 @@ async def test_the_standby_serves_through_the_leaders_loss_and_takes_over(
     pg_url,
     agent_dir,  # noqa: F811
 ):
-    data = tmp_path / "data"
-    a = ControllerProcess(controller_env(data, pg_url, "ctl-a", **TEMPO), tmp_path / "a.log")
-    b = ControllerProcess(controller_env(data, pg_url, "ctl-b", **TEMPO), tmp_path / "b.log")
-    executor = None
-    try:
+    async with two_controllers(tmp_path, pg_url, agent_dir, TEMPO) as ha:
+        api_a, api_b, http = ha.api_a, ha.api_b, ha.http
+        a, url_b = ha.a, ha.api_b.url
         with trio.fail_after(600):
-            url_a = await a.start()
-            token = first_run_secrets(data / "first-run-secrets")["admin token"]
-            url_b = await b.start()
-            async with httpx.AsyncClient(timeout=60) as http:
-                api_a, api_b = Api(url_a, token, http), Api(url_b, token, http)
-                controllers = await api_b.leader()
-                assert controllers["leader"]["id"] == "ctl-a", controllers
-                credential = await trio.to_thread.run_sync(add_node, a.env, "gpu-1")
-                settings = write_agent_settings(tmp_path)
-                executor = ExecutorOf([url_a, url_b], credential, agent_dir, settings)
-                node = await api_a.until(
-                    "GET",
-                    "/api/v1/contributors/gpu-1",
-                    lambda n: n["state"] == "connected" and (n["snapshot"] or {}).get("runtimes"),
-                )
-                model_id = await register_smollm2(api_a)
-                service_id = await _start(api_a, _spec(node, model_id, "smol"))
-                before = await api_a.until("GET", f"/api/v1/inference/{service_id}", _ready)
-                issued = await api_a.ok(
-                    "POST",
-                    f"/api/v1/inference/{service_id}/tokens",
-                    status=201,
-                    json={"lifetime": 600},
-                )
-                # The standby routes the replica once its routing table has followed the
-                # store (within follow_interval): from then on no request may fail.
-                await _routed(http, url_b, service_id, issued["token"])
-                streams = Streams(url_b, service_id, issued["token"])
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(streams.run)
-                    await streams.wait_completed(4)
-                    killed = time.monotonic()
-                    a.sigkill()
-                    await api_b.until(
-                        "GET",
-                        "/api/v1/system/controllers",
-                        lambda c: (c.get("leader") or {}).get("id") == "ctl-b",
-                    )
-                    took_lease = time.monotonic() - killed
-                    # New work placed by the new leader: a second service launched.
-                    second = await _start(api_b, _spec(node, model_id, "smol-2"))
-                    await api_b.until(
-                        "GET",
-                        f"/api/v1/inference/{second}",
-                        lambda v: any(r.get("attempt_id") for r in v["replicas"]),
-                    )
-                    placed = time.monotonic() - killed
-                    await streams.wait_completed(4)
-                    streams.stop.set()
-                print(
-                    f"\nfailover: standby held the lease {took_lease:.2f} s and placed new "
-                    f"work {placed:.2f} s after SIGKILL (lease {LEASE} s); "
-                    f"{streams.completed} streams through the standby, "
-                    f"{len(streams.failures)} failed"
-                )
-                assert streams.failures == [], streams.failures[:3]
-                assert placed <= LEASE + 5, placed
-                await api_b.until("GET", f"/api/v1/inference/{second}", _ready)
-
-                # The old leader comes back as a standby; nothing is launched twice.
-                await a.start()
-                api_a.url = a.url
-                controllers = await api_a.until(
+            controllers = await api_b.leader()
+            assert controllers["leader"]["id"] == "ctl-a", controllers
+            node = await api_a.until(
+                "GET",
+                "/api/v1/contributors/gpu-1",
+                lambda n: n["state"] == "connected" and (n["snapshot"] or {}).get("runtimes"),
+            )
+            model_id = await register_smollm2(api_a)
+            service_id = await _start(api_a, _spec(node, model_id, "smol"))
+            before = await api_a.until("GET", f"/api/v1/inference/{service_id}", _ready)
+            issued = await api_a.ok(
+                "POST",
+                f"/api/v1/inference/{service_id}/tokens",
+                status=201,
+                json={"lifetime": 600},
+            )
+            # The standby routes the replica once its routing table has followed the
+            # store (within follow_interval): from then on no request may fail.
+            await _routed(http, url_b, service_id, issued["token"])
+            streams = Streams(url_b, service_id, issued["token"])
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(streams.run)
+                await streams.wait_completed(4)
+                killed = time.monotonic()
+                a.sigkill()
+                await api_b.until(
                     "GET",
                     "/api/v1/system/controllers",
-                    lambda c: len([x for x in c["controllers"] if x["id"] == "ctl-a"]) == 1,
+                    lambda c: (c.get("leader") or {}).get("id") == "ctl-b",
                 )
-                assert controllers["leader"]["id"] == "ctl-b", controllers
-                after = await api_a.ok("GET", f"/api/v1/inference/{service_id}")
-                assert [r.get("attempt_id") for r in after["replicas"]] == [
-                    r.get("attempt_id") for r in before["replicas"]
-                ]
-                node = await api_a.ok("GET", "/api/v1/contributors/gpu-1")
-                held = [(r["service_id"], r["replica"]) for r in node["reservations"]]
-                assert sorted(held) == sorted({(service_id, 0), (second, 0)}), held
-                live = [x["attempt_id"] for x in node["attempts"] if x["state"] in LIVE]
-                serving = [
-                    r["attempt_id"]
-                    for sid in (service_id, second)
-                    for r in (await api_a.ok("GET", f"/api/v1/inference/{sid}"))["replicas"]
-                ]
-                assert sorted(live) == sorted(serving), node["attempts"]
-    finally:
-        if executor is not None:
-            executor.kill()
-        for controller in (a, b):
-            controller.stop()
+                took_lease = time.monotonic() - killed
+                # New work placed by the new leader: a second service launched.
+                second = await _start(api_b, _spec(node, model_id, "smol-2"))
+                await api_b.until(
+                    "GET",
+                    f"/api/v1/inference/{second}",
+                    lambda v: any(r.get("attempt_id") for r in v["replicas"]),
+                )
+                placed = time.monotonic() - killed
+                await streams.wait_completed(4)
+                streams.stop.set()
+            print(
+                f"\nfailover: standby held the lease {took_lease:.2f} s and placed new "
+                f"work {placed:.2f} s after SIGKILL (lease {LEASE} s); "
+                f"{streams.completed} streams through the standby, "
+                f"{len(streams.failures)} failed"
+            )
+            assert streams.failures == [], streams.failures[:3]
+            assert placed <= LEASE + 5, placed
+            await api_b.until("GET", f"/api/v1/inference/{second}", _ready)
+
+            # The old leader comes back as a standby; nothing is launched twice.
+            await a.start()
+            api_a.url = a.url
+            controllers = await api_a.until(
+                "GET",
+                "/api/v1/system/controllers",
+                lambda c: len([x for x in c["controllers"] if x["id"] == "ctl-a"]) == 1,
+            )
+            assert controllers["leader"]["id"] == "ctl-b", controllers
+            after = await api_a.ok("GET", f"/api/v1/inference/{service_id}")
+            assert [r.get("attempt_id") for r in after["replicas"]] == [
+                r.get("attempt_id") for r in before["replicas"]
+            ]
+            node = await api_a.ok("GET", "/api/v1/contributors/gpu-1")
+            held = [(r["service_id"], r["replica"]) for r in node["reservations"]]
+            assert sorted(held) == sorted({(service_id, 0), (second, 0)}), held
+            live = [x["attempt_id"] for x in node["attempts"] if x["state"] in LIVE]
+            serving = [
+                r["attempt_id"]
+                for sid in (service_id, second)
+                for r in (await api_a.ok("GET", f"/api/v1/inference/{sid}"))["replicas"]
+            ]
+            assert sorted(live) == sorted(serving), node["attempts"]
 
 
 def _fake_nvidia_smi(folder) -> str:
@@ -213,67 +194,52 @@ async def test_two_submits_for_the_last_gpu_slice_on_two_controllers_exactly_one
     pg_url,
     agent_dir,  # noqa: F811
 ):
-    data = tmp_path / "data"
-    a = ControllerProcess(controller_env(data, pg_url, "ctl-a", **TEMPO), tmp_path / "a.log")
-    b = ControllerProcess(controller_env(data, pg_url, "ctl-b", **TEMPO), tmp_path / "b.log")
-    executor = None
-    try:
+    path = _fake_nvidia_smi(tmp_path) + os.pathsep + os.environ["PATH"]
+    async with two_controllers(
+        tmp_path, pg_url, agent_dir, TEMPO, executor_env={"PATH": path}
+    ) as ha:
+        api_a, api_b = ha.api_a, ha.api_b
         with trio.fail_after(300):
-            url_a = await a.start()
-            token = first_run_secrets(data / "first-run-secrets")["admin token"]
-            url_b = await b.start()
-            async with httpx.AsyncClient(timeout=60) as http:
-                api_a, api_b = Api(url_a, token, http), Api(url_b, token, http)
-                credential = await trio.to_thread.run_sync(add_node, a.env, "gpu-1")
-                path = _fake_nvidia_smi(tmp_path) + os.pathsep + os.environ["PATH"]
-                executor = ExecutorOf(
-                    [url_a, url_b], credential, agent_dir, write_agent_settings(tmp_path), PATH=path
-                )
-                node = await api_a.until(
-                    "GET",
-                    "/api/v1/contributors/gpu-1",
-                    lambda n: (
-                        (n["snapshot"] or {}).get("runtimes") and n["snapshot"]["resources"]["gpus"]
-                    ),
-                )
-                model_id = await register_smollm2(api_a)
-                gpu = lambda size: {"gpus": [{"index": 0, "memory_bytes": size * GIB}]}  # noqa: E731
+            node = await api_a.until(
+                "GET",
+                "/api/v1/contributors/gpu-1",
+                lambda n: (
+                    (n["snapshot"] or {}).get("runtimes") and n["snapshot"]["resources"]["gpus"]
+                ),
+            )
+            model_id = await register_smollm2(api_a)
+            gpu = lambda size: {"gpus": [{"index": 0, "memory_bytes": size * GIB}]}  # noqa: E731
+            await api_a.ok(
+                "POST",
+                "/api/v1/inference",
+                status=201,
+                json=_spec(node, model_id, "big", **gpu(60)),
+            )
+            for round in range(5):
+                answers: dict[str, httpx.Response] = {}
+
+                async def submit(api: Api, alias: str, answers=answers) -> None:
+                    spec = _spec(node, model_id, alias, **gpu(19))
+                    answers[alias] = await api.call("POST", "/api/v1/inference", json=spec)
+
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(submit, api_a, f"on-a-{round}")
+                    nursery.start_soon(submit, api_b, f"on-b-{round}")
+                statuses = sorted(r.status_code for r in answers.values())
+                assert statuses == [201, 409], {k: r.text for k, r in answers.items()}
+                [loser] = [r for r in answers.values() if r.status_code == 409]
+                assert "gpu" in loser.text, loser.text
+                [winner] = [r.json() for r in answers.values() if r.status_code == 201]
                 await api_a.ok(
                     "POST",
-                    "/api/v1/inference",
-                    status=201,
-                    json=_spec(node, model_id, "big", **gpu(60)),
+                    f"/api/v1/inference/{winner['id']}/control/remove",
+                    json={"revision": winner["revision"]},
                 )
-                for round in range(5):
-                    answers: dict[str, httpx.Response] = {}
-
-                    async def submit(api: Api, alias: str, answers=answers) -> None:
-                        spec = _spec(node, model_id, alias, **gpu(19))
-                        answers[alias] = await api.call("POST", "/api/v1/inference", json=spec)
-
-                    async with trio.open_nursery() as nursery:
-                        nursery.start_soon(submit, api_a, f"on-a-{round}")
-                        nursery.start_soon(submit, api_b, f"on-b-{round}")
-                    statuses = sorted(r.status_code for r in answers.values())
-                    assert statuses == [201, 409], {k: r.text for k, r in answers.items()}
-                    [loser] = [r for r in answers.values() if r.status_code == 409]
-                    assert "gpu" in loser.text, loser.text
-                    [winner] = [r.json() for r in answers.values() if r.status_code == 201]
-                    await api_a.ok(
-                        "POST",
-                        f"/api/v1/inference/{winner['id']}/control/remove",
-                        json={"revision": winner["revision"]},
-                    )
-                    await api_b.until(
-                        "GET",
-                        "/api/v1/contributors/gpu-1",
-                        lambda n: len(n["reservations"]) == 1,
-                    )
-    finally:
-        if executor is not None:
-            executor.kill()
-        for controller in (a, b):
-            controller.stop()
+                await api_b.until(
+                    "GET",
+                    "/api/v1/contributors/gpu-1",
+                    lambda n: len(n["reservations"]) == 1,
+                )
 
 
 #: The outage the issue names: PostgreSQL stopped for 30 s under load.
@@ -287,92 +253,77 @@ async def test_invoke_survives_a_30_s_database_outage_and_usage_is_complete_afte
     agent_dir,  # noqa: F811
 ):
     database = pg_own_server.url(pg_own_server.create_database())
-    data = tmp_path / "data"
     # Attempt leases shorter than the outage: the engines live through it only because
     # the leader that lost its store keeps renewing its nodes at its last term.
     tempo = {**TEMPO, "usage_flush_interval": "1s", "lease_duration": "20s"}
-    a = ControllerProcess(controller_env(data, database, "ctl-a", **tempo), tmp_path / "a.log")
-    b = ControllerProcess(controller_env(data, database, "ctl-b", **tempo), tmp_path / "b.log")
-    executor = None
-    try:
+    async with two_controllers(tmp_path, database, agent_dir, tempo) as ha:
+        api_a, api_b, http = ha.api_a, ha.api_b, ha.http
+        url_a, url_b = ha.api_a.url, ha.api_b.url
         with trio.fail_after(600):
-            url_a = await a.start()
-            token = first_run_secrets(data / "first-run-secrets")["admin token"]
-            url_b = await b.start()
-            async with httpx.AsyncClient(timeout=60) as http:
-                api_a, api_b = Api(url_a, token, http), Api(url_b, token, http)
-                credential = await trio.to_thread.run_sync(add_node, a.env, "gpu-1")
-                settings = write_agent_settings(tmp_path)
-                executor = ExecutorOf([url_a, url_b], credential, agent_dir, settings)
-                node = await api_a.until(
-                    "GET",
-                    "/api/v1/contributors/gpu-1",
-                    lambda n: n["state"] == "connected" and (n["snapshot"] or {}).get("runtimes"),
-                )
-                model_id = await register_smollm2(api_a)
-                service_id = await _start(api_a, _spec(node, model_id, "smol"))
-                await api_a.until("GET", f"/api/v1/inference/{service_id}", _ready)
-                issued = await api_a.ok(
-                    "POST",
-                    f"/api/v1/inference/{service_id}/tokens",
-                    status=201,
-                    json={"lifetime": 600},
-                )
-                probes = 0
-                for url in (url_a, url_b):
-                    probes += await _routed(http, url, service_id, issued["token"])
-                through = [Streams(url, service_id, issued["token"]) for url in (url_a, url_b)]
-                refused: dict[str, httpx.Response] = {}
-                async with trio.open_nursery() as nursery:
-                    for streams in through:
-                        nursery.start_soon(streams.run, 1)
-                    for streams in through:
-                        await streams.wait_completed(3)
-                    began = time.monotonic()
-                    await trio.to_thread.run_sync(pg_own_server.stop)
-                    during = [s.completed for s in through]
-                    # Management routes answer 503 with Retry-After on both controllers.
-                    for name, api in (("a", api_a), ("b", api_b)):
-                        while name not in refused:
-                            answer = await api.call("GET", f"/api/v1/inference/{service_id}")
-                            if answer.status_code != 200:
-                                refused[name] = answer
-                            else:
-                                await trio.sleep(0.2)
-                    # The outage itself is what is tested: it lasts OUTAGE seconds.
-                    await trio.sleep(max(0.0, OUTAGE - (time.monotonic() - began)))
-                    served = [s.completed - d for s, d in zip(through, during, strict=True)]
-                    await trio.to_thread.run_sync(pg_own_server.start)
-                    for api in (api_a, api_b):
-                        await api.until("GET", f"/api/v1/inference/{service_id}", _ready)
-                    for streams in through:
-                        await streams.wait_completed(3)
-                        streams.stop.set()
-                print(
-                    f"\noutage: {OUTAGE:.0f} s without PostgreSQL; requests completed during it "
-                    f"through a: {served[0]}, through b: {served[1]}; failures: "
-                    f"{[len(s.failures) for s in through]}"
-                )
-                for answer in refused.values():
-                    assert answer.status_code == 503, answer.text
-                    assert answer.json()["error"]["code"] == "store_unavailable"
-                    assert int(answer.headers["Retry-After"]) >= 1
-                assert all(s.failures == [] for s in through), [s.failures for s in through]
-                assert all(count > 0 for count in served), served
-                # Every request is in the usage once both controllers wrote their buffers.
-                sent = probes + sum(s.completed + len(s.failures) for s in through)
+            node = await api_a.until(
+                "GET",
+                "/api/v1/contributors/gpu-1",
+                lambda n: n["state"] == "connected" and (n["snapshot"] or {}).get("runtimes"),
+            )
+            model_id = await register_smollm2(api_a)
+            service_id = await _start(api_a, _spec(node, model_id, "smol"))
+            await api_a.until("GET", f"/api/v1/inference/{service_id}", _ready)
+            issued = await api_a.ok(
+                "POST",
+                f"/api/v1/inference/{service_id}/tokens",
+                status=201,
+                json={"lifetime": 600},
+            )
+            probes = 0
+            for url in (url_a, url_b):
+                probes += await _routed(http, url, service_id, issued["token"])
+            through = [Streams(url, service_id, issued["token"]) for url in (url_a, url_b)]
+            refused: dict[str, httpx.Response] = {}
+            async with trio.open_nursery() as nursery:
+                for streams in through:
+                    nursery.start_soon(streams.run, 1)
+                for streams in through:
+                    await streams.wait_completed(3)
+                began = time.monotonic()
+                await trio.to_thread.run_sync(pg_own_server.stop)
+                during = [s.completed for s in through]
+                # Management routes answer 503 with Retry-After on both controllers.
+                for name, api in (("a", api_a), ("b", api_b)):
+                    while name not in refused:
+                        answer = await api.call("GET", f"/api/v1/inference/{service_id}")
+                        if answer.status_code != 200:
+                            refused[name] = answer
+                        else:
+                            await trio.sleep(0.2)
+                # The outage itself is what is tested: it lasts OUTAGE seconds.
+                await trio.sleep(max(0.0, OUTAGE - (time.monotonic() - began)))
+                served = [s.completed - d for s, d in zip(through, during, strict=True)]
+                await trio.to_thread.run_sync(pg_own_server.start)
+                for api in (api_a, api_b):
+                    await api.until("GET", f"/api/v1/inference/{service_id}", _ready)
+                for streams in through:
+                    await streams.wait_completed(3)
+                    streams.stop.set()
+            print(
+                f"\noutage: {OUTAGE:.0f} s without PostgreSQL; requests completed during it "
+                f"through a: {served[0]}, through b: {served[1]}; failures: "
+                f"{[len(s.failures) for s in through]}"
+            )
+            for answer in refused.values():
+                assert answer.status_code == 503, answer.text
+                assert answer.json()["error"]["code"] == "store_unavailable"
+                assert int(answer.headers["Retry-After"]) >= 1
+            assert all(s.failures == [] for s in through), [s.failures for s in through]
+            assert all(count > 0 for count in served), served
+            # Every request is in the usage once both controllers wrote their buffers.
+            sent = probes + sum(s.completed + len(s.failures) for s in through)
 
-                async def total() -> int:
-                    for api in (api_a, api_b):  # each writes its own buffer before answering
-                        await api.ok("GET", "/api/v1/usage", params={"service": service_id})
-                    report = await api_a.ok("GET", "/api/v1/usage", params={"service": service_id})
-                    return report["totals"]["requests"]
+            async def total() -> int:
+                for api in (api_a, api_b):  # each writes its own buffer before answering
+                    await api.ok("GET", "/api/v1/usage", params={"service": service_id})
+                report = await api_a.ok("GET", "/api/v1/usage", params={"service": service_id})
+                return report["totals"]["requests"]
 
-                while (counted := await total()) < sent:  # noqa: ASYNC110
-                    await trio.sleep(0.5)
-                assert counted == sent, (counted, sent)
-    finally:
-        if executor is not None:
-            executor.kill()
-        for controller in (a, b):
-            controller.stop()
+            while (counted := await total()) < sent:  # noqa: ASYNC110
+                await trio.sleep(0.5)
+            assert counted == sent, (counted, sent)

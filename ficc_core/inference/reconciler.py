@@ -330,15 +330,10 @@ class Reconciler:
                         await self.observations.clear_reason(service_id, driver.fault)
                         driver.fault = None
                 except Exception as exc:
-                    if not is_store_failure(exc):
-                        raise
                     # The routing view stays as published and the replica tasks go on.
-                    self.outage.failed(exc, f"driving service {service_id}")
-                    await backoff.wait()
+                    await self._store_failed(exc, backoff, f"driving service {service_id}")
                     continue
-                if backoff.delay:
-                    backoff.reset()
-                    self.outage.answered()
+                self._store_answered(backoff)
                 # A change recorded while the step ran (a start right after a stop
                 # settled) is acted on before the driver may finish.
                 if done and not driver.wake.is_set():
@@ -577,15 +572,24 @@ class Reconciler:
                 if await self._replica_turn(service_id, index, generation, driver, task, backoff):
                     return
             except Exception as exc:
-                if not is_store_failure(exc):
-                    raise
                 # What it watched stays as it is; the next turn reads the record again.
-                self.outage.failed(exc, f"replica {index} of service {service_id}")
-                await outage.wait()
+                await self._store_failed(exc, outage, f"replica {index} of service {service_id}")
                 continue
-            if outage.delay:
-                outage.reset()
-                self.outage.answered()
+            self._store_answered(outage)
+
+    async def _store_failed(self, exc: Exception, backoff: Backoff, what: str) -> None:
+        """A loop's turn met ``exc``: a store outage is logged (once) and waited out with
+        ``backoff``; anything else is raised again (a defect: the driver's fault path)."""
+        if not is_store_failure(exc):
+            raise exc
+        self.outage.failed(exc, what)
+        await backoff.wait()
+
+    def _store_answered(self, backoff: Backoff) -> None:
+        """A loop's turn went through: an outage it waited out is over."""
+        if backoff.delay:
+            backoff.reset()
+            self.outage.answered()
 
     async def _replica_turn(
         self,

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from ..errors import StoreError
+
 
 class Dialects(NamedTuple):
     """One migration statement written once per backend (the same meaning in each)."""
@@ -481,3 +483,12 @@ MIGRATIONS: list[tuple[str | Dialects, ...]] = [
         )""",
     ),
 ]
+
+
+def newer_schema(current: int, newest: int, where: str) -> StoreError:
+    """The refusal of a database at a schema version newer than this FICC knows."""
+    return StoreError(
+        f"the database is at schema version {current}, newer than this FICC "
+        f"understands ({newest}); upgrade FICC or use another {where}",
+        details={"schema_version": current, "supported": newest},
+    )

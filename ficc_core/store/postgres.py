@@ -47,7 +47,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from ..errors import StoreError, StoreUnavailable
 from . import dialect
-from .migrations import MIGRATIONS, statements
+from .migrations import MIGRATIONS, newer_schema, statements
 
 T = TypeVar("T")
 
@@ -170,11 +170,7 @@ def migrate(conn: psycopg.Connection[Any]) -> int:
         row = conn.execute("SELECT version FROM ficc_schema").fetchone()
         current = 0 if row is None else int(row["version"])
         if current > newest:
-            raise StoreError(
-                f"the database is at schema version {current}, newer than this FICC "
-                f"understands ({newest}); upgrade FICC or use another database",
-                details={"schema_version": current, "supported": newest},
-            )
+            raise newer_schema(current, newest, "database")
         for version in range(current + 1, newest + 1):
             for statement in statements(version, "postgresql"):
                 conn.execute(dialect.translate_ddl(statement))  # type: ignore[arg-type]

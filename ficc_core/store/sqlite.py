@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 import trio
 
 from ..errors import StoreError, StoreUnavailable
-from .migrations import MIGRATIONS, statements
+from .migrations import MIGRATIONS, newer_schema, statements
 
 T = TypeVar("T")
 
@@ -101,11 +101,7 @@ def migrate(conn: sqlite3.Connection) -> int:
     try:
         current = conn.execute("PRAGMA user_version").fetchone()[0]
         if current > newest:
-            raise StoreError(
-                f"the database is at schema version {current}, newer than this FICC "
-                f"understands ({newest}); upgrade FICC or use another data directory",
-                details={"schema_version": current, "supported": newest},
-            )
+            raise newer_schema(current, newest, "data directory")
         for version in range(current + 1, newest + 1):
             for statement in statements(version, "sqlite"):
                 conn.execute(statement)
