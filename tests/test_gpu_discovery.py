@@ -328,3 +328,42 @@ def test_a_container_gets_device_requests_for_its_gpus_only():
         "nvidia.com/gpu=3",
     ]
     assert gpu_device_args(_limits()) == [] and gpu_device_args(None) == []
+
+
+async def test_a_service_placed_on_gpu_1_of_a_two_gpu_node_runs_with_only_that_device(
+    tmp_path, monkeypatch
+):
+    """Through the controller: discovery on the embedded node (its nvidia-smi the
+    two-GPU fixture), a placement reserving GPU 1, the engine's real environment."""
+    import os
+
+    from .inference_support import llama_spec, open_inference_controller, register_gguf
+    from .inference_support import standin_engine as standin_runtime
+    from .models_support import tiny_gguf
+
+    script = fake_nvidia_smi(tmp_path / "bin", "two_gpus.xml")
+    monkeypatch.setenv("PATH", f"{script.parent}{os.pathsep}{os.environ['PATH']}")
+    engine, settings = standin_runtime(tmp_path)
+    with trio.fail_after(120):
+        async with open_inference_controller(tmp_path, agent_config=str(settings)) as controller:
+            node = await controller.node()
+            gpus = node["snapshot"]["resources"]["gpus"]
+            assert [g["index"] for g in gpus] == [0, 1]
+            assert node["snapshot"]["resources"]["gpu_source"] == "nvidia-smi"
+            tiny_gguf(tmp_path / "tiny.gguf", size=64 << 10)
+            model_id = await register_gguf(controller, tmp_path / "tiny.gguf", "tiny")
+            spec = await llama_spec(controller, model_id, alias="on-gpu-1", memory_bytes=256 << 20)
+            spec["image_executable"] = str(engine)
+            spec["placements"][0]["limits"]["gpus"] = [{"index": 1, "memory_bytes": 8 << 30}]
+            created = await controller.ok("POST", "/api/v1/inference", status=201, json=spec)
+            assert (await controller.control(created["id"], "start")).status_code == 200
+            await controller.wait_service(created["id"], lambda v: v["state"] == "ready")
+            status = await controller.ok("GET", f"/api/v1/inference/{created['id']}/status")
+            pid = status["replicas"][0]["pid"]
+            raw = await trio.to_thread.run_sync(Path(f"/proc/{pid}/environ").read_bytes)
+            node = await controller.node()
+    environ = dict(item.split("=", 1) for item in raw.decode().split("\0") if "=" in item)
+    assert environ["CUDA_VISIBLE_DEVICES"] == gpus[1]["uuid"]
+    assert environ["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+    [held] = node["reservations"]
+    assert held["gpus"] == [{"index": 1, "memory_bytes": 8 << 30}]

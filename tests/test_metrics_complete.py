@@ -79,6 +79,10 @@ async def test_a_scrape_during_a_real_engine_run_has_every_series_with_alias_lab
         attempt
     ]
     assert "ficc_usage_dropped_total" in text
+    # This controller holds the lease (alone on its store), at its first term.
+    assert [s["value"] for s in _samples(text, "ficc_controller_leader")] == ["1.0"]
+    assert [s["value"] for s in _samples(text, "ficc_controller_term")] == ["1.0"]
+    assert _samples(text, "ficc_model_transfer_bytes") == []  # the upload is verified
 
 
 async def test_a_departed_replicas_series_go_after_they_were_kept(autojump_clock):
