@@ -6,15 +6,15 @@ import sqlite3
 
 import pytest
 
-from ficc_core.store.migrations import MIGRATIONS
+from ficc_core.store.migrations import statements
 from ficc_core.store.sqlite import migrate
 
 
 def test_reservations_keep_their_rows_and_take_the_service_generation(tmp_path):
     conn = sqlite3.connect(tmp_path / "db.sqlite", isolation_level=None)
     conn.execute("PRAGMA foreign_keys = ON")
-    for statements in MIGRATIONS[:9]:
-        for statement in statements:
+    for version in range(1, 10):
+        for statement in statements(version, "sqlite"):
             conn.execute(statement)
     conn.execute("PRAGMA user_version = 9")
     conn.execute("INSERT INTO projects (id, name, created_at) VALUES ('p', 'p', 0)")
