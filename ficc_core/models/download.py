@@ -32,6 +32,7 @@ from .blobs import BlobStore
 from .fetch import FetchError, Response
 from .http1 import Http1Connection
 from .partials import PartialWriter
+from .pipeline import Pipeline
 
 #: Bytes read from the connection per write to the partial file.
 READ_BYTES = 1 << 20
@@ -129,22 +130,33 @@ def _receive(
         if not count:
             return writer.written
         skip -= count
-    while writer.written < writer.size:
-        want = min(READ_BYTES, writer.size - writer.written)
-        filled, error = body.fill(view[:want])
-        if filled:
-            digest.update(view[:filled])
-            writer.write(view[:filled])
-            progress.wrote(writer.written)
-        if error is not None:
-            raise error
-        if filled < want:
-            return writer.written
-    if body.readinto(view[:1]):
-        raise FetchError(
-            f"the server sent more than the declared size of {writer.size} bytes",
-            code="longer_than_declared",
-        )
+
+    def write(piece: memoryview) -> None:
+        writer.write(piece)
+        progress.wrote(writer.written)
+
+    received = writer.written
+    with Pipeline(READ_BYTES, digest, write, name="ficc-receive") as pipeline:
+        while received < writer.size:
+            want = min(READ_BYTES, writer.size - received)
+            buffer = pipeline.take()
+            if buffer is None:
+                break  # writing failed: leaving the pipeline raises its failure
+            filled, error = body.fill(memoryview(buffer)[:want])
+            pipeline.put(buffer, filled)
+            received += filled
+            if error is not None:
+                pipeline.close()
+                raise error
+            if filled < want:
+                break
+        else:
+            if body.readinto(view[:1]):
+                pipeline.close()
+                raise FetchError(
+                    f"the server sent more than the declared size of {writer.size} bytes",
+                    code="longer_than_declared",
+                )
     return writer.written
 
 
