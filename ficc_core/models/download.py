@@ -1,8 +1,8 @@
 """Receiving one response body into a model file's private partial, fast and durably.
 
-A worker thread reads the body straight into a 1 MiB buffer (blocking TLS reads,
-no event loop in the way), feeds it to the file's sha256 and writes it to the
-partial. Meanwhile a task on the event loop makes those bytes durable: once
+A worker thread reads the body straight into 1 MiB buffers (blocking TLS reads,
+no event loop in the way); two more threads feed each buffer to the file's sha256
+and write it to the partial, in order (:mod:`~ficc_core.models.pipeline`). Meanwhile a task on the event loop makes those bytes durable: once
 :data:`SYNC_BYTES` are written past the durable offset it fsyncs, and only then
 records the end of what the fsync covered as the partial's durable offset. The
 thread goes on receiving during the fsync (one fsync covers whatever was written
