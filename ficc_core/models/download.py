@@ -2,7 +2,8 @@
 
 A worker thread reads the body straight into 1 MiB buffers (blocking TLS reads,
 no event loop in the way); two more threads feed each buffer to the file's sha256
-and write it to the partial, in order (:mod:`~ficc_core.models.pipeline`). Meanwhile a task on the event loop makes those bytes durable: once
+and write it to the partial, in order (:mod:`~ficc_core.models.pipeline`).
+Meanwhile a task on the event loop makes those bytes durable: once
 :data:`SYNC_BYTES` are written past the durable offset it fsyncs, and only then
 records the end of what the fsync covered as the partial's durable offset. The
 thread goes on receiving during the fsync (one fsync covers whatever was written
