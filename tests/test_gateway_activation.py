@@ -389,6 +389,7 @@ async def test_demand_counts_waiters_their_wait_and_how_long_replicas_served_not
                 "oldest_wait": 0.0,
                 "inflight": 0,
                 "idle_for": {},
+                "waits": (),
             }
             async with trio.open_nursery() as waiters:
                 waiters.start_soon(_refusal, gateway, actor, chat())
@@ -398,6 +399,11 @@ async def test_demand_counts_waiters_their_wait_and_how_long_replicas_served_not
                 demand = gateway.demand("svc")
                 assert (demand.queued, demand.inflight) == (2, 2)
                 assert demand.oldest_wait == pytest.approx(3.0, abs=0.3)
+                # Each waiter's wait, longest first: two have waited 1 s, one 3 s.
+                assert demand.waits == pytest.approx((3.0, 1.0), abs=0.3)
+                assert demand.waited(1) == demand.oldest_wait
+                assert demand.waited(2) == pytest.approx(1.0, abs=0.3)
+                assert demand.waited(3) == demand.waited(0) == 0.0
                 waiters.cancel_scope.cancel()
             # A replica joins: first seen now, so idle from now.
             scaler.publish("svc", [fence])
@@ -418,6 +424,7 @@ async def test_demand_counts_waiters_their_wait_and_how_long_replicas_served_not
             demand = gateway.demand("svc")
             assert (demand.queued, demand.inflight, demand.idle_for) == (1, 2, {key: 0.0})
             assert demand.oldest_wait == pytest.approx(1.5, abs=0.3)
+            assert demand.waits == pytest.approx((1.5,), abs=0.3)  # the one for a slot
             async with first:
                 assert b"[DONE]" in b"".join([chunk async for chunk in first])
             await answered.wait()

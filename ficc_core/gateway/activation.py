@@ -123,12 +123,9 @@ class Activation:
         """Requests of ``service_id`` waiting for its activation now."""
         return len(self._holds.get(service_id, ()))
 
-    def figures(self, service_id: str, now: float) -> tuple[int, float]:
-        """(waiters, seconds the oldest of them has waited) of ``service_id``."""
-        holds = self._holds.get(service_id)
-        if not holds:
-            return 0, 0.0
-        return len(holds), now - next(iter(holds)).joined
+    def waits(self, service_id: str, now: float) -> list[float]:
+        """Seconds each request of ``service_id`` waiting for its activation has waited."""
+        return [now - hold.joined for hold in self._holds.get(service_id, ())]
 
     async def hold(
         self,

@@ -156,13 +156,12 @@ class Admission:
             return 0
         return line.waiting if band is None else len(line.queues.get(band, ()))
 
-    def figures(self, service_id: str, now: float) -> tuple[int, float]:
-        """(requests of ``service_id`` waiting for a slot, seconds the oldest has waited)."""
+    def waits(self, service_id: str, now: float) -> list[float]:
+        """Seconds each request of ``service_id`` waiting for a slot has waited."""
         line = self._lines.get(service_id)
         if line is None:
-            return 0, 0.0
-        heads = [queue[0].joined for queue in line.queues.values() if queue]
-        return line.waiting, (now - min(heads)) if heads else 0.0
+            return []
+        return [now - waiter.joined for queue in line.queues.values() for waiter in queue]
 
     def idle_for(self, replicas: Iterable[LiveReplica], now: float) -> dict[str, float]:
         """Per replica of ``replicas``, seconds since its last request here ended (0 while

@@ -492,14 +492,15 @@ class Gateway:
         """What the autoscaler decides by for ``service_id`` (:class:`~.activation.Demand`):
         requests waiting (for a slot or an activation), the oldest one's wait, requests in
         flight, and how long each replica of its view has served nothing. In memory,
-        O(replicas + bands)."""
+        O(replicas + requests waiting) (the queues are bounded)."""
         now = trio.current_time()
-        queued, oldest = self.admission.figures(service_id, now)
-        held, longest = self.activation.figures(service_id, now)
+        waits = self.admission.waits(service_id, now) + self.activation.waits(service_id, now)
+        waits.sort(reverse=True)
         view = self.live.get(service_id)
         return Demand(
-            queued=queued + held,
-            oldest_wait=max(oldest, longest),
+            queued=len(waits),
+            oldest_wait=waits[0] if waits else 0.0,
+            waits=tuple(waits),
             inflight=self.live.inflight(service_id),
             idle_for=self.admission.idle_for(() if view is None else view.replicas, now),
         )

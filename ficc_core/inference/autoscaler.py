@@ -49,6 +49,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("ficc.inference")
 
+#: Seconds a look scheduled for the end of a window comes after it (clocks differ by that).
+_DUE_MARGIN = 0.005
+
 
 def activation_failed(service_id: str, code: str, message: str, retry: float) -> FiccError:
     """The refusal of a request whose service's activation failed."""
@@ -74,6 +77,9 @@ class _Watch:
 
     #: When a scale-out signal began holding (the clock's), or None.
     pressed_since: float | None = None
+    #: The last look at which no signal could count (none seen, or a replica loading),
+    #: on the clock: a window counts from no earlier. None before the first such look.
+    not_before: float | None = None
     #: The last blocked scale-out's reason, logged once until it changes.
     blocked: str | None = None
 
@@ -257,7 +263,7 @@ class Autoscaler:
             task_status.started()
             try:
                 while decide:
-                    await trio.sleep(self.period)
+                    await trio.sleep(self._pause())
                     for view in self.live.services():
                         if view.scaled:
                             await self._look_safely(view.id)
@@ -350,13 +356,10 @@ class Autoscaler:
             signal = "wait"
         if signal is None or ready < len(active):
             # No pressure, or a replica is still loading: what it brings is not seen yet.
-            watch.pressed_since = None if signal is None else watch.pressed_since
+            watch.pressed_since, watch.not_before = None, now
             return False
         if watch.pressed_since is None:
-            # The oldest waiting request says since when its wait has been above the
-            # target: the window counts from then, not from this look.
-            above = max(0.0, demand.oldest_wait - self.config.scale_out_wait)
-            watch.pressed_since = now - above
+            watch.pressed_since = self._onset(signal, demand, ready, now, watch.not_before)
         held = now - watch.pressed_since
         specification = record.specification()
         if held < self.config.scale_out_window or not cooled:
@@ -369,8 +372,39 @@ class Autoscaler:
             "oldest_wait": round(demand.oldest_wait, 3),
             "held_for": round(held, 1),
         }
-        watch.pressed_since = None
+        # The next window counts from this decision (or this refusal, for want of room).
+        watch.pressed_since, watch.not_before = None, now
         return await self._blocked(watch, record.id, f"scale_out_{signal}", figures)
+
+    def _onset(
+        self, signal: str, demand: Demand, ready: int, now: float, not_before: float | None
+    ) -> float:
+        """Since when ``signal`` has held, as the waiting requests tell: the window
+        counts from then, not from the look that first saw it.
+
+        The queue has been above ``scale_out_queue`` per ready replica at least since the
+        request that took it past came (:meth:`Demand.waited`), the wait above its target
+        since the oldest request's wait passed it; never before the last look at which
+        no signal counted, and from this look when there was none.
+        """
+        if not_before is None:
+            return now
+        if signal == "queue":
+            held = demand.waited(math.floor(self.config.scale_out_queue * ready) + 1)
+        else:
+            held = demand.oldest_wait - self.config.scale_out_wait
+        return max(now - max(0.0, held), not_before)
+
+    def _pause(self) -> float:
+        """Seconds until the next look: a period, or less when a signal's window ends
+        sooner (a scale-out is decided when the window has held, not up to a period later)."""
+        now, pause = self.clock(), self.period
+        for watch in self._watch.values():
+            if watch.pressed_since is not None:
+                due = watch.pressed_since + self.config.scale_out_window + _DUE_MARGIN - now
+                if due > 0:
+                    pause = min(pause, due)
+        return pause
 
     async def _blocked(
         self, watch: _Watch, service_id: str, reason: str, figures: dict[str, Any]
