@@ -103,9 +103,12 @@ def _no_answer(exc: BaseException) -> str:
 
 
 #: The first readiness probe's wait, and how much longer each next one waits (up to the
-#: probe's interval).
+#: probe's interval). Each wait is then about a tenth of the time since the first probe,
+#: so an engine is seen ready about 5 % of its load time late (at most about 10 %, and
+#: never more than the interval): a tenth, not a quarter, saves an on-demand cold start
+#: of 2 s about 0.15 s for a dozen more probes of a few tens of microseconds each.
 FIRST_PROBE = 0.02
-PROBE_GROWTH = 1.25
+PROBE_GROWTH = 1.1
 
 
 async def probe_until_ready(

@@ -155,7 +155,7 @@ class ReadinessProbe:
     :ivar path: the request path that answers 200 once the engine is ready.
     :ivar timeout: seconds start-up may take before the attempt fails (more than 0).
     :ivar interval: the most seconds between probes (more than 0, at most ``timeout``);
-        the executor probes sooner at first (from 20 ms, a quarter longer each time), so
+        the executor probes sooner at first (from 20 ms, a tenth longer each time), so
         an engine that loads fast is seen ready at once.
     """
 
