@@ -8,6 +8,8 @@ Driven on trio's autojump clock against an engine that answers 503 until it is r
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import attrs
 import pytest
 import trio
@@ -46,16 +48,16 @@ async def test_an_engine_is_seen_ready_about_a_tenth_of_its_load_late(autojump_c
     # A tenth of the time loaded plus the first wait: at 2.3 s, seen by 2.55 s (a
     # quarter longer each time, as before, saw it up to 0.5 s late: at 2.8 s).
     assert ready_at <= seen <= ready_at * 1.1 + FIRST_PROBE
-    gaps = [b - a for a, b in zip(engine.asked, engine.asked[1:], strict=False)]
+    gaps = [b - a for a, b in pairwise(engine.asked)]
     assert gaps[0] == pytest.approx(FIRST_PROBE)
-    assert all(later >= earlier for earlier, later in zip(gaps, gaps[1:], strict=False))
+    assert all(later >= earlier for earlier, later in pairwise(gaps))
 
 
 async def test_a_long_load_is_asked_no_more_often_than_the_interval(autojump_clock):
     engine = Engine(120.0)
     with trio.fail_after(300):
         assert await probe_until_ready(engine, "a1", job(1.0)) is None  # type: ignore[arg-type]
-    gaps = [b - a for a, b in zip(engine.asked, engine.asked[1:], strict=False)]
+    gaps = [b - a for a, b in pairwise(engine.asked)]
     assert max(gaps) == pytest.approx(1.0)
     # Soon at first, then once a second: about 40 probes in the 10 s it takes the
     # waits to grow to the interval, then one a second for the rest of the two minutes.
