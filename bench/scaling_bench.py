@@ -316,7 +316,7 @@ def gateway(serve: Serve) -> httpx.AsyncClient:
 # -- a. cold start -------------------------------------------------------------------------------
 
 
-def limited(cpus: float) -> tuple[Any, dict[str, Path]] | None:
+def limited(cpus: float) -> tuple[cgroups.CgroupLayout, dict[str, Path]] | None:
     """A cgroup of ``cpus`` CPUs made the way the process executor makes an attempt's
     (its own module), or None where this user cannot make one."""
     layout = cgroups.detect("ficc-scaling-bench")
@@ -345,8 +345,12 @@ def by_hand(argv: list[str], sock: Path, model: str, cpus: float | None = None) 
                 handle.write("0")
 
     began = time.perf_counter()
+    # Only a limited engine has a hook before exec (one forces fork over a faster spawn).
     proc = subprocess.Popen(
-        argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=join
+        argv,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        preexec_fn=join if procs else None,
     )
     try:
         while gb.http_get(f"unix:{sock}", "/health", timeout=1)[0] != 200:
@@ -600,8 +604,8 @@ def render(
     polled, third = step["joined"].get("2"), step["joined"].get("3")
     # When the controller recorded the second replica ready (its attempt's event), not
     # when this client's poll of the API, every 0.1 s under load, next saw it.
-    second = step["decisions"][0].get("ready", polled) if step["decisions"] else polled
     out = step["decisions"]
+    second = out[0].get("ready", polled) if out else polled
     loads = ", ".join(
         f"{d['reason']} decided at {s(d['decided'])}, its replica ready at {s(d.get('ready'))}"
         for d in out

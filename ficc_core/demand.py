@@ -17,21 +17,27 @@ import attrs
 class Demand:
     """One service's demand now.
 
-    :ivar queued: requests waiting now: for a replica slot, or for an activation.
-    :ivar oldest_wait: seconds the longest-waiting of them has waited (0 when none).
-    :ivar inflight: requests admitted and not yet ended (those queued included).
+    :ivar waits: seconds each request waiting now (for a replica slot, or for an
+        activation) has waited, longest first.
+    :ivar inflight: requests admitted and not yet ended (those waiting included).
     :ivar idle_for: per replica of the current view (its attempt ID), seconds since it
         last served a request (0 while one is in flight); a replica never used counts
         from when the gateway first saw it.
-    :ivar waits: seconds each waiting request has waited, longest first (empty when the
-        gateway did not say: :meth:`waited` then answers 0).
     """
 
-    queued: int = 0
-    oldest_wait: float = 0.0
+    waits: tuple[float, ...] = ()
     inflight: int = 0
     idle_for: Mapping[str, float] = attrs.field(factory=dict)
-    waits: tuple[float, ...] = ()
+
+    @property
+    def queued(self) -> int:
+        """Requests waiting now."""
+        return len(self.waits)
+
+    @property
+    def oldest_wait(self) -> float:
+        """Seconds the longest-waiting request has waited (0 when none waits)."""
+        return self.waits[0] if self.waits else 0.0
 
     def waited(self, count: int) -> float:
         """How long at least ``count`` requests have been waiting, in seconds: the wait

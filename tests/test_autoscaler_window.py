@@ -63,7 +63,7 @@ ONE_READY = SimpleNamespace(replicas=("first",))
 def queue(joined: list[float], now: float) -> Demand:
     """The demand of requests that joined the queue at ``joined`` (the test's clock)."""
     waits = sorted((now - at for at in joined if at <= now), reverse=True)
-    return Demand(queued=len(waits), oldest_wait=waits[0] if waits else 0.0, waits=tuple(waits))
+    return Demand(waits=tuple(waits))
 
 
 async def run_looks(
@@ -168,9 +168,10 @@ def test_pause_is_a_period_or_the_time_left_of_a_window():
 
 
 def test_demand_waited_counts_from_the_longest_wait():
-    demand = Demand(queued=3, oldest_wait=4.0, waits=(4.0, 2.0, 1.0))
+    demand = Demand(waits=(4.0, 2.0, 1.0))
     assert [demand.waited(n) for n in range(5)] == [0.0, 4.0, 2.0, 1.0, 0.0]
-    assert Demand(queued=12, oldest_wait=5.0).waited(3) == 0.0  # figures without waits
+    assert (demand.queued, demand.oldest_wait) == (3, 4.0)
+    assert (Demand().queued, Demand().oldest_wait, Demand().waited(1)) == (0, 0.0, 0.0)
 
 
 async def test_run_sleeps_until_the_window_ends(autojump_clock):

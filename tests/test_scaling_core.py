@@ -127,7 +127,7 @@ async def test_scaled_service_scales_out_on_queueing_and_in_after_idleness(
             assert (await controller.control(service_id, "start")).status_code == 200
             await controller.wait_service(service_id, lambda v: v["state"] == "ready")
             autoscaler = controller.service.inference.autoscaler
-            queued = Demand(queued=12, oldest_wait=5.0)
+            queued = Demand(waits=(5.0,) * 12)  # twelve waiting 5 s
             autoscaler.demand = lambda _id: queued
             two = await controller.wait_service(
                 service_id,

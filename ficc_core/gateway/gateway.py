@@ -498,8 +498,6 @@ class Gateway:
         waits.sort(reverse=True)
         view = self.live.get(service_id)
         return Demand(
-            queued=len(waits),
-            oldest_wait=waits[0] if waits else 0.0,
             waits=tuple(waits),
             inflight=self.live.inflight(service_id),
             idle_for=self.admission.idle_for(() if view is None else view.replicas, now),
