@@ -136,6 +136,44 @@ async def test_the_leader_renews_while_it_runs(store: SQLiteStore) -> None:
             nursery.cancel_scope.cancel()
 
 
+async def test_an_advertised_url_is_in_the_store_at_once_not_at_the_next_renewal(
+    store: SQLiteStore,
+) -> None:
+    """The listener binds after the first claim (port 0): the URL it got must reach the
+    leader row and the controllers' rows before ``serve_http`` reports started."""
+    clock = WallClock()
+    a, b = (lease_of(store, name, clock, renew_interval=3600.0) for name in ("a", "b"))
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(a.run)
+            await nursery.start(b.run)
+            assert (await store.read(read_leader)).url == "http://a.example:8484"
+            await a.advertise("http://127.0.0.1:40001")
+            await b.advertise("http://127.0.0.1:40002")
+            row = await store.read(read_leader)
+            assert (row.holder, row.url, row.term) == ("a", "http://127.0.0.1:40001", 1)
+            urls = {c.id: (c.url, c.role) for c in await store.read(read_controllers)}
+            assert urls == {
+                "a": ("http://127.0.0.1:40001", "leader"),
+                "b": ("http://127.0.0.1:40002", "standby"),
+            }
+            assert a.leading and not b.leading and a.term == b.term == 1
+            nursery.cancel_scope.cancel()
+
+
+async def test_an_url_advertised_before_the_lease_runs_goes_with_its_first_claim(
+    store: SQLiteStore,
+) -> None:
+    a = lease_of(store, "a", WallClock(), renew_interval=3600.0)
+    await a.advertise("http://127.0.0.1:40003")
+    assert await store.read(read_leader) is None  # nothing claimed before run
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(a.run)
+            assert (await store.read(read_leader)).url == "http://127.0.0.1:40003"
+            nursery.cancel_scope.cancel()
+
+
 async def test_a_leader_whose_store_stalls_steps_down_when_its_lease_runs_out(
     store: SQLiteStore,
 ) -> None:

@@ -282,6 +282,10 @@ class LeaderLease:
         #: The term held when this controller stepped down because its lease went
         #: unrenewed (the store did not answer), until the store names another leader.
         self._unconfirmed: int | None = None
+        #: One claim at a time: a claim reads the term held before it writes.
+        self._claiming = trio.Lock()
+        #: Whether :meth:`run` made its first claim (so :meth:`advertise` claims at once).
+        self._running = False
 
     # -- what the rest of the controller asks ---------------------------------------------------
 
@@ -363,9 +367,17 @@ class LeaderLease:
             return f"standby; no leader holds the lease now (term {self.term})"
         return f"standby; leader is {row.holder} at {row.url} (term {row.term})"
 
-    def advertise(self, url: str) -> None:
-        """Set the URL written with the next claim (the listener's, once it bound a port)."""
+    async def advertise(self, url: str) -> None:
+        """Name ``url`` (the listener's, once it bound a port) in the store now.
+
+        While :meth:`run` runs, this claims once at once, so the leader row and this
+        controller's row name the URL from here on, not from the next renewal (until
+        then another controller and ``ficc status`` would see the unbound one);
+        before it, the first claim carries it.
+        """
         self.url = url
+        if self._running:
+            await self.tick()
 
     async def status(self) -> tuple[LeaderRow | None, list[ControllerRow]]:
         """The leader row and every controller seen, read from the store now."""
@@ -387,6 +399,7 @@ class LeaderLease:
         try:
             async with trio.open_nursery() as nursery:
                 await self.tick()
+                self._running = True
                 nursery.start_soon(self._watch_expiry)
                 await nursery.start(self._run_roles)
                 task_status.started()
@@ -394,12 +407,17 @@ class LeaderLease:
                     await trio.sleep(self.renew_interval)
                     await self.tick()
         finally:
+            self._running = False
             with trio.CancelScope(shield=True), trio.move_on_after(max(1.0, self.renew_interval)):
                 await self._release()
 
     async def tick(self) -> None:
         """One claim: renew or take the lease, or learn who holds it (store errors are
         logged; the expiry watch steps a leader down when its lease ran out)."""
+        async with self._claiming:
+            await self._claim()
+
+    async def _claim(self) -> None:
         began = trio.current_time()
         held = self._held
         now = self.clock()
@@ -440,6 +458,10 @@ class LeaderLease:
         self._announced = (row.holder, row.term)
 
     async def _release(self) -> None:
+        async with self._claiming:  # not beside a claim of :meth:`advertise`'s
+            await self._give_up()
+
+    async def _give_up(self) -> None:
         held, self._held = self._held, None
         self._unconfirmed = None
         now = self.clock()

@@ -57,7 +57,7 @@ async def serve_http(
     async with trio.open_nursery() as nursery:
         urls = await nursery.start(serve)
         if not service.config.advertise_url and urls:
-            service.lease.advertise(urls[0])
+            await service.lease.advertise(urls[0])
         task_status.started(urls)
 
 
