@@ -18,9 +18,9 @@ import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-import h11
 import trio
 
+from .engine_codec import EngineProtocolError
 from .errors import EngineUnavailable, ExecutorError
 
 if TYPE_CHECKING:
@@ -68,7 +68,7 @@ async def run_bootstrap(
                     input_id=request.input_id,
                     limit=4096,
                 )
-            except (ExecutorError, OSError, trio.BrokenResourceError, h11.ProtocolError) as exc:
+            except (ExecutorError, OSError, trio.BrokenResourceError, EngineProtocolError) as exc:
                 raise BootstrapFailed(
                     f"{what} failed: {exc}", details=_details(index, request)
                 ) from None
@@ -99,6 +99,8 @@ def _no_answer(exc: BaseException) -> str:
         return "no socket yet"
     if isinstance(cause, OSError) and cause.strerror:
         return cause.strerror.lower()
+    if isinstance(cause, EngineProtocolError):
+        return "not an HTTP answer"
     return "connection failed"
 
 
@@ -138,7 +140,12 @@ async def probe_until_ready(
                 try:
                     status, _ = await streams.request(attempt_id, "GET", probe.path)
                     health = str(status)
-                except (EngineUnavailable, OSError, trio.BrokenResourceError) as exc:
+                except (
+                    EngineUnavailable,
+                    OSError,
+                    trio.BrokenResourceError,
+                    EngineProtocolError,
+                ) as exc:
                     status, health = 0, _no_answer(exc)
             answered(health)
             if status == 200:
