@@ -117,6 +117,8 @@ class InvokeRoutes:
         self.project = ProjectEndpoint(service.gateway)
         #: Invoke requests refused because the store failed (logged once a while).
         self.store_refusals = RefusalLog(logger=log)
+        #: The metric children per (route, method, status), looked up once.
+        self._series: dict[tuple[str, str, int], tuple[Any, Any]] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
@@ -184,9 +186,15 @@ class InvokeRoutes:
             await self._refuse(send, error, logged=outage)
         finally:
             duration = time.perf_counter() - started
-            metrics = self.service.metrics
-            metrics.http_requests.labels(route, scope["method"], str(status)).inc()
-            metrics.http_duration.labels(route).observe(duration)
+            series = self._series.get((route, scope["method"], status))
+            if series is None:
+                metrics = self.service.metrics
+                series = self._series[(route, scope["method"], status)] = (
+                    metrics.http_requests.labels(route, scope["method"], str(status)),
+                    metrics.http_duration.labels(route),
+                )
+            series[0].inc()
+            series[1].observe(duration)
             served = getattr(response, "request", None)
             if served is not None and served.replica is not None:
                 prompt, completion = served.tokens

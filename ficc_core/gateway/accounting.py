@@ -65,14 +65,18 @@ class UsageRecord:
     cost: int = 0
 
 
-@attrs.frozen
+@attrs.define
 class Series:
-    """The labelled metric children of one (service, replica), looked up once."""
+    """The labelled metric children of one (service, replica), looked up once (those
+    of tokens and output rate at their first use: a series appears once it counts)."""
 
     inflight: Any
     requests: Any
     ttft: Any
     duration: Any
+    prompt: Any = None
+    completion: Any = None
+    output_rate: Any = None
 
 
 @attrs.frozen
@@ -253,13 +257,19 @@ class Accounting:
         series.duration.observe(duration)
         prompt, completion = usage_of(request.prev_chunk + request.last_chunk)
         request.tokens = (prompt, completion)
+        metrics = self.metrics
         if prompt:
-            self.metrics.gateway_tokens.labels(service, key, "prompt").inc(prompt)
+            if series.prompt is None:
+                series.prompt = metrics.gateway_tokens.labels(service, key, "prompt")
+            series.prompt.inc(prompt)
         if completion:
-            self.metrics.gateway_tokens.labels(service, key, "completion").inc(completion)
+            if series.completion is None:
+                series.completion = metrics.gateway_tokens.labels(service, key, "completion")
+            series.completion.inc(completion)
             if ttfb is not None and duration - ttfb > 0:
-                rate = completion / (duration - ttfb)
-                self.metrics.gateway_output_rate.labels(service, key).observe(rate)
+                if series.output_rate is None:
+                    series.output_rate = metrics.gateway_output_rate.labels(service, key)
+                series.output_rate.observe(completion / (duration - ttfb))
         cost = self.quotas.settle(request, outcome, prompt, completion)
         self._record(
             request.actor,
