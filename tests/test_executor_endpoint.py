@@ -228,3 +228,35 @@ async def test_a_cancelled_stream_never_leaves_its_connection_for_reuse():
     answers = await _answers(engine, 2, cancel_first=True)
     # The cut connection was closed; the next requests share a new one.
     assert answers == ["connection 2 request 1", "connection 2 request 2"]
+
+
+@pytest.mark.parametrize(
+    ("path", "headers"),
+    [
+        ("/chat?q=1 HTTP/1.1\r\nhost: x\r\n\r\nPOST /chat", {}),
+        ("/chat", {"x-request-id": "1\r\nauthorization: Bearer stolen"}),
+        ("/chat", {"content-type": "application/json\0"}),
+    ],
+)
+async def test_a_request_that_would_split_on_the_engine_socket_is_refused_before_it_is_sent(
+    path: str, headers: dict[str, str]
+) -> None:
+    connected = []
+
+    async def connect() -> trio.abc.Stream:
+        connected.append(True)
+        raise OSError("not reached")
+
+    streams = EndpointStreams()
+    fence = _fence()
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(streams.run)
+            streams.attach(fence, EndpointContract.unix(["/chat"]), connect)
+            with pytest.raises(ficc_core.PathNotAdmitted, match="cannot be sent"):
+                await streams.open(fence, "s1", "POST", path, headers, b"{}")
+            # Nothing was opened: the ID is free and the engine was never dialled.
+            await streams.open(fence, "s1", "POST", "/chat", {}, b"{}")
+            assert isinstance(await streams.read(fence, "s1"), ficc_core.StreamFailed)
+            assert connected == [True]
+            nursery.cancel_scope.cancel()

@@ -25,7 +25,16 @@ from typing import TYPE_CHECKING
 import attrs
 import trio
 
-from .engine_http import CHUNK_SIZE, Connector, EngineConnection, EnginePool, exchange, request_once
+from .engine_codec import EngineProtocolError
+from .engine_http import (
+    CHUNK_SIZE,
+    Connector,
+    EngineConnection,
+    EnginePool,
+    exchange,
+    request_head,
+    request_once,
+)
 from .errors import (
     EngineUnavailable,
     InputNotAdmitted,
@@ -236,11 +245,18 @@ class EndpointStreams:
             for name, value in pairs
             if name.lower() in ALLOWED_REQUEST_HEADERS
         ]
+        size = len(body) if upload is None else upload[1]
+        try:
+            head = request_head(
+                method, path, passed, size, upload=upload is not None, keep_alive=True
+            )
+        except EngineProtocolError as exc:
+            raise PathNotAdmitted(
+                f"the request cannot be sent to the engine: {exc}", details={"path": route}
+            ) from None
         stream = _Stream(stream_id)
         attempt.streams[stream_id] = stream
-        self._nursery.start_soon(
-            self._pump, attempt, stream, method, path, passed, bytes(body), upload
-        )
+        self._nursery.start_soon(self._pump, attempt, stream, head, bytes(body), upload)
 
     async def _admitted_input(
         self, attempt: _Attempt, input_id: str, method: str, body: bytes
@@ -352,9 +368,7 @@ class EndpointStreams:
         self,
         attempt: _Attempt,
         stream: _Stream,
-        method: str,
-        target: str,
-        headers: list[tuple[str, str]],
+        head: bytes,
         body: bytes,
         upload: tuple[str, int] | None,
     ) -> None:
@@ -362,7 +376,7 @@ class EndpointStreams:
         try:
             with stream.scope:
                 failure = await exchange(
-                    attempt.engine, stream.queue, method, target, headers, body, upload, self._drop
+                    attempt.engine, stream.queue, head, body, upload, self._drop
                 )
         finally:
             if failure is not None:

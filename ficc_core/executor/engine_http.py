@@ -85,9 +85,7 @@ class EnginePool:
 async def exchange(
     pool: EnginePool,
     queue: EventQueue,
-    method: str,
-    target: str,
-    headers: list[tuple[str, str]],
+    head: bytes,
     body: bytes,
     upload: Upload | None,
     drop: Callable[[list[EngineConnection]], None],
@@ -113,9 +111,7 @@ async def exchange(
             reused = False
         else:
             reused = True
-        result = await _exchange_once(
-            pool, queue, connection, method, target, headers, body, upload, reused
-        )
+        result = await _exchange_once(pool, queue, connection, head, body, upload, reused)
         if result is not _STALE:
             return result  # type: ignore[return-value]
         connection = None
@@ -125,9 +121,7 @@ async def _exchange_once(
     pool: EnginePool,
     queue: EventQueue,
     connection: EngineConnection,
-    method: str,
-    target: str,
-    headers: list[tuple[str, str]],
+    head: bytes,
     body: bytes,
     upload: Upload | None,
     reused: bool,
@@ -137,10 +131,9 @@ async def _exchange_once(
     kept = False
     try:
         if upload is None:
-            head = encode_request(method, target, headers, len(body), keep_alive=True)
             await sock.send_all(head + body if body else head)
         else:
-            await send_file(sock, method, target, headers, *upload)
+            await send_file(sock, head, *upload)
         while True:
             # Backpressure: read nothing more while the reader is behind.
             await queue.wait_room()
@@ -185,10 +178,11 @@ async def request_once(
     """
     async with sock:
         if upload is None:
-            head = encode_request(method, path, headers, len(body), keep_alive=False)
-            await sock.send_all(head + body)
+            await sock.send_all(request_head(method, path, headers, len(body)) + body)
         else:
-            await send_file(sock, method, path, headers, *upload)
+            await send_file(
+                sock, request_head(method, path, headers, upload[1], upload=True), *upload
+            )
         parser = ResponseParser()
         status, answer = 0, b""
         try:
@@ -203,18 +197,30 @@ async def request_once(
         return status, answer
 
 
-async def send_file(
-    sock: trio.abc.Stream,
+def request_head(
     method: str,
     target: str,
     headers: list[tuple[str, str]],
-    path: str,
     size: int,
-) -> None:
-    """Send a request whose body is the file at ``path``, read in chunks."""
-    passed = [(name, value) for name, value in headers if name != "content-type"]
-    passed.append(("content-type", "application/octet-stream"))
-    await sock.send_all(encode_request(method, target, passed, size, keep_alive=False))
+    *,
+    upload: bool = False,
+    keep_alive: bool = False,
+) -> bytes:
+    """The head of a request with a body of ``size`` bytes; an ``upload`` (an input's
+    file as the body) is ``application/octet-stream`` on a connection of its own.
+
+    Raises :class:`~ficc_core.executor.engine_codec.EngineProtocolError` for a target
+    or header that could split the request.
+    """
+    if upload:
+        headers = [(name, value) for name, value in headers if name != "content-type"]
+        headers.append(("content-type", "application/octet-stream"))
+    return encode_request(method, target, headers, size, keep_alive=keep_alive and not upload)
+
+
+async def send_file(sock: trio.abc.Stream, head: bytes, path: str, size: int) -> None:
+    """Send ``head``, then the file at ``path`` as the body, read in chunks."""
+    await sock.send_all(head)
     sent = 0
     async with await trio.open_file(path, "rb") as file:
         while sent < size:
