@@ -15,7 +15,7 @@ from ficc_executor_process.provider import ProcessProvider
 from ficc_core.agent import Agent, AgentSettings, DeclaredRuntime
 from ficc_core.digests import file_digest
 from ficc_core.errors import ConfigError
-from ficc_core.executor import BodyChunk, ResponseHead, UnknownAttempt
+from ficc_core.executor import BodyChunk, EndOfStream, ResponseHead, UnknownAttempt, UnknownStream
 from ficc_core.schema import GpuDevice
 from ficc_core.testing.executor_kit import new_fence, standin_job
 
@@ -213,6 +213,17 @@ async def test_a_fence_of_another_generation_is_refused(running):
 
         with pytest.raises(StaleFence):
             await running.stop(stale)
+        # The count of a stream's queued events (the gateway reads those without a
+        # cancel scope) is fenced like the reads themselves.
+        await running.providers["process"].wait_ready(fence)
+        await running.open(fence, "s1", "GET", "/health", {}, b"")
+        with pytest.raises(StaleFence):
+            running.held(stale, "s1")
+        assert isinstance(await running.read(fence, "s1"), ResponseHead)
+        while not isinstance(await running.read(fence, "s1"), EndOfStream):
+            pass
+        with pytest.raises(UnknownStream):
+            running.held(fence, "s1")  # read to its end: forgotten
         await running.stop(fence, grace=1.0)
 
 

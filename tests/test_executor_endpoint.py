@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 import tempfile
 from functools import partial
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import trio
+import trio.testing
 from ficc_executor_container.provider import ContainerProvider
 from ficc_executor_process.provider import ProcessProvider
 
@@ -260,3 +262,84 @@ async def test_a_request_that_would_split_on_the_engine_socket_is_refused_before
             assert isinstance(await streams.read(fence, "s1"), ficc_core.StreamFailed)
             assert connected == [True]
             nursery.cancel_scope.cancel()
+
+
+async def _digest_of_the_body(stream: trio.abc.Stream) -> None:
+    # An engine that reads the request slowly (4 KiB at a time), then answers with the
+    # sha256 of the body it received.
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += await stream.receive_some(4096)
+    head, body = data.split(b"\r\n\r\n", 1)
+    size = next(
+        int(line.split(b":", 1)[1])
+        for line in head.split(b"\r\n")
+        if line.lower().startswith(b"content-length:")
+    )
+    while len(body) < size:
+        body += await stream.receive_some(4096)
+    answer = hashlib.sha256(body).hexdigest().encode()
+    await stream.send_all(
+        b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n" % len(answer) + answer
+    )
+    await stream.aclose()
+
+
+async def _answer_of(streams: EndpointStreams, fence: Fence, body: bytes) -> bytes:
+    await streams.open(fence, "s", "POST", "/digest", {}, body)
+    head = await streams.read(fence, "s")
+    assert isinstance(head, ResponseHead) and head.status == 200, head
+    answer = b""
+    while not isinstance(event := await streams.read(fence, "s"), EndOfStream):
+        assert isinstance(event, BodyChunk), event
+        answer += event.data
+    return answer
+
+
+async def test_a_body_larger_than_the_socket_buffer_reaches_a_slow_engine_whole():
+    # 8 MiB cannot go into a Unix socket's buffer at once: the pump waits for the
+    # engine to read, many times, and every byte arrives in order.
+    body = bytes(range(256)) * (32 * 1024)
+    directory = Path(tempfile.mkdtemp(prefix="fd-", dir="/tmp"))
+    path = str(directory / "engine.sock")
+    listener_socket = trio.socket.socket(trio.socket.AF_UNIX, trio.socket.SOCK_STREAM)
+    await listener_socket.bind(path)
+    listener_socket.listen()
+    streams, fence = EndpointStreams(), _fence()
+    try:
+        with trio.fail_after(30):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(
+                    trio.serve_listeners,
+                    _digest_of_the_body,
+                    [trio.SocketListener(listener_socket)],
+                )
+                await nursery.start(streams.run)
+                streams.attach(
+                    fence, EndpointContract.unix(["/digest"]), partial(trio.open_unix_socket, path)
+                )
+                answer = await _answer_of(streams, fence, body)
+                nursery.cancel_scope.cancel()
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    assert answer.decode() == hashlib.sha256(body).hexdigest()
+
+
+async def test_a_connector_that_gives_no_socket_is_served_through_its_own_stream_methods():
+    # A provider may connect through any trio stream (TLS, a relay); the endpoint action
+    # then uses the stream's send_all and receive_some.
+    body = b"x" * 300_000
+    streams, fence = EndpointStreams(), _fence()
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+
+            async def connect() -> trio.abc.Stream:
+                ours, engines = trio.testing.memory_stream_pair()
+                nursery.start_soon(_digest_of_the_body, engines)
+                return ours
+
+            await nursery.start(streams.run)
+            streams.attach(fence, EndpointContract.unix(["/digest"]), connect)
+            answer = await _answer_of(streams, fence, body)
+            nursery.cancel_scope.cancel()
+    assert answer.decode() == hashlib.sha256(body).hexdigest()

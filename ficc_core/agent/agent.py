@@ -418,6 +418,12 @@ class Agent:
         """Close the stream at once."""
         await self.providers[self._lease(fence).provider].cancel(fence, stream_id)
 
+    def held(self, fence: Fence, stream_id: str) -> int:
+        """How many of the stream's events are queued (``read`` takes one without
+        waiting); 0 where the attempt's provider does not say."""
+        held = getattr(self.providers[self._lease(fence).provider], "held", None)
+        return 0 if held is None else held(fence, stream_id)
+
     # -- leases ---------------------------------------------------------------------------------
 
     def _lease(self, fence: Fence) -> Lease:

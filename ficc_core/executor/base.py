@@ -284,6 +284,11 @@ class SupervisingProvider:
         self._attempt(fence)
         await self.streams.cancel(fence, stream_id)
 
+    def held(self, fence: Fence, stream_id: str) -> int:
+        """How many of the stream's events are queued: ``read`` takes one without waiting."""
+        self._attempt(fence)
+        return self.streams.held(fence, stream_id)
+
     # -- supervision -------------------------------------------------------------------
 
     def _attempt(self, fence: Fence) -> ExecutorAttempt:

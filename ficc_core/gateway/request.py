@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 import attrs
@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from ..auth import Principal
     from ..bands import Band
     from ..executor.protocol import EndpointAction
+    from ..executor.types import Fence
     from ..inference.live import LiveReplica, LiveService
 
 
@@ -46,6 +47,9 @@ class Request:
     queue_wait: float = 0.0
     replica: LiveReplica | None = None
     endpoint: EndpointAction | None = None
+    #: The endpoint's ``held(fence, stream_id)`` (events queued for the stream, read
+    #: without waiting), where it has one; None otherwise.
+    held: Callable[[Fence, str], int] | None = None
     stream_id: str = ""
     status: int = 0
     opened: bool = False
