@@ -59,6 +59,8 @@ LITELLM_VENV = BENCH / ".venv-litellm"
 LITELLM_VERSION = "1.108.7"
 GIB = 1 << 30
 LOAD_CORE, TARGET_CORE = 0, 1
+#: A target process is quiet under this share of a core, sampled over SETTLE_SAMPLE seconds.
+QUIET_SHARE, SETTLE_SAMPLE = 0.03, 0.5
 ENGINE_TAIL = ["--n-gpu-layers", "0", "--alias", "smollm2", "--metrics", "--no-webui"]
 
 # -- processes -----------------------------------------------------------------------------------
@@ -504,17 +506,16 @@ class Bench:
         Every target shares core 1. LiteLLM, for one, keeps a core busy for 15 to 25 s
         after the slow-reader test has disconnected; measured in that time, the floor's
         and FICC's p99 at concurrency 1 read 5 to 6 ms instead of 1 to 2. Waits (0.5 s
-        samples) until every target process is under 3% of a core, at most ``limit``
+        samples) until every target process is under QUIET_SHARE of a core, at most ``limit``
         seconds, and records the wait in ``out["settled"]``.
         """
         pids = sorted({pid for target in self.targets.values() for pid in target["pids"]})
         began = time.monotonic()
-        busiest = 0.0
         while True:
             before = {pid: cpu_seconds([pid]) for pid in pids}
-            time.sleep(0.5)
-            busiest = max((cpu_seconds([pid]) - before[pid]) / 0.5 for pid in pids)
-            if busiest < 0.03 or time.monotonic() - began > limit:
+            time.sleep(SETTLE_SAMPLE)
+            busiest = max((cpu_seconds([pid]) - before[pid]) / SETTLE_SAMPLE for pid in pids)
+            if busiest < QUIET_SHARE or time.monotonic() - began > limit:
                 break
         waited = time.monotonic() - began
         out.setdefault("settled", {})[step] = {"waited_s": waited, "busiest": busiest}
@@ -772,7 +773,7 @@ def settled_note(runs: list[dict[str, Any]]) -> str:
     waited, step = max(waits)
     return (
         "Before each measurement the bench waited until every target process was under "
-        f"3% of a core; the longest wait was {waited:.1f} s (before {step})."
+        f"{QUIET_SHARE:.0%} of a core; the longest wait was {waited:.1f} s (before {step}). "
     )
 
 
@@ -1190,7 +1191,7 @@ def main() -> None:
         block += (
             "\n\n| Target | Measured | Verdict |\n|---|---|---|\n"
             + "\n".join(verdicts)
-            + f"\n\n{settled_note(results)} Whole suite: {time.monotonic() - began:.0f} s"
+            + f"\n\n{settled_note(results)}Whole suite: {time.monotonic() - began:.0f} s"
             + (" (`--quick`)." if args.quick else ".")
         )
         print(block)
