@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import sys
 from typing import Any
 
@@ -71,9 +72,35 @@ async def _serve(config: Config, demo: bool = False) -> None:
 
             if config.embedded_agent:
                 await nursery.start(run_embedded_agent, service)
+            settle_heap()
             await run_until_signalled(service, on_ready=ready)
             nursery.cancel_scope.cancel()
     click.echo("ficc: stopped", err=True)
+
+
+#: Net container allocations between two collections of the youngest generation once the
+#: controller is up (Python's default is 700). See :func:`settle_heap`.
+YOUNG_GENERATION_THRESHOLD = 10_000
+
+
+def settle_heap() -> None:
+    """Tune the cyclic garbage collector for serving, once start-up is done.
+
+    The start-up heap (modules, settings, the store's and the gateway's tables: about
+    100,000 objects) lives as long as the process, yet every full collection walked
+    it again: about 50 ms, every few seconds under load, on the event loop. It is
+    collected once and frozen (:func:`gc.freeze`), so later collections walk only
+    what was made since. The relayed request path makes no reference cycles, so the
+    young generation fills only with requests in flight (16 of them cross Python's
+    default of 700 container objects); collecting it at 10,000 instead cut the
+    collector's share of a request's CPU from about 46 to under 2 µs
+    (docs/performance.md). Memory is not at stake: a young generation of 10,000
+    objects is about a megabyte.
+    """
+    gc.collect()
+    gc.freeze()
+    _, middle, oldest = gc.get_threshold()
+    gc.set_threshold(YOUNG_GENERATION_THRESHOLD, middle, oldest)
 
 
 async def _demo(service: Service, url: str) -> None:

@@ -124,6 +124,11 @@ class ResponseParser:
             if not self.complete:
                 raise EngineProtocolError(f"the engine sent invalid HTTP: {exc}") from None
             self.keep_alive = False  # junk after a complete answer: not reused
+        if self.complete:
+            # llhttp holds this object's callbacks, so the two form a reference cycle
+            # that only the cyclic collector would free: one per relayed request, its
+            # events and headers with it. Nothing is parsed after the end.
+            del self._parser
         return self._events
 
     def closed(self) -> list[ReadEvent]:
@@ -132,6 +137,7 @@ class ResponseParser:
             return []
         if self._until_close and self._status:
             self.complete, self.keep_alive = True, False
+            del self._parser  # as in feed: no cycle outlives the answer
             return [EndOfStream()]
         raise EngineClosedEarly("the engine closed the connection before its answer was complete")
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping, Sequence
+from operator import attrgetter
 from typing import Any
 
 from ..contributors import repository as contributors
@@ -50,10 +51,11 @@ _USAGE_COLUMNS = (
     " prompt_tokens, completion_tokens, queue_wait, ttfb, duration, finished_at,"
     " project_id, user_id, model, cost, requests"
 )
-_USAGE_FIELDS = tuple(name.strip() for name in _USAGE_COLUMNS.split(","))
+#: The columns of an ``inference_usage`` row, in the order :func:`insert_usage_rows` takes.
+USAGE_FIELDS = tuple(name.strip() for name in _USAGE_COLUMNS.split(","))
 _USAGE_INSERT = (
     f"INSERT INTO inference_usage ({_USAGE_COLUMNS})"
-    f" VALUES ({', '.join('?' for _ in _USAGE_FIELDS)})"
+    f" VALUES ({', '.join('?' for _ in USAGE_FIELDS)})"
 )
 
 
@@ -442,8 +444,12 @@ def placement_nodes(tx: Transaction, node_ids: Sequence[str]) -> dict[str, Place
 
 def insert_usage(tx: Transaction, entries: Iterable[UsageEntry]) -> None:
     """Record finished requests' usage (and summary rows)."""
-    for entry in entries:
-        tx.execute(_USAGE_INSERT, tuple(getattr(entry, name) for name in _USAGE_FIELDS))
+    insert_usage_rows(tx, map(attrgetter(*USAGE_FIELDS), entries))
+
+
+def insert_usage_rows(tx: Transaction, rows: Iterable[Sequence[Any]]) -> None:
+    """Record usage rows given as values in :data:`USAGE_FIELDS` order, in one batch."""
+    tx.execute_many(_USAGE_INSERT, rows)
 
 
 def usage_summary(

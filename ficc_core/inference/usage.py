@@ -25,6 +25,7 @@ from collections import deque
 from collections.abc import Hashable
 from functools import partial
 from itertools import islice
+from operator import attrgetter
 from typing import Any
 
 import attrs
@@ -38,8 +39,9 @@ from .usage_report import UsageQuery, UsageReport, usage_report
 
 log = logging.getLogger("ficc.inference.usage")
 
-#: What of a gateway's usage record is kept (``requests`` is 1 for a record of its own).
-_ENTRY_FIELDS = tuple(field.name for field in attrs.fields(UsageEntry) if field.name != "requests")
+#: A gateway record's values in a usage row's column order, but ``requests`` (1 for a
+#: record of its own). The row is its values: no entry object per request.
+_values = attrgetter(*(name for name in repository.USAGE_FIELDS if name != "requests"))
 #: Seconds one summary row covers (its ``finished_at`` is the start of that minute).
 SUMMARY_PERIOD = 60
 #: The longest wait between tries after failed writes, in seconds.
@@ -123,10 +125,9 @@ def _summary_key(usage: Any) -> tuple[Hashable, ...]:
 
 
 def _insert(records: list[Any], tx: Transaction) -> None:
-    """Write gateway records (read by the fields of :class:`UsageEntry`) in one transaction."""
-    repository.insert_usage(
-        tx, (UsageEntry(**{name: getattr(r, name) for name in _ENTRY_FIELDS}) for r in records)
-    )
+    """Write gateway records (read by the fields of :class:`UsageEntry`, one request
+    each) in one transaction, as one batch of rows."""
+    repository.insert_usage_rows(tx, ((*_values(record), 1) for record in records))
 
 
 class UsageLedger:

@@ -12,7 +12,7 @@ the few translations). :func:`open_store` picks one from the ``database_url`` se
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 if TYPE_CHECKING:
@@ -28,6 +28,9 @@ class Transaction(Protocol):
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
         """Run a statement; return the number of rows it changed."""
+
+    def execute_many(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
+        """Run one statement once per row of parameters (a batch of inserts)."""
 
     def fetch_one(self, sql: str, params: Sequence[Any] = ()) -> Row | None:
         """Run a query; return its first row as a dict, or ``None``."""

@@ -35,7 +35,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from decimal import Decimal
 from typing import Any, TypeVar
 
@@ -93,6 +93,9 @@ class _PgTransaction:
     def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
         self._cursor.execute(dialect.translate(sql), dialect.params(params))
         return self._cursor.rowcount
+
+    def execute_many(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
+        self._cursor.executemany(dialect.translate(sql), (dialect.params(row) for row in rows))
 
     def fetch_one(self, sql: str, params: Sequence[Any] = ()) -> dict[str, Any] | None:
         self._cursor.execute(dialect.translate(sql), dialect.params(params))

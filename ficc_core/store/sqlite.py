@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import queue
 import sqlite3
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -46,6 +46,9 @@ class _SQLiteTransaction:
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
         return self._conn.execute(sql, params).rowcount
+
+    def execute_many(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
+        self._conn.executemany(sql, rows)
 
     def fetch_one(self, sql: str, params: Sequence[Any] = ()) -> dict[str, Any] | None:
         row = self._conn.execute(sql, params).fetchone()
