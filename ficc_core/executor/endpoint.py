@@ -17,6 +17,7 @@ bounded and a stream nobody reads for ``idle_timeout`` seconds is closed.
 
 from __future__ import annotations
 
+import math
 import os
 import stat
 from collections.abc import Mapping
@@ -28,6 +29,7 @@ import trio
 from .engine_codec import EngineProtocolError
 from .engine_http import (
     CHUNK_SIZE,
+    STALE,
     Connector,
     EngineConnection,
     EnginePool,
@@ -35,6 +37,7 @@ from .engine_http import (
     request_head,
     request_once,
 )
+from .engine_pull import Pull, start_now
 from .errors import (
     EngineUnavailable,
     InputNotAdmitted,
@@ -104,6 +107,9 @@ class _Stream:
     queue: EventQueue = attrs.field(factory=lambda: EventQueue(QUEUE_CHUNKS))
     scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
     finished: trio.Event = attrs.field(factory=trio.Event)
+    #: The answer its readers read from the engine themselves (:mod:`.engine_pull`),
+    #: while no task moves it; None once it ended, or when a task does.
+    pull: Pull | None = None
 
 
 @attrs.define(eq=False)
@@ -256,7 +262,15 @@ class EndpointStreams:
             ) from None
         stream = _Stream(stream_id)
         attempt.streams[stream_id] = stream
-        self._nursery.start_soon(self._pump, attempt, stream, head, bytes(body), upload)
+        connection, sent = None, 0
+        if upload is None:
+            pull, connection, sent = start_now(attempt.engine, head + body, self._drop)
+            if pull is not None:
+                stream.pull = pull
+                return
+        self._nursery.start_soon(
+            self._pump, attempt, stream, head, bytes(body), upload, connection, sent
+        )
 
     async def _admitted_input(
         self, attempt: _Attempt, input_id: str, method: str, body: bytes
@@ -289,10 +303,35 @@ class EndpointStreams:
     async def read(self, fence: Fence, stream_id: str) -> ReadEvent:
         """Return the next event: the head, a chunk of at most 64 KiB, then the end or an error."""
         attempt, stream = self._stream(fence, stream_id)
+        pull = stream.pull
+        if pull is not None and not pull.busy and not stream.queue.events:
+            await self._pull(attempt, stream, pull)
         event = await stream.queue.get()
         if is_terminal(event):
             attempt.streams.pop(stream_id, None)
         return event
+
+    async def _pull(self, attempt: _Attempt, stream: _Stream, pull: Pull) -> None:
+        """Read the stream's answer from the engine in the reader's task (a reader
+        cancelled while it waits leaves the answer where it was, for the next read)."""
+        queue = stream.queue
+        pull.busy = True
+        queue.last_read = math.inf  # a reading reader is not idle
+        try:
+            result = await pull.fill(queue, self._drop)
+        finally:
+            pull.busy = False
+            queue.last_read = trio.current_time()
+        if not pull.done or stream.pull is not pull:
+            return  # more to come, or the stream was closed meanwhile
+        stream.pull = None
+        if result is STALE and self._nursery is not None:
+            # The engine had closed the reused connection: a task sends it again.
+            self._nursery.start_soon(self._pump, attempt, stream, pull.request, b"", None)
+            return
+        if isinstance(result, StreamFailed):
+            queue.push(result)
+        stream.finished.set()
 
     async def cancel(self, fence: Fence, stream_id: str) -> None:
         """Close the stream's engine connection now; later reads raise :class:`UnknownStream`."""
@@ -350,6 +389,10 @@ class EndpointStreams:
         attempt.streams.pop(stream.id, None)
         stream.scope.cancel()
         stream.queue.end(event)
+        if stream.pull is not None:
+            stream.pull.close(self._drop)
+            stream.pull = None
+            stream.finished.set()
 
     async def _expire_idle(self) -> None:
         while True:
@@ -371,12 +414,14 @@ class EndpointStreams:
         head: bytes,
         body: bytes,
         upload: tuple[str, int] | None,
+        connection: EngineConnection | None = None,
+        sent: int = 0,
     ) -> None:
         failure: StreamFailed | None = None
         try:
             with stream.scope:
                 failure = await exchange(
-                    attempt.engine, stream.queue, head, body, upload, self._drop
+                    attempt.engine, stream.queue, head, body, upload, self._drop, connection, sent
                 )
         finally:
             if failure is not None:

@@ -34,7 +34,7 @@ IDLE_CONNECTIONS = 32
 IDLE_CONNECTION_SECONDS = 20.0
 #: What one exchange returns when a reused connection turned out to be closed by the
 #: engine before it answered: the request is sent again on a new connection.
-_STALE = object()
+STALE = object()
 
 Connector = Callable[[], Awaitable[trio.abc.Stream]]
 #: An admitted input streamed as the body: (host path, size).
@@ -90,14 +90,16 @@ async def exchange(
     body: bytes,
     upload: Upload | None,
     drop: Callable[[list[EngineConnection]], None],
+    connection: EngineConnection | None = None,
+    sent: int = 0,
 ) -> StreamFailed | None:
     """Send the request on an idle engine connection (or a new one) and relay the answer.
 
     Returns the failure to end the stream with, or None once :class:`EndOfStream` is
-    queued. ``drop`` closes connections too old to reuse.
+    queued. ``drop`` closes connections too old to reuse. With ``connection``, the
+    request's first ``sent`` bytes already went on that (reused) connection.
     """
-    connection = None
-    if upload is None:
+    if connection is None and upload is None:
         connection, expired = pool.take()
         if expired:
             drop(expired)
@@ -112,10 +114,10 @@ async def exchange(
             reused = False
         else:
             reused = True
-        result = await _exchange_once(pool, queue, connection, head, body, upload, reused)
-        if result is not _STALE:
+        result = await _exchange_once(pool, queue, connection, head, body, upload, reused, sent)
+        if result is not STALE:
             return result  # type: ignore[return-value]
-        connection = None
+        connection, sent = None, 0
 
 
 async def _exchange_once(
@@ -126,13 +128,14 @@ async def _exchange_once(
     body: bytes,
     upload: Upload | None,
     reused: bool,
+    sent: int = 0,
 ) -> StreamFailed | object | None:
     sock = connection.sock
     parser = ResponseParser()
     kept = False
     try:
         if upload is None:
-            await _send_all(sock, head + body if body else head)
+            await _send_all(sock, (head + body if body else head)[sent:])
         else:
             await send_file(sock, head, *upload)
         while True:
@@ -140,7 +143,7 @@ async def _exchange_once(
             await queue.wait_room()
             data = await _receive_some(sock, CHUNK_SIZE)
             if not data and reused and not parser.started:
-                return _STALE
+                return STALE
             for event in parser.feed(data):
                 if isinstance(event, EndOfStream) and upload is None and parser.keep_alive:
                     # Back in the pool before the reader learns of the end, so the
@@ -151,7 +154,7 @@ async def _exchange_once(
                 return None
     except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
         if reused and not parser.started:
-            return _STALE
+            return STALE
         return StreamFailed(code="engine_closed", message=f"the engine connection broke: {exc}")
     except EngineClosedEarly:
         return StreamFailed(code="engine_closed", message="the engine closed the connection early")
