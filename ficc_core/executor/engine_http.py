@@ -152,17 +152,28 @@ async def _exchange_once(
                 await queue.put(event)
             if parser.complete:
                 return None
-    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-        if reused and not parser.started:
-            return STALE
-        return StreamFailed(code="engine_closed", message=f"the engine connection broke: {exc}")
-    except EngineClosedEarly:
-        return StreamFailed(code="engine_closed", message="the engine closed the connection early")
-    except EngineProtocolError as exc:
-        return StreamFailed(code="bad_response", message=str(exc))
+    except EXCHANGE_ERRORS as exc:
+        return exchange_failure(exc, retry=reused and not parser.started)
     finally:
         if not kept:
             await trio.aclose_forcefully(sock)
+
+
+#: What ends an exchange early: the connection broke, or the engine's answer is not HTTP.
+EXCHANGE_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError, OSError, EngineProtocolError)
+
+
+def exchange_failure(exc: BaseException, *, retry: bool) -> StreamFailed | object:
+    """What ends a stream whose exchange raised one of :data:`EXCHANGE_ERRORS`:
+    :data:`STALE` when the connection broke and ``retry`` (a reused connection, no
+    byte of an answer yet), else the failure."""
+    if isinstance(exc, EngineClosedEarly):
+        return StreamFailed(code="engine_closed", message="the engine closed the connection early")
+    if isinstance(exc, EngineProtocolError):
+        return StreamFailed(code="bad_response", message=str(exc))
+    if retry:
+        return STALE
+    return StreamFailed(code="engine_closed", message=f"the engine connection broke: {exc}")
 
 
 # trio's SocketStream makes every send and receive a schedule point: it checks for

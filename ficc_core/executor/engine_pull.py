@@ -26,8 +26,15 @@ from collections.abc import Callable
 import attrs
 import trio
 
-from .engine_codec import EngineClosedEarly, EngineProtocolError, ResponseParser
-from .engine_http import CHUNK_SIZE, STALE, EngineConnection, EnginePool
+from .engine_codec import ResponseParser
+from .engine_http import (
+    CHUNK_SIZE,
+    EXCHANGE_ERRORS,
+    STALE,
+    EngineConnection,
+    EnginePool,
+    exchange_failure,
+)
 from .event_queue import EventQueue
 from .types import EndOfStream, StreamFailed
 
@@ -78,19 +85,9 @@ class Pull:
                 if parser.complete:
                     self._end(drop, kept=kept)
                     return None
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+        except EXCHANGE_ERRORS as exc:
             self._end(drop, kept=False)
-            if not parser.started:
-                return STALE
-            return StreamFailed(code="engine_closed", message=f"the engine connection broke: {exc}")
-        except EngineClosedEarly:
-            self._end(drop, kept=False)
-            return StreamFailed(
-                code="engine_closed", message="the engine closed the connection early"
-            )
-        except EngineProtocolError as exc:
-            self._end(drop, kept=False)
-            return StreamFailed(code="bad_response", message=str(exc))
+            return exchange_failure(exc, retry=not parser.started)
         return None
 
     def close(self, drop: Drop) -> None:
