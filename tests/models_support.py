@@ -6,6 +6,7 @@ import hashlib
 import os
 import re
 from pathlib import Path
+from typing import Any
 
 import httpx
 import trio
@@ -115,3 +116,33 @@ def tiny_gguf(path: Path, *, size: int = 3 << 20, seed: int = 0) -> bytes:
     writer.write_tensors_to_file()
     writer.close()
     return path.read_bytes()
+
+
+class Writes:
+    """Every pwrite of a partial, with whether its descriptor was opened with O_DIRECT
+    (``monkeypatch`` replaces ``os.open`` and ``os.pwrite`` for the test)."""
+
+    def __init__(self, monkeypatch: Any) -> None:
+        self.direct_fds: set[int] = set()
+        self.calls: list[tuple[bool, int, int]] = []
+        real_open, real_pwrite = os.open, os.pwrite
+
+        def spy_open(path, flags, *args):
+            fd = real_open(path, flags, *args)
+            if flags & os.O_DIRECT:
+                self.direct_fds.add(fd)
+            return fd
+
+        def spy_pwrite(fd, data, offset):
+            count = real_pwrite(fd, data, offset)
+            self.calls.append((fd in self.direct_fds, offset, count))
+            return count
+
+        monkeypatch.setattr(os, "open", spy_open)
+        monkeypatch.setattr(os, "pwrite", spy_pwrite)
+
+    def direct(self) -> list[tuple[int, int]]:
+        return [(offset, count) for direct, offset, count in self.calls if direct]
+
+    def buffered(self) -> list[tuple[int, int]]:
+        return [(offset, count) for direct, offset, count in self.calls if not direct]

@@ -17,6 +17,7 @@ from ficc_core.models.fetch import FetchError, FetchPolicy, make_client, open_re
 from .conftest import bearer
 from .httpsd import Redirect, ScriptedResolver, ServedFile, resolving_with
 from .models_support import (
+    Writes,
     blob_files,
     gguf_manifest,
     partial_file,
@@ -139,6 +140,29 @@ async def test_a_dropped_connection_resumes_with_range_without_refetching(contro
     resumed_from = int(second.headers["range"].removeprefix("bytes=").removesuffix("-"))
     assert resumed_from == 6 * MiB + 7  # every byte received before the drop was kept
     assert https_server.bytes_served["/m.gguf"] < len(content) + MiB
+
+
+async def test_the_body_goes_past_the_page_cache_even_after_an_unaligned_resume(
+    controller, https_server, monkeypatch
+):
+    content = random_bytes(6 * MiB + 999, seed=21)
+    https_server.add("/m.gguf", ServedFile(content, drop_after=2 * MiB + 7))
+    writes = Writes(monkeypatch)
+    async with await controller() as service:
+        api = await _api(service)
+        model = await api.register(gguf_manifest("m", content, url=https_server.url("/m.gguf")))
+        done = await api.acquire_and_wait(model["id"])
+        published = service.config.blobs_path / "sha256" / hashlib.sha256(content).hexdigest()
+        assert published.read_bytes() == content
+    assert done["state"] == "verified", done
+    # 1 MiB pieces go direct; the 7 bytes before the drop and the last 999 through the
+    # page cache; after the resume at 2 MiB + 7 one buffered piece brings the offset
+    # back onto a page (3 MiB), and the pieces after it go direct again.
+    assert writes.direct() == [(at * MiB, MiB) for at in (0, 1, 3, 4, 5)]
+    buffered = [(off, n) for off, n in writes.buffered() if n]
+    assert buffered[0] == (2 * MiB, 7)
+    assert buffered[-1] == (6 * MiB, 999)
+    assert sum(n for off, n in buffered if 2 * MiB + 7 <= off < 3 * MiB) == MiB - 7
 
 
 async def test_a_server_that_ignores_range_is_skipped_not_rewritten(controller, https_server):

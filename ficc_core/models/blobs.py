@@ -24,6 +24,7 @@ written by :mod:`~ficc_core.models.repository`.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import shutil
 import time
@@ -233,7 +234,8 @@ class BlobStore:
         """
         await self._writable(ref, offset)
         writer = await trio.to_thread.run_sync(
-            PartialWriter, self.partial_path(ref), offset, ref.size, limiter=self._io_limiter
+            functools.partial(PartialWriter, self.partial_path(ref), offset, ref.size, direct=True),
+            limiter=self._io_limiter,
         )
         try:
             yield writer

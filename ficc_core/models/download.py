@@ -2,7 +2,9 @@
 
 A worker thread reads the body straight into 1 MiB buffers (blocking TLS reads,
 no event loop in the way); two more threads feed each buffer to the file's sha256
-and write it to the partial, in order (:mod:`~ficc_core.models.pipeline`).
+and write it to the partial, in order (:mod:`~ficc_core.models.pipeline`), past
+the page cache where the file system allows (direct writes, see
+:class:`~ficc_core.models.partials.PartialWriter`).
 Meanwhile a task on the event loop makes those bytes durable: once
 :data:`SYNC_BYTES` are written past the durable offset it fsyncs, and only then
 records the end of what the fsync covered as the partial's durable offset. The
@@ -32,7 +34,7 @@ from .blob_records import FileRef
 from .blobs import BlobStore
 from .fetch import FetchError, Response
 from .http1 import Http1Connection
-from .partials import PartialWriter
+from .partials import DIRECT_ALIGN, PartialWriter
 from .pipeline import Pipeline
 
 #: Bytes read from the connection per write to the partial file.
@@ -139,7 +141,9 @@ def _receive(
     received = writer.written
     with Pipeline(READ_BYTES, digest, write, name="ficc-receive") as pipeline:
         while received < writer.size:
-            want = min(READ_BYTES, writer.size - received)
+            # Each piece ends on an aligned offset, so that after an unaligned start
+            # (a resumed partial) every later piece can be written directly.
+            want = min(READ_BYTES - received % DIRECT_ALIGN, writer.size - received)
             buffer = pipeline.take()
             if buffer is None:
                 break  # writing failed: leaving the pipeline raises its failure

@@ -10,7 +10,10 @@ pieces this size), so a machine with a core to spare receives at the speed of
 the slowest stage, not of their sum. The digest is fed and the file written in
 the order received.
 
-The pool bounds memory (:data:`BUFFERS` x the buffer size) and carries
+The buffers are anonymous memory maps, so each starts on a page: the writing
+stage may hand them to a direct writer
+(:class:`~ficc_core.models.partials.PartialWriter`). The pool bounds memory
+(:data:`BUFFERS` x the buffer size) and carries
 back-pressure: when writing waits (too much unsynced, see
 :class:`~ficc_core.models.download._Progress`), the pool runs dry and receiving
 waits too. A failure in writing stops the stages; the receiving thread learns
@@ -20,6 +23,7 @@ Whatever was received before a stop is still hashed and written.
 
 from __future__ import annotations
 
+import mmap
 import queue
 import threading
 from collections.abc import Callable
@@ -41,11 +45,12 @@ class Pipeline:
     def __init__(
         self, size: int, digest: Any, write: Callable[[memoryview], None], name: str
     ) -> None:
-        self._free: queue.SimpleQueue[bytearray] = queue.SimpleQueue()
+        self._free: queue.SimpleQueue[mmap.mmap] = queue.SimpleQueue()
         for _ in range(BUFFERS):
-            self._free.put(bytearray(size))
-        self._to_hash: queue.SimpleQueue[tuple[bytearray, int] | None] = queue.SimpleQueue()
-        self._to_write: queue.SimpleQueue[tuple[bytearray, int] | None] = queue.SimpleQueue()
+            # Anonymous maps start on a page, as a direct write's memory must.
+            self._free.put(mmap.mmap(-1, size))
+        self._to_hash: queue.SimpleQueue[tuple[mmap.mmap, int] | None] = queue.SimpleQueue()
+        self._to_write: queue.SimpleQueue[tuple[mmap.mmap, int] | None] = queue.SimpleQueue()
         self._digest = digest
         self._write = write
         #: The first failure of either stage; once set, later pieces are dropped.
@@ -64,7 +69,7 @@ class Pipeline:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    def take(self) -> bytearray | None:
+    def take(self) -> mmap.mmap | None:
         """A free buffer to receive into; None once a stage has failed (stop receiving)."""
         buffer = self._free.get()
         if self.error is not None:
@@ -72,7 +77,7 @@ class Pipeline:
             return None
         return buffer
 
-    def put(self, buffer: bytearray, filled: int) -> None:
+    def put(self, buffer: mmap.mmap, filled: int) -> None:
         """``buffer`` holds ``filled`` received bytes: hash and write them."""
         if filled:
             self._to_hash.put((buffer, filled))

@@ -1,0 +1,142 @@
+"""Writing a partial: direct writes for the aligned part, the page cache for the rest."""
+
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+
+import pytest
+
+from ficc_core.models import partials
+from ficc_core.models.partials import DIRECT_ALIGN, PartialWriter
+
+from .models_support import Writes
+
+KiB = 1 << 10
+
+
+def _pieces(content: bytes, start: int, piece: int) -> list[mmap.mmap]:
+    """``content[start:]`` in page-aligned buffers, each ending on an aligned offset
+    (as the receiving thread sizes them)."""
+    buffers, at = [], start
+    while at < len(content):
+        size = min(piece - at % DIRECT_ALIGN, len(content) - at)
+        buffer = mmap.mmap(-1, piece)
+        buffer[:size] = content[at : at + size]
+        buffers.append((buffer, size))
+        at += size
+    return buffers
+
+
+@pytest.fixture
+def writes(monkeypatch):
+    return Writes(monkeypatch)
+
+
+def test_aligned_pieces_go_past_the_page_cache_and_the_ends_through_it(tmp_path, writes):
+    content = os.urandom(300 * KiB + 123)
+    path = tmp_path / "f.part"
+    start = 5000  # a resumed partial's durable offset: not on a page
+    path.write_bytes(content[:start] + b"junk past the durable offset")
+    writer = PartialWriter(path, start, len(content), direct=True)
+    try:
+        assert writer.direct
+        for buffer, size in _pieces(content, start, 64 * KiB):
+            writer.write(memoryview(buffer)[:size])
+        assert writer.sync() == len(content)
+    finally:
+        writer.close()
+    assert path.read_bytes() == content
+    # The first piece (unaligned start) and the tail under a page went through the
+    # page cache; everything between them was written directly, page-aligned.
+    direct = writes.direct()
+    assert direct and all(not off % DIRECT_ALIGN and not n % DIRECT_ALIGN for off, n in direct)
+    first_end = start - start % DIRECT_ALIGN + 64 * KiB
+    assert direct[0][0] == first_end
+    assert sum(n for _, n in direct) == (len(content) // DIRECT_ALIGN) * DIRECT_ALIGN - first_end
+    buffered = writes.buffered()
+    assert buffered[0] == (start, first_end - start)
+    assert buffered[-1] == (len(content) - 123, 123)
+
+
+def test_a_writer_that_is_not_direct_writes_everything_through_the_page_cache(tmp_path, writes):
+    content = os.urandom(64 * KiB)
+    writer = PartialWriter(tmp_path / "f.part", 0, len(content))
+    try:
+        assert not writer.direct
+        ((buffer, size),) = _pieces(content, 0, 64 * KiB)
+        writer.write(memoryview(buffer)[:size])
+        writer.sync()
+    finally:
+        writer.close()
+    assert not writes.direct() and (tmp_path / "f.part").read_bytes() == content
+
+
+def test_a_refused_direct_write_falls_back_to_the_page_cache_and_loses_nothing(
+    tmp_path, monkeypatch
+):
+    content = os.urandom(256 * KiB)
+    writes = Writes(monkeypatch)
+    real_pwrite = os.pwrite
+    refused = []
+
+    def refuse_the_second_direct_write(fd, data, offset):
+        if fd in writes.direct_fds and offset > 0:
+            refused.append(offset)
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_pwrite(fd, data, offset)
+
+    writer = PartialWriter(tmp_path / "f.part", 0, len(content), direct=True)
+    monkeypatch.setattr(partials.os, "pwrite", refuse_the_second_direct_write)
+    try:
+        for buffer, size in _pieces(content, 0, 64 * KiB):
+            writer.write(memoryview(buffer)[:size])
+        assert not writer.direct
+        assert writer.sync() == len(content)
+    finally:
+        writer.close()
+    assert refused == [64 * KiB]
+    assert (tmp_path / "f.part").read_bytes() == content
+
+
+def test_other_failures_of_a_direct_write_are_raised(tmp_path, monkeypatch):
+    writes = Writes(monkeypatch)
+    real_pwrite = os.pwrite
+
+    def disk_full(fd, data, offset):
+        if fd in writes.direct_fds:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_pwrite(fd, data, offset)
+
+    writer = PartialWriter(tmp_path / "f.part", 0, 64 * KiB, direct=True)
+    monkeypatch.setattr(partials.os, "pwrite", disk_full)
+    try:
+        ((buffer, size),) = _pieces(os.urandom(64 * KiB), 0, 64 * KiB)
+        with pytest.raises(OSError) as raised:
+            writer.write(memoryview(buffer)[:size])
+        assert raised.value.errno == errno.ENOSPC
+        assert writer.written == 0
+    finally:
+        writer.close()
+
+
+def test_a_file_system_that_refuses_direct_opens_gets_buffered_writes(tmp_path, monkeypatch):
+    real_open = os.open
+
+    def no_direct(path, flags, *args):
+        if flags & os.O_DIRECT:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(partials.os, "open", no_direct)
+    content = os.urandom(128 * KiB)
+    writer = PartialWriter(tmp_path / "f.part", 0, len(content), direct=True)
+    try:
+        assert not writer.direct
+        for buffer, size in _pieces(content, 0, 64 * KiB):
+            writer.write(memoryview(buffer)[:size])
+        writer.sync()
+    finally:
+        writer.close()
+    assert (tmp_path / "f.part").read_bytes() == content
