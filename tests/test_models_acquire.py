@@ -142,12 +142,8 @@ async def test_a_dropped_connection_resumes_with_range_without_refetching(contro
     assert https_server.bytes_served["/m.gguf"] < len(content) + MiB
 
 
-async def test_the_body_goes_past_the_page_cache_even_after_an_unaligned_resume(
-    controller, https_server, monkeypatch
-):
-    content = random_bytes(6 * MiB + 999, seed=21)
-    https_server.add("/m.gguf", ServedFile(content, drop_after=2 * MiB + 7))
-    writes = Writes(monkeypatch)
+async def _acquired_as_published(controller, https_server, content: bytes) -> None:
+    """Acquire ``content`` as served at /m.gguf: it ends verified, published byte for byte."""
     async with await controller() as service:
         api = await _api(service)
         model = await api.register(gguf_manifest("m", content, url=https_server.url("/m.gguf")))
@@ -155,6 +151,15 @@ async def test_the_body_goes_past_the_page_cache_even_after_an_unaligned_resume(
         published = service.config.blobs_path / "sha256" / hashlib.sha256(content).hexdigest()
         assert published.read_bytes() == content
     assert done["state"] == "verified", done
+
+
+async def test_the_body_goes_past_the_page_cache_even_after_an_unaligned_resume(
+    controller, https_server, monkeypatch
+):
+    content = random_bytes(6 * MiB + 999, seed=21)
+    https_server.add("/m.gguf", ServedFile(content, drop_after=2 * MiB + 7))
+    writes = Writes(monkeypatch)
+    await _acquired_as_published(controller, https_server, content)
     # 1 MiB pieces go direct; the 7 bytes before the drop and the last 999 through the
     # page cache; after the resume at 2 MiB + 7 one buffered piece brings the offset
     # back onto a page (3 MiB), and the pieces after it go direct again.
@@ -168,13 +173,7 @@ async def test_the_body_goes_past_the_page_cache_even_after_an_unaligned_resume(
 async def test_a_server_that_ignores_range_is_skipped_not_rewritten(controller, https_server):
     content = random_bytes(6 * MiB, seed=2)
     https_server.add("/m.gguf", ServedFile(content, drop_after=5 * MiB, honour_range=False))
-    async with await controller() as service:
-        api = await _api(service)
-        model = await api.register(gguf_manifest("m", content, url=https_server.url("/m.gguf")))
-        done = await api.acquire_and_wait(model["id"])
-        published = service.config.blobs_path / "sha256" / hashlib.sha256(content).hexdigest()
-        assert published.read_bytes() == content
-    assert done["state"] == "verified", done
+    await _acquired_as_published(controller, https_server, content)
     assert "range" in https_server.requests[1].headers
 
 
