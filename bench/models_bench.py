@@ -48,6 +48,10 @@ from ficc_core.models.blob_records import FileRef  # noqa: E402
 from tests.httpsd import ServedFile, open_https_server, write_ca_bundle  # noqa: E402
 
 MiB = 1 << 20
+#: The paced download's rate (nginx's ``limit_rate``): a fast internet link, which is
+#: what bounds most operators' downloads, rather than the two clients' CPU.
+PACED_MIB_PER_S = 200
+PACED_BYTES_PER_S = PACED_MIB_PER_S * MiB
 
 
 def make_file(path: Path, size: int) -> str:
@@ -179,6 +183,7 @@ http {{
     listen 127.0.0.1:{port} ssl;
     ssl_certificate {work}/server.pem; ssl_certificate_key {work}/server.key;
     location = /bench.bin {{ alias {source}; }}
+    location = /paced.bin {{ alias {source}; limit_rate {paced}; }}
   }}
 }}
 """
@@ -196,7 +201,9 @@ def start_nginx(source: Path, work: Path) -> tuple[subprocess.Popen, str, Path]:
     (work / "nginx-tmp").mkdir()
     port = _free_port()
     conf = work / "nginx.conf"
-    conf.write_text(_NGINX_CONF.format(work=work, port=port, source=source))
+    conf.write_text(
+        _NGINX_CONF.format(work=work, port=port, source=source, paced=PACED_BYTES_PER_S)
+    )
     server = subprocess.Popen([shutil.which("nginx") or "nginx", "-c", str(conf)])
     deadline = time.monotonic() + 10
     while True:
@@ -228,31 +235,44 @@ async def serve_file(source: Path, work: Path) -> None:
 
 
 async def measure(
-    work: Path, url: str, bundle: Path, sha: str, size: int, curl_first: bool, server: int
+    work: Path,
+    url: str,
+    paced_url: str | None,
+    bundle: Path,
+    sha: str,
+    size: int,
+    curl_first: bool,
+    server: int,
 ) -> dict[str, float]:
     """Every figure of one run against one served file.
 
     curl and FICC take turns going first from run to run, so that neither is always
-    the one that meets a cold page cache or a busier machine.
+    the one that meets a cold page cache or a busier machine. With ``paced_url`` (nginx
+    serving), both also download the file paced at :data:`PACED_BYTES_PER_S`
+    (``paced_`` figures).
     """
     source = work / "source.bin"
     figures: dict[str, float] = {}
 
-    async def curl() -> None:
+    async def curl(url: str = url, prefix: str = "") -> None:
         served = process_cpu(server)
-        figures["curl_s"], figures["curl_cpu_s"] = await curl_download(
+        figures[f"{prefix}curl_s"], figures[f"{prefix}curl_cpu_s"] = await curl_download(
             url, bundle, work / "curl.out"
         )
-        figures["server_cpu_curl_s"] = process_cpu(server) - served
+        figures[f"{prefix}server_cpu_curl_s"] = process_cpu(server) - served
         (work / "curl.out").unlink()
 
-    async def ficc() -> None:
+    async def ficc(url: str = url, prefix: str = "") -> None:
         served = process_cpu(server)
-        figures.update(await ficc_acquire(url, bundle, work / "data", sha, size))
-        figures["server_cpu_ficc_s"] = process_cpu(server) - served
+        got = await ficc_acquire(url, bundle, work / f"{prefix}data", sha, size)
+        figures.update({f"{prefix}{key}": value for key, value in got.items()})
+        figures[f"{prefix}server_cpu_ficc_s"] = process_cpu(server) - served
 
     for step in (curl, ficc) if curl_first else (ficc, curl):
         await step()
+    if paced_url is not None:
+        for step in (curl, ficc) if curl_first else (ficc, curl):
+            await step(paced_url, "paced_")
     figures["sha256sum_s"] = await trio.to_thread.run_sync(sha256sum, source)
     figures["curl_plus_sha256sum_s"] = figures["curl_s"] + figures["sha256sum_s"]
     figures["ficc_hash_s"], figures["stall_s"] = await verify_with_stall_probe(source, size)
@@ -276,7 +296,8 @@ def one_run(size: int, work: Path, curl_first: bool, kind: str) -> dict[str, flo
         if kind != "nginx":
             url, served_bundle = server.stdout.readline().split()
             bundle = Path(served_bundle)
-        return trio.run(measure, work, url, bundle, sha, size, curl_first, server.pid)
+        paced = url.removesuffix("/bench.bin") + "/paced.bin" if kind == "nginx" else None
+        return trio.run(measure, work, url, paced, bundle, sha, size, curl_first, server.pid)
     finally:
         server.kill()
         server.wait()
@@ -318,6 +339,20 @@ def render(size: int, runs: list[dict[str, float]], kind: str) -> str:
             hashing,
         ),
     ]
+    if "paced_curl_s" in runs[0]:
+        paced = statistics.median(
+            run["paced_curl_s"] / run["paced_ficc_download_s"] for run in runs
+        )
+        rows.insert(
+            1,
+            (
+                f"Acquisition, download only, the origin paced at {PACED_MIB_PER_S} MiB/s",
+                med["paced_ficc_download_s"],
+                med["paced_curl_s"],
+                "curl",
+                paced,
+            ),
+        )
     lines = [
         f"File: {mib:.0f} MiB of random bytes; local HTTPS server on loopback "
         f"({SERVERS[kind]}); "
@@ -367,6 +402,12 @@ def render(size: int, runs: list[dict[str, float]], kind: str) -> str:
         )
         + ".",
     ]
+    if "paced_curl_s" in runs[0]:
+        lines[-1] += (
+            f" Paced at {PACED_MIB_PER_S} MiB/s, CPU per GiB: FICC "
+            f"{med['paced_ficc_cpu_s'] / gib:.2f} s, curl {med['paced_curl_cpu_s'] / gib:.2f} s; "
+            f"longest stall {med['paced_acquire_stall_s'] * 1000:.1f} ms."
+        )
     return "\n".join(lines) + "\n"
 
 
