@@ -22,6 +22,7 @@ from ficc_core.errors import FiccError
 from ficc_core.gateway import ProjectEndpoint
 from ficc_core.gateway.gateway import _no_activation
 from ficc_core.gateway.relay import Timeouts
+from ficc_core.inference.live import ActivationFailure
 
 from .gateway_support import chat, eventually, gateway_env, sse_events
 
@@ -199,7 +200,10 @@ async def test_a_failed_activation_answers_every_waiter_at_once_with_its_reason(
     with trio.fail_after(120):
         async with scaled_env(tmp_path, idle_clock) as (env, nursery):
             reason = ("engine_load_failed", "the engine exited while loading the model")
-            scaler = FakeScaler(env, nursery, [], delay=3.0, fail=reason)
+            failure = ActivationFailure(
+                code=reason[0], message=reason[1], details={"attempt_reason": "exited"}
+            )
+            scaler = FakeScaler(env, nursery, [], delay=3.0, fail=failure)
             env.gateway.activate = scaler.activate
             scaler.idle()
             actor = await _actor(env)
@@ -216,7 +220,12 @@ async def test_a_failed_activation_answers_every_waiter_at_once_with_its_reason(
             assert trio.current_time() - started == pytest.approx(3.0, abs=0.5)
             assert scaler.launches == 1
             assert {(e.code, e.message, e.status) for e in errors} == {(*reason, 503)}
-            assert errors[0].details == {"service": "svc", "activation": "failed"}
+            # The failure's own details come with it.
+            assert errors[0].details == {
+                "attempt_reason": "exited",
+                "service": "svc",
+                "activation": "failed",
+            }
             assert errors[0].headers == {"Retry-After": "10"}
             assert _metric(env, "ficc_activation_wait_seconds_count", outcome="failed") == 10
             assert [u.outcome for u in env.gateway.usage] == ["engine_load_failed"] * 10
@@ -310,7 +319,8 @@ async def test_a_failure_after_keepalives_ends_the_stream_with_the_sse_error_eve
     with trio.fail_after(120):
         async with scaled_env(tmp_path, idle_clock) as (env, nursery):
             reason = ("engine_load_failed", "the engine ran out of memory while loading")
-            scaler = FakeScaler(env, nursery, [], delay=2.5, fail=reason)
+            failure = ActivationFailure(code=reason[0], message=reason[1])
+            scaler = FakeScaler(env, nursery, [], delay=2.5, fail=failure)
             env.gateway.activate = scaler.activate
             env.gateway.activation.keepalive = 1.0
             scaler.idle()
@@ -466,7 +476,7 @@ async def test_the_project_endpoint_wakes_an_idle_service_and_falls_back_when_it
                 "svc",
                 [],
                 activation="failed",
-                activation_error=("x", "y"),
+                activation_error=ActivationFailure(code="x", message="y"),
                 fallbacks=("spare-chat",),
             )
             served = await project.invoke(PATH, chat(), actor)

@@ -220,8 +220,9 @@ async def test_failed_activation_goes_back_to_idle_with_its_reason(tmp_path: Pat
             await live_until(controller, service_id, lambda v: v.activation == "idle")
             await controller.service.inference.autoscaler.activate(service_id)
             failed = await live_until(controller, service_id, lambda v: v.activation == "failed")
-            code, message = failed.activation_error
-            assert code == "activation_failed" and "failed to load" in message
+            failure = failed.activation_error
+            assert failure.code == "activation_failed" and "failed to load" in failure.message
+            assert failure.details["replica"] == 0 and failure.details["attempt_reason"]
             view = await controller.wait_service(
                 service_id, lambda v: v["state"] == "idle" and not reserved(v)
             )
@@ -268,9 +269,15 @@ async def test_activation_without_capacity_is_refused_with_every_reason(tmp_path
             error = refused.value
             assert getattr(error, "code", None) == "no_capacity" and error.status == 503
             assert error.details["reasons"][0]["code"] == "insufficient_memory"
-            await live_until(controller, service_id, lambda v: v.activation == "failed")
+            failed = await live_until(controller, service_id, lambda v: v.activation == "failed")
+            assert failed.activation_error.details["reasons"] == error.details["reasons"]
             view = await controller.ok("GET", f"/api/v1/inference/{service_id}")
             assert view["state"] == "idle" and not reserved(view)
+            # The next request, while the failure is recent, hears the same reasons.
+            with pytest.raises(Exception) as again:
+                await controller.service.inference.autoscaler.activate(service_id)
+            assert again.value.code == "no_capacity"
+            assert again.value.details["reasons"] == error.details["reasons"]
 
 
 async def test_idle_service_survives_a_controller_restart(tmp_path: Path) -> None:

@@ -138,7 +138,7 @@ class RoutingFollower:
             model=model,
             wanted=wanted,
             activation=activation,
-            activation_error=None if failure is None else (failure.code, failure.message),
+            activation_error=None if failure is None else failure.public(),
         )
 
 

@@ -258,15 +258,16 @@ class Activation:
         )
 
     def _failed(self, view: LiveService) -> FiccError:
-        code, message = view.activation_error or (
-            "activation_failed",
-            f"the activation of service {view.alias!r} failed",
-        )
+        failure = view.activation_error
         return FiccError(
-            message,
-            code=code,
+            failure.message if failure else f"the activation of service {view.alias!r} failed",
+            code=failure.code if failure else "activation_failed",
             status=503,
-            details={"service": view.id, "activation": ACTIVATION_FAILED},
+            details={
+                **(failure.details if failure else {}),
+                "service": view.id,
+                "activation": ACTIVATION_FAILED,
+            },
             headers={"Retry-After": self.retry_after},
         )
 

@@ -36,7 +36,7 @@ from ..store import Transaction
 from ..store.outage import OutageLog, as_store_unavailable, is_store_failure
 from . import repository, scaling
 from .records import Desired
-from .scaling import NoCapacity, floor, running_indices
+from .scaling import Failure, NoCapacity, floor, running_indices
 
 if TYPE_CHECKING:
     from ..config import Config
@@ -53,15 +53,20 @@ log = logging.getLogger("ficc.inference")
 _DUE_MARGIN = 0.005
 
 
-def activation_failed(service_id: str, code: str, message: str, retry: float) -> FiccError:
+def activation_failed(service_id: str, failure: Failure, retry: float) -> FiccError:
     """The refusal of a request whose service's activation failed."""
     retry_after = max(1, math.ceil(retry))
     return FiccError(
-        message,
-        code=code,
+        failure.message,
+        code=failure.code,
         status=503,
         headers={"Retry-After": str(retry_after)},
-        details={"service": service_id, "activation": "failed", "retry_after": retry_after},
+        details={
+            **failure.details,
+            "service": service_id,
+            "activation": "failed",
+            "retry_after": retry_after,
+        },
     )
 
 
@@ -129,9 +134,7 @@ class Autoscaler:
         """Wake the idle on-demand service ``service_id`` (see the module docs)."""
         failure = self.reconciler.activations.recent(service_id)
         if failure is not None:
-            raise activation_failed(
-                service_id, failure.code, failure.message, self.config.activation_retry
-            )
+            raise activation_failed(service_id, failure, self.config.activation_retry)
         flight = self._flights.get(service_id)
         if flight is None:
             if self._nursery is None:
@@ -155,12 +158,11 @@ class Autoscaler:
                 self.metrics.activations.labels(service_id, "started").inc()
         except NoCapacity as exc:
             self.metrics.activations.labels(service_id, "no_capacity").inc()
-            self.reconciler.activations.failed(service_id, exc.code, exc.message)
-            self.reconciler.wake(service_id)  # the view says failed: every waiter hears it
-            flight.error = activation_failed(
-                service_id, exc.code, exc.message, self.config.activation_retry
+            failure = self.reconciler.activations.failed(
+                service_id, exc.code, exc.message, {"reasons": exc.details.get("reasons", [])}
             )
-            flight.error.details["reasons"] = exc.details.get("reasons", [])
+            self.reconciler.wake(service_id)  # the view says failed: every waiter hears it
+            flight.error = activation_failed(service_id, failure, self.config.activation_retry)
         except FiccError as exc:
             flight.error = as_store_unavailable(exc) if is_store_failure(exc) else exc
         except Exception as exc:  # a defect: the waiters hear it, the autoscaler goes on

@@ -21,7 +21,8 @@ the response ends (its ``aclose``); :meth:`LiveTable.request` is the same pair a
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Mapping
+from typing import Any, Literal
 
 import attrs
 import trio
@@ -34,6 +35,18 @@ Admission = Literal["serving", "draining", "stopped"]
 _NARROWNESS = {"serving": 0, "draining": 1, "stopped": 2}
 #: Where a scaled service that may run no replica stands (:attr:`LiveService.activation`).
 Activation = Literal["", "idle", "activating", "failed"]
+
+
+@attrs.frozen(kw_only=True)
+class ActivationFailure:
+    """Why a scaled service's last activation failed, as a refusal says it: the
+    envelope's code and message and its structured details (``reasons``: each
+    placement's refusal for want of room; ``attempt_reason``: the replica's own
+    failure)."""
+
+    code: str
+    message: str
+    details: Mapping[str, Any] = attrs.field(factory=dict)
 
 
 @attrs.frozen(kw_only=True)
@@ -88,8 +101,8 @@ class LiveService:
         pinned): ``idle`` (none runs; the next request wakes it), ``activating`` (woken,
         none ready yet), ``failed`` (the last activation failed: ``activation_error``),
         or ``""`` (it runs a replica, or cannot be woken).
-    :ivar activation_error: the failed activation's ``(code, message)``: every request
-        waiting for it gets this at once.
+    :ivar activation_error: why the last activation failed: every request waiting for
+        it gets this at once, and every request until ``activation_retry`` has passed.
     """
 
     id: str
@@ -112,7 +125,7 @@ class LiveService:
     model_name: str = ""
     scaled: bool = False
     activation: Activation = ""
-    activation_error: tuple[str, str] | None = None
+    activation_error: ActivationFailure | None = None
 
     @property
     def wakes(self) -> bool:

@@ -103,7 +103,12 @@ class OnDemand:
                 current = repository.service(tx, record.id)
                 assert current is not None
 
-        self.activations.failed(record.id, "activation_failed", message)
+        self.activations.failed(
+            record.id,
+            "activation_failed",
+            message,
+            {"replica": last.replica, "attempt_reason": last.reason},
+        )
         await self.store.write(write)
         self.count(record.id, "failed")
         log.warning("service %s: activation failed: %s", record.id, message)

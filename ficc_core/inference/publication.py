@@ -15,7 +15,14 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from .live import Activation, Admission, LiveReplica, LiveService, LiveTable
+from .live import (
+    Activation,
+    ActivationFailure,
+    Admission,
+    LiveReplica,
+    LiveService,
+    LiveTable,
+)
 from .records import ROUTABLE, AttemptRecord, AttemptState, ServiceRecord, ServiceState
 
 if TYPE_CHECKING:
@@ -182,7 +189,7 @@ def publish(
     model: ModelRecord | None = None,
     wanted: Collection[int] | None = None,
     activation: Activation = "",
-    activation_error: tuple[str, str] | None = None,
+    activation_error: ActivationFailure | None = None,
 ) -> None:
     """Publish the service's routing view at its current revision.
 

@@ -431,7 +431,7 @@ class Reconciler:
             model=model,
             wanted=wanted,
             activation=activation,
-            activation_error=None if failure is None else (failure.code, failure.message),
+            activation_error=None if failure is None else failure.public(),
         )
 
     async def _run_replicas(

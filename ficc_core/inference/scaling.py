@@ -30,6 +30,7 @@ from ..errors import FiccError
 from ..events import EventKind
 from ..store import Transaction
 from . import history, repository
+from .live import ActivationFailure
 from .placement import plan
 from .records import Desired, ServiceRecord
 
@@ -224,11 +225,17 @@ def set_pin(tx: Transaction, record: ServiceRecord, pinned: bool, actor: str, no
 
 @attrs.frozen(kw_only=True)
 class Failure:
-    """A failed activation: the envelope's code and message, and when (the clock's)."""
+    """A failed activation: the envelope's code, message and details, and when (the
+    clock's)."""
 
     code: str
     message: str
     at: float
+    details: Mapping[str, Any] = attrs.field(factory=dict)
+
+    def public(self) -> ActivationFailure:
+        """What the routing view says of it."""
+        return ActivationFailure(code=self.code, message=self.message, details=self.details)
 
 
 class ActivationNotes:
@@ -242,9 +249,17 @@ class ActivationNotes:
         self.retry = retry
         self._failures: dict[str, Failure] = {}
 
-    def failed(self, service_id: str, code: str, message: str) -> Failure:
+    def failed(
+        self,
+        service_id: str,
+        code: str,
+        message: str,
+        details: Mapping[str, Any] | None = None,
+    ) -> Failure:
         """Note a failed activation of ``service_id``."""
-        failure = self._failures[service_id] = Failure(code=code, message=message, at=self.clock())
+        failure = self._failures[service_id] = Failure(
+            code=code, message=message, at=self.clock(), details=dict(details or {})
+        )
         return failure
 
     def recent(self, service_id: str) -> Failure | None:
