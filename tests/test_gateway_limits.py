@@ -4,12 +4,15 @@ between; with real llama.cpp (SmolLM2), the engine never sees a refused prompt."
 
 from __future__ import annotations
 
+import json
 import timeit
 
 import attrs
 import pytest
 import trio
 
+from ficc_core.errors import InvalidRequest
+from ficc_core.gateway.checks import RequestChecks
 from ficc_core.gateway.errors import ContextLengthExceeded, MaxOutputExceeded
 from ficc_core.gateway.limits import MAX_TOKEN_BYTES, TEMPLATE_TOKENS, ContextLimits
 from ficc_core.inference.live import LiveService
@@ -84,6 +87,58 @@ def test_asking_more_than_max_output_is_refused_naming_the_parameter():
         error = refused.value
         assert (error.status, error.code, error.param) == (400, "max_output_exceeded", name)
         assert error.details == {"requested": 257, "max_output": 256}
+
+
+def _prepare(view: LiveService, document: dict, path: str = CHAT):
+    checks = RequestChecks(None, None, max_body_bytes=1 << 20)  # type: ignore[arg-type]
+    checks.limits = ContextLimits(None, Metrics(), tokenize_timeout=1.0)  # type: ignore[arg-type]
+    return checks.prepare(view, path, dumps(document))
+
+
+def test_max_output_bounds_a_completion_whose_client_named_no_bound():
+    view = _view(2048, max_output=256)
+    view = attrs.evolve(view, capabilities=(*view.capabilities, "completions"))
+    for path, document in ((CHAT, _chat("hi")), ("/v1/completions", {"prompt": "hi"})):
+        payload, _, count, _, completion = _prepare(view, document, path)
+        assert json.loads(payload)["max_tokens"] == 256
+        assert count is None and completion == 256  # the quota reserves the cap
+        # null is no bound either.
+        payload, *_ = _prepare(view, {**document, "max_tokens": None}, path)
+        assert json.loads(payload)["max_tokens"] == 256
+    # The client's own bound is sent as it is, under either name.
+    for name in ("max_tokens", "max_completion_tokens"):
+        body = dumps(_chat("hi", **{name: 100}))
+        checks = RequestChecks(None, None, max_body_bytes=1 << 20)  # type: ignore[arg-type]
+        assert checks.prepare(view, CHAT, body)[0] == body
+    # No max_output: nothing is added; an embedding gets no bound.
+    body = dumps(_chat("hi"))
+    checks = RequestChecks(None, None, max_body_bytes=1 << 20)  # type: ignore[arg-type]
+    assert checks.prepare(_view(2048), CHAT, body)[0] == body
+    embedding = attrs.evolve(view, capabilities=("embeddings",))
+    payload, *_ = checks.prepare(embedding, "/v1/embeddings", dumps({"input": "hi"}))
+    assert "max_tokens" not in json.loads(payload)
+
+
+def test_the_cap_is_no_ask_a_long_prompt_still_fits_the_context_with_it():
+    # 1,700 bytes of prompt in a 2,048-token context with max_output 512: the cap is
+    # sent, but only the client's own ask (none: 1 token) counts against the context.
+    view = _view(2048, max_output=512)
+    payload, _, count, *_ = _prepare(view, _chat("x" * 1700))
+    assert json.loads(payload)["max_tokens"] == 512
+    assert count is None
+
+
+@pytest.mark.parametrize("value", [-1, 0, 1.5, "four", True, [], {}])
+@pytest.mark.parametrize("name", ["max_tokens", "max_completion_tokens"])
+def test_a_bound_that_is_not_a_positive_integer_is_refused(name, value):
+    # llama.cpp reads -1 as no bound at all: it would generate up to its context.
+    for view in (_view(2048), _view(2048, max_output=256)):
+        with pytest.raises(InvalidRequest) as refused:
+            _prepare(view, _chat("hi", **{name: value}))
+        error = refused.value
+        assert (error.status, error.code) == (400, "invalid_request")
+        assert error.details["errors"][0]["path"] == f"$.{name}"
+        assert name in error.message
 
 
 def test_the_common_case_costs_microseconds():
@@ -186,6 +241,15 @@ async def test_llama_cpp_an_over_long_prompt_is_refused_before_a_slot_and_a_fitt
             response = await post("word " * 150, max_tokens=4)
             assert response.status_code == 200, response.text
             assert response.json()["usage"]["prompt_tokens"] < 512
+            # No bound named: the engine generates at most max_output (unbounded, llama.cpp
+            # runs to the end of the context: 2,005 tokens of this story in 2,048).
+            response = await post(
+                "Write a very long story about a dragon, in many chapters.", temperature=0
+            )
+            assert response.status_code == 200, response.text
+            answer = response.json()
+            assert answer["usage"]["completion_tokens"] == 128
+            assert answer["choices"][0]["finish_reason"] == "length"
             # More than max_output: refused at once, naming the parameter.
             response = await post("Hi", max_tokens=129)
             assert response.status_code == 400
@@ -207,8 +271,9 @@ async def test_llama_cpp_an_over_long_prompt_is_refused_before_a_slot_and_a_fitt
             assert error["details"]["engine_type"] == "exceed_context_size_error"
             assert error["details"]["engine_code"] == 400
             assert error["details"]["prompt_tokens"] == 731
-            # A malformed request: llama.cpp's 400 becomes a string-coded engine_error.
-            response = await post("Hi", max_tokens="four")
+            # A request llama.cpp refuses (more choices than it makes): its 400 becomes a
+            # string-coded engine_error.
+            response = await post("Hi", max_tokens=4, n=3)
             assert response.status_code in (400, 500), response.text
             error = response.json()["error"]
             assert isinstance(error["code"], str) and error["details"]["engine_status"] >= 400

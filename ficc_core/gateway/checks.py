@@ -37,6 +37,8 @@ INVOKE_SCOPE = "inference:invoke"
 NEEDS = {"/v1/embeddings": "embeddings", "/v1/completions": "completions"}
 #: The paths whose answer may stream (SSE), with usage asked for in the last event.
 STREAMED = frozenset({"/v1/chat/completions", "/v1/completions"})
+#: A completion's bound on the tokens it generates, as OpenAI's API names it (newer first).
+OUTPUT_FIELDS = ("max_completion_tokens", "max_tokens")
 
 
 def _invalid(message: str, path: str, expected: str, **kwargs: Any) -> InvalidRequest:
@@ -221,9 +223,12 @@ class RequestChecks:
         :func:`.limits.estimate`).
 
         The client's bytes go unchanged unless something must be set: the alias as
-        ``model``, usage reporting for a streamed chat or completion. A request that
-        certainly exceeds the service's ``max_output`` or ``context_length`` is refused
-        here.
+        ``model``, usage reporting for a streamed chat or completion, ``max_tokens`` as
+        the service's ``max_output`` for a chat or completion that names no bound (an
+        engine would otherwise generate up to its context). A bound that is not a
+        positive integer is refused (llama.cpp reads ``-1`` as "no bound"), and so is
+        a request that certainly exceeds the service's ``max_output`` or
+        ``context_length``.
         """
         needed = NEEDS.get(path)
         if needed is not None and needed not in view.capabilities:
@@ -240,6 +245,7 @@ class RequestChecks:
                 details={"model": model, "served": view.alias},
             )
         changed = model is None or not isinstance(body, bytes | bytearray | memoryview)
+        capped = False
         document["model"] = view.alias
         stream = document.get("stream", False)
         if not isinstance(stream, bool):
@@ -251,6 +257,24 @@ class RequestChecks:
                 raise _invalid(
                     "a completion needs a `prompt` string or array", "$.prompt", "string or array"
                 )
+            # The client's bound on the completion, which must be one; the service's
+            # max_output bounds a completion whose client named none.
+            for name in OUTPUT_FIELDS:
+                value = document.get(name)
+                if value is not None and (
+                    not isinstance(value, int) or isinstance(value, bool) or value < 1
+                ):
+                    raise _invalid(
+                        f"`{name}` must be a positive integer, not {dumps(value).decode()}",
+                        f"$.{name}",
+                        "an integer of at least 1",
+                    )
+            if view.max_output is not None and all(
+                document.get(name) is None for name in OUTPUT_FIELDS
+            ):
+                capped = True
+                document["max_tokens"] = view.max_output
+                changed = True
             if stream:
                 options = document.get("stream_options")
                 if options is None:
@@ -282,5 +306,7 @@ class RequestChecks:
                     code="invalid_json",
                 ) from None
         limits, size = self.limits, len(payload)
-        count = limits and limits.admit(view, path, document, size)
-        return payload, stream, count, size // 4, estimate(view, path, document, size)
+        # The checks judge what the client asked: a cap it did not ask for is no ask.
+        asked = {**document, "max_tokens": None} if capped else document
+        count = limits and limits.admit(view, path, asked, size)
+        return payload, stream, count, size // 4, estimate(view, path, asked, size)
