@@ -139,6 +139,9 @@ def test_a_bound_that_is_not_a_positive_integer_is_refused(name, value):
         assert (error.status, error.code) == (400, "invalid_request")
         assert error.details["errors"][0]["path"] == f"$.{name}"
         assert name in error.message
+    shown = {-1: "-1", 0: "0", 1.5: "1.5", "four": "a string", True: "a boolean"}
+    if not isinstance(value, list | dict):
+        assert error.message.endswith(f"not {shown[value]}")
 
 
 def test_the_common_case_costs_microseconds():

@@ -41,6 +41,14 @@ STREAMED = frozenset({"/v1/chat/completions", "/v1/completions"})
 OUTPUT_FIELDS = ("max_completion_tokens", "max_tokens")
 
 
+def _shown(value: Any) -> str:
+    """A client's value in a refusal: a number as it is, anything else by its JSON type."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return repr(value)[:32]
+    names = {bool: "a boolean", str: "a string", list: "an array", dict: "an object"}
+    return names.get(type(value), type(value).__name__)
+
+
 def _invalid(message: str, path: str, expected: str, **kwargs: Any) -> InvalidRequest:
     return InvalidRequest(
         message, details={"errors": [{"path": path, "message": f"expected {expected}"}]}, **kwargs
@@ -265,7 +273,7 @@ class RequestChecks:
                     not isinstance(value, int) or isinstance(value, bool) or value < 1
                 ):
                     raise _invalid(
-                        f"`{name}` must be a positive integer, not {dumps(value).decode()}",
+                        f"`{name}` must be a positive integer, not {_shown(value)}",
                         f"$.{name}",
                         "an integer of at least 1",
                     )
