@@ -15,6 +15,7 @@ import trio
 
 from ficc_core.agent.embedded import run_embedded_agent
 from ficc_core.config import load_config
+from ficc_core.contributors.errors import NodeCredentialRevoked
 from ficc_core.controller.service import open_service
 from ficc_core.testing.executor_kit import new_fence, standin_job
 
@@ -95,6 +96,43 @@ async def test_the_embedded_agent_reports_its_attempts_and_renews_their_leases(t
                 ]
                 nursery.cancel_scope.cancel()
     assert not any((Path(agent_dir) / "process" / "attempts").iterdir())
+
+
+async def test_revoking_the_embedded_node_during_a_heartbeat_stops_it_not_the_controller(
+    tmp_path, agent_dir
+):
+    """The revocation lands while a heartbeat is being written: the write finds the
+    credential revoked after the connection was cancelled, with no checkpoint between
+    (a store write in a thread cannot be interrupted). The embedded node stops; the
+    controller goes on (it crashed with NodeCredentialRevoked, seen in CI)."""
+    config = load_config(
+        overrides={
+            "data_dir": str(tmp_path / "data"),
+            "agent_dir": agent_dir,
+            "heartbeat_interval": "50ms",
+        },
+        environ={},
+    )
+    with trio.fail_after(40):
+        async with open_service(config, background=True) as service:
+            registry = service.contributors
+            heartbeat, revoked = registry.heartbeat, trio.Event()
+
+            async def revoked_while_writing(node_id, *args, **kwargs):
+                if not revoked.is_set():
+                    return await heartbeat(node_id, *args, **kwargs)
+                await registry.revoke_node(node_id)
+                raise NodeCredentialRevoked(node_id)
+
+            registry.heartbeat = revoked_while_writing
+            async with trio.open_nursery() as nursery:
+                await nursery.start(run_embedded_agent, service)
+                revoked.set()
+            # The agent's task ended by itself; the controller still answers.
+            node = await registry.get("local")
+            assert node.state == "revoked"
+            assert registry.live.link("local") is None
+            assert (await service.auth.bootstrap())["token"]
 
 
 async def test_the_controller_and_its_embedded_agent_load_one_plugin_set(

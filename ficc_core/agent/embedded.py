@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from ..errors import FiccError
+from ..errors import FiccError, Unauthenticated
 from ..nodelink.links import LocalNodeLink
 from .agent import Agent
 from .runtimes import AgentSettings
@@ -105,10 +105,17 @@ async def run_embedded_agent(
             await service.contributors.reconcile(node_id, connection, attempts, known)
             nursery.start_soon(renew_leases, agent, config.lease_duration)
             task_status.started(agent)
-            while True:
-                await trio.sleep(config.heartbeat_interval)
-                await service.contributors.heartbeat(
-                    node_id, connection, await agent.snapshot(), await agent.report()
-                )
+            try:
+                while True:
+                    await trio.sleep(config.heartbeat_interval)
+                    await service.contributors.heartbeat(
+                        node_id, connection, await agent.snapshot(), await agent.report()
+                    )
+            except Unauthenticated as exc:
+                # The node's credential was revoked while a heartbeat was being written
+                # (between heartbeats the revocation cancels this connection): the
+                # embedded node stops, as it would then, and the controller serves on.
+                log.warning("the embedded node %s stops: %s", node_id, exc.message)
+                nursery.cancel_scope.cancel()
         finally:
             service.contributors.disconnect(node_id, connection)
