@@ -228,3 +228,37 @@ async def test_sqlite_that_cannot_be_had_now_is_a_503_and_a_wrong_statement_is_n
         await store.write(_insert_project("a", "a"))  # rolled back cleanly both times
     finally:
         await store.aclose()
+
+
+async def test_sqlite_reads_after_or_across_a_close_raise_instead_of_waiting_for_ever(tmp_path):
+    """A read held up (an authority read waiting out a hung store, a busy reader pool)
+    reaches the store after it closed: it raises at once. It waited for ever for a
+    reader connection the close had taken, and the test run hung at a teardown."""
+    store = await open_sqlite_store(tmp_path / "ficc.sqlite3", readers=1)
+    busy, release = threading.Event(), threading.Event()
+
+    def hold(tx):
+        busy.set()
+        release.wait(10)
+        return tx.fetch_one("SELECT count(*) AS n FROM projects")
+
+    results: list[object] = []
+
+    async def read(fn):
+        try:
+            results.append(await store.read(fn))
+        except StoreError as exc:
+            results.append(exc.message)
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(read, hold)  # takes the one reader connection
+            await trio.to_thread.run_sync(busy.wait)
+            # This one waits for the reader while the store closes, then takes its turn.
+            nursery.start_soon(read, lambda tx: tx.fetch_one("SELECT 1 AS one"))
+            await trio.sleep(0.05)
+            await store.aclose()
+            release.set()
+        with pytest.raises(StoreError, match="closed"):
+            await store.read(lambda tx: tx.fetch_one("SELECT 1 AS one"))
+    assert results == [{"n": 0}, "the store is closed"]

@@ -124,7 +124,10 @@ class SQLiteStore:
     def __init__(self, path: Path, *, readers: int = 4) -> None:
         self.path = Path(path)
         self._writer: sqlite3.Connection | None = None
-        self._readers: queue.SimpleQueue[sqlite3.Connection] = queue.SimpleQueue()
+        #: Idle reader connections; None once closed (every reader waiting or to come
+        #: takes it, puts it back and raises, instead of waiting for ever).
+        self._readers: queue.SimpleQueue[sqlite3.Connection | None] = queue.SimpleQueue()
+        self._closed = False
         self._reader_count = readers
         self._write_limiter = trio.CapacityLimiter(1)
         self._read_limiter = trio.CapacityLimiter(readers)
@@ -148,11 +151,19 @@ class SQLiteStore:
     async def read(self, fn: Callable[[_SQLiteTransaction], T]) -> T:
         def run() -> T:
             conn = self._readers.get()
+            if conn is None:
+                self._readers.put(None)
+                raise StoreError("the store is closed")
             try:
                 return _run_in_transaction(conn, "BEGIN", fn)
             finally:
-                self._readers.put(conn)
+                if self._closed:
+                    conn.close()  # closed meanwhile: not handed out again
+                else:
+                    self._readers.put(conn)
 
+        if self._closed:
+            raise StoreError("the store is closed")
         return await trio.to_thread.run_sync(run, limiter=self._read_limiter)
 
     async def write(self, fn: Callable[[_SQLiteTransaction], T]) -> T:
@@ -165,14 +176,20 @@ class SQLiteStore:
 
     async def aclose(self) -> None:
         def close() -> None:
+            self._closed = True
             if self._writer is not None:
                 self._writer.close()
                 self._writer = None
             while True:
                 try:
-                    self._readers.get_nowait().close()
+                    conn = self._readers.get_nowait()
                 except queue.Empty:
                     break
+                if conn is not None:
+                    conn.close()
+            # A read still to take a connection (one that started before the close and
+            # waited for its thread) finds this and raises rather than waiting for ever.
+            self._readers.put(None)
 
         async with self._write_limiter:
             await trio.to_thread.run_sync(close)
