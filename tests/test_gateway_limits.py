@@ -67,6 +67,12 @@ def test_the_byte_bounds_settle_short_and_huge_prompts_without_the_engine():
     }
     envelope = error.envelope()["error"]
     assert (envelope["type"], envelope["param"]) == ("invalid_request_error", "messages")
+    # No bound named: the message does not say the client asked for one token.
+    assert "leaving no room for a completion" in error.message, error.message
+    with pytest.raises(ContextLengthExceeded) as asked:
+        _admit(view, _chat(text, max_tokens=8))
+    assert "the completion asks for 8" in asked.value.message
+    assert asked.value.details["completion_tokens"] == 8
     # In between the bounds: the engine's tokenizer decides.
     pending = _admit(view, _chat("word " * 1000, max_tokens=100))
     assert pending is not None and pending.completion == 100

@@ -154,6 +154,10 @@ async def test_scaled_service_scales_out_on_queueing_and_in_after_idleness(
                 service_id, lambda v: v["scaling"]["active"] == [0] and reserved(v) == [0]
             )
             assert one["state"] == "ready"
+            ended = await controller.wait_service(
+                service_id, lambda v: v["replicas"][1]["state"] == "stopped"
+            )
+            assert ended["replicas"][1]["reason"] == "scale_in"  # not "superseded"
             reasons = [e["reason"] for e in await events(controller, service_id)]
             assert reasons == ["scale_out_queue", "scale_in"]
             for _ in range(5):

@@ -78,6 +78,8 @@ async def test_a_request_wakes_an_idle_service_which_goes_idle_again(tmp_path: P
                 service_id, lambda v: v["state"] == "idle" and not reserved(v)
             )
             assert idle["scaling"]["active"] == []
+            # Its attempt's end says why: the service went idle, nothing superseded it.
+            assert [(r["state"], r["reason"]) for r in idle["replicas"]] == [("stopped", "idle")]
             last = (await events(controller, service_id))[-1]
             assert last["reason"] == "idle" and last["details"]["idle_timeout"] == 2
             assert last["details"]["idle_for"] >= 2

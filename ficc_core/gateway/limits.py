@@ -74,6 +74,7 @@ class PromptCount:
     :ivar document: the request body (its messages or prompt).
     :ivar completion: the completion tokens asked for (or 1).
     :ivar at_least: the prompt's lower bound from its bytes.
+    :ivar asked: whether the client named the completion's bound.
     """
 
     view: LiveService
@@ -81,6 +82,7 @@ class PromptCount:
     document: Mapping[str, Any]
     completion: int
     at_least: int
+    asked: bool = True
 
 
 def _requested(document: Mapping[str, Any]) -> tuple[str, int] | None:
@@ -157,7 +159,8 @@ class ContextLimits:
                     details={"requested": tokens, "max_output": view.max_output},
                 )
         context = view.context_length
-        completion = 1 if requested is None else requested[1]
+        asked = requested is not None
+        completion = requested[1] if requested is not None else 1
         if context <= 0 or size + TEMPLATE_TOKENS + completion <= context:
             return None
         text = _text_bytes(path, document)
@@ -165,8 +168,8 @@ class ContextLimits:
             return None  # parts the bounds cannot count: the engine judges
         at_least = text // MAX_TOKEN_BYTES
         if at_least + completion > context:
-            raise _too_long(view, path, at_least, completion, "bytes_lower_bound")
-        return PromptCount(view, path, document, completion, at_least)
+            raise _too_long(view, path, at_least, completion, "bytes_lower_bound", asked)
+        return PromptCount(view, path, document, completion, at_least, asked)
 
     async def settle(self, count: PromptCount) -> int | None:
         """Ask the engine's tokenizer; raise :class:`ContextLengthExceeded` when it says the
@@ -186,7 +189,7 @@ class ContextLimits:
         outcome = "fallback" if tokens is None else "counted"
         self.metrics.gateway_tokenize.labels(view.id, outcome).inc()
         if tokens is not None and tokens + count.completion > view.context_length:
-            raise _too_long(view, count.path, tokens, count.completion, "tokenizer")
+            raise _too_long(view, count.path, tokens, count.completion, "tokenizer", count.asked)
         return tokens
 
     async def _count(self, replica: LiveReplica, dialect: str, count: PromptCount) -> int | None:
@@ -221,13 +224,18 @@ class ContextLimits:
 
 
 def _too_long(
-    view: LiveService, path: str, prompt: int, completion: int, counted: str
+    view: LiveService, path: str, prompt: int, completion: int, counted: str, asked: bool
 ) -> FiccError:
     how = "by the engine's tokenizer" if counted == "tokenizer" else "at least, from its bytes"
+    # A request naming no bound is counted as asking for one token: say so, not "asks for 1".
+    rest = (
+        f"and the completion asks for {completion}: shorten the messages or the completion"
+        if asked
+        else "leaving no room for a completion: shorten the messages"
+    )
     return ContextLengthExceeded(
         f"service {view.id!r} serves {view.context_length} tokens per request (its context "
-        f"length); the prompt has {prompt} tokens ({how}) and the completion asks for "
-        f"{completion}: shorten the messages or the completion",
+        f"length); the prompt has {prompt} tokens ({how}) {rest}",
         param="messages" if path == "/v1/chat/completions" else "prompt",
         details={
             "prompt_tokens": prompt,

@@ -26,6 +26,7 @@ from .generations import (
 )
 from .publication import given_up, routed
 from .records import ROUTABLE, AttemptRecord, ServiceRecord
+from .scaling import running_indices
 
 if TYPE_CHECKING:
     from ..schema import Specification
@@ -113,7 +114,7 @@ class Succession:
             elif attempt.generation > record.generation:
                 why = "rollout_abandoned"
             else:
-                why = "superseded"
+                why = _scaled_in(record, attempt) or "superseded"
             current = await self.reconciler.store.read(
                 lambda tx: repository.attempt(tx, attempt_id)
             )
@@ -122,6 +123,19 @@ class Succession:
         finally:
             driver.retiring.discard(attempt_id)
             driver.wake.set()
+
+
+def _scaled_in(record: ServiceRecord, attempt: AttemptRecord) -> str | None:
+    """The autoscaler's reason when ``attempt`` retires because its placement no longer
+    runs: ``idle`` when none runs any more (an on-demand service went idle), else
+    ``scale_in``; None when its placement still runs."""
+    specification = record.specification()
+    if specification.scaling is None:
+        return None
+    running = running_indices(specification, record.active)
+    if attempt.replica in running:
+        return None
+    return "scale_in" if running else "idle"
 
 
 async def unwatch(driver: Driver, attempt_id: str) -> None:
