@@ -857,8 +857,9 @@ class Config:
     scale_cooldown: float = _setting(
         60.0,
         "The least time between two scaling decisions of one service, so it never flaps "
-        "(activation is not held to it: a request for an idle service always wakes it) "
-        "(duration).",
+        "(activation is not held to it, nor does it start one: a request for an idle "
+        "service always wakes it, and a service woken into a burst scales out once the "
+        "window held) (duration).",
         kind="duration",
         validator=attrs.validators.ge(0),
     )

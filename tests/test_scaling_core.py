@@ -167,6 +167,40 @@ async def test_scaled_service_scales_out_on_queueing_and_in_after_idleness(
             ] == [0]
 
 
+async def test_a_woken_service_scales_out_without_waiting_for_a_cooldown(tmp_path: Path) -> None:
+    # An hour's cooldown: only a decision after the activation may start one.
+    settings = {**FAST, "scale_cooldown": "1h"}
+    with trio.fail_after(150):
+        async with open_inference_controller(tmp_path, **settings) as controller:
+            model_id = await register_smollm2(controller)
+            created = await create(controller, model_id, min=0, max=3, placements=3)
+            service_id = created["id"]
+            assert (await controller.control(service_id, "start")).status_code == 200
+            await controller.wait_service(service_id, lambda v: v["state"] == "idle")
+            autoscaler = controller.service.inference.autoscaler
+            await autoscaler.activate(service_id)
+            woken = await controller.wait_service(service_id, lambda v: v["state"] == "ready")
+            assert woken["scaling"]["woken_at"] is not None
+            assert woken["scaling"]["last_decision_at"] is None  # no cooldown started
+
+            # Woken into a burst: the queue holds for the window, a second replica starts.
+            await live_until(controller, service_id, lambda v: len(v.replicas) == 1)
+            autoscaler.demand = lambda _id: Demand(waits=(5.0,) * 12)
+            two = await controller.wait_service(
+                service_id,
+                lambda v: v["state"] == "ready" and v["scaling"]["active"] == [0, 1],
+            )
+            assert two["scaling"]["last_decision_at"] is not None
+            reasons = [e["reason"] for e in await events(controller, service_id)]
+            assert reasons == ["activation", "scale_out_queue"]
+            # That decision did start the cooldown: the same pressure starts no third.
+            await live_until(controller, service_id, lambda v: len(v.replicas) == 2)
+            for _ in range(30):
+                await autoscaler.look(service_id)
+            view = await controller.ok("GET", f"/api/v1/inference/{service_id}")
+            assert view["scaling"]["active"] == [0, 1]
+
+
 async def test_pinned_service_is_never_scaled_to_zero(tmp_path: Path) -> None:
     with trio.fail_after(120):
         async with open_inference_controller(tmp_path, **FAST) as controller:

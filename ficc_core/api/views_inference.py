@@ -110,6 +110,7 @@ def scaling_view(
         "active": active,
         "running": len(active),
         "last_decision_at": service.scaled_at,
+        "woken_at": service.woken_at,
     }
 
 

@@ -68,7 +68,8 @@ class OnDemand:
         (the replica is not retried until a request comes again)."""
         if not runs or not on_demand(specification, record.pinned):
             return False
-        since = record.scaled_at or 0.0
+        # Since it was woken (a database from before woken_at: its last decision).
+        since = record.woken_at if record.woken_at is not None else record.scaled_at or 0.0
         newest = latest(attempts, record.generation)
         failed = [newest.get(i) for i in runs]
         if not all(

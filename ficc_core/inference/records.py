@@ -112,8 +112,11 @@ class ServiceRecord:
     active: tuple[int, ...] | None = attrs.field(default=None, converter=_indices)
     #: An operator pinned it: never scaled to zero (docs/inference.md, "Scaling").
     pinned: bool = attrs.field(default=False, converter=bool)
-    #: When the last scaling decision was recorded (its cooldown), or None.
+    #: When the last scaling decision was recorded (its cooldown), or None; an activation
+    #: is not one (``woken_at``).
     scaled_at: float | None = None
+    #: When the idle service was last woken by a request, or None.
+    woken_at: float | None = None
 
     def document(self) -> Any:
         """The specification as a JSON document."""

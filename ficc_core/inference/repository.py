@@ -36,7 +36,8 @@ from .records import (
 
 _SERVICE_COLUMNS = (
     "id, project_id, alias, model_id, spec, revision, generation, desired, state, reason,"
-    " plan_digest, drain_deadline, created_at, updated_at, active, pinned, scaled_at"
+    " plan_digest, drain_deadline, created_at, updated_at, active, pinned, scaled_at,"
+    " woken_at"
 )
 _ATTEMPT_COLUMNS = (
     "attempt_id, service_id, replica, generation, number, node_id, provider, plan_digest,"
@@ -108,7 +109,7 @@ def insert_service(tx: Transaction, record: ServiceRecord) -> None:
     """Record a new service."""
     tx.execute(
         f"INSERT INTO inference_services ({_SERVICE_COLUMNS})"
-        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (
             record.id,
             record.project_id,
@@ -127,6 +128,7 @@ def insert_service(tx: Transaction, record: ServiceRecord) -> None:
             _active_json(record.active),
             int(record.pinned),
             record.scaled_at,
+            record.woken_at,
         ),
     )
 
@@ -142,15 +144,19 @@ def set_scale(
     now: float,
     *,
     decided: bool = True,
+    woken: bool = False,
     bump: bool = True,
 ) -> None:
-    """Record the placements a scaled service runs now (and, when ``decided``, that a
-    scaling decision was made now); the service moves to its next revision unless
-    ``bump`` is false (the transaction's other write of the service moves it)."""
+    """Record the placements a scaled service runs now and, when ``decided``, that a
+    scaling decision was made now (its cooldown), or, when ``woken``, that a request
+    woke the idle service now (no cooldown); the service moves to its next revision
+    unless ``bump`` is false (the transaction's other write of the service moves it)."""
+    decided = decided and not woken
     tx.execute(
         "UPDATE inference_services SET revision = revision + ?, updated_at = ?, active = ?,"
-        " scaled_at = CASE WHEN ? = 1 THEN ? ELSE scaled_at END WHERE id = ?",
-        (int(bump), now, _active_json(active), int(decided), now, service_id),
+        " scaled_at = CASE WHEN ? = 1 THEN ? ELSE scaled_at END,"
+        " woken_at = CASE WHEN ? = 1 THEN ? ELSE woken_at END WHERE id = ?",
+        (int(bump), now, _active_json(active), int(decided), now, int(woken), now, service_id),
     )
 
 

@@ -148,7 +148,8 @@ def grow(
         index, node_id = chosen.index, chosen.node_id
         repository.insert_reservations(tx, [chosen.reservation], now)
     after = (*active, index)
-    repository.set_scale(tx, record.id, after, now)
+    # An activation (only_when_idle) wakes the service: no cooldown starts.
+    repository.set_scale(tx, record.id, after, now, woken=only_when_idle)
     _event(
         tx,
         record,

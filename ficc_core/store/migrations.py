@@ -482,6 +482,10 @@ MIGRATIONS: list[tuple[str | Dialects, ...]] = [
             PRIMARY KEY (node_id, controller_id)
         )""",
     ),
+    # 20: when an idle service was last woken. An activation is not a scaling decision
+    # for the cooldown (``scaled_at``): a service woken into a burst scales out after the
+    # window, not a cooldown later; a failed activation is judged from this moment.
+    ("ALTER TABLE inference_services ADD COLUMN woken_at REAL",),
 ]
 
 
