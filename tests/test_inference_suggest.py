@@ -137,6 +137,30 @@ async def test_what_cannot_be_suggested_is_refused_at_the_path_to_give(tmp_path)
             assert "$.runtime" in paths
 
 
+async def test_a_bad_context_or_concurrency_is_refused_at_its_own_path(tmp_path):
+    # The limits are suggested from both: a bad one used to be reported as the limits it
+    # left missing ($.placements[0].limits), at the wrong field of a form.
+    with trio.fail_after(60):
+        async with open_inference_controller(tmp_path) as controller:
+            await register_smollm2(controller)
+            bad = [
+                ({"context": 0}, "$.context", "must be from 1 to 16777216, got 0"),
+                ({"concurrency": -1}, "$.concurrency", "must be from 1 to"),
+                ({"context": "4096"}, "$.context", "must be an integer, got string"),
+            ]
+            for changes, path, message in bad:
+                response = await controller.call(
+                    "POST", "/api/v1/inference/preview", json=_partial("smollm2", **changes)
+                )
+                assert response.status_code == 400, response.text
+                [error] = response.json()["error"]["details"]["errors"]
+                assert error["path"] == path and message in error["message"], error
+            good = await controller.call(
+                "POST", "/api/v1/inference/preview", json=_partial("smollm2")
+            )
+            assert good.status_code == 200, good.text
+
+
 async def test_a_memory_limit_below_the_estimate_is_a_preview_warning_with_it(tmp_path):
     with trio.fail_after(60):
         async with open_inference_controller(tmp_path) as controller:

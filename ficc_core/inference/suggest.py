@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from ..contributors.records import NodeState
-from ..schema import InstalledRuntime, SchemaError, Specification
+from ..schema import InstalledRuntime, SchemaError, Specification, check_range
 from .placement import PlacementNode, Reservation
 
 if TYPE_CHECKING:
@@ -176,6 +176,11 @@ def complete(
     filled = copy.deepcopy(document)
     suggested: list[str] = []
     engine = filled.get("engine")
+    # The limits are suggested from these two: a bad one is refused at its own path, not
+    # as the limits it left missing.
+    for name in ("context", "concurrency"):
+        if name in filled:
+            check_range(Specification, name, filled[name], what="specification")
     context, concurrency = _integer(filled.get("context")), _integer(filled.get("concurrency"))
     if "placements" not in filled:
         filled["placements"] = [{}]

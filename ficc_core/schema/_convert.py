@@ -324,6 +324,17 @@ class SchemaError(InvalidRequest):
         self.errors = errors
 
 
+def check_range(cls: type, name: str, value: Any, *, what: str) -> None:
+    """Refuse ``value`` for the ranged field ``name`` of ``cls`` as structuring would:
+    a :class:`SchemaError` at ``$.name`` (for a step that reads the field before the
+    whole document is structured)."""
+    attribute = attrs.fields_dict(cls)[name]
+    try:
+        attribute.metadata[RANGE](None, attribute, value)
+    except FieldError as exc:
+        raise SchemaError([{"path": f"$.{name}", "message": exc.message}], what=what) from None
+
+
 def _collect(exc: BaseException, path: str) -> list[dict[str, str]]:
     # cattrs reports extra keys as one error for the whole object; name each key.
     if isinstance(exc, cattrs.ForbiddenExtraKeysError):
