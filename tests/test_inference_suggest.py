@@ -181,6 +181,30 @@ async def test_a_memory_limit_below_the_estimate_is_a_preview_warning_with_it(tm
             assert "suggested" not in preview
 
 
+async def test_a_verified_model_whose_gguf_header_cannot_be_read_is_said_so(tmp_path):
+    # Its bytes are the ones its manifest names (verified), but they are no GGUF any
+    # engine reads: the model's view and a service's preview say why.
+    bogus = tmp_path / "bogus.gguf"
+    bogus.write_bytes(b"GGUF" + bytes(100))
+    with trio.fail_after(60):
+        async with open_inference_controller(tmp_path) as controller:
+            model_id = await register_gguf(controller, bogus, "bogus")
+            model = await controller.ok("GET", f"/api/v1/models/{model_id}")
+            assert model["state"] == "verified" and model["metadata"] is None
+            assert model["metadata_error"].startswith("unsupported GGUF version 0")
+            spec = await llama_spec(controller, model_id, memory_bytes=256 * MIB)
+            preview = await controller.ok("POST", "/api/v1/inference/preview", json=spec)
+            [warning] = preview["warnings"]
+            assert warning["code"] == "model_header_unreadable"
+            assert warning["details"]["path"] == "$.model_id"
+            assert "unsupported GGUF version 0" in warning["details"]["problem"]
+            # A readable model says nothing of the kind.
+            good = await controller.ok(
+                "GET", f"/api/v1/models/{await register_smollm2(controller)}"
+            )
+            assert good["metadata"] is not None and good["metadata_error"] is None
+
+
 async def test_a_model_name_in_model_id_resolves_and_the_id_is_stored(tmp_path):
     with trio.fail_after(60):
         async with open_inference_controller(tmp_path) as controller:

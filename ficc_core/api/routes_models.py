@@ -79,7 +79,8 @@ def register(app: QuartTrio, service: Service) -> None:
     @app.get("/api/v1/models/<model_id>", endpoint="models_get")
     async def models_get(model_id: str) -> Response:
         model = await models.get(g.principal.project_id, model_id)
-        return jsonify(model_detail_view(model, await models.metadata(model)))
+        metadata = await models.metadata(model)
+        return jsonify(model_detail_view(model, metadata, models.header_problem(model)))
 
     @app.post("/api/v1/models", endpoint="models_register")
     async def models_register() -> tuple[Response, int]:

@@ -49,10 +49,16 @@ def model_view(model: Model) -> dict[str, Any]:
     }
 
 
-def model_detail_view(model: Model, metadata: GgufMetadata | None) -> dict[str, Any]:
+def model_detail_view(
+    model: Model, metadata: GgufMetadata | None, metadata_error: str | None = None
+) -> dict[str, Any]:
     """A model as ``GET /models/{id}`` shows it: :func:`model_view` and, as an extension
     beside it, ``metadata``: what a verified GGUF model's headers say (null otherwise)."""
-    return {**model_view(model), "metadata": None if metadata is None else metadata.to_json()}
+    return {
+        **model_view(model),
+        "metadata": None if metadata is None else metadata.to_json(),
+        "metadata_error": metadata_error,
+    }
 
 
 def deletion_view(deletion: Deletion) -> dict[str, Any]:

@@ -30,6 +30,8 @@ class ModelContext:
     directories: Mapping[str, Mapping[str, tuple[str, int]]]
     #: What sizes its KV cache, when its GGUF header says (the suggested memory limit).
     attention: AttentionShape | None = None
+    #: Why its GGUF header could not be read (an engine will not load it either), or None.
+    header_problem: str | None = None
 
 
 def _model_field_error(message: str) -> SchemaError:
@@ -96,6 +98,7 @@ class ModelContexts:
             inputs = (JobInput(id="model", path=str(self.blobs.tree_path(tree))),)
             directories = {"model": tree}
         metadata, attention = await self._gguf_metadata(model)
+        problem = self.models.header_problem(model) if model.format == "gguf" else None
         record = ModelRecord(
             id=model.id, revision=model.digest, manifest=manifest, metadata=metadata
         )
@@ -106,6 +109,7 @@ class ModelContexts:
             blobs={"sha256:" + f.sha256: f.size for f in manifest.files},
             directories=directories,
             attention=attention,
+            header_problem=problem,
         )
 
     async def _gguf_metadata(self, model: Model) -> tuple[ModelMetadata, AttentionShape | None]:

@@ -76,11 +76,23 @@ def memory_estimate(model: ModelContext, engine: str, context: int, concurrency:
 
 
 def memory_warnings(specification: Specification, model: ModelContext) -> list[dict[str, Any]]:
-    """A ``memory_limit_low`` warning for each placement whose memory is below the estimate."""
+    """A ``memory_limit_low`` warning for each placement whose memory is below the estimate;
+    ``model_header_unreadable`` first when the model's GGUF header cannot be read."""
     estimate = memory_estimate(
         model, specification.engine, specification.context, specification.concurrency
     )
     warnings = []
+    if model.header_problem is not None:
+        warnings.append(
+            {
+                "code": "model_header_unreadable",
+                "message": f"model {specification.model_id!r} is verified (its bytes are the "
+                f"ones its manifest names) but its GGUF header cannot be read "
+                f"({model.header_problem}): the engine will most likely fail to load it, "
+                "and its memory need is not estimated",
+                "details": {"problem": model.header_problem, "path": "$.model_id"},
+            }
+        )
     for index, placement in enumerate(specification.placements):
         limit = placement.limits.memory_bytes
         if limit < estimate:

@@ -74,6 +74,8 @@ class ModelRegistry:
         self.clock = clock
         self._active_uploads: dict[str, int] = {}
         self._metadata: dict[str, GgufMetadata] = {}
+        #: Why a verified GGUF model's header could not be read, by its digest.
+        self._unreadable: dict[str, str] = {}
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Tidy the partials left by the previous controller, then finish their verification.
@@ -152,13 +154,26 @@ class ModelRegistry:
             return cached
         manifest = structure(model.manifest, ModelManifest, what="stored manifest")
         paths = [self.blobs.published_path(file.sha256) for file in manifest.weights]
+        if model.digest in self._unreadable:
+            return None
         try:
             metadata = await trio.to_thread.run_sync(read_gguf_files, paths)
-        except (InvalidGguf, OSError) as exc:
+        except InvalidGguf as exc:
+            # The bytes are the ones the manifest names (verified), but no GGUF reader
+            # will make sense of them: said where a service of it is planned.
+            log.warning("cannot read the GGUF header of model %s: %s", model.id, exc.message)
+            self._unreadable[model.digest] = exc.message
+            return None
+        except OSError as exc:
             log.warning("cannot read the GGUF header of model %s: %s", model.id, exc)
             return None
         self._metadata[model.digest] = metadata
         return metadata
+
+    def header_problem(self, model: Model) -> str | None:
+        """Why the verified GGUF ``model``'s header could not be read (after
+        :meth:`metadata`), or None."""
+        return self._unreadable.get(model.digest)
 
     # -- acquisition ------------------------------------------------------------
 
