@@ -296,3 +296,31 @@ async def test_a_restarted_controller_adopts_the_running_replica_instead_of_laun
                 await controller.wait_service(service_id, _state("stopped"))
                 assert not _alive(engine_pid)
             nursery.cancel_scope.cancel()
+
+
+async def test_restarting_ficc_serve_stops_the_embedded_replica_and_starts_it_again(tmp_path):
+    # Every `ficc serve` starts a fresh embedded agent, which runs nothing the last one
+    # ran: the node stopped those engines, none failed. They used to end `failed`
+    # (not_reported): the service went `failed` at each restart and, once the restarts
+    # outnumbered replica_give_up_after, gave up for good.
+    settings = {"replica_give_up_after": 2}
+    with trio.fail_after(180):
+        async with open_inference_controller(tmp_path, **settings) as controller:
+            service_id, _ = await _ready_on(controller, "local")
+        for number in (2, 3, 4):
+            async with open_inference_controller(tmp_path, **settings) as controller:
+                view = await controller.wait_service(
+                    service_id,
+                    lambda v, n=number: v["state"] == "ready" and v["replicas"][0]["attempt"] == n,
+                )
+                assert view["replicas"][0]["state"] == "ready"
+                page = await controller.ok(
+                    "GET", f"/api/v1/inference/{service_id}/events", params={"limit": 500}
+                )
+        events = page["events"]
+        states = [e["message"] for e in events if e["kind"] == "service.state"]
+        assert not [m for m in states if "→ failed" in m], states
+        ended = [e for e in events if e["kind"] == "attempt.state" and "released" in e["message"]]
+        assert len(ended) == 3, [e["message"] for e in ended]
+        for event in ended:
+            assert event["reason"] == "not_reported" and "→ stopped" in event["message"], event

@@ -236,6 +236,24 @@ class Attempts:
             service_id, attempt_id, state=state, reason=reason, released=True, **extra, **engine
         )
 
+    async def _not_reported(self, attempt: AttemptRecord) -> None:
+        """The node does not run ``attempt``. When its last (re)connection said so (an
+        agent that restarted, as the embedded one does with every ``ficc serve``, or
+        that stopped it when its lease ran out while disconnected), the node stopped it:
+        no failure of the engine, so it neither backs off nor counts towards giving up.
+        Otherwise the attempt failed."""
+        node_id, attempt_id = attempt.node_id, attempt.attempt_id
+        reconciled = self.contributors.reconciled.get(node_id)
+        if reconciled is not None and attempt_id in reconciled.missing:
+            state, how = AttemptState.STOPPED, (
+                "; its agent restarted, or stopped it when its lease ran out while "
+                "disconnected: the replica starts again"
+            )
+        else:
+            state, how = AttemptState.FAILED, ""
+        message = f"node {node_id} no longer runs attempt {attempt_id}{how}"
+        await self._end(attempt.service_id, attempt_id, state, "not_reported", message)
+
     async def _refused(self, service_id: str, attempt_id: str, exc: FiccError) -> None:
         """The attempt never started (its inputs or its launch were refused): it failed."""
         await self._end(service_id, attempt_id, AttemptState.FAILED, exc.code, exc.message)
@@ -268,13 +286,7 @@ class Attempts:
             try:
                 status = await self.contributors.status(node_id, attempt.fence)
             except (UnknownAttempt, StaleFence):
-                await self._end(
-                    service_id,
-                    attempt_id,
-                    AttemptState.FAILED,
-                    "not_reported",
-                    f"node {node_id} no longer runs attempt {attempt_id}",
-                )
+                await self._not_reported(attempt)
                 return
             except FiccError as exc:
                 node = await self.observations.node(node_id)
