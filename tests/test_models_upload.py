@@ -225,3 +225,37 @@ async def test_a_write_for_a_model_deleted_meanwhile_is_404_and_leaves_no_file(
             await service.blobs.write(ref, 0, content[:10])
     assert refused.value.code == "model_not_found"
     assert blob_files(config.data_dir) == {"sha256": [], "partial": []}
+
+
+def test_a_refusal_before_the_body_is_read_closes_the_connection(live_server):
+    # Refused before its body was read (415, 400, 404, 413): the rest of the body would
+    # stay in the kept-alive connection, and the client's next request behind it waited
+    # for ever (the CLI's retry after a 429 hung so for two minutes).
+    headers = bearer(live_server.bootstrap["token"])
+    content = random_bytes(64 * 1024, seed=5)
+    body = b"x" * (2 << 20)  # more than the socket buffers take while nobody reads
+    octets = {"Content-Type": "application/octet-stream"}
+    with httpx.Client(base_url=live_server.url, headers=headers, timeout=10) as http:
+        model_id = http.post("/api/v1/models", json=gguf_manifest("early", content)).json()["id"]
+        url = f"/api/v1/models/{model_id}/files/0/bytes"
+        refusals = [
+            ({"params": {"offset": 0}}, 415),
+            ({"params": {"offset": "x"}, "headers": octets}, 400),
+            (
+                {"params": {"offset": 0}, "headers": octets, "url": url.replace(model_id, "nope")},
+                404,
+            ),
+            ({"params": {"offset": 0}, "headers": octets, "size": 17 << 20}, 413),
+        ]
+        for kwargs, status in refusals:
+            size = kwargs.pop("size", len(body))
+            target = kwargs.pop("url", url)
+            response = http.post(target, content=b"x" * size, **kwargs)
+            assert response.status_code == status, response.text
+            assert response.headers["connection"] == "close"
+            # The same client's next request is answered (on a new connection).
+            assert http.get("/api/v1/models").status_code == 200
+        # A body read whole keeps the connection.
+        answered = http.post(url, params={"offset": 0}, content=content, headers=octets)
+        assert answered.status_code == 200, answered.text
+        assert answered.headers.get("connection") != "close"

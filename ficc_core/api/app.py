@@ -167,6 +167,11 @@ def create_app(service: Service) -> QuartTrio:
                 request.method, request.path, response.status_code, duration, g.get("principal")
             )
         response.headers.setdefault("Cache-Control", "no-store")
+        if _body_left_unread():
+            # Answered before its body arrived (a refusal: 413, 415, 404, 429...): the
+            # rest of the body would stay in the connection, unread, and a kept-alive
+            # client's next request behind it would wait for ever. Close it after this.
+            response.headers["Connection"] = "close"
         return response
 
     # While the store is down every management route is refused: said once a while.
@@ -217,3 +222,14 @@ async def _principal(service: Service) -> Principal:
         session=None if authorization is not None else request.cookies.get(SESSION_COOKIE),
         csrf=request.headers.get(CSRF_HEADER, ""),
     )
+
+
+def _body_left_unread() -> bool:
+    """Whether the request declared a body that has not all arrived."""
+    if not request.content_length and "chunked" not in request.headers.get(
+        "Transfer-Encoding", ""
+    ).lower():
+        return False
+    # Quart's Body sets this once the server handed it the last byte, read or not.
+    complete = getattr(request.body, "_complete", None)
+    return complete is None or not complete.is_set()
