@@ -226,11 +226,25 @@ async def test_a_model_name_in_model_id_resolves_and_the_id_is_stored(tmp_path):
 async def test_an_ambiguous_model_name_is_refused_listing_the_candidates(tmp_path):
     with trio.fail_after(60):
         async with open_inference_controller(tmp_path) as controller:
-            # Names are unique in a project, but one model may be named another's ID.
+            # A name that is another model's ID is refused: model_id could not tell them apart.
             first = await register_smollm2(controller, name="smollm2")
             copy = tmp_path / "copy.gguf"
             copy.write_bytes(smollm2_path().read_bytes() + b"\0" * 32)
-            second = await register_gguf(controller, copy, first)
+            manifest = {
+                "name": first,
+                "format": "gguf",
+                "files": [{"path": "copy.gguf", "size": 1, "sha256": "0" * 64}],
+            }
+            refused = await controller.call("POST", "/api/v1/models", json=manifest)
+            assert refused.status_code == 409, refused.text
+            error = refused.json()["error"]
+            assert error["code"] == "model_name_taken"
+            assert error["details"] == {"id": first, "path": "$.name"}
+            # A database from before that check may hold such a pair: refused with a way out.
+            second = await register_gguf(controller, copy, "copy")
+            await controller.service.store.write(
+                lambda tx: tx.execute("UPDATE models SET name = ? WHERE id = ?", (first, second))
+            )
             spec = await llama_spec(controller, first)
             for route in ("/api/v1/inference/preview", "/api/v1/inference"):
                 response = await controller.call("POST", route, json=spec)
@@ -239,6 +253,7 @@ async def test_an_ambiguous_model_name_is_refused_listing_the_candidates(tmp_pat
                 assert error["code"] == "model_ambiguous"
                 assert error["details"]["candidates"] == sorted([first, second])
                 assert first in error["message"] and second in error["message"]
+                assert f"delete model {second}" in error["message"]
             assert (await controller.ok("GET", "/api/v1/inference"))["services"] == []
 
 

@@ -52,7 +52,8 @@ class ModelContexts:
     async def resolve(self, project_id: str, reference: str) -> str:
         """The ID of the project's model ``reference``: its ID or its name.
 
-        Names are unique in a project, but a name may be another model's ID.
+        Names are unique in a project, and registration refuses a name that is another
+        model's ID (a database from before that check may hold one).
 
         :raises Conflict: ``model_ambiguous`` when ``reference`` is one model's ID and
             another's name; its ``details.candidates`` lists both IDs.
@@ -60,9 +61,12 @@ class ModelContexts:
         found = [m for m in await self.models.list(project_id) if reference in (m.id, m.name)]
         if len(found) > 1:
             ids = sorted(m.id for m in found)
+            named = next(m.id for m in found if m.name == reference)
+            # Registration refuses such a name now; a database from before may hold one.
             raise Conflict(
                 f"{reference!r} names {len(found)} models of this project (as an ID and as a "
-                f"name: {', '.join(ids)}); give the model_id of one",
+                f"name: {', '.join(ids)}); delete model {named} (named {reference!r}) and "
+                "register it again under another name",
                 code="model_ambiguous",
                 details={"reference": reference, "candidates": ids, "path": "$.model_id"},
             )

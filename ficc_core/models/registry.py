@@ -118,7 +118,18 @@ class ModelRegistry:
                     code="model_exists",
                     details={"id": existing_id, "digest": existing_digest},
                 )
+            # A service names its model by ID or name: one must never be the other's.
+            if repository.is_model_id(tx, project_id, manifest.name):
+                raise Conflict(
+                    f"the name {manifest.name!r} is the ID of another model of this "
+                    "project, so a service's model_id could not tell the two apart; "
+                    "choose another name",
+                    code="model_name_taken",
+                    details={"id": manifest.name, "path": "$.name"},
+                )
             model_id = new_id()
+            while repository.find_by_name(tx, project_id, model_id) is not None:
+                model_id = new_id()
             for file in manifest.files:
                 BlobStore.ensure_row(tx, file.sha256, file.size, published=file.sha256 in published)
             repository.insert_model(

@@ -98,6 +98,14 @@ def list_models(tx: Transaction, project_id: str) -> list[Model]:
     return [_model(tx, row) for row in rows]
 
 
+def is_model_id(tx: Transaction, project_id: str, model_id: str) -> bool:
+    """Whether the project has a model with the ID ``model_id``."""
+    row = tx.fetch_one(
+        "SELECT 1 AS found FROM models WHERE project_id = ? AND id = ?", (project_id, model_id)
+    )
+    return row is not None
+
+
 def find_by_name(tx: Transaction, project_id: str, name: str) -> tuple[str, str] | None:
     """``(id, digest)`` of the project's model named ``name``, if any."""
     row = tx.fetch_one(
