@@ -8,6 +8,7 @@ import attrs
 import httpx
 import pytest
 import trio
+import trustme
 
 from ficc_core.api.app import create_app
 from ficc_core.config import load_config
@@ -15,7 +16,7 @@ from ficc_core.controller.service import open_service
 from ficc_core.models.fetch import FetchError, FetchPolicy, make_client, open_response
 
 from .conftest import bearer
-from .httpsd import Redirect, ScriptedResolver, ServedFile, resolving_with
+from .httpsd import Redirect, ScriptedResolver, ServedFile, resolving_with, write_ca_bundle
 from .models_support import (
     Writes,
     blob_files,
@@ -381,6 +382,28 @@ async def test_a_stalled_server_times_out_after_bounded_retries(controller, http
     assert done["state"] == "failed"
     assert "timeout" in done["files"][0]["reason"]
     assert len(https_server.requests) == 2
+
+
+async def test_an_untrusted_certificate_fails_at_once_and_says_so(
+    controller, https_server, tmp_path
+):
+    # Trying again cannot make a certificate trusted: no retries, a code of its own.
+    other = tmp_path / "other"
+    other.mkdir()
+    https_server.add("/m.gguf", ServedFile(random_bytes(1000)))
+    bundle = write_ca_bundle(other, trustme.CA())
+    async with await controller(ca_bundle=str(bundle), acquisition_retries=3) as service:
+        api = await _api(service)
+        model = await api.register(
+            gguf_manifest("m", random_bytes(1000), url=https_server.url("/m.gguf"))
+        )
+        done = await api.acquire_and_wait(model["id"])
+    assert done["state"] == "failed"
+    error = done["files"][0]["error"]
+    assert error["code"] == "certificate_refused", error
+    assert error["details"]["host"] == "127.0.0.1"
+    assert "certificate of 127.0.0.1 was refused" in error["message"]
+    assert https_server.requests == []  # the handshake failed: nothing was asked, once
 
 
 async def test_pause_keeps_the_offset_and_acquire_resumes_from_it(controller, https_server):

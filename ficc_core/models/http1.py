@@ -125,8 +125,8 @@ class Http1Connection:
         except ssl.SSLCertVerificationError as exc:
             raise FetchError(
                 f"the certificate of {self.host} was refused: {exc.verify_message}",
-                code="fetch_failed",
-                details={"host": self.host},
+                code="certificate_refused",
+                details={"host": self.host, "verify_message": exc.verify_message},
             ) from None
         except (OSError, ssl.SSLError) as exc:
             raise self._failure(exc, "the TLS handshake with", code="fetch_failed") from None
