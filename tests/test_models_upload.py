@@ -255,6 +255,10 @@ def test_a_refusal_before_the_body_is_read_closes_the_connection(live_server):
             assert response.headers["connection"] == "close"
             # The same client's next request is answered (on a new connection).
             assert http.get("/api/v1/models").status_code == 200
+        # A missing offset says it is missing (it said "invalid").
+        missing = http.post(url, content=content, headers=octets)
+        assert missing.status_code == 400
+        assert "the query parameter offset is missing" in missing.json()["error"]["message"]
         # A body read whole keeps the connection.
         answered = http.post(url, params={"offset": 0}, content=content, headers=octets)
         assert answered.status_code == 200, answered.text

@@ -95,7 +95,10 @@ def query_integer(name: str) -> int:
     """The query parameter ``name`` (required): decimal digits, 0 to 2^53 - 1."""
     raw = request.args.get(name)
     if raw is None:
-        raise bad_query(name, "expected a non-negative integer")
+        raise InvalidRequest(
+            f"the query parameter {name} is missing: expected a non-negative integer",
+            details={"errors": [{"path": name, "message": "required, a non-negative integer"}]},
+        )
     if not (raw.isascii() and raw.isdigit()) or (len(raw) > 1 and raw.startswith("0")):
         raise bad_query(name, "expected a non-negative integer")
     if len(raw) > 16 or int(raw) > MAX_SAFE_INTEGER:
