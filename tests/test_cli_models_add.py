@@ -130,6 +130,19 @@ async def test_add_of_any_part_registers_a_split_gguf_as_one_model(serve_process
     listed = json.loads((await ficc("models", "list", "--json", env_extra=env)).stdout)
     assert [m["name"] for m in listed["models"]] == ["smollm2"]
 
+    # An empty --name and a file not named .gguf are refused before hashing.
+    empty = await ficc("models", "add", str(split_parts[1]), "--name", " ", env_extra=env)
+    assert (
+        empty.returncode == 2 and b"--name" in empty.stderr and b"must not be empty" in empty.stderr
+    )
+    plain = lonely / "model.bin"
+    plain.symlink_to(split_parts[0])
+    named = await ficc("models", "add", str(plain), env_extra=env)
+    assert named.returncode == 2 and b"does not end in .gguf" in named.stderr
+    assert b"hashing" not in named.stderr + named.stdout
+    listed = json.loads((await ficc("models", "list", "--json", env_extra=env)).stdout)
+    assert [m["name"] for m in listed["models"]] == ["smollm2"]
+
 
 def _sibling(path: Path) -> dict:
     size = path.stat().st_size

@@ -142,7 +142,7 @@ def gguf_document(
     if metadata is not None and metadata.basename and metadata.basename.strip():
         default = metadata.basename.strip()
     document: dict[str, Any] = {
-        "name": name or default,
+        "name": name if name is not None else default,
         "format": "gguf",
         "files": [
             {"path": part.name, "size": part.stat().st_size, "sha256": file_sha256(part)}
@@ -269,6 +269,16 @@ def add(
     every part beside it), which becomes one model with all its parts. Running it
     again after an interruption resumes each upload where the server stopped.
     """
+    if name is not None and not name.strip():
+        raise click.BadParameter(
+            "must not be empty (leave --name out for the default)", param_hint="--name"
+        )
+    if path.suffix != ".gguf":
+        # The server takes a GGUF model only under a .gguf name: refuse before hashing.
+        raise click.BadParameter(
+            f"{path.name} does not end in .gguf; a GGUF model's file must (rename it)",
+            param_hint="PATH",
+        )
     parts = gguf_parts(path)
     metadata = read_local_gguf(parts)  # refuse a file that is no GGUF model before hashing it
     client = client_from(ctx)
