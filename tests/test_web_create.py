@@ -27,6 +27,7 @@ from .web_support import (
     chromium,
     chromium_or_skip,
     fits_width,
+    leave_dashboard,
     log_in,
     open_page,
     screenshot,
@@ -103,6 +104,31 @@ def _create_from_the_page(url: str, model_id: str, operator_token: str) -> None:
         expect(create).to_be_disabled()
         _fill(page, model_id, "made", 512, 2)
         expect(page.locator("#create-alias-error")).to_be_hidden()
+
+        # A number of replicas the CLI refuses is refused at its field, as typed (never
+        # changed into another one), and nothing is previewed.
+        previews: list[str] = []
+        page.on("request", lambda r: r.url.endswith("/preview") and previews.append(r.url))
+        replicas = page.get_by_label("Replicas", exact=True)
+        replicas_error = page.locator("#create-replicas-error")
+        for typed in ("0", "-3", "2.5", "65"):
+            replicas.fill(typed)
+            page.get_by_role("button", name="Preview").click()
+            expect(replicas_error).to_have_text(
+                f"The number of replicas must be a whole number from 1 to 64, not {typed}."
+            )
+            expect(replicas).to_be_focused()
+            expect(replicas).to_have_attribute("aria-invalid", "true")
+            expect(replicas).to_have_value(typed)
+            expect(page.locator("#create-result")).to_be_empty()
+        replicas.fill("")
+        page.get_by_role("button", name="Preview").click()
+        expect(replicas_error).to_have_text(
+            "Give the number of replicas: a whole number from 1 to 64."
+        )
+        assert previews == []
+        replicas.fill("1")
+        expect(replicas_error).to_be_hidden()
 
         # Preview: the completed specification (what was suggested), the plan on the
         # local node, and Create enabled since it fits.
@@ -194,6 +220,43 @@ def _create_from_the_page(url: str, model_id: str, operator_token: str) -> None:
         screenshot(page, "services-create-phone")
         watch.check()
         dashboard_watch.check()
+
+
+def _without_inference_read(url: str) -> None:
+    from playwright.sync_api import expect
+
+    with chromium(chromium_or_skip()) as browser:
+        page, watch = open_page(browser, url)
+        log_in(page, *ALICE, "")  # a personal session: no project, no project scopes
+        leave_dashboard(page, "/ui/services")
+        expect(page.locator('.note[data-for="services"]')).to_have_text(
+            "This session lacks the inference:read scope that listing services needs."
+        )
+        expect(page.locator("#refreshed")).not_to_have_text("Loading…")
+        expect(page.locator("#create-note")).to_have_text(
+            "Creating a service needs the inference:manage and models:read scope(s), "
+            "which this session lacks."
+        )
+        expect(page.locator("#create-form")).to_be_hidden()
+        expect(page.get_by_role("button", name="Preview")).to_have_count(0)
+        watch.check()
+
+
+async def test_a_session_that_cannot_list_services_is_told_so_and_shown_no_form(tmp_path):
+    chromium_or_skip()
+    async with open_inference_controller(
+        tmp_path, embedded=False, console_refresh=60
+    ) as controller:
+        await controller.ok(
+            "POST",
+            "/api/v1/users",
+            status=201,
+            json={"username": ALICE[0], "password": ALICE[1], "projects": {}},
+        )
+        with trio.fail_after(300):
+            await trio.to_thread.run_sync(
+                _without_inference_read, controller.url, abandon_on_cancel=True
+            )
 
 
 async def test_a_service_is_previewed_created_and_started_from_the_services_page(tmp_path):

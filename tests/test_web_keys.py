@@ -171,6 +171,16 @@ def _keys_and_usage(url: str, service_id: str) -> None:
         page.reload()
         expect(page.get_by_label("Group by")).to_have_value("service")
         expect(by_service.locator("td.requests")).to_have_text("1")
+        groups_title = page.locator("#groups-title")
+        expect(groups_title).to_have_text("Per service")
+        # Totals only: the section says it is not grouped, and why it has no rows.
+        page.get_by_label("Group by").select_option("")
+        expect(groups_title).to_have_text("Not grouped")
+        expect(page.locator('.note[data-for="groups"]')).to_have_text(
+            "Choose what to group by to see the totals split."
+        )
+        page.get_by_label("Group by").select_option("service")
+        expect(by_service.locator("td.requests")).to_have_text("1")
         # Personal usage: no personal key made a request.
         page.get_by_label("Whose").select_option("me")
         expect(page.get_by_label("Service", exact=True)).to_be_hidden()
@@ -279,6 +289,20 @@ def _approve_a_signup(url: str) -> None:
         membership.get_by_role("button", name="Set scopes").click()
         expect(admin.get_by_role("status")).to_have_text("dave holds 2 scopes in default.")
         expect(dave_row.locator("td.chips")).to_have_text("default: 2 scopes")
+        # A refusal names the field the API's error names, and focuses it.
+        users_form = admin.locator("#user-form")
+        users_form.get_by_label("Username").fill("erin")
+        users_form.get_by_label("Password").fill("short")
+        with admin_watch.provoking(400, r"/api/v1/users$"):
+            users_form.get_by_role("button", name="Create user").click()
+            expect(admin.locator("#problem")).to_have_text(
+                "Could not create the user: a password needs at least 8 characters "
+                "(Password: too short)"
+            )
+        password = users_form.get_by_label("Password")
+        expect(password).to_be_focused()
+        expect(password).to_have_attribute("aria-invalid", "true")
+        expect(admin.locator('#users tr[data-username="erin"]')).to_have_count(0)
         # A project made from the page.
         admin.get_by_label("Name", exact=True).fill("gamma")
         admin.get_by_role("button", name="Create project").click()

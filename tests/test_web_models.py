@@ -171,13 +171,30 @@ def _upload_resume_and_delete(url: str, token: str, data_dir) -> None:
         screenshot(page, "models-phone")
         page.set_viewport_size({"width": 1280, "height": 900})
 
-        # Delete asks first: by keyboard, Escape keeps the model.
+        # Delete asks first: by keyboard, the focus starts on Cancel, so Enter again
+        # keeps the model, and so does Escape.
         delete = page.get_by_role("button", name="Delete smollm2")
         delete.focus()
         page.keyboard.press("Enter")
         dialog = page.get_by_role("dialog", name="Delete model smollm2")
         expect(dialog).to_be_visible()
         expect(dialog.get_by_label("Also delete its stored content")).to_be_checked()
+        expect(dialog.get_by_role("button", name="Cancel")).to_be_focused()
+        page.keyboard.press("Enter")
+        expect(dialog).to_be_hidden()
+        expect(row).to_be_visible()
+        assert len(models()) == 1
+        # Enter in the form (on the evict box) is no Delete either: Cancel is its default.
+        delete.focus()
+        page.keyboard.press("Enter")
+        expect(dialog).to_be_visible()
+        dialog.get_by_label("Also delete its stored content").focus()
+        page.keyboard.press("Enter")
+        expect(dialog).to_be_hidden()
+        assert len(models()) == 1
+        delete.focus()
+        page.keyboard.press("Enter")
+        expect(dialog).to_be_visible()
         page.keyboard.press("Escape")
         expect(dialog).to_be_hidden()
         expect(row).to_be_visible()
@@ -389,6 +406,13 @@ def _tiny_gguf(folder, size: int) -> tuple:
     return path, text
 
 
+def _version_zero_gguf(folder):
+    """The magic and then zeros: GGUF version 0, which no reader here takes."""
+    path = folder / "zeros.gguf"
+    path.write_bytes(b"GGUF" + bytes(60))
+    return path
+
+
 def _stop_and_continue(url: str, token: str, folder) -> None:
     from playwright.sync_api import expect
 
@@ -403,6 +427,13 @@ def _stop_and_continue(url: str, token: str, folder) -> None:
         page.get_by_role("button", name="Upload", exact=True).click()
         expect(page.locator("#upload-error")).to_have_text(
             'The upload failed: notes.gguf is not a GGUF file: it does not start with "GGUF"'
+        )
+        # Nor is a GGUF of a version the server cannot read (as `ficc models add` says).
+        page.get_by_label("GGUF file", exact=True).set_input_files(_version_zero_gguf(folder))
+        page.get_by_role("button", name="Upload", exact=True).click()
+        expect(page.locator("#upload-error")).to_have_text(
+            "The upload failed: zeros.gguf cannot be uploaded: unsupported GGUF version 0 "
+            "(2 and 3 are read; big-endian files are not)"
         )
 
         # Stop, while the second chunk is on its way: it completes, and no other is sent.

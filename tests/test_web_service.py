@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 
 import httpx
 import pytest
@@ -28,6 +29,7 @@ from .web_support import (
     chromium,
     chromium_or_skip,
     fits_width,
+    leave_dashboard,
     log_in,
     open_page,
     screenshot,
@@ -108,12 +110,17 @@ def _service_page(url: str, service_id: str, invoke_token: str, operator_token: 
         page.set_default_timeout(STEP_MS)
         watch = PageWatch(page)
 
-        # A service this project does not have: said on its page.
+        # A service this project does not have: said on its page, with nothing enabled
+        # that would act on it.
         with watch.provoking(404, r"/api/v1/inference/svc_unknown(/status)?$"):
             page.goto("/ui/services/svc_unknown")
             expect(page.get_by_role("alert").first).to_have_text(
                 "No such service in this project: it was removed, or it is another project's."
             )
+        expect(page.get_by_role("heading", level=1)).to_have_text("No such service")
+        expect(page.locator("#refreshed")).to_have_text("")
+        for name in ("Start", "Drain", "Stop", "Restart", "Follow live"):
+            expect(page.get_by_role("button", name=name, exact=True)).to_be_disabled()
         # The services list, from the navigation, links each service to its page.
         page.get_by_role("navigation", name="Console").get_by_role("link", name="Services").click()
         page.wait_for_url("**/ui/services")
@@ -136,6 +143,23 @@ def _service_page(url: str, service_id: str, invoke_token: str, operator_token: 
         expect(page.locator('#events tr[data-kind="service.created"]')).to_have_count(1)
         expect(page.get_by_role("button", name="Follow live")).to_be_disabled()
         expect(page.locator("#log-status")).to_contain_text("has not been started yet")
+        # No request yet: no time to first token to say (the API's null), not "0 s".
+        expect(page.locator("#usage-totals")).to_contain_text(
+            "0 requests (0 errors), 0 prompt and 0 completion tokens, "
+            "time to first token p50 \u2013, p99 \u2013 in the last hour."
+        )
+
+        # A preview the schema refuses says its message once.
+        spec = json.loads(page.get_by_label("Next specification (JSON)").input_value())
+        spec["context"] = 0
+        page.get_by_label("Next specification (JSON)").fill(json.dumps(spec, indent=2))
+        with watch.provoking(400, r"/rollout/preview$"):
+            page.get_by_role("button", name="Preview").click()
+            refusal = page.locator("#rollout-problem")
+            expect(refusal).to_contain_text("$.context: must be from 1 to")
+        assert refusal.text_content().count("$.context") == 1, refusal.text_content()
+        page.get_by_role("button", name="Reset to the current specification").click()
+        expect(refusal).to_be_hidden()
 
         # A rollout preview that does not fit says why, inline, and cannot be rolled out.
         spec = json.loads(page.get_by_label("Next specification (JSON)").input_value())
@@ -471,3 +495,137 @@ async def test_a_scaled_service_is_pinned_unpinned_and_drained_from_its_page(tmp
             await trio.to_thread.run_sync(
                 _pin_and_unpin, controller.url, created["id"], abandon_on_cancel=True
             )
+
+
+def _quick_stop_and_removal(url: str, token: str, service_id: str) -> None:
+    """Polling slowly (every minute), the page's revision is always older than the
+    service's: Stop right after Start still stops, since each action reads the revision
+    afresh. Then the service is removed by another client: the next poll says it no
+    longer exists, disables every action and polls no more."""
+    from playwright.sync_api import expect
+
+    path = f"/api/v1/inference/{service_id}"
+    with (
+        chromium(chromium_or_skip()) as browser,
+        httpx.Client(base_url=url, headers=bearer(token), timeout=30) as http,
+    ):
+        page, watch = open_page(browser, url)
+        log_in(page, *ALICE, "default")
+        leave_dashboard(page, f"/ui/services/{service_id}")
+        expect(page.locator("#state .badge")).to_have_text("stopped")
+        page.get_by_role("button", name="Start", exact=True).click()
+        _confirm(page, "Start smol", "Each replica is launched on its node")
+        expect(page.locator("#action-status")).to_have_text("smol is starting.")
+        # The page read the service once more after the start; the replica's launch
+        # moves the revision on past that read.
+        shown = re.search(r"revision (\d+),", page.locator("#revision").text_content())
+        assert shown is not None
+        for _ in range(200):
+            if http.get(path).json()["revision"] != int(shown.group(1)):
+                break
+            time.sleep(0.02)
+        else:
+            raise AssertionError("the revision never moved on after the start")
+        page.get_by_role("button", name="Stop", exact=True).click()
+        _confirm(page, "Stop smol", "in flight end with the engines")
+        expect(page.locator("#action-status")).to_have_text("smol is stopping.")
+        expect(page.locator("#action-problem")).to_be_hidden()
+        assert http.get(path).json()["desired"] == "stopped"
+
+        # Removed by another client once stopped.
+        for _ in range(600):
+            view = http.get(path).json()
+            if view["state"] == "stopped":
+                removed = http.post(f"{path}/control/remove", json={"revision": view["revision"]})
+                if removed.status_code == 200:
+                    break
+            time.sleep(0.1)
+        else:
+            raise AssertionError("the service was never removed")
+        for _ in range(600):
+            if http.get(path).status_code == 404:
+                break
+            time.sleep(0.05)
+        asked: list[str] = []
+        page.on("request", lambda r: path in r.url and asked.append(r.url))
+        with watch.provoking(404, re.escape(path) + "(/status)?$"):
+            page.get_by_label("Window").select_option("21600")  # reads the service now
+            expect(page.locator("#problem")).to_have_text(
+                "This service no longer exists: it was removed while this page was open."
+            )
+        expect(page.locator("#state .badge")).to_have_text("removed")
+        expect(page.locator("#refreshed")).to_have_text("No longer refreshed.")
+        for name in ("Start", "Drain", "Stop", "Restart", "Follow live", "Preview"):
+            expect(page.get_by_role("button", name=name, exact=True)).to_be_disabled()
+        # Polling stopped: a change that would read the service at once asks nothing.
+        before = len(asked)
+        page.get_by_label("Window").select_option("3600")
+        page.wait_for_timeout(500)
+        assert len(asked) == before, asked[before:]
+        watch.check()
+
+
+async def test_stop_right_after_start_stops_and_a_removed_service_is_said_gone(tmp_path):
+    chromium_or_skip()
+    with trio.fail_after(600):
+        async with open_inference_controller(tmp_path, console_refresh=60) as controller:
+            await controller.ok(
+                "POST",
+                "/api/v1/users",
+                status=201,
+                json={
+                    "username": ALICE[0],
+                    "password": ALICE[1],
+                    "projects": {"default": MEMBER_SCOPES},
+                },
+            )
+            model_id = await register_smollm2(controller)
+            spec = await llama_spec(controller, model_id, alias="smol", cpus=0.5)
+            created = await controller.ok("POST", "/api/v1/inference", status=201, json=spec)
+            await trio.to_thread.run_sync(
+                _quick_stop_and_removal,
+                controller.url,
+                controller.token,
+                created["id"],
+                abandon_on_cancel=True,
+            )
+
+
+_CHART = """async ([formatUrl, chartsUrl]) => {
+  const { number } = await import(formatUrl);
+  const { lineChart } = await import(chartsUrl);
+  const box = document.createElement("div");
+  document.body.append(box);
+  lineChart(box, {
+    title: "Requests",
+    times: [0, 60, 120],
+    series: [{ name: "requests", values: [0, 12, 20], class: "s1" }],
+    format: (v) => number(v, 0),
+  });
+  const svg = box.querySelector("svg");
+  return {
+    numbers: [[10, 0], [100, 0], [0, 0], [0, 3], [12.5, 2], [3, 2], [0.1234, 3]].map(
+      ([v, d]) => number(v, d),
+    ),
+    axis: [...svg.querySelectorAll("text.axis")].slice(0, 3).map((t) => t.textContent),
+    points: [...svg.querySelectorAll("circle title")].map((t) => t.textContent.split(": ")[1]),
+    label: svg.getAttribute("aria-label"),
+  };
+}"""
+
+
+def test_the_charts_say_whole_numbers_and_zero(live_server):
+    """The usage charts' axis, points and accessible name from the page's own modules:
+    10 and 20 keep their zeros, 0 is said as 0 (js/format.js's number)."""
+    from ficc_core.web import Assets
+
+    assets = Assets.load()
+    with chromium(chromium_or_skip()) as browser:
+        page, watch = open_page(browser, live_server.url)
+        page.goto("/")
+        drawn = page.evaluate(_CHART, [assets.url("js/format.js"), assets.url("js/charts.js")])
+        assert drawn["numbers"] == ["10", "100", "0", "0", "12.5", "3", "0.123"]
+        assert drawn["axis"] == ["0", "10", "20"]
+        assert drawn["points"] == ["0", "12", "20"]
+        assert drawn["label"] == "Requests: latest bucket requests 20"
+        watch.check()

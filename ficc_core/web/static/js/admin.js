@@ -20,7 +20,19 @@ function call(method, path, body) {
   return promise;
 }
 
-async function attempt(what, action) {
+// The control of `form` a refusal's field path names ("$.password": the control named
+// password), or null.
+function controlFor(form, path) {
+  const name = String(path || "").replace(/^\$\.?/, "").split(/[.[]/)[0];
+  const control = form && name ? form.elements.namedItem(name) : null;
+  return control instanceof HTMLElement ? control : null;
+}
+
+// Runs `action`; a refusal is said in the page's alert with each field it names (the
+// control's label, or the path) and, for a refusal of `form`, the first such control
+// marked invalid and focused.
+async function attempt(what, action, form = null) {
+  if (form) for (const control of form.querySelectorAll("[aria-invalid]")) control.removeAttribute("aria-invalid");
   try {
     return await action();
   } catch (error) {
@@ -29,9 +41,19 @@ async function attempt(what, action) {
       return undefined;
     }
     const details = error.details && error.details.errors;
-    const why = Array.isArray(details) && details.length ? details.map((e) => e.message).join("; ") : error.message;
-    problem(`${what}: ${why}`);
+    const errors = Array.isArray(details) ? details : [];
+    const controls = errors.map((e) => controlFor(form, e.path));
+    const named = errors.map((e, i) => {
+      const label = controls[i] && controls[i].labels && controls[i].labels[0];
+      return `${label ? label.textContent.trim() : e.path}: ${e.message}`;
+    });
+    problem(named.length ? `${what}: ${error.message} (${named.join("; ")})` : `${what}: ${error.message}`);
     status("");
+    const first = controls.find(Boolean);
+    if (first) {
+      first.setAttribute("aria-invalid", "true");
+      first.focus();
+    }
     return undefined;
   }
 }
@@ -161,7 +183,7 @@ async function createUser(event) {
     await load();
     $("member-user").value = user.id;
     checkMembership();
-  });
+  }, form);
 }
 
 async function createProject(event) {
@@ -179,7 +201,7 @@ async function createProject(event) {
     problem("");
     status(`Project ${project.name} is created.`);
     await load();
-  });
+  }, form);
 }
 
 function scopeBoxes() {
@@ -246,6 +268,10 @@ async function start() {
   });
   $("user-form").addEventListener("submit", createUser);
   $("project-form").addEventListener("submit", createProject);
+  for (const form of [$("user-form"), $("project-form")]) {
+    // A field edited: its refusal is out of date.
+    form.addEventListener("input", (event) => event.target.removeAttribute("aria-invalid"));
+  }
   $("membership-form").addEventListener("submit", setMembership);
   await attempt("Could not load users and projects", load);
   document.body.dataset.loaded = "true";

@@ -15,8 +15,13 @@ export function bytes(value) {
   return `${shown} ${UNITS[unit]}`;
 }
 
+// `value` with at most `digits` decimals, the trailing zeros after the point dropped
+// (12.50 → "12.5", 3.00 → "3"); a whole number keeps its own (10 → "10", 0 → "0").
 export function number(value, digits = 2) {
-  return Number(value).toFixed(digits).replace(/\.?0+$/, "");
+  return Number(value)
+    .toFixed(digits)
+    .replace(/(\.\d*?)0+$/, "$1")
+    .replace(/\.$/, "");
 }
 
 export function ago(seconds) {

@@ -378,6 +378,7 @@ async function upload(event) {
   try {
     uploadPhase(`Reading the header of ${file.name}`);
     const head = await ggufHead(file);
+    if (head.refused) throw new Error(`${file.name} cannot be uploaded: ${head.refused}`);
     if (!head.gguf) throw new Error(`${file.name} is not a GGUF file: it does not start with "GGUF"`);
     const sha256 = await hashFile(file);
     const models = (await api("GET", "/api/v1/models")).models;
@@ -542,6 +543,8 @@ async function rowAction(event) {
       "A service that uses it must be removed first.";
     $("delete-evict").checked = true;
     $("delete-dialog").showModal();
+    // The focus starts on Cancel, as in the other dialogs: Enter never deletes by accident.
+    $("delete-cancel").focus();
     return;
   }
   if (name === "resume-upload") {

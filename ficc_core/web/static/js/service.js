@@ -1,7 +1,9 @@
 // One service's page: its state, replicas (GET .../status), live logs per replica
 // (the ticketed SSE stream), events (followed with `after`), usage charts (buckets of
 // GET /api/v1/usage), the specification, and actions with a confirmation, each
-// sending the revision this page read (409 stale_revision says to reload).
+// sending the revision read afresh just before it (409 stale_revision, or a change of
+// what the operator saw, says to reload). A service that is not there (or no longer)
+// is said so, with nothing left to act on it and no more polling.
 
 import { api, ApiError, leave, sessionEnded } from "./api.js";
 import { lineChart } from "./charts.js";
@@ -31,6 +33,7 @@ let specShown = null; // the spec the rollout editor was filled from
 let stream = null; // the EventSource of the log followed
 let previewed = null; // the spec text of the last preview that fits beside the serving one
 let modelNames = new Map(); // the project's models' names, read once
+let gone = false; // a read answered 404: the service is not there (or no longer)
 
 const has = (scope) => principal.scopes.includes(scope);
 
@@ -126,38 +129,38 @@ const ACTIONS = {
   start: {
     label: "Start",
     text: (a) => `Start ${a}? Each replica is launched on its node; the service takes requests once one is ready.`,
-    call: () => api("POST", `${BASE}/control/start`, { revision: view.revision }),
+    call: (revision) => api("POST", `${BASE}/control/start`, { revision }),
     done: (a) => `${a} is starting.`,
   },
   drain: {
     label: "Drain",
     text: (a) => `Drain ${a}? New requests are refused at once; those in flight finish (within the drain timeout), then it stops.`,
-    call: () => api("POST", `${BASE}/control/drain`, { revision: view.revision }),
+    call: (revision) => api("POST", `${BASE}/control/drain`, { revision }),
     done: (a) => `${a} is draining.`,
   },
   stop: {
     label: "Stop",
     text: (a) => `Stop ${a}? New requests are refused at once, and those in flight end with the engines.`,
-    call: () => api("POST", `${BASE}/control/stop`, { revision: view.revision }),
+    call: (revision) => api("POST", `${BASE}/control/stop`, { revision }),
     done: (a) => `${a} is stopping.`,
   },
   restart: {
     label: "Restart",
     text: (a) => `Restart every replica of ${a}, one at a time? Each is replaced once its successor is ready (a one-replica service is unavailable meanwhile).`,
-    call: () => api("POST", `${BASE}/restart`, { revision: view.revision }),
+    call: (revision) => api("POST", `${BASE}/restart`, { revision }),
     busy: (a) => `Restarting ${a}: this answers once every replacement is ready…`,
     done: (a, answer) => `${a} restarted: ${answer.replicas.map((r) => `replica ${r.replica} ${r.ok ? "ready again" : "failed"}`).join(", ")}.`,
   },
   pin: {
     label: "Pin",
     text: (a) => `Pin ${a}? It is never scaled to zero while pinned (an idle one wakes now).`,
-    call: () => api("POST", `${BASE}/pin`, { revision: view.revision }),
+    call: (revision) => api("POST", `${BASE}/pin`, { revision }),
     done: (a) => `${a} is pinned.`,
   },
   unpin: {
     label: "Unpin",
     text: (a) => `Unpin ${a}? It may be scaled to zero again after its idle timeout.`,
-    call: () => api("POST", `${BASE}/unpin`, { revision: view.revision }),
+    call: (revision) => api("POST", `${BASE}/unpin`, { revision }),
     done: (a) => `${a} is no longer pinned.`,
   },
 };
@@ -176,10 +179,29 @@ function confirmed(title, text, okLabel) {
   });
 }
 
+// What the operator saw changed in a way that matters before an action was sent.
+class ServiceChanged extends Error {
+  constructor(seen, fresh) {
+    super("the service changed");
+    this.details = { requested: seen.revision, revision: fresh.revision };
+  }
+}
+
+// The revision an action sends, read afresh just before it, as the command line does:
+// the page's last read may be a poll old, and the revision moves on with every change
+// of an attempt's state. If the desired state or the generation is no longer the one
+// the page shows, nothing is sent and the page says the service changed.
+async function freshRevision() {
+  const seen = view;
+  const fresh = await api("GET", BASE);
+  if (fresh.desired !== seen.desired || fresh.generation !== seen.generation) throw new ServiceChanged(seen, fresh);
+  return fresh.revision;
+}
+
 function actionFailed(error) {
   const text = $("action-problem-text");
   const reload = $("action-reload");
-  if (error instanceof ApiError && error.code === "stale_revision") {
+  if (error instanceof ServiceChanged || (error instanceof ApiError && error.code === "stale_revision")) {
     text.textContent = `The service changed since this page read it (revision ${error.details.requested ?? view.revision} read, ${error.details.revision} now): nothing was done. Reload it, check, and try again.`;
     reload.hidden = false;
   } else {
@@ -189,11 +211,13 @@ function actionFailed(error) {
   $("action-problem").hidden = false;
 }
 
+// Runs `run(revision)` with the revision read afresh (freshRevision), saying `busy`,
+// then `done(answer)` or why it failed; then reads the service again.
 async function act(name, run, { busy, done, after } = {}) {
   $("action-problem").hidden = true;
   $("action-status").textContent = busy || `${name}…`;
   try {
-    const answer = await run();
+    const answer = await run(await freshRevision());
     $("action-status").textContent = done ? done(answer) : "";
     if (after) after(answer);
   } catch (error) {
@@ -205,6 +229,7 @@ async function act(name, run, { busy, done, after } = {}) {
 }
 
 async function onAction(event) {
+  if (!view || gone) return;
   const name = event.currentTarget.dataset.action;
   const action = ACTIONS[name];
   const alias = view.alias;
@@ -269,7 +294,7 @@ async function submitMove(event) {
   if (!target) return;
   const text = `Move replica ${index} of ${view.alias} from ${view.spec.placements[index].node_id} to ${target}? It starts there first and the source keeps serving until the target is ready.`;
   if (!(await confirmed(`Move replica ${index}`, text, "Move"))) return;
-  await act("Move", () => api("POST", `${BASE}/replicas/${index}/move`, { target_node_id: target, revision: view.revision }), {
+  await act("Move", (revision) => api("POST", `${BASE}/replicas/${index}/move`, { target_node_id: target, revision }), {
     busy: `Moving replica ${index} to ${target}…`,
     done: (answer) => `Replica ${index}: ${answer.final_state} (${answer.from_node} → ${answer.to_node}).`,
     after: () => {
@@ -287,7 +312,7 @@ function logStatus(text) {
 function updateLogButtons() {
   const index = $("log-replica").value;
   const replica = status && status.replicas.find((r) => String(r.index) === index);
-  $("log-follow").disabled = stream !== null || !replica || !replica.attempt_id;
+  $("log-follow").disabled = gone || stream !== null || !replica || !replica.attempt_id;
   $("log-stop").hidden = stream === null;
   if (stream === null && replica && !replica.attempt_id) logStatus(`Replica ${index} has not been started yet, so it has no log.`);
 }
@@ -312,6 +337,7 @@ function closeStream(text) {
 
 async function follow() {
   const index = $("log-replica").value;
+  if (index === "" || gone) return;
   closeStream();
   $("log").replaceChildren();
   $("log-follow").disabled = true;
@@ -406,9 +432,11 @@ async function readUsage() {
   ]);
   const t = total.totals;
   const latency = t.latency && t.latency.ttfb;
+  // null: no request reached a replica in the window, so there is no time to say.
+  const secs = (v) => (v === null || v === undefined ? dash : `${number(v, 3)} s`);
   $("usage-totals").textContent =
     `${t.requests} requests (${t.errors} errors), ${t.prompt_tokens} prompt and ${t.completion_tokens} completion tokens` +
-    (latency ? `, time to first token p50 ${number(latency.p50, 3)} s, p99 ${number(latency.p99, 3)} s` : "") +
+    (latency ? `, time to first token p50 ${secs(latency.p50)}, p99 ${secs(latency.p99)}` : "") +
     ` in the ${$("usage-window").selectedOptions[0].textContent.toLowerCase()}.`;
   const pick = (f) => parts.map((p) => f(p.totals));
   const ends = buckets.map((since) => since + width); // each point says its bucket's end
@@ -554,8 +582,11 @@ async function previewRollout(event) {
   } catch (error) {
     if (sessionEnded(error)) return leave();
     out.replaceChildren();
-    const errors = (error.details && error.details.errors) || [];
-    refusal.textContent = errors.length ? `${error.message} ${errors.map((e) => `${e.path}: ${e.message}`).join("; ")}` : error.message;
+    // The message names the first error already ("… invalid at $.context: …"): add only
+    // the ones it does not.
+    const errors = ((error.details && error.details.errors) || []).map((e) => `${e.path}: ${e.message}`);
+    const more = errors.filter((e) => !error.message.includes(e));
+    refusal.textContent = more.length ? `${error.message} ${more.join("; ")}` : error.message;
     refusal.hidden = false;
   }
 }
@@ -564,7 +595,7 @@ async function startRollout() {
   const spec = JSON.parse(previewed);
   const text = `Roll ${view.alias} out to this specification? Its next generation starts beside the serving one and takes the traffic once every replica is ready.`;
   if (!(await confirmed(`Roll out ${view.alias}`, text, "Roll out"))) return;
-  await act("Rollout", () => api("POST", `${BASE}/rollout`, { revision: view.revision, spec }), {
+  await act("Rollout", (revision) => api("POST", `${BASE}/rollout`, { revision, spec }), {
     busy: "Starting the rollout…",
     done: (answer) => `Rollout to generation ${answer.rollout.generation} started.`,
     after: () => {
@@ -574,6 +605,30 @@ async function startRollout() {
 }
 
 // ---- refresh ---------------------------------------------------------------------------
+
+// A read answered 404: the service is not in this project, or no longer (removed while
+// the page was open). Say so, stop polling and following its log, and disable
+// everything that would act on it.
+function serviceGone() {
+  gone = true;
+  poller.stopped = true;
+  closeStream();
+  if (view) {
+    showProblem("This service no longer exists: it was removed while this page was open.");
+    $("state").replaceChildren(badge("removed"));
+    $("summary").dataset.state = "removed";
+    $("desired").textContent = "";
+    $("reason").hidden = true;
+    $("refreshed").textContent = "No longer refreshed.";
+  } else {
+    showProblem("No such service in this project: it was removed, or it is another project's.");
+    $("service-title").textContent = "No such service";
+    $("refreshed").textContent = "";
+  }
+  const controls = "[data-action], [data-move], #move-submit, #action-reload, #log-follow, #log-replica, #rollout-form button, #rollout-spec";
+  for (const control of document.querySelectorAll(controls)) control.disabled = true;
+  $("move-form").hidden = true;
+}
 
 async function refresh() {
   try {
@@ -599,9 +654,8 @@ async function refresh() {
       leave();
       return;
     }
-    if (error instanceof ApiError && error.status === 404 && !view) {
-      poller.stopped = true;
-      showProblem("No such service in this project: it was removed, or it is another project's.");
+    if (error instanceof ApiError && error.status === 404) {
+      serviceGone();
       return;
     }
     showProblem(`Could not refresh: ${error.message}`);

@@ -52,15 +52,19 @@ async function start() {
     return;
   }
   if (!principal) return;
-  if (!principal.scopes.includes("inference:read")) {
+  // Without inference:read the list says so and is never asked; the create form is set
+  // up (or says which scopes it lacks) either way, with nothing to redraw after a create.
+  const canList = principal.scopes.includes("inference:read");
+  if (canList) {
+    poller.start();
+  } else {
     document.getElementById("services").closest(".table-wrap").hidden = true;
+    document.getElementById("refreshed").textContent = "";
     note.textContent = "This session lacks the inference:read scope that listing services needs.";
     note.hidden = false;
-    return;
   }
-  poller.start();
   try {
-    await setUpCreate(principal, () => poller.now());
+    await setUpCreate(principal, canList ? () => poller.now() : async () => null);
   } catch (error) {
     if (sessionEnded(error)) {
       await poller.stop();

@@ -12,6 +12,8 @@ import { reservationText } from "./tables.js";
 
 //: The engines a preview knows how to complete when no node lists its runtimes' engines.
 const KNOWN_ENGINES = ["llama_cpp", "ollama", "vllm"];
+//: The most replicas a service is created with here (`ficc inference create --replicas`).
+const MAX_REPLICAS = 64;
 const dash = "–";
 const $ = (id) => document.getElementById(id);
 
@@ -108,16 +110,42 @@ function integer(id) {
   return Number.isFinite(value) ? value : text; // a bad one goes as is: the server says why
 }
 
-// The partial specification the form says (inference_create.partial_spec's shape).
+// The number of replicas, as `ficc inference create --replicas` takes it (a whole
+// number from 1 to MAX_REPLICAS), or null: the page then says so at the field rather
+// than send another number than the one shown.
+function replicaCount() {
+  const text = $("create-replicas").value.trim();
+  const value = Number(text);
+  return text !== "" && Number.isInteger(value) && value >= 1 && value <= MAX_REPLICAS ? value : null;
+}
+
+// What the form says that no preview could take, as [field ID, why]: each said at its
+// field before anything is sent.
+function formErrors() {
+  const errors = [];
+  if (!$("create-alias").value.trim()) errors.push(["create-alias", "Give the service an alias."]);
+  if (replicaCount() === null) {
+    const text = $("create-replicas").value.trim();
+    errors.push([
+      "create-replicas",
+      text === ""
+        ? `Give the number of replicas: a whole number from 1 to ${MAX_REPLICAS}.`
+        : `The number of replicas must be a whole number from 1 to ${MAX_REPLICAS}, not ${text}.`,
+    ]);
+  }
+  return errors;
+}
+
+// The partial specification the form says (inference_create.partial_spec's shape);
+// formErrors() is empty.
 function partialSpec() {
-  const replicas = integer("create-replicas") || 1;
   const spec = {
     alias: $("create-alias").value.trim(),
     model_id: $("create-model").value,
     engine: $("create-engine").value,
     context: integer("create-context"),
     concurrency: integer("create-concurrency"),
-    placements: Array.from({ length: Math.max(1, Math.min(64, Number(replicas) || 1)) }, () => ({})),
+    placements: Array.from({ length: replicaCount() }, () => ({})),
   };
   const scaling = {};
   const min = integer("create-min");
@@ -206,13 +234,14 @@ async function preview(event) {
   invalidate();
   $("create-done").replaceChildren();
   const out = $("create-result");
-  const spec = partialSpec();
-  if (!spec.alias) {
-    fieldError("create-alias", "Give the service an alias.");
-    $("create-alias").focus();
+  const errors = formErrors();
+  if (errors.length) {
+    for (const [id, text] of errors) fieldError(id, text);
+    $(errors[0][0]).focus();
     out.replaceChildren();
     return;
   }
+  const spec = partialSpec();
   out.replaceChildren(el("p", { class: "note" }, "Planning…"));
   let answer;
   try {
@@ -332,4 +361,5 @@ export async function setUpCreate(principal, refresh) {
     if (event.target.id !== "create-start") invalidate();
   });
   $("create-submit").addEventListener("click", create);
+  form.hidden = false; // only once wired: a form without its handlers would submit natively
 }

@@ -147,7 +147,7 @@ function showUsage(report) {
   $("totals-when").textContent = report.since ? `from ${stamp(report.since)} to now` : "since the first request";
   const by = report.group_by[0] || "";
   const what = GROUP_NAMES[by];
-  $("groups-what").textContent = what ? what.toLowerCase() : "nothing";
+  $("groups-title").textContent = what ? `Per ${what.toLowerCase()}` : "Not grouped";
   $("group-column").textContent = what || "Selection";
   const groups = by ? [...report.groups].sort((a, b) => b.requests - a.requests) : [];
   const table = $("groups");
