@@ -226,9 +226,10 @@ async def _principal(service: Service) -> Principal:
 
 def _body_left_unread() -> bool:
     """Whether the request declared a body that has not all arrived."""
-    if not request.content_length and "chunked" not in request.headers.get(
-        "Transfer-Encoding", ""
-    ).lower():
+    if (
+        not request.content_length
+        and "chunked" not in request.headers.get("Transfer-Encoding", "").lower()
+    ):
         return False
     # Quart's Body sets this once the server handed it the last byte, read or not.
     complete = getattr(request.body, "_complete", None)

@@ -245,9 +245,12 @@ class Attempts:
         node_id, attempt_id = attempt.node_id, attempt.attempt_id
         reconciled = self.contributors.reconciled.get(node_id)
         if reconciled is not None and attempt_id in reconciled.missing:
-            state, how = AttemptState.STOPPED, (
-                "; its agent restarted, or stopped it when its lease ran out while "
-                "disconnected: the replica starts again"
+            state, how = (
+                AttemptState.STOPPED,
+                (
+                    "; its agent restarted, or stopped it when its lease ran out while "
+                    "disconnected: the replica starts again"
+                ),
             )
         else:
             state, how = AttemptState.FAILED, ""
