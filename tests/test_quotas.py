@@ -5,6 +5,7 @@ PostgreSQL too)."""
 
 from __future__ import annotations
 
+import calendar
 import logging
 from typing import Any
 
@@ -269,7 +270,7 @@ async def test_budget_the_tenth_request_crosses_it_and_spend_is_exact(tmp_path):
         req.replica = object()  # type: ignore[assignment]
         costs.append(quotas.settle(req, "ok", 10, 11))
     assert costs == [107] * 9
-    assert quotas.meters["project:p1"].spend == 963
+    assert quotas.meters["project:p1"].day_spend == 963
     assert error.code == "budget_exceeded" and error.status == 429
     assert error.details["scope"] == "project" and error.details["budget"] == 1
     assert error.details["spent"] == 0.963 and error.details["period"] == "day"
@@ -465,3 +466,120 @@ async def test_an_engine_failure_pays_what_it_reported_a_served_request_its_esti
     }
     # Every one of them spent the engine's capacity: tpm holds their estimates.
     assert quotas.meters["credential:c1"].tokens == 4 * 110
+
+
+#: One unit per token: a request of 10 + 27 tokens costs 37 units (37,000 milli-units).
+UNIT_A_TOKEN = {"smol": {"prompt_per_1k": 1000, "completion_per_1k": 1000}}
+DAY = 86400
+
+
+def paid(quotas: Quotas, who: Principal, count: int) -> int:
+    """Up to ``count`` requests of 37 units, each served (engine usage = the estimate)
+    until the budget refuses one; how many were served."""
+    for number in range(count):
+        req = request(who, prompt=10, completion=27)
+        try:
+            quotas.admit(req)
+        except BudgetExceeded:
+            return number
+        req.replica = object()  # type: ignore[assignment]
+        assert quotas.settle(req, "ok", None, None) == 37_000
+    return count
+
+
+@pytest.mark.parametrize("scope, key", [("project", "p1"), ("credential", "c1")])
+async def test_a_day_budget_moved_to_a_month_keeps_the_months_spend(tmp_path, scope, key):
+    clock = Clock(T0 - DAY)  # yesterday (the same month)
+    quotas = await gate(tmp_path, clock, pricing=UNIT_A_TOKEN)
+    await quotas.set_limits(scope, key, {"budget": 200, "period": "day"})
+    assert paid(quotas, actor(), 2) == 2  # 74 yesterday
+    clock.now = T0  # a new day: the day budget renews
+    assert paid(quotas, actor(), 10) == 5  # 185 today, the sixth would make 222
+    use = quotas.use(scope, key)
+    assert (use["spent"], use["period"]) == (185.0, "day")
+    await quotas.set_limits(scope, key, {"period": "month", "budget": 350})
+    # The month holds yesterday's 74 and today's 185: 2 more fit (333), not 9.
+    assert quotas.use(scope, key)["spent"] == 259.0
+    assert paid(quotas, actor(), 10) == 2
+    with pytest.raises(BudgetExceeded) as refused:
+        quotas.admit(request(actor(), prompt=10, completion=27))
+    details = refused.value.details
+    assert (details["scope"], details["spent"], details["period"]) == (scope, 333.0, "month")
+    assert quotas.use(scope, key) == {
+        "requests": 7,  # this minute's: today's 5 and 2
+        "tokens": 7 * 37,
+        "spent": 333.0,
+        "in_flight": 0.0,
+        "period": "month",
+    }
+
+
+async def test_a_day_budget_below_todays_spend_refuses_at_once(tmp_path):
+    clock = Clock(T0 - DAY)
+    quotas = await gate(tmp_path, clock, pricing=UNIT_A_TOKEN)
+    assert paid(quotas, actor(), 3) == 3  # 111 yesterday, no budget anywhere
+    clock.now = T0
+    await quotas.set_limits("credential", "c1", {"budget": 10_000, "period": "month"})
+    assert paid(quotas, actor(), 13) == 13  # 481 today, 592 this month
+    await quotas.set_limits("credential", "c1", {"budget": 50, "period": "day"})
+    assert quotas.use("credential", "c1")["spent"] == 481.0
+    with pytest.raises(BudgetExceeded) as refused:
+        quotas.admit(request(actor(), prompt=10, completion=27))
+    details = refused.value.details
+    assert (details["spent"], details["period"], details["budget"]) == (481.0, "day", 50)
+    assert details["resets_at"] == (int(T0) // DAY + 1) * DAY
+    # No budget, then a day's, on the project: today's spend counted there too.
+    await quotas.set_limits("project", "p1", {"budget": 500, "period": "day"})
+    with pytest.raises(BudgetExceeded) as refused:
+        quotas.admit(request(actor("c2"), prompt=10, completion=27))
+    assert (refused.value.details["scope"], refused.value.details["spent"]) == ("project", 481.0)
+    # Back to a month: its 592 counted (and nothing of yesterday in the day's).
+    await quotas.set_limits("project", "p1", {"budget": 600, "period": "month"})
+    with pytest.raises(BudgetExceeded) as refused:
+        quotas.admit(request(actor("c2"), prompt=10, completion=27))
+    assert (refused.value.details["spent"], refused.value.details["period"]) == (592.0, "month")
+    await quotas.set_limits("project", "p1", {"budget": 630})
+    assert paid(quotas, actor("c2"), 2) == 1  # 629
+
+
+async def test_two_processes_share_the_day_and_the_month_spend(tmp_path, store_backend):
+    clock = Clock(T0 - DAY)
+    store_b = await open_same_store(store_backend)
+    a = await gate(tmp_path, clock, store_backend, pricing=UNIT_A_TOKEN)
+    b = await gate(tmp_path, clock, store_b, pricing=UNIT_A_TOKEN)
+    sync_a = QuotaSync(a, Metrics(), interval=1.0)
+    sync_b = QuotaSync(b, Metrics(), interval=1.0)
+    assert paid(a, actor("c1"), 2) == 2  # 74 yesterday, through a, no budget
+    assert await sync_a.sync()
+    clock.now = T0
+    assert paid(a, actor("c1"), 5) == 5  # 185 today
+    assert await sync_a.sync()
+    today = int(T0) // DAY * DAY
+    month = calendar.timegm((2027, 1, 1, 0, 0, 0))  # T0 is in mid-January 2027
+    assert month < today - DAY
+    rows = await store_backend.read(
+        lambda tx: tx.fetch_all(
+            "SELECT subject, kind, window_start, spend FROM quota_counters "
+            "WHERE kind IN ('day', 'month')"
+        )
+    )
+    # Yesterday's day no longer decides (dropped); today's and the month's both synced.
+    assert {(r["subject"], r["kind"], r["window_start"]): r["spend"] for r in rows} == {
+        ("credential:c1", "day", today): 185_000,
+        ("project:p1", "day", today): 185_000,
+        ("credential:c1", "month", month): 259_000,
+        ("project:p1", "month", month): 259_000,
+    }
+    # b, which served nothing, reads both and holds either budget to them.
+    assert await sync_b.sync()
+    await b.set_limits("project", "p1", {"budget": 200, "period": "day"})
+    assert paid(b, actor("c2"), 1) == 0  # 185 + 37 > 200
+    await b.set_limits("project", "p1", {"budget": 300, "period": "month"})
+    assert paid(b, actor("c2"), 3) == 1  # 296; 333 would not fit
+    assert await sync_b.sync() and await sync_a.sync()
+    assert a.limits["project"]["p1"].period == "month"
+    assert a.use("project", "p1")["spent"] == 296.0
+    await a.set_limits("project", "p1", {"period": "day", "budget": 230})
+    assert a.use("project", "p1")["spent"] == 222.0
+    assert paid(a, actor("c1"), 1) == 0  # 259 > 230
+    await store_b.aclose()

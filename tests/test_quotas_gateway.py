@@ -209,3 +209,53 @@ async def test_a_request_that_falls_back_counts_once_and_the_gateways_refusals_n
                     assert limited.json()["error"]["code"] == "rate_limited"
                     assert await used() == 2
             assert await env.chats_seen(fence) == 2
+
+
+async def test_a_budget_set_or_moved_to_another_period_counts_what_was_spent_in_it(tmp_path):
+    """Spend is counted per day and per month at once: a project's day budget moved to a
+    month, and a key with no budget given a day's, both count today's spend."""
+    with trio.fail_after(60):
+        async with gateway_env(tmp_path) as env:
+            quotas = env.service.quotas
+            quotas.clock = Clock(T0 + 1)
+            quotas.prices = {"smol": Price(prompt_per_1k=0, completion_per_1k=1000)}
+            fence = await env.launch()
+            env.publish("svc", [fence], model_id="m-1", model_name="smol")
+            key, token = await env.token()
+            body = chat(deltas=8, max_tokens=8)  # 8 units each
+
+            async def statuses(http: httpx.AsyncClient, count: int) -> list[int]:
+                return [(await http.post(URL, json=body)).status_code for _ in range(count)]
+
+            async with env.http(env.admin_token) as admin, env.http(token) as http:
+                put = await admin.put(
+                    "/api/v1/projects/default/limits", json={"budget": 40, "period": "day"}
+                )
+                assert put.status_code == 200, put.text
+                assert await statuses(http, 6) == [200] * 5 + [429]
+                put = await admin.put(
+                    "/api/v1/projects/default/limits", json={"budget": 60, "period": "month"}
+                )
+                assert put.json()["use"]["spent"] == 40 and put.json()["use"]["period"] == "month"
+                assert await statuses(http, 4) == [200] * 2 + [429] * 2  # 56; 64 > 60
+                error = (await http.post(URL, json=body)).json()["error"]
+                assert (error["details"]["spent"], error["details"]["period"]) == (56, "month")
+                put = await admin.put(
+                    "/api/v1/projects/default/limits", json={"budget": 1000, "period": "month"}
+                )
+                assert put.status_code == 200, put.text
+                # The key spent 56 today with no budget of its own: a day budget of 50
+                # refuses its next request at once.
+                put = await admin.put(
+                    f"/api/v1/tokens/{key}/limits", json={"budget": 50, "period": "day"}
+                )
+                assert put.json()["use"]["spent"] == 56 and put.json()["use"]["period"] == "day"
+                refused = await http.post(URL, json=body)
+                assert refused.status_code == 429, refused.text
+                error = refused.json()["error"]
+                assert (error["code"], error["details"]["scope"]) == (
+                    "budget_exceeded",
+                    "credential",
+                )
+                assert (error["details"]["spent"], error["details"]["period"]) == (56, "day")
+            assert await env.chats_seen(fence) == 7

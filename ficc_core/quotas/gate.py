@@ -81,9 +81,9 @@ class Quotas:
         self._project_limits = self.limits["project"]
         #: Every meter by subject (``scope:id``), and per scope by ID.
         self.meters: dict[str, Meter] = {}
-        #: Each budgeted subject's scope and budget (whole units), as last checked: what
-        #: the budget gauge (:class:`~.sync.QuotaSync`) reports against.
-        self.budgets: dict[str, tuple[str, int]] = {}
+        #: Each budgeted subject's scope, budget (whole units) and period, as last checked:
+        #: what the budget gauge (:class:`~.sync.QuotaSync`) reports against.
+        self.budgets: dict[str, tuple[str, int, str]] = {}
         self._by_scope: dict[str, dict[str, Meter]] = {scope: {} for scope in SCOPES}
         self._credentials = self._by_scope["credential"]
         self._users = self._by_scope["user"]
@@ -170,25 +170,28 @@ class Quotas:
                 weight,
                 elapsed,
             )
+        # Every meter counts the day's and the month's spend, whatever its budget.
+        periods = self.periods
+        periods.at(now)
+        day, month = periods.day, periods.month
         budgeted: tuple[Meter, ...] = ()
-        month = self.periods.start("month", now)
+        if c_meter.day != day or c_meter.month != month:
+            c_meter.roll_periods(day, month, pending)
         if c_limits.budget:
             self._budget(c_meter, "credential", c_limits.budget, c_limits.period, cost, now)
             budgeted = (c_meter,)
-        else:
-            c_meter.roll_period("month", month, pending)
         if p_meter is not None:
+            if p_meter.day != day or p_meter.month != month:
+                p_meter.roll_periods(day, month, pending)
             if p_limits.budget:
                 self._budget(p_meter, "project", p_limits.budget, p_limits.period, cost, now)
                 budgeted = (*budgeted, p_meter)
-            else:
-                p_meter.roll_period("month", month, pending)
         if u_meter is not None:
+            if u_meter.day != day or u_meter.month != month:
+                u_meter.roll_periods(day, month, pending)
             if u_budget:
                 self._budget(u_meter, "user", u_budget, u_period, cost, now)
                 budgeted = (*budgeted, u_meter)
-            else:
-                u_meter.roll_period("month", month, pending)
 
         if u_meter is None:
             meters: tuple[Meter, ...] = (c_meter,) if p_meter is None else (c_meter, p_meter)
@@ -230,9 +233,8 @@ class Quotas:
         self, meter: Meter, scope: str, budget: int, period: str | None, cost: int, now: float
     ) -> None:
         period = period or "month"
-        meter.roll_period(period, self.periods.start(period, now), self.pending)
-        self.budgets[meter.subject] = (scope, budget)
-        spent = meter.spend + meter.reserved
+        self.budgets[meter.subject] = (scope, budget, period)
+        spent = (meter.day_spend if period == "day" else meter.month_spend) + meter.reserved
         if spent + cost > budget * MILLI:
             resets = self.periods.end(period, now)
             wait = seconds(resets - now)
@@ -299,8 +301,11 @@ class Quotas:
                     if entry is not None:
                         entry[0] += requests
                         entry[1] += delta
-            meter.spend += cost
-            meter.d_spend += cost
+            if cost:
+                meter.day_spend += cost
+                meter.d_day_spend += cost
+                meter.month_spend += cost
+                meter.d_month_spend += cost
         for meter in reservation.budgeted:
             meter.reserved -= reservation.cost
         return cost
@@ -356,6 +361,8 @@ class Quotas:
         what this process counted since it handed its counts over stays on top."""
         now = max(now, self.clock())  # a sync's rows are applied after its transaction
         minute = int(now // MINUTE) * MINUTE
+        self.periods.at(now)
+        day, month = self.periods.day, self.periods.month
         pending = self.pending
         for row in rows:
             subject, kind, start = row["subject"], row["kind"], row["window_start"]
@@ -374,13 +381,18 @@ class Quotas:
                 elif start == minute - MINUTE:
                     meter.prev_requests = max(meter.prev_requests, row["requests"])
                     meter.prev_tokens = max(meter.prev_tokens, row["tokens"])
-            elif meter.period in ("", kind) and start == self.periods.start(kind, now):
-                meter.period, meter.period_start = kind, start
-                meter.spend = row["spend"] + meter.d_spend
+            else:
+                meter.roll_periods(day, month, pending)
+                if kind == "day":
+                    if start == meter.day:
+                        meter.day_spend = row["spend"] + meter.d_day_spend
+                elif kind == "month" and start == meter.month:
+                    meter.month_spend = row["spend"] + meter.d_month_spend
 
     def use(self, scope: str, key: str) -> dict[str, Any]:
         """What ``scope`` ``key`` used: requests and tokens in the sliding minute (every
-        process, as of the last sync), spend (units) this period and in flight."""
+        process, as of the last sync), spend (units) in its budget's period (the month
+        when it has none) and in flight."""
         meter = self._by_scope[scope].get(key)
         if meter is None:
             return {"requests": 0, "tokens": 0, "spent": 0.0, "in_flight": 0.0, "period": None}
@@ -393,14 +405,26 @@ class Quotas:
             requests, tokens = meter.requests * weight, meter.tokens * weight
         else:
             requests = tokens = 0
-        current = meter.period and meter.period_start == self.periods.start(meter.period, now)
+        period = self.budget_period(scope, key)
+        current = self.periods.start(period, now) == (meter.day if period == "day" else meter.month)
         return {
             "requests": round(requests),
             "tokens": round(tokens),
-            "spent": meter.spend / MILLI if current else 0.0,
+            "spent": meter.spent(period) / MILLI if current else 0.0,
             "in_flight": meter.reserved / MILLI,
-            "period": meter.period or None,
+            "period": period,
         }
+
+    def budget_period(self, scope: str, key: str) -> str:
+        """The period of ``scope`` ``key``'s budget: its own, else (a person held to the
+        personal budget) ``personal_period``; the month when it has none."""
+        limits = self.limits[scope].get(key, NONE)
+        if limits.budget is not None:
+            return (limits.period or "month") if limits.budget else "month"
+        last = self.budgets.get(f"{scope}:{key}")
+        if scope == "user" and self.personal_budget and last is not None:
+            return self.personal_period or "month"
+        return "month"
 
 
 def _rate_limited(

@@ -5,7 +5,9 @@ the rate at time ``t`` is ``previous x (1 - elapsed / 60) + current``, where
 ``elapsed`` is how far ``t`` is into the current minute. A burst is held to the
 limit inside one minute, and the edge between two minutes does not let twice the
 limit through (the previous minute's count weighs on the next one as it slides
-out). Spend is counted per budget period (UTC day or calendar month).
+out). Spend is counted for both budget periods at once, the current UTC day and the
+current calendar month, whatever budget a subject has (or none): a budget set or
+moved to the other period later sees what was already spent in it.
 
 A meter holds what every process counted (read from the store at the last sync)
 plus what this one counted since (``d_*``, added to the store at the next sync).
@@ -21,7 +23,8 @@ __all__ = ["MINUTE", "Meter", "Pending", "Periods", "add", "retry_after", "secon
 
 #: The rate window, in seconds.
 MINUTE = 60
-#: Pending writes: (subject, kind, window start) to [requests, tokens, spend].
+#: Pending writes: (subject, kind, window start) to [requests, tokens, spend]; the kind
+#: is ``minute``, ``day`` or ``month``.
 Pending = dict[tuple[str, str, int], list[int]]
 
 
@@ -41,18 +44,20 @@ class Meter:
     """One subject's counts (a credential, a person or a project: ``kind:id``)."""
 
     __slots__ = (
+        "d_day_spend",
+        "d_month_spend",
         "d_requests",
-        "d_spend",
         "d_tokens",
+        "day",
+        "day_spend",
         "inflight",
         "minute",
-        "period",
-        "period_start",
+        "month",
+        "month_spend",
         "prev_requests",
         "prev_tokens",
         "requests",
         "reserved",
-        "spend",
         "subject",
         "tokens",
     )
@@ -62,9 +67,12 @@ class Meter:
         self.minute = 0
         self.requests = self.tokens = self.prev_requests = self.prev_tokens = 0
         self.d_requests = self.d_tokens = 0
-        self.period = ""
-        self.period_start = 0
-        self.spend = self.d_spend = 0
+        #: The UTC day and calendar month counted (their starts, Unix seconds; 0: none yet)
+        #: and the spend in each (milli-units, every process as of the last sync plus this
+        #: one's since); ``d_*``: this process's, not yet handed to the store.
+        self.day = self.month = 0
+        self.day_spend = self.d_day_spend = 0
+        self.month_spend = self.d_month_spend = 0
         #: Estimated cost of this process's requests in flight (milli-units).
         self.reserved = 0
         #: This process's requests in flight (a meter is never forgotten under one).
@@ -84,14 +92,24 @@ class Meter:
         self.minute = minute
         self.requests = self.tokens = self.d_requests = self.d_tokens = 0
 
-    def roll_period(self, period: str, start: int, pending: Pending) -> None:
-        """Move to the budget ``period`` starting at ``start`` (never back within one)."""
-        if period == self.period and start <= self.period_start:
-            return
-        if self.d_spend:
-            add(pending, (self.subject, self.period, self.period_start), 0, 0, self.d_spend)
-        self.period, self.period_start = period, start
-        self.spend = self.d_spend = 0
+    def roll_periods(self, day: int, month: int, pending: Pending) -> None:
+        """Move to the UTC day starting at ``day`` and the month starting at ``month``;
+        unsynced spend goes to ``pending``. Never back, as :meth:`roll`."""
+        if day > self.day:
+            if self.d_day_spend:
+                add(pending, (self.subject, "day", self.day), 0, 0, self.d_day_spend)
+            self.day = day
+            self.day_spend = self.d_day_spend = 0
+        if month > self.month:
+            if self.d_month_spend:
+                add(pending, (self.subject, "month", self.month), 0, 0, self.d_month_spend)
+            self.month = month
+            self.month_spend = self.d_month_spend = 0
+
+    def spent(self, period: str) -> int:
+        """The spend (milli-units) counted in this meter's ``period`` (``day``, else the
+        month)."""
+        return self.day_spend if period == "day" else self.month_spend
 
     def rate(self, weight: float) -> tuple[float, float]:
         """Requests and tokens in the sliding minute (``weight``: the previous minute's)."""
@@ -119,42 +137,45 @@ def retry_after(previous: float, current: float, need: float, limit: int, elapse
 
 
 class Periods:
-    """The current UTC day and calendar month, recomputed only when one ends."""
+    """The current UTC day and calendar month, recomputed only when the day ends (a
+    month always ends with a day).
 
-    __slots__ = ("_ends", "_starts")
+    :ivar day: the current day's start (Unix seconds); :ivar day_end: the next day's.
+    :ivar month: the current month's start; :ivar month_end: the next month's.
+    """
+
+    __slots__ = ("day", "day_end", "month", "month_end")
 
     def __init__(self) -> None:
-        self._starts = {"day": 0, "month": 0}
-        self._ends = {"day": 0.0, "month": 0.0}
+        self.day = self.month = 0
+        self.day_end = self.month_end = 0
+
+    def at(self, now: float) -> None:
+        """Make :attr:`day` and :attr:`month` the ones holding ``now``."""
+        if now >= self.day_end or now < self.day:
+            self._refresh(now)
 
     def start(self, period: str, now: float) -> int:
         """When ``period`` (``day`` or ``month``) holding ``now`` started, in Unix seconds."""
-        if now >= self._ends[period] or now < self._starts[period]:
-            self._refresh(period, now)
-        return self._starts[period]
+        if now >= self.day_end or now < self.day:
+            self._refresh(now)
+        return self.day if period == "day" else self.month
 
     def end(self, period: str, now: float) -> int:
         """When ``period`` holding ``now`` ends (the next one starts)."""
-        self.start(period, now)
-        return int(self._ends[period])
+        if now >= self.day_end or now < self.day:
+            self._refresh(now)
+        return self.day_end if period == "day" else self.month_end
 
-    def _refresh(self, period: str, now: float) -> None:
-        if period == "day":
-            start = int(now // 86400) * 86400
-            end = start + 86400
-        else:
-            moment = time.gmtime(now)
-            start = calendar.timegm((moment.tm_year, moment.tm_mon, 1, 0, 0, 0))
-            year, month = (
-                (moment.tm_year + 1, 1)
-                if moment.tm_mon == 12
-                else (
-                    moment.tm_year,
-                    moment.tm_mon + 1,
-                )
-            )
-            end = calendar.timegm((year, month, 1, 0, 0, 0))
-        self._starts[period], self._ends[period] = start, float(end)
+    def _refresh(self, now: float) -> None:
+        self.day = int(now // 86400) * 86400
+        self.day_end = self.day + 86400
+        moment = time.gmtime(now)
+        self.month = calendar.timegm((moment.tm_year, moment.tm_mon, 1, 0, 0, 0))
+        year, month = (
+            (moment.tm_year + 1, 1) if moment.tm_mon == 12 else (moment.tm_year, moment.tm_mon + 1)
+        )
+        self.month_end = calendar.timegm((year, month, 1, 0, 0, 0))
 
 
 def seconds(value: float) -> int:

@@ -56,12 +56,12 @@ class QuotaSync:
     def show_budgets(self) -> None:
         """Set each budget's used share (spend over budget, of its current period)."""
         gauge = self.metrics.quota_budget_used
-        for subject, (scope, budget) in list(self.quotas.budgets.items()):
+        for subject, (scope, budget, period) in list(self.quotas.budgets.items()):
             meter = self.quotas.meters.get(subject)
             if meter is None or budget <= 0:
                 continue
             key = subject.partition(":")[2]
-            gauge.labels(scope, key).set(meter.spend / (budget * MILLI))
+            gauge.labels(scope, key).set(meter.spent(period) / (budget * MILLI))
 
     def _collect(self, minute: int) -> Pending:
         quotas = self.quotas
@@ -71,9 +71,12 @@ class QuotaSync:
                 key = (meter.subject, "minute", meter.minute)
                 add(pending, key, meter.d_requests, meter.d_tokens, 0)
                 meter.d_requests = meter.d_tokens = 0
-            if meter.d_spend:
-                add(pending, (meter.subject, meter.period, meter.period_start), 0, 0, meter.d_spend)
-                meter.d_spend = 0
+            if meter.d_day_spend:
+                add(pending, (meter.subject, "day", meter.day), 0, 0, meter.d_day_spend)
+                meter.d_day_spend = 0
+            if meter.d_month_spend:
+                add(pending, (meter.subject, "month", meter.month), 0, 0, meter.d_month_spend)
+                meter.d_month_spend = 0
         return pending
 
     async def sync(self) -> bool:
@@ -105,7 +108,7 @@ class QuotaSync:
         if version == quotas.version:
             quotas.replace_limits(limits)
         quotas.apply_counters(counters, now)
-        self._prune(minute, {"day": day, "month": month})
+        self._prune(minute, day, month)
         self.synced += 1
         return True
 
@@ -116,16 +119,23 @@ class QuotaSync:
             if key[1] != "minute" or key[2] >= minute - MINUTE:
                 add(kept, key, requests, tokens, spend)
 
-    def _prune(self, minute: int, starts: dict[str, int]) -> None:
+    def _prune(self, minute: int, day: int, month: int) -> None:
         """Forget meters idle for two minutes with nothing in flight or to write, and no
-        spend in the current period (``starts``: each period's start)."""
+        spend in the current day or month (``day``, ``month``: their starts)."""
         quotas = self.quotas
         stale = [
             subject
             for subject, meter in quotas.meters.items()
             if meter.minute < minute - MINUTE
-            and not (meter.inflight or meter.d_requests or meter.d_tokens or meter.d_spend)
-            and not (meter.spend and starts.get(meter.period) == meter.period_start)
+            and not (
+                meter.inflight
+                or meter.d_requests
+                or meter.d_tokens
+                or meter.d_day_spend
+                or meter.d_month_spend
+            )
+            and not (meter.day_spend and meter.day == day)
+            and not (meter.month_spend and meter.month == month)
         ]
         for subject in stale:
             meter = quotas.meters.pop(subject)
