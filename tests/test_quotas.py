@@ -190,6 +190,12 @@ async def test_tpm_reserves_the_estimate_and_settles_to_the_engines_usage(tmp_pa
         quotas.admit(request(actor(), prompt=20, completion=20))
     assert refused.value.details["limit"] == "tpm"
     assert refused.value.details["requested"] == 40
+    assert "retry in" in refused.value.message
+    # Larger than the whole limit: no wait helps, and the message says what would.
+    with pytest.raises(RateLimited) as never:
+        quotas.admit(request(actor(), prompt=60, completion=60))
+    assert never.value.details["requested"] == 120
+    assert "it never fits" in never.value.message and "retry in" not in never.value.message
     first.replica = object()  # type: ignore[assignment]
     quotas.settle(first, "ok", 12, 5)
     assert meter.tokens == 17

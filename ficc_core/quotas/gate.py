@@ -432,9 +432,20 @@ def _rate_limited(
 ) -> RateLimited:
     what = "requests" if limit == "rpm" else "tokens"
     after = seconds(wait)
+    if requested > value:
+        # No wait helps a request larger than the whole limit: say what would.
+        message = (
+            f"this request reserves {requested} tokens, more than the {scope}'s whole limit "
+            f"of {value} tokens per minute ({limit}): it never fits; ask for fewer tokens "
+            "(max_tokens) or send a shorter prompt"
+        )
+    else:
+        message = (
+            f"the {scope}'s limit of {value} {what} per minute ({limit}) is reached; "
+            f"retry in {after} s"
+        )
     return RateLimited(
-        f"the {scope}'s limit of {value} {what} per minute ({limit}) is reached; "
-        f"retry in {after} s",
+        message,
         retry_after=after,
         details={
             "limit": limit,
