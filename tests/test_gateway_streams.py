@@ -210,6 +210,30 @@ async def test_a_client_that_goes_away_cancels_the_engine_request(tmp_path):
             assert [u.outcome for u in env.gateway.usage] == ["cancelled"]
 
 
+async def test_a_client_that_leaves_a_request_not_yet_answered_cancels_it(tmp_path):
+    # Not streamed, the whole answer is generated before anything is sent: a client that
+    # gives up meanwhile (a timeout) used to leave the request holding its slot, the
+    # engine generating, until the engine finished by itself.
+    with trio.fail_after(60):
+        async with gateway_env(tmp_path) as env:
+            fence = await env.launch()
+            env.publish("svc", [fence])
+            _, token = await env.token("svc")
+            slow = chat(False, deltas=400, interval=0.05)  # a 20 s answer
+            async with env.http(token, timeout=0.5) as http:
+                with pytest.raises(httpx.ReadTimeout):
+                    await http.post(PATH, json=slow)
+            left_at = trio.current_time()
+            await eventually(lambda: env.gateway.load(fence.attempt_id) == 0, seconds=2)
+            await eventually(lambda: env.service.live.inflight("svc") == 0, seconds=2)
+            assert trio.current_time() - left_at < 2.0
+            assert [u.outcome for u in env.gateway.usage] == ["cancelled"]
+            # The slot serves the next request at once.
+            async with env.http(token) as http:
+                answered = await http.post(PATH, json=chat(False))
+            assert answered.status_code == 200, answered.text
+
+
 async def test_a_new_generation_serves_the_queue_and_ends_the_old_answer(tmp_path):
     with trio.fail_after(60):
         async with gateway_env(tmp_path) as env:

@@ -17,10 +17,13 @@ its CSRF header). Its body is read within ``max_body_bytes`` and the gateway's s
 rest; the response is closed when the handler leaves it.
 
 The response goes out chunk by chunk (a whole JSON answer as one body with its
-length). A client disconnect cancels the relay, which closes the response and so
-cancels the engine request; so does the response's send deadline, when the client
-stopped reading: the response is closed there even while a write to the client is
-blocked (hypercorn does not cancel a socket write), which frees the replica slot.
+length). From the end of the request's body, one watcher per request waits for the
+client to leave: a disconnect cancels whatever the handler awaits, the queue, the
+activation, the engine's whole answer (not streamed) or the relay, and leaving the
+response closes it and so cancels the engine request. Once the response exists the
+watcher also ends at its send deadline, when the client stopped reading: the
+response is closed there even while a write to the client is blocked (hypercorn
+does not cancel a socket write), which frees the replica slot.
 
 Skipping Quart's request and response objects, its hooks and its routing on the
 hottest path is why this is plain ASGI: they cost more CPU per request than the
@@ -69,6 +72,9 @@ ROUTES = {path: (method, f"{PREFIX}<service_id>{path}") for path, method in PATH
 PROJECT_ROUTES = {path: (method, path) for path, method in PATHS.items()}
 #: The header naming the service that answered a project-endpoint request.
 SERVICE_HEADER = b"x-ficc-service"
+#: The status the access log and metrics record for a request whose client left before
+#: it was answered (nginx's "client closed request"); nothing is sent.
+CLIENT_LEFT = 499
 
 
 def endpoint_name(path: str, prefix: str = "invoke_") -> str:
@@ -160,18 +166,35 @@ class InvokeRoutes:
                 body = b""
             headers = request_headers(scope)
             extra: tuple[tuple[bytes, bytes], ...] = ()
-            if service_id is None:
-                served = await self.project.invoke(path, body, principal, headers)
-                response = served.response
-                if served.service is not None:
-                    extra = ((SERVICE_HEADER, served.service.alias.encode("ascii")),)
-            else:
-                _, response = await self.service.gateway.invoke(
-                    service_id, path, body, principal, headers
-                )
-            async with response:
-                status, answered = response.status, True
-                await self._relay(scope, receive, send, response, extra)
+            # The client may leave while its request waits in the queue, loads, or (not
+            # streamed) is generated whole: the watcher cancels it all, and so the engine
+            # request (its slot freed at once, not when the engine would have finished).
+            watcher = _Watcher(receive)
+            failure: BaseException | None = None
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(watcher.run, nursery.cancel_scope)
+                try:
+                    if service_id is None:
+                        served = await self.project.invoke(path, body, principal, headers)
+                        response = served.response
+                        if served.service is not None:
+                            extra = ((SERVICE_HEADER, served.service.alias.encode("ascii")),)
+                    else:
+                        _, response = await self.service.gateway.invoke(
+                            service_id, path, body, principal, headers
+                        )
+                    async with response:
+                        status, answered = response.status, True
+                        watcher.until(response.send_deadline)
+                        await self._relay(scope, send, response, extra, watcher)
+                except Exception as exc:  # raised below, outside the nursery (no group)
+                    failure = exc
+                nursery.cancel_scope.cancel()
+            if watcher.left and not answered:
+                status = CLIENT_LEFT  # nobody to answer: the request was cancelled
+                return
+            if failure is not None:
+                raise failure
         except Exception as exc:
             if answered:
                 raise  # the head may be out: nothing else can be sent
@@ -285,10 +308,10 @@ class InvokeRoutes:
     async def _relay(
         self,
         scope: Scope,
-        receive: Receive,
         send: Send,
         response: ResponseChunks,
         extra: tuple[tuple[bytes, bytes], ...],
+        watcher: _Watcher,
     ) -> None:
         headers = [
             (b"content-type", response.content_type.encode("latin-1")),
@@ -297,7 +320,7 @@ class InvokeRoutes:
         ]
         if response.streaming:
             headers.append((b"x-accel-buffering", b"no"))
-        # A whole JSON answer is already read: one write with its length, nothing to cancel.
+        # A whole JSON answer is already read: one write with its length.
         pending = None if response.streaming else response.take_pending()
         if pending is not None:
             body = b"".join(pending)
@@ -311,30 +334,47 @@ class InvokeRoutes:
             await send(start)
             await send({"type": "http.response.body", "body": body})
             return
+        watcher.response = response
+        await send(start)
+        try:
+            async for chunk in response:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        except FiccError as error:
+            # The head is out: the connection closes without a complete body.
+            log.info("response cut after it started: %s (%s)", error.message, error.code)
+            return
+        await send({"type": "http.response.body", "body": b""})
 
-        async def watch(cancel_scope: trio.CancelScope) -> None:
-            # Until the client goes away or the send deadline passes (it stopped reading).
-            with trio.move_on_at(response.send_deadline) as waiting:
-                while (await receive())["type"] != "http.disconnect":
-                    pass
-            cancel_scope.cancel()
-            if waiting.cancelled_caught:
-                # hypercorn shields its socket writes, so a send blocked on a client that
-                # stopped reading is not cancelled: free the slot here, not after it.
-                log.info("response cut at its send deadline: the client stopped reading")
-                with trio.CancelScope(shield=True):
-                    await response.aclose()
 
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(watch, nursery.cancel_scope)
-            await send(start)
-            try:
-                async for chunk in response:
-                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            except FiccError as error:
-                # The head is out: the connection closes without a complete body.
-                log.info("response cut after it started: %s (%s)", error.message, error.code)
-                nursery.cancel_scope.cancel()
-                return
-            await send({"type": "http.response.body", "body": b""})
-            nursery.cancel_scope.cancel()
+class _Watcher:
+    """Watches a request's client from its body's end until the handler is done: when it
+    goes away (or, once a response exists, when its send deadline passes: the client
+    stopped reading), everything the handler awaits is cancelled."""
+
+    __slots__ = ("_deadline", "left", "receive", "response")
+
+    def __init__(self, receive: Receive) -> None:
+        self.receive = receive
+        self.left = False
+        self._deadline: trio.CancelScope | None = None
+        #: The stream being relayed, closed here at the send deadline.
+        self.response: ResponseChunks | None = None
+
+    def until(self, deadline: float) -> None:
+        """Stop waiting for the client at ``deadline`` (the response's send deadline)."""
+        if self._deadline is not None:
+            self._deadline.deadline = deadline
+
+    async def run(self, handler: trio.CancelScope) -> None:
+        with trio.CancelScope() as waiting:
+            self._deadline = waiting
+            while (await self.receive())["type"] != "http.disconnect":
+                pass
+            self.left = True
+        handler.cancel()
+        if waiting.cancelled_caught and self.response is not None:
+            # hypercorn shields its socket writes, so a send blocked on a client that
+            # stopped reading is not cancelled: free the slot here, not after it.
+            log.info("response cut at its send deadline: the client stopped reading")
+            with trio.CancelScope(shield=True):
+                await self.response.aclose()
