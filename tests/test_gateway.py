@@ -66,11 +66,30 @@ async def test_openai_client_lists_models_and_chats_json_and_streamed(tmp_path):
 
             text, usages = await _in_thread(stream)
             assert text == "w0 w1 w2 w3 w4 w5 "
-            # The gateway asked the engine for usage though the client did not.
-            assert [(u.prompt_tokens, u.completion_tokens) for u in usages] == [(2, 6)]
+            # The gateway asked the engine for usage though the client did not: it is
+            # accounted (below) but not relayed, as OpenAI sends it only when asked.
+            assert usages == []
             seen = (await env.engine_stats(fence))["last_chat_request"]
             assert seen["model"] == ALIAS
             assert seen["stream_options"] == {"include_usage": True}
+
+            def asked(include: bool) -> list:
+                chunks = list(
+                    client.chat.completions.create(
+                        messages=[{"role": "user", "content": "w"}],
+                        model=ALIAS,
+                        stream=True,
+                        stream_options={"include_usage": include},
+                        extra_body={"standin_deltas": 3},
+                    )
+                )
+                assert all(c.choices for c in chunks if not c.usage)
+                return [
+                    (c.usage.prompt_tokens, c.usage.completion_tokens) for c in chunks if c.usage
+                ]
+
+            assert await _in_thread(partial(asked, True)) == [(1, 3)]
+            assert await _in_thread(partial(asked, False)) == []
 
             # A request without a model is served with the alias.
             async with env.http(token) as http:
@@ -87,6 +106,8 @@ async def test_openai_client_lists_models_and_chats_json_and_streamed(tmp_path):
             assert [(u.prompt_tokens, u.completion_tokens) for u in usage] == [
                 (3, 5),
                 (2, 6),
+                (1, 3),
+                (1, 3),
                 (4, 2),
             ]
             assert {u.credential_id for u in usage} == {credential_id}
@@ -94,7 +115,7 @@ async def test_openai_client_lists_models_and_chats_json_and_streamed(tmp_path):
             metrics = env.service.metrics.render()[0].decode()
             tokens = (
                 f'ficc_gateway_tokens_total{{kind="completion",replica="{fence.attempt_id}",'
-                'service="svc"} 13.0'
+                'service="svc"} 19.0'
             )
             assert tokens in metrics
             assert "ficc_gateway_time_to_first_byte_seconds_bucket" in metrics

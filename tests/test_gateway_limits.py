@@ -105,7 +105,7 @@ def test_max_output_bounds_a_completion_whose_client_named_no_bound():
     view = _view(2048, max_output=256)
     view = attrs.evolve(view, capabilities=(*view.capabilities, "completions"))
     for path, document in ((CHAT, _chat("hi")), ("/v1/completions", {"prompt": "hi"})):
-        payload, _, count, _, completion = _prepare(view, document, path)
+        payload, _, count, _, completion, _ = _prepare(view, document, path)
         assert json.loads(payload)["max_tokens"] == 256
         assert count is None and completion == 256  # the quota reserves the cap
         # null is no bound either.
@@ -286,3 +286,19 @@ async def test_llama_cpp_an_over_long_prompt_is_refused_before_a_slot_and_a_fitt
             assert response.status_code in (400, 500), response.text
             error = response.json()["error"]
             assert isinstance(error["code"], str) and error["details"]["engine_status"] >= 400
+
+
+def test_the_usage_event_nobody_asked_for_is_cut_whole_or_not_at_all():
+    from ficc_core.gateway.relay import without_usage
+
+    delta = b'data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n'
+    usage = b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":1}}\n\n'
+    spaced = b'data: {"choices": [], "usage": {"prompt_tokens": 3}}\n\n'
+    done = b"data: [DONE]\n\n"
+    assert without_usage(delta) == delta
+    assert without_usage(usage) == b""
+    assert without_usage(delta + usage + done) == delta + done
+    assert without_usage(spaced + done) == done
+    # Split across two reads: neither half is cut (never an event in pieces).
+    assert without_usage(delta + usage[:30]) == delta + usage[:30]
+    assert without_usage(usage[30:] + done) == usage[30:] + done

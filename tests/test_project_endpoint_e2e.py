@@ -106,10 +106,21 @@ async def test_one_base_url_reaches_two_services_by_name_and_a_fallback_serves_a
                 seen["completion"] = (completion.choices[0].text, completion.usage)
                 chunks = list(
                     client.completions.create(
-                        model="chat", prompt="Once upon a time", max_tokens=8, stream=True
+                        model="chat",
+                        prompt="Once upon a time",
+                        max_tokens=8,
+                        stream=True,
+                        stream_options={"include_usage": True},
                     )
                 )
                 seen["completion_stream"] = chunks
+                unasked = client.chat.completions.create(
+                    model="beta",
+                    messages=[{"role": "user", "content": "Hi"}],
+                    max_tokens=4,
+                    stream=True,
+                )
+                seen["unasked"] = [chunk for chunk in unasked if not chunk.choices]
                 return seen
 
             seen = await trio.to_thread.run_sync(conversation)
@@ -136,8 +147,10 @@ async def test_one_base_url_reaches_two_services_by_name_and_a_fallback_serves_a
             assert seen["streamed"]
             text, usage = seen["completion"]
             assert text and usage.completion_tokens > 0
-            # Usage was asked for on the client's behalf: the last chunk reports it.
+            # Usage asked for: the last chunk reports it; not asked: no chunk without
+            # choices (the gateway asked the engine for it, and keeps it).
             assert seen["completion_stream"][-1].usage.completion_tokens > 0
+            assert seen["unasked"] == []
             assert "".join(c.choices[0].text for c in seen["completion_stream"] if c.choices)
 
             await ficc("inference", "stop", "alpha", "--wait")
@@ -165,7 +178,7 @@ async def test_one_base_url_reaches_two_services_by_name_and_a_fallback_serves_a
                     totals = usage.json()["totals"]
                     requests[alias] = totals["requests"] - totals["errors"]
                     refusals[alias] = totals["errors"]
-            assert requests == {"alpha": 5, "beta": 3}
+            assert requests == {"alpha": 5, "beta": 4}  # beta: one more, the unasked stream
             assert refusals == {"alpha": 1, "beta": 0}
     finally:
         serve.proc.terminate()

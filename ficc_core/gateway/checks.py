@@ -224,11 +224,12 @@ class RequestChecks:
 
     def prepare(
         self, view: LiveService, path: str, body: bytes | Mapping[str, Any]
-    ) -> tuple[bytes, bool, PromptCount | None, int, int]:
+    ) -> tuple[bytes, bool, PromptCount | None, int, int, bool]:
         """The bytes to send the engine for ``body``, whether the answer streams, the
-        prompt count the engine's tokenizer must settle (:mod:`.limits`), if any, and the
+        prompt count the engine's tokenizer must settle (:mod:`.limits`), if any, the
         estimated prompt and completion tokens the quota gate reserves (bytes / 4, and
-        :func:`.limits.estimate`).
+        :func:`.limits.estimate`), and whether the stream's usage event is the gateway's
+        ask, not the client's (then it is accounted, not relayed).
 
         The client's bytes go unchanged unless something must be set: the alias as
         ``model``, usage reporting for a streamed chat or completion, ``max_tokens`` as
@@ -253,7 +254,7 @@ class RequestChecks:
                 details={"model": model, "served": view.alias},
             )
         changed = model is None or not isinstance(body, bytes | bytearray | memoryview)
-        capped = False
+        capped = hidden = False
         document["model"] = view.alias
         stream = document.get("stream", False)
         if not isinstance(stream, bool):
@@ -293,7 +294,7 @@ class RequestChecks:
                     )
                 if options.get("include_usage") is not True:
                     document["stream_options"] = {**options, "include_usage": True}
-                    changed = True
+                    changed = hidden = True
         elif path == "/v1/embeddings":
             stream = False
             if not isinstance(document.get("input"), str | list):
@@ -317,4 +318,4 @@ class RequestChecks:
         # The checks judge what the client asked: a cap it did not ask for is no ask.
         asked = {**document, "max_tokens": None} if capped else document
         count = limits and limits.admit(view, path, asked, size)
-        return payload, stream, count, size // 4, estimate(view, path, asked, size)
+        return payload, stream, count, size // 4, estimate(view, path, asked, size), hidden

@@ -298,7 +298,9 @@ class Gateway:
             return 200, self._models(view, actor)
         try:
             self.checks.admit(view)
-            payload, streaming, count, prompt, completion = self.checks.prepare(view, path, body)
+            payload, streaming, count, prompt, completion, hidden = self.checks.prepare(
+                view, path, body
+            )
             if count is not None:
                 prompt = await self.limits.settle(count) or prompt
         except FiccError as exc:
@@ -315,6 +317,7 @@ class Gateway:
             deadline_bound="timeout_total",
             deadline_seconds=self.total_timeout,
             streaming=streaming,
+            hide_usage=hidden,
             payload=payload,
             prompt_estimate=prompt,
             completion_estimate=completion,

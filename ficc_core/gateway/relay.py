@@ -216,15 +216,24 @@ class ResponseChunks:
         return pending
 
     async def __anext__(self) -> bytes:
-        if self._pending:
-            return self._pending.popleft()
-        request, relay = self._request, self._relay
+        request = self._request
+        hide = request is not None and request.hide_usage
+        while self._pending:
+            data = self._pending.popleft()
+            if hide:
+                data = without_usage(data)
+            if data:
+                return data
+        relay = self._relay
         if self._done or request is None or relay is None:
             raise StopAsyncIteration
         event = await relay.next_event(request)
-        if isinstance(event, BodyChunk):
-            request.took(event.data)
-            return event.data
+        while isinstance(event, BodyChunk):
+            request.took(event.data)  # accounting reads the usage, hidden or not
+            data = without_usage(event.data) if hide else event.data
+            if data:
+                return data
+            event = await relay.next_event(request)
         self._done = True
         if isinstance(event, EndOfStream):
             await relay.finish(request, "ok")
@@ -443,3 +452,25 @@ class Relay:
         await self.cancel(request)
         if not request.finished:
             self.settle(request, outcome)
+
+
+#: What marks a stream's usage event: OpenAI's (and the engines') usage chunk is the one
+#: with no choices (compact JSON, as llama.cpp and vLLM write it, or spaced).
+_NO_CHOICES = (b'"choices":[]', b'"choices": []')
+
+
+def without_usage(data: bytes) -> bytes:
+    """``data`` (SSE bytes) without the usage event, the chunk whose ``choices`` is empty,
+    for a client that did not ask for it (``stream_options.include_usage``): the gateway
+    asks the engine for it to account the request. An event split across two reads is
+    left as it is (never cut in half)."""
+    at = data.find(_NO_CHOICES[0])
+    if at < 0:
+        at = data.find(_NO_CHOICES[1])
+        if at < 0:
+            return data
+    start = data.rfind(b"data:", 0, at)
+    end = data.find(b"\n\n", at)
+    if start < 0 or end < 0 or (start and data[start - 1 : start] != b"\n"):
+        return data
+    return data[:start] + data[end + 2 :]

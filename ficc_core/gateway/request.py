@@ -59,6 +59,9 @@ class Request:
     first_byte: float | None = None
     prev_chunk: bytes = b""
     last_chunk: bytes = b""
+    #: The gateway asked the engine for the stream's usage event the client did not ask
+    #: for (``stream_options.include_usage``): it is accounted, not relayed.
+    hide_usage: bool = False
     # -- resilience: which bound the request and its next engine event are held to --------
     deadline_bound: str = "request_deadline"
     deadline_seconds: float = math.inf

@@ -120,7 +120,8 @@ function settings() {
       throw new Error(`${input.labels[0].textContent}: ${input.validationMessage}`);
     }
   }
-  const body = { stream: true };
+  // Usage is relayed only when asked for, as OpenAI does: the reply's token count needs it.
+  const body = { stream: true, stream_options: { include_usage: true } };
   if (temperature.value !== "") body.temperature = Number(temperature.value);
   if (maxTokens.value !== "") body.max_tokens = Number(maxTokens.value);
   return body;
