@@ -280,12 +280,16 @@ async def test_llama_cpp_an_over_long_prompt_is_refused_before_a_slot_and_a_fitt
             assert error["details"]["engine_type"] == "exceed_context_size_error"
             assert error["details"]["engine_code"] == 400
             assert error["details"]["prompt_tokens"] == 731
-            # A request llama.cpp refuses (more choices than it makes): its 400 becomes a
-            # string-coded engine_error.
-            response = await post("Hi", max_tokens=4, n=3)
+            # A request llama.cpp refuses (a response format it does not know): its 400
+            # becomes a string-coded engine_error.
+            response = await post("Hi", max_tokens=4, response_format={"type": "bogus"})
             assert response.status_code in (400, 500), response.text
             error = response.json()["error"]
             assert isinstance(error["code"], str) and error["details"]["engine_status"] >= 400
+            # Several choices are the gateway's refusal, before any slot.
+            response = await post("Hi", max_tokens=4, n=3)
+            assert response.status_code == 400, response.text
+            assert response.json()["error"]["details"]["errors"][0]["path"] == "$.n"
 
 
 def test_the_usage_event_nobody_asked_for_is_cut_whole_or_not_at_all():
@@ -302,3 +306,24 @@ def test_the_usage_event_nobody_asked_for_is_cut_whole_or_not_at_all():
     # Split across two reads: neither half is cut (never an event in pieces).
     assert without_usage(delta + usage[:30]) == delta + usage[:30]
     assert without_usage(usage[30:] + done) == usage[30:] + done
+
+
+def test_a_request_for_several_answers_is_refused_before_a_slot():
+    # Each answer takes an engine slot of its own, while concurrency, bands, max_output
+    # and quotas count the request as one (and the engine reports one answer's usage).
+    view = attrs.evolve(_view(4096), capabilities=("chat", "streaming", "completions"))
+    for n in (2, 0, 1.0, "1", True):
+        with pytest.raises(InvalidRequest) as refused:
+            _prepare(view, {**_chat("hi"), "n": n})
+        assert refused.value.details["errors"][0]["path"] == "$.n", n
+    assert _prepare(view, {**_chat("hi"), "n": 1}) is not None
+    assert _prepare(view, {**_chat("hi"), "n": None}) is not None
+    completions = "/v1/completions"
+    for prompt in (["a", "b"], [[1, 2], [3]]):
+        with pytest.raises(InvalidRequest) as refused:
+            _prepare(view, {"prompt": prompt}, completions)
+        assert refused.value.details["errors"][0]["path"] == "$.prompt"
+        assert "2 prompts" in refused.value.message
+    # One prompt, however it is written: a string, one string in an array, token IDs.
+    for prompt in ("a", ["a"], [1, 2, 3], [[1, 2]], ["a", 1]):
+        assert _prepare(view, {"prompt": prompt}, completions) is not None

@@ -49,6 +49,33 @@ def _shown(value: Any) -> str:
     return names.get(type(value), type(value).__name__)
 
 
+def _one_answer(document: Mapping[str, Any]) -> None:
+    """Refuse a request for several answers: ``n`` above 1, or a completion's ``prompt``
+    that is several prompts (strings, or token arrays). Each answer takes an engine slot
+    of its own, while the service's concurrency, the priority bands, ``max_output`` and
+    the quotas count a request as one, and the engine reports one answer's usage."""
+    n = document.get("n")
+    if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n != 1):
+        raise _invalid(
+            f"`n` must be 1, not {_shown(n)}: each answer takes an engine slot of its own, "
+            "so send one request per answer",
+            "$.n",
+            "1",
+        )
+    prompt = document.get("prompt")
+    if (
+        isinstance(prompt, list)
+        and len(prompt) > 1
+        and all(isinstance(part, str | list) for part in prompt)
+    ):
+        raise _invalid(
+            f"`prompt` holds {len(prompt)} prompts: send one request per prompt (each "
+            "takes an engine slot of its own)",
+            "$.prompt",
+            "one prompt: a string, or an array of token IDs",
+        )
+
+
 def _invalid(message: str, path: str, expected: str, **kwargs: Any) -> InvalidRequest:
     return InvalidRequest(
         message, details={"errors": [{"path": path, "message": f"expected {expected}"}]}, **kwargs
@@ -266,6 +293,7 @@ class RequestChecks:
                 raise _invalid(
                     "a completion needs a `prompt` string or array", "$.prompt", "string or array"
                 )
+            _one_answer(document)
             # The client's bound on the completion, which must be one; the service's
             # max_output bounds a completion whose client named none.
             for name in OUTPUT_FIELDS:
