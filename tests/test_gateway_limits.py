@@ -327,3 +327,20 @@ def test_a_request_for_several_answers_is_refused_before_a_slot():
     # One prompt, however it is written: a string, one string in an array, token IDs.
     for prompt in ("a", ["a"], [1, 2, 3], [[1, 2]], ["a", 1]):
         assert _prepare(view, {"prompt": prompt}, completions) is not None
+
+
+def test_an_image_to_a_service_without_vision_is_refused_before_a_slot():
+    # llama.cpp answers such a request 500, which counted against the replica's breaker.
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    text = {"type": "text", "text": "what is it?"}
+    body = {
+        "messages": [{"role": "user", "content": "hi"}, {"role": "user", "content": [text, image]}]
+    }
+    with pytest.raises(InvalidRequest) as refused:
+        _prepare(_view(4096), body)
+    assert refused.value.details["errors"][0]["path"] == "$.messages[1].content[1]"
+    assert "vision" in refused.value.message
+    seeing = attrs.evolve(_view(4096), capabilities=("chat", "streaming", "vision"))
+    assert _prepare(seeing, body) is not None
+    # Text parts alone pass.
+    assert _prepare(_view(4096), {"messages": [{"role": "user", "content": [text]}]}) is not None

@@ -49,6 +49,29 @@ def _shown(value: Any) -> str:
     return names.get(type(value), type(value).__name__)
 
 
+#: The content parts that carry an image (OpenAI's, and the Responses API's name).
+IMAGE_PARTS = frozenset({"image_url", "input_image", "image"})
+
+
+def _no_images(view: LiveService, messages: list[Any]) -> None:
+    """Refuse an image part sent to a service that does not declare ``vision``: its
+    engine cannot read it (llama.cpp answers 500, which would count against the
+    replica's breaker: any invoker could open breakers on purpose)."""
+    for index, message in enumerate(messages):
+        content = message.get("content") if isinstance(message, dict) else None
+        if not isinstance(content, list):
+            continue
+        for part_index, part in enumerate(content):
+            if isinstance(part, dict) and part.get("type") in IMAGE_PARTS:
+                raise _invalid(
+                    f"service {view.id!r} does not take images (its capabilities do not "
+                    "include vision; an operator declares capabilities.vision in the "
+                    "specification when its model reads them)",
+                    f"$.messages[{index}].content[{part_index}]",
+                    "a text part",
+                )
+
+
 def _one_answer(document: Mapping[str, Any]) -> None:
     """Refuse a request for several answers: ``n`` above 1, or a completion's ``prompt``
     that is several prompts (strings, or token arrays). Each answer takes an engine slot
@@ -287,8 +310,14 @@ class RequestChecks:
         if not isinstance(stream, bool):
             raise _invalid("`stream` must be a boolean", "$.stream", "boolean")
         if path in STREAMED:
-            if path == "/v1/chat/completions" and not isinstance(document.get("messages"), list):
-                raise _invalid("a chat completion needs a `messages` array", "$.messages", "array")
+            if path == "/v1/chat/completions":
+                messages = document.get("messages")
+                if not isinstance(messages, list):
+                    raise _invalid(
+                        "a chat completion needs a `messages` array", "$.messages", "array"
+                    )
+                if "vision" not in view.capabilities:
+                    _no_images(view, messages)
             if path == "/v1/completions" and not isinstance(document.get("prompt"), str | list):
                 raise _invalid(
                     "a completion needs a `prompt` string or array", "$.prompt", "string or array"
