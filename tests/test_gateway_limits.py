@@ -344,3 +344,12 @@ def test_an_image_to_a_service_without_vision_is_refused_before_a_slot():
     assert _prepare(seeing, body) is not None
     # Text parts alone pass.
     assert _prepare(_view(4096), {"messages": [{"role": "user", "content": [text]}]}) is not None
+
+
+def test_stream_null_is_not_streamed_and_a_non_boolean_is_refused():
+    _, streaming, *_ = _prepare(_view(4096), {**_chat("hi"), "stream": None})
+    assert streaming is False
+    for value in (0, "true"):
+        with pytest.raises(InvalidRequest) as refused:
+            _prepare(_view(4096), {**_chat("hi"), "stream": value})
+        assert refused.value.details["errors"][0]["path"] == "$.stream"

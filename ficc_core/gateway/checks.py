@@ -306,7 +306,9 @@ class RequestChecks:
         changed = model is None or not isinstance(body, bytes | bytearray | memoryview)
         capped = hidden = False
         document["model"] = view.alias
-        stream = document.get("stream", False)
+        stream = document.get("stream")
+        if stream is None:
+            stream = False  # OpenAI's schema takes null for "not streamed"
         if not isinstance(stream, bool):
             raise _invalid("`stream` must be a boolean", "$.stream", "boolean")
         if path in STREAMED:
