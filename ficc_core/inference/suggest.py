@@ -35,7 +35,8 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from ..contributors.records import NodeState
-from ..schema import InstalledRuntime, SchemaError, Specification, check_range
+from ..schema import InstalledRuntime, SchemaError, Specification
+from ..schema._convert import check_range
 from .placement import PlacementNode, Reservation
 
 if TYPE_CHECKING:

@@ -5,15 +5,7 @@ listing each bad field by path), turn them back with :func:`unstructure`, and
 compare or fence them with :func:`canonical_json` and :func:`digest`.
 """
 
-from ._convert import (
-    FieldError,
-    SchemaError,
-    canonical_json,
-    check_range,
-    digest,
-    structure,
-    unstructure,
-)
+from ._convert import FieldError, SchemaError, canonical_json, digest, structure, unstructure
 from .job import BootstrapRequest, EndpointContract, Fence, Job, JobInput, ReadinessProbe
 from .models import ModelFile, ModelManifest, ModelMetadata, ModelRecord, ModelSource
 from .snapshot import ExecutorSnapshot, GpuDevice, InstalledRuntime, NodeResources, ProviderInfo
@@ -56,7 +48,6 @@ __all__ = [
     "Specification",
     "Workload",
     "canonical_json",
-    "check_range",
     "digest",
     "structure",
     "unstructure",
