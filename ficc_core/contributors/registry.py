@@ -257,6 +257,18 @@ class NodeRegistry:
         """
         return self.live.cancel(node_id)
 
+    def reconciliation(self, node_id: str) -> Reconciliation | None:
+        """The reconciliation of the node's live connection here: None while it has none
+        yet (its first heartbeat is not reconciled), or the node is not connected here."""
+        result = self.reconciled.get(node_id)
+        if (
+            result is None
+            or not self.connected_here(node_id)
+            or self.live.replaced(node_id, result.connection_id)
+        ):
+            return None
+        return result
+
     def connected_here(self, node_id: str) -> bool:
         """Whether ``node_id`` has a live connection to this controller."""
         return self.live.link(node_id) is not None

@@ -32,6 +32,10 @@ if TYPE_CHECKING:
     from .model_context import ModelContext, ModelContexts
     from .observed import Observations
 
+#: The longest a node's new connection is waited for to be reconciled, in seconds,
+#: before an attempt it does not run is judged (stopped by the node, or failed).
+RECONCILE_WAIT = 5.0
+
 log = logging.getLogger("ficc.inference")
 
 #: How long a stopped engine has to end before its executor kills it, in seconds.
@@ -243,7 +247,13 @@ class Attempts:
         no failure of the engine, so it neither backs off nor counts towards giving up.
         Otherwise the attempt failed."""
         node_id, attempt_id = attempt.node_id, attempt.attempt_id
-        reconciled = self.contributors.reconciled.get(node_id)
+        # The status command can reach a new connection before its first heartbeat was
+        # reconciled: wait (bounded) for that connection's own reconciliation.
+        reconciled = self.contributors.reconciliation(node_id)
+        with trio.move_on_after(RECONCILE_WAIT):
+            while reconciled is None and self.contributors.connected_here(node_id):
+                await trio.sleep(0.05)
+                reconciled = self.contributors.reconciliation(node_id)
         if reconciled is not None and attempt_id in reconciled.missing:
             state, how = (
                 AttemptState.STOPPED,
