@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import secrets
 import shutil
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -135,16 +136,24 @@ def assemble_tree(root: Path, sources: Mapping[str, Path]) -> None:
     """Build ``root`` from ``relative path -> source file``, atomically.
 
     Hard links where the filesystem allows, else read-only copies; a half-built
-    tree is never at ``root``.
+    tree is never at ``root``. Builders of the same tree at once (two replicas of one
+    model starting together) each build their own copy aside; the first in place wins
+    and the others discard theirs (the trees are equal: the same files).
     """
-    building = root.with_name(root.name + ".building")
-    shutil.rmtree(building, ignore_errors=True)
-    for path, source in sources.items():
-        target = building / path
-        target.parent.mkdir(parents=True, exist_ok=True)
+    building = root.with_name(f"{root.name}.building-{os.getpid()}-{secrets.token_hex(4)}")
+    try:
+        for path, source in sources.items():
+            target = building / path
+            target.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.link(source, target)
+            except OSError:
+                shutil.copyfile(source, target)
+                target.chmod(0o444)
         try:
-            os.link(source, target)
+            os.replace(building, root)
         except OSError:
-            shutil.copyfile(source, target)
-            target.chmod(0o444)
-    os.replace(building, root)
+            if not root.is_dir():
+                raise  # not another builder's tree: a real failure
+    finally:
+        shutil.rmtree(building, ignore_errors=True)

@@ -69,4 +69,36 @@ def test_a_tree_is_assembled_whole_from_links_to_its_blobs(tmp_path):
     assemble_tree(root, {"w/model.bin": blob, "config.json": blob})
     assert (root / "w" / "model.bin").read_bytes() == b"weights"
     assert (root / "config.json").stat().st_nlink == 3
-    assert not (tmp_path / "trees" / "t.building").exists()
+    assert sorted(p.name for p in (tmp_path / "trees").iterdir()) == ["t"]  # nothing aside
+
+
+def test_builders_of_one_tree_at_once_end_with_it_whole(tmp_path):
+    # Two replicas of one directory model starting together assembled the same tree in
+    # one ".building" folder: one could delete the other's half-built links, and the
+    # second rename failed (Directory not empty), failing that replica's launch.
+    import threading
+
+    blobs = {}
+    for index in range(64):
+        blob = tmp_path / f"blob{index}"
+        blob.write_bytes(b"w%d" % index)
+        blobs[f"d{index % 4}/f{index}.bin"] = blob
+    root = tmp_path / "trees" / "t"
+    failures: list[BaseException] = []
+    start = threading.Barrier(4)
+
+    def build() -> None:
+        start.wait()
+        try:
+            assemble_tree(root, blobs)
+        except BaseException as exc:  # the test reports every one
+            failures.append(exc)
+
+    builders = [threading.Thread(target=build) for _ in range(4)]
+    for builder in builders:
+        builder.start()
+    for builder in builders:
+        builder.join(timeout=30)
+    assert failures == []
+    assert sorted(str(p.relative_to(root)) for p in root.rglob("*.bin")) == sorted(blobs)
+    assert sorted(p.name for p in (tmp_path / "trees").iterdir()) == ["t"]
