@@ -9,6 +9,7 @@ from __future__ import annotations
 import trio
 
 from ficc_core.inference import repository
+from ficc_core.inference.records import AttemptState
 
 from .ops_support import Traffic, open_two_nodes
 
@@ -140,6 +141,37 @@ async def test_a_fault_at_each_step_ends_in_its_documented_state_with_consistent
                 (generation, 0, "local"),
                 (generation, 1, "local"),
             ]
+
+
+async def test_a_target_whose_node_is_lost_ends_the_move_instead_of_waiting(tmp_path):
+    # A lost node's attempt is unknown, never ready and never released by itself: the
+    # move waited out its whole ready_timeout (10 minutes) for it.
+    with trio.fail_after(120):
+        async with open_two_nodes(tmp_path, replica_ready_timeout="10m") as ops:
+            controller = ops.controller
+            attempts = controller.service.inference.mover.attempts
+            service_id = await ops.running("local", "local")
+            watch = attempts.watch
+
+            async def lost_on_node_2(attempt):
+                if attempt.node_id != "node-2":
+                    return await watch(attempt)
+                # node-2 is lost as soon as the target is launched there.
+                await attempts.observations.set_attempt(
+                    attempt.service_id, attempt.attempt_id, state=AttemptState.UNKNOWN
+                )
+
+            attempts.watch = lost_on_node_2
+            response = await _move(controller, service_id, 1, target_node_id="node-2")
+            attempts.watch = watch
+            assert response.status_code == 200, response.text
+            moved = response.json()
+            assert moved["final_state"] in ("failed", "failed_rollback_dirty"), moved
+            [failed] = [s for s in moved["steps"] if s["name"] == "wait_target_health"]
+            assert not failed["ok"] and "was lost" in failed["details"]["error"]
+            assert failed["details"]["reason"] == "unknown"
+            view = await controller.ok("GET", f"/api/v1/inference/{service_id}")
+            assert [p["node_id"] for p in view["spec"]["placements"]] == ["local", "local"]
 
 
 async def test_moves_that_cannot_run_are_refused_in_the_one_envelope_with_details(tmp_path):

@@ -178,6 +178,16 @@ class MoveRun:
                 current = await self._found(self.target.attempt_id)
                 if current.state == AttemptState.READY:
                     return {"state": "ready", "attempt_id": current.attempt_id}
+                if current.state == AttemptState.UNKNOWN:
+                    # Its node was lost: it will not be ready, and an unknown attempt is
+                    # never released by itself (the rollback leaves it to the driver).
+                    raise StepFailed(
+                        {
+                            "error": f"the target's node {current.node_id} was lost; its "
+                            "outcome is unknown",
+                            "reason": "unknown",
+                        }
+                    )
                 if current.released:
                     raise StepFailed(
                         {
