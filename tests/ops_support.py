@@ -34,6 +34,8 @@ class Ops:
     controller: Controller
     model_id: str
     engine: Path
+    #: Ends node-2's agent (as if its process stopped): it no longer dials in.
+    node_2: trio.CancelScope = attrs.field(factory=trio.CancelScope)
 
     async def spec(self, *nodes: str, alias: str = "tiny", cpus: float = 0.25) -> dict[str, Any]:
         spec = await vllm_spec(self.controller, self.model_id, self.engine, alias=alias)
@@ -135,14 +137,20 @@ async def open_two_nodes(
                 backoff_initial=0.1,
                 backoff_max=0.5,
             )
+            node_2 = trio.CancelScope()
+
+            async def run_node_2() -> None:
+                with node_2:
+                    await remote.run()
+
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(remote.run)
+                nursery.start_soon(run_node_2)
                 node = await controller.wait_node("node-2")
                 while not node["snapshot"] or not node["snapshot"]["runtimes"]:
                     await trio.sleep(0.05)
                     node = await controller.node("node-2")
                 model = await register_tiny_hf(controller, files)
-                yield Ops(controller=controller, model_id=model["id"], engine=engine)
+                yield Ops(controller=controller, model_id=model["id"], engine=engine, node_2=node_2)
                 nursery.cancel_scope.cancel()
     finally:
         shutil.rmtree(folder, ignore_errors=True)

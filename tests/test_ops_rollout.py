@@ -215,3 +215,29 @@ async def test_a_rolling_restart_replaces_every_replica_with_no_failed_request(t
             stopped = await _restart(controller, service_id)
             assert stopped.status_code == 422
             assert stopped.json()["error"]["message"] == "tiny is not running; start it first"
+
+
+async def test_a_restart_of_a_replica_whose_agent_is_away_is_refused_at_once(tmp_path):
+    # It waited for a replacement up to replica_ready_timeout (10 minutes), and marked the
+    # attempt stopping on a node nobody could reach.
+    with trio.fail_after(120):
+        async with open_two_nodes(tmp_path, replica_ready_timeout="10m") as ops:
+            controller = ops.controller
+            service_id = await ops.running("local", "node-2")
+            ops.node_2.cancel()  # node-2's agent stops dialling in
+            while controller.service.contributors.connected_here("node-2"):  # noqa: ASYNC110
+                await trio.sleep(0.02)
+            before = await controller.ok("GET", f"/api/v1/inference/{service_id}")
+            for replica in (1, None):
+                response = await _restart(controller, service_id, replica)
+                assert response.status_code == 502, response.text
+                error = response.json()["error"]
+                assert error["code"] == "node_unavailable"
+                assert error["details"]["node"] == "node-2"
+                assert error["details"]["action"] == "restart"
+            after = await controller.ok("GET", f"/api/v1/inference/{service_id}")
+            # Nothing was asked of any replica: the same attempts, none stopping.
+            assert [r["attempt_id"] for r in after["replicas"]] == [
+                r["attempt_id"] for r in before["replicas"]
+            ]
+            assert all(r["state"] != "stopping" for r in after["replicas"])

@@ -74,10 +74,10 @@ class LiveConnections:
         live = self._by_node.get(node_id)
         return None if live is None else live.link
 
-    def require_link(self, node_id: str) -> NodeLink:
+    def require_link(self, node_id: str, action: str | None = None) -> NodeLink:
         """The link of a node connected to this controller, or :class:`NodeGone` (502, its
-        agent is unreachable)."""
+        agent is unreachable; ``action``: what needed it, in the details)."""
         link = self.link(node_id)
         if link is None:
-            raise NodeGone("not connected to this controller", node=node_id)
+            raise NodeGone("not connected to this controller", node=node_id, action=action)
         return link

@@ -269,6 +269,10 @@ class NodeRegistry:
             return None
         return result
 
+    def require_connected(self, node_id: str, action: str | None = None) -> None:
+        """Refuse (502 ``node_unavailable``) when ``node_id``'s agent is not connected here."""
+        self.live.require_link(node_id, action)
+
     def connected_here(self, node_id: str) -> bool:
         """Whether ``node_id`` has a live connection to this controller."""
         return self.live.link(node_id) is not None

@@ -210,6 +210,11 @@ class Restarter:
     ) -> dict[str, Any]:
         """Restart one replica, or every one in turn (rolling); answer what each did."""
         target = await self._prepare(principal, service_id, revision, replica)
+        # A replica whose node's agent is away cannot be stopped, nor started again there:
+        # refused at once (it waited for the replacement up to replica_ready_timeout).
+        nodes = self.reconciler.attempts.contributors
+        for attempt in target.attempts:
+            nodes.require_connected(attempt.node_id, "restart")
         driver = await self.reconciler.driver_of(service_id)
         results: list[dict[str, Any]] = []
         count = len(target.record.specification().placements)
