@@ -156,7 +156,11 @@ async def test_an_executor_with_a_project_credential_is_refused_and_exits(tmp_pa
         with trio.fail_after(30):
             code = await trio.to_thread.run_sync(executor.proc.wait)
         assert code != 0
-        assert "refused the node credential" in executor.proc.stderr.read()
+        stderr = executor.proc.stderr.read()
+        assert "refused the node credential" in stderr
+        # One line, the command's error: no traceback of the nursery that carried it.
+        assert "Traceback" not in stderr, stderr
+        assert stderr.strip().splitlines()[-1].startswith("Error: "), stderr
     finally:
         server.kill()
 

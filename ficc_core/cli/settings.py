@@ -66,11 +66,25 @@ def load_settings(ctx: click.Context, overrides: dict[str, Any]) -> Config:
 
 
 def run_trio(fn, *args: Any) -> Any:
-    """``trio.run(fn, *args)``, a :class:`FiccError` shown as the command's error."""
+    """``trio.run(fn, *args)``, a :class:`FiccError` shown as the command's error (also
+    one a nursery wrapped in an exception group on its way out)."""
     try:
         return trio.run(fn, *args)
     except FiccError as exc:
         raise click.ClickException(f"{exc.message} [{exc.code}]") from None
+    except BaseExceptionGroup as group:
+        error = _only_error(group)
+        if error is None:
+            raise
+        raise click.ClickException(f"{error.message} [{error.code}]") from None
+
+
+def _only_error(group: BaseExceptionGroup) -> FiccError | None:
+    """The one :class:`FiccError` nested groups of one exception each hold, or None."""
+    found: BaseException = group
+    while isinstance(found, BaseExceptionGroup) and len(found.exceptions) == 1:
+        found = found.exceptions[0]
+    return found if isinstance(found, FiccError) else None
 
 
 def _plain(value: Any) -> Any:
