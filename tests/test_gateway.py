@@ -7,6 +7,7 @@ gateway and the agent's endpoint action. Service views are published by hand.
 
 from __future__ import annotations
 
+import logging
 import random
 from functools import partial
 
@@ -144,7 +145,7 @@ async def test_embeddings_are_refused_without_the_capability_and_served_with_it(
             assert answer.usage.prompt_tokens == 6
 
 
-async def test_refusals_use_the_error_envelope(tmp_path):
+async def test_refusals_use_the_error_envelope(tmp_path, caplog):
     with trio.fail_after(60):
         async with gateway_env(tmp_path, max_attempts=2) as env:
             fence = await env.launch()
@@ -192,8 +193,12 @@ async def test_refusals_use_the_error_envelope(tmp_path):
             response, error = await post("draining", chat())
             assert (response.status_code, error["code"]) == (503, "service_draining")
             assert response.headers["Retry-After"] == "1"
+            caplog.set_level(logging.INFO, logger="ficc.api")
             response, error = await post("stopped", chat())
             assert (response.status_code, error["code"]) == (503, "service_stopped")
+            # A service's state is no error of the controller's: logged at INFO.
+            said = [r for r in caplog.records if "service_stopped" in r.getMessage()]
+            assert said and all(r.levelno == logging.INFO for r in said)
             # The bound token works for its own service.
             async with env.http(bound) as http:
                 response = await http.post(chat_path.format("other"), json=chat())

@@ -292,7 +292,17 @@ class InvokeRoutes:
 
     async def _refuse(self, send: Send, error: FiccError, *, logged: bool = False) -> None:
         if error.status >= 500 and not logged:
-            log.error("%s: %s", error.code, error.message)
+            # A 503 is the service's state (stopped, draining, saturated, no replica
+            # ready): the access log has it; an engine's 502 or 504 is worth a warning;
+            # only the controller's own failure is an error.
+            level = (
+                logging.INFO
+                if error.status == 503
+                else logging.WARNING
+                if error.status in (502, 504)
+                else logging.ERROR
+            )
+            log.log(level, "%s: %s", error.code, error.message)
         body = dumps_error(error.envelope())
         headers = [
             (b"content-type", b"application/json"),
