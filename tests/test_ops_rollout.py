@@ -115,6 +115,9 @@ async def test_a_failed_rollout_leaves_the_serving_generation_serving_and_says_w
             events = await controller.ok("GET", f"/api/v1/inference/{service_id}/events")
             said = [e["reason"] for e in events["events"] if e["kind"] == "service.rollout"]
             assert said == ["started", "failed"]
+            [failed] = [e for e in events["events"] if e["reason"] == "failed"]
+            # Said once: it read "rollout to generation N failed: the rollout to ... failed".
+            assert failed["message"].count("failed") == 1, failed["message"]
             while await ops.reservations(service_id) != [(generation, 0, "local")]:  # noqa: ASYNC110
                 await trio.sleep(0.05)
 

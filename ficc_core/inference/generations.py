@@ -168,15 +168,12 @@ def abandon_rollout(
         repository.bump(tx, service_id, now)
     record = repository.service(tx, service_id)
     if record is not None:
-        word, said = ("failed", reason) if reason else ("abandoned", "the service stopped")
-        rollout_event(
-            tx,
-            record,
-            rollout,
-            word,
-            f"rollout to generation {rollout.generation} {word}: {said}",
-            now,
+        # A failure's reason already says which rollout failed, and why.
+        word = "failed" if reason else "abandoned"
+        message = reason or (
+            f"rollout to generation {rollout.generation} abandoned: the service stopped"
         )
+        rollout_event(tx, record, rollout, word, message, now)
     return rollout
 
 

@@ -187,7 +187,7 @@ class Mover:
             target_node = contributors_repository.fetch_node(tx, node_id)
             if target_node is None:
                 raise InvalidRequest(
-                    f"no node {node_id!r} is registered; list them with 'ficc admin nodes'",
+                    f"no node {node_id!r} is registered; list them with 'ficc admin list-nodes'",
                     code="node_not_found",
                     details={**details, "reason": "target_not_found", "target": node_id},
                 )
