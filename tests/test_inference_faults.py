@@ -309,11 +309,16 @@ async def test_restarting_ficc_serve_stops_the_embedded_replica_and_starts_it_ag
             service_id, _ = await _ready_on(controller, "local")
         for number in (2, 3, 4):
             async with open_inference_controller(tmp_path, **settings) as controller:
-                view = await controller.wait_service(
+                # The service's stored state may still say ready for a moment at start
+                # (before the old attempt is judged): wait for the new attempt's own.
+                await controller.wait_service(
                     service_id,
-                    lambda v, n=number: v["state"] == "ready" and v["replicas"][0]["attempt"] == n,
+                    lambda v, n=number: (
+                        v["state"] == "ready"
+                        and v["replicas"][0]["attempt"] == n
+                        and v["replicas"][0]["state"] == "ready"
+                    ),
                 )
-                assert view["replicas"][0]["state"] == "ready"
                 page = await controller.ok(
                     "GET", f"/api/v1/inference/{service_id}/events", params={"limit": 500}
                 )
