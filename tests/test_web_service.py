@@ -40,6 +40,18 @@ pytestmark = pytest.mark.slow
 
 ALICE = ("alice", "alice-password-1")  # a member of project default
 MEMBER_SCOPES = sorted(set(ALL_SCOPES) - {"admin"})
+
+
+async def _add_alice(controller) -> None:
+    """Alice: a member of project default with every scope but admin."""
+    await controller.ok(
+        "POST",
+        "/api/v1/users",
+        status=201,
+        json={"username": ALICE[0], "password": ALICE[1], "projects": {"default": MEMBER_SCOPES}},
+    )
+
+
 #: How long a SmolLM2 replica may take from start to ready.
 READY_MS = 120_000
 GIB = 1024**3
@@ -340,16 +352,7 @@ async def test_a_service_page_starts_follows_logs_stops_and_previews_a_rollout(t
     chromium_or_skip()
     with trio.fail_after(600):
         async with open_inference_controller(tmp_path, console_refresh=0.5) as controller:
-            await controller.ok(
-                "POST",
-                "/api/v1/users",
-                status=201,
-                json={
-                    "username": ALICE[0],
-                    "password": ALICE[1],
-                    "projects": {"default": MEMBER_SCOPES},
-                },
-            )
+            await _add_alice(controller)
             model_id = await register_smollm2(controller)
             spec = await llama_spec(controller, model_id, alias="smol", cpus=0.5)
             created = await controller.ok("POST", "/api/v1/inference", status=201, json=spec)
@@ -478,16 +481,7 @@ async def test_a_scaled_service_is_pinned_unpinned_and_drained_from_its_page(tmp
     chromium_or_skip()
     with trio.fail_after(600):
         async with open_inference_controller(tmp_path, console_refresh=0.5) as controller:
-            await controller.ok(
-                "POST",
-                "/api/v1/users",
-                status=201,
-                json={
-                    "username": ALICE[0],
-                    "password": ALICE[1],
-                    "projects": {"default": MEMBER_SCOPES},
-                },
-            )
+            await _add_alice(controller)
             model_id = await register_smollm2(controller)
             spec = await llama_spec(controller, model_id, alias="on-demand", cpus=0.5)
             spec["scaling"] = {"min": 0, "max": 1}
@@ -569,16 +563,7 @@ async def test_stop_right_after_start_stops_and_a_removed_service_is_said_gone(t
     chromium_or_skip()
     with trio.fail_after(600):
         async with open_inference_controller(tmp_path, console_refresh=60) as controller:
-            await controller.ok(
-                "POST",
-                "/api/v1/users",
-                status=201,
-                json={
-                    "username": ALICE[0],
-                    "password": ALICE[1],
-                    "projects": {"default": MEMBER_SCOPES},
-                },
-            )
+            await _add_alice(controller)
             model_id = await register_smollm2(controller)
             spec = await llama_spec(controller, model_id, alias="smol", cpus=0.5)
             created = await controller.ok("POST", "/api/v1/inference", status=201, json=spec)
