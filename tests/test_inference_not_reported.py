@@ -18,6 +18,9 @@ from ficc_core.contributors.assignments import Reconciliation
 from ficc_core.inference.attempts import Attempts
 from ficc_core.inference.records import AttemptRecord, AttemptState
 
+from .inference_support import open_inference_controller, standin_engine
+from .test_status import _standin_service
+
 ATTEMPT = AttemptRecord(
     attempt_id="svc.r0.g1.a1.abc",
     service_id="svc",
@@ -93,3 +96,96 @@ async def test_no_reconciliation_within_the_bound_is_a_failure(autojump_clock):
     with trio.fail_after(60):
         await judge._not_reported(ATTEMPT)
     assert ended[0]["state"] == AttemptState.FAILED
+
+
+# -- what a reconnected node confirms ---------------------------------------------------------
+
+
+async def test_a_nodes_attempts_count_only_once_its_report_is_reconciled(service):
+    """On the leader, a node connected here whose first report is not reconciled yet has
+    not confirmed what it runs; once reconciled, what it said it no longer runs never
+    counts, though its record may still say ready."""
+    from ficc_core.contributors import NodeRegistry
+    from ficc_core.schema import ExecutorSnapshot, Fence, NodeResources, ProviderInfo
+
+    woken: list[str] = []
+    nodes = NodeRegistry(service.store, notify=woken.append)
+    digest = "sha256:" + "ab" * 32
+    snapshot = ExecutorSnapshot(
+        node_id="gpu-1",
+        providers=[ProviderInfo(name="process", package_digest=digest)],
+        resources=NodeResources(cpus=4, memory_bytes=8 << 30, disk_free_bytes=100 << 30),
+        endpoint_version=1,
+    )
+    with trio.fail_after(10):
+        await nodes.add_node("gpu-1")
+        # What the controller had launched there before it restarted.
+        for attempt_id in ("kept", "gone"):
+            fence = Fence(attempt_id=attempt_id, generation=1, plan_digest=digest)
+            await nodes.assign("gpu-1", fence, "process")
+        known = await nodes.wanted_attempt_ids("gpu-1")
+        # The link is the edge to the node: only its presence matters here.
+        connection = await nodes.connect("gpu-1", trio.CancelScope(), link=object())  # type: ignore[arg-type]
+        report = [
+            {
+                "attempt_id": "kept",
+                "generation": 1,
+                "plan_digest": digest,
+                "provider": "process",
+                "state": "ready",
+            }
+        ]
+        await nodes.heartbeat("gpu-1", connection, snapshot, report)
+        assert (
+            nodes.trouble("gpu-1") == "node gpu-1 connected but what it runs is not reconciled yet"
+        )
+        assert nodes.attempt_trouble("gpu-1", "kept") == nodes.trouble("gpu-1")
+        assert woken == []
+
+        reconciled = await nodes.reconcile("gpu-1", connection, report, known)
+        assert reconciled.missing == ("gone",)
+        assert woken == ["gpu-1"]  # what runs there is looked at again at once
+        assert nodes.trouble("gpu-1") is None
+        assert nodes.attempt_trouble("gpu-1", "kept") is None
+        assert nodes.attempt_trouble("gpu-1", "gone") == (
+            "node gpu-1 reported on connecting that it no longer runs it"
+        )
+
+
+# -- after a controller restart, end to end -------------------------------------------------
+
+
+async def test_a_restarted_controller_never_claims_ready_for_an_attempt_its_node_dropped(tmp_path):
+    """A fresh embedded agent runs nothing the last one ran: until the old attempt is
+    ended, the service's state (stored, so each change is an event) is never ``ready``
+    on its account, and its replica never serves."""
+    engine, settings = standin_engine(tmp_path)
+    with trio.fail_after(120):
+        async with open_inference_controller(tmp_path, agent_config=str(settings)) as controller:
+            service_id = await _standin_service(controller, tmp_path, engine)
+            assert (await controller.control(service_id, "start")).status_code == 200
+            ready = await controller.wait_service(service_id, lambda v: v["state"] == "ready")
+            old = ready["replicas"][0]["attempt_id"]
+            before = await _events(controller, service_id)
+        async with open_inference_controller(tmp_path, agent_config=str(settings)) as controller:
+            await controller.wait_service(
+                service_id,
+                lambda v: v["state"] == "ready" and v["replicas"][0]["attempt_id"] != old,
+            )
+            events = await _events(controller, service_id)
+    seen = [e for e in events if e["id"] > before[-1]["id"]]
+    [ended] = [e for e in seen if e.get("attempt_id") == old and e["details"].get("released")]
+    assert ended["reason"] == "not_reported", ended
+    claimed = [
+        e["message"]
+        for e in seen
+        if e["kind"] == "service.state"
+        and e["details"]["state"]["to"] == "ready"
+        and e["id"] < ended["id"]
+    ]
+    assert not claimed, [e["message"] for e in seen]
+
+
+async def _events(controller, service_id: str) -> list[dict[str, Any]]:
+    path = f"/api/v1/inference/{service_id}/events"
+    return (await controller.ok("GET", path, params={"limit": 500}))["events"]

@@ -6,6 +6,7 @@ engine behind the vllm adapter, the real gateway; see tests/ops_support.py.
 
 from __future__ import annotations
 
+import attrs
 import trio
 
 from ficc_core.inference import repository
@@ -319,3 +320,184 @@ async def test_a_move_of_a_gpu_runtime_to_a_node_without_gpus_is_a_tier_mismatch
                 "generation"
             ]
             assert await ops.reservations(service_id) == [(generation, 0, "local")]
+
+
+FAST_NODES = {"unreachable_after": "1s", "lost_after": "3s", "heartbeat_interval": "200ms"}
+
+
+async def _moved_off_node_2(ops, service_id: str) -> dict:
+    """Move replica 1 from the gone node-2 to local; check it serves there, holds only
+    its new reservation, and that node-2 can then be removed."""
+    controller = ops.controller
+    generation = (await controller.ok("GET", f"/api/v1/inference/{service_id}"))["generation"]
+    response = await _move(controller, service_id, 1, target_node_id="local")
+    assert response.status_code == 200, response.text
+    moved = response.json()
+    assert moved["final_state"] == "moved", moved
+    assert (moved["from_node"], moved["to_node"]) == ("node-2", "local")
+    assert [s["name"] for s in moved["steps"]] == STEPS
+    view = await controller.wait_service(service_id, lambda v: v["state"] == "ready")
+    assert [p["node_id"] for p in view["spec"]["placements"]] == ["local", "local"]
+    assert view["replicas"][1]["attempt_id"] == moved["steps"][0]["details"]["attempt_id"]
+    live = controller.service.live.get(service_id)
+    assert [r.node_id for r in live.replicas] == ["local", "local"]
+    assert await ops.reservations(service_id) == [
+        (generation, 0, "local"),
+        (generation, 1, "local"),
+    ]
+    removed = await controller.call("DELETE", "/api/v1/contributors/node-2")
+    assert removed.status_code == 200, removed.text
+    return next(s for s in moved["steps"] if s["name"] == "stop_source")
+
+
+async def test_a_replica_on_a_lost_node_moves_off_it_and_its_unknown_attempt_is_given_up(
+    tmp_path,
+):
+    # It was refused (replica_not_ready), though remove-node says to move it.
+    with trio.fail_after(120):
+        async with open_two_nodes(tmp_path, **FAST_NODES) as ops:
+            controller = ops.controller
+            service_id = await ops.running("local", "node-2")
+            source = (await controller.ok("GET", f"/api/v1/inference/{service_id}"))["replicas"][1]
+            ops.node_2.cancel()  # its agent stops: node-2 goes unreachable, then lost
+            await controller.wait_service(
+                service_id, lambda v: v["replicas"][1]["state"] == "unknown"
+            )
+            assert (await controller.node("node-2"))["state"] == "lost"
+            stop_source = await _moved_off_node_2(ops, service_id)
+            assert stop_source["ok"] and stop_source["details"]["given_up"] is True
+            assert stop_source["details"]["node_state"] == "lost"
+            given_up = await controller.service.store.read(
+                lambda tx: repository.attempt(tx, source["attempt_id"])
+            )
+            assert given_up.released and given_up.reason == "moved"
+            assert given_up.state == AttemptState.UNKNOWN
+            events = await controller.ok("GET", f"/api/v1/inference/{service_id}/events")
+            [ended] = [
+                e
+                for e in events["events"]
+                if e["kind"] == "attempt.state"
+                and e["attempt_id"] == source["attempt_id"]
+                and e["reason"] == "moved"
+            ]
+            assert "gave this attempt up" in ended["message"]
+
+
+async def test_a_replica_on_a_revoked_node_moves_off_it(tmp_path):
+    with trio.fail_after(120):
+        async with open_two_nodes(tmp_path) as ops:
+            controller = ops.controller
+            service_id = await ops.running("local", "node-2")
+            ops.node_2.cancel()  # a revoked agent is refused: stop it first
+            while controller.service.contributors.connected_here("node-2"):  # noqa: ASYNC110
+                await trio.sleep(0.02)
+            source = (await controller.ok("GET", f"/api/v1/inference/{service_id}"))["replicas"][1]
+            await controller.service.contributors.revoke_node("node-2")
+            # Its attempt ends stopped (node_revoked, docs/agents.md); the replica keeps
+            # failing to start there.
+            await controller.wait_service(
+                service_id, lambda v: v["replicas"][1]["state"] == "failed"
+            )
+            ended = await controller.service.store.read(
+                lambda tx: repository.attempt(tx, source["attempt_id"])
+            )
+            assert (ended.state, ended.reason, ended.released) == (
+                AttemptState.STOPPED,
+                "node_revoked",
+                True,
+            )
+            stop_source = await _moved_off_node_2(ops, service_id)
+            assert stop_source["ok"] and stop_source["details"]["given_up"] is False
+            assert stop_source["details"]["node_state"] == "revoked"
+            # Nothing launched on node-2 after the move.
+            detail = await controller.service.inference.get(None, service_id)
+            assert detail.attempts[-1].node_id == "local"
+            assert not any(a.node_id == "node-2" and not a.released for a in detail.attempts)
+
+
+async def test_a_move_onto_a_node_holding_the_model_for_another_replica_needs_no_more_disk(
+    tmp_path, monkeypatch
+):
+    # The target's disk check counted the model's staged copy a second time.
+    from ficc_core.agent import agent as agent_module
+
+    measured = agent_module.measure_resources
+    disk: dict[str, int] = {}
+
+    def measure(state_dir):
+        found = measured(state_dir)
+        if "free" not in disk:
+            return found
+        return attrs.evolve(found, disk_free_bytes=disk["free"])
+
+    monkeypatch.setattr(agent_module, "measure_resources", measure)
+    with trio.fail_after(120):
+        async with open_two_nodes(tmp_path, heartbeat_interval="200ms") as ops:
+            controller = ops.controller
+            service_id = await ops.running("local", "node-2")
+            held = await controller.service.store.read(
+                lambda tx: repository.reservations(tx, service_id)
+            )
+            [(generation, size)] = [(r.generation, r.disk_bytes) for r in held if r.replica == 1]
+            assert size > 0
+            # node-2 has room for the model once more, not twice.
+            disk["free"] = size + size // 2
+            node = await controller.node("node-2")
+            while node["snapshot"]["resources"]["disk_free_bytes"] != disk["free"]:
+                await trio.sleep(0.05)
+                node = await controller.node("node-2")
+            response = await _move(controller, service_id, 0, target_node_id="node-2")
+            assert response.status_code == 200, response.text
+            assert response.json()["final_state"] == "moved", response.text
+            held = await controller.service.store.read(
+                lambda tx: repository.reservations(tx, service_id)
+            )
+            assert sorted((r.key, r.disk_bytes) for r in held) == [
+                ((generation, 0, "node-2"), 0),
+                ((generation, 1, "node-2"), size),
+            ]
+
+
+async def test_after_a_rolled_back_move_a_stopped_service_shows_the_replica_where_it_ran(
+    tmp_path,
+):
+    # The rolled-back target, the replica's newest attempt, stood for it once stopped.
+    with trio.fail_after(120):
+        async with open_two_nodes(tmp_path) as ops:
+            controller = ops.controller
+            service_id = await ops.running("local")
+            [source] = (await controller.ok("GET", f"/api/v1/inference/{service_id}"))["replicas"]
+            mover = controller.service.inference.mover
+            mover.hook = _fail_at("wait_target_health")
+            response = await _move(controller, service_id, target_node_id="node-2")
+            assert response.json()["final_state"] == "failed", response.text
+
+            async def target_ends_by_itself(step: str) -> None:
+                if step != "wait_target_health":
+                    return
+                driver = await controller.service.reconciler.driver_of(service_id)
+                [target] = [a for a in driver.held if a != source["attempt_id"]]
+                attempt = await controller.service.store.read(
+                    lambda tx: repository.attempt(tx, target)
+                )
+                await mover.attempts.stop(attempt)  # as if its engine ended there
+                raise _Fault("the target ended")
+
+            mover.hook = target_ends_by_itself
+            response = await _move(controller, service_id, target_node_id="node-2")
+            assert response.json()["final_state"] == "failed", response.text
+            mover.hook = _fail_at()
+            assert (await controller.control(service_id, "stop")).status_code == 200
+            view = await controller.wait_service(service_id, lambda v: v["state"] == "stopped")
+            [replica] = view["replicas"]
+            assert replica["attempt_id"] == source["attempt_id"]
+            assert replica["reason"] != "move_rolled_back"
+            detail = await controller.service.inference.get(None, service_id)
+            assert [(a.node_id, a.reason) for a in detail.attempts] == [
+                ("local", "stopped"),
+                ("node-2", "move_rolled_back"),
+                ("node-2", "move_rolled_back"),
+            ]
+            status = await controller.ok("GET", f"/api/v1/inference/{service_id}/status")
+            [replica] = status["replicas"]
+            assert replica["attempt_id"] == source["attempt_id"]

@@ -7,10 +7,12 @@ second; the real llama.cpp engine killed with SIGKILL is tests/test_status_e2e.p
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
 
+import attrs
 import trio
 
 from ficc_core.auth import ALL_SCOPES
@@ -28,6 +30,7 @@ from .conftest import issue_token
 from .inference_support import llama_spec, open_inference_controller, register_gguf, standin_engine
 from .models_support import tiny_gguf
 from .test_cli_inference import Cli
+from .test_schema_spec import SPECIFICATION
 
 # -- derivations -----------------------------------------------------------------------------
 
@@ -98,14 +101,131 @@ def test_the_last_exit_is_the_latest_ended_attempt_with_its_code_signal_and_memo
         _attempt(0, 1, 3, "loading"),
         _attempt(1, 1, 1, "failed", reason="memory_limit", signal=9, updated_at=250.0),
     ]
-    exit0 = last_exit(attempts, 0)
+    exit0 = last_exit(attempts, 0, 1)
     assert (exit0.attempt, exit0.exit_code, exit0.signal) == (2, 3, None)
     assert (exit0.reason, exit0.message, exit0.memory_limit) == ("exited", "status 3", False)
     assert exit0.at == 202.0
-    exit1 = last_exit(attempts, 1)
+    exit1 = last_exit(attempts, 1, 1)
     assert (exit1.signal, exit1.memory_limit, exit1.at) == (9, True, 250.0)
-    assert last_exit(attempts, 2) is None
-    assert last_exit([_attempt(0, 1, 1, "ready")], 0) is None
+    assert last_exit(attempts, 2, 1) is None
+    assert last_exit([_attempt(0, 1, 1, "ready")], 0, 1) is None
+
+
+def _record(generation: int = 1, **fields) -> ServiceRecord:
+    spec = fields.pop("spec", '{"placements": [{"node_id": "n1"}]}')
+    return ServiceRecord(
+        id="svc",
+        project_id="p",
+        alias="a",
+        model_id="m",
+        spec=spec,
+        revision=3,
+        generation=generation,
+        desired=fields.pop("desired", "running"),
+        state=fields.pop("state", "ready"),
+        reason=None,
+        plan_digest=None,
+        created_at=1.0,
+        updated_at=2.0,
+    )
+
+
+def _fine_node(node_id: str = "n1"):
+    return node_status(node_id, None, connected=True, trouble=None, now=100.0)
+
+
+def test_the_last_exit_is_of_the_generation_the_replica_runs_not_an_abandoned_rollouts():
+    # Generation 2 serves; the rollout to generation 3 failed on this replica and was
+    # abandoned (its attempts ended, released). The healthy replica has no last exit.
+    abandoned = [
+        _attempt(0, 3, 1, "failed", reason="exited", exit_code=1, released=True),
+        _attempt(0, 3, 2, "failed", reason="exited", exit_code=1, released=True),
+    ]
+    serving = _attempt(0, 2, 1, "ready", pid=41)
+    detail = ServiceDetail(service=_record(2), attempts=(serving, *abandoned), reservations=())
+    (replica,) = service_status(detail, {"n1": _fine_node()}, lambda _a: 0, 100.0).replicas
+    assert (replica.attempt_id, replica.serving) == ("svc.r0.g2.a1", True)
+    assert replica.last_exit is None
+    assert replica.successor is None
+
+    # Killed in its own generation and relaunched: that is its last exit, still not the
+    # abandoned rollout's.
+    killed = _attempt(0, 2, 1, "failed", reason="killed", signal=9, pid=41, released=True)
+    again = _attempt(0, 2, 2, "ready", pid=42)
+    detail = ServiceDetail(
+        service=_record(2), attempts=(killed, again, *abandoned), reservations=()
+    )
+    (replica,) = service_status(detail, {"n1": _fine_node()}, lambda _a: 0, 100.0).replicas
+    assert (replica.attempt, replica.pid, replica.restarts) == (2, 42, 1)
+    assert (replica.last_exit.attempt_id, replica.last_exit.signal) == ("svc.r0.g2.a1", 9)
+    assert replica.last_exit.pid == 41
+
+
+def test_show_suggests_starting_with_acknowledge_unknown_only_where_start_accepts_it(capsys):
+    from ficc_core.api.views_inference import service_view
+    from ficc_core.cli.inference_io import echo_service
+    from ficc_core.errors import FiccError
+    from ficc_core.inference.transitions import require_stopped
+    from ficc_core.schema import Specification, structure, unstructure
+
+    document = {**SPECIFICATION, "placements": [SPECIFICATION["placements"][0]] * 2}
+    spec = json.dumps(unstructure(structure(document, Specification)))  # as it is stored
+    # Replica 1's node was lost while it ran: its outcome is unknown, it is still held.
+    lost = _attempt(1, 1, 1, "unknown", reason="node_lost", node_id="node-a")
+    attempts = (_attempt(0, 1, 1, "ready", node_id="node-a"), lost)
+    cases = {
+        ("running", "degraded"): "stop the service, then start it with --acknowledge-unknown",
+        ("draining", "draining"): "once the service has stopped, start it with",
+        ("stopped", "stopping"): "once the service has stopped, start it with",
+        ("stopped", "stopped"): "start with --acknowledge-unknown to give them up",
+        ("removed", "removing"): "the service is removed once their node is back or revoked",
+    }
+    for (desired, state), hint in cases.items():
+        record = _record(spec=spec, desired=desired, state=state)
+        detail = ServiceDetail(service=record, attempts=attempts, reservations=())
+        echo_service(service_view(detail, trouble=lambda _node, _attempt: None))
+        [line] = [x for x in capsys.readouterr().out.splitlines() if x.startswith("unknown:")]
+        assert line.startswith(f"unknown:      {lost.attempt_id} ({hint}"), (desired, line)
+        # The hint opens with start only where the start route accepts it.
+        try:
+            require_stopped(record, "start")
+        except FiccError as refused:
+            assert refused.code == "invalid_transition"
+            assert not line.startswith(f"unknown:      {lost.attempt_id} (start"), line
+        else:
+            assert line.startswith(f"unknown:      {lost.attempt_id} (start with"), line
+
+
+def test_a_ready_replica_serves_only_where_the_gateway_routes_it():
+    from ficc_core.inference.status import serves
+
+    ready = _attempt(0, 1, 1, "ready")
+
+    def fine(_node_id: str, _attempt_id: str) -> str | None:
+        return None
+
+    def unreachable(node_id: str, _attempt_id: str) -> str | None:
+        return f"node {node_id} is not connected to this controller"
+
+    def dropped(node_id: str, attempt_id: str) -> str | None:
+        return "it no longer runs it" if attempt_id == ready.attempt_id else None
+
+    assert serves(_record(), 0, ready, fine)
+    # Its node cannot be reached or no longer runs it, the service no longer takes
+    # requests, the attempt is of another generation or released, or a scaled service
+    # does not run the placement.
+    assert not serves(_record(), 0, ready, unreachable)
+    assert not serves(_record(), 0, ready, dropped)
+    for desired in ("draining", "stopped", "removed"):
+        assert not serves(_record(desired=desired), 0, ready, fine)
+    assert not serves(_record(2), 0, ready, fine)
+    assert not serves(_record(), 0, _attempt(0, 1, 1, "ready", released=True), fine)
+    assert not serves(_record(), 0, _attempt(0, 1, 1, "loading"), fine)
+    placements = [{**SPECIFICATION["placements"][0], "node_id": "n1"}] * 2
+    scaled = {**SPECIFICATION, "placements": placements, "scaling": {"min": 0, "max": 2}}
+    record = attrs.evolve(_record(spec=json.dumps(scaled)), active=(1,))
+    assert not serves(record, 0, ready, fine)
+    assert serves(record, 1, _attempt(1, 1, 1, "ready"), fine)
 
 
 def test_a_connected_node_that_dropped_or_went_silent_shows_so_and_stops_serving():
@@ -178,16 +298,20 @@ def test_a_ready_replica_on_a_node_that_cannot_be_reached_does_not_count_as_read
     attempts = [_attempt(0, 1, 1, "ready", node_id="n1"), _attempt(1, 1, 1, "ready", node_id="n2")]
     assert rolled_up(2, attempts, 1) == ("ready", None)
     troubles = {"n2": "node n2 is not connected to this controller"}
-    state, reason = rolled_up(2, attempts, 1, trouble=troubles.get)
+
+    def trouble(node_id: str, _attempt_id: str) -> str | None:
+        return troubles.get(node_id)
+
+    state, reason = rolled_up(2, attempts, 1, trouble=trouble)
     assert state == "degraded"
     assert reason == (
         "replica 1 is ready but cannot be reached: node n2 is not connected to this controller"
     )
     troubles["n1"] = "node n1 missed its heartbeats (none for over 4 s)"
-    assert rolled_up(2, attempts, 1, trouble=troubles.get)[0] == "starting"
+    assert rolled_up(2, attempts, 1, trouble=trouble)[0] == "starting"
     # A failure's message comes first: it says more than an unreachable node.
     failed = [_attempt(0, 1, 1, "failed", message="it broke"), attempts[1]]
-    assert rolled_up(2, failed, 1, trouble=troubles.get) == ("starting", "it broke")
+    assert rolled_up(2, failed, 1, trouble=trouble) == ("starting", "it broke")
 
 
 # -- the route and the CLI -------------------------------------------------------------------
@@ -320,3 +444,34 @@ async def test_a_killed_engine_shows_its_exit_and_restart_and_show_says_why(tmp_
             document = await run.json("show", service_id)
             assert document["id"] == service_id and document["revision"] >= revision
             assert document["status"]["replicas"][0]["last_exit"]["signal"] == 9
+
+
+async def test_a_stopped_replica_shows_no_pid_or_health_as_if_its_engine_still_ran(tmp_path):
+    engine, settings = standin_engine(tmp_path)
+    with trio.fail_after(120):
+        async with open_inference_controller(tmp_path, agent_config=str(settings)) as controller:
+            service_id = await _standin_service(controller, tmp_path, engine)
+            assert (await controller.control(service_id, "start")).status_code == 200
+            ran = _replica(
+                await controller.wait_status(
+                    service_id, lambda s: s["state"] == "ready" and _replica(s)["health"] == "200"
+                )
+            )
+            assert ran["pid"] > 0
+
+            assert (await controller.control(service_id, "stop")).status_code == 200
+            await controller.wait_service(service_id, lambda v: v["state"] == "stopped")
+            replica = _replica(await controller.ok("GET", f"/api/v1/inference/{service_id}/status"))
+            assert (replica["state"], replica["attempt_id"]) == ("stopped", ran["attempt_id"])
+            assert (replica["pid"], replica["health"], replica["health_at"]) == (None, None, None)
+            assert not replica["serving"]
+            # How it ended keeps the process it was.
+            assert replica["last_exit"]["attempt_id"] == ran["attempt_id"]
+            assert replica["last_exit"]["pid"] == ran["pid"]
+
+            shown = (await Cli(controller.url, controller.token).ok("show", service_id)).stdout
+            assert re.search(
+                rf"^0\s+stopped\s+local\s+{ran['attempt']}\s+-\s+0\s+stopped\s+-\s+0\s+stopped$",
+                shown,
+                re.M,
+            ), shown

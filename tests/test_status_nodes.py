@@ -8,6 +8,7 @@ the tests see within one heartbeat interval.
 
 from __future__ import annotations
 
+import re
 import signal
 
 import trio
@@ -15,6 +16,7 @@ import trio
 from .inference_support import llama_spec, open_inference_controller, register_gguf, standin_engine
 from .models_support import tiny_gguf
 from .test_agent_processes import ExecutorProcess, agent_dir  # noqa: F401
+from .test_cli_inference import Cli
 
 HEARTBEAT = 0.5
 #: Two heartbeat intervals, and at least two seconds more than one (the registry's rule).
@@ -119,6 +121,46 @@ async def test_a_silent_then_killed_remote_node_shows_on_its_replica_within_a_he
                 assert "not connected to this controller" in view["reason"]
                 node = await controller.node("gpu-1")
                 assert node["state"] == "connected"  # the sweep has not acted yet
+    finally:
+        if executor is not None:
+            executor.kill()
+
+
+async def test_list_counts_a_ready_replica_on_a_silent_node_as_not_serving(
+    tmp_path,
+    agent_dir,  # noqa: F811
+):
+    """`ficc inference list`'s READY agrees with the service's state and the gateway: a
+    replica still ``ready`` on record whose node missed its heartbeats does not count."""
+    executor = None
+    try:
+        with trio.fail_after(120):
+            async with open_inference_controller(
+                tmp_path, embedded=False, **SLOW_SWEEP
+            ) as controller:
+                executor, service_id = await _serving_on_remote_node(
+                    controller, agent_dir, tmp_path
+                )
+                run = Cli(controller.url, controller.token)
+                row = rf"^{service_id}\s+smol\s+\S+\s+llama_cpp\s+{{}}\s+running\s+{{}}\s"
+                listed = (await run.ok("list")).stdout
+                assert re.search(row.format("ready", "1/1"), listed, re.M), listed
+                [view] = (await run.json("list"))["services"]
+                assert view["replicas"][0]["serving"]
+
+                executor.proc.send_signal(signal.SIGSTOP)
+                try:
+                    await controller.wait_service(service_id, lambda v: v["state"] == "starting")
+                    [view] = (await run.json("list"))["services"]
+                    assert view["replicas"][0]["state"] == "ready"
+                    assert not view["replicas"][0]["serving"]
+                    listed = (await run.ok("list")).stdout
+                    assert re.search(row.format("starting", "0/1"), listed, re.M), listed
+                finally:
+                    executor.proc.send_signal(signal.SIGCONT)
+                await controller.wait_service(service_id, lambda v: v["state"] == "ready")
+                listed = (await run.ok("list")).stdout
+                assert re.search(row.format("ready", "1/1"), listed, re.M), listed
     finally:
         if executor is not None:
             executor.kill()

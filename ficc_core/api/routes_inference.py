@@ -68,7 +68,11 @@ def register(app: QuartTrio, service: Service) -> None:
     limit = service.config.max_body_bytes
 
     def service_view(detail: ServiceDetail) -> dict[str, Any]:
-        return view_of_service(detail, service.config.replica_give_up_after)
+        return view_of_service(
+            detail,
+            service.config.replica_give_up_after,
+            trouble=service.contributors.attempt_trouble,
+        )
 
     @app.get("/api/v1/inference", endpoint="inference_list")
     async def inference_list() -> Response:

@@ -45,7 +45,13 @@ def register(app: QuartTrio, service: Service) -> None:
             await inference.get(g.principal.project_id, service_id)
             async with service.lease.while_leading(word):
                 detail = await inference.pin(g.principal, service_id, pinned, body.revision)
-            return jsonify(service_view(detail, service.config.replica_give_up_after))
+            return jsonify(
+                service_view(
+                    detail,
+                    service.config.replica_give_up_after,
+                    trouble=service.contributors.attempt_trouble,
+                )
+            )
 
         app.add_url_rule(
             f"/api/v1/inference/<service_id>/{word}",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -10,20 +11,32 @@ from ..inference import Preview, ServiceDetail
 from ..inference.publication import give_up_reason, given_up
 from ..inference.records import (
     AttemptState,
+    CredentialUsage,
     Desired,
     ServiceRecord,
     ServiceState,
+    UsageEntry,
     UsageSummary,
+    UsageTotals,
 )
-from ..inference.status import ServiceStatus, current_attempts
+from ..inference.status import ServiceStatus, current_attempts, serves
+from ..prices import MILLI
 from ..schema import unstructure
 
 
-def service_view(detail: ServiceDetail, give_up_after: int = 0) -> dict[str, Any]:
+def service_view(
+    detail: ServiceDetail,
+    give_up_after: int = 0,
+    *,
+    trouble: Callable[[str, str], str | None],
+) -> dict[str, Any]:
     """A service as the API shows it: specification, revision, generation, replicas.
 
     ``stopped_retrying`` lists the replicas that stopped retrying because their last
     ``give_up_after`` attempts failed the same way (the service's reason says how).
+    Each replica's ``serving`` says whether it takes the service's requests now
+    (:func:`~ficc_core.inference.status.serves`; ``trouble`` says, by node and attempt
+    ID, why an attempt cannot count now: the registry's ``attempt_trouble``).
     """
     service, attempts = detail.service, detail.attempts
     spec = service.document()
@@ -42,6 +55,7 @@ def service_view(detail: ServiceDetail, give_up_after: int = 0) -> dict[str, Any
                 "index": index,
                 "node_id": placement["node_id"],
                 "state": "stopped" if last is None else str(last.state),
+                "serving": serves(service, index, last, trouble),
                 "reason": None if last is None else last.reason,
                 "message": None if last is None else last.message,
                 "generation": None if last is None else last.generation,
@@ -142,15 +156,22 @@ def preview_view(preview: Preview) -> dict[str, Any]:
     return view
 
 
+def _spent(row: UsageTotals | CredentialUsage | UsageEntry) -> dict[str, Any]:
+    """A usage row as JSON, its spend in the words of ``GET /api/v1/usage`` (``spend`` in
+    units, ``spend_milli`` exact) beside ``cost`` (milli-units; deprecated, kept for the
+    clients that read it)."""
+    return {**attrs.asdict(row), "spend": row.cost / MILLI, "spend_milli": row.cost}
+
+
 def usage_view(summary: UsageSummary) -> dict[str, Any]:
     """A service's usage: totals, per-credential totals and the latest requests."""
     return {
         "service_id": summary.service_id,
         "alias": summary.alias,
         "since": summary.since,
-        "totals": attrs.asdict(summary.totals),
-        "by_credential": [attrs.asdict(row) for row in summary.by_credential],
-        "recent": [attrs.asdict(row) for row in summary.recent],
+        "totals": _spent(summary.totals),
+        "by_credential": [_spent(row) for row in summary.by_credential],
+        "recent": [_spent(row) for row in summary.recent],
     }
 
 

@@ -104,7 +104,11 @@ def show(ctx: click.Context, service_id: str, as_json: bool) -> None:
 @json_option
 @click.pass_context
 def list_services(ctx: click.Context, as_json: bool) -> None:
-    """List the project's services."""
+    """List the project's services.
+
+    READY counts the replicas that serve (take the service's requests now, as its state
+    counts them) of the service's placements.
+    """
     found = client_from(ctx).json("GET", BASE)
     if as_json:
         echo_json(found)
@@ -124,7 +128,10 @@ def list_services(ctx: click.Context, as_json: bool) -> None:
         )
     ]
     for view in found["services"]:
-        ready = sum(1 for replica in view["replicas"] if replica["state"] == "ready")
+        # What serves (a controller without ``serving``: the replicas in state ready).
+        ready = sum(
+            1 for replica in view["replicas"] if replica.get("serving", replica["state"] == "ready")
+        )
         rows.append(
             (
                 view["id"],

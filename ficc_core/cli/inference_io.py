@@ -195,11 +195,20 @@ def echo_service(view: Mapping[str, Any]) -> None:
     if view.get("reason") and view["state"] != "idle":  # an idle one's: its scaling lines
         lines.append(f"reason:       {view['reason']}")
     if view.get("unknown_attempts"):
-        lines.append(
-            f"unknown:      {', '.join(view['unknown_attempts'])} (start with "
-            "--acknowledge-unknown to give them up)"
-        )
+        lines.append(f"unknown:      {', '.join(view['unknown_attempts'])} ({_unknown_hint(view)})")
     click.echo("\n".join(lines))
+
+
+def _unknown_hint(view: Mapping[str, Any]) -> str:
+    """What gives the service's unknown attempts up, from where it stands: the start route
+    accepts ``acknowledge_unknown`` only on a service that is stopped and wants to be."""
+    if view["desired"] == "removed":
+        return "the service is removed once their node is back or revoked"
+    if view["desired"] == "stopped" and view["state"] == "stopped":
+        return "start with --acknowledge-unknown to give them up"
+    if view["desired"] == "running":
+        return "stop the service, then start it with --acknowledge-unknown to give them up"
+    return "once the service has stopped, start it with --acknowledge-unknown to give them up"
 
 
 def echo_reservations(view: Mapping[str, Any]) -> None:

@@ -48,6 +48,12 @@ class LiveConnections:
         if older is not None:
             older.scope.cancel()
 
+    def end_all(self) -> None:
+        """Cancel every connection (the controller is stopping); each is forgotten when
+        its handler ends."""
+        for live in list(self._by_node.values()):
+            live.scope.cancel()
+
     def cancel(self, node_id: str) -> bool:
         """Cancel the node's connection, as a dropped network would; return whether it had one.
 

@@ -289,16 +289,39 @@ class NodeRegistry:
 
         A node not connected here cannot be reached; one connected but silent for
         longer than :attr:`stale_after` missed a heartbeat. Either shows on its
-        replicas at once, long before the node is unreachable or lost.
+        replicas at once, long before the node is unreachable or lost. On the leader
+        (which reconciles each connection's first report), a connection whose report is
+        not reconciled yet has not confirmed what it runs: after a controller restart,
+        what the store says a node runs is only what it ran before.
         """
         if not self.connected_here(node_id):
             return f"node {node_id} is not connected to this controller"
         silent = self.silence(node_id)
         if silent is None:
             return f"node {node_id} connected but has not reported yet"
+        if self.leadership.leading and self.reconciliation(node_id) is None:
+            return f"node {node_id} connected but what it runs is not reconciled yet"
         if silent > self.stale_after:
             return f"node {node_id} missed its heartbeats (none for over {self.stale_after:g} s)"
         return None
+
+    def attempt_trouble(self, node_id: str, attempt_id: str) -> str | None:
+        """Why attempt ``attempt_id`` on ``node_id`` cannot count as serving now, or None.
+
+        Its node's :meth:`trouble`; else, when the node's live connection reported on
+        (re)connecting that it no longer runs the attempt (the reconciliation's
+        ``missing``): its record may still say ready until the controller ends it.
+        """
+        why = self.trouble(node_id)
+        if why is None and self.dropped(node_id, attempt_id):
+            why = f"node {node_id} reported on connecting that it no longer runs it"
+        return why
+
+    def dropped(self, node_id: str, attempt_id: str) -> bool:
+        """Whether the node's live connection here reported on (re)connecting that it no
+        longer runs ``attempt_id`` (its reconciliation's ``missing``)."""
+        reconciled = self.reconciliation(node_id)
+        return reconciled is not None and attempt_id in reconciled.missing
 
     async def heartbeat(
         self,
@@ -521,4 +544,7 @@ class NodeRegistry:
         """
         result = await self.wants.reconcile(node_id, connection_id, reported, known)
         self.reconciled[node_id] = result
+        # What it runs is now confirmed (its trouble may have gone): what runs there is
+        # looked at again at once.
+        self.notify(node_id)
         return result

@@ -286,6 +286,10 @@ class LeaderLease:
         self._claiming = trio.Lock()
         #: Whether :meth:`run` made its first claim (so :meth:`advertise` claims at once).
         self._running = False
+        #: Set by :meth:`stop_work`: the role's work does not start again.
+        self._stopping = False
+        #: Set once the role's work ended for good (None unless :meth:`run` runs it).
+        self._work_ended: trio.Event | None = None
 
     # -- what the rest of the controller asks ---------------------------------------------------
 
@@ -357,6 +361,16 @@ class LeaderLease:
                 self._operations.discard(scope)
         if scope.cancelled_caught:
             self.require_leader(action)
+
+    async def stop_work(self) -> None:
+        """End the role's work for good, as losing the lease would (nothing it runs is
+        stopped), and return once it ended: the controller is stopping. The lease itself
+        stays held until :meth:`run` is cancelled, which releases it."""
+        self._stopping = True
+        if self._role_scope is not None:
+            self._role_scope.cancel()
+        if self._work_ended is not None:
+            await self._work_ended.wait()
 
     def describe(self) -> str:
         """``leader (term N)`` or ``standby; leader is X at URL (term N)``, as logged."""
@@ -510,30 +524,40 @@ class LeaderLease:
         then: a controller keeps serving through it.
         """
         reported = False
-        while True:
-            held = self._held
-            failed = False
-            with trio.CancelScope() as scope:
-                self._role_scope = scope
-                try:
-                    async with trio.open_nursery() as work:
-                        if held is not None:
-                            await work.start(self.lead, held)
-                        else:
-                            await work.start(self.follow)
-                        if not reported:
-                            reported = True
-                            task_status.started()
-                        await trio.sleep_forever()  # until the role changes
-                except Exception:
-                    role = "leader" if held is not None else "standby"
-                    log.exception(
-                        "the %s's work failed; starting it again in %g s", role, self.renew_interval
-                    )
-                    failed = True
-            self._role_scope = None
-            if failed:
-                await trio.sleep(self.renew_interval)
+        ended = self._work_ended = trio.Event()
+        try:
+            while not self._stopping:
+                held = self._held
+                failed = False
+                with trio.CancelScope() as scope:
+                    self._role_scope = scope
+                    try:
+                        async with trio.open_nursery() as work:
+                            if held is not None:
+                                await work.start(self.lead, held)
+                            else:
+                                await work.start(self.follow)
+                            if not reported:
+                                reported = True
+                                task_status.started()
+                            await trio.sleep_forever()  # until the role changes
+                    except Exception:
+                        role = "leader" if held is not None else "standby"
+                        log.exception(
+                            "the %s's work failed; starting it again in %g s",
+                            role,
+                            self.renew_interval,
+                        )
+                        failed = True
+                self._role_scope = None
+                if failed and not self._stopping:
+                    await trio.sleep(self.renew_interval)
+            if not reported:
+                task_status.started()
+            ended.set()
+            await trio.sleep_forever()  # stopped for good: until the lease is released
+        finally:
+            ended.set()
 
 
 __all__ = [

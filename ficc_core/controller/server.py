@@ -76,6 +76,27 @@ async def serve_metrics(
     )
 
 
+async def end_node_connections(service: Service, grace: float) -> None:
+    """Once no invoke request is in flight (a remote replica's are relayed over its
+    node's connection), stop this controller's own work, end what is still open and
+    every node connection.
+
+    hypercorn's shutdown waits for each open connection, a remote agent's WebSocket
+    too: without this it waited out the whole grace. The role's work (the reconciler,
+    the node sweep) stops first, as when the lease is lost (nothing a node runs is
+    stopped), so the connections this controller ends are not recorded as trouble of
+    their nodes (a replica that "cannot be reached"). What is still open, a replica's
+    live log relayed over its node's connection, ends as at the end of the grace
+    (``server_shutting_down``). The embedded node's connection ends too: it stops with
+    the process.
+    """
+    await service.live.wait_all_idle()
+    await service.lease.stop_work()
+    log.info("no request in flight; ending the node connections")
+    service.gateway.checks.shut_down(grace)
+    service.contributors.live.end_all()
+
+
 async def run_until_signalled(
     service: Service,
     *,
@@ -88,7 +109,8 @@ async def run_until_signalled(
     still open or queued ends with ``server_shutting_down`` (a streamed one as its last
     SSE event, :meth:`~ficc_core.gateway.checks.RequestChecks.shut_down`), which
     hypercorn gives :data:`SHUTDOWN_NOTICE` more seconds to send before it closes the
-    connections.
+    connections. Once none is in flight, the node connections end
+    (:func:`end_node_connections`): with nothing else open, the process exits at once.
 
     ``on_ready`` gets the API's URLs and the metrics listener's (empty unless
     ``metrics_listen`` is set).
@@ -129,5 +151,6 @@ async def run_until_signalled(
                 # hypercorn drains within graceful_timeout; this is the hard deadline on top.
                 nursery.cancel_scope.deadline = trio.current_time() + grace + SHUTDOWN_NOTICE + 1
                 nursery.start_soon(end_streams_after_grace)
+                nursery.start_soon(end_node_connections, service, grace)
             # Both servers are done (nothing was left open): nothing to end any more.
             nursery.cancel_scope.cancel()

@@ -256,3 +256,8 @@ class LiveTable:
             if event is None:
                 event = self._idle[service_id] = trio.Event()
             await event.wait()
+
+    async def wait_all_idle(self) -> None:
+        """Return once no request to any service is in flight."""
+        while self._inflight:
+            await self.wait_idle(next(iter(self._inflight)))

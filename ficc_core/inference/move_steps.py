@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 
+from ..contributors import repository as contributors_repository
+from ..contributors.records import AssignmentReason, NodeState
 from ..errors import FiccError
 from ..events import EventKind, Subject
 from ..events import record as record_event
@@ -21,12 +23,13 @@ from ..store import Transaction
 from . import history, repository
 from .admission import plan_in
 from .placement import Reservation
-from .publication import routed
+from .publication import ROLLED_BACK, routed
 from .records import AttemptRecord, AttemptState, ServiceRecord
 
 if TYPE_CHECKING:
     from ..schema import Specification
     from .moves import Mover
+    from .reconciler import _Driver as Driver
 
 
 @attrs.define
@@ -76,6 +79,9 @@ class MovePlan:
     source: AttemptRecord
     target: AttemptRecord
     reservation: Reservation
+    #: ``lost`` or ``revoked`` when the source's node is gone: the source is given up
+    #: instead of drained and stopped (see :mod:`~ficc_core.inference.moves`).
+    source_gone: NodeState | None = None
 
 
 class StepFailed(Exception):
@@ -129,6 +135,11 @@ class MoveRun:
         async with trio.open_nursery() as nursery:
             self.nursery = nursery
             try:
+                if self.plan.source_gone is not None:
+                    # Its replica task ended (an unknown outcome) or keeps failing to
+                    # launch on the dead node: the one the driver starts next waits
+                    # while the move holds the replica, then follows what it left.
+                    await end_replica_task(driver, self.target.generation, self.target.replica)
                 return await self._forward()
             finally:
                 driver.held -= {self.source.attempt_id, self.target.attempt_id}
@@ -156,13 +167,25 @@ class MoveRun:
         reservation = self.plan.reservation
         now = self.mover.clock()
 
-        def write(tx: Transaction) -> None:
+        def write(tx: Transaction) -> AttemptRecord:
+            # Numbered past every attempt of the replica, one launched meanwhile too.
+            numbers = [
+                a.number for a in repository.attempts(tx, record.id) if a.replica == target.replica
+            ]
+            chosen = target
+            if numbers and max(numbers) >= target.number:
+                chosen = self.mover.attempts.new(record, moved, target.replica, max(numbers) + 1)
             repository.insert_reservations(tx, [reservation], now)
-            repository.insert_attempt(tx, target)
+            repository.insert_attempt(tx, chosen)
             repository.bump(tx, record.id, now)
-            history.attempt_added(tx, record, target, None, now)
+            history.attempt_added(tx, record, chosen, None, now)
+            return chosen
 
-        await self.mover.store.write(write)
+        chosen = await self.mover.store.write(write)
+        if chosen is not target:
+            self.driver.held.discard(target.attempt_id)
+            self.driver.held.add(chosen.attempt_id)
+            self.target = target = chosen
         await self.mover.attempts.start(record, moved, target)
         current = await self._found(target.attempt_id)
         if current.released:
@@ -201,6 +224,8 @@ class MoveRun:
         )
 
     async def _stop_source(self) -> dict[str, Any]:
+        if self.plan.source_gone is not None:
+            return await self._end_gone_source(self.plan.source_gone)
         source_id = self.source.attempt_id
         self.driver.dismissed[source_id] = "moved"
         self.reconciler.wake(self.service_id)
@@ -221,6 +246,46 @@ class MoveRun:
         if current.state not in (AttemptState.STOPPED, AttemptState.FAILED):
             raise StepFailed({"error": f"the source is {current.state}", "state": current.state})
         return {"drained_s": round(drained, 3), "state": current.state}
+
+    async def _end_gone_source(self, gone: NodeState) -> dict[str, Any]:
+        """The source's node is lost or revoked: nothing serves there, nothing drains.
+        An attempt that ended stays as it is; one still unreleased is stopped if its node
+        is back, else given up: its node stops it if it ever connects again."""
+        source_id = self.source.attempt_id
+        current = await self._found(source_id)
+        if not current.released:
+            await self.mover.attempts.stop(current, reason="moved")
+            current = await self._found(source_id)
+        given_up = False
+        if not current.released:
+            now = self.mover.clock()
+            message = (
+                f"node {current.node_id} is {gone}; the move to node {self.target.node_id} "
+                "gave this attempt up (its node stops it if it ever connects again)"
+            )
+
+            def write(tx: Transaction) -> None:
+                before = repository.attempt(tx, source_id)
+                if before is None or before.released:
+                    return
+                contributors_repository.set_unwanted(
+                    tx, before.node_id, source_id, AssignmentReason.ACKNOWLEDGED_UNKNOWN, now
+                )
+                after = attrs.evolve(before, released=True, reason="moved", message=message)
+                repository.update_attempt(tx, after, now)
+                repository.bump(tx, before.service_id, now)
+                service = repository.service(tx, before.service_id)
+                history.attempt_changed(tx, service, before, after, now)
+
+            await self.mover.store.write(write)
+            current = await self._found(source_id)
+            given_up = True
+        return {
+            "node_state": str(gone),
+            "state": str(current.state),
+            "reason": current.reason,
+            "given_up": given_up,
+        }
 
     async def _undeploy_source(self) -> dict[str, Any]:
         current = await self._found(self.source.attempt_id)
@@ -285,15 +350,22 @@ class MoveRun:
             await self.mover.hook("rollback_target")
             current = await self._read(self.target.attempt_id)
             if current is not None and not current.released:
-                await self.mover.attempts.stop(current, reason="move_rolled_back")
+                await self.mover.attempts.stop(current, reason=ROLLED_BACK)
             current = await self._read(self.target.attempt_id)
+            if current is not None and current.released and current.reason != ROLLED_BACK:
+                # It ended by itself (failed, its node revoked): it still never stood for
+                # the replica, which its reason says (publication.latest skips it).
+                await self.mover.attempts.observations.set_attempt(
+                    self.service_id, current.attempt_id, reason=ROLLED_BACK
+                )
+                current = await self._read(self.target.attempt_id)
             ok = current is None or current.released
             details = {"state": None if current is None else current.state}
         except Exception as exc:
             ok, details = False, {"error": f"{type(exc).__name__}: {exc}"}
         if not ok:
             # The driver keeps trying to stop it; both nodes need a look.
-            self.driver.dismissed[self.target.attempt_id] = "move_rolled_back"
+            self.driver.dismissed[self.target.attempt_id] = ROLLED_BACK
         self.steps.append(
             Step("rollback_target", ok, (trio.current_time() - began) * 1000, details)
         )
@@ -310,6 +382,10 @@ class MoveRun:
         if not await self._rollback_target():
             await self.mover.settle(self.service_id)
             return self._result("failed_rollback_dirty")
+        if self.plan.source_gone is not None:
+            # Its node is gone: the replica cannot start there again.
+            await self.mover.settle(self.service_id)
+            return self._result("failed_rolled_back")
         self.driver.held -= {self.source.attempt_id, self.target.attempt_id}
         self.reconciler.wake(self.service_id)
         ok = await self._step("restart_source", self._wait_source_again)
@@ -338,6 +414,16 @@ class MoveRun:
         if found is None:
             raise StepFailed({"error": f"attempt {attempt_id} is no longer on record"})
         return found
+
+
+async def end_replica_task(driver: Driver, generation: int, index: int) -> None:
+    """End replica ``index``'s task (the driver starts another at its next step)."""
+    task = driver.replicas.get((generation, index))
+    if task is not None:
+        task.scope.cancel()
+        await task.done.wait()
+        if driver.replicas.get((generation, index)) is task:
+            del driver.replicas[(generation, index)]
 
 
 def _canonical(specification: Specification) -> str:

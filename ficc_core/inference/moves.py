@@ -9,6 +9,13 @@ confirmed the end: the attempt is released) and ``update_binding`` (the placemen
 and the reservations in one transaction; the revision moves on). The answer says
 how it ended (:data:`FINAL_STATES`) and what each step did.
 
+A replica whose node is lost or revoked moves too (it is the way off a dead node):
+its last attempt there is the source, nothing drains, and ``stop_source`` ends it
+without its node: an attempt already released stays as it is, one whose outcome is
+unknown is given up (released, reason ``moved``; its node stops it if it ever
+connects again). A failure after that cannot start the replica again on its source
+node: the target is rolled back and the move ends ``failed_rolled_back``.
+
 A failure before the source stopped rolls the target back (``failed``,
 ``failed_rolled_back``); after it (undeploy, binding) the target is rolled back and
 the replica starts again on its source node (``failed_rolled_back_source_restarted``,
@@ -30,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from ..contributors import repository as contributors_repository
+from ..contributors.records import NodeState
 from ..errors import FiccError, InvalidRequest
 from ..store import Transaction
 from . import repository
@@ -37,7 +45,7 @@ from .generations import settle_reservations
 from .move_steps import MovePlan, MoveResult, MoveRun
 from .placement import PlacementNode, Reservation, plan
 from .publication import routed
-from .records import Desired, ServiceRecord
+from .records import AttemptRecord, Desired, ServiceRecord
 from .refusals import nothing_to_do, operation_details
 from .tiers import TierMismatch, check_node
 from .transitions import check_revision, writable
@@ -86,20 +94,30 @@ def check_target(
     tx: Transaction, record: ServiceRecord, moved: Specification, index: int, model: ModelContext
 ) -> Reservation:
     """The target's reservation; refused when the replica does not fit there beside every
-    reservation held (the service's own too: its source stays held until the move ends)."""
+    reservation held (the service's own too: its source stays held until the move ends).
+
+    A target node where another replica of the service already holds the model's staged
+    copy needs no disk for it again."""
     placement = moved.placements[index]
     node_id = placement.node_id
     one = attrs.evolve(moved, placements=(placement,))
     node = contributors_repository.fetch_node(tx, node_id)
     nodes = {} if node is None else {node_id: PlacementNode.of(node)}
+    existing = repository.reservations_but(tx, "")
+    staged = [
+        r.node_id
+        for r in existing
+        if r.service_id == record.id and r.generation == record.generation and r.node_id == node_id
+    ]
     result = plan(
         record.id,
         one,
         nodes,
-        repository.reservations_but(tx, ""),
+        existing,
         model_bytes=model.size,
         model_revision=model.record.revision,
         generation=record.generation,
+        staged=staged,
     )
     reasons = [reason for replica in result.replicas for reason in replica.reasons]
     if not reasons:
@@ -117,6 +135,29 @@ def check_target(
     )
     refusal.status = 422
     raise refusal
+
+
+def source_gone(tx: Transaction, node_id: str) -> NodeState | None:
+    """``lost`` or ``revoked`` when the replica's node is gone (or no longer registered:
+    revoked, as far as the move goes); None while it may still serve."""
+    node = contributors_repository.fetch_node(tx, node_id)
+    if node is None:
+        return NodeState.REVOKED
+    if node.state in (NodeState.LOST, NodeState.REVOKED):
+        return node.state
+    return None
+
+
+def last_attempt(
+    attempts: list[AttemptRecord], generation: int, index: int, node_id: str
+) -> AttemptRecord | None:
+    """Replica ``index``'s newest attempt of ``generation`` on ``node_id``, if any."""
+    mine = [
+        a
+        for a in attempts
+        if a.generation == generation and a.replica == index and a.node_id == node_id
+    ]
+    return mine[-1] if mine else None
 
 
 class Mover:
@@ -174,7 +215,14 @@ class Mover:
             source_node = specification.placements[index].node_id
             details = operation_details("move", record, index, source_node)
             attempts = repository.attempts(tx, service_id)
-            source = routed(attempts, record.generation, len(specification.placements)).get(index)
+            gone = source_gone(tx, source_node)
+            if gone is None:
+                count = len(specification.placements)
+                source = routed(attempts, record.generation, count).get(index)
+            else:
+                # Its node is gone: nothing serves there and nothing will. The replica's
+                # last attempt there is the source; the move gives it up (stop_source).
+                source = last_attempt(attempts, record.generation, index, source_node)
             if source is None or source.node_id != source_node:
                 raise nothing_to_do("move", record, index, source_node, "replica_not_ready")
             if node_id == source_node:
@@ -213,6 +261,7 @@ class Mover:
                 source=source,
                 target=target,
                 reservation=reservation,
+                source_gone=gone,
             )
 
         return await self.store.read(read)

@@ -357,6 +357,7 @@ def plan(
     generation: int = 0,
     held: Collection[int] | None = None,
     cumulative: bool = True,
+    staged: Collection[str] = (),
 ) -> Plan:
     """Place every replica of ``specification`` beside the ``existing`` reservations.
 
@@ -370,13 +371,15 @@ def plan(
     reservations, and the service's own that stay held meanwhile (a rollout's serving
     generation). The reservations are for ``generation``. A node
     that reads the controller's blob store in place (the embedded node) needs no
-    disk to stage the model; any other needs ``model_bytes`` free.
+    disk to stage the model; any other needs ``model_bytes`` free, once per node, and
+    none on the nodes named in ``staged`` (where an ``existing`` reservation of the
+    same model already holds its staged copy).
     """
     used: dict[str, _Used] = {}
     for reservation in existing:
         used.setdefault(reservation.node_id, _Used()).add(reservation)
     before = {node_id: _copy(value) for node_id, value in used.items()}
-    staged_here: set[str] = set()
+    staged_here: set[str] = set(staged)
     replicas: list[ReplicaPlan] = []
     for index, placement in enumerate(specification.placements):
         node_id = placement.node_id

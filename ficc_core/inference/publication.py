@@ -30,14 +30,21 @@ if TYPE_CHECKING:
     from ..schema import ModelRecord, Specification
 
 
+#: The reason a move's target ends with when the move is rolled back: it never stood for
+#: its replica.
+ROLLED_BACK = "move_rolled_back"
+
+
 def latest(attempts: Iterable[AttemptRecord], generation: int) -> dict[int, AttemptRecord]:
     """Each replica's attempt of ``generation`` that stands for it: the one routed
-    (:func:`routed`), else its latest (attempts ordered by number)."""
+    (:func:`routed`), else its latest (attempts ordered by number) but a rolled-back
+    move's target (:data:`ROLLED_BACK`)."""
     found: dict[int, AttemptRecord] = {}
     serving: dict[int, AttemptRecord] = {}
     for attempt in attempts:
         if attempt.generation == generation:
-            found[attempt.replica] = attempt
+            if attempt.reason != ROLLED_BACK or attempt.replica not in found:
+                found[attempt.replica] = attempt
             if attempt.state in ROUTABLE and not attempt.released:
                 serving[attempt.replica] = attempt
     return {**found, **serving}
@@ -135,21 +142,25 @@ def rolled_up(
     attempts: Sequence[AttemptRecord],
     generation: int,
     give_up_after: int = 0,
-    trouble: Callable[[str], str | None] = lambda _node_id: None,
+    trouble: Callable[[str, str], str | None] = lambda _node_id, _attempt_id: None,
 ) -> tuple[ServiceState, str | None]:
     """A running service's state from its replicas' latest attempts, and why it is not ready.
 
-    ``trouble`` says why a node's attempts cannot count as serving now (its connection
-    dropped, it missed a heartbeat), or None: a ready attempt on such a node counts as
-    not ready, so the service is degraded (or starting) at once, not only once the node
-    is declared unreachable or lost.
+    ``trouble`` (by node ID and attempt ID) says why an attempt cannot count as serving
+    now (its node's connection dropped, it missed a heartbeat, its reconnection said it
+    no longer runs the attempt), or None: such a ready attempt counts as not ready, so
+    the service is degraded (or starting) at once, not only once the node is declared
+    unreachable or lost or the attempt is ended.
     """
     current = latest(attempts, generation)
     indices = list(_indices(replicas))
     states = [current[i].state if i in current else AttemptState.PENDING for i in indices]
     troubles = {}
     for position, (index, state) in enumerate(zip(indices, states, strict=True)):
-        if state == AttemptState.READY and (why := trouble(current[index].node_id)) is not None:
+        if state != AttemptState.READY:
+            continue
+        why = trouble(current[index].node_id, current[index].attempt_id)
+        if why is not None:
             states[position] = AttemptState.LOADING
             troubles[index] = why
     if all(state == AttemptState.READY for state in states):
@@ -207,12 +218,16 @@ def publish(
     retired: list[LiveReplica] = []
     if admission != "stopped":
         runs = len(specification.placements) if wanted is None else wanted
-        chosen = routed(attempts, record.generation, runs, dismissed)
+        # What its node said on reconnecting it no longer runs is never routed, though its
+        # record may say ready until it is ended.
+        dropped = {a.attempt_id for a in attempts if contributors.dropped(a.node_id, a.attempt_id)}
+        chosen = routed(attempts, record.generation, runs, {*dismissed, *dropped})
         for attempt in attempts:
             # A node not (yet) connected here cannot be reached; the next step adds it.
             if (
                 attempt.state not in ROUTABLE
                 or attempt.released
+                or attempt.attempt_id in dropped
                 or not contributors.connected_here(attempt.node_id)
             ):
                 continue

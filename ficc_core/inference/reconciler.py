@@ -472,7 +472,11 @@ class Reconciler:
             return
         if runs or specification.scaling is None:
             state, reason = rolled_up(
-                runs, attempts, record.generation, self.give_up_after, self.contributors.trouble
+                runs,
+                attempts,
+                record.generation,
+                self.give_up_after,
+                self.contributors.attempt_trouble,
             )
         else:
             state, reason = ServiceState.IDLE, self.on_demand.idle_reason(record)
@@ -611,6 +615,11 @@ class Reconciler:
         mine = [a for a in attempts if a.replica == index and a.generation == generation]
         last = mine[-1] if mine else None
         unreleased = [a for a in mine if not a.released]
+        if any(a.attempt_id in driver.held for a in mine):
+            # A move holds the replica (its source may have ended already, on a node
+            # that is gone): nothing launches until it is over.
+            await trio.sleep(self.attempts.loading_period)
+            return False
         # The newest attempt no operation handles: the one this task follows.
         busy = driver.held | set(driver.dismissed)
         free = [a for a in unreleased if a.attempt_id not in busy]

@@ -1,10 +1,12 @@
 """A service's per-replica status: what each replica runs, where, since when, how it is.
 
-For each replica (an index into the specification's placements): its state, its
-node (its state, how long since it was heard, whether it is connected here), its
-current attempt, the engine's process ID and start, when it became ready, how often
-it restarted in this generation, how its last attempt ended (the last exit), the
-readiness probe's last answer, and the requests in flight on it.
+For each replica (an index into the specification's placements): its state, whether
+it serves (:func:`serves`), its node (its state, how long since it was heard, whether
+it is connected here), its current attempt, the engine's process ID and start, when it
+became ready, how often it restarted in this generation, how its last attempt in that
+generation ended (the last exit), the readiness probe's last answer, and the requests
+in flight on it. An attempt that ended shows no process ID and no probe answer: both
+were of an engine that no longer runs (its last exit keeps the process ID).
 
 Everything is read from the store (the attempts, as their executors last reported
 them) and from what this controller holds in memory (node connections, the
@@ -14,7 +16,7 @@ derives it from those, purely; :func:`read_status` gathers them.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import attrs
@@ -22,7 +24,16 @@ import attrs
 from ..contributors import repository as nodes_repository
 from ..contributors.records import NodeState
 from .publication import latest
-from .records import ENDED, ROUTABLE, AttemptRecord, ServiceDetail
+from .records import (
+    ENDED,
+    ROUTABLE,
+    AttemptRecord,
+    AttemptState,
+    Desired,
+    ServiceDetail,
+    ServiceRecord,
+)
+from .scaling import running_indices
 
 if TYPE_CHECKING:
     from ..contributors import NodeRegistry
@@ -39,6 +50,7 @@ __all__ = [
     "last_exit",
     "read_status",
     "restarts",
+    "serves",
     "service_status",
     "successors",
 ]
@@ -71,8 +83,9 @@ class NodeStatus:
 
 @attrs.frozen(kw_only=True)
 class LastExit:
-    """How the replica's latest ended attempt ended.
+    """How the replica's latest ended attempt of its current generation ended.
 
+    :ivar pid: the engine's process ID while it ran, where the provider knew it.
     :ivar exit_code: the engine's exit status, when it exited by itself.
     :ivar signal: the signal that ended it, when one did.
     :ivar memory_limit: whether it was killed at its memory limit.
@@ -83,6 +96,7 @@ class LastExit:
     attempt_id: str
     attempt: int
     generation: int
+    pid: int | None
     exit_code: int | None
     signal: int | None
     memory_limit: bool
@@ -96,11 +110,14 @@ class ReplicaStatus:
     """One replica's status (see the module docs).
 
     :ivar state: its current attempt's state (``stopped`` before any).
-    :ivar serving: whether it counts as serving: ready (or draining) on a node that is
-        connected here and heard from (what the service's rolled-up state counts).
+    :ivar serving: whether it takes the service's requests now (:func:`serves`).
+    :ivar pid: the engine's process ID, while its attempt has not ended.
     :ivar restarts: attempts of this replica in its current generation after the first.
+    :ivar last_exit: how its latest ended attempt of its current attempt's generation
+        ended (:func:`last_exit`).
     :ivar health: the readiness probe's last answer (``200``, ``503``, ``connection
-        refused``); ``health_at``: since when it answers so (the node's clock).
+        refused``); ``health_at``: since when it answers so (the node's clock). None once
+        the attempt ended or its outcome is unknown: no probe answers for it now.
     :ivar in_flight: requests the gateway has in flight on the current attempt.
     :ivar successor: the attempt being brought up to take the replica over, if any.
     """
@@ -203,9 +220,20 @@ def restarts(attempts: Iterable[AttemptRecord], replica: int, generation: int) -
     return max(0, launched - 1)
 
 
-def last_exit(attempts: Iterable[AttemptRecord], replica: int) -> LastExit | None:
-    """How the replica's latest ended (failed or stopped) attempt ended, or None."""
-    ended = [a for a in attempts if a.replica == replica and a.state in ENDED]
+def last_exit(attempts: Iterable[AttemptRecord], replica: int, generation: int) -> LastExit | None:
+    """How the replica's latest ended (failed or stopped) attempt of ``generation`` (the
+    one its current attempt belongs to) ended, or None.
+
+    Only that generation's: like its restarts, the last exit is about the replica as it
+    runs now (a kill, a restart, a move). Another generation's attempts are not: a
+    rollout's next generation that failed and was abandoned while this one served, or
+    the generation a start or a rollout left behind (its events keep how they ended).
+    """
+    ended = [
+        a
+        for a in attempts
+        if a.replica == replica and a.generation == generation and a.state in ENDED
+    ]
     if not ended:
         return None
     last = max(ended, key=_order)
@@ -213,6 +241,7 @@ def last_exit(attempts: Iterable[AttemptRecord], replica: int) -> LastExit | Non
         attempt_id=last.attempt_id,
         attempt=last.number,
         generation=last.generation,
+        pid=last.pid,
         exit_code=last.exit_code,
         signal=last.signal,
         memory_limit=last.reason == "memory_limit",
@@ -220,6 +249,40 @@ def last_exit(attempts: Iterable[AttemptRecord], replica: int) -> LastExit | Non
         message=last.message,
         at=last.updated_at,
     )
+
+
+def serves(
+    service: ServiceRecord,
+    index: int,
+    attempt: AttemptRecord | None,
+    trouble: Callable[[str, str], str | None],
+) -> bool:
+    """Whether replica ``index``, which ``attempt`` stands for, takes the service's
+    requests now: as the gateway routes them (:func:`~.publication.routed`) and the
+    service's state counts them (:func:`~.publication.rolled_up`).
+
+    That is: the service runs (a draining or stopping one takes no new request), the
+    replica is one that runs (a scaled service's active placements), and the attempt is
+    of the service's generation, ready (or draining) and not released, and nothing keeps
+    it from counting: ``trouble``, by node ID and attempt ID, says None (its node is
+    connected here and heard from, and did not say it no longer runs it:
+    :meth:`~ficc_core.contributors.NodeRegistry.attempt_trouble`).
+    """
+    if attempt is None or service.desired != Desired.RUNNING:
+        return False
+    if attempt.generation != service.generation or attempt.released:
+        return False
+    if attempt.state not in ROUTABLE or index not in _runs(service):
+        return False
+    return trouble(attempt.node_id, attempt.attempt_id) is None
+
+
+def _runs(service: ServiceRecord) -> Collection[int]:
+    """The placements whose replicas run: every one, or a scaled service's active ones."""
+    document = service.document()
+    if document.get("scaling") is None:
+        return range(len(document["placements"]))
+    return running_indices(service.specification(), service.active)
 
 
 def node_status(
@@ -254,37 +317,50 @@ def service_status(
     nodes: Mapping[str, NodeStatus],
     in_flight: Callable[[str], int],
     now: float,
+    trouble: Callable[[str, str], str | None] | None = None,
 ) -> ServiceStatus:
     """Each replica's status from the service's attempts, its nodes (by ID) and the
-    gateway's in-flight count (by attempt ID)."""
+    gateway's in-flight count (by attempt ID); ``trouble`` (by node and attempt ID) says
+    why an attempt cannot count as serving (by default: its node's trouble)."""
     service, attempts = detail.service, detail.attempts
     placements: Sequence[Mapping[str, object]] = service.document()["placements"]
     current = current_attempts(attempts, service.generation)
     coming = successors(attempts, current)
+    if trouble is None:
+
+        def trouble(node_id: str, _attempt_id: str) -> str | None:
+            return nodes[node_id].trouble
+
     replicas = []
     for index, placement in enumerate(placements):
         attempt = current.get(index)
         node_id = str(placement["node_id"]) if attempt is None else attempt.node_id
         node = nodes[node_id]
         state = "stopped" if attempt is None else str(attempt.state)
+        # What the engine was (its process, its probe's answer) is no longer current once
+        # the attempt ended; an unknown one's probe is not heard either.
+        ended = attempt is None or attempt.state in ENDED
+        unheard = ended or attempt.state == AttemptState.UNKNOWN
         replicas.append(
             ReplicaStatus(
                 index=index,
                 state=state,
-                serving=attempt is not None and attempt.state in ROUTABLE and node.trouble is None,
+                serving=serves(service, index, attempt, trouble),
                 node=node,
                 attempt_id=None if attempt is None else attempt.attempt_id,
                 attempt=None if attempt is None else attempt.number,
                 generation=None if attempt is None else attempt.generation,
                 reason=None if attempt is None else attempt.reason,
                 message=None if attempt is None else attempt.message,
-                pid=None if attempt is None else attempt.pid,
+                pid=None if ended else attempt.pid,
                 started_at=None if attempt is None else attempt.started_at,
                 ready_at=None if attempt is None else attempt.ready_at,
                 restarts=0 if attempt is None else restarts(attempts, index, attempt.generation),
-                last_exit=last_exit(attempts, index),
-                health=None if attempt is None else attempt.health,
-                health_at=None if attempt is None else attempt.health_at,
+                last_exit=None
+                if attempt is None
+                else last_exit(attempts, index, attempt.generation),
+                health=None if unheard else attempt.health,
+                health_at=None if unheard else attempt.health_at,
                 in_flight=0 if attempt is None else in_flight(attempt.attempt_id),
                 successor=_successor(coming.get(index)),
             )
@@ -326,4 +402,4 @@ async def read_status(
         )
         for node_id in sorted(wanted)
     }
-    return service_status(detail, nodes, manager.gateway.load, now)
+    return service_status(detail, nodes, manager.gateway.load, now, contributors.attempt_trouble)
