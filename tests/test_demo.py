@@ -81,6 +81,15 @@ async def test_serve_demo_gives_a_working_chat_service_and_reuses_it_on_the_next
                 return answer.choices[0].message.content
 
             assert await trio.to_thread.run_sync(chat)
+            # /v1/models shows what an answer may take: a quarter of the context length.
+            entry = await trio.to_thread.run_sync(
+                lambda: (
+                    OpenAI(base_url=base, api_key=token, max_retries=0)
+                    .models.retrieve("smollm2")
+                    .model_dump()
+                )
+            )
+            assert (entry["context_length"], entry["max_output"]) == (2048, 512)
 
             proc.send_signal(signal.SIGINT)
             assert await trio.to_thread.run_sync(lambda: proc.wait(timeout=60)) == 0
@@ -116,3 +125,48 @@ async def test_serve_demo_gives_a_working_chat_service_and_reuses_it_on_the_next
                 proc.kill()
                 proc.wait()
             proc.stdout.close()
+
+
+async def test_the_demo_service_bounds_an_answer_by_a_quarter_of_its_context_length():
+    from ficc_core.cli import demo
+    from ficc_core.models.gguf import read_gguf_files
+    from ficc_core.schema import Specification
+    from ficc_core.schema._convert import structure
+
+    from .models_support import smollm2_path
+
+    node_id, digest = "local", "sha256:" + "0" * 64
+    runtime = {
+        "name": demo.RUNTIME,
+        "executor_provider": "process",
+        "package_digest": digest,
+        "image_digest": digest,
+        "executable": "/usr/bin/ficc-llama-server",
+    }
+    submitted: list[dict] = []
+
+    async def api(method: str, path: str, **kwargs):
+        # The controller's answers the demo reads, for a first run.
+        if (method, path) == ("GET", "/inference"):
+            return {"services": []}
+        if (method, path) == ("GET", f"/contributors/{node_id}"):
+            return {"state": "connected", "snapshot": {"resources": {"cpus": 4},
+                                                       "runtimes": [runtime]}}  # fmt: skip
+        if (method, path) == ("GET", "/models/m1"):
+            return model
+        assert (method, path) == ("POST", "/inference"), (method, path)
+        submitted.append(kwargs["json"])
+        return {"id": "svc", "desired": "running", "state": "ready"}
+
+    # The real SmolLM2's GGUF metadata: trained on 8,192 tokens, so the demo's context
+    # (2,048) is its context length, and an answer may take a quarter of it.
+    model = {"id": "m1", "metadata": read_gguf_files([smollm2_path()]).to_json()}
+    assert model["metadata"]["context_length"] == 8192
+    with trio.fail_after(10):
+        await demo._service(api, "m1", node_id)  # type: ignore[arg-type]
+    spec = submitted[-1]
+    assert (spec["context"], spec["max_output"]) == (2048, 512)
+    structure(spec, Specification)  # the controller accepts it as it is
+    # A model trained on less bounds it; one whose metadata says nothing leaves the context.
+    assert demo.max_output({"metadata": {"context_length": 1024}}) == 256
+    assert demo.max_output({"metadata": None}) == 512

@@ -346,6 +346,56 @@ def test_an_image_to_a_service_without_vision_is_refused_before_a_slot():
     assert _prepare(_view(4096), {"messages": [{"role": "user", "content": [text]}]}) is not None
 
 
+def test_no_messages_a_message_not_an_object_or_a_role_outside_openais_is_refused():
+    # llama.cpp and vLLM take any role string and render it with the chat template.
+    view = _view(4096)
+    for messages, path in (
+        ([], "$.messages"),
+        (["hi"], "$.messages[0]"),
+        ([{"role": "user", "content": "hi"}, None], "$.messages[1]"),
+        ([[{"role": "user"}]], "$.messages[0]"),
+        ([{"content": "hi"}], "$.messages[0].role"),
+        ([{"role": None, "content": "hi"}], "$.messages[0].role"),
+        (
+            [{"role": "user", "content": "hi"}, {"role": "bot", "content": "x"}],
+            "$.messages[1].role",
+        ),
+        ([{"role": "", "content": "hi"}], "$.messages[0].role"),
+        ([{"role": "User", "content": "hi"}], "$.messages[0].role"),
+        ([{"role": ["user"], "content": "hi"}], "$.messages[0].role"),
+        ([{"role": 7, "content": "hi"}], "$.messages[0].role"),
+    ):
+        with pytest.raises(InvalidRequest) as refused:
+            _prepare(view, {"model": "smol", "messages": messages})
+        error = refused.value
+        assert (error.status, error.code) == (400, "invalid_request"), messages
+        assert error.details["errors"][0]["path"] == path, messages
+    with pytest.raises(InvalidRequest) as refused:
+        _prepare(view, _chat("hi") | {"messages": [{"role": "bot", "content": "x"}]})
+    assert "`messages[0].role` is 'bot'" in refused.value.message
+    assert "developer" in refused.value.message  # the roles it may be
+    # Every role OpenAI's API takes passes, as a conversation with tools sends them.
+    conversation = [
+        {"role": "developer", "content": "be brief"},
+        {"role": "system", "content": "you are terse"},
+        {"role": "user", "content": [{"type": "text", "text": "weather?"}]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "weather", "arguments": "{}"}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+        {"role": "function", "name": "weather", "content": "sunny"},
+    ]
+    payload, *_ = _prepare(view, {"model": "smol", "messages": conversation})
+    assert json.loads(payload)["messages"] == conversation
+    # A content part whose type is no string is the engine's to judge, not a crash here.
+    odd = [{"role": "user", "content": [{"type": ["image_url"], "text": "x"}]}]
+    assert _prepare(view, {"model": "smol", "messages": odd}) is not None
+
+
 def test_stream_null_is_not_streamed_and_a_non_boolean_is_refused():
     _, streaming, *_ = _prepare(_view(4096), {**_chat("hi"), "stream": None})
     assert streaming is False

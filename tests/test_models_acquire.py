@@ -571,3 +571,67 @@ async def test_the_body_is_hashed_as_it_arrives_off_the_event_loop(
     assert sum(length for _thread, length in updates) == len(content)
     assert threading.get_ident() not in {thread for thread, _length in updates}
     assert second_passes == []  # published on the digest taken while receiving
+
+
+async def test_a_body_cut_short_of_its_content_length_resumes_then_says_what_happened(
+    controller, https_server
+):
+    content = random_bytes(10_000, seed=31)
+
+    def short(request):
+        """1000 bytes of what was asked, under a Content-Length of all of it, then close."""
+        header = request.headers.get("range")
+        start = int(header.removeprefix("bytes=").removesuffix("-")) if header else 0
+        headers = {"content-length": str(len(content) - start)}
+        if header:
+            headers["content-range"] = f"bytes {start}-{len(content) - 1}/{len(content)}"
+        piece = content[start : start + 1000]
+        return ServedFile(piece, headers=headers, status=206 if header else 200)
+
+    https_server.add("/m.gguf", short)
+    async with await controller(acquisition_retries=2) as service:
+        api = await _api(service)
+        model = await api.register(gguf_manifest("m", content, url=https_server.url("/m.gguf")))
+        done = await api.acquire_and_wait(model["id"])
+    assert done["state"] == "failed"
+    # Each retry resumed from the bytes already held; three attempts in all, no more.
+    ranges = [request.headers.get("range") for request in https_server.requests]
+    assert ranges == [None, "bytes=1000-", "bytes=2000-"]
+    [file] = done["files"]
+    assert file["received_bytes"] == 3000
+    error = file["error"]
+    assert error["code"] == "body_truncated"
+    assert error["details"] == {
+        "host": "127.0.0.1",
+        "received": 1000,
+        "declared": 8000,
+        "missing": 7000,
+        "attempts": 3,
+    }
+    assert error["message"] == (
+        "127.0.0.1 closed the connection after 1,000 of the 8,000 body bytes its"
+        " Content-Length declared (7,000 missing); gave up after 3 attempts"
+    )
+    assert done["acquisition"]["error"]["code"] == "body_truncated"
+
+
+async def test_a_body_cut_short_once_is_resumed_and_verified(controller, https_server):
+    content = random_bytes(10_000, seed=32)
+    cut = []
+
+    def short_once(request):
+        if cut:
+            return ServedFile(content)
+        cut.append(request)
+        return ServedFile(content[:4000], headers={"content-length": str(len(content))})
+
+    https_server.add("/m.gguf", short_once)
+    async with await controller() as service:
+        api = await _api(service)
+        model = await api.register(gguf_manifest("m", content, url=https_server.url("/m.gguf")))
+        done = await api.acquire_and_wait(model["id"])
+    assert done["state"] == "verified", done
+    assert [request.headers.get("range") for request in https_server.requests] == [
+        None,
+        "bytes=4000-",
+    ]

@@ -82,6 +82,9 @@ async def test_a_personal_key_invokes_exactly_the_services_shared_with_its_perso
                 ]
                 omars = (await omar.get("/v1/models")).json()["data"]
                 assert [m["id"] for m in omars] == ["alpha"]  # everyone's: svc-b
+                # One model's entry is the one /v1/models lists, by the id it lists it by.
+                for entry in models:
+                    assert (await nina.get(f"/v1/models/{entry['id']}")).json() == entry
 
                 # The earliest-created answers the alias; the ID reaches the other one.
                 served = await nina.post("/v1/chat/completions", json=chat())

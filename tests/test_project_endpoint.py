@@ -113,6 +113,62 @@ async def test_one_base_url_lists_and_reaches_each_service_by_its_model_names(tm
                 assert "x-ficc-service" not in response.headers
 
 
+async def test_the_openai_client_retrieves_each_listed_model_on_both_base_urls(tmp_path):
+    with trio.fail_after(60):
+        async with gateway_env(tmp_path) as env:
+            fence = await env.launch()
+            _publish_two(env, fence)
+            env.publish("svc-x", [fence], alias="elsewhere", project_id="another-project")
+            env.publish("svc-s", [], alias="sleeping", admission="stopped")
+            _, token = await env.token()
+            client = _client(env, token)
+
+            listed = {m.id: m.model_dump() for m in (await _in_thread(client.models.list)).data}
+            # The project endpoint: the entry /v1/models lists, field for field; a name
+            # the service also answers to retrieves the same entry (its id is the alias).
+            for model, served in (("alpha", "alpha"), ("beta", "beta"), ("a-name", "alpha")):
+                retrieved = await _in_thread(client.models.retrieve, model)
+                assert retrieved.model_dump() == listed[served]
+            # The service's own base URL: its entry, by its alias.
+            own = _client(env, token).with_options(base_url=env.base_url("svc-a"))
+            retrieved = await _in_thread(own.models.retrieve, "alpha")
+            assert retrieved.model_dump() == listed["alpha"]
+            assert retrieved.model_dump()["max_output"] == 64
+
+            # Not a model this credential can see: 404 model_not_found, OpenAI's shape.
+            for this, model in (
+                (client, "nope"),
+                (client, "elsewhere"),  # another project's
+                (client, "sleeping"),  # stopped: not listed
+                (own, "beta"),  # the service's route takes its alias
+                (own, "a-name"),
+            ):
+                try:
+                    await _in_thread(this.models.retrieve, model)
+                except openai.NotFoundError as exc:
+                    assert exc.status_code == 404
+                    assert exc.body["code"] == "model_not_found", model
+                    assert f"`{model}`" in exc.body["message"]
+                else:
+                    raise AssertionError(f"{model} was retrieved")
+            async with env.http(token) as http:
+                # A name holding `/` is one model's name, not another route.
+                response = await http.get("/v1/models/org/alpha")
+                assert response.status_code == 404
+                assert response.json()["error"]["details"]["model"] == "org/alpha"
+                response = await http.get("/api/v1/inference/svc-b/v1/models/beta")
+                assert response.json()["id"] == "beta"
+                assert (await http.post("/v1/models/alpha")).status_code == 405
+            # The refusals are recorded under the route, not the name a client sent.
+            assert env.gateway.usage[-1].path == "/v1/models/{model}"
+
+            _, reader = await env.token(scopes={"inference:read"}, name="reader")
+            async with env.http(reader) as http:
+                response = await http.get("/v1/models/alpha")
+                assert response.status_code == 403
+                assert response.json()["error"]["code"] == "missing_scope"
+
+
 async def test_unknown_or_missing_model_and_other_projects_are_refused_in_the_envelope(
     tmp_path,
 ):
@@ -161,6 +217,90 @@ async def test_unknown_or_missing_model_and_other_projects_are_refused_in_the_en
                 response = await http.get("/v1/models")
                 assert response.status_code == 403
                 assert response.json()["error"]["code"] == "missing_scope"
+
+
+async def test_no_messages_or_an_unknown_role_is_refused_before_the_engine_on_both_endpoints(
+    tmp_path,
+):
+    with trio.fail_after(60):
+        async with gateway_env(tmp_path) as env:
+            fence = await env.launch()
+            _publish_two(env, fence)
+            _, token = await env.token()
+            cases = (
+                ([], "$.messages"),
+                (["hi"], "$.messages[0]"),
+                ([{"role": "narrator", "content": "hi"}], "$.messages[0].role"),
+                ([{"content": "hi"}], "$.messages[0].role"),
+            )
+            async with env.http(token) as http:
+                for url in ("/api/v1/inference/svc-a/v1/chat/completions", "/v1/chat/completions"):
+                    for messages, path in cases:
+                        body = {"model": "alpha", "messages": messages}
+                        response = await http.post(url, json=body)
+                        assert response.status_code == 400, (url, messages)
+                        error = response.json()["error"]
+                        assert error["code"] == "invalid_request"
+                        assert error["details"]["errors"][0]["path"] == path
+                        assert "x-ficc-service" not in response.headers
+            client = _client(env, token)
+            try:
+                await _in_thread(
+                    client.chat.completions.create,
+                    model="alpha",
+                    messages=[
+                        {"role": "user", "content": "hi"},
+                        {"role": "ipython", "content": "1"},
+                    ],
+                )
+            except openai.BadRequestError as exc:
+                assert exc.body["details"]["errors"][0]["path"] == "$.messages[1].role"
+            else:
+                raise AssertionError("an unknown role was served")
+            # None of them reached an engine.
+            assert await env.chats_seen(fence) == 0
+            served = await _in_thread(
+                client.chat.completions.create,
+                model="alpha",
+                messages=[
+                    {"role": "developer", "content": "be brief"},
+                    {"role": "user", "content": "two words"},
+                ],
+                extra_body={"standin_deltas": 2},
+            )
+            assert served.choices[0].message.content == "w0 w1"
+
+
+async def test_a_model_that_is_not_a_string_is_the_same_400_on_both_endpoints(tmp_path):
+    with trio.fail_after(60):
+        async with gateway_env(tmp_path) as env:
+            fence = await env.launch()
+            _publish_two(env, fence)
+            _, token = await env.token()
+            async with env.http(token) as http:
+                for model, shown in ((7, "7"), (["alpha"], "an array"), ({}, "an object"),
+                                     (True, "a boolean")):  # fmt: skip
+                    answers = []
+                    for url in (
+                        "/api/v1/inference/svc-a/v1/chat/completions",
+                        "/v1/chat/completions",
+                    ):
+                        response = await http.post(url, json=chat(model=model))
+                        error = response.json()["error"]
+                        answers.append((response.status_code, error["code"], error["message"]))
+                        assert error["details"]["errors"][0]["path"] == "$.model"
+                    assert answers[0] == answers[1], answers
+                    assert answers[0][:2] == (400, "invalid_request")
+                    assert answers[0][2].endswith(f"not {shown}")
+                # null is no model: the service's route serves its alias, the project
+                # endpoint asks for one.
+                response = await http.post(
+                    "/api/v1/inference/svc-a/v1/chat/completions", json=chat(model=None)
+                )
+                assert response.status_code == 200
+                response = await http.post("/v1/chat/completions", json=chat(model=None))
+                assert response.status_code == 400
+                assert response.json()["error"]["details"]["errors"][0]["path"] == "$.model"
 
 
 async def test_a_service_bound_credential_reaches_its_service_alone_and_no_fallback(tmp_path):

@@ -259,3 +259,40 @@ async def test_a_budget_set_or_moved_to_another_period_counts_what_was_spent_in_
                 )
                 assert (error["details"]["spent"], error["details"]["period"]) == (56, "day")
             assert await env.chats_seen(fence) == 7
+
+
+async def test_a_quota_refusal_is_recorded_with_the_services_current_generation(tmp_path):
+    with trio.fail_after(60):
+        async with gateway_env(tmp_path) as env:
+            env.service.quotas.clock = Clock(T0 + 1)
+            fence = await env.launch()
+            env.publish("svc", [fence], generation=3)
+            key, token = await env.token()
+            async with env.http(env.admin_token) as admin:
+                put = await admin.put(f"/api/v1/tokens/{key}/limits", json={"rpm": 1})
+                assert put.status_code == 200, put.text
+            async with env.http(token) as http:
+                assert (await http.post(URL, json=chat(deltas=2))).status_code == 200
+                refused = await http.post(URL, json=chat(deltas=2))
+                assert refused.status_code == 429, refused.text
+                bad = await http.post(
+                    URL, content=b"{not json", headers={"content-type": "application/json"}
+                )
+                assert bad.status_code == 400
+            ledger = env.service.usage
+            await eventually(lambda: len(env.gateway.usage) == 3)
+            await ledger.flush()
+            rows = await env.service.store.read(
+                lambda tx: tx.fetch_all(
+                    "SELECT outcome, status, replica, generation FROM inference_usage"
+                    " WHERE credential_id = ? ORDER BY id",
+                    (key,),
+                )
+            )
+            # The refused requests would have been served by generation 3, as the first was.
+            assert [(r["outcome"], r["status"], r["generation"]) for r in rows] == [
+                ("ok", 200, 3),
+                ("rate_limited", 429, 3),
+                ("invalid_json", 400, 3),
+            ]
+            assert [r["replica"] for r in rows][1:] == ["", ""]

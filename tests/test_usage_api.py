@@ -10,7 +10,10 @@ import time
 from functools import partial
 
 import pytest
+from click.testing import CliRunner
 
+from ficc_core.cli.main import cli
+from ficc_core.errors import NotFound
 from ficc_core.gateway import UsageRecord
 from ficc_core.inference.usage_report import UsageQuery, usage_report
 
@@ -218,3 +221,81 @@ async def test_a_personal_principal_sees_only_its_personal_usage(service, used):
     assert (await report(UsageQuery(scope_person=used["kb"].user_id))).totals.requests == 0
     # The project sees its keys' requests and those to its services: the personal one too.
     assert (await report(UsageQuery(scope_project=ka.project_id))).totals.requests == 8
+
+
+async def _refused(client, token, **params) -> dict:
+    response = await client.get("/api/v1/usage", headers=bearer(token), query_string=params)
+    assert response.status_code == 404, await response.get_data()
+    return (await response.get_json())["error"]
+
+
+async def test_a_service_filter_naming_no_service_is_404(client, bootstrap, used):
+    error = await _refused(client, bootstrap["token"], service="no-such-service")
+    assert error["code"] == "service_not_found"
+    assert error["details"] == {"id": "no-such-service", "filter": "service"}
+    assert "'no-such-service'" in error["message"]
+    # Another project's service is unknown to a project principal, as a missing one is.
+    assert (await _refused(client, used["reader"], service="bulk"))["code"] == "service_not_found"
+    assert (await _refused(client, used["reader"], service="svc-2"))["details"]["id"] == "svc-2"
+    # Valid input is answered as before: by ID or alias, for the administrator too.
+    assert (await get(client, used["reader"], service="chat"))["totals"]["requests"] == 7
+    assert (await get(client, bootstrap["token"], service="bulk"))["totals"]["requests"] == 2
+
+
+async def test_a_removed_services_usage_is_still_found_by_its_id(service, client, bootstrap, used):
+    service.usage.record(record(used["ka"], service_id="svc-gone"))
+    await service.usage.flush()
+    report = await get(client, used["reader"], service="svc-gone")
+    assert report["totals"]["requests"] == 1 and report["filters"] == {"service": "svc-gone"}
+
+
+async def test_a_personal_reader_knows_the_services_shared_with_it(service, used):
+    ka = used["ka"]
+
+    def report(name: str):
+        query = UsageQuery(scope_person=ka.user_id, service=name)
+        return service.store.read(partial(usage_report, query=query))
+
+    with pytest.raises(NotFound) as refused:
+        await report("bulk")
+    assert refused.value.code == "service_not_found"
+
+    def share(tx) -> None:
+        tx.execute(
+            "INSERT INTO service_shares (service_id, user_id, created_at) VALUES (?, ?, ?)",
+            ("svc-2", ka.user_id, NOW),
+        )
+
+    await service.store.write(share)
+    assert (await report("bulk")).totals.requests == 0
+
+
+def test_ficc_usage_names_an_unknown_service_and_exits_non_zero(live_server):
+    argv = ["usage", "--url", live_server.url, "--token", live_server.bootstrap["token"]]
+    runner = CliRunner()
+    env = {"FICC_URL": None, "FICC_TOKEN": None}
+    result = runner.invoke(cli, [*argv, "--service", "no-such-service"], env=env)
+    assert result.exit_code == 1, result.output
+    assert result.stdout == ""
+    [line] = result.stderr.strip().splitlines()
+    assert "no inference service 'no-such-service'" in line and "[service_not_found]" in line
+    assert runner.invoke(cli, [*argv, "--json"], env=env).exit_code == 0
+
+
+async def test_the_service_usage_route_says_spend_as_the_usage_report_does(client, used):
+    response = await client.get("/api/v1/inference/svc-1/usage", headers=bearer(used["reader"]))
+    assert response.status_code == 200, await response.get_data()
+    view = await response.get_json()
+    # spend (units) and spend_milli (exact) as GET /api/v1/usage says them; cost (the
+    # same milli-units, deprecated) stays for the clients that read it.
+    totals = view["totals"]
+    assert (totals["cost"], totals["spend_milli"], totals["spend"]) == (6000, 6000, 6.0)
+    [row] = view["by_credential"]
+    assert (row["cost"], row["spend_milli"], row["spend"]) == (6000, 6000, 6.0)
+    assert len(view["recent"]) == 7
+    for entry in view["recent"]:
+        assert entry["spend_milli"] == entry["cost"]
+        assert entry["spend"] == entry["cost"] / 1000
+    report = await get(client, used["reader"], service="svc-1")
+    assert report["totals"]["spend_milli"] == totals["spend_milli"]
+    assert report["totals"]["spend"] == totals["spend"]

@@ -361,7 +361,9 @@ ROUTES: dict[str, Route] = {
         "GET",
         "/api/v1/inference/{id}/usage?since=",
         needs(s.INFERENCE_READ),
-        "tokens and latency of its invoke requests: totals, per credential, the latest",
+        "tokens, spend and latency of its invoke requests: totals, per credential, the "
+        "latest; spend as `spend` and `spend_milli` (`cost`, the same milli-units, is "
+        "deprecated; see [usage.md](usage.md#reading-usage))",
     ),
     "usage_report": Route(
         "GET",
@@ -369,7 +371,8 @@ ROUTES: dict[str, Route] = {
         needs(s.INFERENCE_READ),
         "requests, errors by code (429s included), prompt and completion tokens, spend and "
         "latency percentiles, in total and per group, names beside IDs; an administrator "
-        "sees every project's, a project principal its own; a person's personal usage is "
+        "sees every project's, a project principal its own; a `service` naming no service "
+        "the caller can see is 404 `service_not_found`; a person's personal usage is "
         "`/api/v1/me/usage` (see [usage.md](usage.md#reading-usage))",
     ),
     "me_usage": Route(
@@ -570,6 +573,14 @@ ROUTES: dict[str, Route] = {
         "the service's model (its alias)",
         "`inference:invoke` for this service",
     ),
+    "invoke_model": Route(
+        "GET",
+        "/api/v1/inference/{id}/v1/models/{model}",
+        needs(s.INFERENCE_INVOKE),
+        "the service's `/v1/models` entry when `model` is its alias (the `openai` client's "
+        "`models.retrieve`); another name is 404 `model_not_found`",
+        "`inference:invoke` for this service",
+    ),
     "invoke_chat_completions": Route(
         "POST",
         "/api/v1/inference/{id}/v1/chat/completions",
@@ -599,6 +610,14 @@ ROUTES: dict[str, Route] = {
         "the project's services this credential may invoke (not stopped; a personal key: "
         "those [shared](people.md#sharing) with its person), with "
         "`description`, `context_length`, `max_output`, `capabilities`",
+    ),
+    "project_model": Route(
+        "GET",
+        "/v1/models/{model}",
+        needs(s.INFERENCE_INVOKE),
+        "the `/v1/models` entry of the service `model` reaches (the `openai` client's "
+        "`models.retrieve`); 404 `model_not_found` when it reaches none this credential "
+        "may invoke, or a stopped one",
     ),
     "project_chat_completions": Route(
         "POST",

@@ -4,7 +4,8 @@ The per-service routes are ``/api/v1/inference/{id}`` and each of ``gateway.PATH
 the project endpoint's are each of ``gateway.PATHS`` alone (``/v1/chat/completions``:
 an OpenAI client's ``base_url`` is the server's URL with ``/v1``), where the body's
 ``model`` names the service (:class:`~ficc_core.gateway.ProjectEndpoint`), whose alias
-the response's ``x-ficc-service`` header carries.
+the response's ``x-ficc-service`` header carries. Beside them, ``GET .../v1/models/{model}``
+(both bases) answers one model's ``/v1/models`` entry (:data:`MODEL_ROUTES`).
 
 :func:`register` puts the routes in Quart's URL map (its routing answers 405 for
 another method, and the route table lists them) and :class:`InvokeRoutes` in front
@@ -43,7 +44,7 @@ import trio
 from werkzeug.http import parse_cookie
 
 from ..errors import FiccError, PayloadTooLarge
-from ..gateway import PATHS, ProjectEndpoint
+from ..gateway import MODEL_PREFIX, PATHS, ProjectEndpoint
 from ..store.outage import RefusalLog, as_store_unavailable, is_store_failure
 from ..strictjson import dumps_error
 from .access_log import log_request
@@ -70,6 +71,13 @@ _ROUTE = re.compile(re.escape(PREFIX) + r"([^/]+)(" + "|".join(map(re.escape, PA
 ROUTES = {path: (method, f"{PREFIX}<service_id>{path}") for path, method in PATHS.items()}
 #: The project endpoint's routes: the gateway's paths at the root.
 PROJECT_ROUTES = {path: (method, path) for path, method in PATHS.items()}
+#: One model's entry (``GET .../v1/models/{model}``, the ``openai`` client's
+#: ``models.retrieve``): the route per service, at the root; the model may hold ``/``.
+MODEL_ROUTES = (
+    ("GET", f"{PREFIX}<service_id>/v1/models/<path:model>"),
+    ("GET", "/v1/models/<path:model>"),
+)
+_MODEL = re.compile(re.escape(PREFIX) + r"([^/]+)(" + re.escape(MODEL_PREFIX) + ".+)")
 #: The header naming the service that answered a project-endpoint request.
 SERVICE_HEADER = b"x-ficc-service"
 #: The status the access log and metrics record for a request whose client left before
@@ -96,7 +104,7 @@ def request_headers(scope: Scope) -> dict[str, str]:
 def register(app: QuartTrio, service: Service) -> None:
     """Add the invoke routes to ``app``, served by :class:`InvokeRoutes` in front of it."""
 
-    async def served_in_front(service_id: str) -> None:
+    async def served_in_front(**_: str) -> None:
         raise RuntimeError("the invoke routes are served by InvokeRoutes, in front of Quart")
 
     for path, (method, rule) in ROUTES.items():
@@ -109,6 +117,10 @@ def register(app: QuartTrio, service: Service) -> None:
             endpoint=endpoint_name(path, "project_"),
             view_func=served_in_front,
             methods=[method],
+        )
+    for (method, rule), prefix in zip(MODEL_ROUTES, ("invoke_", "project_"), strict=True):
+        app.add_url_rule(
+            rule, endpoint=f"{prefix}model", view_func=served_in_front, methods=[method]
         )
     app.asgi_app = InvokeRoutes(app.asgi_app, service)  # type: ignore[method-assign]
 
@@ -136,6 +148,13 @@ class InvokeRoutes:
                 if match is not None:
                     service_id, path = match.group(1), match.group(2)
                     found = ROUTES[path]
+                elif path.startswith(MODEL_PREFIX) and len(path) > len(MODEL_PREFIX):
+                    found = MODEL_ROUTES[1]
+                else:
+                    match = _MODEL.fullmatch(path)
+                    if match is not None:
+                        service_id, path = match.group(1), match.group(2)
+                        found = MODEL_ROUTES[0]
             if found is not None:
                 method, route = found
                 if scope["method"] == method or (scope["method"] == "HEAD" and method == "GET"):

@@ -35,6 +35,22 @@ ALIAS = "smollm2"
 RUNTIME = "llama_server"
 CHUNK = 16 << 20
 GIB = 1024**3
+#: The demo service's context per request (SmolLM2 was trained on 8,192 tokens).
+CONTEXT = 2048
+#: The share of the context length one answer may take (``max_output``): a quarter,
+#: so a chat's history and prompt keep the rest.
+OUTPUT_SHARE = 4
+
+
+def max_output(model: dict[str, Any], context: int = CONTEXT) -> int:
+    """The demo service's ``max_output`` for ``model`` (as ``GET /models/{id}`` shows
+    it): a quarter of the tokens one request may use, which is ``context`` bounded by
+    the model's trained context where its GGUF metadata declares one, as the gateway
+    derives the service's ``context_length``. Without it a chat naming no
+    ``max_tokens`` would generate until the context is full."""
+    trained = (model.get("metadata") or {}).get("context_length")
+    usable = min(context, trained) if isinstance(trained, int) and trained > 0 else context
+    return max(1, usable // OUTPUT_SHARE)
 
 
 def model_file() -> Path:
@@ -137,6 +153,7 @@ async def _service(api: _Api, model_id: str, node_id: str) -> dict[str, Any]:
         _say(f"service {ALIAS} ({service['id']}) exists; reusing it")
     else:
         node, runtime = await _runtime(api, node_id)
+        model = await api("GET", f"/models/{model_id}")
         cpus = float(max(1, min(2, int(node["snapshot"]["resources"]["cpus"]))))
         spec = {
             "alias": ALIAS,
@@ -150,7 +167,8 @@ async def _service(api: _Api, model_id: str, node_id: str) -> dict[str, Any]:
                 "network": "none",
             },
             "image_executable": runtime["executable"],
-            "context": 2048,
+            "context": CONTEXT,
+            "max_output": max_output(model),
             "concurrency": 4,
             "request_deadline": 300,
             "placements": [{"node_id": node_id, "limits": {"cpus": cpus, "memory_bytes": GIB}}],

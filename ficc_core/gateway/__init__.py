@@ -35,11 +35,12 @@ from .errors import (
     ServiceStopped,
     StreamInterrupted,
 )
-from .gateway import PATHS, Gateway
+from .gateway import MODEL_PREFIX, PATHS, Gateway
 from .project import ProjectEndpoint, Served
 from .relay import ResponseChunks
 
 __all__ = [
+    "MODEL_PREFIX",
     "PATHS",
     "ActivationTimeout",
     "CapabilityNotServed",

@@ -191,13 +191,15 @@ class Accounting:
         path: str = "",
         status: int = 0,
         model: str = "",
+        generation: int = 0,
     ) -> None:
         """Count a refusal made before a replica was chosen (``service_id`` may be empty);
         with the ``actor`` known, it is a :class:`UsageRecord` too (replica ``""``, the
-        refusal's ``status``, outcome ``code``)."""
+        refusal's ``status``, outcome ``code``, and the ``generation`` that would have
+        served it: the service's current one, 0 when no service was found)."""
         self.metrics.gateway_errors.labels(service_id, "", code).inc()
         if actor is not None:
-            self._record(actor, service_id, 0, path, status, code, model=model)
+            self._record(actor, service_id, generation, path, status, code, model=model)
 
     def retried(self, service_id: str, key: str, code: str) -> None:
         """Count a request moved off replica ``key``, which failed before answering."""

@@ -187,6 +187,25 @@ class Catalog:
             project.documents[owner] = document
         return document
 
+    def entry(self, actor: Principal, model: str) -> bytes:
+        """The project endpoint's ``/v1/models/{model}`` answer for ``actor``: the entry
+        ``/v1/models`` lists for the service ``model`` reaches (:meth:`resolve`: its id,
+        or another of its names); else raise :class:`ModelNotFound` (no service answers
+        to it, or the one that does is stopped, so not listed)."""
+        view = self.resolve(actor, model)
+        if view.admission == "stopped":
+            raise ModelNotFound(
+                f"The model `{model}` is not available: its service `{view.alias}` is stopped",
+                details={"model": model, "service": view.alias},
+            )
+        if actor.service_id is not None or not actor.personal:
+            return dumps(model_entry(view, actor.project_name or actor.project_id))
+        # A person's shared service, as :func:`_shared_document` lists it.
+        entry = model_entry(view, view.project_id)
+        if self._index_of(actor).by_alias.get(view.alias) is not view:
+            entry["id"] = view.id
+        return dumps(entry)
+
     def resolve(self, actor: Principal, model: str) -> LiveService:
         """The service ``model`` names for ``actor`` (see the module); else raise
         :class:`ModelNotFound` with the names ``actor`` may use."""

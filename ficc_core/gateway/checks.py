@@ -53,23 +53,81 @@ def _shown(value: Any) -> str:
 IMAGE_PARTS = frozenset({"image_url", "input_image", "image"})
 
 
-def _no_images(view: LiveService, messages: list[Any]) -> None:
+#: The roles of OpenAI's chat messages. llama.cpp and vLLM take any string and hand it
+#: to the model's chat template, which may render it as nothing the model knows, or
+#: fail (a 500 that counts against the replica's breaker); OpenAI's clients send these.
+ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+_ROLE_LIST = ", ".join(sorted(ROLES))
+
+
+def _messages(view: LiveService, messages: list[Any]) -> None:
+    """Refuse a chat's ``messages`` no engine should be sent: none at all, a message that
+    is not an object or whose ``role`` is not one of :data:`ROLES`, and (for a service
+    that does not declare ``vision``) an image part.
+
+    One pass of a class check and a set lookup per message; a message the pass cannot
+    settle (content parts to look through for images, or something wrong) sends the
+    whole list to :func:`_message_by_message`, which finds what to refuse, if anything.
+    """
+    if not messages:
+        raise _invalid(
+            "`messages` is empty: a chat completion needs at least one message",
+            "$.messages",
+            "a non-empty array",
+        )
+    images = "vision" not in view.capabilities
+    try:
+        for message in messages:
+            if message.__class__ is not dict or message.get("role") not in ROLES:
+                break
+            if images and message.get("content").__class__ is list:
+                break
+        else:
+            return
+    except TypeError:  # an unhashable role: an array, an object
+        pass
+    _message_by_message(view, messages, images)
+
+
+def _message_by_message(view: LiveService, messages: list[Any], images: bool) -> None:
+    """Refuse the first message that is not an object, has no role of :data:`ROLES`, or
+    (``images``: the service does not declare ``vision``) holds an image part."""
+    for index, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise _invalid(
+                f"`messages[{index}]` must be an object, not {_shown(message)}",
+                f"$.messages[{index}]",
+                "an object with a `role`",
+            )
+        role = message.get("role")
+        if not isinstance(role, str) or role not in ROLES:
+            said = f"{role[:32]!r}" if isinstance(role, str) else _shown(role)
+            raise _invalid(
+                f"`messages[{index}].role` is {'missing' if role is None else said}: a "
+                f"message's role is one of {_ROLE_LIST}",
+                f"$.messages[{index}].role",
+                f"one of {_ROLE_LIST}",
+            )
+        if images:
+            content = message.get("content")
+            if isinstance(content, list):
+                _no_images(view, index, content)
+
+
+def _no_images(view: LiveService, index: int, content: list[Any]) -> None:
     """Refuse an image part sent to a service that does not declare ``vision``: its
     engine cannot read it (llama.cpp answers 500, which would count against the
     replica's breaker: any invoker could open breakers on purpose)."""
-    for index, message in enumerate(messages):
-        content = message.get("content") if isinstance(message, dict) else None
-        if not isinstance(content, list):
-            continue
-        for part_index, part in enumerate(content):
-            if isinstance(part, dict) and part.get("type") in IMAGE_PARTS:
-                raise _invalid(
-                    f"service {view.id!r} does not take images (its capabilities do not "
-                    "include vision; an operator declares capabilities.vision in the "
-                    "specification when its model reads them)",
-                    f"$.messages[{index}].content[{part_index}]",
-                    "a text part",
-                )
+    for part_index, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if isinstance(kind, str) and kind in IMAGE_PARTS:  # a list is unhashable
+            raise _invalid(
+                f"service {view.id!r} does not take images (its capabilities do not "
+                "include vision; an operator declares capabilities.vision in the "
+                "specification when its model reads them)",
+                f"$.messages[{index}].content[{part_index}]",
+                "a text part",
+            )
 
 
 def _one_answer(document: Mapping[str, Any]) -> None:
@@ -97,6 +155,13 @@ def _one_answer(document: Mapping[str, Any]) -> None:
             "$.prompt",
             "one prompt: a string, or an array of token IDs",
         )
+
+
+def model_not_a_string(model: Any) -> InvalidRequest:
+    """The refusal of a ``model`` that is present but not a string, on both endpoints."""
+    return _invalid(
+        f"`model` must be a string naming a model, not {_shown(model)}", "$.model", "string"
+    )
 
 
 def _invalid(message: str, path: str, expected: str, **kwargs: Any) -> InvalidRequest:
@@ -299,6 +364,8 @@ class RequestChecks:
         document = dict(body) if isinstance(body, Mapping) else self.document(body)
         model = document.get("model")
         if model is not None and model != view.alias:
+            if not isinstance(model, str):
+                raise model_not_a_string(model)
             raise ModelNotFound(
                 f"The model `{model}` does not exist: this service serves `{view.alias}`",
                 details={"model": model, "served": view.alias},
@@ -318,8 +385,7 @@ class RequestChecks:
                     raise _invalid(
                         "a chat completion needs a `messages` array", "$.messages", "array"
                     )
-                if "vision" not in view.capabilities:
-                    _no_images(view, messages)
+                _messages(view, messages)
             if path == "/v1/completions" and not isinstance(document.get("prompt"), str | list):
                 raise _invalid(
                     "a completion needs a `prompt` string or array", "$.prompt", "string or array"

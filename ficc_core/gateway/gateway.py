@@ -56,14 +56,15 @@ from ..errors import FiccError
 from ..executor.errors import InputNotAdmitted, PathNotAdmitted
 from ..executor.types import ResponseHead
 from ..quotas import QuotaGate, Unlimited
+from ..strictjson import dumps
 from .accounting import Accounting, UsageRecord
 from .activation import Activation
 from .admission import Admission, no_replica
 from .breakers import Breakers
-from .catalog import models_document
+from .catalog import model_entry, models_document
 from .checks import RequestChecks
 from .engine_errors import engine_error
-from .errors import DeadlineExceeded, EngineFailed, EngineTimeout
+from .errors import DeadlineExceeded, EngineFailed, EngineTimeout, ModelNotFound
 from .limits import ContextLimits
 from .relay import SSE, Relay, ResponseChunks, Timeouts
 from .request import Request
@@ -80,7 +81,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("ficc.gateway")
 
-__all__ = ["PATHS", "Gateway"]
+__all__ = ["MODEL_PREFIX", "MODEL_ROUTE", "PATHS", "Gateway"]
 
 #: The engine paths a client may invoke, with their HTTP method.
 PATHS: Mapping[str, str] = {
@@ -89,6 +90,11 @@ PATHS: Mapping[str, str] = {
     "/v1/embeddings": "POST",
     "/v1/completions": "POST",
 }
+#: The prefix of ``GET /v1/models/{model}``, one model's entry (what the ``openai``
+#: client's ``models.retrieve`` asks): an extension beside :data:`PATHS`, answered
+#: from memory as ``/v1/models`` is; ``MODEL_ROUTE`` is its path in usage records.
+MODEL_PREFIX = "/v1/models/"
+MODEL_ROUTE = "/v1/models/{model}"
 #: Executor refusals of an open that say nothing about another replica: no retry, the
 #: client is told (a body too large for the endpoint is a ``PathNotAdmitted``).
 FINAL_REFUSALS = (DeadlineExceeded, PathNotAdmitted, InputNotAdmitted)
@@ -112,8 +118,11 @@ async def _no_activation(service_id: str) -> None:
 
 
 def method_of(path: str) -> str:
-    """The HTTP method of the inference path ``path``; raise ``route_not_found`` for another."""
+    """The HTTP method of the inference path ``path`` (one of :data:`PATHS`, or a model's
+    ``/v1/models/{model}``); raise ``route_not_found`` for another."""
     method = PATHS.get(path)
+    if method is None and path.startswith(MODEL_PREFIX) and len(path) > len(MODEL_PREFIX):
+        return "GET"
     if method is None:
         raise FiccError(
             f"{path!r} is not an inference route; use one of {', '.join(PATHS)}",
@@ -291,11 +300,25 @@ class Gateway:
         try:
             view = self.checks.authorise(service_id, actor)
         except FiccError as exc:
-            # Not labelled with the service: a client must not mint metric series.
-            self.accounting.refused("", exc.code, actor, path, exc.status)
+            # Not labelled with the service: a client must not mint metric series (nor
+            # paths: a model's is recorded as its route).
+            recorded = MODEL_ROUTE if path.startswith(MODEL_PREFIX) else path
+            self.accounting.refused("", exc.code, actor, recorded, exc.status)
             raise
-        if path == "/v1/models":
-            return 200, self._models(view, actor)
+        if method == "GET":  # /v1/models, or one model's entry: answered from memory
+            try:
+                return 200, self._models(view, actor, path)
+            except FiccError as exc:
+                self.accounting.refused(
+                    service_id,
+                    exc.code,
+                    actor,
+                    MODEL_ROUTE,
+                    exc.status,
+                    view.model_id,
+                    view.generation,
+                )
+                raise
         try:
             self.checks.admit(view)
             payload, streaming, count, prompt, completion, hidden = self.checks.prepare(
@@ -304,7 +327,9 @@ class Gateway:
             if count is not None:
                 prompt = await self.limits.settle(count) or prompt
         except FiccError as exc:
-            self.accounting.refused(service_id, exc.code, actor, path, exc.status, view.model_id)
+            self.accounting.refused(
+                service_id, exc.code, actor, path, exc.status, view.model_id, view.generation
+            )
             raise
         request = Request(
             service_id=service_id,
@@ -329,7 +354,9 @@ class Gateway:
         try:
             self.quotas.admit(request)  # before a replica is taken
         except FiccError as exc:
-            self.accounting.refused(service_id, exc.code, actor, path, exc.status, view.model_id)
+            self.accounting.refused(
+                service_id, exc.code, actor, path, exc.status, view.model_id, view.generation
+            )
             raise
         # Counted in flight until settled (a drain waits for it): every way out settles.
         self.live.enter(service_id)
@@ -363,10 +390,21 @@ class Gateway:
         return response
 
     @staticmethod
-    def _models(view: LiveService, actor: Principal) -> ResponseChunks:
+    def _models(view: LiveService, actor: Principal, path: str) -> ResponseChunks:
+        """The service's ``/v1/models`` answer, or for ``/v1/models/{model}`` its one
+        entry when ``model`` is its alias (the id that list shows)."""
         # A personal key's shared service is owned by its project (as /v1/models says).
         owner = view.project_id if actor.personal else actor.project_name or actor.project_id
-        document = models_document((view,), owner)
+        if path == "/v1/models":
+            document = models_document((view,), owner)
+        else:
+            model = path[len(MODEL_PREFIX) :]
+            if model != view.alias:
+                raise ModelNotFound(
+                    f"The model `{model}` does not exist: this service serves `{view.alias}`",
+                    details={"model": model, "served": view.alias},
+                )
+            document = dumps(model_entry(view, owner))
         return ResponseChunks(status=200, content_type="application/json", pending=[document])
 
     async def _dispatch(self, request: Request, method: str, payload: bytes) -> ResponseChunks:

@@ -4,7 +4,8 @@ A request names its service by ``model`` (:class:`~.catalog.Catalog` resolves it
 among the services the credential may invoke) and is then served exactly as the
 per-service route serves it, through :meth:`Gateway.invoke` with the body's
 ``model`` set to that service's alias: the same checks, admission, relay and
-accounting. ``GET /v1/models`` lists those services.
+accounting. ``GET /v1/models`` lists those services, and ``GET /v1/models/{model}``
+answers the entry of the one ``model`` reaches.
 
 **Fallbacks.** When the service the name reaches cannot take the request before
 any response exists (:data:`FALLBACK_CODES`: stopped, draining, no ready replica
@@ -35,8 +36,9 @@ import attrs
 from ..errors import FiccError, InvalidRequest
 from .activation import activation_refusal
 from .catalog import Catalog
+from .checks import model_not_a_string
 from .errors import EngineError
-from .gateway import NO_HEADERS, method_of
+from .gateway import MODEL_PREFIX, MODEL_ROUTE, NO_HEADERS, method_of
 from .relay import ResponseChunks
 
 if TYPE_CHECKING:
@@ -137,13 +139,21 @@ class ProjectEndpoint:
                     200,
                     ResponseChunks(status=200, content_type="application/json", pending=[listing]),
                 )
+            if path.startswith(MODEL_PREFIX):
+                entry = self.catalog.entry(actor, path[len(MODEL_PREFIX) :])
+                return Served(
+                    200,
+                    ResponseChunks(status=200, content_type="application/json", pending=[entry]),
+                )
             document = dict(body) if isinstance(body, Mapping) else gateway.checks.document(body)
             model = document.get("model")
             if not isinstance(model, str):
-                raise _missing_model()
+                raise _missing_model() if model is None else model_not_a_string(model)
             first = self.catalog.resolve(actor, model)
         except FiccError as exc:
-            gateway.accounting.refused("", exc.code, actor, path, exc.status)
+            # A model's path is recorded as its route: a client must not mint paths.
+            recorded = MODEL_ROUTE if path.startswith(MODEL_PREFIX) else path
+            gateway.accounting.refused("", exc.code, actor, recorded, exc.status)
             raise
         candidates = [first, *self.catalog.fallbacks(actor, first)]
         failures: list[tuple[LiveService, FiccError]] = []

@@ -13,6 +13,9 @@ that reached a replica (a refusal's replica is ``""``; summary rows hold only me
 Scope: an administrator sees every row; a project principal the requests made with
 its project's keys and those to its project's services; a personal principal its
 person's personal requests (:attr:`UsageQuery.scope_project`, ``scope_person``).
+
+A ``service`` filter must name a service the reader can see (:func:`_service_known`),
+else the report is 404 ``service_not_found``: a mistyped alias is not "no usage".
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from typing import Any
 import attrs
 
 from ..config import parse_duration
-from ..errors import ConfigError
+from ..errors import ConfigError, NotFound
 from ..store import Transaction
 
 #: What ``group_by`` may name, and the column each is.
@@ -244,8 +247,48 @@ def _aggregate(
     return found
 
 
+def _service_known(tx: Transaction, query: UsageQuery) -> bool:
+    """Whether ``query.service`` names a service the query's reader can see: by ID or
+    alias a service of the scope's project (any project's for an administrator; one
+    shared with the person for a personal reader), or by ID one that usage in the
+    reader's scope names (a removed service's, a service of another project that the
+    reader's keys invoked)."""
+    value = query.service
+    scope = UsageQuery(scope_project=query.scope_project, scope_person=query.scope_person)
+    where, params = _where(scope)
+    used = tx.fetch_one(
+        f"SELECT 1 AS found FROM inference_usage WHERE {where} AND service_id = ? LIMIT 1",
+        [*params, value],
+    )
+    if used is not None:
+        return True
+    sql = "SELECT 1 AS found FROM inference_services s WHERE (s.id = ? OR s.alias = ?)"
+    args: list[Any] = [value, value]
+    if query.scope_project is not None:
+        sql += " AND s.project_id = ?"
+        args.append(query.scope_project)
+    if query.scope_person is not None:
+        sql += (
+            " AND s.id IN (SELECT service_id FROM service_shares"
+            " WHERE user_id = ? OR user_id IS NULL)"
+        )
+        args.append(query.scope_person)
+    return tx.fetch_one(sql + " LIMIT 1", args) is not None
+
+
 def usage_report(tx: Transaction, query: UsageQuery) -> UsageReport:
-    """The totals and groups of the usage ``query`` selects (see the module docs)."""
+    """The totals and groups of the usage ``query`` selects (see the module docs).
+
+    :raises NotFound: ``service_not_found`` when ``query.service`` names no service the
+        reader can see.
+    """
+    if query.service is not None and not _service_known(tx, query):
+        raise NotFound(
+            f"no inference service {query.service!r} to report usage of: the service filter"
+            " takes the ID or alias of a service you can see (ficc inference list)",
+            code="service_not_found",
+            details={"id": query.service, "filter": "service"},
+        )
     where, params = _where(query)
     [totals] = _aggregate(tx, where, params, ())
     groups = _aggregate(tx, where, params, query.group_by) if query.group_by else []

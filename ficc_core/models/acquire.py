@@ -7,10 +7,12 @@ already hold skipped, not rewritten), never writes past the declared size, and i
 published only when the sha256 of what was written matches; the body is received,
 hashed and written in a worker thread (:mod:`~ficc_core.models.download`, over
 :mod:`~ficc_core.models.fetch`'s checked connections). Transient faults (a dropped
-connection, a timeout) retry with capped backoff from the durable offset;
-anything else marks the acquisition failed with the reason. Pausing cancels the
-network read but never an admitted write: the write completes, its offset is
-kept, and ``acquire`` later resumes from it. Acquisitions that were running when
+connection, a body cut short of its ``Content-Length``, a timeout) retry with capped
+backoff from the durable offset, at most ``retries`` times; a file whose every attempt
+failed fails with the last fault, which says how many attempts there were. Anything
+else marks the acquisition failed with the reason. Pausing cancels the network read
+but never an admitted write: the write completes, its offset is kept, and
+``acquire`` later resumes from it. Acquisitions that were running when
 the controller stopped resume when it starts.
 """
 
@@ -37,7 +39,11 @@ from .records import AcquisitionFile, AcquisitionState
 log = logging.getLogger("ficc.models.acquire")
 
 _CONTENT_RANGE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")
-_TRANSIENT_CODES = frozenset({"fetch_timeout", "fetch_failed", "connection_dropped", "server_busy"})
+#: Faults a retry from the durable offset may get past (``body_truncated``: the server
+#: closed the connection before the end of the body its Content-Length declared).
+_TRANSIENT_CODES = frozenset(
+    {"fetch_timeout", "fetch_failed", "connection_dropped", "body_truncated", "server_busy"}
+)
 
 
 class AcquisitionFailed(FiccError):
@@ -69,6 +75,19 @@ def _failure(failures: list[tuple[AcquisitionFile, FiccError]]) -> tuple[str, di
             "files": files,
         },
     }
+
+
+def _gave_up(exc: FiccError, attempts: int) -> FiccError:
+    """The last transient failure of a file whose every attempt failed: the same code,
+    its message and details saying how many attempts there were."""
+    if attempts < 2:
+        return exc
+    return FiccError(
+        f"{exc.message}; gave up after {attempts} attempts",
+        code=exc.code,
+        status=exc.status,
+        details={**exc.details, "attempts": attempts},
+    )
 
 
 class Acquirer:
@@ -231,12 +250,13 @@ class Acquirer:
                 raise  # The file already records it, with its code and details.
             except (FetchError, _Transient) as exc:
                 if exc.code not in _TRANSIENT_CODES or attempt == self.retries:
+                    failure = _gave_up(exc, attempt + 1) if exc.code in _TRANSIENT_CODES else exc
                     with trio.CancelScope(shield=True):
                         await self.blobs.mark_failed(
-                            ref, exc, discard=exc.code == "longer_than_declared"
+                            ref, failure, discard=exc.code == "longer_than_declared"
                         )
                     raise AcquisitionFailed(
-                        exc.message, code=exc.code, details=exc.details
+                        failure.message, code=failure.code, details=failure.details
                     ) from None
                 log.info("acquiring %s: %s; retrying in %.1fs", ref.sha256[:12], exc.message, delay)
             await trio.sleep(delay)

@@ -56,6 +56,8 @@ class Http1Connection:
         self._h11 = h11.Connection(h11.CLIENT)
         #: Body bytes left when the body is read directly (Content-Length framing).
         self._remaining: int | None = None
+        #: The response's Content-Length, when the body is read directly.
+        self._declared = 0
         #: Bytes received with the head or from h11 but not yet handed out.
         self._pending = memoryview(b"")
         self._ended = False
@@ -155,7 +157,7 @@ class Http1Connection:
         framing = {name: value for name, value in event.headers}
         if b"transfer-encoding" not in framing and b"content-length" in framing:
             # h11 checked it is one well-formed integer; the body bypasses h11 from here.
-            self._remaining = int(framing[b"content-length"])
+            self._remaining = self._declared = int(framing[b"content-length"])
             leftover = self._h11.trailing_data[0][: self._remaining]
             self._pending = memoryview(leftover)
         return event
@@ -164,8 +166,9 @@ class Http1Connection:
         """Read body bytes into ``view``; return how many (0: the body has ended).
 
         :raises FetchError: ``fetch_timeout`` (nothing for ``read_timeout``),
-            ``connection_dropped`` (closed or broken before the body's end) or
-            ``aborted``.
+            ``body_truncated`` (the server closed the connection before the end of the
+            body its ``Content-Length`` declared), ``connection_dropped`` (the connection
+            broke, or a body of another framing was cut short) or ``aborted``.
         """
         if not len(view):
             return 0
@@ -181,10 +184,7 @@ class Http1Connection:
                 return 0
             count = self._recv_into(view[: self._remaining])
             if not count:
-                raise FetchError(
-                    f"the connection closed {self._remaining} bytes before the end of the body",
-                    code="connection_dropped",
-                )
+                raise self._truncated()
             self._remaining -= count
             return count
         while not self._ended:
@@ -234,10 +234,7 @@ class Http1Connection:
             error = (
                 FetchError("the request was abandoned", code="aborted")
                 if self._aborted
-                else FetchError(
-                    f"the connection closed {self._remaining} bytes before the end of the body",
-                    code="connection_dropped",
-                )
+                else self._truncated()
             )
         return filled, error
 
@@ -258,6 +255,22 @@ class Http1Connection:
     def _check_aborted(self) -> None:
         if self._aborted:
             raise FetchError("the request was abandoned", code="aborted")
+
+    def _truncated(self) -> FetchError:
+        """The server ended the connection before the body its Content-Length declared."""
+        remaining = self._remaining or 0
+        received = self._declared - remaining
+        return FetchError(
+            f"{self.host} closed the connection after {received:,} of the {self._declared:,}"
+            f" body bytes its Content-Length declared ({remaining:,} missing)",
+            code="body_truncated",
+            details={
+                "host": self.host,
+                "received": received,
+                "declared": self._declared,
+                "missing": remaining,
+            },
+        )
 
     def _failure(self, exc: BaseException, what: str, *, code: str) -> FetchError:
         if self._aborted:

@@ -147,7 +147,8 @@ async def _read_body(response: Response, skip: int, length: int) -> bytes:
     kept = bytearray()
     # A body that runs on (Range ignored, or more than asked) is left as soon as it
     # has given more than enough, and closed with the response. Read failures are
-    # FetchErrors (fetch_timeout, connection_dropped) from the fetch layer.
+    # FetchErrors (fetch_timeout, connection_dropped, body_truncated) from the fetch
+    # layer.
     async with aclosing(response.aiter_raw()) as pieces:
         async for piece in pieces:
             if skip >= len(piece):
