@@ -97,6 +97,9 @@ async def test_sigterm_ends_a_remote_agents_connection_at_once_and_records_no_tr
                 *_, last = [block for block in raw.decode().split("\n\n") if block]
                 assert last.startswith("event: error\ndata: "), last
                 assert '"code":"server_shutting_down"' in last.replace(" ", ""), last
+                # Ended once nothing was in flight, not at the grace's end: it says so.
+                assert "no request is in flight any more" in last, last
+                assert '"idle":true' in last.replace(" ", ""), last
                 # It waited the whole grace for node-2's WebSocket; the hang guard above
                 # is half the grace.
                 code = await trio.to_thread.run_sync(server.proc.wait, abandon_on_cancel=True)

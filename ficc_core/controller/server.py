@@ -93,7 +93,7 @@ async def end_node_connections(service: Service, grace: float) -> None:
     await service.live.wait_all_idle()
     await service.lease.stop_work()
     log.info("no request in flight; ending the node connections")
-    service.gateway.checks.shut_down(grace)
+    service.gateway.checks.shut_down(grace, idle=True)
     service.contributors.live.end_all()
 
 

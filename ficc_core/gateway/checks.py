@@ -184,19 +184,24 @@ class RequestChecks:
         self.max_body_bytes = max_body_bytes
         #: The shutdown grace, once it ended (:meth:`shut_down`); None while serving.
         self.shut_down_after: float | None = None
+        self._shut_down_idle = False
         #: The context and output limits :meth:`prepare` applies (set by the gateway).
         self.limits: ContextLimits | None = None
 
-    def shut_down(self, grace: float) -> None:
+    def shut_down(self, grace: float, *, idle: bool = False) -> None:
         """The server's shutdown grace ended: every request being served ends at its next
         re-check (within the recheck interval) with :class:`ServerShuttingDown`, a stream
         with that error as its last SSE event; one still queued for a slot gets it as
         its answer once the ended streams free their slots.
 
+        ``idle``: not the grace's end, but no invoke request was in flight, so what is
+        still open (a replica's live log) ends before it; the message says so.
+
         One attribute, read where a response already re-checks before every read:
         nothing is registered per request.
         """
         self.shut_down_after = grace
+        self._shut_down_idle = idle
 
     def shutdown_problem(self) -> ServerShuttingDown | None:
         """Why a long-lived response must end now because the server's shutdown grace
@@ -206,6 +211,13 @@ class RequestChecks:
 
     def _shutting_down(self) -> ServerShuttingDown:
         grace = self.shut_down_after
+        if self._shut_down_idle:
+            return ServerShuttingDown(
+                "the server is shutting down and no request is in flight any more, so what "
+                "is still open ends now, before its "
+                f"{grace:g} s grace period: retry once it is back, or on another controller",
+                details={"grace_seconds": grace, "idle": True},
+            )
         return ServerShuttingDown(
             f"the server is shutting down; its {grace:g} s grace period ended before this "
             "response did: retry the request",
