@@ -2,7 +2,8 @@
 
 Both run the stand-in ``vllm`` engine (tests/test_inference_directory_models.py), so a
 replica is ready in well under a second; ``node-2`` is a real remote agent in this
-trio run, dialling the controller's WebSocket like ``ficc executor`` does.
+trio run, dialling the controller's WebSocket like ``ficc executor`` does, and staging
+the model's files from the controller into its own directory before a launch.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ class Ops:
     engine: Path
     #: Ends node-2's agent (as if its process stopped): it no longer dials in.
     node_2: trio.CancelScope = attrs.field(factory=trio.CancelScope)
+    #: node-2's agent directory (its staged blobs and trees are under ``blobs/``).
+    node_2_dir: Path | None = None
 
     async def spec(self, *nodes: str, alias: str = "tiny", cpus: float = 0.25) -> dict[str, Any]:
         spec = await vllm_spec(self.controller, self.model_id, self.engine, alias=alias)
@@ -150,7 +153,13 @@ async def open_two_nodes(
                     await trio.sleep(0.05)
                     node = await controller.node("node-2")
                 model = await register_tiny_hf(controller, files)
-                yield Ops(controller=controller, model_id=model["id"], engine=engine, node_2=node_2)
+                yield Ops(
+                    controller=controller,
+                    model_id=model["id"],
+                    engine=engine,
+                    node_2=node_2,
+                    node_2_dir=folder,
+                )
                 nursery.cancel_scope.cancel()
     finally:
         shutil.rmtree(folder, ignore_errors=True)

@@ -382,6 +382,15 @@ async def test_a_directory_model_is_assembled_from_staged_blobs_read_only(setup,
         assert (root / "model.safetensors").stat().st_nlink == 2
         assert await stage_directory(stager, files) == root
         assert len(stager.requests) == 2
+        # A tree whose file changed (the staged blob it links to with it) is not reused:
+        # the blob is downloaded again and the tree assembled again from it.
+        damaged = root / "model.safetensors"
+        damaged.chmod(0o644)
+        damaged.write_bytes(b"x" * len(weights))
+        assert await stage_directory(stager, files) == root
+        assert (root / "model.safetensors").read_bytes() == weights
+        assert stat.S_IMODE((root / "model.safetensors").stat().st_mode) == 0o444
+        assert len(stager.requests) == 3
         job = Job(
             argv=(
                 "vllm", "serve", "/controller/models/m",

@@ -40,6 +40,7 @@ from ..nodelink.relay_node import RelayServer
 from ..nodelink.wire import decode, message_term
 from ..schema import unstructure
 from .agent import Agent
+from .staging import stager_from_settings
 
 log = logging.getLogger("ficc.agent")
 
@@ -99,7 +100,9 @@ class RemoteAgent:
     :param controllers: the controllers' base URLs (``https://ficc.example:8484``), in
         the order blobs are fetched from them; one URL (a string) is the one-controller case.
     :param credential: the node credential from ``ficc admin add-node``.
-    :param make_agent: builds the :class:`Agent` once the first controller has named the node.
+    :param make_agent: builds the :class:`Agent` once the first controller has named the node;
+        one built without a :attr:`~Agent.stager` gets one that stages its inputs from
+        these controllers, in order, into ``<state_dir>/blobs`` (``[staging]`` settings).
     :param ssl_context: trust for https controllers (default: the system's).
     :param on_connected: called with each :class:`Welcome`, and again when a standby's
         link turns leader.
@@ -188,7 +191,18 @@ class RemoteAgent:
         Raises :class:`AgentRefused` (``node_mismatch``) when the agent runs another node.
         """
         if self.agent is None:
-            self.agent = self.make_agent(node_id)
+            agent = self.make_agent(node_id)
+            if agent.stager is None:
+                # A remote node reads only its own disk: the inputs it lacks (a model's
+                # file, a directory model's files) are staged from the controllers first.
+                agent.stager = stager_from_settings(
+                    agent.state_dir,
+                    [link.controller for link in self.links],
+                    self.credential,
+                    agent.settings,
+                    ssl_context=self.ssl_context,
+                )
+            self.agent = agent
             await nursery.start(self.agent.run)
             self._agent_ready.set()
         await self._agent_ready.wait()

@@ -374,15 +374,15 @@ async def stage_directory(
 ) -> Path:
     """Stage a directory model (``relative path -> (digest, size)``); return its local root.
 
-    Every blob is staged (concurrently), then the tree is assembled under
-    ``<cache>/trees/<listing digest>/`` from hard links to the staged blobs (copies
-    when a blob lives on another filesystem, a shared directory), read-only. The
-    same listing is assembled once and reused.
+    Every blob is staged (concurrently, each verified as :meth:`Stager.stage` does),
+    then the tree is assembled under ``<cache>/trees/<listing digest>/`` from hard
+    links to the staged blobs (copies when a blob lives on another filesystem, a
+    shared directory), read-only. The same listing is assembled once and reused
+    while each of its files is still the verified blob (the same file, or one that
+    hashes to its digest); a tree that no longer is is assembled again.
     """
     listing, name = tree_listing(files)
     root = stager.cache_dir / "trees" / name
-    if await trio.to_thread.run_sync(root.is_dir):
-        return root
     staged: dict[str, Path] = {}
 
     async def one(path: str, digest: str, size: int) -> None:
@@ -392,8 +392,39 @@ async def stage_directory(
         for path, digest, size in listing:
             nursery.start_soon(one, path, digest, size)
 
-    await trio.to_thread.run_sync(assemble_tree, root, staged)
+    async with stager._locks.setdefault(f"tree:{name}", trio.Lock()):
+        if await trio.to_thread.run_sync(root.is_dir):
+            if await _tree_holds(stager, root, listing, staged):
+                return root
+            log.warning("the staged tree %s does not hold its verified files; rebuilding", root)
+            await trio.to_thread.run_sync(_remove_tree, root)
+        await trio.to_thread.run_sync(assemble_tree, root, staged)
     return root
+
+
+async def _tree_holds(
+    stager: Stager, root: Path, listing: Sequence[tuple[str, str, int]], staged: Mapping[str, Path]
+) -> bool:
+    """Whether every file of the tree at ``root`` is its verified blob (or hashes to it)."""
+    for path, hex_digest, size in listing:
+        target = root / path
+        if await trio.to_thread.run_sync(_same_file, target, staged[path]):
+            continue
+        if not await stager._verified(target, hex_digest, size):
+            return False
+    return True
+
+
+def _same_file(one: Path, other: Path) -> bool:
+    try:
+        return os.path.samefile(one, other)
+    except OSError:
+        return False
+
+
+def _remove_tree(root: Path) -> None:
+    # The files are read-only, their directories are not: they unlink as they are.
+    shutil.rmtree(root)
 
 
 async def stage_job_inputs(

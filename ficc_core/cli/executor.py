@@ -104,7 +104,6 @@ async def _executor(
     from ..agent import Agent
     from ..agent.embedded import agent_from_config
     from ..agent.remote import RemoteAgent, Welcome
-    from ..agent.staging import stager_from_settings
     from ..plugins import build_plugin_manager
 
     context = None
@@ -125,13 +124,9 @@ async def _executor(
     plugins = await trio.to_thread.run_sync(build_plugin_manager)
 
     def make_agent(node_id: str) -> Agent:
-        agent = agent_from_config(config, plugins, node_id=node_id, providers=providers)
-        # Blob inputs this node lacks are fetched before a launch: from the controller
-        # that sent it, then from the others in order.
-        agent.stager = stager_from_settings(
-            config.agent_path, controllers, credential, agent.settings, ssl_context=context
-        )
-        return agent
+        # The remote agent gives it a stager: inputs this node lacks are fetched before
+        # a launch, from the controller that sent it, then from the others in order.
+        return agent_from_config(config, plugins, node_id=node_id, providers=providers)
 
     remote = RemoteAgent(
         controllers, credential, make_agent, ssl_context=context, on_connected=connected
