@@ -108,6 +108,31 @@ async def test_graceful_shutdown_lets_an_in_flight_request_finish(tmp_path):
         server.kill()
 
 
+@pytest.mark.parametrize("path", ["/api/v1/health", "/v1/models"])
+async def test_sigterm_closes_an_idle_keep_alive_connection_at_once(tmp_path, path):
+    """A client's kept-alive connection, idle after its request, does not hold the exit
+    for the grace: a Quart route's, and the invoke routes' (plain ASGI, /v1/models).
+
+    Both apps wait for the client's disconnect while they send: the one their own last
+    send caused cancelled that send before hypercorn marked the connection idle again.
+    """
+    server = ServeProcess(tmp_path / "data", "--shutdown-grace", "60")
+    try:
+        url = await server.wait_ready()
+        token = await server.admin_token()
+        auth = {"Authorization": f"Bearer {token}"}
+        async with httpx.AsyncClient(base_url=url, headers=auth, timeout=30) as http:
+            answer = await http.get(path)
+            assert answer.status_code == 200, answer.text
+            # The client keeps its connection open, idle, while the server shuts down.
+            server.proc.send_signal(signal.SIGTERM)
+            with trio.fail_after(20):  # a hang guard: without the fix it took the 60 s grace
+                code = await trio.to_thread.run_sync(server.proc.wait, abandon_on_cancel=True)
+        assert code == 0
+    finally:
+        server.kill()
+
+
 async def test_serve_refuses_a_bad_configuration_clearly(tmp_path):
     config = tmp_path / "ficc.toml"
     config.write_text("colour = 'blue'\n")

@@ -37,6 +37,7 @@ from . import (
 from .access import ROUTE_ACCESS, Access
 from .access_log import log_request
 from .authn import CSRF_HEADER, SESSION_COOKIE, authenticate
+from .response_end import ResponseEnd
 
 if TYPE_CHECKING:
     from ..controller.service import Service
@@ -210,6 +211,9 @@ def create_app(service: Service) -> QuartTrio:
             )
         )
 
+    # Outermost, in front of the invoke routes too: without it a kept-alive connection
+    # was never marked idle again, and held the shutdown for the whole grace.
+    app.asgi_app = ResponseEnd(app.asgi_app)  # type: ignore[method-assign]
     return app
 
 

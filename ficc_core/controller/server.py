@@ -20,6 +20,12 @@ log = logging.getLogger("ficc.server")
 #: to send their last event (the gateway notices within its recheck interval, 0.25 s).
 SHUTDOWN_NOTICE = 1.0
 
+#: Seconds an idle kept-alive connection stays open (hypercorn's default is 5 s): longer
+#: than the idle timeouts of clients' pools and of proxies and load balancers (60 s is
+#: usual), so that a client rarely sends a request on a connection the server is closing.
+#: On shutdown idle connections close at once (:class:`~ficc_core.api.response_end.ResponseEnd`).
+KEEP_ALIVE_TIMEOUT = 75.0
+
 
 def _hypercorn_config(service: Service, bind: str | None = None) -> HypercornConfig:
     config = service.config
@@ -27,6 +33,7 @@ def _hypercorn_config(service: Service, bind: str | None = None) -> HypercornCon
     host = f"[{config.host}]" if ":" in config.host else config.host
     hc.bind = [bind or f"{host}:{config.port}"]
     hc.graceful_timeout = config.shutdown_grace + SHUTDOWN_NOTICE
+    hc.keep_alive_timeout = KEEP_ALIVE_TIMEOUT
     hc.accesslog = None
     hc.errorlog = logging.getLogger("hypercorn.error")
     if config.tls:
