@@ -18,13 +18,14 @@ its CSRF header). Its body is read within ``max_body_bytes`` and the gateway's s
 rest; the response is closed when the handler leaves it.
 
 The response goes out chunk by chunk (a whole JSON answer as one body with its
-length). From the end of the request's body, one watcher per request waits for the
-client to leave: a disconnect cancels whatever the handler awaits, the queue, the
-activation, the engine's whole answer (not streamed) or the relay, and leaving the
-response closes it and so cancels the engine request. Once the response exists the
-watcher also ends at its send deadline, when the client stopped reading: the
-response is closed there even while a write to the client is blocked (hypercorn
-does not cancel a socket write), which frees the replica slot.
+length). A request still running 0.1 s after its body's end, and a streamed response
+from its head, gets a watcher (:mod:`.client_watch`) that waits for the client to
+leave: a disconnect cancels whatever the handler awaits, the queue, the activation,
+the engine's whole answer (not streamed) or the relay, and leaving the response
+closes it and so cancels the engine request. Once the response exists the watcher
+also ends at its send deadline, when the client stopped reading: the response is
+closed there even while a write to the client is blocked (hypercorn does not cancel
+a socket write), which frees the replica slot.
 
 Skipping Quart's request and response objects, its hooks and its routing on the
 hottest path is why this is plain ASGI: they cost more CPU per request than the
@@ -40,7 +41,6 @@ import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import TYPE_CHECKING, Any
 
-import trio
 from werkzeug.http import parse_cookie
 
 from ..errors import FiccError, PayloadTooLarge
@@ -49,6 +49,7 @@ from ..store.outage import RefusalLog, as_store_unavailable, is_store_failure
 from ..strictjson import dumps_error
 from .access_log import log_request
 from .authn import SESSION_COOKIE, authenticate
+from .client_watch import ClientWatch, Watcher
 
 if TYPE_CHECKING:
     from quart_trio import QuartTrio
@@ -122,7 +123,17 @@ def register(app: QuartTrio, service: Service) -> None:
         app.add_url_rule(
             rule, endpoint=f"{prefix}model", view_func=served_in_front, methods=[method]
         )
-    app.asgi_app = InvokeRoutes(app.asgi_app, service)  # type: ignore[method-assign]
+    invoke = InvokeRoutes(app.asgi_app, service)
+    app.asgi_app = invoke  # type: ignore[method-assign]
+
+    @app.before_serving
+    async def watch_clients() -> None:
+        # In the lifespan's nursery: the server's one scheduler of client watchers.
+        await app.nursery.start(invoke.clients.run)
+
+    @app.after_serving
+    async def stop_watching() -> None:
+        invoke.clients.stop()
 
 
 class InvokeRoutes:
@@ -133,6 +144,8 @@ class InvokeRoutes:
         self.service = service
         self.limit = service.config.max_body_bytes
         self.project = ProjectEndpoint(service.gateway)
+        #: Arms a watcher on the client of each request that lasts (see client_watch).
+        self.clients = ClientWatch()
         #: Invoke requests refused because the store failed (logged once a while).
         self.store_refusals = RefusalLog(logger=log)
         #: The metric children per (route, method, status), looked up once.
@@ -188,10 +201,8 @@ class InvokeRoutes:
             # The client may leave while its request waits in the queue, loads, or (not
             # streamed) is generated whole: the watcher cancels it all, and so the engine
             # request (its slot freed at once, not when the engine would have finished).
-            watcher = _Watcher(receive)
             failure: BaseException | None = None
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(watcher.run, nursery.cancel_scope)
+            async with self.clients.watching(receive) as watcher:
                 try:
                     if service_id is None:
                         served = await self.project.invoke(path, body, principal, headers)
@@ -206,9 +217,8 @@ class InvokeRoutes:
                         status, answered = response.status, True
                         watcher.until(response.send_deadline)
                         await self._relay(scope, send, response, extra, watcher)
-                except Exception as exc:  # raised below, outside the nursery (no group)
+                except Exception as exc:  # raised below, outside the watch (no group)
                     failure = exc
-                nursery.cancel_scope.cancel()
             if watcher.left and not answered:
                 status = CLIENT_LEFT  # nobody to answer: the request was cancelled
                 return
@@ -340,7 +350,7 @@ class InvokeRoutes:
         send: Send,
         response: ResponseChunks,
         extra: tuple[tuple[bytes, bytes], ...],
-        watcher: _Watcher,
+        watcher: Watcher,
     ) -> None:
         headers = [
             (b"content-type", response.content_type.encode("latin-1")),
@@ -363,7 +373,7 @@ class InvokeRoutes:
             await send(start)
             await send({"type": "http.response.body", "body": body})
             return
-        watcher.response = response
+        watcher.relay(response)
         await send(start)
         try:
             async for chunk in response:
@@ -373,37 +383,3 @@ class InvokeRoutes:
             log.info("response cut after it started: %s (%s)", error.message, error.code)
             return
         await send({"type": "http.response.body", "body": b""})
-
-
-class _Watcher:
-    """Watches a request's client from its body's end until the handler is done: when it
-    goes away (or, once a response exists, when its send deadline passes: the client
-    stopped reading), everything the handler awaits is cancelled."""
-
-    __slots__ = ("_deadline", "left", "receive", "response")
-
-    def __init__(self, receive: Receive) -> None:
-        self.receive = receive
-        self.left = False
-        self._deadline: trio.CancelScope | None = None
-        #: The stream being relayed, closed here at the send deadline.
-        self.response: ResponseChunks | None = None
-
-    def until(self, deadline: float) -> None:
-        """Stop waiting for the client at ``deadline`` (the response's send deadline)."""
-        if self._deadline is not None:
-            self._deadline.deadline = deadline
-
-    async def run(self, handler: trio.CancelScope) -> None:
-        with trio.CancelScope() as waiting:
-            self._deadline = waiting
-            while (await self.receive())["type"] != "http.disconnect":
-                pass
-            self.left = True
-        handler.cancel()
-        if waiting.cancelled_caught and self.response is not None:
-            # hypercorn shields its socket writes, so a send blocked on a client that
-            # stopped reading is not cancelled: free the slot here, not after it.
-            log.info("response cut at its send deadline: the client stopped reading")
-            with trio.CancelScope(shield=True):
-                await self.response.aclose()
