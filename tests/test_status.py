@@ -261,22 +261,7 @@ def test_a_connected_node_that_dropped_or_went_silent_shows_so_and_stops_serving
     missing = node_status("n9", None, connected=False, trouble="gone", now=100.0)
     assert (missing.state, missing.name) == ("unknown", None)
 
-    spec = '{"placements": [{"node_id": "n1"}, {"node_id": "n1"}]}'
-    record = ServiceRecord(
-        id="svc",
-        project_id="p",
-        alias="a",
-        model_id="m",
-        spec=spec,
-        revision=3,
-        generation=1,
-        desired="running",
-        state="ready",
-        reason=None,
-        plan_digest=None,
-        created_at=1.0,
-        updated_at=2.0,
-    )
+    record = _record(spec='{"placements": [{"node_id": "n1"}, {"node_id": "n1"}]}')
     attempts = (_attempt(0, 1, 1, "failed", reason="killed", signal=9), _attempt(0, 1, 2, "ready"))
     detail = ServiceDetail(service=record, attempts=attempts, reservations=())
     for shown, serving in ((fine, True), (dropped, False), (silent, False)):
