@@ -12,6 +12,7 @@ from hypercorn.trio import serve as hypercorn_serve
 
 from ..api.app import create_app
 from ..api.metrics_app import MetricsApp
+from .http1 import use_http1
 from .service import Service
 
 log = logging.getLogger("ficc.server")
@@ -39,7 +40,7 @@ def _hypercorn_config(service: Service, bind: str | None = None) -> HypercornCon
     if config.tls:
         hc.certfile = str(config.tls_certfile)
         hc.keyfile = str(config.tls_keyfile)
-    return hc
+    return use_http1(hc)
 
 
 async def serve_http(
