@@ -7,8 +7,10 @@ bench's machine), an eighth of what ``ficc serve`` spends on a relayed request.
 the parser Node.js and uvicorn use, already parsing engine answers in
 :mod:`ficc_core.executor.engine_codec`) parses each request, and the response head
 is written directly, for about 10 µs. Everything above the protocol stays
-hypercorn's: the ASGI stream (``HTTPStream``), the connection's reader, idle
-timeout and shutdown.
+hypercorn's: the ASGI stream (``HTTPStream``), the connection's reader, TLS and
+shutdown. So does the keep-alive timeout, but watched by one task per connection
+(:meth:`Http1Protocol._watch_idle`) instead of hypercorn's idle task, which was
+spawned at every answer's end and cancelled at the next request.
 
 What h11 did, this does the same way: keep-alive for HTTP/1.1 unless either side
 says ``connection: close`` (an HTTP/1.0 connection carries one request); one request
@@ -42,6 +44,7 @@ from typing import Any
 
 import httptools
 import hypercorn.protocol as hypercorn_protocol
+import trio
 from hypercorn.config import Config
 from hypercorn.events import Closed, Event, RawData, Updated
 from hypercorn.protocol.events import (
@@ -152,6 +155,11 @@ class Http1Protocol:
         self.events: list[tuple[Any, ...]] = []
         self.problem: _Problem | None = None
         self.closing = False
+        # Idleness is watched by one task per connection (see _watch_idle).
+        self.busy_announced = False
+        self.idle_deadline = 0.0
+        self.watching: trio.CancelScope | None = None
+        self.idle_wait: trio.Event | None = None
         # The last request ended and said that it is the last one (llhttp refuses what
         # follows it, which is not read: the connection closes after its answer).
         self.last_ended = False
@@ -229,6 +237,8 @@ class Http1Protocol:
             await self._received(event.data)
         elif isinstance(event, Closed):
             self.closing = True
+            if self.watching is not None:
+                self.watching.cancel()
             await self.can_read.set()  # a pipelined request waiting for its turn gives up
             if self.stream is not None:
                 await self._close_stream()
@@ -308,9 +318,11 @@ class Http1Protocol:
         self.version = version
         self.head_request = method == "HEAD"
         self.keep_alive = keep_alive
-        await self.send(Updated(idle=False))
+        if not self.busy_announced:  # stops hypercorn's idle task: _watch_idle takes over
+            self.busy_announced = True
+            await self.send(Updated(idle=False))
         if expect and version == "1.1":
-            await self._write_head(100, [], informational=True)
+            await self._write_head(100, [])
         self.stream = HTTPStream(
             self.app,
             self.config,
@@ -350,7 +362,8 @@ class Http1Protocol:
                 if self.remaining < 0:
                     self.keep_alive = False
                     raise ValueError("the response body is longer than its content-length")
-                data = event.data
+                data = self.held + event.data if self.held else event.data
+                self.held = b""
             elif self.framing == "none":
                 return
             else:
@@ -360,6 +373,9 @@ class Http1Protocol:
             await self._respond(event.status_code, event.headers)
         elif kind is EndBody:
             self.our_done = True
+            if self.held:
+                await self.send(RawData(data=self.held))
+                self.held = b""
             if self.framing == "chunked":
                 await self.send(RawData(data=b"0\r\n\r\n"))
             elif self.framing == "length" and self.remaining:
@@ -373,7 +389,7 @@ class Http1Protocol:
 
     async def _respond(self, status: int, app_headers: list[tuple[bytes, bytes]]) -> None:
         if status < 200:
-            await self._write_head(status, app_headers, informational=True)
+            await self._write_head(status, app_headers)
             return
         length: int | None = None
         length_header: tuple[bytes, bytes] = (b"", b"")
@@ -395,7 +411,10 @@ class Http1Protocol:
                     self.keep_alive = False
                 continue  # written below
             headers.append((name, value))
-        if self.keep_alive_requests >= self.config.keep_alive_max_requests:
+        if (
+            self.keep_alive_requests >= self.config.keep_alive_max_requests
+            or self.context.terminated.is_set()  # shutting down: the client should not reuse it
+        ):
             self.keep_alive = False
         if self.head_request or status in _NO_BODY_STATUS:
             self.framing = "none"
@@ -414,10 +433,12 @@ class Http1Protocol:
             self.keep_alive = False
         if not self.keep_alive:
             headers.append((b"connection", b"close"))
-        await self._write_head(status, headers)
+        # The head of an answer of known length goes out with its body, in one write
+        # (a streamed answer's head goes at once: a client may wait on it).
+        await self._write_head(status, headers, hold=self.framing in ("length", "none"))
 
     async def _write_head(
-        self, status: int, headers: list[tuple[bytes, bytes]], informational: bool = False
+        self, status: int, headers: list[tuple[bytes, bytes]], hold: bool = False
     ) -> None:
         lines = [b"HTTP/1.1 %d \r\n" % status]
         for name, value in headers:
@@ -427,7 +448,10 @@ class Http1Protocol:
         for name, value in self.headers.now():
             lines.append(b"%b: %b\r\n" % (name, value))
         lines.append(b"\r\n")
-        await self.send(RawData(data=b"".join(lines)))
+        if hold:
+            self.held = b"".join(lines)
+        else:
+            await self.send(RawData(data=b"".join(lines)))
 
     async def _refuse(self, status: int) -> None:
         """Answer a malformed request (if its answer has not started) and close."""
@@ -454,11 +478,42 @@ class Http1Protocol:
         ):
             self._new_cycle()
             await self.can_read.set()
-            await self.send(Updated(idle=True))
+            self.idle_deadline = trio.current_time() + self.config.keep_alive_timeout
+            if self.idle_wait is not None:
+                self.idle_wait.set()
+            elif self.watching is None:
+                self.watching = trio.CancelScope()
+                self.task_group.spawn(self._watch_idle, self.watching)
         else:
             self.closing = True
             await self.can_read.set()
             await self.send(Closed())
+
+    async def _watch_idle(self, scope: trio.CancelScope) -> None:
+        """Close the connection once it has been idle for ``keep_alive_timeout``, and at
+        once if the server shuts down while it is idle.
+
+        hypercorn's own idle task does the same, but it is started anew at the end of
+        every answer and cancelled at the next request: a task spawned and ended per
+        request. This one task lives as long as the connection, and a request costs
+        it one clock read. A connection that shuts down while busy closes at its
+        answer's end (:meth:`_maybe_recycle`).
+        """
+        terminated = self.context.terminated
+        with scope:
+            while True:
+                with trio.move_on_at(self.idle_deadline):
+                    await terminated.wait()
+                if self.cycle:  # busy: wait until it is idle again
+                    if terminated.is_set():
+                        return
+                    self.idle_wait = trio.Event()
+                    await self.idle_wait.wait()
+                    self.idle_wait = None
+                elif terminated.is_set() or trio.current_time() >= self.idle_deadline:
+                    with trio.CancelScope(shield=True):
+                        await self.send(Closed())
+                    return
 
     async def _wait_turn(self) -> None:
         """Wait until the answer in progress has ended (or the connection closes)."""
@@ -471,6 +526,7 @@ class Http1Protocol:
         self.their_done = False
         self.our_done = False
         self.framing = ""
+        self.held = b""  # a response head waiting for its body
         self.remaining = 0
         self.keep_alive = False
         self.head_request = False
@@ -501,6 +557,8 @@ class Http1Protocol:
 
     async def _hand_over(self, data: bytes) -> None:
         self.raw = None
+        if self.watching is not None:  # h11 tells hypercorn's idle task itself
+            self.watching.cancel()
         self.delegate = H11Protocol(
             self.app,
             self.config,
