@@ -165,6 +165,13 @@ class Controller:
             self.ficc.proc,
         )
         token = self.api("POST", f"/inference/{created['id']}/tokens", json={"lifetime": 86400})
+        # Held to limits far above the load, as gateway_bench's tokens are: default_rpm
+        # refused nearly every request of the slow-replica loops (429s, counted as errors).
+        self.api(
+            "PUT",
+            f"/tokens/{token['credential']['id']}/limits",
+            json={"rpm": 10**9, "tpm": 10**12},
+        )
         self.services[alias] = {"id": created["id"], "token": token["token"], "exe": exe}
 
     def setup(self, llama) -> None:
@@ -208,8 +215,10 @@ def _conversation(url: str, service: dict, seed: int, session: bool, out: list) 
     with httpx.Client(base_url=url, headers=headers, timeout=300) as http:
         for turn in range(TURNS):
             messages.append({"role": "user", "content": "Tell me: " + _text(rng, TURN_WORDS)})
+            # include_usage: the gateway passes the last chunk (usage, and llama.cpp's
+            # timings with it) only to a client that asks for it, as OpenAI does.
             body = {"messages": messages, "stream": True, "max_tokens": ANSWER_TOKENS,
-                    "temperature": 0}  # fmt: skip
+                    "temperature": 0, "stream_options": {"include_usage": True}}  # fmt: skip
             sent = time.perf_counter()
             first, answer, usage, timings = None, [], {}, {}
             path = f"/api/v1/inference/{service['id']}/v1/chat/completions"

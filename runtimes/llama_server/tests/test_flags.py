@@ -73,6 +73,7 @@ def test_every_flag_maps_onto_xllamacpp_common_params():
             "--tensor-split", "3,1",
             "--alias", "chat,chat-latest",
             "--embedding",
+            "--cache-ram", "0",
             "--metrics",
             "--no-webui",
         ]
@@ -87,6 +88,7 @@ def test_every_flag_maps_onto_xllamacpp_common_params():
     assert params.tensor_split[:3] == [3.0, 1.0, 0.0]
     assert params.model_alias == {"chat", "chat-latest"}
     assert params.embedding is True
+    assert params.cache_ram_mib == 0
     assert params.endpoint_metrics is True
     assert params.ui is False
 
@@ -95,6 +97,7 @@ def test_defaults_are_llama_servers_own():
     params = common_params(parse_args(REQUIRED))
     assert params.n_ctx == 0  # from the model
     assert params.n_parallel == -1  # llama.cpp decides
+    assert params.cache_ram_mib == 0  # no host prompt cache: see HOST_CACHE_MIB
     assert params.embedding is False
     assert params.endpoint_metrics is False
     assert params.ui is True
