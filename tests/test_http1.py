@@ -189,6 +189,12 @@ async def connect(address):
         yield Conn(stream)
 
 
+async def answered(conn: Conn) -> None:
+    """A plain request on ``conn``, answered: the connection is then kept alive and idle."""
+    await conn.send(request("/ok"))
+    assert (await conn.response())[0] == 200
+
+
 def request(path: str = "/", method: str = "POST", body: bytes = b"", extra: str = "") -> bytes:
     head = f"{method} {path} HTTP/1.1\r\nhost: test\r\ncontent-length: {len(body)}\r\n{extra}\r\n"
     return head.encode() + body
@@ -231,8 +237,7 @@ async def test_shutdown_closes_an_idle_connection_at_once_and_a_busy_one_after_i
     with trio.fail_after(20):
         async with served(app, keep_alive=75, stop=stop) as address:
             async with connect(address) as idle, connect(address) as busy:
-                await idle.send(request("/ok"))
-                assert (await idle.response())[0] == 200
+                await answered(idle)
                 await busy.send(request("/held"))
                 await trio.testing.wait_all_tasks_blocked()
                 stop.set()
@@ -356,8 +361,7 @@ async def test_a_malformed_request_on_a_kept_alive_connection_is_answered_400_an
     app = App()
     with trio.fail_after(20):
         async with served(app) as address, connect(address) as conn:
-            await conn.send(request("/ok"))
-            assert (await conn.response())[0] == 200
+            await answered(conn)
             await conn.send(b"GET / HTTP/1.1\r\nbad header: x\r\n\r\n")
             status, headers, _ = await conn.response()
             assert (status, headers["connection"]) == (400, "close")
@@ -368,8 +372,7 @@ async def test_a_request_head_over_the_limit_is_answered_431_even_if_it_never_en
     app = App()
     with trio.fail_after(20):
         async with served(app) as address, connect(address) as conn:
-            await conn.send(request("/ok"))
-            assert (await conn.response())[0] == 200
+            await answered(conn)
             await conn.send(b"GET / HTTP/1.1\r\nhost: t\r\nx-long: ")
             with pytest.raises(trio.BrokenResourceError):
                 for _ in range(2 * LIMIT // 1024 + 8):  # a header value that never ends

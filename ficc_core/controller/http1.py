@@ -49,9 +49,7 @@ from hypercorn.config import Config
 from hypercorn.events import Closed, Event, RawData, Updated
 from hypercorn.protocol.events import (
     Body,
-    Data,
     EndBody,
-    EndData,
     InformationalResponse,
     Request,
     Response,
@@ -153,7 +151,6 @@ class Http1Protocol:
         # can be handed them whole; None after.
         self.raw: list[bytes] | None = []
         self.events: list[tuple[Any, ...]] = []
-        self.problem: _Problem | None = None
         self.closing = False
         # Idleness is watched by one task per connection (see _watch_idle).
         self.busy_announced = False
@@ -244,7 +241,7 @@ class Http1Protocol:
                 await self._close_stream()
 
     async def _received(self, data: bytes) -> None:
-        if self.closing or (self.last_ended and not self.last_keeps):
+        if self.closing or self._after_last():
             return
         if not data:  # the client's end of file
             if self.cycle and not self.their_done:  # in the middle of a request
@@ -258,21 +255,22 @@ class Http1Protocol:
         if self.reading_head:
             self.head_raw += len(data)
         upgrade: int | None = None
+        problem: _Problem | None = None
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade as exc:
             upgrade = exc.args[0]
-        except _Problem as problem:
-            self.problem = problem
+        except _Problem as raised:
+            problem = raised
         except httptools.HttpParserCallbackError as exc:
             cause = exc.__context__
-            self.problem = cause if isinstance(cause, _Problem) else _Problem(400)
+            problem = cause if isinstance(cause, _Problem) else _Problem(400)
         except httptools.HttpParserError:
-            if not (self.last_ended and not self.last_keeps):
-                self.problem = _Problem(400)
-        if self.problem is None and self.reading_head and self.head_raw > self.limit:
-            self.problem = _Problem(431)
-        if self.raw is not None and (upgrade is not None or self.problem is not None):
+            if not self._after_last():
+                problem = _Problem(400)
+        if problem is None and self.reading_head and self.head_raw > self.limit:
+            problem = _Problem(431)
+        if self.raw is not None and (upgrade is not None or problem is not None):
             if self.begin == 0:  # still the connection's first request: h11 takes it all
                 self.events.clear()
                 await self._hand_over(b"".join(self.raw))
@@ -281,8 +279,12 @@ class Http1Protocol:
             await self._upgrade(data[upgrade:])
             return
         await self._serve_events()
-        if self.problem is not None:
-            await self._refuse(self.problem.status)
+        if problem is not None:
+            await self._refuse(problem.status)
+
+    def _after_last(self) -> bool:
+        """The last request ended and said it was the last: what follows is not read."""
+        return self.last_ended and not self.last_keeps
 
     async def _serve_events(self) -> None:
         events, self.events = self.events, []
@@ -380,9 +382,7 @@ class Http1Protocol:
                 await self.send(RawData(data=b"0\r\n\r\n"))
             elif self.framing == "length" and self.remaining:
                 self.keep_alive = False  # cut short: the client learns by the close
-        elif kind is Data:  # only a WebSocket stream sends these, and h11 serves those
-            await self.send(RawData(data=event.data))
-        elif kind is not InformationalResponse and kind is not EndData:
+        elif kind is not InformationalResponse:  # early hints: HTTP/2 and 3 only
             raise ValueError(f"unexpected stream event {event!r}")
 
     # -- answering --
