@@ -4,6 +4,8 @@ Run from the repository root (about 10 minutes on 2 shared cores)::
 
     .venv/bin/python bench/routing_bench.py             # all three, rewrites the doc section
     .venv/bin/python bench/routing_bench.py --no-write  # print only
+    .venv/bin/python bench/routing_bench.py --no-write --only-cache --conversations 8 \
+        --slots 4 --pause 5 15 --answer-tokens 128      # another conversation setup
 
 Three measurements, each printed with its comparison and written into
 docs/performance.md between the ``routing`` markers:
@@ -11,7 +13,8 @@ docs/performance.md between the ``routing`` markers:
 * **cache** (needs ``ficc-llama-server`` and SmolLM2): ``ficc serve`` runs a service of
   two real llama.cpp replicas of SmolLM2 (``--parallel 2`` each, ``cache_prompt`` on, as
   llama-server defaults). A few conversations run at once; each turn resends the
-  growing history after a shared system prompt of about 1,000 tokens. The time to
+  growing history after one system prompt of about 1,000 tokens that all of them
+  share (``--own-system``: one per conversation). The time to
   first token of every follow-up turn is measured for three arms: *least-loaded*
   (a controller with the prefix index off and no scraping: the gateway's in-flight
   count, ties at random), *session* (a ``x-session-id`` header per conversation) and
@@ -58,7 +61,9 @@ CONVERSATIONS, TURNS, ANSWER_TOKENS = 4, 6, 16
 #: Words of the shared system prompt and of each user turn (about a token each).
 SYSTEM_WORDS, TURN_WORDS = 990, 30
 #: Seconds a user takes between an answer and the next turn (uniform, seeded).
-THINK_SECONDS = (0.5, 4.0)
+PAUSE = (0.5, 4.0)
+SHARED_SYSTEM = True
+SLOTS = 2
 WORDS = (
     "river stone lamp harbour keeper night storm light tower ship rope signal tide wind "
     "rock map glass oil wick bell fog coast gull salt wave beam log watch shift stair door "
@@ -182,7 +187,7 @@ class Controller:
                      context=2048, concurrency=64)  # fmt: skip
         if llama and "llama_server" in self.runtimes:
             self.service("smollm2", "llama_server", llama[0], self.register("smollm2", llama[1]),
-                         context=4096, concurrency=2)  # fmt: skip
+                         context=4096, concurrency=SLOTS)  # fmt: skip
 
     def requests(self, alias: str) -> dict[str, float]:
         """Requests relayed so far per replica of ``alias`` (its attempt ID)."""
@@ -206,7 +211,7 @@ def _share(before: dict[str, float], after: dict[str, float]) -> list[float]:
 def _conversation(url: str, service: dict, seed: int, session: bool, out: list) -> None:
     rng, think = random.Random(seed), random.Random(-seed)
     system = "You answer as the keeper of an old lighthouse. House rules: " + _text(
-        rng, SYSTEM_WORDS
+        random.Random(0) if SHARED_SYSTEM else rng, SYSTEM_WORDS
     )
     messages = [{"role": "system", "content": system}]
     headers = {"Authorization": f"Bearer {service['token']}"}
@@ -244,7 +249,7 @@ def _conversation(url: str, service: dict, seed: int, session: bool, out: list) 
             # The user reads and types: without it, conversations return in lockstep with
             # their replica's batch, and least-loaded sends each back to the idle replica,
             # which is by chance its own.
-            time.sleep(think.uniform(*THINK_SECONDS))
+            time.sleep(think.uniform(*PAUSE))
 
 
 def cache_arm(controller: Controller, arm: str, seed: int) -> dict[str, Any]:
@@ -278,8 +283,19 @@ def cache_arm(controller: Controller, arm: str, seed: int) -> dict[str, Any]:
         "computed": statistics.median(computed) if computed else float("nan"),
         "computed_mean": statistics.mean(computed) if computed else float("nan"),
         "computed_max": max(computed, default=0),
+        "hits": _hits(out),
         "seconds": time.monotonic() - started,
+        "turns": sorted(out, key=lambda r: (r["seed"], r["turn"])),
     }
+
+
+def _hits(out: list[dict]) -> float:
+    """The share of follow-ups whose engine found the whole previous turn in its cache:
+    it computed only what this turn added (the last answer and the new question)."""
+    sent = {(r["seed"], r["turn"]): r["prompt_tokens"] for r in out}
+    follow = [r for r in out if r["turn"] > 0 and r["cached"] is not None]
+    hit = [r for r in follow if r["cached"] >= (sent.get((r["seed"], r["turn"] - 1)) or 1e9)]
+    return len(hit) / len(follow) if follow else float("nan")
 
 
 # -- slow: one stand-in replica made slow ---------------------------------------------------------
@@ -452,22 +468,28 @@ def report(cache: list[dict], slow: list[dict], costs: list[tuple[str, float]]) 
         base = by.get("least-loaded")
         lines += [
             f"**Multi-turn conversations, two real llama.cpp replicas** ({CONVERSATIONS} "
-            f"conversations at once, {TURNS} turns each, a shared system prompt of about "
-            f"{SYSTEM_WORDS} words, user turns of {TURN_WORDS} words and {ANSWER_TOKENS}-token "
-            "answers, a user's pause of 0.5 to 4 s between turns; SmolLM2-135M Q4_1, "
-            "`--parallel 2`, one thread per replica).",
+            f"conversations at once, {TURNS} turns each, "
+            + (
+                "one system prompt of about {} words shared by all"
+                if SHARED_SYSTEM
+                else "a system prompt of about {} words each"
+            ).format(SYSTEM_WORDS)
+            + f", user turns of {TURN_WORDS} words and {ANSWER_TOKENS}-token answers, a "
+            f"user's pause of {PAUSE[0]:g} to {PAUSE[1]:g} s between turns; SmolLM2-135M "
+            f"Q4_1, `--parallel {SLOTS}`, one thread per replica).",
             "",
             "| Arm | Follow-up TTFT median | p90 | Least-loaded's median / this | Prompt tokens "
-            "computed per follow-up: median / mean / max | Requests per replica "
+            "computed per follow-up: median / mean / max | Follow-ups that found the last "
+            "turn cached | Requests per replica "
             "| First turn median | Longest prompt (tokens) |",
-            "|---|---|---|---|---|---|---|---|",
+            "|---|---|---|---|---|---|---|---|---|",
         ]
         for r in cache:
             ratio = base["median"] / r["median"] if base and r["median"] else float("nan")
             lines.append(
                 f"| {r['arm']} | {r['median'] * 1e3:.0f} ms | {r['p90'] * 1e3:.0f} ms | "
                 f"{ratio:.2f} | {r['computed']:.0f} / {r['computed_mean']:.0f} / "
-                f"{r['computed_max']:.0f} | {_fmt_share(r['share'])} | "
+                f"{r['computed_max']:.0f} | {100 * r['hits']:.0f}% | {_fmt_share(r['share'])} | "
                 f"{r['first_turn'] * 1e3:.0f} ms | {r['last_prompt_tokens']} |"
             )
         lines.append("")
@@ -509,9 +531,27 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--no-write", action="store_true", help="Print only; leave docs alone.")
     parser.add_argument("--no-engine", action="store_true", help="Leave the llama.cpp part out.")
+    parser.add_argument("--only-cache", action="store_true", help="Only the llama.cpp part.")
+    parser.add_argument("--pause", type=float, nargs=2, default=PAUSE, metavar=("LOW", "HIGH"),
+                        help="A user's pause between turns, seconds (uniform).")  # fmt: skip
+    parser.add_argument("--conversations", type=int, default=CONVERSATIONS,
+                        help="Conversations at once.")  # fmt: skip
+    parser.add_argument("--own-system", action="store_true",
+                        help="A system prompt per conversation, not one for all.")  # fmt: skip
+    parser.add_argument("--slots", type=int, default=SLOTS,
+                        help="llama.cpp slots per replica (its concurrency).")  # fmt: skip
+    parser.add_argument("--answer-tokens", type=int, default=ANSWER_TOKENS,
+                        help="max_tokens of each answer.")  # fmt: skip
     args = parser.parse_args()
+    globals().update(
+        PAUSE=tuple(args.pause),
+        CONVERSATIONS=args.conversations,
+        SLOTS=args.slots,
+        ANSWER_TOKENS=args.answer_tokens,
+        SHARED_SYSTEM=not args.own_system,
+    )
     gb.PINNED = False  # a shared machine: nothing is pinned
-    costs = cost()
+    costs = [] if args.only_cache else cost()
     llama = None if args.no_engine else gb.llama_runtime()
     cache: list[dict] = []
     slow: list[dict] = []
@@ -526,11 +566,14 @@ def main() -> None:
             controller = Controller(procs, work / name, env, llama)
             controller.setup(llama)
             controller.ficc.engine_pids = []
-            if name == "baseline":
+            if args.only_cache:
+                pass
+            elif name == "baseline":
                 slow.append(slow_arm(controller, "least in-flight", scored=False))
             else:
                 slow.append(slow_arm(controller, "scored", scored=True))
-            print(slow[-1], flush=True)
+            if slow:
+                print(slow[-1], flush=True)
             if "smollm2" in controller.services:
                 arms = ["least-loaded"] if name == "baseline" else ["session", "prefix"]
                 for offset, arm in enumerate(arms):

@@ -650,8 +650,9 @@ class Config:
     )
     prefix_max_entries: int = _setting(
         100_000,
-        "Prefix blocks (1 KiB of prompt each) the index holds at most, least recently used "
-        "going first: about 100 MiB of prompts for a few MiB of memory.",
+        "Prefix entries the index holds at most (a 1 KiB block of prompt each, or a 128-byte "
+        "piece of a prompt's last block), least recently used going first: up to about 100 "
+        "MiB of prompts for a few MiB of memory.",
         kind="int",
         validator=attrs.validators.ge(1),
     )

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from ficc_core.errors import FiccError
 from ficc_core.executor.types import BodyChunk, EndOfStream, ResponseHead
-from ficc_core.gateway.affinity import BLOCK, Affinity, imbalanced, prefix_hashes
+from ficc_core.gateway.affinity import BLOCK, PIECE, Affinity, imbalanced, prompt_of
 from ficc_core.gateway.scoring import Router
 from ficc_core.gateway.scrape import EngineLoad, ReplicaLoad, Scraper, parse_load
 from ficc_core.inference.live import LiveReplica, LiveService, LiveTable
@@ -415,6 +415,37 @@ def test_a_follow_up_turn_goes_to_the_replica_that_served_its_history():
         assert s.pick(view, payload=turn2) == first
 
 
+def _question(name: str, words: int) -> str:
+    return f"{name} asks: " + " ".join(f"{name}-word-{i}" for i in range(words))
+
+
+@pytest.mark.parametrize("words", [12, 60], ids=["within-a-block", "into-the-next-block"])
+def test_conversations_sharing_a_system_prompt_each_go_back_to_their_own_replica(words):
+    # The shared prompt's blocks are held by both replicas, and what a conversation adds
+    # is less than a block: the pieces after the last block tell the two apart (12 words:
+    # the follow-up still ends in the block its first turn ended in; 60: it fills that
+    # block, and the first turn's pieces are found inside it).
+    s = _setup()
+    view = _view(2, concurrency=64)
+    a, b = view.replicas
+    turns = {}
+    for name, replica, other in (("ann", a, b), ("bob", b, a)):
+        s.scraped(replica, running=0)
+        s.scraped(other, running=6)  # bob's first turn leaves ann's replica (the guard)
+        turns[name] = [SYSTEM, _question(name, words)]
+        assert s.pick(view, payload=_chat(*turns[name])) == replica
+    first = prompt_of("/v1/chat/completions", _chat(*turns["ann"]), "svc")
+    assert first.pieces, "the first turn ends in a partial block of at least one piece"
+    for name, replica, other in (("ann", a, b), ("bob", b, a)):
+        s.scraped(replica, running=3)  # busier, but within the guard
+        s.scraped(other, running=0)
+        follow = _chat(*turns[name], "A tower with a light. " * (words // 4), "Who keeps it?")
+        prompt = prompt_of("/v1/chat/completions", follow, "svc")
+        assert (len(prompt.blocks) > len(first.blocks)) == (words > 20)
+        for _ in range(5):
+            assert s.pick(view, payload=follow) == replica
+
+
 def test_a_prefix_match_under_the_minimum_or_the_ratio_is_not_acted_on():
     s = _setup(prefix_min_match=2048, prefix_match_ratio=0.5)
     view = _view(2, concurrency=64)
@@ -458,22 +489,30 @@ def test_the_prefix_index_is_bounded_least_recently_used_first():
 def test_the_same_prompt_of_another_service_is_another_prefix():
     chat_path = "/v1/chat/completions"
     payload = _chat(SYSTEM)
-    hashes, length = prefix_hashes(chat_path, payload, "a")
-    assert len(hashes) == length // BLOCK and length == len(payload) - payload.index(b'"messages"')
-    assert not set(hashes) & set(prefix_hashes(chat_path, payload, "b")[0])
+    prompt = prompt_of(chat_path, payload, "a")
+    assert prompt.length == len(payload) - payload.index(b'"messages"')
+    assert len(prompt.blocks) == prompt.length // BLOCK
+    assert len(prompt.pieces) == prompt.length % BLOCK // PIECE
+    other = prompt_of(chat_path, payload, "b")
+    assert not set(prompt.blocks + prompt.pieces) & set(other.blocks + other.pieces)
     # Only the prompt counts: fields before the messages do not shift the blocks.
-    assert prefix_hashes(chat_path, b'{"temperature":0.5,' + payload[1:], "a")[0] == hashes
-    assert prefix_hashes("/v1/embeddings", payload, "a") == ((), 0)
-    completion = json.dumps({"prompt": "p" * 3 * BLOCK}).encode()
-    assert len(prefix_hashes("/v1/completions", completion, "a")[0]) == 3
+    moved = prompt_of(chat_path, b'{"temperature":0.5,' + payload[1:], "a")
+    assert (moved.blocks, moved.pieces) == (prompt.blocks, prompt.pieces)
+    assert prompt_of("/v1/embeddings", payload, "a") is None
+    completion = json.dumps({"prompt": "p" * (3 * BLOCK + PIECE)}).encode()
+    assert len(prompt_of("/v1/completions", completion, "a").blocks) == 3
+    # A prompt under a block has no pieces: they are only read after a block.
+    assert prompt_of(chat_path, _chat("short " * 50), "a").pieces == ()
 
 
 def test_a_request_releases_its_payload_once_hashed():
     s = _setup()
     view = _view(2)
     request = routing_request(view, payload=_chat(SYSTEM))
-    s.router.pick(view, set(), request)
-    assert request.payload == b"" and request.prefix and request.prompt_length > 4096
+    first = s.router.pick(view, set(), request)
+    assert request.payload == b"" and request.prefix.blocks and request.prefix.length > 4096
+    # A retry picks again from the hashes alone, and indexes them on its replica.
+    assert s.router.pick(view, {first.key}, request) not in (None, first)
 
 
 def test_the_guard_keeps_a_shared_prefix_from_piling_load_on_one_replica():

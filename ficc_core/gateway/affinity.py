@@ -19,6 +19,13 @@ Two tiers, tried in order by the router (:mod:`.scoring`):
   ``prefix_ttl`` (an engine evicts on its own schedule, so an old entry may
   describe a cache that is gone). A hash collision only costs a cache miss.
 
+  A prompt's last, partial block is indexed too, in :data:`PIECE`-byte pieces chained
+  onto its last full block. Conversations that share a long system prompt differ only
+  after it, and a turn adds less than a block: without the pieces, every such
+  conversation's deepest match would be the shared blocks, held by every replica, and
+  load would decide where its history goes. A lookup reads, after the deepest full
+  block it knows, as many of these pieces as match.
+
 Entries name a replica by its attempt ID: one engine process, the one whose cache
 it is. A successor (a move's target, a restart, a rollout's next generation) has
 another attempt ID, so nothing routes to it on its predecessor's account, and
@@ -44,6 +51,8 @@ if TYPE_CHECKING:
 
 #: Bytes per prefix block: the index's granularity (about 250 tokens of English).
 BLOCK = 1024
+#: Bytes per piece of a prompt's last, partial block (so a block holds 8).
+PIECE = 128
 #: The most of a prompt hashed: longer prompts that share this much are one prefix.
 MAX_BYTES = 64 * 1024
 #: Replicas remembered per prefix (the same prefix cached on several engines).
@@ -64,24 +73,43 @@ def imbalanced(preferred: float, least: float, *, absolute: float, relative: flo
     return preferred - least > absolute and preferred > relative * least
 
 
-def prefix_hashes(path: str, payload: bytes, salt: str) -> tuple[tuple[int, ...], int]:
-    """The chained hashes of the prompt's full blocks in ``payload`` (see the module docs),
-    and the prompt's length in bytes (at most :data:`MAX_BYTES`).
+@attrs.frozen
+class Prompt:
+    """Where a request's prompt is in its payload, and its hashes (see the module docs)."""
+
+    #: The chained hashes of its full blocks.
+    blocks: tuple[int, ...]
+    #: Those of its last, partial block's full pieces, chained onto the last full block.
+    pieces: tuple[int, ...]
+    #: Its first byte in the payload, and its length (at most :data:`MAX_BYTES`).
+    start: int
+    length: int
+
+
+def _chain(digest: int, payload: bytes, start: int, end: int, size: int) -> list[int]:
+    hashes = []
+    for at in range(start, end - size + 1, size):
+        digest = hash((digest, payload[at : at + size]))
+        hashes.append(digest)
+    return hashes
+
+
+def prompt_of(path: str, payload: bytes, salt: str) -> Prompt | None:
+    """The prompt in ``payload`` (see the module docs), or None (a route with none).
 
     ``salt`` (the service ID) keeps two services' equal prompts apart.
     """
     start = _PROMPT_STARTS.get(path)
     found = None if start is None else start.search(payload)
     if found is None:
-        return (), 0
+        return None
     begin = found.start()
     end = min(len(payload), begin + MAX_BYTES)
-    digest = hash(salt)
-    hashes = []
-    for at in range(begin, end - BLOCK + 1, BLOCK):
-        digest = hash((digest, payload[at : at + BLOCK]))
-        hashes.append(digest)
-    return tuple(hashes), end - begin
+    blocks = _chain(hash(salt), payload, begin, end, BLOCK)
+    last = begin + len(blocks) * BLOCK
+    # Pieces count only after a block (a shorter prompt is under any useful match).
+    pieces = _chain(blocks[-1], payload, last, end, PIECE) if blocks else []
+    return Prompt(tuple(blocks), tuple(pieces), begin, end - begin)
 
 
 @attrs.define(eq=False, slots=True)
@@ -104,6 +132,10 @@ class Preference:
     reason: str
     replicas: Collection[str]
     matched: int = 0
+
+
+#: A request whose prompt is hashed and found to be none (or the index is off).
+_NO_PROMPT = Prompt((), (), 0, 0)
 
 
 class Affinity:
@@ -150,18 +182,17 @@ class Affinity:
             return None
         return request.service_id, value
 
-    def hashes(self, request: Request) -> tuple[int, ...]:
-        """The request's prefix hashes, computed once per request (its payload is released
-        then: a long stream does not hold its request body)."""
+    def prompt(self, request: Request) -> Prompt | None:
+        """The request's prompt, hashed once per request (None: no prompt, or the index
+        is off). Its payload is released by :meth:`remember`: a long stream does not hold
+        its request body."""
         if request.prefix is None:
-            if self.prefix_enabled:
-                request.prefix, request.prompt_length = prefix_hashes(
-                    request.path, request.payload, request.service_id
-                )
-            else:
-                request.prefix = ()
-            request.payload = b""
-        return request.prefix
+            request.prefix = (
+                prompt_of(request.path, request.payload, request.service_id)
+                if self.prefix_enabled
+                else None
+            ) or _NO_PROMPT
+        return None if request.prefix is _NO_PROMPT else request.prefix
 
     def preferred(
         self,
@@ -179,21 +210,59 @@ class Affinity:
                     self._unbind(session)
                 elif bound.replica in eligible:
                     return Preference("session", (bound.replica,))
-        hashes = self.hashes(request)
-        if not hashes:
+        prompt = self.prompt(request)
+        if prompt is None:
             return None
-        shortest = max(self.prefix_min_match, self.prefix_match_ratio * request.prompt_length)
+        hashes = prompt.blocks
+        shortest = max(self.prefix_min_match, self.prefix_match_ratio * prompt.length)
         prefixes = self.prefixes
+        deepest = True
         for number in range(len(hashes), 0, -1):
-            if number * BLOCK < shortest:
-                break
+            if number * BLOCK + BLOCK - PIECE < shortest:
+                break  # neither this block nor the pieces after it match enough
             entry = prefixes.get(hashes[number - 1])
+            if entry is None or now - entry.at > self.prefix_ttl:
+                continue
+            if deepest:  # the deepest block known: the pieces after it tell conversations apart
+                deepest = False
+                holders = self._pieces(request, prompt, number, eligible, shortest, now)
+                if holders:
+                    return Preference("prefix", holders, matched=number)
+            holders = [key for key in entry.holders if key in eligible]
+            if holders and number * BLOCK >= shortest:
+                return Preference("prefix", holders, matched=number)
+        return None
+
+    def _pieces(
+        self,
+        request: Request,
+        prompt: Prompt,
+        number: int,
+        eligible: Container[str],
+        shortest: float,
+        now: float,
+    ) -> list[str]:
+        """The eligible replicas holding the most pieces of ``prompt`` after its first
+        ``number`` blocks (the deepest full block the index knows), or none."""
+        if number == len(prompt.blocks):
+            pieces = prompt.pieces  # its own last block's
+        elif request.payload:
+            at = prompt.start + number * BLOCK
+            # The 7 pieces a partial block can have: a whole block would have matched above.
+            pieces = _chain(prompt.blocks[number - 1], request.payload, at, at + BLOCK - 1, PIECE)
+        else:  # a later pick of the same request: what the first one found will do
+            return []
+        prefixes = self.prefixes
+        for count in range(len(pieces), 0, -1):
+            if number * BLOCK + count * PIECE < shortest:
+                break
+            entry = prefixes.get(pieces[count - 1])
             if entry is None or now - entry.at > self.prefix_ttl:
                 continue
             holders = [key for key in entry.holders if key in eligible]
             if holders:
-                return Preference("prefix", holders, matched=number)
-        return None
+                return holders
+        return []
 
     def remember(
         self,
@@ -207,9 +276,11 @@ class Affinity:
         its prompt's prefix (``preference``: what :meth:`preferred` found, if it was taken)."""
         if session is not None:
             self._bind(session, replica, now)
-        hashes = self.hashes(request)
-        if not hashes:
+        prompt = self.prompt(request)
+        request.payload = b""
+        if prompt is None:
             return
+        hashes = prompt.blocks
         prefixes = self.prefixes
         # The blocks already matched on this replica need only their deepest one refreshed:
         # a lookup walks from the longest prefix down.
@@ -220,7 +291,7 @@ class Affinity:
                 deepest.at = now
                 prefixes.move_to_end(hashes[preference.matched - 1])
                 start = preference.matched
-        for digest in hashes[start:]:
+        for digest in (*hashes[start:], *prompt.pieces):
             entry = prefixes.get(digest)
             if entry is None:
                 prefixes[digest] = _Entry((replica,), now)

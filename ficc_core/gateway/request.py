@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from ..executor.protocol import EndpointAction
     from ..executor.types import Fence
     from ..inference.live import LiveReplica, LiveService
+    from .affinity import Prompt
 
 
 @attrs.define(eq=False)
@@ -78,9 +79,7 @@ class Request:
     #: The bytes sent to the engine, until the router hashed its prompt (then released).
     payload: bytes = b""
     #: The prompt's prefix hashes, computed at the first pick (None until then).
-    prefix: tuple[int, ...] | None = None
-    #: The prompt's length in bytes, as far as the prefix index reads it.
-    prompt_length: int = 0
+    prefix: Prompt | None = None
     # -- quotas (ficc_core/quotas, docs/limits.md) ------------------------------------------
     #: What the quota gate reserved at admission (its own type), settled at the end.
     reservation: object | None = None
