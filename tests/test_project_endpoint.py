@@ -189,6 +189,17 @@ async def test_unknown_or_missing_model_and_other_projects_are_refused_in_the_en
                 }
                 response = await http.post("/v1/chat/completions", json=chat(model="elsewhere"))
                 assert response.json()["error"]["code"] == "model_not_found"
+                # A name longer than any is repeated only in part, on either endpoint.
+                long_name = "m" * 20_000
+                for path in ("/v1/chat/completions", "/api/v1/inference/svc-a/v1/chat/completions"):
+                    response = await http.post(path, json=chat(model=long_name))
+                    assert response.status_code == 404 and len(response.content) < 2048, path
+                    error = response.json()["error"]
+                    assert error["code"] == "model_not_found"
+                    assert error["details"]["model"] == "m" * 125 + "..."
+                    assert f"`{'m' * 125}...`" in error["message"]
+                response = await http.get("/api/v1/inference/svc-a/v1/models/" + "m" * 4000)
+                assert response.json()["error"]["details"]["model"] == "m" * 125 + "..."
 
                 body = chat()
                 del body["model"]

@@ -250,7 +250,7 @@ class Affinity:
             at = prompt.start + number * BLOCK
             # The 7 pieces a partial block can have: a whole block would have matched above.
             pieces = _chain(prompt.blocks[number - 1], request.payload, at, at + BLOCK - 1, PIECE)
-        else:  # a later pick of the same request: what the first one found will do
+        else:  # a retry: the first pick released the payload, so the blocks alone decide
             return []
         prefixes = self.prefixes
         for count in range(len(pieces), 0, -1):

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from ..strictjson import dumps
-from .errors import ModelNotFound
+from .errors import ModelNotFound, shown_model
 
 if TYPE_CHECKING:
     from ..auth import Principal
@@ -243,8 +243,9 @@ class Catalog:
     @staticmethod
     def _unknown(model: str, views: Iterable[LiveService]) -> Any:
         names = list(dict.fromkeys(name for view in views for name in (view.alias, *view.names)))
+        shown = shown_model(model)
         raise ModelNotFound(
-            f"The model `{model}` does not exist: this credential may use "
+            f"The model `{shown}` does not exist: this credential may use "
             f"{', '.join(f'`{name}`' for name in names) or 'no model'}",
-            details={"model": model, "available": sorted(set(names))},
+            details={"model": shown, "available": sorted(set(names))},
         )

@@ -17,12 +17,12 @@ from .errors import (
     CapabilityNotServed,
     DeadlineExceeded,
     GenerationChanged,
-    ModelNotFound,
     NotForThisService,
     ServerShuttingDown,
     ServiceDraining,
     ServiceNotFound,
     ServiceStopped,
+    not_served_here,
 )
 from .limits import estimate
 
@@ -378,10 +378,7 @@ class RequestChecks:
         if model is not None and model != view.alias:
             if not isinstance(model, str):
                 raise model_not_a_string(model)
-            raise ModelNotFound(
-                f"The model `{model}` does not exist: this service serves `{view.alias}`",
-                details={"model": model, "served": view.alias},
-            )
+            raise not_served_here(model, view.alias)
         changed = model is None or not isinstance(body, bytes | bytearray | memoryview)
         capped = hidden = False
         document["model"] = view.alias

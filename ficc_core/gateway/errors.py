@@ -32,6 +32,8 @@ __all__ = [
     "ServiceSaturated",
     "ServiceStopped",
     "StreamInterrupted",
+    "not_served_here",
+    "shown_model",
 ]
 
 #: Seconds a client is asked to wait before retrying a saturated or draining service.
@@ -67,6 +69,25 @@ class ModelNotFound(NotFound):
     """The request names a model other than the service's alias."""
 
     code = "model_not_found"
+
+
+#: The most of a client's model name a refusal repeats (no name FICC accepts is over 64).
+MODEL_SHOWN = 128
+
+
+def shown_model(model: str) -> str:
+    """``model`` as a refusal repeats it: whole, unless longer than any name could be (then
+    its start and ``...``), so a refusal never sends a client's megabyte back to it."""
+    return model if len(model) <= MODEL_SHOWN else model[: MODEL_SHOWN - 3] + "..."
+
+
+def not_served_here(model: str, served: str) -> ModelNotFound:
+    """A service's own route refusing ``model``, a name other than its alias ``served``."""
+    shown = shown_model(model)
+    return ModelNotFound(
+        f"The model `{shown}` does not exist: this service serves `{served}`",
+        details={"model": shown, "served": served},
+    )
 
 
 class CapabilityNotServed(NotFound):

@@ -64,7 +64,7 @@ from .breakers import Breakers
 from .catalog import model_entry, models_document
 from .checks import RequestChecks
 from .engine_errors import engine_error
-from .errors import DeadlineExceeded, EngineFailed, EngineTimeout, ModelNotFound
+from .errors import DeadlineExceeded, EngineFailed, EngineTimeout, not_served_here
 from .limits import ContextLimits
 from .relay import SSE, Relay, ResponseChunks, Timeouts
 from .request import Request
@@ -400,10 +400,7 @@ class Gateway:
         else:
             model = path[len(MODEL_PREFIX) :]
             if model != view.alias:
-                raise ModelNotFound(
-                    f"The model `{model}` does not exist: this service serves `{view.alias}`",
-                    details={"model": model, "served": view.alias},
-                )
+                raise not_served_here(model, view.alias)
             document = dumps(model_entry(view, owner))
         return ResponseChunks(status=200, content_type="application/json", pending=[document])
 
