@@ -62,7 +62,9 @@ CONVERSATIONS, TURNS, ANSWER_TOKENS = 4, 6, 16
 SYSTEM_WORDS, TURN_WORDS = 990, 30
 #: Seconds a user takes between an answer and the next turn (uniform, seeded).
 PAUSE = (0.5, 4.0)
+#: One system prompt for every conversation (an application's), not one each.
 SHARED_SYSTEM = True
+#: llama.cpp slots per replica (``--parallel``: the service's concurrency).
 SLOTS = 2
 WORDS = (
     "river stone lamp harbour keeper night storm light tower ship rope signal tide wind "
