@@ -505,6 +505,25 @@ def test_the_same_prompt_of_another_service_is_another_prefix():
     assert prompt_of(chat_path, _chat("short " * 50), "a").pieces == ()
 
 
+@given(
+    st.sampled_from(["/v1/chat/completions", "/v1/completions", "/v1/embeddings"]),
+    st.binary(max_size=3 * BLOCK),
+    st.binary(max_size=3 * BLOCK),
+)
+def test_any_payload_hashes_to_bounded_blocks_and_pieces_and_routes(path, head, tail):
+    payload = head + b'"messages": [' + tail if path.endswith("chat/completions") else head
+    prompt = prompt_of(path, payload, "svc")
+    if prompt is not None:
+        assert len(prompt.blocks) == prompt.length // BLOCK
+        expected = prompt.length % BLOCK // PIECE if prompt.blocks else 0
+        assert len(prompt.pieces) == expected <= BLOCK // PIECE - 1
+    s = _setup()
+    view = _view(2, concurrency=64)
+    first = s.pick(view, payload=payload, path=path)
+    assert s.pick(view, payload=payload + b" more", path=path) in view.replicas
+    assert first in view.replicas
+
+
 def test_a_request_releases_its_payload_once_hashed():
     s = _setup()
     view = _view(2)
