@@ -134,7 +134,7 @@ class Preference:
     matched: int = 0
 
 
-#: A request whose prompt is hashed and found to be none (or the index is off).
+#: The prompt of a request with none (or of every request while the index is off).
 _NO_PROMPT = Prompt((), (), 0, 0)
 
 
@@ -182,17 +182,17 @@ class Affinity:
             return None
         return request.service_id, value
 
-    def prompt(self, request: Request) -> Prompt | None:
-        """The request's prompt, hashed once per request (None: no prompt, or the index
-        is off). Its payload is released by :meth:`remember`: a long stream does not hold
-        its request body."""
+    def prompt(self, request: Request) -> Prompt:
+        """The request's prompt, hashed once per request (no blocks: no prompt, or the
+        index is off). Its payload is released by :meth:`remember`: a long stream does not
+        hold its request body."""
         if request.prefix is None:
             request.prefix = (
                 prompt_of(request.path, request.payload, request.service_id)
                 if self.prefix_enabled
                 else None
             ) or _NO_PROMPT
-        return None if request.prefix is _NO_PROMPT else request.prefix
+        return request.prefix
 
     def preferred(
         self,
@@ -211,8 +211,6 @@ class Affinity:
                 elif bound.replica in eligible:
                     return Preference("session", (bound.replica,))
         prompt = self.prompt(request)
-        if prompt is None:
-            return None
         hashes = prompt.blocks
         shortest = max(self.prefix_min_match, self.prefix_match_ratio * prompt.length)
         prefixes = self.prefixes
@@ -278,9 +276,9 @@ class Affinity:
             self._bind(session, replica, now)
         prompt = self.prompt(request)
         request.payload = b""
-        if prompt is None:
-            return
         hashes = prompt.blocks
+        if not hashes:  # nothing to index (pieces come only after a block)
+            return
         prefixes = self.prefixes
         # The blocks already matched on this replica need only their deepest one refreshed:
         # a lookup walks from the longest prefix down.

@@ -195,8 +195,6 @@ def common_params(options: argparse.Namespace) -> Any:
     if options.alias is not None:
         params.model_alias = {name for name in options.alias.split(",") if name}
     params.embedding = options.embedding
-    # llama-server keeps idle slots' prompt caches in up to 8 GiB of host memory by
-    # default, which no memory limit FICC suggests reserves: off unless asked for.
     params.cache_ram_mib = HOST_CACHE_MIB if options.cache_ram is None else options.cache_ram
     params.endpoint_metrics = options.metrics
     params.ui = not options.no_webui

@@ -73,7 +73,7 @@ def test_every_flag_maps_onto_xllamacpp_common_params():
             "--tensor-split", "3,1",
             "--alias", "chat,chat-latest",
             "--embedding",
-            "--cache-ram", "0",
+            "--cache-ram", "512",
             "--metrics",
             "--no-webui",
         ]
@@ -88,7 +88,7 @@ def test_every_flag_maps_onto_xllamacpp_common_params():
     assert params.tensor_split[:3] == [3.0, 1.0, 0.0]
     assert params.model_alias == {"chat", "chat-latest"}
     assert params.embedding is True
-    assert params.cache_ram_mib == 0
+    assert params.cache_ram_mib == 512
     assert params.endpoint_metrics is True
     assert params.ui is False
 
