@@ -85,6 +85,51 @@ async def test_a_service_its_attempts_and_reservations_read_back_as_written(serv
     assert type(detail.attempts[0].state) is AttemptState
 
 
+async def test_a_dropped_reservation_passes_its_staged_disk_to_a_replica_left_on_the_node(
+    service, bootstrap
+):
+    # A move of the replica that carried a node's staged copy left the other replica
+    # there holding no disk for it: the node's disk was counted short.
+    record = _service(await _project_id(service))
+    size = 5 << 30
+
+    def held(replica: int, node_id: str, disk: int, generation: int = 0) -> Reservation:
+        return Reservation(
+            service_id="svc_a", replica=replica, node_id=node_id, cpus=1, memory_bytes=8,
+            disk_bytes=disk, generation=generation,
+        )  # fmt: skip
+
+    def write(tx) -> None:
+        repository.insert_service(tx, record)
+        repository.insert_reservations(
+            tx,
+            [held(0, "n2", size), held(1, "n3", size), held(2, "n2", 0), held(3, "n2", 0),
+             held(0, "n2", size, generation=1)],
+            2.0,
+        )  # fmt: skip
+
+    def disks(tx) -> list[tuple[tuple[int, int, str], int]]:
+        return sorted((r.key, r.disk_bytes) for r in repository.reservations(tx, "svc_a"))
+
+    await service.store.write(write)
+    # Replica 0 of generation 0 leaves n2: replica 2, the lowest left there, carries it.
+    dropped = (0, 0, "n2")
+    await service.store.write(lambda tx: repository.delete_reservation_key(tx, "svc_a", dropped))
+    assert await service.store.read(disks) == [
+        ((0, 1, "n3"), size), ((0, 2, "n2"), size), ((0, 3, "n2"), 0), ((1, 0, "n2"), size),
+    ]  # fmt: skip
+    # Dropping a replica (each generation of it) passes its disk on the same way;
+    # generation 1 keeps its own copy's disk.
+    await service.store.write(lambda tx: repository.delete_reservation(tx, "svc_a", 2))
+    assert await service.store.read(disks) == [
+        ((0, 1, "n3"), size), ((0, 3, "n2"), size), ((1, 0, "n2"), size),
+    ]  # fmt: skip
+    # The last replica of a generation on its node takes the disk with it.
+    await service.store.write(lambda tx: repository.delete_reservation(tx, "svc_a", 3))
+    await service.store.write(lambda tx: repository.delete_reservation(tx, "svc_a", 1))
+    assert await service.store.read(disks) == [((1, 0, "n2"), size)]
+
+
 async def test_updates_write_every_changeable_field_and_move_the_revision(service, bootstrap):
     record = _service(await _project_id(service))
     attempt = _attempt()

@@ -458,6 +458,32 @@ async def test_a_move_onto_a_node_holding_the_model_for_another_replica_needs_no
             ]
 
 
+async def test_moving_the_replica_that_carried_a_nodes_staged_copy_leaves_its_disk_counted(
+    tmp_path,
+):
+    # The replica that stayed on node-2 held no disk for the copy it still runs from.
+    with trio.fail_after(120):
+        async with open_two_nodes(tmp_path) as ops:
+            controller = ops.controller
+            service_id = await ops.running("node-2", "node-2")
+
+            async def disks() -> list[tuple[tuple[int, int, str], int]]:
+                held = await controller.service.store.read(
+                    lambda tx: repository.reservations(tx, service_id)
+                )
+                return sorted((r.key, r.disk_bytes) for r in held)
+
+            [(key, size), (other, none)] = await disks()
+            assert key[1:] == (0, "node-2") and size > 0 and (other[1:], none) == ((1, "node-2"), 0)
+            response = await _move(controller, service_id, 0, target_node_id="local")
+            assert response.status_code == 200, response.text
+            assert response.json()["final_state"] == "moved", response.text
+            # The embedded node reads the blob store in place: no disk there.
+            assert await disks() == [((key[0], 0, "local"), 0), ((key[0], 1, "node-2"), size)]
+            node = await controller.node("node-2")
+            assert [r["disk_bytes"] for r in node["reservations"]] == [size]
+
+
 async def test_after_a_rolled_back_move_a_stopped_service_shows_the_replica_where_it_ran(
     tmp_path,
 ):

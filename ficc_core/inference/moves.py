@@ -43,7 +43,7 @@ from ..store import Transaction
 from . import repository
 from .generations import settle_reservations
 from .move_steps import MovePlan, MoveResult, MoveRun
-from .placement import PlacementNode, Reservation, plan
+from .placement import PlacementNode, Reservation, plan, staged_on
 from .publication import routed
 from .records import AttemptRecord, Desired, ServiceRecord
 from .refusals import nothing_to_do, operation_details
@@ -104,11 +104,6 @@ def check_target(
     node = contributors_repository.fetch_node(tx, node_id)
     nodes = {} if node is None else {node_id: PlacementNode.of(node)}
     existing = repository.reservations_but(tx, "")
-    staged = [
-        r.node_id
-        for r in existing
-        if r.service_id == record.id and r.generation == record.generation and r.node_id == node_id
-    ]
     result = plan(
         record.id,
         one,
@@ -117,7 +112,7 @@ def check_target(
         model_bytes=model.size,
         model_revision=model.record.revision,
         generation=record.generation,
-        staged=staged,
+        staged=staged_on(existing, record.id, record.generation),
     )
     reasons = [reason for replica in result.replicas for reason in replica.reasons]
     if not reasons:

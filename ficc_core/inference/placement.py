@@ -430,6 +430,15 @@ def plan(
     return Plan(replicas=tuple(replicas), nodes=summaries, digest=plan_digest)
 
 
+def staged_on(existing: Iterable[Reservation], service_id: str, generation: int) -> set[str]:
+    """The nodes where a reservation of ``service_id``'s ``generation`` is held: each has
+    the model's staged copy already, so another replica of it there needs no disk (the
+    ``staged`` of :func:`plan`)."""
+    return {
+        r.node_id for r in existing if r.service_id == service_id and r.generation == generation
+    }
+
+
 def _copy(used: _Used) -> _Used:
     return _Used(used.cpus, used.memory, used.disk, dict(used.gpus))
 
@@ -441,4 +450,5 @@ __all__: Sequence[str] = [
     "ReplicaPlan",
     "Reservation",
     "plan",
+    "staged_on",
 ]

@@ -382,20 +382,40 @@ def delete_reservations(tx: Transaction, service_id: str) -> None:
 
 def delete_reservation(tx: Transaction, service_id: str, replica: int) -> None:
     """Drop one replica's reservations (of every generation and node)."""
-    tx.execute(
-        "DELETE FROM inference_reservations WHERE service_id = ? AND replica = ?",
-        (service_id, replica),
-    )
+    for held in reservations(tx, service_id):
+        if held.replica == replica:
+            delete_reservation_key(tx, service_id, held.key)
 
 
 def delete_reservation_key(tx: Transaction, service_id: str, key: tuple[int, int, str]) -> None:
-    """Drop the service's reservation ``(generation, replica, node_id)``."""
+    """Drop the service's reservation ``(generation, replica, node_id)``.
+
+    One reservation per node carries the disk of the model's staged copy, which serves
+    every replica of that generation there (placement's ``staged``). When that one goes
+    and another stays on the node, the copy stays too: its disk passes to the replica
+    with the lowest index there, so the node's disk is never counted short."""
     generation, replica, node_id = key
-    tx.execute(
-        "DELETE FROM inference_reservations WHERE service_id = ? AND generation = ?"
-        " AND replica = ? AND node_id = ?",
-        (service_id, generation, replica, node_id),
+    where = " WHERE service_id = ? AND generation = ? AND node_id = ?"
+    row = tx.fetch_one(
+        "SELECT disk_bytes FROM inference_reservations" + where + " AND replica = ?",
+        (service_id, generation, node_id, replica),
     )
+    tx.execute(
+        "DELETE FROM inference_reservations" + where + " AND replica = ?",
+        (service_id, generation, node_id, replica),
+    )
+    if row is None or not row["disk_bytes"]:
+        return
+    heir = tx.fetch_one(
+        "SELECT replica, disk_bytes FROM inference_reservations" + where
+        + " ORDER BY disk_bytes DESC, replica LIMIT 1",
+        (service_id, generation, node_id),
+    )  # fmt: skip
+    if heir is not None and not heir["disk_bytes"]:
+        tx.execute(
+            "UPDATE inference_reservations SET disk_bytes = ?" + where + " AND replica = ?",
+            (row["disk_bytes"], service_id, generation, node_id, heir["replica"]),
+        )
 
 
 # -- rollouts ------------------------------------------------------------------------------------

@@ -31,7 +31,7 @@ from ..events import EventKind
 from ..store import Transaction
 from . import history, repository
 from .live import ActivationFailure
-from .placement import plan
+from .placement import plan, staged_on
 from .records import Desired, ServiceRecord
 
 if TYPE_CHECKING:
@@ -135,6 +135,7 @@ def grow(
             generation=record.generation,
             held=candidates,
             cumulative=False,
+            staged=staged_on(own, record.id, record.generation),
         )
         chosen = next((r for r in result.replicas if r.held and r.fits), None)
         if chosen is None:
