@@ -68,7 +68,7 @@ async def used(service, bootstrap):
         default.id, name="alice-key", scopes=scopes, user_id=alice.id
     )
     kb, _ = await auth.create_credential(team.id, name="bob-key", scopes=scopes, user_id=bob.id)
-    _, reader = await auth.create_credential(
+    kr, reader = await auth.create_credential(
         default.id, name="reader", scopes=frozenset({"inference:read"})
     )
 
@@ -102,7 +102,7 @@ async def used(service, bootstrap):
     ledger.record(refusal(ka, "service_saturated"))
     ledger.record(record(kb, service_id="svc-2", model="mdl-2", cost=250, prompt_tokens=7))
     ledger.record(record(kb, service_id="svc-2", model="mdl-2", finished_at=NOW - 3 * 86400))
-    return {"ka": ka, "kb": kb, "reader": reader, "team": team, "default": default}
+    return {"ka": ka, "kb": kb, "kr": kr, "reader": reader, "team": team, "default": default}
 
 
 async def get(client, token, **params) -> dict:
@@ -173,8 +173,8 @@ async def test_a_project_principal_sees_only_its_project(client, used):
     report = await get(client, reader, group_by="project")
     assert [g["project"]["name"] for g in report["groups"]] == ["default"]
     assert report["totals"]["requests"] == 7
-    # Another project's usage stays hidden, even when asked for by name.
-    assert (await get(client, reader, project="team"))["totals"]["requests"] == 0
+    # Another project's usage stays hidden: asked for by name, it reads as missing.
+    assert (await _refused(client, reader, project="team"))["code"] == "project_not_found"
 
 
 @pytest.mark.parametrize(
@@ -240,6 +240,56 @@ async def test_a_service_filter_naming_no_service_is_404(client, bootstrap, used
     # Valid input is answered as before: by ID or alias, for the administrator too.
     assert (await get(client, used["reader"], service="chat"))["totals"]["requests"] == 7
     assert (await get(client, bootstrap["token"], service="bulk"))["totals"]["requests"] == 2
+
+
+@pytest.mark.parametrize(
+    ("name", "code"),
+    [
+        ("key", "credential_not_found"),
+        ("person", "user_not_found"),
+        ("project", "project_not_found"),
+        ("model", "model_not_found"),
+    ],
+)
+async def test_every_filter_naming_nothing_is_404_with_its_code(
+    client, bootstrap, used, name, code
+):
+    # Only the service filter was checked: a mistyped model or person read as no usage.
+    error = await _refused(client, bootstrap["token"], **{name: "no-such-thing"})
+    assert (error["code"], error["details"]) == (code, {"id": "no-such-thing", "filter": name})
+    assert "'no-such-thing'" in error["message"] and f"the {name} filter takes" in error["message"]
+
+
+async def test_a_project_reader_knows_its_own_and_what_its_usage_names_only(service, client, used):
+    reader, ka, kb = used["reader"], used["ka"], used["kb"]
+    theirs = {"key": kb.id, "person": "bob", "model": "big", "project": used["team"].id}
+    for name, value in theirs.items():
+        error = await _refused(client, reader, **{name: value})
+        assert error["details"] == {"id": value, "filter": name}
+    ours = {"key": ka.id, "person": "alice", "model": "smol", "project": "default"}
+    for name, value in ours.items():
+        assert (await get(client, reader, **{name: value}))["totals"]["requests"] == 7, name
+    # Its own key with no usage is known (zero), not missing.
+    assert (await get(client, reader, key=used["kr"].id))["totals"]["requests"] == 0
+    # Bob is no member, but his request to the project's service is its usage: known.
+    service.usage.record(record(kb, service_id="svc-1", model="mdl-1"))
+    await service.usage.flush()
+    assert (await get(client, reader, person="bob"))["totals"]["requests"] == 1
+    assert (await get(client, reader, key=kb.id))["totals"]["requests"] == 1
+
+
+async def test_a_personal_reader_knows_its_keys_and_projects_only(service, used):
+    ka, kb = used["ka"], used["kb"]
+
+    def report(**filters):
+        query = UsageQuery(scope_person=ka.user_id, **filters)
+        return service.store.read(partial(usage_report, query=query))
+
+    assert (await report(key=ka.id, person="alice", project="default")).totals.requests == 0
+    for name, value in {"key": kb.id, "person": "bob", "project": "team", "model": "big"}.items():
+        with pytest.raises(NotFound) as refused:
+            await report(**{name: value})
+        assert refused.value.details == {"id": value, "filter": name}
 
 
 async def test_a_removed_services_usage_is_still_found_by_its_id(service, client, bootstrap, used):

@@ -371,8 +371,9 @@ ROUTES: dict[str, Route] = {
         needs(s.INFERENCE_READ),
         "requests, errors by code (429s included), prompt and completion tokens, spend and "
         "latency percentiles, in total and per group, names beside IDs; an administrator "
-        "sees every project's, a project principal its own; a `service` naming no service "
-        "the caller can see is 404 `service_not_found`; a person's personal usage is "
+        "sees every project's, a project principal its own; a filter naming nothing "
+        "the caller can see is 404 (`service_not_found`, `model_not_found`, ...); a "
+        "person's personal usage is "
         "`/api/v1/me/usage` (see [usage.md](usage.md#reading-usage))",
     ),
     "me_usage": Route(

@@ -14,8 +14,9 @@ Scope: an administrator sees every row; a project principal the requests made wi
 its project's keys and those to its project's services; a personal principal its
 person's personal requests (:attr:`UsageQuery.scope_project`, ``scope_person``).
 
-A ``service`` filter must name a service the reader can see (:func:`_service_known`),
-else the report is 404 ``service_not_found``: a mistyped alias is not "no usage".
+Every filter must name something the reader can see (:func:`_known`), else the report
+is 404 with the filter's code (``service_not_found``, ``model_not_found``, ...): a
+mistyped alias is not "no usage", and another project's reads as missing.
 """
 
 from __future__ import annotations
@@ -247,31 +248,76 @@ def _aggregate(
     return found
 
 
-def _service_known(tx: Transaction, query: UsageQuery) -> bool:
-    """Whether ``query.service`` names a service the query's reader can see: by ID or
-    alias a service of the scope's project (any project's for an administrator; one
-    shared with the person for a personal reader), or by ID one that usage in the
-    reader's scope names (a removed service's, a service of another project that the
-    reader's keys invoked)."""
-    value = query.service
-    scope = UsageQuery(scope_project=query.scope_project, scope_person=query.scope_person)
-    where, params = _where(scope)
-    used = tx.fetch_one(
-        f"SELECT 1 AS found FROM inference_usage WHERE {where} AND service_id = ? LIMIT 1",
-        [*params, value],
-    )
-    if used is not None:
+@attrs.frozen
+class _Filter:
+    """How a filter's value is known to a reader: an entity of ``table`` by ID (or by
+    ``name``), seen by a project reader when ``in_project`` holds of it and by a person
+    when ``for_person`` does; ``code`` refuses a value that names none, saying what the
+    filter ``takes``."""
+
+    what: str
+    table: str
+    name: str | None
+    in_project: str
+    for_person: str
+    code: str
+    takes: str
+
+
+_SHARED = "SELECT service_id FROM service_shares WHERE user_id = ? OR user_id IS NULL"
+#: Each filter, by its query parameter.
+_KNOWN: dict[str, _Filter] = {
+    "service": _Filter(
+        "inference service", "inference_services", "alias",
+        "project_id = ?", f"id IN ({_SHARED})", "service_not_found",
+        "the ID or alias of a service you can see (ficc inference list)",
+    ),
+    "key": _Filter(
+        "credential", "credentials", None, "project_id = ?", "user_id = ?",
+        "credential_not_found", "the ID of a credential you can see (ficc admin list-tokens)",
+    ),
+    "person": _Filter(
+        "person", "users", "username",
+        "id IN (SELECT user_id FROM memberships WHERE project_id = ?)", "id = ?",
+        "user_not_found", "the ID or username of a person you can see",
+    ),
+    "project": _Filter(
+        "project", "projects", "name",
+        "id = ?", "id IN (SELECT project_id FROM memberships WHERE user_id = ?)",
+        "project_not_found", "the ID or name of a project you can see",
+    ),
+    "model": _Filter(
+        "model", "models", "name",
+        "project_id = ?",
+        f"id IN (SELECT model_id FROM inference_services WHERE id IN ({_SHARED}))",
+        "model_not_found", "the ID or name of a model you can see (ficc models list)",
+    ),
+}  # fmt: skip
+
+
+def _known(tx: Transaction, query: UsageQuery, name: str, value: str) -> bool:
+    """Whether filter ``name``'s ``value`` names something the query's reader can see:
+    one that usage in the reader's scope names, as the filter matches it (a removed
+    service's, a service of another project that the reader's keys invoked, a person
+    outside the project who used its services), or by ID (or name) one in the scope's
+    project (any for an administrator; for a personal reader, one of theirs or shared
+    with them)."""
+    found = _KNOWN[name]
+    scope = {"scope_project": query.scope_project, "scope_person": query.scope_person}
+    where, params = _where(UsageQuery(**scope, **{name: value}))
+    if tx.fetch_one(f"SELECT 1 AS found FROM inference_usage WHERE {where} LIMIT 1", params):
         return True
-    sql = "SELECT 1 AS found FROM inference_services s WHERE (s.id = ? OR s.alias = ?)"
-    args: list[Any] = [value, value]
+    sql = f"SELECT 1 AS found FROM {found.table} WHERE (id = ?"
+    args: list[Any] = [value]
+    if found.name is not None:
+        sql += f" OR {found.name} = ?"
+        args.append(value)
+    sql += ")"
     if query.scope_project is not None:
-        sql += " AND s.project_id = ?"
+        sql += f" AND {found.in_project}"
         args.append(query.scope_project)
     if query.scope_person is not None:
-        sql += (
-            " AND s.id IN (SELECT service_id FROM service_shares"
-            " WHERE user_id = ? OR user_id IS NULL)"
-        )
+        sql += f" AND {found.for_person}"
         args.append(query.scope_person)
     return tx.fetch_one(sql + " LIMIT 1", args) is not None
 
@@ -279,16 +325,19 @@ def _service_known(tx: Transaction, query: UsageQuery) -> bool:
 def usage_report(tx: Transaction, query: UsageQuery) -> UsageReport:
     """The totals and groups of the usage ``query`` selects (see the module docs).
 
-    :raises NotFound: ``service_not_found`` when ``query.service`` names no service the
-        reader can see.
+    :raises NotFound: when a filter names nothing the reader can see (its code:
+        ``service_not_found``, ``credential_not_found``, ``user_not_found``,
+        ``project_not_found``, ``model_not_found``).
     """
-    if query.service is not None and not _service_known(tx, query):
-        raise NotFound(
-            f"no inference service {query.service!r} to report usage of: the service filter"
-            " takes the ID or alias of a service you can see (ficc inference list)",
-            code="service_not_found",
-            details={"id": query.service, "filter": "service"},
-        )
+    for name, found in _KNOWN.items():
+        value = getattr(query, name)
+        if value is not None and not _known(tx, query, name, value):
+            raise NotFound(
+                f"no {found.what} {value!r} to report usage of: the {name} filter takes"
+                f" {found.takes}",
+                code=found.code,
+                details={"id": value, "filter": name},
+            )
     where, params = _where(query)
     [totals] = _aggregate(tx, where, params, ())
     groups = _aggregate(tx, where, params, query.group_by) if query.group_by else []
