@@ -20,6 +20,7 @@ import shutil
 import signal
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -79,6 +80,8 @@ class ProcessProvider(SupervisingProvider):
         self.use_cgroups = use_cgroups
         self.cgroups: cgroups.CgroupLayout | None = None
         self.isolation_problem: str | None = "not probed yet"
+        #: The CPUs each running engine is held to, by attempt key (without a cpu cgroup).
+        self._cores: dict[str, tuple[int, ...]] = {}
 
     # -- start-up ------------------------------------------------------------------------
 
@@ -174,7 +177,8 @@ class ProcessProvider(SupervisingProvider):
     async def _start(
         self, attempt: ExecutorAttempt, limits: ResourceLimits | None, runtime: Runtime | None
     ) -> trio.Process:
-        spec = await trio.to_thread.run_sync(self._sandbox_spec, attempt, limits)
+        cores = self._claim_cores(attempt, limits)
+        spec = await trio.to_thread.run_sync(self._sandbox_spec, attempt, limits, cores)
         spec_path = attempt.directory / "sandbox.json"
         await trio.to_thread.run_sync(spec_path.write_text, json.dumps(spec))
         try:
@@ -207,8 +211,23 @@ class ProcessProvider(SupervisingProvider):
             "grace": self.default_grace,
         }
 
+    def _claim_cores(self, attempt: ExecutorAttempt, limits: ResourceLimits | None) -> list[int]:
+        """The CPUs an engine is held to where no cpu cgroup limits it (none otherwise):
+        as many as its limit rounds up to, those the fewest of this provider's running
+        engines hold, lowest first on a tie. Engines spread over the node instead of
+        all sharing its first CPUs; :meth:`_release` gives them back."""
+        controllers = self.cgroups.controllers if self.cgroups else frozenset()
+        if limits is None or "cpu" in controllers:
+            return []
+        available = sorted(os.sched_getaffinity(0))
+        held = Counter(core for cores in self._cores.values() for core in cores)
+        wanted = max(1, math.ceil(limits.cpus))
+        chosen = sorted(sorted(available, key=lambda core: (held[core], core))[:wanted])
+        self._cores[attempt.key] = tuple(chosen)
+        return chosen
+
     def _sandbox_spec(
-        self, attempt: ExecutorAttempt, limits: ResourceLimits | None
+        self, attempt: ExecutorAttempt, limits: ResourceLimits | None, cores: list[int]
     ) -> dict[str, Any]:
         job = attempt.job
         env = dict(job.env)
@@ -249,10 +268,6 @@ class ProcessProvider(SupervisingProvider):
         rlimits = {"RLIMIT_NOFILE": open_files}
         if limits and "memory" not in controllers:
             rlimits["RLIMIT_AS"] = limits.memory_bytes
-        affinity: list[int] = []
-        if limits and "cpu" not in controllers:
-            available = sorted(os.sched_getaffinity(0))
-            affinity = available[: max(1, math.ceil(limits.cpus))]
         return {
             "argv": argv,
             "env": env,
@@ -260,7 +275,7 @@ class ProcessProvider(SupervisingProvider):
             "read_only": [item.path for item in job.inputs],
             "cgroup_procs": cgroups.procs_files(paths),
             "rlimits": rlimits,
-            "affinity": affinity,
+            "affinity": cores,
         }
 
     async def _netns_path(self, attempt: ExecutorAttempt) -> str | None:
@@ -307,6 +322,7 @@ class ProcessProvider(SupervisingProvider):
         return None
 
     async def _release(self, attempt: ExecutorAttempt) -> None:
+        self._cores.pop(attempt.key, None)
         paths = attempt.extra.pop("cgroups", None)
         if paths:
             await trio.to_thread.run_sync(cgroups.kill_and_remove, paths)

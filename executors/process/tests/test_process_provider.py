@@ -252,6 +252,32 @@ async def test_without_cgroups_the_engine_is_still_isolated_and_never_orphaned(s
     assert not list(provider.attempts_dir.iterdir())
 
 
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to spread over")
+async def test_without_a_cpu_cgroup_engines_spread_over_the_cpus_not_all_on_the_first(
+    state_dir,
+):
+    # Every engine of one CPU or less was held to the node's first CPU.
+    provider = ProcessProvider(state_dir=state_dir, use_cgroups=False, default_grace=1.0)
+    one = ResourceLimits(cpus=0.5, memory_bytes=2**30)
+    available = sorted(os.sched_getaffinity(0))
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(provider.run)
+
+            async def cpus(fence) -> set[int]:
+                _, env = await kit.request_json(provider, fence, "GET", "/env")
+                return os.sched_getaffinity(env["pid"])
+
+            async with kit.launched(provider, kit.standin_job(), limits=one) as first:
+                async with kit.launched(provider, kit.standin_job(), limits=one) as second:
+                    cores = [await cpus(first), await cpus(second)]
+                assert cores == [{available[0]}, {available[1]}]
+                # The second ended: its CPU is the least held again.
+                async with kit.launched(provider, kit.standin_job(), limits=one) as third:
+                    assert await cpus(third) == {available[1]}
+            nursery.cancel_scope.cancel()
+
+
 async def test_status_names_the_engines_pid_its_start_and_the_probes_last_answer(provider):
     before = time.time()
     job = kit.standin_job(ready_after=1.0)
