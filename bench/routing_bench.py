@@ -11,10 +11,10 @@ Three measurements, each printed with its comparison and written into
 docs/performance.md between the ``routing`` markers:
 
 * **cache** (needs ``ficc-llama-server`` and SmolLM2): ``ficc serve`` runs a service of
-  two real llama.cpp replicas of SmolLM2 (``--parallel 2`` each, ``cache_prompt`` on, as
-  llama-server defaults). A few conversations run at once; each turn resends the
-  growing history after one system prompt of about 1,000 tokens that all of them
-  share (``--own-system``: one per conversation). The time to
+  two real llama.cpp replicas of SmolLM2 (``--parallel 2`` each, one thread and one CPU
+  each, ``cache_prompt`` on, as llama-server defaults). A few conversations run at
+  once; each turn resends the growing history after one system prompt of about 1,000
+  tokens that all of them share (``--own-system``: one per conversation). The time to
   first token of every follow-up turn is measured for three arms: *least-loaded*
   (a controller with the prefix index off and no scraping: the gateway's in-flight
   count, ties at random), *session* (a ``x-session-id`` header per conversation) and
@@ -29,7 +29,9 @@ docs/performance.md between the ``routing`` markers:
 * **cost**: the router's pick in process, per request, for 2 replicas with scraped
   load: no prompt, a 4 KiB and a 64 KiB chat prompt, with and without a session.
 
-The two controllers run one after the other (never at once), each with both services.
+The two controllers run one after the other (never at once). Each runs the stand-in
+service, removes it, then runs the SmolLM2 one: both at once would ask for more CPUs
+than the machine has (``--cpus``: each llama.cpp replica's).
 """
 
 from __future__ import annotations
@@ -66,6 +68,8 @@ PAUSE = (0.5, 4.0)
 SHARED_SYSTEM = True
 #: llama.cpp slots per replica (``--parallel``: the service's concurrency).
 SLOTS = 2
+#: CPUs each llama.cpp replica may use (its placement's limit: a cgroup quota here).
+CPUS = 1.0
 WORDS = (
     "river stone lamp harbour keeper night storm light tower ship rope signal tide wind "
     "rock map glass oil wick bell fog coast gull salt wave beam log watch shift stair door "
@@ -88,7 +92,8 @@ def _metric(url: str, name: str) -> dict[tuple[str, str], float]:
 
 
 class Controller:
-    """One ``ficc serve`` with a two-replica SmolLM2 service and a two-replica stand-in."""
+    """One ``ficc serve``, for a two-replica stand-in service, then a two-replica SmolLM2
+    one."""
 
     def __init__(self, procs: gb.Procs, work: Path, env: dict[str, str], llama) -> None:
         saved = {k: os.environ.get(k) for k in env}
@@ -147,9 +152,11 @@ class Controller:
             self.runtimes[runtime["name"]] = runtime
         return "standin" in self.runtimes
 
-    def service(self, alias: str, runtime: str, exe: Path, model_id: str, **extra: Any) -> None:
+    def service(
+        self, alias: str, runtime: str, exe: Path, model_id: str, cpus: float = 0.5, **extra: Any
+    ) -> None:
         found = self.runtimes[runtime]
-        placement = {"node_id": "local", "limits": {"cpus": 0.5, "memory_bytes": gb.GIB}}
+        placement = {"node_id": "local", "limits": {"cpus": cpus, "memory_bytes": gb.GIB}}
         spec = {
             "alias": alias,
             "model_id": model_id,
@@ -181,15 +188,34 @@ class Controller:
         )
         self.services[alias] = {"id": created["id"], "token": token["token"], "exe": exe}
 
-    def setup(self, llama) -> None:
+    def add_standin(self) -> None:
+        """The two-replica stand-in service (half a CPU each)."""
         gb.wait_until("the embedded node", self.node_ready, 60, self.ficc.proc)
         fake = self.ficc.agent_dir / "standin.gguf"
         fake.write_bytes(os.urandom(4096))
         self.service("standin", "standin", self.ficc.standin, self.register("standin", fake),
                      context=2048, concurrency=64)  # fmt: skip
-        if llama and "llama_server" in self.runtimes:
-            self.service("smollm2", "llama_server", llama[0], self.register("smollm2", llama[1]),
-                         context=4096, concurrency=SLOTS)  # fmt: skip
+
+    def add_llama(self, llama) -> bool:
+        """The two-replica SmolLM2 service (:data:`CPUS` each); False without the runtime."""
+        gb.wait_until("the embedded node", self.node_ready, 60, self.ficc.proc)
+        if not llama or "llama_server" not in self.runtimes:
+            return False
+        self.service("smollm2", "llama_server", llama[0], self.register("smollm2", llama[1]),
+                     cpus=CPUS, context=4096, concurrency=SLOTS)  # fmt: skip
+        return True
+
+    def remove(self, alias: str) -> None:
+        """Remove service ``alias`` and wait until it holds nothing (its CPUs are free)."""
+        service_id = self.services.pop(alias)["id"]
+        revision = self.api("GET", f"/inference/{service_id}")["revision"]
+        self.api("POST", f"/inference/{service_id}/control/remove", json={"revision": revision})
+        gb.wait_until(
+            f"service {alias} removed",
+            lambda: self.http.get(f"/api/v1/inference/{service_id}").status_code == 404,
+            60,
+            self.ficc.proc,
+        )
 
     def requests(self, alias: str) -> dict[str, float]:
         """Requests relayed so far per replica of ``alias`` (its attempt ID)."""
@@ -478,7 +504,7 @@ def report(cache: list[dict], slow: list[dict], costs: list[tuple[str, float]]) 
             ).format(SYSTEM_WORDS)
             + f", user turns of {TURN_WORDS} words and {ANSWER_TOKENS}-token answers, a "
             f"user's pause of {PAUSE[0]:g} to {PAUSE[1]:g} s between turns; SmolLM2-135M "
-            f"Q4_1, `--parallel {SLOTS}`, one thread per replica).",
+            f"Q4_1, `--parallel {SLOTS}`, one thread and {CPUS:g} CPU per replica).",
             "",
             "| Arm | Follow-up TTFT median | p90 | Least-loaded's median / this | Prompt tokens "
             "computed per follow-up: median / mean / max | Follow-ups that found the last "
@@ -538,17 +564,24 @@ def main() -> None:
                         help="A user's pause between turns, seconds (uniform).")  # fmt: skip
     parser.add_argument("--conversations", type=int, default=CONVERSATIONS,
                         help="Conversations at once.")  # fmt: skip
+    parser.add_argument("--turns", type=int, default=TURNS,
+                        help="Turns per conversation (the first is no follow-up).")  # fmt: skip
     parser.add_argument("--own-system", action="store_true",
                         help="A system prompt per conversation, not one for all.")  # fmt: skip
     parser.add_argument("--slots", type=int, default=SLOTS,
                         help="llama.cpp slots per replica (its concurrency).")  # fmt: skip
+    parser.add_argument("--cpus", type=float, default=CPUS,
+                        help="CPUs per llama.cpp replica (with --only-cache: no stand-in "
+                        "service then holds the rest).")  # fmt: skip
     parser.add_argument("--answer-tokens", type=int, default=ANSWER_TOKENS,
                         help="max_tokens of each answer.")  # fmt: skip
     args = parser.parse_args()
     globals().update(
         PAUSE=tuple(args.pause),
         CONVERSATIONS=args.conversations,
+        TURNS=args.turns,
         SLOTS=args.slots,
+        CPUS=args.cpus,
         ANSWER_TOKENS=args.answer_tokens,
         SHARED_SYSTEM=not args.own_system,
     )
@@ -566,17 +599,17 @@ def main() -> None:
         try:
             print(f"starting the {name} controller ...", flush=True)
             controller = Controller(procs, work / name, env, llama)
-            controller.setup(llama)
             controller.ficc.engine_pids = []
-            if args.only_cache:
-                pass
-            elif name == "baseline":
-                slow.append(slow_arm(controller, "least in-flight", scored=False))
-            else:
-                slow.append(slow_arm(controller, "scored", scored=True))
-            if slow:
+            if not args.only_cache:
+                # The stand-ins go before the llama.cpp replicas come: the two services'
+                # CPUs together would be more than this machine has.
+                controller.add_standin()
+                scored = name != "baseline"
+                slow.append(slow_arm(controller, "scored" if scored else "least in-flight",
+                                     scored=scored))  # fmt: skip
                 print(slow[-1], flush=True)
-            if "smollm2" in controller.services:
+                controller.remove("standin")
+            if controller.add_llama(llama):
                 arms = ["least-loaded"] if name == "baseline" else ["session", "prefix"]
                 for offset, arm in enumerate(arms):
                     cache.append(cache_arm(controller, arm, seed=100 * (len(cache) + offset + 1)))
