@@ -280,3 +280,33 @@ async def test_a_replica_is_a_workload_with_its_model_revision_and_endpoint_fenc
             assert digest(structure(legacy, Workload)) == digest(legacy)
             assert (await controller.control(service_id, "stop")).status_code == 200
             await controller.wait_service(service_id, _stopped)
+
+
+async def test_a_host_prompt_cache_is_passed_to_the_real_engine_which_serves_with_it(tmp_path):
+    import json
+
+    with trio.fail_after(120):
+        async with open_inference_controller(tmp_path) as controller:
+            model_id = await register_smollm2(controller)
+            spec = await llama_spec(controller, model_id, prompt_cache_bytes=64 << 20)
+            created = await controller.ok("POST", "/api/v1/inference", status=201, json=spec)
+            service_id = created["id"]
+            assert created["spec"]["prompt_cache_bytes"] == 64 << 20
+            assert (await controller.control(service_id, "start")).status_code == 200
+            await controller.wait_service(service_id, _ready)
+            [row] = await _attempt_rows(controller, service_id)
+            argv = json.loads(row["workload"])["argv"]
+            assert argv[argv.index("--cache-ram") + 1] == "64"
+            # The engine took the flag: it answers a chat.
+            token = await controller.ok(
+                "POST", f"/api/v1/inference/{service_id}/tokens", status=201, json={"lifetime": 60}
+            )
+            answer = await controller.call(
+                "POST",
+                f"/api/v1/inference/{service_id}/v1/chat/completions",
+                token["token"],
+                json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4},
+            )
+            assert answer.status_code == 200, answer.text
+            assert (await controller.control(service_id, "stop")).status_code == 200
+            await controller.wait_service(service_id, _stopped)

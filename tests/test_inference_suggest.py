@@ -147,6 +147,7 @@ async def test_a_bad_context_or_concurrency_is_refused_at_its_own_path(tmp_path)
                 ({"context": 0}, "$.context", "must be from 1 to 16777216, got 0"),
                 ({"concurrency": -1}, "$.concurrency", "must be from 1 to"),
                 ({"context": "4096"}, "$.context", "must be an integer, got string"),
+                ({"prompt_cache_bytes": -1}, "$.prompt_cache_bytes", "must be from 0 to"),
             ]
             for changes, path, message in bad:
                 response = await controller.call(
@@ -179,6 +180,16 @@ async def test_a_memory_limit_below_the_estimate_is_a_preview_warning_with_it(tm
             }
             assert f"{_estimate(2048, 4) / MIB:,.0f} MiB" in warning["message"]
             assert "suggested" not in preview
+            # A host prompt cache the engine is given is memory it needs too.
+            cached = {**spec, "prompt_cache_bytes": 512 * MIB}
+            preview = await controller.ok("POST", "/api/v1/inference/preview", json=cached)
+            [warning] = preview["warnings"]
+            assert warning["details"]["estimate_bytes"] == _estimate(2048, 4) + 512 * MIB
+            partial = _partial("smollm2", prompt_cache_bytes=512 * MIB)
+            suggested = await controller.ok("POST", "/api/v1/inference/preview", json=partial)
+            limits = suggested["spec"]["placements"][0]["limits"]
+            assert limits["memory_bytes"] >= _estimate(2048, 4) + 512 * MIB
+            assert "warnings" not in suggested
 
 
 async def test_a_verified_model_whose_gguf_header_cannot_be_read_is_said_so(tmp_path):

@@ -186,7 +186,13 @@ def echo_service(view: Mapping[str, Any]) -> None:
     ]
     options = [
         f"{name} {spec[name]}"
-        for name in ("gpu_layers", "tensor_split", "parallelism", "request_deadline")
+        for name in (
+            "gpu_layers",
+            "tensor_split",
+            "parallelism",
+            "request_deadline",
+            "prompt_cache_bytes",
+        )
         if spec.get(name) is not None
     ]
     if options:

@@ -68,19 +68,26 @@ class Suggestion:
     suggested: tuple[str, ...] = ()
 
 
-def memory_estimate(model: ModelContext, engine: str, context: int, concurrency: int) -> int:
+def memory_estimate(
+    model: ModelContext, engine: str, context: int, concurrency: int, prompt_cache: int = 0
+) -> int:
     """Bytes one replica needs: weights, an f16 KV cache of ``context x concurrency``
-    tokens (the engine's pool for every slot), and the engine's overhead."""
+    tokens (the engine's pool for every slot), the engine's overhead, and the host
+    prompt cache it is given (the specification's ``prompt_cache_bytes``)."""
     tokens = context * concurrency
     cache = model.attention.kv_cache_bytes(tokens) if model.attention is not None else 0
-    return model.size + cache + ENGINE_OVERHEAD.get(engine, DEFAULT_OVERHEAD)
+    return model.size + cache + ENGINE_OVERHEAD.get(engine, DEFAULT_OVERHEAD) + prompt_cache
 
 
 def memory_warnings(specification: Specification, model: ModelContext) -> list[dict[str, Any]]:
     """A ``memory_limit_low`` warning for each placement whose memory is below the estimate;
     ``model_header_unreadable`` first when the model's GGUF header cannot be read."""
     estimate = memory_estimate(
-        model, specification.engine, specification.context, specification.concurrency
+        model,
+        specification.engine,
+        specification.context,
+        specification.concurrency,
+        specification.prompt_cache_bytes or 0,
     )
     warnings = []
     if model.header_problem is not None:
@@ -189,9 +196,9 @@ def complete(
     filled = copy.deepcopy(document)
     suggested: list[str] = []
     engine = filled.get("engine")
-    # The limits are suggested from these two: a bad one is refused at its own path, not
-    # as the limits it left missing.
-    for name in ("context", "concurrency"):
+    # The limits are suggested from these: a bad one is refused at its own path, not as
+    # the limits it left missing.
+    for name in ("context", "concurrency", "prompt_cache_bytes"):
         if name in filled:
             check_range(Specification, name, filled[name], what="specification")
     context, concurrency = _integer(filled.get("context")), _integer(filled.get("concurrency"))
@@ -201,9 +208,10 @@ def complete(
     placements = filled["placements"]
     if not isinstance(placements, list) or not placements or not isinstance(engine, str):
         return Suggestion(document=filled, suggested=tuple(suggested))
+    prompt_cache = _integer(filled.get("prompt_cache_bytes")) or 0
     estimate = None
     if context is not None and concurrency is not None:
-        estimate = memory_estimate(model, engine, context, concurrency)
+        estimate = memory_estimate(model, engine, context, concurrency, prompt_cache)
     by_id = {node.node_id: node for node in nodes}
     ordered = sorted(nodes, key=lambda n: (not n.embedded, n.node_id))
     free = {node.node_id: _free(node) for node in ordered}

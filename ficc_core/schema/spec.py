@@ -394,6 +394,10 @@ class Specification:
         ``vision``).
     :ivar scaling: how many placements run, by demand (:class:`Scaling`); absent means
         every placement runs a replica.
+    :ivar prompt_cache_bytes: host memory, in bytes, the engine may fill with the prompt
+        caches of idle slots (llama.cpp's ``--cache-ram``; 0 to 2^53 - 1, 0 keeps none),
+        counted in the replica's memory estimate; absent leaves the engine's default,
+        which no estimate counts.
     """
 
     alias: str = attrs.field(
@@ -438,6 +442,8 @@ class Specification:
         default=None,
         validator=attrs.validators.optional(attrs.validators.instance_of(Scaling)),
     )
+    # Added with the host prompt cache (None omitted from the canonical JSON, as above).
+    prompt_cache_bytes: int | None = integer(0, MAX_SAFE_INTEGER, default=None)
 
     def __attrs_post_init__(self) -> None:
         if self.context_length is not None and self.context_length > self.context:

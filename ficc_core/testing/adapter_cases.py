@@ -81,7 +81,7 @@ def make_specification(
     """A one-replica service of model ``model-1`` on ``placement`` (a process runtime).
 
     ``options`` are the optional specification fields (``gpu_layers``,
-    ``tensor_split``, ``parallelism``, ``request_deadline``).
+    ``tensor_split``, ``parallelism``, ``request_deadline``, ``prompt_cache_bytes``).
     """
     return Specification(
         alias=alias,

@@ -21,6 +21,10 @@ Flag mapping (checked against llama.cpp's ``tools/server/README.md``):
 ``--tensor-split``     ``tensor_split``, one share per reserved GPU
 ``--alias``            the specification's ``alias`` (the model name clients send)
 ``--embedding``        when the model is an embedding model
+``--cache-ram``        ``prompt_cache_bytes`` in whole MiB, rounded down (the host
+                       prompt cache never outgrows what the estimate counts);
+                       left out when absent (releases before the host cache
+                       refuse the flag)
 ``--metrics``          always: Prometheus ``/metrics``
 ``--no-webui``         always: the engine serves the API only
 =====================  ===========================================================
@@ -44,6 +48,8 @@ from ficc_core import (
 
 #: The argv element the executor replaces with the engine's Unix socket path.
 ENDPOINT_SOCKET = "{endpoint_socket}"
+#: ``--cache-ram`` counts MiB.
+MIB = 1 << 20
 #: The socket's name in the attempt directory; llama-server needs the ``.sock`` suffix.
 SOCKET_NAME = "engine.sock"
 
@@ -196,6 +202,8 @@ class LlamaCppAdapter:
         ]  # fmt: skip
         if embedding:
             argv.append("--embedding")
+        if specification.prompt_cache_bytes is not None:
+            argv += ["--cache-ram", str(specification.prompt_cache_bytes // MIB)]
         argv += ["--metrics", "--no-webui"]
         paths = [*COMMON_PATHS]
         if "chat" in served:

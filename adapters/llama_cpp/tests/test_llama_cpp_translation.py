@@ -155,6 +155,22 @@ GOLDEN = [
          "--n-gpu-layers", "0", "--alias", "smol", "--embedding", *TAIL],
         id="embedding model",
     ),
+    pytest.param(
+        {"context": 2048, "concurrency": 2, "prompt_cache_bytes": (512 << 20) + 1},
+        _placement(cpus=2),
+        False,
+        [*HEAD, "--ctx-size", "4096", "--parallel", "2", "--threads", "2",
+         "--n-gpu-layers", "0", "--alias", "smol", "--cache-ram", "512", *TAIL],
+        id="a host prompt cache, in whole MiB rounded down",
+    ),
+    pytest.param(
+        {"context": 2048, "concurrency": 2, "prompt_cache_bytes": 0},
+        _placement(cpus=2),
+        False,
+        [*HEAD, "--ctx-size", "4096", "--parallel", "2", "--threads", "2",
+         "--n-gpu-layers", "0", "--alias", "smol", "--cache-ram", "0", *TAIL],
+        id="no host prompt cache",
+    ),
 ]  # fmt: skip
 
 

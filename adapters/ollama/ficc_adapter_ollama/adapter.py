@@ -129,6 +129,12 @@ def _refuse_unsupported(specification: Specification) -> None:
             "Ollama has no tensor parallelism; leave parallelism out (or 1) for the ollama "
             "engine and use concurrency for parallel requests",
         )
+    if specification.prompt_cache_bytes is not None:
+        raise OllamaUnsupported(
+            "prompt_cache_bytes",
+            "Ollama keeps no host prompt cache it can be given; leave prompt_cache_bytes "
+            "out for the ollama engine",
+        )
 
 
 class OllamaAdapter:

@@ -153,7 +153,11 @@ def test_the_alias_names_the_created_model(cases):
 
 @pytest.mark.parametrize(
     ("options", "field"),
-    [({"tensor_split": (0.5, 0.5)}, "tensor_split"), ({"parallelism": 2}, "parallelism")],
+    [
+        ({"tensor_split": (0.5, 0.5)}, "tensor_split"),
+        ({"parallelism": 2}, "parallelism"),
+        ({"prompt_cache_bytes": 0}, "prompt_cache_bytes"),
+    ],
 )
 def test_options_ollama_lacks_are_refused_naming_the_field(cases, options, field):
     with pytest.raises(OllamaUnsupported) as caught:

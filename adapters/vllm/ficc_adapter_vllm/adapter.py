@@ -133,6 +133,12 @@ def _refuse_unsupported(specification: Specification, placement: Placement) -> i
             "vLLM keeps the whole model on its devices and has no per-layer offload; "
             "leave gpu_layers out for the vllm engine",
         )
+    if specification.prompt_cache_bytes is not None:
+        raise VllmUnsupported(
+            "prompt_cache_bytes",
+            "vLLM caches prompts in its KV cache on the device, not in host memory; "
+            "leave prompt_cache_bytes out for the vllm engine",
+        )
     tensor_parallel = specification.parallelism or 1
     gpus = len(placement.limits.gpus)
     if gpus and tensor_parallel != gpus:

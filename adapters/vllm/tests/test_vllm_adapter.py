@@ -125,6 +125,7 @@ def test_the_alias_is_the_served_model_name(cases):
         ({"gpu_layers": 20}, (GIB * 24,), "gpu_layers"),
         ({"parallelism": 2}, (GIB * 24,), "parallelism"),
         ({"parallelism": 2}, (), "parallelism"),
+        ({"prompt_cache_bytes": 1 << 30}, (GIB * 24,), "prompt_cache_bytes"),
     ],
 )
 def test_options_vllm_lacks_are_refused_naming_the_field(cases, options, gpus, field):

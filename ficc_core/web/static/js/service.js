@@ -492,6 +492,7 @@ function specEntries(spec) {
     ["request_deadline", "Request deadline (s)"],
     ["context_length", "Context length"],
     ["max_output", "Max output"],
+    ["prompt_cache_bytes", "Host prompt cache (bytes)"],
     ["aliases", "Also answers to"],
     ["fallbacks", "Fallbacks"],
     ["capabilities", "Capabilities"],
