@@ -11,6 +11,7 @@ from ficc_core.schema import (
     SchemaError,
     Specification,
     structure,
+    unstructure,
 )
 
 D1 = "sha256:" + "1" * 64
@@ -145,6 +146,19 @@ def test_tensor_split_refuses_a_negative_share():
 
 def test_tensor_split_refuses_an_empty_list():
     assert _refusal({**SPECIFICATION, "tensor_split": []})["path"] == "$.tensor_split"
+
+
+def test_a_prompt_cache_is_zero_to_a_pebibyte_and_leaves_the_digest_alone_when_absent():
+    # Its MiB count must fit the 32-bit integer llama-server parses --cache-ram into.
+    base = structure(SPECIFICATION, Specification)
+    assert base.prompt_cache_bytes is None and "prompt_cache_bytes" not in unstructure(base)
+    for value in (0, 2**50):
+        spec = structure({**SPECIFICATION, "prompt_cache_bytes": value}, Specification)
+        assert spec.prompt_cache_bytes == value and spec.digest() != base.digest()
+    for value in (-1, 2**50 + 1, 1.5, "512"):
+        assert _refusal({**SPECIFICATION, "prompt_cache_bytes": value})["path"] == (
+            "$.prompt_cache_bytes"
+        )
 
 
 def test_parallelism_must_be_at_least_one():

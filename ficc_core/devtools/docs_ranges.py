@@ -19,6 +19,7 @@ from typing import Any
 import attrs
 
 from ..schema._convert import MAX_SAFE_INTEGER, MAX_STRING, RANGE
+from ..schema.spec import MAX_PROMPT_CACHE
 from ..strictjson import INT64_MAX, INT64_MIN
 
 START, END = "<!-- ranges:start -->", "<!-- ranges:end -->"
@@ -28,6 +29,7 @@ _NOTICE = (
     "declarations of the fields; edit those, not this table. -->"
 )
 _NAMED = {
+    MAX_PROMPT_CACHE: "2^50",
     MAX_SAFE_INTEGER: "2^53 \N{MINUS SIGN} 1",
     INT64_MAX: "2^63 \N{MINUS SIGN} 1",
     INT64_MIN: "\N{MINUS SIGN}2^63",

@@ -51,6 +51,9 @@ MAX_PIDS = 4_194_304
 MAX_OPEN_FILES = 1_073_741_816
 #: Seconds: a request deadline, a readiness or bootstrap timeout (seven days).
 MAX_SECONDS = 7 * 24 * 3600.0
+#: Bytes of host prompt cache: a pebibyte, whose MiB count (2^30) is within the 32-bit
+#: integer llama-server parses ``--cache-ram`` into.
+MAX_PROMPT_CACHE = 2**50
 
 
 def _shown(value: Any) -> str:
@@ -395,7 +398,7 @@ class Specification:
     :ivar scaling: how many placements run, by demand (:class:`Scaling`); absent means
         every placement runs a replica.
     :ivar prompt_cache_bytes: host memory, in bytes, the engine may fill with the prompt
-        caches of idle slots (llama.cpp's ``--cache-ram``; 0 to 2^53 - 1, 0 keeps none),
+        caches of idle slots (llama.cpp's ``--cache-ram``; 0 to 2^50, 0 keeps none),
         counted in the replica's memory estimate; absent leaves the engine's default,
         which no estimate counts.
     """
@@ -443,7 +446,7 @@ class Specification:
         validator=attrs.validators.optional(attrs.validators.instance_of(Scaling)),
     )
     # Added with the host prompt cache (None omitted from the canonical JSON, as above).
-    prompt_cache_bytes: int | None = integer(0, MAX_SAFE_INTEGER, default=None)
+    prompt_cache_bytes: int | None = integer(0, MAX_PROMPT_CACHE, default=None)
 
     def __attrs_post_init__(self) -> None:
         if self.context_length is not None and self.context_length > self.context:
