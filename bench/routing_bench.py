@@ -571,8 +571,8 @@ def main() -> None:
     parser.add_argument("--slots", type=int, default=SLOTS,
                         help="llama.cpp slots per replica (its concurrency).")  # fmt: skip
     parser.add_argument("--cpus", type=float, default=CPUS,
-                        help="CPUs per llama.cpp replica (with --only-cache: no stand-in "
-                        "service then holds the rest).")  # fmt: skip
+                        help="CPUs per llama.cpp replica (the stand-in service is gone "
+                        "by then).")  # fmt: skip
     parser.add_argument("--answer-tokens", type=int, default=ANSWER_TOKENS,
                         help="max_tokens of each answer.")  # fmt: skip
     args = parser.parse_args()
