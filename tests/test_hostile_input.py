@@ -259,6 +259,7 @@ async def test_huge_integers_are_400s_naming_the_field(controller):
         "$.context": lambda s, v: s.update(context=v),
         "$.concurrency": lambda s, v: s.update(concurrency=v),
         "$.gpu_layers": lambda s, v: s.update(gpu_layers=v),
+        "$.prompt_cache_bytes": lambda s, v: s.update(prompt_cache_bytes=v),
     }
     for path, change in changes.items():
         for value in (huge, 2**63, 2**53):
