@@ -155,6 +155,15 @@ async def test_the_events_route_pages_with_a_cursor_and_bounds_its_limit(failing
         assert [e["id"] for e in second["events"]] == ids[2:4]
         done = await _events(controller, service_id, after=ids[-1])
         assert done["events"] == [] and done["next_after"] == ids[-1]
+        # Paged back with before (the oldest ID held): the newest limit older than it.
+        older = await _events(controller, service_id, before=ids[-3], limit=2)
+        assert [e["id"] for e in older["events"]] == ids[-5:-3]
+        assert (await _events(controller, service_id, before=ids[0]))["events"] == []
+        both = await controller.call(
+            "GET", f"/api/v1/inference/{service_id}/events", params={"after": 0, "before": 9}
+        )
+        assert both.status_code == 400
+        assert both.json()["error"]["details"]["errors"][0]["path"] == "before"
         view = events[0]
         assert set(view) == {
             "id", "at", "kind", "subject", "subject_id", "service_id", "node_id",

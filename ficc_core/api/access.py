@@ -534,11 +534,12 @@ ROUTES: dict[str, Route] = {
     ),
     "inference_events": Route(
         "GET",
-        "/api/v1/inference/{id}/events?after=&limit=",
+        "/api/v1/inference/{id}/events?after=&before=&limit=",
         needs(s.INFERENCE_READ),
         "what happened to the service, its replicas and attempts, and the nodes they ran "
-        "on, oldest first: the newest `limit` (default 100, at most 500), or the first "
-        "`limit` after event `after`; `next_after` reads on",
+        "on, oldest first: the newest `limit` (default 100, at most 500), the first "
+        "`limit` after event `after` (`next_after` reads on), or the newest `limit` "
+        "before event `before` (pages back)",
     ),
     "inference_logs": Route(
         "GET",

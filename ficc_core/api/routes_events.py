@@ -3,7 +3,8 @@ attempts and nodes.
 
 Without ``after``, the newest ``limit`` events; with it, the first ``limit`` after
 that event ID (``next_after`` of the previous page), so a client follows a service
-by asking again with the cursor. Oldest first either way.
+by asking again with the cursor. ``before`` (an event ID, the oldest one a client
+holds) pages back instead: the newest ``limit`` older than it. Oldest first always.
 """
 
 from __future__ import annotations
@@ -45,8 +46,15 @@ def register(app: QuartTrio, service: Service) -> None:
     @app.get("/api/v1/inference/<service_id>/events", endpoint="inference_events")
     async def inference_events(service_id: str) -> Response:
         after = query_integer("after") if "after" in request.args else None
+        before = query_integer("before") if "before" in request.args else None
+        if after is not None and before is not None:
+            message = "give after (to read on) or before (to page back), not both"
+            raise InvalidRequest(
+                f"the query parameters after and before are invalid together: {message}",
+                details={"errors": [{"path": "before", "message": message}]},
+            )
         limit = _limit()
         found = await service.inference.events(
-            g.principal.project_id, service_id, after=after, limit=limit
+            g.principal.project_id, service_id, after=after, limit=limit, before=before
         )
         return jsonify(events_view(found, after, limit))

@@ -49,15 +49,27 @@ def insert(tx: Transaction, event: Event) -> Event:
 
 
 def _page(
-    tx: Transaction, where: str, params: Sequence[Any], after: int | None, limit: int
+    tx: Transaction,
+    where: str,
+    params: Sequence[Any],
+    after: int | None,
+    limit: int,
+    before: int | None = None,
 ) -> list[Event]:
-    """The first ``limit`` events after ``after``, or (without it) the newest ``limit``;
-    oldest first either way."""
+    """The first ``limit`` events after ``after``, or (without it) the newest ``limit``
+    (before ``before`` when given: the page older than one already read); oldest first
+    either way."""
     if after is not None:
         rows = tx.fetch_all(
             f"SELECT {_COLUMNS} FROM events WHERE id > ? AND ({where}) ORDER BY id LIMIT ?",
             (after, *params, limit),
         )
+    elif before is not None:
+        rows = tx.fetch_all(
+            f"SELECT {_COLUMNS} FROM events WHERE id < ? AND ({where}) ORDER BY id DESC LIMIT ?",
+            (before, *params, limit),
+        )
+        rows.reverse()
     else:
         rows = tx.fetch_all(
             f"SELECT {_COLUMNS} FROM events WHERE {where} ORDER BY id DESC LIMIT ?",
@@ -74,13 +86,14 @@ def for_service(
     node_ids: Sequence[str] = (),
     nodes_since: float = 0.0,
     after: int | None = None,
+    before: int | None = None,
     limit: int,
 ) -> list[Event]:
     """The service's events, with the node events (since ``nodes_since``) of ``node_ids``.
 
     Two reads, each on its own index, merged: one ``OR`` would scan every node event.
     """
-    found = _page(tx, "service_id = ?", (service_id,), after, limit)
+    found = _page(tx, "service_id = ?", (service_id,), after, limit, before)
     if not node_ids:
         return found
     marks = ", ".join("?" for _ in node_ids)
@@ -90,6 +103,7 @@ def for_service(
         (*node_ids, Subject.NODE.value, nodes_since),
         after,
         limit,
+        before,
     )
     found.sort(key=lambda event: event.id)
     return found[:limit] if after is not None else found[-limit:]

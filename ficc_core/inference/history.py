@@ -206,7 +206,13 @@ def attempt_changed(
 
 
 def read(
-    tx: Transaction, service: ServiceRecord, node_ids: set[str], *, after: int | None, limit: int
+    tx: Transaction,
+    service: ServiceRecord,
+    node_ids: set[str],
+    *,
+    after: int | None,
+    limit: int,
+    before: int | None = None,
 ) -> list[Event]:
     """The service's events with its nodes' since it was created, oldest first."""
     return events.for_service(
@@ -215,6 +221,7 @@ def read(
         node_ids=sorted(node_ids),
         nodes_since=service.created_at,
         after=after,
+        before=before,
         limit=min(limit, MAX_LIMIT),
     )
 

@@ -464,15 +464,21 @@ class InferenceManager:
         return await self.store.read(read)
 
     async def events(
-        self, project_id: str, service_id: str, *, after: int | None, limit: int
+        self,
+        project_id: str,
+        service_id: str,
+        *,
+        after: int | None,
+        limit: int,
+        before: int | None = None,
     ) -> list[Event]:
         """The service's events (with its nodes' state changes), oldest first: the first
-        ``limit`` after ``after``, or the newest ``limit``."""
+        ``limit`` after ``after``, or the newest ``limit`` (before ``before``)."""
 
         def read(tx: Transaction) -> list[Event]:
             found = _detail(tx, service_id, project_id)
             nodes = {a.node_id for a in found.attempts} | {r.node_id for r in found.reservations}
-            return history.read(tx, found.service, nodes, after=after, limit=limit)
+            return history.read(tx, found.service, nodes, after=after, limit=limit, before=before)
 
         return await self.store.read(read)
 
