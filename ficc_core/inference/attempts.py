@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -49,6 +49,31 @@ ENGINE_FIELDS = ("pid", "exit_code", "signal", "started_at", "health", "health_a
 def engine_fields(status: AttemptStatus) -> dict[str, Any]:
     """What an executor's status says of its engine, as attempt record fields."""
     return {name: getattr(status, name) for name in ENGINE_FIELDS}
+
+
+#: The most of an engine's last log line an attempt's message repeats, in characters.
+GIST_CHARS = 240
+
+
+def log_gist(lines: Sequence[str]) -> str | None:
+    """The gist of an ended engine's last log lines: the last that speaks of an error
+    (where an engine says why it gave up), else the last one that says anything."""
+    said = [line.strip() for line in lines if line.strip()]
+    if not said:
+        return None
+    errors = [line for line in said if any(w in line.lower() for w in ("error", "fail"))]
+    gist = (errors or said)[-1]
+    return gist if len(gist) <= GIST_CHARS else gist[: GIST_CHARS - 3] + "..."
+
+
+def ended_message(status: AttemptStatus) -> str:
+    """What an attempt that ended by itself records: the executor's sentence, and for an
+    engine that exited (its status or signal is in the sentence) the gist of its log."""
+    message = status.message or f"the engine {status.state}"
+    gist = log_gist(status.log_tail) if status.reason in ("exited", "killed") else None
+    if gist is None:
+        return message
+    return f"{message.removesuffix('; see the log tail')}; its log ends: {gist}"
 
 
 def new_attempt_id(service_id: str, index: int, generation: int, number: int) -> str:
@@ -325,7 +350,7 @@ class Attempts:
                     attempt_id,
                     AttemptState.FAILED,
                     status.reason or status.state,
-                    status.message or f"the engine {status.state}",
+                    ended_message(status),
                     **changes,
                 )
                 return

@@ -127,13 +127,66 @@ def given_up(
     return None
 
 
+#: Reasons an attempt ends with when the engine ran and exited by itself (or a signal).
+ENGINE_EXITS = frozenset({"exited", "killed"})
+#: Codes of an executor that refused to launch the engine (:mod:`ficc_core.executor.errors`).
+LAUNCH_REFUSALS = frozenset(
+    {
+        "launch_failed",
+        "isolation_unavailable",
+        "isolation_failed",
+        "engine_unavailable",
+        "image_digest_mismatch",
+        "input_not_admitted",
+        "path_not_admitted",
+        "executor_error",
+    }
+)
+
+
 def give_up_reason(replica: int, attempt: AttemptRecord, limit: int) -> str:
-    """The service's reason once ``replica`` gave up after ``attempt``."""
+    """The service's reason once ``replica`` gave up after ``attempt``: how its last
+    attempts failed, and advice that matches the cause (:func:`give_up_advice`)."""
     said = f": {attempt.message}" if attempt.message else ""
     return (
         f"replica {replica} stopped retrying: its last {limit} attempts failed the same way "
-        f"({attempt.reason}){said}; change the specification (preview it to see the estimate) "
-        "or the node, then stop and start the service"
+        f"({attempt.reason}){said}; {give_up_advice(replica, attempt)}"
+    )
+
+
+def give_up_advice(replica: int, attempt: AttemptRecord) -> str:
+    """What to do about a replica whose attempts failed as ``attempt`` did: the memory
+    hint only for a memory limit; an engine that exited sends the reader to its log; a
+    launch the executor refused, to the node's setting its message names."""
+    again = "then stop and start the service"
+    reason = attempt.reason or ""
+    if reason == "memory_limit":
+        return (
+            "give the replica a larger memory limit or the engine a smaller context "
+            f"(preview the specification to see the estimate), {again}"
+        )
+    if reason in ENGINE_EXITS:
+        how = (
+            f"signal {attempt.signal}"
+            if attempt.signal is not None
+            else f"status {attempt.exit_code}"
+            if attempt.exit_code is not None
+            else "an error"
+        )
+        return (
+            f"the engine exited with {how}: read its log (ficc inference logs "
+            f"{attempt.service_id} --replica {replica}), fix what it reports (the model, "
+            f"the engine's flags or its runtime on node {attempt.node_id}), {again}"
+        )
+    if reason in LAUNCH_REFUSALS:
+        return (
+            f"the {attempt.provider} executor on node {attempt.node_id} refused to launch the "
+            "engine: change the node's setting its message names (or place the replica on "
+            f"another node), {again}"
+        )
+    return (
+        f"see why (ficc inference show {attempt.service_id}; ficc inference logs "
+        f"{attempt.service_id} --replica {replica}), fix the cause, {again}"
     )
 
 
