@@ -47,7 +47,9 @@ cli.add_command(login, "login")
 cli.add_command(logout, "logout")
 cli.add_command(whoami, "whoami")
 cli.add_command(usage, "usage")
-install_global_options(cli, frozenset({"models", "inference", "login", "logout", "whoami"}))
+install_global_options(
+    cli, frozenset({"models", "inference", "login", "logout", "whoami", "usage"})
+)
 
 
 def main() -> None:

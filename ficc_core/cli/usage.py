@@ -2,20 +2,67 @@
 
 Without ``--by`` one row of totals; with ``--by`` (repeatable, or comma-separated:
 service, key, person, project, model) one row per group, its names beside its IDs,
-then the totals. Spend is printed exactly, from the API's milli-units.
+then the totals. Every column says its unit: tokens, spend in the price units of the
+``pricing`` setting (printed exactly, from the API's milli-units), latency in
+seconds. ``--since`` and ``--until`` take a time (:data:`TIME`): seconds since the
+epoch, an ISO 8601 date or date and time, or a duration ago.
 """
 
 from __future__ import annotations
 
+import datetime as dt
+import re
+import time
 from typing import Any
 
 import click
 
+from ..config import parse_duration
 from ..prices import units_text
 from .client import client_from
 from .output import echo_table, emit, json_option, when
 
 GROUPS = ("service", "key", "person", "project", "model")
+
+_NUMBER = re.compile(r"^\s*\d+(?:\.\d+)?\s*$")
+_AGO = re.compile(r"^\s*\d+(?:\.\d+)?\s*(?:ms|s|m|h|d)\s*$")
+
+
+class _Time(click.ParamType):
+    """A point in time as seconds since the epoch: ``1765000000`` (epoch seconds as they
+    are), ``2026-12-01`` or ``2026-12-01T09:30`` (ISO 8601; UTC unless it says its
+    offset, as in ``2026-12-01T09:30:00+01:00`` or ``...Z``), or ``2h``, ``7d``, ``15m``
+    (that long before now)."""
+
+    name = "TIME"
+
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> float:
+        if isinstance(value, int | float):
+            return float(value)
+        text = str(value)
+        if _NUMBER.match(text):
+            return float(text)
+        if _AGO.match(text):
+            return time.time() - parse_duration(text)
+        try:
+            moment = dt.datetime.fromisoformat(text.strip())
+        except ValueError:
+            self.fail(
+                f"{text!r} is not a time: give an ISO 8601 date or date and time "
+                "(2026-12-01, 2026-12-01T09:30Z), a duration ago (2h, 7d) or seconds since "
+                "the epoch",
+                param,
+                ctx,
+            )
+        if moment.tzinfo is None:
+            moment = moment.replace(tzinfo=dt.UTC)
+        return moment.timestamp()
+
+
+#: ``--since``/``--until``'s type (:class:`_Time`).
+TIME = _Time()
 
 
 def _seconds(value: float | None) -> str:
@@ -40,13 +87,13 @@ def echo_report(report: dict[str, Any]) -> None:
         *(name.upper() for name in groups),
         "REQUESTS",
         "ERRORS",
-        "PROMPT",
-        "COMPLETION",
-        "SPEND",
-        "P50",
-        "P90",
-        "P99",
-        "TTFB P50",
+        "PROMPT TOKENS",
+        "COMPLETION TOKENS",
+        "SPEND (UNITS)",
+        "P50 (S)",
+        "P90 (S)",
+        "P99 (S)",
+        "TTFB P50 (S)",
         "BY CODE",
     )
     rows: list[tuple[Any, ...]] = [header]
@@ -75,7 +122,10 @@ def echo_report(report: dict[str, Any]) -> None:
     echo_table(rows)
     until = "now" if report["until"] is None else when(report["until"])
     since = "the start" if report["since"] is None else when(report["since"])
-    click.echo(f"from {since} to {until}", err=True)
+    click.echo(
+        f"from {since} to {until}; latency in seconds, spend in the pricing setting's units",
+        err=True,
+    )
 
 
 @click.command("usage")
@@ -85,8 +135,13 @@ def echo_report(report: dict[str, Any]) -> None:
 @click.option("--project", help="Only this project (ID or name).")
 @click.option("--model", help="Only this model (ID or name).")
 @click.option("--period", help="day, month (UTC calendar) or a duration ending now (15m, 7d).")
-@click.option("--since", type=float, help="From this time (seconds since the epoch).")
-@click.option("--until", type=float, help="Until this time (seconds since the epoch).")
+@click.option(
+    "--since",
+    type=TIME,
+    help="From this time: an ISO 8601 date or time (2026-12-01, 2026-12-01T09:30Z; UTC "
+    "unless it says), a duration ago (2h, 7d) or seconds since the epoch.",
+)
+@click.option("--until", type=TIME, help="Until this time (as --since).")
 @click.option(
     "--by",
     "group_by",
