@@ -1,4 +1,5 @@
-"""Prometheus metrics of one controller, in a registry of its own (no global state)."""
+"""Prometheus metrics of one controller, in a registry of its own (no global state but
+prometheus_client's switch that leaves out the ``*_created`` series)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,10 @@ class Metrics:
     """The controller's collectors; ``render()`` produces the exposition text."""
 
     def __init__(self) -> None:
+        # No ``*_created`` series: each would double its counter's or histogram's family
+        # with a timestamp no dashboard reads (Prometheus sees a reset by itself). The
+        # switch is prometheus_client's, for the whole process: FICC never wants them.
+        prom.disable_created_metrics()
         self.registry = prom.CollectorRegistry()
         self.http_requests = prom.Counter(
             "ficc_http_requests",
