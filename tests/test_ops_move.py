@@ -7,6 +7,8 @@ engine behind the vllm adapter, the real gateway; see tests/ops_support.py.
 from __future__ import annotations
 
 import attrs
+import httpx
+import pytest
 import trio
 
 from ficc_core.inference import repository
@@ -325,9 +327,9 @@ async def test_a_move_of_a_gpu_runtime_to_a_node_without_gpus_is_a_tier_mismatch
 FAST_NODES = {"unreachable_after": "1s", "lost_after": "3s", "heartbeat_interval": "200ms"}
 
 
-async def _moved_off_node_2(ops, service_id: str) -> dict:
+async def _moved_off_node_2(ops, service_id: str, *, removable: bool = True) -> dict:
     """Move replica 1 from the gone node-2 to local; check it serves there, holds only
-    its new reservation, and that node-2 can then be removed."""
+    its new reservation, and (``removable``) that node-2 can then be removed."""
     controller = ops.controller
     generation = (await controller.ok("GET", f"/api/v1/inference/{service_id}"))["generation"]
     response = await _move(controller, service_id, 1, target_node_id="local")
@@ -345,8 +347,9 @@ async def _moved_off_node_2(ops, service_id: str) -> dict:
         (generation, 0, "local"),
         (generation, 1, "local"),
     ]
-    removed = await controller.call("DELETE", "/api/v1/contributors/node-2")
-    assert removed.status_code == 200, removed.text
+    if removable:
+        removed = await controller.call("DELETE", "/api/v1/contributors/node-2")
+        assert removed.status_code == 200, removed.text
     return next(s for s in moved["steps"] if s["name"] == "stop_source")
 
 
@@ -527,3 +530,83 @@ async def test_after_a_rolled_back_move_a_stopped_service_shows_the_replica_wher
             status = await controller.ok("GET", f"/api/v1/inference/{service_id}/status")
             [replica] = status["replicas"]
             assert replica["attempt_id"] == source["attempt_id"]
+
+
+async def test_a_replica_on_an_unreachable_node_moves_off_it_without_waiting_for_the_node(
+    tmp_path,
+):
+    # It was refused as failed_rolled_back: the move asked the silent node to stop the
+    # source, which it could not, and rolled the target back.
+    timings = {"unreachable_after": "1s", "lost_after": "600s", "heartbeat_interval": "200ms"}
+    with trio.fail_after(120):
+        async with open_two_nodes(tmp_path, **timings) as ops:
+            controller = ops.controller
+            service_id = await ops.running("local", "node-2")
+            source = (await controller.ok("GET", f"/api/v1/inference/{service_id}"))["replicas"][1]
+            ops.node_2.cancel()  # its agent stops: node-2 goes unreachable (lost only in 10 min)
+            await controller.wait_node("node-2", "unreachable")
+            began = trio.current_time()
+            # An unreachable node may come back: it is removed only once lost or revoked.
+            stop_source = await _moved_off_node_2(ops, service_id, removable=False)
+            # Bounded by the target's start, not by the silent node or the drain bound.
+            assert trio.current_time() - began < 30
+            assert stop_source["ok"] and stop_source["details"]["given_up"] is True
+            assert stop_source["details"]["node_state"] == "unreachable"
+            given_up = await controller.service.store.read(
+                lambda tx: repository.attempt(tx, source["attempt_id"])
+            )
+            # Whether it still runs there is unknown; its node stops it if it comes back.
+            assert given_up.released and given_up.reason == "moved"
+            assert given_up.state == AttemptState.UNKNOWN
+            assignments = await controller.service.contributors.assignments("node-2")
+            [assignment] = [a for a in assignments if a.attempt_id == source["attempt_id"]]
+            assert not assignment.wanted
+
+
+async def test_after_an_interrupted_move_a_stopped_service_shows_the_replica_where_it_ran(
+    tmp_path,
+):
+    # The move's client gave up (its request was cancelled) while the target loaded: the
+    # target was stopped as a stray (move_interrupted), and the stopped service showed
+    # that attempt, on the target, as the replica's.
+    with trio.fail_after(120):
+        async with open_two_nodes(tmp_path) as ops:
+            controller = ops.controller
+            service_id = await ops.running("local")
+            [source] = (await controller.ok("GET", f"/api/v1/inference/{service_id}"))["replicas"]
+            mover = controller.service.inference.mover
+            loading: list[str] = []
+
+            async def hang(step: str) -> None:
+                if step == "wait_target_health":
+                    driver = await controller.service.reconciler.driver_of(service_id)
+                    loading.extend(a for a in driver.held if a != source["attempt_id"])
+                    await trio.sleep_forever()
+
+            mover.hook = hang
+            with pytest.raises(httpx.TimeoutException):
+                await controller.call(
+                    "POST",
+                    f"/api/v1/inference/{service_id}/replicas/0/move",
+                    json={"target_node_id": "node-2"},
+                    timeout=2,
+                )
+            [target] = loading
+            while True:
+                ended = await controller.service.store.read(
+                    lambda tx: repository.attempt(tx, target)
+                )
+                if ended.released:
+                    break
+                await trio.sleep(0.05)
+            assert (ended.node_id, ended.reason) == ("node-2", "move_interrupted")
+            mover.hook = _fail_at()
+            assert (await controller.control(service_id, "stop")).status_code == 200
+            view = await controller.wait_service(service_id, lambda v: v["state"] == "stopped")
+            [replica] = view["replicas"]
+            assert (replica["attempt_id"], replica["node_id"]) == (source["attempt_id"], "local")
+            assert replica["reason"] != "move_interrupted"
+            status = await controller.ok("GET", f"/api/v1/inference/{service_id}/status")
+            [replica] = status["replicas"]
+            assert replica["attempt_id"] == source["attempt_id"]
+            assert replica["node"]["id"] == "local", replica["node"]

@@ -24,7 +24,7 @@ from . import history, repository
 from .admission import plan_in
 from .placement import Reservation
 from .publication import ROLLED_BACK, routed
-from .records import AttemptRecord, AttemptState, ServiceRecord
+from .records import ENDED, AttemptRecord, AttemptState, ServiceRecord
 
 if TYPE_CHECKING:
     from ..schema import Specification
@@ -79,8 +79,9 @@ class MovePlan:
     source: AttemptRecord
     target: AttemptRecord
     reservation: Reservation
-    #: ``lost`` or ``revoked`` when the source's node is gone: the source is given up
-    #: instead of drained and stopped (see :mod:`~ficc_core.inference.moves`).
+    #: ``unreachable``, ``lost`` or ``revoked`` when the source's node will not answer:
+    #: the source is given up instead of drained and stopped (see
+    #: :mod:`~ficc_core.inference.moves`).
     source_gone: NodeState | None = None
 
 
@@ -248,12 +249,15 @@ class MoveRun:
         return {"drained_s": round(drained, 3), "state": current.state}
 
     async def _end_gone_source(self, gone: NodeState) -> dict[str, Any]:
-        """The source's node is lost or revoked: nothing serves there, nothing drains.
-        An attempt that ended stays as it is; one still unreleased is stopped if its node
-        is back, else given up: its node stops it if it ever connects again."""
+        """The source's node is unreachable, lost or revoked: nothing is routed there,
+        nothing drains, nothing waits on its node. An attempt that ended stays as it is;
+        one still unreleased is stopped if its node is connected again, else given up
+        (its outcome unknown): its node stops it if it ever connects again."""
         source_id = self.source.attempt_id
         current = await self._found(source_id)
-        if not current.released:
+        if not current.released and self.mover.attempts.contributors.connected_here(
+            current.node_id
+        ):
             await self.mover.attempts.stop(current, reason="moved")
             current = await self._found(source_id)
         given_up = False
@@ -263,15 +267,23 @@ class MoveRun:
                 f"node {current.node_id} is {gone}; the move to node {self.target.node_id} "
                 "gave this attempt up (its node stops it if it ever connects again)"
             )
+            # A lost node's attempt is unknown already (acknowledged by the move); a
+            # silent node's becomes so: whether it still runs there nobody knows.
+            why = (
+                AssignmentReason.GIVEN_UP
+                if gone == NodeState.UNREACHABLE
+                else AssignmentReason.ACKNOWLEDGED_UNKNOWN
+            )
 
             def write(tx: Transaction) -> None:
                 before = repository.attempt(tx, source_id)
                 if before is None or before.released:
                     return
-                contributors_repository.set_unwanted(
-                    tx, before.node_id, source_id, AssignmentReason.ACKNOWLEDGED_UNKNOWN, now
+                contributors_repository.set_unwanted(tx, before.node_id, source_id, why, now)
+                state = before.state if before.state in ENDED else AttemptState.UNKNOWN
+                after = attrs.evolve(
+                    before, state=state, released=True, reason="moved", message=message
                 )
-                after = attrs.evolve(before, released=True, reason="moved", message=message)
                 repository.update_attempt(tx, after, now)
                 repository.bump(tx, before.service_id, now)
                 service = repository.service(tx, before.service_id)

@@ -9,12 +9,13 @@ confirmed the end: the attempt is released) and ``update_binding`` (the placemen
 and the reservations in one transaction; the revision moves on). The answer says
 how it ended (:data:`FINAL_STATES`) and what each step did.
 
-A replica whose node is lost or revoked moves too (it is the way off a dead node):
-its last attempt there is the source, nothing drains, and ``stop_source`` ends it
-without its node: an attempt already released stays as it is, one whose outcome is
-unknown is given up (released, reason ``moved``; its node stops it if it ever
-connects again). A failure after that cannot start the replica again on its source
-node: the target is rolled back and the move ends ``failed_rolled_back``.
+A replica whose node is unreachable, lost or revoked moves too (it is the way off a
+silent or dead node): its last attempt there is the source, nothing drains, and
+``stop_source`` ends it without waiting on its node: an attempt already released
+stays as it is, any other is given up (released, reason ``moved``, its outcome
+``unknown``; its node stops it if it ever connects again). A failure after that
+cannot start the replica again on its source node: the target is rolled back and
+the move ends ``failed_rolled_back``.
 
 A failure before the source stopped rolls the target back (``failed``,
 ``failed_rolled_back``); after it (undeploy, binding) the target is rolled back and
@@ -133,12 +134,13 @@ def check_target(
 
 
 def source_gone(tx: Transaction, node_id: str) -> NodeState | None:
-    """``lost`` or ``revoked`` when the replica's node is gone (or no longer registered:
-    revoked, as far as the move goes); None while it may still serve."""
+    """``unreachable``, ``lost`` or ``revoked`` when the replica's node will not answer
+    (or is no longer registered: revoked, as far as the move goes); None while it may
+    still serve."""
     node = contributors_repository.fetch_node(tx, node_id)
     if node is None:
         return NodeState.REVOKED
-    if node.state in (NodeState.LOST, NodeState.REVOKED):
+    if node.state in (NodeState.UNREACHABLE, NodeState.LOST, NodeState.REVOKED):
         return node.state
     return None
 
@@ -215,8 +217,9 @@ class Mover:
                 count = len(specification.placements)
                 source = routed(attempts, record.generation, count).get(index)
             else:
-                # Its node is gone: nothing serves there and nothing will. The replica's
-                # last attempt there is the source; the move gives it up (stop_source).
+                # Its node is silent or gone: nothing is routed there and nothing is
+                # waited on. The replica's last attempt there is the source; the move
+                # gives it up (stop_source).
                 source = last_attempt(attempts, record.generation, index, source_node)
             if source is None or source.node_id != source_node:
                 raise nothing_to_do("move", record, index, source_node, "replica_not_ready")

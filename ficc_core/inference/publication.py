@@ -33,17 +33,23 @@ if TYPE_CHECKING:
 #: The reason a move's target ends with when the move is rolled back: it never stood for
 #: its replica.
 ROLLED_BACK = "move_rolled_back"
+#: The reason a move's target ends with when the move did not finish (its request was
+#: cancelled, the controller restarted): the reconciler stopped it as a stray, and it
+#: never stood for its replica either.
+INTERRUPTED = "move_interrupted"
+#: The reasons of moves' targets that never stood for their replica.
+NEVER_STOOD = frozenset({ROLLED_BACK, INTERRUPTED})
 
 
 def latest(attempts: Iterable[AttemptRecord], generation: int) -> dict[int, AttemptRecord]:
     """Each replica's attempt of ``generation`` that stands for it: the one routed
-    (:func:`routed`), else its latest (attempts ordered by number) but a rolled-back
-    move's target (:data:`ROLLED_BACK`)."""
+    (:func:`routed`), else its latest (attempts ordered by number) but a move's target
+    that never stood for it (rolled back or interrupted, :data:`NEVER_STOOD`)."""
     found: dict[int, AttemptRecord] = {}
     serving: dict[int, AttemptRecord] = {}
     for attempt in attempts:
         if attempt.generation == generation:
-            if attempt.reason != ROLLED_BACK or attempt.replica not in found:
+            if attempt.reason not in NEVER_STOOD or attempt.replica not in found:
                 found[attempt.replica] = attempt
             if attempt.state in ROUTABLE and not attempt.released:
                 serving[attempt.replica] = attempt
