@@ -8,9 +8,26 @@ other (see the layering contracts in pyproject.toml), so it lives below both.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 import attrs
+
+#: Seconds after its ``Retry-After`` that a request refused ``activation_timeout`` is
+#: still expected back (a client's own latency and back-off jitter).
+RETURN_MARGIN = 10.0
+
+
+def retry_after(activation_retry: float) -> int:
+    """The ``Retry-After`` of an activation refusal, in whole seconds (at least 1)."""
+    return max(1, math.ceil(activation_retry))
+
+
+def retry_window(activation_retry: float) -> float:
+    """Seconds a request refused ``activation_timeout`` counts as demand: its
+    ``Retry-After`` and :data:`RETURN_MARGIN` for it to come back. The replica its
+    wait woke stays up at least that long, so the retry finds it loading or ready."""
+    return retry_after(activation_retry) + RETURN_MARGIN
 
 
 @attrs.frozen(kw_only=True)
@@ -23,11 +40,14 @@ class Demand:
     :ivar idle_for: per replica of the current view (its attempt ID), seconds since it
         last served a request (0 while one is in flight); a replica never used counts
         from when the gateway first saw it.
+    :ivar returning: requests refused ``activation_timeout`` whose :func:`retry_window`
+        has not passed: expected back, they are demand (the service does not go idle).
     """
 
     waits: tuple[float, ...] = ()
     inflight: int = 0
     idle_for: Mapping[str, float] = attrs.field(factory=dict)
+    returning: int = 0
 
     @property
     def queued(self) -> int:
@@ -51,4 +71,4 @@ class Demand:
         return self.waits[count - 1]
 
 
-__all__ = ["Demand"]
+__all__ = ["RETURN_MARGIN", "Demand", "retry_after", "retry_window"]

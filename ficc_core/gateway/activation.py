@@ -32,6 +32,11 @@ runs in the autoscaler's own task. ``ficc_activation_waiting`` counts the waiter
 ``ficc_activation_wait_seconds`` times each wait by outcome (``served``,
 ``timeout``, ``failed``, ``left``).
 
+A request answered ``activation_timeout`` is expected back after its
+``Retry-After``: until :func:`~ficc_core.demand.retry_window` has passed it counts as
+demand (:meth:`Activation.returning`, read by ``Gateway.demand``), so the replica its
+wait woke does not go idle before the retry comes and starts another load.
+
 A service with a ready replica costs the request path one attribute read
 (``view.replicas``) here.
 """
@@ -39,12 +44,14 @@ A service with a ready replica costs the request path one attribute read
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 import attrs
 import trio
 
+from ..demand import retry_after, retry_window
 from ..errors import FiccError
 from .errors import ActivationTimeout, ServiceSaturated
 from .relay import SSE, ResponseChunks, _sse_error
@@ -114,10 +121,15 @@ class Activation:
         self.wait_bound = config.activation_wait
         self.capacity = config.activation_queue
         self.keepalive = config.activation_keepalive
-        self.retry_after = str(max(1, math.ceil(config.activation_retry)))
+        self.retry_after = str(retry_after(config.activation_retry))
+        #: Seconds a request refused activation_timeout is expected back.
+        self.retry_window = retry_window(config.activation_retry)
         self.recheck_interval = recheck_interval
         # Per service, its waiters in the order they came (a dict: O(1) leave, oldest first).
         self._holds: dict[str, dict[_Hold, None]] = {}
+        # Per service, when each request refused activation_timeout stops being expected
+        # back (in the order they were refused: the window is one length for all).
+        self._returning: dict[str, deque[float]] = {}
 
     def waiting(self, service_id: str) -> int:
         """Requests of ``service_id`` waiting for its activation now."""
@@ -126,6 +138,19 @@ class Activation:
     def waits(self, service_id: str, now: float) -> list[float]:
         """Seconds each request of ``service_id`` waiting for its activation has waited."""
         return [now - hold.joined for hold in self._holds.get(service_id, ())]
+
+    def returning(self, service_id: str, now: float) -> int:
+        """Requests of ``service_id`` refused ``activation_timeout`` that are still
+        expected back (their ``retry_window`` has not passed)."""
+        expiries = self._returning.get(service_id)
+        if expiries is None:
+            return 0
+        while expiries and expiries[0] <= now:
+            expiries.popleft()
+        if not expiries:
+            del self._returning[service_id]
+            return 0
+        return len(expiries)
 
     async def hold(
         self,
@@ -239,8 +264,11 @@ class Activation:
     # -- the refusals ----------------------------------------------------------------------
 
     def _timeout(self, hold: _Hold, now: float) -> ActivationTimeout:
+        """The refusal of a wait that passed its bound; the request is expected back."""
         request = hold.request
         waited = now - hold.joined
+        self.returning(request.service_id, now)  # the expired ones go first
+        self._returning.setdefault(request.service_id, deque()).append(now + self.retry_window)
         bound = (
             "the request deadline"
             if hold.limit < hold.joined + self.wait_bound

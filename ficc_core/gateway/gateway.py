@@ -529,7 +529,8 @@ class Gateway:
     def demand(self, service_id: str) -> Demand:
         """What the autoscaler decides by for ``service_id`` (:class:`~.activation.Demand`):
         requests waiting (for a slot or an activation), the oldest one's wait, requests in
-        flight, and how long each replica of its view has served nothing. In memory,
+        flight, how long each replica of its view has served nothing, and the requests
+        refused activation_timeout that are expected back. In memory,
         O(replicas + requests waiting) (the queues are bounded)."""
         now = trio.current_time()
         waits = self.admission.waits(service_id, now) + self.activation.waits(service_id, now)
@@ -539,4 +540,5 @@ class Gateway:
             waits=tuple(waits),
             inflight=self.live.inflight(service_id),
             idle_for=self.admission.idle_for(() if view is None else view.replicas, now),
+            returning=self.activation.returning(service_id, now),
         )

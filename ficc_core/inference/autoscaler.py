@@ -13,7 +13,8 @@ Two ways in:
   fewer than ``min`` (or one, pinned) running starts one; queued requests or queue
   wait above their targets (``scale_out_queue`` per ready replica, ``scale_out_wait``)
   held for ``scale_out_window`` start another, up to ``max``; a replica that served
-  nothing for the service's ``idle_timeout`` stops while more than the floor run. Two
+  nothing for the service's ``idle_timeout`` stops while more than the floor run and
+  no request refused ``activation_timeout`` is expected back (``Demand.returning``). Two
   decisions of one service are ``scale_cooldown`` apart (an activation is never held
   back), and nothing scales while the service rolls out. Each decision is a
   ``service.scaled`` event with its figures, and a metric.
@@ -328,7 +329,10 @@ class Autoscaler:
             if replica.index in active
         ]
         idle = [(index, seconds) for index, seconds in idle if seconds >= idle_timeout]
-        if idle and demand.queued == 0:
+        # Requests refused activation_timeout are demand until their Retry-After (and a
+        # margin) passed: stopping the replica their wait woke would make each retry
+        # start another load, and time out again.
+        if idle and demand.queued == 0 and demand.returning == 0:
             index, seconds = max(idle)
             reason = "idle" if len(active) == 1 else "scale_in"
             await self._shrink(

@@ -28,6 +28,7 @@ from . import history, repository, rollout, scaling
 from .admission import check_specification, place, plan_in, reserve
 from .errors import service_not_found
 from .live import LiveTable
+from .on_demand import retry_warning
 from .placement import PlacementNode, Plan
 from .records import (
     Desired,
@@ -168,8 +169,21 @@ class InferenceManager:
             specification=specification,
             plan=result,
             suggested=suggestion.suggested,
-            warnings=tuple(memory_warnings(specification, model)),
+            warnings=(
+                *memory_warnings(specification, model),
+                *self._retry_warning(specification),
+            ),
         )
+
+    def _retry_warning(self, specification: Specification) -> tuple[dict[str, Any], ...]:
+        """An on-demand idle_timeout shorter than the activation retry window (a warning)."""
+        config = self.autoscaler.config
+        warning = retry_warning(
+            specification,
+            idle_timeout=config.idle_timeout,
+            activation_retry=config.activation_retry,
+        )
+        return () if warning is None else (warning,)
 
     async def create(self, principal: Principal, document: Any) -> ServiceDetail:
         """Submit a service: the service, its replicas and reservations in one transaction.

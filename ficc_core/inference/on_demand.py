@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from ..demand import RETURN_MARGIN, retry_after, retry_window
 from ..store import Transaction
 from . import repository, scaling
 from .live import Activation
@@ -116,4 +117,34 @@ class OnDemand:
         return True
 
 
-__all__ = ["OnDemand"]
+def retry_warning(
+    specification: Specification, *, idle_timeout: float, activation_retry: float
+) -> dict[str, Any] | None:
+    """An ``idle_timeout_below_retry_window`` preview warning for an on-demand service
+    whose idle timeout (``idle_timeout``: the setting, when it names none) is shorter than
+    the activation retry window (``Retry-After`` and the margin for the retry to come):
+    a replica woken by requests that timed out stays up that long anyway, so the idle
+    timeout is not what stops it then."""
+    scaling = specification.scaling
+    if scaling is None or scaling.min > 0:
+        return None
+    seconds = scaling.idle_timeout or idle_timeout
+    window = retry_window(activation_retry)
+    if seconds >= window:
+        return None
+    return {
+        "code": "idle_timeout_below_retry_window",
+        "message": f"idle_timeout ({seconds:g} s) is shorter than the activation retry window "
+        f"({window:g} s: Retry-After {retry_after(activation_retry)} s and {RETURN_MARGIN:g} s "
+        "for the retry to come): a replica woken by requests that timed out stays up that "
+        "long, whatever idle_timeout says; idle timeouts of minutes keep the KV cache worth "
+        "having",
+        "details": {
+            "idle_timeout": seconds,
+            "retry_window": window,
+            "path": "$.scaling.idle_timeout",
+        },
+    }
+
+
+__all__ = ["OnDemand", "retry_warning"]
