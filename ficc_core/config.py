@@ -96,6 +96,11 @@ def default_data_dir() -> Path:
     return Path(base) / "ficc"
 
 
+def default_runtime_dir() -> Path:
+    """Return the default runtime directory, ``/tmp/ficc-<uid>`` (engine sockets)."""
+    return Path(f"/tmp/ficc-{os.getuid()}")
+
+
 def _setting(default: Any, help: str, *, kind: str, **kwargs: Any) -> Any:
     return attrs.field(default=default, metadata={"help": help, "kind": kind}, **kwargs)
 
@@ -302,8 +307,16 @@ class Config:
     )
     agent_dir: Path | None = _setting(
         None,
-        "Agent state directory (attempt records, engine sockets; keep it short). "
-        "Default: data_dir/agent.",
+        "Agent state directory (attempt records, engine logs and working directories; "
+        "any length). Default: data_dir/agent.",
+        kind="path",
+        converter=attrs.converters.optional(Path),
+    )
+    runtime_dir: Path | None = _setting(
+        None,
+        "Directory for the engines' Unix sockets, private to this user (created 0700). "
+        "A socket path must fit in 107 bytes, so it may be at most 56 bytes long. "
+        "Default: /tmp/ficc-<uid>, short whatever HOME and data_dir are.",
         kind="path",
         converter=attrs.converters.optional(Path),
     )
@@ -922,6 +935,11 @@ class Config:
     def agent_path(self) -> Path:
         """The embedded agent's state directory (:attr:`agent_dir`, else inside data_dir)."""
         return self.agent_dir if self.agent_dir is not None else self.data_dir / "agent"
+
+    @property
+    def runtime_path(self) -> Path:
+        """The engines' socket directory (:attr:`runtime_dir`, else ``/tmp/ficc-<uid>``)."""
+        return self.runtime_dir if self.runtime_dir is not None else default_runtime_dir()
 
     @property
     def tls(self) -> bool:

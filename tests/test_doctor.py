@@ -34,8 +34,8 @@ def folder():
     shutil.rmtree(path, ignore_errors=True)
 
 
-async def _doctor(*args: str) -> tuple[int, str]:
-    env = {**os.environ}
+async def _doctor(*args: str, **variables: str) -> tuple[int, str]:
+    env = {**os.environ, **variables}
     env.pop("FICC_CONFIG", None)
     with trio.fail_after(120):
         done = await trio.run_process(
@@ -148,3 +148,42 @@ async def test_the_controller_asks_a_connected_node_for_its_doctor_findings(tmp_
     assert (absent.status_code, absent.json()["error"]["code"]) == (502, "node_unavailable")
     assert unknown.status_code == 404
     assert forbidden.status_code == 403
+
+
+async def test_a_runtime_directory_too_long_for_an_engine_socket_fails_in_one_line(folder):
+    """Every launch would fail there: doctor says so, naming the setting, and exits 1."""
+    too_long = "/tmp/" + "r" * 70
+    code, out = await _doctor("--agent-dir", str(folder / "agent"), FICC_RUNTIME_DIR=too_long)
+    assert code == 1, out
+    [line] = [line for line in out.splitlines() if line.startswith("FAIL")]
+    assert line.split()[1] == "runtime_dir"
+    assert "107-byte limit" in line and too_long in line
+    assert "set runtime_dir (--runtime-dir, FICC_RUNTIME_DIR)" in line
+    assert not await trio.to_thread.run_sync(os.path.lexists, too_long)
+
+
+async def test_doctor_checks_the_real_agent_directory_and_keeps_what_an_agent_holds(folder):
+    # An attempt record as a running agent keeps it: the doctor's probes must not adopt it.
+    record = folder / "agent" / "process" / "attempts" / "a0123" / "attempt.json"
+    record.parent.mkdir(parents=True)
+    record.write_text('{"attempt_id": "held"}')
+    code, out = await _doctor("--agent-dir", str(folder / "agent"), "--json")
+    assert code == 0, out
+    findings = {f["check"]: f for f in json.loads(out)["findings"]}
+    assert findings["agent_dir"] == {
+        "check": "agent_dir",
+        "status": "OK",
+        "message": f"{folder / 'agent'} is writable",
+    }
+    assert findings["runtime_dir"]["status"] == "OK"
+    assert record.read_text() == '{"attempt_id": "held"}'
+    # Its own probe directory inside the agent directory is gone.
+    assert sorted(p.name for p in (folder / "agent").iterdir()) == ["process"]
+
+    (folder / "file").write_text("not a directory")
+    code, out = await _doctor("--agent-dir", str(folder / "file" / "agent"))
+    assert code == 1, out
+    [line] = [line for line in out.splitlines() if line.startswith("FAIL")]
+    assert line.split()[1] == "agent_dir" and "Not a directory" in line
+    fix = out.splitlines()[out.splitlines().index(line) + 1]
+    assert "--agent-dir (FICC_AGENT_DIR, setting agent_dir)" in fix

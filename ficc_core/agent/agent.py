@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 
+from ..executor.base import SupervisingProvider
 from ..executor.endpoint import check_fence
 from ..executor.errors import ExecutorError, LaunchFailed
 from ..executor.node import measure_resources
@@ -125,9 +126,13 @@ class Agent:
         names: Sequence[str],
         state_dir: str | os.PathLike[str],
         node_id: str,
+        runtime_dir: str | os.PathLike[str] | None = None,
         **options: Any,
     ) -> Agent:
         """Instantiate the named provider classes, each with a state directory of its own.
+
+        Providers built on :class:`SupervisingProvider` also get ``runtime_dir``, where
+        their engines' sockets live (None: its default).
 
         A name that no plugin registered raises :class:`LaunchFailed`, naming it.
         """
@@ -140,7 +145,12 @@ class Agent:
                     f"no executor provider {name!r} is installed; see 'ficc plugins'",
                     details={"provider": name},
                 ) from None
-            providers[name] = provider_class(state_dir=Path(state_dir) / name[:8], node_id=node_id)
+            extra = {}
+            if runtime_dir is not None and issubclass(provider_class, SupervisingProvider):
+                extra["runtime_dir"] = runtime_dir
+            providers[name] = provider_class(
+                state_dir=Path(state_dir) / name[:8], node_id=node_id, **extra
+            )
         return cls(node_id=node_id, providers=providers, state_dir=state_dir, **options)
 
     # -- lifecycle -------------------------------------------------------------------------

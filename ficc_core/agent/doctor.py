@@ -9,14 +9,20 @@ TLS, clock skew) ask the controller as the agent does.
 from __future__ import annotations
 
 import enum
+import os
 import re
 import ssl
+import tempfile
 import time
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import attrs
 import httpx
+
+from ..executor.errors import RuntimeDirUnusable
+from ..executor.runtime_dir import FIX, MAX_RUNTIME_DIR, MAX_SOCKET_PATH, probe_socket
 
 if TYPE_CHECKING:
     from .agent import Agent
@@ -180,6 +186,53 @@ def disk_findings(free: int, where: str) -> list[Finding]:
     return [Finding("disk", Status.OK, shown)]
 
 
+def directory_findings(agent_dir: Path, runtime_dir: Path) -> list[Finding]:
+    """The agent directory is writable, and an engine's socket can be bound in the
+    runtime directory at the longest path an engine may need (blocking)."""
+    found = []
+    try:
+        agent_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=agent_dir):
+            pass
+    except OSError as exc:
+        found.append(
+            Finding(
+                "agent_dir",
+                Status.FAIL,
+                f"cannot write the agent directory {agent_dir}: {exc.strerror or exc}",
+                "choose another with --agent-dir (FICC_AGENT_DIR, setting agent_dir) or fix "
+                "its permissions",
+            )
+        )
+    else:
+        found.append(Finding("agent_dir", Status.OK, f"{agent_dir} is writable"))
+    try:
+        probe_socket(runtime_dir)
+    except RuntimeDirUnusable as exc:
+        # One line that names the setting: every launch would fail with it.
+        found.append(Finding("runtime_dir", Status.FAIL, exc.message))
+    except OSError as exc:
+        found.append(
+            Finding(
+                "runtime_dir",
+                Status.FAIL,
+                f"cannot bind an engine socket in {runtime_dir}: {exc.strerror or exc}",
+                FIX.replace("shorter", "writable"),
+            )
+        )
+    else:
+        length = len(os.fsencode(runtime_dir))
+        found.append(
+            Finding(
+                "runtime_dir",
+                Status.OK,
+                f"engine sockets in {runtime_dir} ({length} of at most {MAX_RUNTIME_DIR} "
+                f"bytes; the longest socket path fits in {MAX_SOCKET_PATH})",
+            )
+        )
+    return found
+
+
 async def node_findings(agent: Agent) -> list[Finding]:
     """Everything the node itself can tell: isolation, limits, runtimes, GPUs, disk.
 
@@ -280,6 +333,7 @@ __all__ = [
     "Finding",
     "Status",
     "controller_findings",
+    "directory_findings",
     "node_findings",
     "render",
     "skew_finding",

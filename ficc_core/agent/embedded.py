@@ -47,6 +47,7 @@ def agent_from_config(
         plugins.executors,
         names=providers,
         state_dir=config.agent_path,
+        runtime_dir=config.runtime_path,
         node_id=node_id,
         settings=settings,
         lease_duration=config.lease_duration,

@@ -1,10 +1,11 @@
 """One launched attempt as its provider tracks it, and its directory and record on disk.
 
 Each attempt has a directory under the provider's ``attempts/`` (named by
-:func:`attempt_key`) holding the engine's working directory, its socket directory,
-its bounded log and ``attempt.json``: the record an earlier run's leftovers are
-found by (written atomically; ``{}`` when unreadable). Every function here that
-touches the disk blocks: call it from a worker thread.
+:func:`attempt_key`) holding the engine's working directory, its bounded log and
+``attempt.json``: the record an earlier run's leftovers are found by (written
+atomically; ``{}`` when unreadable). Its socket directory is in the provider's
+runtime directory instead (:mod:`~ficc_core.executor.runtime_dir`). Every function
+here that touches the disk blocks: call it from a worker thread.
 """
 
 from __future__ import annotations
@@ -144,7 +145,10 @@ def prepare_directory(attempt: ExecutorAttempt, provider: str) -> None:
         shutil.rmtree(attempt.directory)
     attempt.directory.mkdir(mode=0o700, parents=True)
     attempt.workdir.mkdir(mode=0o700)
-    attempt.socket_path.parent.mkdir(mode=0o700, exist_ok=True)
+    sockets = attempt.socket_path.parent
+    if sockets.exists():  # an earlier attempt's, left by a crash
+        shutil.rmtree(sockets)
+    sockets.mkdir(mode=0o700)
     write_record(attempt, provider, {})
 
 

@@ -35,6 +35,14 @@ from .endpoint import DEFAULT_MAX_STREAMS, EndpointStreams, check_fence
 from .errors import AttemptExists, EngineUnavailable, LaunchFailed
 from .logs import BoundedLog
 from .netns import open_tcp_in_netns
+from .runtime_dir import (
+    FIX,
+    MAX_SOCKET_PATH,
+    default_runtime_dir,
+    ensure_runtime_dir,
+    remove_socket_dir,
+    socket_dir,
+)
 from .types import AttemptStatus, ReadEvent
 from .watchdog import Watchdog, end_leftover_watchdog
 
@@ -44,16 +52,16 @@ if TYPE_CHECKING:
 
 __all__ = ["SupervisingProvider"]
 
-#: The longest Unix socket path Linux accepts (sun_path is 108 bytes with the NUL).
-MAX_SOCKET_PATH = 107
 log = logging.getLogger("ficc.executor")
 
 
 class SupervisingProvider:
     """Shared implementation of :class:`~ficc_core.executor.ExecutorProvider`.
 
-    :param state_dir: where attempt directories and records live; keep it short,
-        since the engine's socket path must fit in 107 bytes.
+    :param state_dir: where attempt directories and records live (any length).
+    :param runtime_dir: where each attempt's socket directory lives (default
+        ``/tmp/ficc-<uid>``): short, since an engine's socket path must fit in 107
+        bytes (:mod:`~ficc_core.executor.runtime_dir`).
     :param node_id: the node ID the snapshot reports.
     :param log_max_bytes: the bound on each attempt's log.
     :param max_streams: open endpoint streams allowed per attempt.
@@ -68,6 +76,7 @@ class SupervisingProvider:
         self,
         *,
         state_dir: str | os.PathLike[str],
+        runtime_dir: str | os.PathLike[str] | None = None,
         node_id: str = "local",
         log_max_bytes: int = 4 * 1024 * 1024,
         max_streams: int = DEFAULT_MAX_STREAMS,
@@ -75,6 +84,9 @@ class SupervisingProvider:
         default_grace: float = 5.0,
     ) -> None:
         self.state_dir = Path(state_dir).absolute()
+        self.runtime_dir = (
+            default_runtime_dir() if runtime_dir is None else Path(runtime_dir).absolute()
+        )
         self.node_id = node_id
         self.log_max_bytes = log_max_bytes
         self.default_grace = default_grace
@@ -92,6 +104,7 @@ class SupervisingProvider:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Clean up leftovers of an earlier run, report started, serve until cancelled."""
         await trio.to_thread.run_sync(lambda: self.attempts_dir.mkdir(parents=True, exist_ok=True))
+        await trio.to_thread.run_sync(ensure_runtime_dir, self.runtime_dir)
         # An earlier run's watchdogs go first, so none acts while leftovers are removed.
         await trio.to_thread.run_sync(self._end_leftover_watchdogs)
         await self._recover()
@@ -155,12 +168,12 @@ class SupervisingProvider:
         await self._check_launch(job, limits, runtime)
         key = attempt_key(fence.attempt_id)
         directory = self.attempts_dir / key
-        socket_path = self._socket_dir(directory) / job.endpoint.socket
+        socket_path = self._socket_dir(key) / job.endpoint.socket
         if len(os.fsencode(socket_path)) > MAX_SOCKET_PATH:
             raise LaunchFailed(
                 f"the engine socket path {socket_path} is longer than {MAX_SOCKET_PATH} bytes; "
-                "configure a shorter state directory",
-                details={"socket_path": str(socket_path)},
+                f"give the endpoint a shorter socket name, or {FIX}",
+                details={"socket_path": str(socket_path), "setting": "runtime_dir"},
             )
         attempt = ExecutorAttempt(
             fence=fence,
@@ -324,6 +337,9 @@ class SupervisingProvider:
                     await watchdog.end()
                 try:
                     await self._release(attempt)
+                    # The engine is gone: its socket directory goes now (no litter in the
+                    # shared runtime directory); the record stays until the provider stops.
+                    await trio.to_thread.run_sync(remove_socket_dir, attempt.socket_path.parent)
                     await trio.to_thread.run_sync(self._write_record, attempt, {"ended": True})
                 finally:
                     attempt.log.close()
@@ -384,8 +400,10 @@ class SupervisingProvider:
 
     # -- attempt directory and record -------------------------------------------------------
 
-    def _socket_dir(self, directory: Path) -> Path:
-        return directory / "sock"
+    def _socket_dir(self, key: str) -> Path:
+        """The attempt's socket directory, in the runtime directory (short whatever
+        ``state_dir`` is)."""
+        return socket_dir(self.runtime_dir, self.state_dir, key)
 
     def _prepare_directory(self, attempt: ExecutorAttempt) -> None:
         prepare_directory(attempt, self.name)
@@ -395,7 +413,8 @@ class SupervisingProvider:
         write_record(attempt, self.name, changes)
 
     def _remove_record(self, directory: Path) -> None:
-        """Remove an attempt's directory and record (blocking)."""
+        """Remove an attempt's directory, record and socket directory (blocking)."""
+        remove_socket_dir(self._socket_dir(directory.name))
         shutil.rmtree(directory, ignore_errors=True)
 
     def _records(self) -> list[tuple[Path, dict[str, Any]]]:

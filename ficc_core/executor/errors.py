@@ -18,6 +18,7 @@ __all__ = [
     "LaunchFailed",
     "PathNotAdmitted",
     "PayloadTooLarge",
+    "RuntimeDirUnusable",
     "StaleFence",
     "StreamExists",
     "TooManyStreams",
@@ -122,3 +123,11 @@ class LaunchFailed(ExecutorError):
 
     status = 500
     code = "launch_failed"
+
+
+class RuntimeDirUnusable(LaunchFailed):
+    """The runtime directory (engine sockets) is too long for a Unix socket path, not a
+    private directory of this user, or cannot be created; ``details.setting`` names the
+    setting that fixes it."""
+
+    code = "runtime_dir_unusable"

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -299,3 +301,72 @@ async def test_status_names_the_engines_pid_its_start_and_the_probes_last_answer
             ended = await provider.wait_ended(fence)
     assert (ended.state, ended.signal, ended.reason) == ("exited", 9, "killed")
     assert (ended.pid, ended.started_at) == (status.pid, status.started_at)
+
+
+def _socket_facts(socket_path: Path) -> tuple[bool, int | None, int]:
+    """Whether the socket exists, its directory's mode (None: gone), the runtime
+    directory's mode."""
+    directory = None
+    if socket_path.parent.exists():
+        directory = socket_path.parent.stat().st_mode & 0o777
+    return socket_path.is_socket(), directory, socket_path.parent.parent.stat().st_mode & 0o777
+
+
+async def test_an_engine_socket_fits_whatever_the_state_directory_and_leaves_no_litter(
+    tmp_path,
+):
+    """A state directory of any length (a long HOME): the socket lives in the short
+    runtime directory, in a private directory of its own that goes when the engine ends."""
+    from ficc_executor_process.testing import running_process_provider
+
+    from ficc_core.executor.runtime_dir import MAX_SOCKET_PATH, default_runtime_dir
+
+    state_dir = tmp_path / ("h" * 60) / ("s" * 60) / "process"
+    assert len(str(state_dir)) > 150
+    job = kit.standin_job()
+    async with running_process_provider(state_dir, default_grace=2.0) as provider:
+        with trio.fail_after(30):
+            async with kit.launched(provider, job) as fence:
+                _, answer = await kit.request_json(provider, fence, "GET", "/env")
+                socket_path = Path(answer["env"]["FICC_ENDPOINT_SOCKET"])
+                assert socket_path.parent.parent == default_runtime_dir()
+                assert len(os.fsencode(socket_path)) <= MAX_SOCKET_PATH
+                assert _socket_facts(socket_path) == (True, 0o700, 0o700)
+            await provider.wait_ended(fence)
+        assert _socket_facts(socket_path) == (False, None, 0o700)
+
+
+async def test_a_runtime_directory_too_long_for_a_socket_is_refused_naming_its_setting(
+    state_dir,
+):
+    from ficc_core.executor.errors import RuntimeDirUnusable
+
+    too_long = "/tmp/" + "r" * 60
+    provider = ProcessProvider(state_dir=state_dir, runtime_dir=too_long)
+    with pytest.raises(RuntimeDirUnusable) as refused, trio.fail_after(30):
+        await provider.run()  # refused before it reports started
+    assert refused.value.details["setting"] == "runtime_dir"
+    assert "FICC_RUNTIME_DIR" in refused.value.message
+    assert not await trio.to_thread.run_sync(os.path.lexists, too_long)
+
+
+def test_a_runtime_directory_someone_else_owns_or_a_link_is_refused():
+    from ficc_core.executor.errors import RuntimeDirUnusable
+    from ficc_core.executor.runtime_dir import ensure_runtime_dir
+
+    top = Path(tempfile.mkdtemp(prefix="rl-", dir="/tmp"))  # short, as a runtime dir is
+    try:
+        (top / "elsewhere").mkdir()
+        (top / "link").symlink_to(top / "elsewhere")
+        with pytest.raises(RuntimeDirUnusable, match="link"):
+            ensure_runtime_dir(top / "link")
+        if os.getuid() == 0:  # only root can give a directory away
+            (top / "foreign").mkdir()
+            os.chown(top / "foreign", 65534, 65534)
+            with pytest.raises(RuntimeDirUnusable, match="belongs to user 65534"):
+                ensure_runtime_dir(top / "foreign")
+        (top / "open").mkdir(mode=0o755)
+        ensure_runtime_dir(top / "open")  # ours: made private
+        assert (top / "open").stat().st_mode & 0o777 == 0o700
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
