@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
 import signal
+import socket
+import sqlite3
 import stat
+import tempfile
+from contextlib import closing
+from pathlib import Path
 
 import httpx
 import pytest
 import trio
 
-from .serve_support import FICC, ServeProcess, first_run_secrets
+from .serve_support import FICC, ServeProcess, first_run_secrets, make_data_dir
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
@@ -144,3 +151,115 @@ async def test_serve_refuses_a_bad_configuration_clearly(tmp_path):
     )
     assert result.returncode != 0
     assert b"unknown setting(s) colour" in result.stderr
+
+
+async def _refused_serve(data_dir, *args: str, **variables: str) -> tuple[int, str]:
+    """Run `ficc serve` expecting it to refuse to start; its exit status and stderr."""
+    env = {**os.environ, "FICC_DATA_DIR": str(data_dir), **variables}
+    env.pop("FICC_CONFIG", None)
+    with trio.fail_after(60):
+        result = await trio.run_process(
+            [*FICC, "serve", *args], capture_stdout=True, capture_stderr=True, check=False, env=env
+        )
+    return result.returncode, result.stderr.decode()
+
+
+def _leader_rows(database) -> list[tuple]:
+    with closing(sqlite3.connect(database)) as db:
+        return db.execute("SELECT holder, term FROM controller_leader").fetchall()
+
+
+async def test_a_port_in_use_is_one_line_naming_the_flag_and_the_lease_is_never_taken(tmp_path):
+    data = tmp_path / "data"
+    await trio.to_thread.run_sync(make_data_dir, data)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code, err = await _refused_serve(data, "--port", str(port))
+        assert code == 1
+        assert "Traceback" not in err
+        [line] = err.splitlines()
+        assert f"cannot listen on 127.0.0.1:{port}" in line
+        assert "already in use" in line and "--port N (FICC_PORT, setting port" in line
+        # It bound (and failed) before it opened the store: no leader lease was taken.
+        assert await trio.to_thread.run_sync(_leader_rows, data / "ficc.sqlite3") == []
+
+        code, err = await _refused_serve(data, "--port", str(port), "--debug")
+        assert code == 1 and "Traceback" in err and "StartupRefused" in err
+
+
+async def test_a_data_directory_that_cannot_be_written_is_one_line_naming_the_setting(tmp_path):
+    (tmp_path / "file").write_text("not a directory")
+    code, err = await _refused_serve(tmp_path / "file" / "data", "--port", "0")
+    assert code == 1
+    assert "Traceback" not in err
+    [line] = err.splitlines()
+    assert f"cannot write the data directory {tmp_path / 'file' / 'data'}" in line
+    assert "--data-dir (FICC_DATA_DIR, setting data_dir)" in line
+
+
+async def test_a_runtime_directory_too_long_for_engine_sockets_refuses_to_start(tmp_path):
+    too_long = "/tmp/" + "r" * 70
+    code, err = await _refused_serve(tmp_path / "data", "--port", "0", FICC_RUNTIME_DIR=too_long)
+    assert code == 1
+    [line] = err.splitlines()
+    assert "107-byte limit" in line and "set runtime_dir (--runtime-dir, FICC_RUNTIME_DIR)" in line
+
+
+def _modes(data_dir) -> dict[str, int]:
+    return {
+        path.name: stat.S_IMODE(path.stat().st_mode)
+        for path in data_dir.iterdir()
+        if path.name.startswith("ficc.sqlite3")
+    }
+
+
+async def test_the_database_and_its_wal_files_are_private_to_this_user(tmp_path):
+    server = ServeProcess(tmp_path / "data")
+    try:
+        await server.wait_ready()
+        modes = await trio.to_thread.run_sync(_modes, tmp_path / "data")
+    finally:
+        server.proc.terminate()
+        server.kill()
+    names = ("ficc.sqlite3", "ficc.sqlite3-wal", "ficc.sqlite3-shm")
+    assert modes == dict.fromkeys(names, 0o600)
+
+
+@pytest.mark.slow
+async def test_a_long_home_serves_a_real_llama_cpp_chat(tmp_path, monkeypatch):
+    """HOME of 110 characters (LDAP homes, nested CI workspaces), the default data
+    directory under it: the engine's socket still fits, so the service starts and chats."""
+    from .models_support import smollm2_path
+
+    home = Path(tempfile.mkdtemp(prefix="home-", dir="/tmp"))
+    home = home / ("h" * (110 - len(str(home)) - 1))
+    assert len(str(home)) == 110
+    monkeypatch.setenv("HOME", str(home))
+    for variable in [name for name in os.environ if name.startswith(("FICC_", "XDG_DATA"))]:
+        monkeypatch.delenv(variable)
+    server = ServeProcess(home / ".local" / "share" / "ficc")
+    ficc = server.cli()
+    try:
+        with trio.fail_after(600):
+            url = await server.wait_ready()
+            secrets_file = await server.read_until(r"secrets file:\s+(\S+)")
+            assert secrets_file.startswith(str(home))
+            password = first_run_secrets(Path(secrets_file))["admin password"]
+            await ficc("login", url, "--username", "admin", "--password-stdin", stdin=password)
+            await ficc("models", "add", str(smollm2_path()))
+            await ficc(
+                "inference", "create", "--model", "smollm2", "--engine", "llama_cpp",
+                "--replicas", "1", "--yes", "--wait",
+            )  # fmt: skip
+            service = json.loads(await ficc("inference", "show", "smollm2", "--json"))
+            assert [r["state"] for r in service["replicas"]] == ["ready"]
+            answer = await ficc(
+                "inference", "chat", "smollm2", "--message", "Say hello.", "--max-tokens", "8"
+            )
+            assert answer.strip()
+    finally:
+        server.proc.terminate()
+        server.kill()
+        shutil.rmtree(home.parent, ignore_errors=True)

@@ -12,10 +12,11 @@ import trio
 from .._version import __version__
 from ..config import Config
 from ..controller.service import Service, open_service
-from ..errors import FiccError
+from ..errors import FiccError, StoreError
 from .logs import configure_logging
 from .options import data_dir_flag
 from .settings import config_options, load_settings, run_trio
+from .startup import Listeners, StartupRefused, bind_listeners, check_directories, store_hint
 
 
 @click.command()
@@ -26,8 +27,14 @@ from .settings import config_options, load_settings, run_trio
     help="Also register the SmolLM2 model, start a llama.cpp chat service on the embedded "
     "node and print an invoke token with curl and openai snippets (reused on later runs).",
 )
+@click.option(
+    "--debug",
+    is_flag=True,
+    help="Show the whole traceback when the controller cannot start (by default one line "
+    "says why and what to change).",
+)
 @click.pass_context
-def serve(ctx: click.Context, demo: bool, **flags: Any) -> None:
+def serve(ctx: click.Context, demo: bool, debug: bool, **flags: Any) -> None:
     """Run the controller: the HTTP API on hypercorn, until SIGINT or SIGTERM.
 
     On first start with an empty data directory it creates the project 'default',
@@ -39,43 +46,84 @@ def serve(ctx: click.Context, demo: bool, **flags: Any) -> None:
     configure_logging(config.log_level, config.log_format, access=config.access_log)
     if demo and not config.embedded_agent:
         raise click.UsageError("--demo runs its service on the embedded agent")
-    run_trio(_serve, config, demo)
+    try:
+        run_trio(_serve, config, demo)
+    except StartupRefused as exc:
+        if debug:
+            raise
+        raise click.ClickException(" ".join(exc.message.split())) from None
+    except click.ClickException:
+        raise
+    except Exception as exc:
+        if debug:
+            raise
+        raise click.ClickException(
+            f"the controller stopped: {_describe(exc)}; run 'ficc serve --debug' for the traceback"
+        ) from None
+
+
+def _describe(exc: BaseException) -> str:
+    """The innermost error of an exception group of one, as ``Type: message``."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return f"{type(exc).__name__}: {exc}"
 
 
 async def _serve(config: Config, demo: bool = False) -> None:
+    # Everything that would stop it from serving is checked first, and its ports are
+    # bound: a controller that cannot serve never takes the leader lease.
+    await trio.to_thread.run_sync(
+        lambda: check_directories(config, embedded_agent=config.embedded_agent)
+    )
+    listeners = await trio.to_thread.run_sync(bind_listeners, config)
+    opened = False
+    try:
+        async with open_service(config, background=True) as service:
+            opened = True
+            await _run(service, config, demo, listeners)
+    except StoreError as exc:
+        if opened:
+            raise
+        raise StartupRefused(
+            f"cannot open the store: {exc.message}; {store_hint(config)}"
+        ) from None
+    click.echo("ficc: stopped", err=True)
+
+
+async def _run(service: Service, config: Config, demo: bool, listeners: Listeners) -> None:
     from ..agent.embedded import run_embedded_agent
     from ..controller.server import run_until_signalled
 
-    async with open_service(config, background=True) as service:
-        first_run = await service.auth.bootstrap()
-        if first_run and config.first_run_secrets == "file":
-            from ..auth.first_run import write_first_run_secrets
+    first_run = await service.auth.bootstrap()
+    if first_run and config.first_run_secrets == "file":
+        from ..auth.first_run import write_first_run_secrets
 
-            try:
-                first_run["file"] = await trio.to_thread.run_sync(
-                    write_first_run_secrets, config.data_dir, first_run
-                )
-            except OSError as exc:
-                flag = data_dir_flag(config)
-                raise click.ClickException(
-                    f"could not write the first-run secrets: {exc}; recover with "
-                    f"'ficc admin create-user NAME --admin{flag}' and "
-                    f"'ficc admin create-token --project default --all-scopes{flag}'"
-                ) from None
+        try:
+            first_run["file"] = await trio.to_thread.run_sync(
+                write_first_run_secrets, config.data_dir, first_run
+            )
+        except OSError as exc:
+            flag = data_dir_flag(config)
+            raise click.ClickException(
+                f"could not write the first-run secrets: {exc}; recover with "
+                f"'ficc admin create-user NAME --admin{flag}' and "
+                f"'ficc admin create-token --project default --all-scopes{flag}'"
+            ) from None
 
-        async with trio.open_nursery() as nursery:
+    async with trio.open_nursery() as nursery:
 
-            def ready(urls: list[str], metrics_urls: list[str]) -> None:
-                _print_ready(service, urls, first_run, metrics_urls)
-                if demo:
-                    nursery.start_soon(_demo, service, urls[0])
+        def ready(urls: list[str], metrics_urls: list[str]) -> None:
+            _print_ready(service, urls, first_run, metrics_urls)
+            if demo:
+                nursery.start_soon(_demo, service, urls[0])
 
-            if config.embedded_agent:
-                await nursery.start(run_embedded_agent, service)
-            settle_heap()
-            await run_until_signalled(service, on_ready=ready)
-            nursery.cancel_scope.cancel()
-    click.echo("ficc: stopped", err=True)
+        if config.embedded_agent:
+            await nursery.start(run_embedded_agent, service)
+        settle_heap()
+        await run_until_signalled(
+            service, on_ready=ready, bind=listeners.api, metrics_bind=listeners.metrics
+        )
+        nursery.cancel_scope.cancel()
 
 
 #: Net container allocations between two collections of the youngest generation once the

@@ -47,17 +47,20 @@ async def serve_http(
     service: Service,
     *,
     shutdown_trigger: Callable[[], Awaitable[None]],
+    bind: str | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the API until ``shutdown_trigger`` returns; report the bound URLs when ready.
 
-    Without ``advertise_url``, the leader lease names the URL it bound (port 0 chose one).
+    ``bind`` is a socket bound already (``fd://N``); by default hypercorn binds
+    ``host:port`` itself. Without ``advertise_url``, the leader lease names the URL it
+    bound (port 0 chose one).
     """
 
     async def serve(task_status: trio.TaskStatus[list[str]]) -> None:
         await hypercorn_serve(
             create_app(service),
-            _hypercorn_config(service),
+            _hypercorn_config(service, bind),
             shutdown_trigger=shutdown_trigger,
             task_status=task_status,
         )
@@ -73,12 +76,14 @@ async def serve_metrics(
     service: Service,
     *,
     shutdown_trigger: Callable[[], Awaitable[None]],
+    bind: str | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve ``GET /metrics`` alone on ``metrics_listen`` (with the same TLS as the API)."""
+    """Serve ``GET /metrics`` alone on ``metrics_listen`` (with the same TLS as the API),
+    or on ``bind``, a socket bound already (``fd://N``)."""
     await hypercorn_serve(
         MetricsApp(service.metrics),
-        _hypercorn_config(service, service.config.metrics_listen),
+        _hypercorn_config(service, bind or service.config.metrics_listen),
         shutdown_trigger=shutdown_trigger,
         task_status=task_status,
     )
@@ -110,6 +115,8 @@ async def run_until_signalled(
     *,
     on_ready: Callable[[list[str], list[str]], None],
     signals: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM),
+    bind: str | None = None,
+    metrics_bind: str | None = None,
 ) -> None:
     """Serve until SIGINT or SIGTERM, then shut down gracefully within the configured grace.
 
@@ -121,7 +128,8 @@ async def run_until_signalled(
     (:func:`end_node_connections`): with nothing else open, the process exits at once.
 
     ``on_ready`` gets the API's URLs and the metrics listener's (empty unless
-    ``metrics_listen`` is set).
+    ``metrics_listen`` is set). ``bind`` and ``metrics_bind`` are their sockets when
+    bound already (``fd://N``: ``ficc serve`` binds before it takes the leader lease).
     """
     stop = trio.Event()
     grace = service.config.shutdown_grace
@@ -146,12 +154,15 @@ async def run_until_signalled(
                 if service.config.metrics_listen is not None:
                     metrics_urls = await servers.start(
                         lambda task_status: serve_metrics(
-                            service, shutdown_trigger=stop.wait, task_status=task_status
+                            service,
+                            shutdown_trigger=stop.wait,
+                            bind=metrics_bind,
+                            task_status=task_status,
                         )
                     )
                 urls = await servers.start(
                     lambda task_status: serve_http(
-                        service, shutdown_trigger=stop.wait, task_status=task_status
+                        service, shutdown_trigger=stop.wait, bind=bind, task_status=task_status
                     )
                 )
                 on_ready(urls, metrics_urls)

@@ -9,6 +9,7 @@ Writes use ``BEGIN IMMEDIATE`` so two writers never interleave, and commit with
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import sqlite3
 from collections.abc import Callable, Iterable, Sequence
@@ -59,6 +60,16 @@ class _SQLiteTransaction:
 
     def after_commit(self, fn: Callable[[], None]) -> None:
         self.committed.append(fn)
+
+
+def _create_private(path: Path) -> None:
+    """Create the database file readable and writable by this user only (0600), unless
+    it exists. SQLite gives the ``-wal`` and ``-shm`` files it creates the mode of the
+    database file, so they are private too."""
+    try:
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+    except FileExistsError:
+        pass
 
 
 def _connect(path: Path) -> sqlite3.Connection:
@@ -137,6 +148,13 @@ class SQLiteStore:
         """Open the connections and run migrations (blocking; call from a thread)."""
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            _create_private(self.path)
+        except OSError as exc:
+            raise StoreError(
+                f"cannot create the database {self.path}: {exc.strerror or exc}",
+                details={"path": str(self.path)},
+            ) from None
+        try:
             writer = _connect(self.path)
             mode = writer.execute("PRAGMA journal_mode = WAL").fetchone()[0]
             if mode.lower() != "wal":
