@@ -7,20 +7,23 @@ import re
 import signal
 import subprocess
 import tempfile
+import time
+from pathlib import Path
 
 import httpx
 import pytest
 import trio
 from openai import OpenAI
 
+from .inference_support import llama_server_executable, write_agent_settings
 from .serve_support import FICC
 
 
-def _start(data_dir, agent_dir, log):
+def _start(data_dir, agent_dir, log, extra=()):
     env = {**os.environ, "FICC_DATA_DIR": str(data_dir), "PYTHONUNBUFFERED": "1"}
     env.pop("FICC_CONFIG", None)
     return subprocess.Popen(
-        [*FICC, "serve", "--demo", "--port", "0", "--agent-dir", agent_dir],
+        [*FICC, "serve", "--demo", "--port", "0", "--agent-dir", agent_dir, *extra],
         stdout=subprocess.PIPE,
         stderr=log,
         text=True,
@@ -170,3 +173,114 @@ async def test_the_demo_service_bounds_an_answer_by_a_quarter_of_its_context_len
     # A model trained on less bounds it; one whose metadata says nothing leaves the context.
     assert demo.max_output({"metadata": {"context_length": 1024}}) == 256
     assert demo.max_output({"metadata": None}) == 512
+
+
+def _flaky_runtime(folder: Path, flag: Path) -> Path:
+    """Agent settings declaring, as the llama_server runtime, the real llama-server behind a
+    wrapper that prints an error and exits 3 while ``flag`` exists (the same file, so the
+    same digest, either way)."""
+    engine = folder / "flaky-llama-server"
+    engine.write_text(
+        "#!/bin/sh\n"
+        f"if [ -e {flag} ]; then echo 'error: cannot load the model (flag set)' >&2; exit 3; fi\n"
+        f'exec {llama_server_executable()} "$@"\n'
+    )
+    engine.chmod(0o755)
+    return write_agent_settings(folder, engine)
+
+
+def _wait_for(path: Path, text: str, proc, seconds: float) -> str:
+    """The log at ``path`` once it holds ``text`` (bounded; the process must live)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        log = path.read_text()
+        if text in log:
+            return log
+        assert proc.poll() is None, f"ficc serve --demo exited:\n{log}"
+        time.sleep(0.1)  # polling a file another process writes
+    raise AssertionError(f"no {text!r} within {seconds} s:\n{path.read_text()}")
+
+
+@pytest.mark.slow
+async def test_a_failing_demo_ends_at_once_with_why_the_controller_serves_on_and_a_rerun_restarts(
+    tmp_path,
+):
+    agent_dir = tempfile.mkdtemp(prefix="fd-", dir="/tmp")
+    flag = tmp_path / "fail"
+    flag.touch()
+    settings = _flaky_runtime(tmp_path, flag)
+    log_path = tmp_path / "serve.log"
+    extra = ["--agent-config", str(settings), "--replica-retry-max", "1s"]
+    extra += ["--first-run-secrets", "stdout"]
+    with log_path.open("w") as log:
+        proc = _start(tmp_path / "data", agent_dir, log, extra)
+        try:
+            began = time.monotonic()
+            said = await trio.to_thread.run_sync(
+                _wait_for, log_path, "the controller keeps serving", proc, 90
+            )
+            # It ended once the replica stopped retrying (3 quick attempts), not after 180 s.
+            assert time.monotonic() - began < 60
+            failure = said[said.index("demo: the demo service smollm2") :]
+            assert "stopped retrying" in failure
+            assert "the engine exited with status 3" in failure
+            assert "its log ends: error: cannot load the model (flag set)" in failure
+            assert "ficc inference logs smollm2" in failure
+            assert "run 'ficc serve --demo' again: it restarts the service" in failure
+            assert "[demo_service_failed]" in failure
+            assert "estimate" not in failure  # no memory hint for an engine that exits
+            assert "Traceback" not in said and "TooSlowError" not in said
+            # Quiet: none of the demo's own requests is in the access log, none of its
+            # service's events in the events log while it waits (it says what matters).
+            assert "demo-operator" not in said
+            assert "ficc.access" not in said and "ficc.events: attempt" not in said
+            assert "ficc.events: service" not in said
+            # The controller serves on: the first run's admin token works.
+            banner = await trio.to_thread.run_sync(lambda: _banner(proc))
+            url = re.search(r"listening on (\S+)", banner).group(1)
+            admin = re.search(r"admin token:\s+(\S+)", banner).group(1)
+            async with httpx.AsyncClient(timeout=30) as http:
+                whoami = await http.get(
+                    url + "/api/v1/whoami", headers={"Authorization": f"Bearer {admin}"}
+                )
+            assert whoami.status_code == 200, whoami.text
+            assert proc.poll() is None
+            proc.send_signal(signal.SIGINT)
+            assert await trio.to_thread.run_sync(lambda: proc.wait(timeout=60)) == 0
+            proc.stdout.close()
+            first_log = log_path.read_text()
+
+            # The cause is gone: the rerun restarts the failed service, which serves.
+            flag.unlink()
+            proc = _start(tmp_path / "data", agent_dir, log, extra)
+            _, token, base = await _snippets(proc)
+            log.flush()
+            second_log = log_path.read_text()[len(first_log) :]
+            assert "failed (replica 0 stopped retrying" in second_log
+            assert "restarting it" in second_log and "starting generation 2" in second_log
+            async with httpx.AsyncClient(timeout=60) as http:
+                answer = await http.post(
+                    base + "/chat/completions",
+                    headers={"Authorization": f"Bearer {token}"},
+                    json={"model": "smollm2", "max_tokens": 4,
+                          "messages": [{"role": "user", "content": "Hi"}]},
+                )  # fmt: skip
+            assert answer.status_code == 200, answer.text
+            assert answer.json()["choices"][0]["message"]["content"]
+            proc.send_signal(signal.SIGINT)
+            assert await trio.to_thread.run_sync(lambda: proc.wait(timeout=60)) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            proc.stdout.close()
+
+
+def _banner(proc) -> str:
+    """The controller's start banner on standard output, through its last line."""
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if "ficc admin create-token" in line:
+            return "".join(lines)
+    raise AssertionError("no banner:\n" + "".join(lines))

