@@ -13,6 +13,7 @@ import trio
 
 from ..errors import FiccError, Forbidden, InvalidRequest, PayloadTooLarge, Unauthenticated
 from ..strictjson import dumps, loads
+from .catalog import CAPABILITIES
 from .errors import (
     CapabilityNotServed,
     DeadlineExceeded,
@@ -157,11 +158,37 @@ def _one_answer(document: Mapping[str, Any]) -> None:
         )
 
 
+def not_capable(view: LiveService, needed: str) -> CapabilityNotServed:
+    """The refusal of a route whose capability ``needed`` the service's model does not
+    serve, in a client's words: the model it asked for, what that model does serve."""
+    # Named as /v1/models names them (an engine's own, tokenize.*, are the gateway's).
+    served = [c for c in CAPABILITIES if c in view.capabilities]
+    advice = (
+        "ask a model that serves embeddings (an embedding model's service: GET /v1/models "
+        "lists each model's capabilities)"
+        if needed == "embeddings"
+        else "send the prompt as a chat completion (POST /v1/chat/completions) instead"
+        if "chat" in served
+        else f"ask a model that serves {needed} (GET /v1/models lists each model's capabilities)"
+    )
+    return CapabilityNotServed(
+        f"model {view.alias!r} does not serve {needed} (it serves: "
+        f"{', '.join(served) or 'nothing declared'}): {advice}",
+        details={"model": view.alias, "service": view.id, "needed": needed, "capabilities": served},
+    )
+
+
 def model_not_a_string(model: Any) -> InvalidRequest:
     """The refusal of a ``model`` that is present but not a string, on both endpoints."""
     return _invalid(
         f"`model` must be a string naming a model, not {_shown(model)}", "$.model", "string"
     )
+
+
+def _named(view: LiveService) -> str:
+    """A service in a refusal: its alias (a client's ``model``) and its ID (a service
+    route's path), so whichever the client sent is named."""
+    return f"{view.alias!r} ({view.id})"
 
 
 def _invalid(message: str, path: str, expected: str, **kwargs: Any) -> InvalidRequest:
@@ -268,16 +295,22 @@ class RequestChecks:
 
     @staticmethod
     def admit(view: LiveService) -> None:
-        """Raise unless ``view`` admits new requests (draining, stopped)."""
+        """Raise unless ``view`` admits new requests (draining, stopped).
+
+        The message names the service by its alias, the ``model`` a client sends, and by
+        its ID, the one a service route's path holds: whichever was sent is named."""
         if view.admission == "draining":
             raise ServiceDraining(
-                f"service {view.id!r} is draining: requests in flight finish, new ones are refused",
-                details={"service": view.id},
+                f"service {_named(view)} is draining: requests in flight finish, "
+                "new ones are refused; send them to another model, or retry once an operator "
+                "has started it again",
+                details={"service": view.id, "alias": view.alias},
             )
         if view.admission != "serving":
             raise ServiceStopped(
-                f"service {view.id!r} is stopped; start it to serve requests",
-                details={"service": view.id},
+                f"service {_named(view)} is stopped; an operator starts it "
+                f"(ficc inference start {view.alias}) for it to serve requests",
+                details={"service": view.id, "alias": view.alias},
             )
 
     def current(self, request: Request) -> LiveService:
@@ -289,10 +322,10 @@ class RequestChecks:
         view = self.live.get(request.service_id)
         if view is None:
             raise ServiceNotFound(
-                f"service {request.service_id!r} was removed", details={"id": request.service_id}
+                f"service {_named(request.view)} was removed", details={"id": request.service_id}
             )
         if view.admission == "stopped":
-            raise ServiceStopped(f"service {request.service_id!r} stopped")
+            raise ServiceStopped(f"service {_named(view)} stopped while the request waited")
         request.view = view
         return view
 
@@ -306,20 +339,18 @@ class RequestChecks:
         view = self.live.get(request.service_id)
         if view is not request.view:
             if view is None:
-                return ServiceStopped(f"service {request.service_id!r} was removed")
+                return ServiceStopped(f"service {_named(request.view)} was removed")
             replica = request.replica
             if view.generation != request.view.generation and not (
                 replica is not None and view.serves(replica.key)
             ):
                 return GenerationChanged(
-                    f"service {request.service_id!r} moved to generation {view.generation} "
+                    f"service {_named(view)} moved to generation {view.generation} "
                     "while the response streamed; send the request again",
                     details={"generation": view.generation},
                 )
             if view.admission == "stopped":
-                return ServiceStopped(
-                    f"service {request.service_id!r} stopped while the response streamed"
-                )
+                return ServiceStopped(f"service {_named(view)} stopped while the response streamed")
             request.view = view
         if trio.current_time() >= request.deadline:
             bound, seconds = request.deadline_bound, request.deadline_seconds
@@ -368,11 +399,7 @@ class RequestChecks:
         """
         needed = NEEDS.get(path)
         if needed is not None and needed not in view.capabilities:
-            raise CapabilityNotServed(
-                f"service {view.id!r} does not serve {needed} (its engine's capabilities: "
-                f"{', '.join(view.capabilities) or 'none declared'})",
-                details={"capabilities": list(view.capabilities)},
-            )
+            raise not_capable(view, needed)
         document = dict(body) if isinstance(body, Mapping) else self.document(body)
         model = document.get("model")
         if model is not None and model != view.alias:

@@ -26,7 +26,11 @@ from typing import Any, Literal, TypeVar, get_args, get_origin
 
 import attrs
 import cattrs
-from cattrs.cols import homogenous_tuple_structure_factory, mapping_structure_factory
+from cattrs.cols import (
+    homogenous_tuple_structure_factory,
+    list_structure_factory,
+    mapping_structure_factory,
+)
 from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, override
 
 from ..errors import InvalidRequest
@@ -98,12 +102,16 @@ def _is_homogeneous_tuple(type_: Any) -> bool:
     return get_origin(type_) is tuple and len(args) == 2 and args[1] is Ellipsis
 
 
+def _is_list(type_: Any) -> bool:
+    return get_origin(type_) is list
+
+
 def _is_dict(type_: Any) -> bool:
     return get_origin(type_) is dict
 
 
 def _only(json_name: str, accepts: type | tuple[type, ...], base: Any) -> Any:
-    # cattrs turns any iterable into a tuple ("abc" -> ("a", "b", "c")) and fails
+    # cattrs turns any iterable into a tuple or list ("abc" -> ("a", "b", "c")) and fails
     # obscurely on a non-mapping; a JSON array or object is required instead.
     def factory(type_: Any, converter: cattrs.Converter) -> Any:
         inner = base(type_, converter)
@@ -120,6 +128,9 @@ def _only(json_name: str, accepts: type | tuple[type, ...], base: Any) -> Any:
 
 _converter.register_structure_hook_factory(
     _is_homogeneous_tuple, _only("array", (list, tuple), homogenous_tuple_structure_factory)
+)
+_converter.register_structure_hook_factory(
+    _is_list, _only("array", (list, tuple), list_structure_factory)
 )
 _converter.register_structure_hook_factory(
     _is_dict, _only("object", dict, mapping_structure_factory)
