@@ -91,3 +91,10 @@ async def test_a_request_that_timed_out_is_served_when_it_retries_after_retry_af
             assert _activations(controller, service_id, "started") == 1
             view = await controller.ok("GET", f"/api/v1/inference/{service_id}")
             assert view["state"] == "ready", view
+
+            # A rollout's preview warns as the service's does.
+            preview = await controller.ok(
+                "POST", f"/api/v1/inference/{service_id}/rollout/preview", json={"spec": spec}
+            )
+            codes = [w["code"] for w in preview.get("warnings", [])]
+            assert "idle_timeout_below_retry_window" in codes, preview

@@ -465,7 +465,7 @@ class InferenceManager:
         alone, beside = await self.store.read(
             lambda tx: rollout.preview(tx, principal.project_id, service_id, specification, model)
         )
-        warnings = tuple(memory_warnings(specification, model))
+        warnings = (*memory_warnings(specification, model), *self._retry_warning(specification))
         return Preview(specification=specification, plan=alone, warnings=warnings), beside
 
     async def rollout_status(self, project_id: str, service_id: str) -> dict[str, Any]:
