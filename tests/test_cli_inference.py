@@ -17,6 +17,7 @@ from click.testing import CliRunner, Result
 
 from ficc_core.cli.main import cli
 
+from .conftest import issue_token
 from .inference_support import GIB, llama_spec, open_inference_controller, register_smollm2
 
 
@@ -133,10 +134,17 @@ async def test_preview_create_show_tokens_stale_revision_and_remove(tmp_path):
             assert (await run.json("show", service_id))["revision"] == 1
 
             listed = await run.ok("list")
+            # The model by its name; its ID only in --json.
             assert re.search(
-                rf"^{service_id}\s+smol\s+{model_id}\s+llama_cpp\s+stopped", listed.stdout, re.M
+                rf"^{service_id}\s+smol\s+smollm2\s+llama_cpp\s+stopped", listed.stdout, re.M
             )
-            assert [s["id"] for s in (await run.json("list"))["services"]] == [service_id]
+            assert model_id not in listed.stdout
+            # A reader that may not read models sees the model's ID instead.
+            reader = await issue_token(controller.service, scopes={"inference:read"})
+            listed = await run("list", token=reader)
+            assert re.search(rf"^{service_id}\s+smol\s+{model_id}\s", listed.stdout, re.M)
+            [listed_view] = (await run.json("list"))["services"]
+            assert (listed_view["id"], listed_view["model_id"]) == (service_id, model_id)
 
             # A stale revision is refused and the current one printed; nothing changed.
             stale = await run("start", service_id, "--revision", "0")

@@ -404,6 +404,7 @@ async def test_a_killed_engine_shows_its_exit_and_restart_and_show_says_why(tmp_
                 None,
             )
             assert (exit_["reason"], exit_["memory_limit"]) == ("killed", False)
+            assert exit_["failed"] is True  # so REASON still says it
             assert "signal 9" in exit_["message"]
             assert second["attempt"] == first["attempt"] + 1
             assert second["pid"] not in (None, first["pid"])
@@ -460,3 +461,30 @@ async def test_a_stopped_replica_shows_no_pid_or_health_as_if_its_engine_still_r
                 shown,
                 re.M,
             ), shown
+
+
+def test_a_start_stays_starting_while_the_other_replicas_still_come_up():
+    from ficc_core.inference.publication import rolled_up
+
+    ready = _attempt(0, 1, 1, "ready", ready_at=150.0)
+    for coming in ("pending", "staging", "launching", "loading"):
+        attempts = [ready, _attempt(1, 1, 1, coming)]
+        assert rolled_up(2, attempts, 1, starting=True) == ("starting", None)
+        # A service that was ready, or is degraded already: a replica not ready degrades it.
+        assert rolled_up(2, attempts, 1)[0] == "degraded"
+    # Not launched yet at all: still coming up.
+    assert rolled_up(2, [ready], 1, starting=True)[0] == "starting"
+    # A replica that failed, or whose outcome is unknown: degraded, with the failure.
+    failed = [ready, _attempt(1, 1, 1, "failed", reason="exited", message="it broke")]
+    assert rolled_up(2, failed, 1, starting=True) == ("degraded", "it broke")
+    unknown = [ready, _attempt(1, 1, 1, "unknown", reason="node_lost")]
+    assert rolled_up(2, unknown, 1, starting=True)[0] == "degraded"
+    # Ready but its node cannot be reached: degraded too.
+    both = [ready, _attempt(1, 1, 1, "ready", node_id="n2")]
+
+    def trouble(node_id: str, _attempt_id: str) -> str | None:
+        return "gone" if node_id == "n2" else None
+
+    assert rolled_up(2, both, 1, trouble=trouble, starting=True)[0] == "degraded"
+    # Every replica ready: ready, starting or not.
+    assert rolled_up(2, [ready, _attempt(1, 1, 1, "ready")], 1, starting=True)[0] == "ready"

@@ -15,7 +15,7 @@ from typing import Any
 import click
 
 from .chat import chat
-from .client import client_from
+from .client import ApiClient, ApiError, client_from
 from .inference_control import COMMANDS
 from .inference_create import create
 from .inference_events import events, print_recent_events
@@ -100,19 +100,33 @@ def show(ctx: click.Context, service_id: str, as_json: bool) -> None:
         print_recent_events(client, view["id"])
 
 
+def model_names(client: ApiClient) -> dict[str, str]:
+    """The project's models' names by ID; none for a credential that may not read models."""
+    try:
+        models = client.json("GET", "/api/v1/models")["models"]
+    except ApiError as exc:
+        if exc.code != "missing_scope":
+            raise
+        return {}
+    return {model["id"]: model["name"] for model in models if model.get("name")}
+
+
 @inference.command("list")
 @json_option
 @click.pass_context
 def list_services(ctx: click.Context, as_json: bool) -> None:
     """List the project's services.
 
-    READY counts the replicas that serve (take the service's requests now, as its state
-    counts them) of the service's placements.
+    MODEL is the model's name (its ID where the credential may not read models; --json
+    has the service's model_id). READY counts the replicas that serve (take the
+    service's requests now, as its state counts them) of the service's placements.
     """
-    found = client_from(ctx).json("GET", BASE)
+    client = client_from(ctx)
+    found = client.json("GET", BASE)
     if as_json:
         echo_json(found)
         return
+    names = model_names(client) if found["services"] else {}
     rows: list[tuple[Any, ...]] = [
         (
             "ID",
@@ -136,7 +150,7 @@ def list_services(ctx: click.Context, as_json: bool) -> None:
             (
                 view["id"],
                 view["alias"],
-                view["model_id"],
+                names.get(view["model_id"], view["model_id"]),
                 view["engine"],
                 view["state"],
                 view["desired"],
@@ -165,10 +179,16 @@ for _scaling in SCALING:  # pin, unpin
 @inference.command("token")
 @click.argument("service_id", metavar="SERVICE")
 @click.option("--lifetime", help="Issue a token living this long (e.g. 30s, 10m, 12h, 1d).")
-@click.option("--name", help="A label for the issued token.")
+@click.option(
+    "--name",
+    help="The issued token's name, unique among the project's live credentials "
+    "[default: invoke-ALIAS, -2, -3... when taken].",
+)
 @click.option("--band", help="The issued token's priority band (default: the project's).")
 @click.option("--list", "list_them", is_flag=True, help="List the service's invoke tokens.")
-@click.option("--revoke", "revoke_id", metavar="TOKEN_ID", help="Revoke this invoke token.")
+@click.option(
+    "--revoke", "revoke_id", metavar="TOKEN", help="Revoke this invoke token (its ID or name)."
+)
 @json_option
 @click.pass_context
 def token(
@@ -183,7 +203,7 @@ def token(
 ) -> None:
     """Issue, list or revoke a service's invoke tokens.
 
-    --lifetime issues one, --list lists them, --revoke TOKEN_ID revokes one.
+    --lifetime issues one, --list lists them, --revoke TOKEN (ID or name) revokes one.
 
     An issued token calls only this service's OpenAI-compatible routes; it is
     shown once.
@@ -236,7 +256,7 @@ def token(
         click.echo(f"token: {issued['token']}")
     click.echo(
         "warning: the token is shown only once; store it now (revoke it with "
-        f"'ficc inference token {service_id} --revoke {issued['credential']['id']}"
+        f"'ficc inference token {service_id} --revoke {issued['credential']['name']}"
         f"{url_flag(client.url)}')",
         err=True,
     )

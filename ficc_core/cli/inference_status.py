@@ -3,9 +3,11 @@
 One row per replica: its state, its node (with ``disconnected`` or ``stale`` when
 the node dropped or missed its heartbeats), its attempt, the engine's PID, how
 often it restarted in this generation, how its last attempt ended, the readiness
-probe's last answer and the requests in flight. REASON is the current attempt's
-reason, else its last exit's, so a replica killed and relaunched still says why;
-the messages follow the table.
+probe's last answer and the requests in flight. REASON says why the replica is as it
+is (:func:`reason_shown`): the current attempt's reason, else the reason of a last
+exit that failed, so a replica killed and relaunched still says why; a replica that
+runs again after a restart or a move it was asked for shows none (LAST EXIT keeps
+how its previous attempt ended). The messages follow the table.
 """
 
 from __future__ import annotations
@@ -60,6 +62,26 @@ def how_it_ended(last: Mapping[str, Any] | None) -> str:
     return last["reason"] or "-"
 
 
+#: Replica states that a reason explains even when their last exit was no failure.
+_NEEDS_REASON = frozenset({"stopped", "failed", "unknown"})
+
+
+def reason_shown(replica: Mapping[str, Any]) -> str | None:
+    """The REASON cell: the current attempt's own reason, else its last exit's where that
+    explains the replica's state: a failure (it was relaunched because of it), or any
+    end of a replica that is stopped, failed or unknown now. A replica that runs again
+    after a stop it was asked for (``restart_requested``, ``moved``) needs no reason."""
+    if replica["reason"]:
+        return replica["reason"]
+    last = replica["last_exit"]
+    if last is None:
+        return None
+    # A controller without ``failed``: any end counts, as it used to.
+    if replica["state"] in _NEEDS_REASON or last.get("failed", True):
+        return last["reason"]
+    return None
+
+
 def _node(node: Mapping[str, Any]) -> str:
     name = node["name"] or node["id"]
     return name if node["state"] == "connected" else f"{name} ({node['state']})"
@@ -86,7 +108,7 @@ def echo_replicas(view: Mapping[str, Any], status: Mapping[str, Any] | None) -> 
     for replica in status["replicas"]:
         last = replica["last_exit"]
         ended_now = last is not None and last["attempt_id"] == replica["attempt_id"]
-        reason = replica["reason"] or (last["reason"] if last else None)
+        reason = reason_shown(replica)
         rows.append(
             (
                 replica["index"],

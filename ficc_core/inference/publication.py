@@ -196,14 +196,27 @@ def give_up_advice(replica: int, attempt: AttemptRecord) -> str:
     )
 
 
+#: An attempt's states before it is ready, while nothing went wrong with it.
+COMING_UP = frozenset(
+    {AttemptState.PENDING, AttemptState.STAGING, AttemptState.LAUNCHING, AttemptState.LOADING}
+)
+
+
 def rolled_up(
     replicas: int | Collection[int],
     attempts: Sequence[AttemptRecord],
     generation: int,
     give_up_after: int = 0,
     trouble: Callable[[str, str], str | None] = lambda _node_id, _attempt_id: None,
+    starting: bool = False,
 ) -> tuple[ServiceState, str | None]:
     """A running service's state from its replicas' latest attempts, and why it is not ready.
+
+    ``starting``: the service is starting now (its recorded state). It stays starting
+    while some replicas are ready and every other one is still coming up (pending,
+    staging, launching or loading) with nothing wrong: a normal start goes starting →
+    ready, never through degraded. A replica that failed or cannot be reached makes it
+    degraded, and a degraded service stays so until every replica is ready.
 
     ``trouble`` (by node ID and attempt ID) says why an attempt cannot count as serving
     now (its node's connection dropped, it missed a heartbeat, its reconnection said it
@@ -225,7 +238,8 @@ def rolled_up(
     if all(state == AttemptState.READY for state in states):
         state = ServiceState.READY
     elif any(state == AttemptState.READY for state in states):
-        state = ServiceState.DEGRADED
+        coming = not troubles and all(s in COMING_UP or s == AttemptState.READY for s in states)
+        state = ServiceState.STARTING if starting and coming else ServiceState.DEGRADED
     elif all(state in (AttemptState.FAILED, AttemptState.UNKNOWN) for state in states):
         state = ServiceState.UNKNOWN if AttemptState.UNKNOWN in states else ServiceState.FAILED
     else:

@@ -477,6 +477,7 @@ class Reconciler:
                 record.generation,
                 self.give_up_after,
                 self.contributors.attempt_trouble,
+                starting=record.state == ServiceState.STARTING,
             )
         else:
             state, reason = ServiceState.IDLE, self.on_demand.idle_reason(record)

@@ -90,6 +90,9 @@ class LastExit:
     :ivar signal: the signal that ended it, when one did.
     :ivar memory_limit: whether it was killed at its memory limit.
     :ivar reason: the reason word (``killed``, ``exited``, ``memory_limit``, ``stopped``...).
+    :ivar failed: whether it failed (ended by itself, was killed, never became ready),
+        not stopped as asked (a stop, a restart, a move): only a failure explains why a
+        replica that runs again was relaunched.
     :ivar at: when the controller recorded the end (epoch seconds).
     """
 
@@ -103,6 +106,7 @@ class LastExit:
     reason: str | None
     message: str | None
     at: float
+    failed: bool = False
 
 
 @attrs.frozen(kw_only=True)
@@ -248,6 +252,7 @@ def last_exit(attempts: Iterable[AttemptRecord], replica: int, generation: int) 
         reason=last.reason,
         message=last.message,
         at=last.updated_at,
+        failed=last.state == AttemptState.FAILED,
     )
 
 
