@@ -56,9 +56,10 @@ def attempts_of(view: dict[str, Any]) -> list[int]:
 
 async def test_a_request_wakes_an_idle_service_which_goes_idle_again(tmp_path: Path) -> None:
     with trio.fail_after(150):
-        async with open_inference_controller(tmp_path, **FAST) as controller:
+        # The idle_timeout setting, not the specification's (at least 10 s there).
+        async with open_inference_controller(tmp_path, **FAST, idle_timeout="2s") as controller:
             model_id = await register(controller)
-            created = await create(controller, model_id, min=0, idle_timeout=2)
+            created = await create(controller, model_id, min=0)
             service_id = created["id"]
             token = await started(controller, service_id)
             models = await controller.http.get(

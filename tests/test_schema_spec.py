@@ -236,3 +236,14 @@ def test_specification_digest_changes_with_its_content():
     other = structure({**SPECIFICATION, "context": 4096}, Specification)
     assert spec.digest().startswith("sha256:")
     assert spec.digest() != other.digest()
+
+
+@pytest.mark.parametrize("idle", [0.001, 1, 9.99])
+def test_an_idle_timeout_below_ten_seconds_is_refused_naming_the_field_and_the_minimum(idle):
+    with pytest.raises(SchemaError) as raised:
+        structure({**SPECIFICATION, "scaling": {"idle_timeout": idle}}, Specification)
+    [error] = raised.value.details["errors"]
+    assert error["path"] == "$.scaling.idle_timeout"
+    assert error["message"].startswith("must be from 10 to 604800"), error["message"]
+    ten = structure({**SPECIFICATION, "scaling": {"idle_timeout": 10}}, Specification)
+    assert ten.scaling is not None and ten.scaling.idle_timeout == 10.0

@@ -51,6 +51,9 @@ MAX_PIDS = 4_194_304
 MAX_OPEN_FILES = 1_073_741_816
 #: Seconds: a request deadline, a readiness or bootstrap timeout (seven days).
 MAX_SECONDS = 7 * 24 * 3600.0
+#: The shortest ``scaling.idle_timeout`` (seconds): a replica idle for less is not idle,
+#: only between requests, and stopping it costs a reload at the next one.
+MIN_IDLE_TIMEOUT = 10.0
 #: Bytes of host prompt cache: a pebibyte, whose MiB count (2^30) is within the 32-bit
 #: integer llama-server parses ``--cache-ram`` into.
 MAX_PROMPT_CACHE = 2**50
@@ -344,14 +347,15 @@ class Scaling:
     :ivar min: replicas that always run (0 to ``max``); 0 is on-demand.
     :ivar max: replicas that may run at once (1 to the number of placements); absent
         means every placement.
-    :ivar idle_timeout: seconds a replica may serve nothing before it stops (more than 0,
-        at most seven days); absent means the ``idle_timeout`` setting. Minutes, not
-        seconds: a stopped replica loses the KV cache that affinity filled.
+    :ivar idle_timeout: seconds a replica may serve nothing before it stops (at least
+        :data:`MIN_IDLE_TIMEOUT`, at most seven days); absent means the ``idle_timeout``
+        setting. Minutes, not seconds: a stopped replica loses the KV cache that affinity
+        filled, and one that stops within seconds is woken again by the next request.
     """
 
     min: int = integer(0, MAX_REPLICAS, default=1)
     max: int | None = integer(1, MAX_REPLICAS, default=None)
-    idle_timeout: float | None = number(0, MAX_SECONDS, above=True, default=None)
+    idle_timeout: float | None = number(MIN_IDLE_TIMEOUT, MAX_SECONDS, default=None)
 
     def __attrs_post_init__(self) -> None:
         if self.max is not None and self.min > self.max:
