@@ -194,6 +194,39 @@ async def test_past_activation_wait_the_answer_is_503_activation_timeout(tmp_pat
             assert _metric(env, "ficc_activation_waiting", service="svc") == 0
 
 
+async def test_a_request_refused_activation_timeout_is_demand_until_its_retry_window_passed(
+    tmp_path, idle_clock
+):
+    """It is expected back after its Retry-After (10 s) and 10 s more: until then the
+    autoscaler reads it in ``Demand.returning`` and keeps the woken replica up."""
+    with trio.fail_after(120):
+        async with scaled_env(tmp_path, idle_clock) as (env, nursery):
+            scaler = FakeScaler(env, nursery, [], delay=math.inf)
+            env.gateway.activate = scaler.activate
+            env.gateway.activation.wait_bound = 5.0
+            scaler.idle()
+            _, token = await env.token("svc")
+            async with env.http(token, timeout=300) as http:
+                first = await http.post(ROUTE, json=chat())
+                refused_at = trio.current_time()
+                assert first.json()["error"]["code"] == "activation_timeout"
+                assert env.gateway.demand("svc").returning == 1
+                assert env.gateway.demand("svc").queued == 0
+                await trio.sleep(3.0)
+                second = await http.post(ROUTE, json=chat())
+                assert second.json()["error"]["code"] == "activation_timeout"
+            assert first.headers["retry-after"] == "10"
+            assert env.gateway.activation.retry_window == 20.0
+            assert env.gateway.demand("svc").returning == 2
+            await trio.sleep_until(refused_at + 19.5)
+            assert env.gateway.demand("svc").returning == 2
+            await trio.sleep_until(refused_at + 20.5)
+            assert env.gateway.demand("svc").returning == 1  # the first one's window passed
+            await trio.sleep_until(refused_at + 30.0)
+            assert env.gateway.demand("svc").returning == 0
+            assert env.gateway.demand("other").returning == 0
+
+
 async def test_a_failed_activation_answers_every_waiter_at_once_with_its_reason(
     tmp_path, idle_clock
 ):
