@@ -198,3 +198,123 @@ def test_every_per_service_panel_shows_only_the_chosen_aliases_by_alias(tmp_path
         cwd=tmp_path,
     )
     assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def _minutes(present) -> str:
+    """A promtool series' values for 31 minutes: 1 where ``present(minute)``, else stale."""
+    return " ".join("1" if present(minute) else "stale" for minute in range(31))
+
+
+def test_the_alerts_fire_for_what_they_say_and_name_services_by_alias(tmp_path):
+    # chat runs (degraded): replica 0 loads for half an hour, replica 1 crash-loops
+    # (failed two minutes, loading one, again and again), replica 2 is unknown. It fails
+    # half its requests and they wait 5-10 s for a slot. idle is stopped, its replica
+    # failed: nothing about it fires.
+    chat = {"service": "svc_1", "alias": "chat", "instance": "c1"}
+    replica = {**chat, "node": "n1"}
+    series = [
+        _series("ficc_service_state", "1x30", **chat, project="p", state="degraded"),
+        _series("ficc_replica_state", "1x30", **replica, index="0", state="loading"),
+        _series(
+            "ficc_replica_state",
+            _minutes(lambda m: m % 3 < 2),
+            **replica,
+            index="1",
+            state="failed",
+        ),
+        _series(
+            "ficc_replica_state",
+            _minutes(lambda m: m % 3 == 2),
+            **replica,
+            index="1",
+            state="loading",
+        ),
+        _series("ficc_replica_state", "1x30", **replica, index="2", state="unknown"),
+        _series("ficc_gateway_requests_total", "0+60x30", **chat, replica="a"),
+        _series("ficc_gateway_errors_total", "0+30x30", **chat, replica="a", code="engine_failed"),
+        _series("ficc_gateway_queue_wait_seconds_bucket", "0x30", **chat, le="5"),
+        _series("ficc_gateway_queue_wait_seconds_bucket", "0+60x30", **chat, le="10"),
+        _series("ficc_gateway_queue_wait_seconds_bucket", "0+60x30", **chat, le="+Inf"),
+    ]
+    idle = {"service": "svc_2", "alias": "idle", "instance": "c1"}
+    series += [
+        _series("ficc_service_state", "1x30", **idle, project="p", state="stopped"),
+        _series("ficc_replica_state", "1x30", **idle, node="n1", index="0", state="failed"),
+    ]
+    show = "See `ficc inference show chat` and `ficc inference logs chat --replica {index}`."
+
+    def replica_alert(index: str, severity: str, summary: str, **extra: str) -> dict:
+        return {
+            "exp_labels": {
+                "severity": severity,
+                "service": "svc_1",
+                "alias": "chat",
+                "node": "n1",
+                "index": index,
+                **extra,
+            },
+            "exp_annotations": {"summary": summary, "description": show.format(index=index)},
+        }
+
+    not_ready = "Replica {} of chat on n1 has not been ready for 10 minutes"
+    tests = [
+        {"alertname": "FiccReplicaNotReady", "eval_time": "9m", "exp_alerts": []},
+        {
+            "alertname": "FiccReplicaNotReady",
+            "eval_time": "20m",
+            "exp_alerts": [
+                replica_alert("0", "warning", not_ready.format(0)),
+                replica_alert("1", "warning", not_ready.format(1)),
+            ],
+        },
+        {
+            "alertname": "FiccReplicaDown",
+            "eval_time": "20m",
+            "exp_alerts": [
+                replica_alert(
+                    "2", "critical", "Replica 2 of chat on n1 is unknown", state="unknown"
+                )
+            ],
+        },
+        {
+            "alertname": "FiccServiceErrorRate",
+            "eval_time": "20m",
+            "exp_alerts": [
+                {
+                    "exp_labels": {"severity": "warning", "service": "svc_1", "alias": "chat"},
+                    "exp_annotations": {
+                        "summary": "More than 5% of requests to service chat fail",
+                        "description": "See `ficc usage --service chat --since 1h`, the access "
+                        "log and `ficc inference logs chat`.",
+                    },
+                }
+            ],
+        },
+        {
+            "alertname": "FiccQueueWait",
+            "eval_time": "20m",
+            "exp_alerts": [
+                {
+                    "exp_labels": {"severity": "warning", "service": "svc_1", "alias": "chat"},
+                    "exp_annotations": {
+                        "summary": "Requests to chat wait over 5 s for a replica slot (p95)"
+                    },
+                }
+            ],
+        },
+    ]
+    shutil.copy(RULES, tmp_path / RULES.name)
+    unit = {
+        "rule_files": [RULES.name],
+        "evaluation_interval": "1m",
+        "tests": [{"interval": "1m", "input_series": series, "alert_rule_test": tests}],
+    }
+    (tmp_path / "alerts-test.yml").write_text(json.dumps(unit))
+    checked = subprocess.run(
+        [_promtool(), "test", "rules", "alerts-test.yml"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
