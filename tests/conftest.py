@@ -215,7 +215,9 @@ def bearer(token: str) -> dict[str, str]:
 async def issue_token(
     service: Service, project: str = "default", scopes=ALL_SCOPES, **kwargs
 ) -> str:
-    """Create a credential directly through the auth service and return its token."""
+    """Create a credential directly through the auth service and return its token (named
+    ``test``, ``test-2``... unless named: names are unique among live credentials)."""
+    kwargs.setdefault("generated_name", "name" not in kwargs)
     _, token = await service.auth.create_credential(
         project, name=kwargs.pop("name", "test"), scopes=frozenset(scopes), **kwargs
     )

@@ -111,6 +111,7 @@ class GatewayEnv:
 
     async def token(self, service_id: str | None = None, **kwargs: Any) -> tuple[str, str]:
         """An invoke credential (bound to ``service_id`` when given): (credential id, token)."""
+        kwargs.setdefault("generated_name", "name" not in kwargs)  # names are unique
         record, token = await self.service.auth.create_credential(
             kwargs.pop("project", "default"),
             name=kwargs.pop("name", "invoke"),

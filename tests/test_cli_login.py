@@ -20,9 +20,10 @@ from click.testing import CliRunner, Result
 from ficc_core.cli import credentials
 from ficc_core.cli.main import cli
 
-from .serve_support import ServeProcess, make_data_dir
+from .serve_support import FICC, ServeProcess, make_data_dir
 
 NO_ENV = {"FICC_URL": None, "FICC_TOKEN": None, "FICC_DATA_DIR": None, "FICC_CONFIG": None}
+DAY = 86400
 
 
 async def ficc(*args: str, input: str | None = None) -> Result:
@@ -90,7 +91,9 @@ async def test_login_with_a_password_stores_a_private_credential_and_logout_revo
     assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
     stored = credentials.load()
     login = stored.servers[url]
-    assert stored.current == url and login.minted and login.session
+    assert stored.current == url and login.minted
+    # The session that minted it ended at once: nothing of it is kept.
+    assert login.session is None and login.csrf is None
 
     # Every client command now finds it: no --url, --token or environment.
     shown = await ok("whoami")
@@ -98,8 +101,9 @@ async def test_login_with_a_password_stores_a_private_credential_and_logout_revo
     assert str(path) in shown.stdout
     principal = await as_json("whoami")
     assert principal["id"] == login.credential_id and principal["user"]["username"] == "admin"
-    # Minted by a session: it lives no longer than the session does (session_lifetime 12 h).
-    assert principal["expires_at"] - (await trio.to_thread.run_sync(_now)) <= 12 * 3600 + 5
+    # It lives as long as --lifetime asks (30 days by default), not the 12 h session's.
+    left = principal["expires_at"] - await trio.to_thread.run_sync(_now)
+    assert 30 * DAY - 60 < left <= 30 * DAY
     assert (await as_json("inference", "list")) == {"services": []}
     assert (await as_json("models", "list")) == {"models": []}
 
@@ -239,3 +243,113 @@ def test_json_everywhere_without_a_server(tmp_path):
     # Human output by default: a table, not JSON.
     table = runner.invoke(cli, ["admin", "list-projects", "--data-dir", str(data)], env=NO_ENV)
     assert re.match(r"^ID\s+NAME\s+BAND\s+CREATED$", table.stdout.splitlines()[0])
+
+
+async def test_login_stores_the_lifetime_asked_for_capped_to_the_policy_and_says_so(server):
+    url, password = server["url"], server["password"] + "\n"
+    asked = await ok(
+        "login", url, "--username", "admin", "--password-stdin", "--lifetime", "20d", input=password
+    )
+    assert "capped" not in asked.stderr
+    first = credentials.load().servers[url]
+    assert first.expires_at - await trio.to_thread.run_sync(_now) > 20 * DAY - 60
+    assert await trio.to_thread.run_sync(whoami_status, url, first.token) == (200, "")
+
+    # Past token_max_lifetime (90 days by default) it is capped, and the login says so.
+    capped = await ok(
+        "login", url, "--username", "admin", "--password-stdin", "--lifetime", "400d",
+        "--name", "laptop", input=password,
+    )  # fmt: skip
+    assert "--lifetime 400d was capped to 90d" in capped.stderr
+    assert "token_max_lifetime" in capped.stderr
+    assert "a new credential laptop" in capped.stdout
+    second = credentials.load().servers[url]
+    left = second.expires_at - await trio.to_thread.run_sync(_now)
+    assert 90 * DAY - 60 < left <= 90 * DAY
+    # The login it replaced is revoked; the new one works with its session gone.
+    assert await trio.to_thread.run_sync(whoami_status, url, first.token) == (
+        401,
+        "credential_revoked",
+    )
+    assert await trio.to_thread.run_sync(whoami_status, url, second.token) == (200, "")
+    taken = await ficc(
+        "login", url, "--username", "admin", "--password-stdin", "--name", "laptop",
+        input=password,
+    )  # fmt: skip
+    assert taken.exit_code == 1 and "[credential_name_taken]" in taken.stderr
+
+
+async def test_login_reads_a_piped_password_quietly_without_password_stdin(server, tmp_path):
+    """Not a terminal (its own session: no controlling terminal): the password is read from
+    standard input, with no warning that it may be echoed."""
+    env = {**os.environ, "XDG_CONFIG_HOME": str(tmp_path / "xdg"), "PYTHONUNBUFFERED": "1"}
+    for name in ("FICC_URL", "FICC_TOKEN", "FICC_DATA_DIR", "FICC_CONFIG"):
+        env.pop(name, None)
+    with trio.fail_after(60):
+        done = await trio.run_process(
+            [*FICC, "login", server["url"], "--username", "admin"],
+            stdin=(server["password"] + "\n").encode(),
+            capture_stdout=True,
+            capture_stderr=True,
+            env=env,
+            check=False,
+            start_new_session=True,
+        )
+    out, err = done.stdout.decode(), done.stderr.decode()
+    assert done.returncode == 0, (out, err)
+    assert "logged in to" in out
+    assert "echo" not in err.lower() and "warning" not in err.lower(), err
+    # Nothing on standard input: a clear refusal naming --password-stdin, not a prompt.
+    with trio.fail_after(60):
+        empty = await trio.run_process(
+            [*FICC, "login", server["url"], "--username", "admin"],
+            stdin=b"",
+            capture_stdout=True,
+            capture_stderr=True,
+            env=env,
+            check=False,
+            start_new_session=True,
+        )
+    assert empty.returncode == 2, empty.stderr
+    assert "no password on standard input" in empty.stderr.decode()
+    assert "--password-stdin" in empty.stderr.decode()
+
+
+async def test_every_credential_option_takes_a_name(server):
+    url, admin, data = server["url"], server["token"], str(server["data"])
+    made = await as_json(
+        "admin", "create-token", "--project", "default", "--scope", "inference:invoke",
+        "--name", "batch-job", "--data-dir", data,
+    )  # fmt: skip
+    credential_id = made["credential"]["id"]
+    twice = await ficc(
+        "admin", "create-token", "--project", "default", "--scope", "inference:invoke",
+        "--name", "batch-job", "--data-dir", data,
+    )  # fmt: skip
+    assert twice.exit_code == 1 and "[credential_name_taken]" in twice.stderr
+    assert "'batch-job' exists already" in twice.stderr
+    # Without --name, a free default: cli, then cli-2.
+    names = [
+        (await as_json("admin", "create-token", "--project", "default", "--scope",
+                       "models:read", "--data-dir", data))["credential"]["name"]
+        for _ in range(2)
+    ]  # fmt: skip
+    assert names == ["cli", "cli-2"]
+
+    limited = await as_json(
+        "admin", "set-limits", "--token", "batch-job", "--rpm", "9", "--data-dir", data
+    )
+    assert (limited["id"], limited["limits"]["rpm"]) == (credential_id, 9)
+    shown = await as_json("admin", "show-limits", "--token", "batch-job", "--data-dir", data)
+    assert shown["id"] == credential_id
+    used = await as_json("usage", "--key", "batch-job", "--url", url, "--token", admin)
+    assert used["totals"]["requests"] == 0  # found (an unknown key is 404)
+    unknown = await ficc("usage", "--key", "no-such-key", "--url", url, "--token", admin)
+    assert unknown.exit_code == 1 and "[credential_not_found]" in unknown.stderr
+    revoked = await as_json("admin", "revoke-token", "batch-job", "--data-dir", data)
+    assert revoked["id"] == credential_id and revoked["revoked_at"] is not None
+    # The name is free again once revoked.
+    await as_json(
+        "admin", "create-token", "--project", "default", "--scope", "inference:invoke",
+        "--name", "batch-job", "--data-dir", data,
+    )  # fmt: skip

@@ -13,6 +13,7 @@ or a response of 400 or more that the test did not provoke (``PageWatch``). With
 from __future__ import annotations
 
 import re
+import time
 
 import httpx
 import pytest
@@ -388,3 +389,100 @@ async def test_an_administrator_approves_a_signup_and_a_member_sees_no_administr
         )
         assert dave["status"] == "active"
         assert sorted(dave["projects"][0]["scopes"]) == ["inference:read", "models:read"]
+
+
+def _application_keys(url: str) -> str:
+    """Alice sees the project's CLI-made key, makes a lasting application key (a taken
+    name and a lifetime past the server's longest are refused or capped on the page),
+    revokes the CLI-made one and logs out; returns the application key's token."""
+    from playwright.sync_api import expect
+
+    with chromium(chromium_or_skip()) as browser:
+        page, watch = open_page(browser, url)
+        log_in(page, *ALICE, "default")
+        leave_dashboard(page, "/ui/keys")
+        # Made elsewhere (the command line), listed with its scopes, expiry and last use.
+        cli_made = page.locator('#project-keys tr[data-key-name="ci-deploy"]')
+        expect(cli_made.locator("td.scopes")).to_have_text("inference:read")
+        expect(cli_made.locator("td.state")).to_have_text("active")
+        expect(cli_made.locator("td.last-used")).to_have_text("never")
+        expect(cli_made.locator("td").nth(3)).to_have_text(re.compile(r"^in \d+ d$"))
+
+        form = page.locator("#project-key-form")
+        form.get_by_label("Name", exact=True).fill("dashboard-app")
+        expect(form.get_by_label("Lifetime")).to_have_value("2592000")  # 30 days
+        form.get_by_label("inference:read").check()
+        form.get_by_label("inference:invoke").uncheck()
+        expect(form.get_by_label("End it when this session ends")).not_to_be_checked()
+        form.get_by_role("button", name="Create application key").click()
+        expect(page.locator("#issued-what")).to_contain_text('The application key "dashboard-app"')
+        expect(page.locator("#issued-capped")).to_be_hidden()
+        token = page.get_by_label("New key").input_value()
+        assert token.startswith("ficc_"), token
+        made = page.locator('#project-keys tr[data-key-name="dashboard-app"]')
+        expect(made.locator("td.scopes")).to_have_text("inference:read")
+        expect(made.locator("td").nth(3)).to_have_text("in 30 d")
+
+        # A taken name is refused, and the page says so.
+        form.get_by_label("Name", exact=True).fill("dashboard-app")
+        with watch.provoking(409, r"/api/v1/tokens$"):
+            form.get_by_role("button", name="Create application key").click()
+            expect(page.locator("#problem")).to_contain_text(
+                "Could not create the key: a credential called 'dashboard-app' exists already"
+            )
+        # Past token_max_lifetime (60 days here) it is capped, and the page says so.
+        form.get_by_label("Name", exact=True).fill("yearly")
+        form.get_by_label("Lifetime").select_option(label="1 year")
+        form.get_by_role("button", name="Create application key").click()
+        expect(page.locator("#issued-what")).to_contain_text('"yearly"')
+        expect(page.locator("#issued-capped")).to_have_text(
+            "Its lifetime was shortened to 60 d: the server's longest lifetime "
+            "(token_max_lifetime) is shorter."
+        )
+
+        # Revoked from the console, though made elsewhere.
+        cli_made.get_by_role("button", name="Revoke ci-deploy").click()
+        page.get_by_role("dialog", name="Revoke this key?").get_by_role(
+            "button", name="Revoke", exact=True
+        ).click()
+        expect(cli_made.locator("td.state")).to_have_text("revoked")
+        # At phone width nothing overflows: the scopes and the form wrap.
+        page.set_viewport_size({"width": 390, "height": 844})
+        assert fits_width(page)
+        page.set_viewport_size({"width": 1280, "height": 900})
+
+        page.get_by_role("button", name="Log out").click()
+        page.wait_for_url(re.compile(r"/$"))
+        watch.check()
+    return token
+
+
+async def test_an_application_key_made_in_the_console_outlives_the_logout(tmp_path):
+    chromium_or_skip()
+    async with open_inference_controller(
+        tmp_path, embedded=False, console_refresh=60, token_max_lifetime="60d"
+    ) as controller:
+        await controller.ok(
+            "POST",
+            "/api/v1/users",
+            status=201,
+            json={
+                "username": ALICE[0],
+                "password": ALICE[1],
+                "projects": {"default": MEMBER_SCOPES},
+            },
+        )
+        cli_made = await controller.ok(
+            "POST",
+            "/api/v1/tokens",
+            status=201,
+            json={"name": "ci-deploy", "scopes": ["inference:read"]},
+        )
+        token = await trio.to_thread.run_sync(_application_keys, controller.url)
+        # Logged out: the application key still works, the revoked one does not.
+        mine = await controller.call("GET", "/api/v1/whoami", token=token)
+        assert mine.status_code == 200, mine.text
+        assert mine.json()["scopes"] == ["inference:read"]
+        assert mine.json()["expires_at"] - time.time() > 29 * 86400
+        gone = await controller.call("GET", "/api/v1/whoami", token=cli_made["token"])
+        assert gone.json()["error"]["code"] == "credential_revoked"

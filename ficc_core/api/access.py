@@ -169,7 +169,7 @@ ROUTES: dict[str, Route] = {
         "GET",
         "/api/v1/tokens/{id}/limits",
         needs(s.TOKENS_MANAGE),
-        "a credential's limits and use; another project's is 404",
+        "a credential's limits and use (by ID or name); another project's is 404",
     ),
     "tokens_set_limits": Route(
         "PUT",
@@ -216,7 +216,7 @@ ROUTES: dict[str, Route] = {
         "DELETE",
         "/api/v1/me/tokens/{id}",
         AUTHENTICATED,
-        "revoke one of the caller's personal keys (another's is 404)",
+        "revoke one of the caller's personal keys, by ID or name (another's is 404)",
         "a person (not a personal key)",
     ),
     # project credentials
@@ -230,22 +230,24 @@ ROUTES: dict[str, Route] = {
         "POST",
         "/api/v1/tokens",
         needs(s.TOKENS_MANAGE),
-        "`{name, scopes, lifetime?, band?}` (seconds; capped, see "
+        "`{name, scopes, lifetime?, band?, lasting?}` (seconds; capped, see "
         "[lifetimes](#lifetimes-and-issuers); a band not above yours, see "
-        "[bands](#priority-bands)) → 201 `{credential, token}`",
+        "[bands](#priority-bands); `lasting`: a session's key that outlives it) → 201 "
+        "`{credential, token}`; a name a live credential of the project has is 409 "
+        "`credential_name_taken`",
     ),
     "tokens_get": Route(
         "GET",
         "/api/v1/tokens/{id}",
         needs(s.TOKENS_MANAGE),
-        "one credential; another project's is 404",
+        "one credential, by ID or name; another project's is 404",
     ),
     "tokens_revoke": Route(
         "DELETE",
         "/api/v1/tokens/{id}",
         needs(s.TOKENS_MANAGE),
-        "revoke it and what it minted (`also_revoked`); effective on the next request "
-        "(and on streams in flight)",
+        "revoke it (by ID or name) and what it minted (`also_revoked`); effective on the "
+        "next request (and on streams in flight)",
     ),
     # the model registry
     "models_list": Route(
@@ -445,7 +447,7 @@ ROUTES: dict[str, Route] = {
         "DELETE",
         "/api/v1/inference/{id}/tokens/{token_id}",
         needs(s.INFERENCE_MANAGE, s.TOKENS_MANAGE),
-        "revoke; in-flight requests end too",
+        "revoke (`token_id`: its ID or name); in-flight requests end too",
     ),
     "inference_shares_get": Route(
         "GET",

@@ -20,12 +20,14 @@ if TYPE_CHECKING:
 @attrs.frozen
 class TokenBody:
     """``POST /api/v1/tokens``: a named credential with scopes, an optional lifetime (s)
-    and an optional priority band."""
+    and an optional priority band; ``lasting`` (a browser session's key only) outlives
+    the session that makes it."""
 
     name: str = attrs.field(validator=name_validator)
     scopes: list[str]
     lifetime: float | None = attrs.field(default=None, validator=lifetime_validator)
     band: str | None = attrs.field(default=None, validator=band_validator)
+    lasting: bool = False
 
 
 def register(app: QuartTrio, service: Service) -> None:
@@ -55,9 +57,11 @@ def register(app: QuartTrio, service: Service) -> None:
             lifetime=body.lifetime,
             issuer=principal,
             band=body.band,
+            lasting=body.lasting,
         )
         return jsonify(issued_view(credential, token)), 201
 
+    # ``token_id`` is the credential's ID or its name (unique among the live ones).
     @app.get("/api/v1/tokens/<token_id>", endpoint="tokens_get")
     async def tokens_get(token_id: str) -> Response:
         credential = await service.auth.get_credential(

@@ -69,6 +69,7 @@ def credential_view(credential: Credential) -> dict[str, Any]:
         "service_id": credential.service_id,
         "issuer_id": credential.issuer_id,
         "band": credential.band,
+        "last_used_at": credential.last_used_at,
     }
     if credential.capped is not None:
         view["capped"] = _cap_view(credential.capped)

@@ -11,22 +11,81 @@ import math
 from collections.abc import Callable
 
 from ..bands import BandTable
-from ..errors import Forbidden, InvalidRequest, NotFound, Unauthenticated
+from ..errors import Conflict, Forbidden, InvalidRequest, NotFound, Unauthenticated
 from ..store import Store, Transaction
 from . import repository
 from . import secrets as sec
 from .authority import Authority
-from .principal import Principal
+from .principal import Principal, PrincipalKind
 from .records import PERSONAL_PROJECT, CapReason, Credential, LifetimeCap, Revocation
 from .scopes import ADMIN, INFERENCE_INVOKE, check_scopes
+
+#: The longest credential name (as ``name_validator`` admits).
+NAME_MAX = 64
 
 
 def _not_found(credential_id: str) -> NotFound:
     return NotFound(
-        f"no credential {credential_id!r} in this project",
+        f"no credential {credential_id!r} in this project (give its ID or its name)",
         code="credential_not_found",
         details={"id": credential_id},
     )
+
+
+def _live(credential: Credential, now: float) -> bool:
+    return credential.revoked_at is None and (
+        credential.expires_at is None or credential.expires_at > now
+    )
+
+
+def resolve(
+    tx: Transaction,
+    ref: str,
+    now: float,
+    *,
+    project_id: str | None,
+    user_id: str | None = None,
+    visible: Callable[[Credential], bool] = lambda _c: True,
+) -> Credential | None:
+    """The credential ``ref`` names: its ID, else its name (of ``project_id`` and
+    ``user_id`` when given; only those ``visible``). A name is unique among the live
+    credentials of a project, so it names the live one; else the newest that had it.
+    Across projects (``project_id`` None) a name live in several is
+    ``ambiguous_credential_name``, listing them."""
+
+    def fits(credential: Credential) -> bool:
+        return (
+            (project_id is None or credential.project_id == project_id)
+            and (user_id is None or credential.user_id == user_id)
+            and visible(credential)
+        )
+
+    found = repository.find_credential(tx, ref)
+    if found is not None and fits(found):
+        return found
+    named = [c for c in repository.credentials_named(tx, ref, project_id, user_id) if fits(c)]
+    pool = [c for c in named if _live(c, now)] or named
+    if len({c.project_id for c in pool}) > 1:
+        raise Conflict(
+            f"{len(pool)} credentials of different projects are called {ref!r}: "
+            f"{', '.join(f'{c.id} (project {c.project_id})' for c in pool)}; give the ID",
+            code="ambiguous_credential_name",
+            details={
+                "name": ref,
+                "candidates": [{"id": c.id, "project_id": c.project_id} for c in pool],
+            },
+        )
+    return pool[0] if pool else None
+
+
+def _free_name(tx: Transaction, project_id: str, name: str, user_id: str | None, now: float) -> str:
+    """``name``, or the first of ``name-2``, ``name-3``... no live credential has."""
+    candidate, number = name, 1
+    while repository.name_holder(tx, project_id, candidate, user_id, now) is not None:
+        number += 1
+        suffix = f"-{number}"
+        candidate = name[: NAME_MAX - len(suffix)] + suffix
+    return candidate
 
 
 def credential_expiry(
@@ -100,6 +159,8 @@ class Credentials:
         service_id: str | None = None,
         band: str | None = None,
         personal: bool = False,
+        lasting: bool = False,
+        generated_name: bool = False,
     ) -> tuple[Credential, str]:
         """Create a credential; return it and the token, which is shown only once.
 
@@ -116,6 +177,16 @@ class Credentials:
         ``band`` is its priority band (None: its project's): one of the configured
         bands, and not above the issuer's own unless the issuer holds ``admin``
         (``band_escalation``).
+
+        ``name`` is unique among the project's live credentials (a person's own, for
+        personal keys): a taken one is 409 ``credential_name_taken``, unless
+        ``generated_name`` (a default the caller chose), which takes the first free
+        of ``name-2``, ``name-3``...
+
+        ``lasting`` makes a browser session's key outlive it: not recorded as minted by
+        the session (logging out does not revoke it) and not capped at the session's
+        expiry, only at ``token_max_lifetime``. A key minted by a bearer credential
+        always ends with it (``lasting`` is refused: 400 ``lasting_needs_session``).
 
         ``personal`` mints a person's personal key (``project_ref`` is ignored): in the
         reserved personal project, for ``user_id``, holding ``inference:invoke`` only:
@@ -140,25 +211,45 @@ class Credentials:
                     details={"scopes": beyond},
                 )
         check_band(self.bands, band, issuer)
+        if lasting and (issuer is None or issuer.kind != PrincipalKind.SESSION):
+            raise InvalidRequest(
+                "lasting applies to keys made in a browser session; a key minted by a bearer "
+                "credential always ends with it (omit lasting)",
+                code="lasting_needs_session",
+                details={"errors": [{"path": "$.lasting", "message": "needs a session"}]},
+            )
+        # What the new credential is bound to: revoked with it and expiring no later.
+        bound = None if lasting else issuer
         credential_id, secret, now = sec.new_id(), sec.new_secret(), self.clock()
-        expires_at, capped = credential_expiry(lifetime, issuer, now, self.token_max_lifetime)
+        expires_at, capped = credential_expiry(lifetime, bound, now, self.token_max_lifetime)
 
         def insert(tx: Transaction) -> Credential:
             if personal:
                 repository.ensure_personal_project(tx)
+            project_id = (
+                PERSONAL_PROJECT if personal else repository.require_project(tx, project_ref).id
+            )
+            chosen = name
+            if generated_name:
+                chosen = _free_name(tx, project_id, name, user_id, now)
+            elif (held := repository.name_holder(tx, project_id, name, user_id, now)) is not None:
+                raise Conflict(
+                    f"a credential called {name!r} exists already ({held.id}): choose another "
+                    "name, or revoke that one first",
+                    code="credential_name_taken",
+                    details={"name": name, "id": held.id},
+                )
             credential = Credential(
                 id=credential_id,
-                name=name,
-                project_id=PERSONAL_PROJECT
-                if personal
-                else repository.require_project(tx, project_ref).id,
+                name=chosen,
+                project_id=project_id,
                 user_id=user_id,
                 scopes=tuple(sorted(scopes)),
                 created_at=now,
                 expires_at=expires_at,
                 revoked_at=None,
                 service_id=service_id,
-                issuer_id=None if issuer is None else issuer.id,
+                issuer_id=None if bound is None else bound.id,
                 capped=capped,
                 band=band,
             )
@@ -176,13 +267,17 @@ class Credentials:
     async def get(
         self, project_id: str, credential_id: str, *, installation: bool = True
     ) -> Credential:
-        """One credential of the project; without ``installation``, not one holding ``admin``."""
-        credential = await self.store.read(lambda tx: repository.find_credential(tx, credential_id))
-        if (
-            credential is None
-            or credential.project_id != project_id
-            or not (installation or not credential.installation_level)
-        ):
+        """One credential of the project by ID or name; without ``installation``, not one
+        holding ``admin``."""
+        now = self.clock()
+
+        def visible(credential: Credential) -> bool:
+            return installation or not credential.installation_level
+
+        credential = await self.store.read(
+            lambda tx: resolve(tx, credential_id, now, project_id=project_id, visible=visible)
+        )
+        if credential is None:
             raise _not_found(credential_id)
         return credential
 
@@ -198,26 +293,26 @@ class Credentials:
         installation: bool = True,
         user_id: str | None = None,
     ) -> Revocation:
-        """Revoke a credential and what it minted, transitively, in one transaction
-        (with ``user_id``: only one of that user's)."""
+        """Revoke a credential (its ID or name) and what it minted, transitively, in one
+        transaction (with ``user_id``: only one of that user's)."""
         now = self.clock()
 
+        def visible(credential: Credential) -> bool:
+            return installation or not credential.installation_level
+
         def write(tx: Transaction) -> Revocation:
-            found = repository.find_credential(tx, credential_id)
-            if (
-                found is None
-                or (project_id is not None and found.project_id != project_id)
-                or (user_id is not None and found.user_id != user_id)
-                or not (installation or not found.installation_level)
-            ):
+            found = resolve(
+                tx, credential_id, now, project_id=project_id, user_id=user_id, visible=visible
+            )
+            if found is None:
                 raise _not_found(credential_id)
-            minted = repository.minted_by(tx, credential_id)
-            repository.revoke(tx, [credential_id, *minted], now)
-            revoked = repository.find_credential(tx, credential_id)
+            minted = repository.minted_by(tx, found.id)
+            repository.revoke(tx, [found.id, *minted], now)
+            revoked = repository.find_credential(tx, found.id)
             assert revoked is not None
             return Revocation(credential=revoked, also_revoked=tuple(minted))
 
         revocation = await self.store.write(write)
-        for revoked in (credential_id, *revocation.also_revoked):
+        for revoked in (revocation.credential.id, *revocation.also_revoked):
             self.authority.mark_revoked(revoked)
         return revocation

@@ -100,6 +100,9 @@ class Credential:
     capped: LifetimeCap | None = None
     #: Its priority band (None: its project's band, else ``band_default``).
     band: str | None = None
+    #: When a request made with it last finished, as usage records it (listings only;
+    #: None: none recorded, or not read).
+    last_used_at: float | None = None
 
     @property
     def installation_level(self) -> bool:

@@ -223,6 +223,7 @@ _CREDENTIAL_COLUMNS = (
 
 def _credential(row: dict[str, Any]) -> Credential:
     return Credential(
+        last_used_at=row.get("last_used_at"),
         id=row["id"],
         name=row["name"],
         project_id=row["project_id"],
@@ -268,13 +269,50 @@ def find_credential(tx: Transaction, credential_id: str) -> Credential | None:
 
 
 def list_credentials(tx: Transaction, project_id: str) -> list[Credential]:
-    """The project's credentials, oldest first."""
+    """The project's credentials, oldest first, with when each was last used."""
     rows = tx.fetch_all(
-        f"SELECT {_CREDENTIAL_COLUMNS} FROM credentials c WHERE c.project_id = ?"
+        f"SELECT {_CREDENTIAL_COLUMNS}, (SELECT MAX(u.finished_at) FROM inference_usage u"
+        " WHERE u.credential_id = c.id) AS last_used_at"
+        " FROM credentials c WHERE c.project_id = ?"
         " ORDER BY c.created_at, c.id",
         (project_id,),
     )
     return [_credential(row) for row in rows]
+
+
+def credentials_named(
+    tx: Transaction, name: str, project_id: str | None, user_id: str | None = None
+) -> list[Credential]:
+    """The credentials called ``name`` (of ``project_id`` and ``user_id`` when given),
+    those not revoked first, then newest first."""
+    sql = f"SELECT {_CREDENTIAL_COLUMNS} FROM credentials c WHERE c.name = ?"
+    args: list[Any] = [name]
+    if project_id is not None:
+        sql += " AND c.project_id = ?"
+        args.append(project_id)
+    if user_id is not None:
+        sql += " AND c.user_id = ?"
+        args.append(user_id)
+    sql += " ORDER BY CASE WHEN c.revoked_at IS NULL THEN 0 ELSE 1 END, c.created_at DESC, c.id"
+    return [_credential(row) for row in tx.fetch_all(sql, args)]
+
+
+def name_holder(
+    tx: Transaction, project_id: str, name: str, user_id: str | None, now: float
+) -> Credential | None:
+    """The live credential (neither revoked nor expired) of the project called ``name``;
+    in the personal project, only ``user_id``'s (each person's names are their own)."""
+    holders = credentials_named(
+        tx, name, project_id, user_id if project_id == PERSONAL_PROJECT else None
+    )
+    return next(
+        (
+            c
+            for c in holders
+            if c.revoked_at is None and (c.expires_at is None or c.expires_at > now)
+        ),
+        None,
+    )
 
 
 def list_personal_credentials(tx: Transaction, user_id: str) -> list[Credential]:

@@ -140,7 +140,11 @@ class AuthService:
             "admin", password, admin=True, projects={project.id: frozenset(PROJECT_SCOPES)}
         )
         credential, token = await self.create_credential(
-            project.id, name="bootstrap", scopes=frozenset(ALL_SCOPES), user_id=user.id
+            project.id,
+            name="bootstrap",
+            scopes=frozenset(ALL_SCOPES),
+            user_id=user.id,
+            generated_name=True,
         )
         return {
             "project": project.name,

@@ -161,7 +161,11 @@ def create_user(
 
 @admin.command("create-token")
 @click.option("--project", required=True, help="Project (name or id) the credential belongs to.")
-@click.option("--name", default="cli", show_default=True, help="A label for the credential.")
+@click.option(
+    "--name",
+    help="Its name, unique among the project's live credentials [default: cli, or cli-2, "
+    "cli-3... when taken].",
+)
 @click.option(
     "--scope",
     "scopes",
@@ -181,7 +185,7 @@ def create_user(
 def create_token(
     ctx: click.Context,
     project: str,
-    name: str,
+    name: str | None,
     scopes: tuple[str, ...],
     all_scopes: bool,
     expires_in: str | None,
@@ -202,7 +206,12 @@ def create_token(
     record, token = _admin(
         ctx,
         lambda s: s.auth.create_credential(
-            project, name=name, scopes=granted, lifetime=lifetime, band=band
+            project,
+            name=name or "cli",
+            generated_name=name is None,
+            scopes=granted,
+            lifetime=lifetime,
+            band=band,
         ),
     )
 
@@ -249,12 +258,24 @@ def list_tokens(ctx: click.Context, project: str, as_json: bool) -> None:
 
 
 @admin.command("revoke-token")
-@click.argument("credential_id")
+@click.argument("credential_id", metavar="CREDENTIAL")
+@click.option("--project", help="The project whose credential CREDENTIAL names (name or id).")
 @json_option
 @click.pass_context
-def revoke_token(ctx: click.Context, credential_id: str, as_json: bool) -> None:
-    """Revoke the credential CREDENTIAL_ID (and what it minted)."""
-    revocation = _admin(ctx, lambda s: s.auth.revoke_credential(None, credential_id))
+def revoke_token(
+    ctx: click.Context, credential_id: str, project: str | None, as_json: bool
+) -> None:
+    """Revoke the credential CREDENTIAL, its ID or name (and what it minted).
+
+    A name is unique among a project's live credentials; one that several projects
+    use needs --project (or the ID).
+    """
+
+    async def revoke(service: Service) -> Any:
+        project_id = None if project is None else (await service.auth.get_project(project)).id
+        return await service.auth.revoke_credential(project_id, credential_id)
+
+    revocation = _admin(ctx, revoke)
 
     def human(view: dict[str, Any]) -> None:
         also = f"; also revoked {', '.join(view['also_revoked'])}" if view["also_revoked"] else ""

@@ -16,7 +16,7 @@ from .output import echo_fields, emit, json_option
 _SCOPE_OPTIONS = (
     click.option("--project", help="A project (name or id)."),
     click.option("--user", help="A person (id or username): all their keys."),
-    click.option("--token", help="A credential (its id)."),
+    click.option("--token", help="A credential (its ID or name)."),
 )
 
 

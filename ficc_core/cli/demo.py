@@ -377,6 +377,7 @@ async def _run_demo(service: Service, base_url: str) -> str:
     credential, operator = await service.auth.create_credential(
         "default",
         name="demo-operator",
+        generated_name=True,  # a rerun's, beside the last one's (names are unique)
         scopes=frozenset(PROJECT_SCOPES),
         lifetime=DEMO_TOKEN_LIFETIME,
     )

@@ -2,19 +2,20 @@
 
 ``ficc login URL`` mints a bearer credential for the command line and stores it
 (:mod:`.credentials`); every client command then finds it when neither ``--token``
-nor ``FICC_TOKEN`` is given. With ``--username`` the credential is minted by a
-session opened with the user's password (``POST /api/v1/session``), so it carries
-the user's scopes in the project and lives at most as long as that session
-(``session_lifetime``); with ``--token T`` it is minted by ``T`` (and expires with
-it), or ``T`` itself is stored when it may not mint (no ``tokens:manage``).
-``ficc logout`` revokes what login minted and forgets it; a token you gave is
-forgotten, never revoked.
+nor ``FICC_TOKEN`` is given. With ``--username`` a session opened with the user's
+password (``POST /api/v1/session``) mints a *lasting* credential (``lasting``: it
+outlives the session, which login ends at once) carrying the user's scopes in the
+project and living ``--lifetime`` (capped at ``token_max_lifetime``, and said so);
+with ``--token T`` it is minted by ``T`` (and expires with it), or ``T`` itself is
+stored when it may not mint (no ``tokens:manage``). ``ficc logout`` revokes what
+login minted and forgets it; a token you gave is forgotten, never revoked.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import secrets
 import socket
 import sys
 from typing import Any
@@ -40,9 +41,25 @@ def _credential_name() -> str:
     return f"ficc-login-{host}"[:64]
 
 
-def _mint(client: ApiClient, scopes: list[str], lifetime: float) -> dict[str, Any]:
-    body = {"name": _credential_name(), "scopes": scopes, "lifetime": lifetime}
-    return client.json("POST", "/api/v1/tokens", json=body)
+def _mint(
+    client: ApiClient, scopes: list[str], lifetime: float, name: str | None, *, lasting: bool
+) -> dict[str, Any]:
+    """Mint the command line's credential called ``name``; with no name given, the
+    host's default, or (a live one of this host has it, as a login elsewhere made it)
+    that name with a random suffix."""
+    body: dict[str, Any] = {"scopes": scopes, "lifetime": lifetime}
+    if lasting:
+        body["lasting"] = True
+    try:
+        return client.json(
+            "POST", "/api/v1/tokens", json={**body, "name": name or _credential_name()}
+        )
+    except ApiError as exc:
+        if name is not None or exc.code != "credential_name_taken":
+            raise
+    suffix = f"-{secrets.token_hex(3)}"
+    unique = _credential_name()[: 64 - len(suffix)] + suffix
+    return client.json("POST", "/api/v1/tokens", json={**body, "name": unique})
 
 
 def _session_client(url: str, session: str, csrf: str) -> ApiClient:
@@ -52,8 +69,9 @@ def _session_client(url: str, session: str, csrf: str) -> ApiClient:
 
 
 def _password_login(
-    url: str, username: str, password: str, project: str, lifetime: float
+    url: str, username: str, password: str, project: str, lifetime: float, name: str | None
 ) -> tuple[dict[str, Any], credentials.Login]:
+    """Open a session with the password, mint a lasting credential with it, end it."""
     answer = ApiClient(url, None, headers={}).call(
         "POST",
         "/api/v1/session",
@@ -65,9 +83,8 @@ def _password_login(
         raise click.ClickException(f"{url} answered the login without a session cookie")
     opened = _session_client(url, session, csrf)
     try:
-        issued = _mint(opened, principal["scopes"], lifetime)
+        issued = _mint(opened, principal["scopes"], lifetime, name, lasting=True)
     except ApiError as exc:
-        opened.call("DELETE", "/api/v1/session")
         if exc.code == "missing_scope":
             raise click.ClickException(
                 f"user {username!r} lacks tokens:manage in project {project!r}, which login "
@@ -75,6 +92,12 @@ def _password_login(
                 "log in with --token [missing_scope]"
             ) from None
         raise
+    finally:
+        # The credential outlives the session (lasting): nothing more needs it.
+        try:
+            opened.call("DELETE", "/api/v1/session")
+        except click.ClickException:
+            pass  # it expires by itself
     credential = issued["credential"]
     return issued, credentials.Login(
         token=issued["token"],
@@ -83,17 +106,17 @@ def _password_login(
         project=principal["project"]["name"],
         username=username,
         expires_at=credential["expires_at"],
-        session=session,
-        csrf=csrf,
     )
 
 
-def _token_login(url: str, token: str, lifetime: float) -> tuple[dict[str, Any] | None, Any]:
+def _token_login(
+    url: str, token: str, lifetime: float, name: str | None
+) -> tuple[dict[str, Any] | None, Any]:
     client = ApiClient(url, token)
     principal = client.json("GET", "/api/v1/whoami")
     user = principal.get("user") or {}
     if "tokens:manage" in principal["scopes"] and principal.get("service_id") is None:
-        issued = _mint(client, principal["scopes"], lifetime)
+        issued = _mint(client, principal["scopes"], lifetime, name, lasting=False)
         token, credential_id = issued["token"], issued["credential"]["id"]
         expires_at = issued["credential"]["expires_at"]
     else:
@@ -134,11 +157,50 @@ def _end(url: str, login: credentials.Login) -> bool:
     return revoked
 
 
+def _password(from_stdin: bool) -> str:
+    """The password: asked for without echo on a terminal, else standard input's first line."""
+    if not from_stdin and sys.stdin.isatty():
+        return click.prompt("Password", hide_input=True, err=True)
+    password = sys.stdin.readline().rstrip("\r\n")
+    if not password:
+        raise click.UsageError(
+            "no password on standard input: pipe it (printf '%s\\n' \"$PASSWORD\" | ficc login "
+            "--username NAME --password-stdin), or run ficc login in a terminal to be asked"
+        )
+    return password
+
+
+def _span(seconds: float) -> str:
+    """A lifetime in the largest whole unit: 90d, 12h, 15m, 40s."""
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.3g}{unit}"
+    return f"{seconds:.0f}s"
+
+
+def _capped(capped: dict[str, Any], asked: str) -> str:
+    """Why the credential lives less than asked, and what to do about it."""
+    granted = _span(capped["granted"])
+    if capped["by"] == "token_max_lifetime":
+        return (
+            f"note: --lifetime {asked} was capped to {granted}, the longest this server "
+            "grants (its token_max_lifetime setting); log in again before it expires"
+        )
+    return (
+        f"note: --lifetime {asked} was capped to {granted}, when the token that minted it "
+        "expires (a credential never outlives what minted it)"
+    )
+
+
 @click.command("login")
 @click.argument("url", required=False)
 @click.option("--token", "token", help="Log in with this bearer credential.")
 @click.option("--username", help="Log in as this user (the password is asked for).")
-@click.option("--password-stdin", is_flag=True, help="Read the password from standard input.")
+@click.option(
+    "--password-stdin",
+    is_flag=True,
+    help="Read the password from standard input (as when it is not a terminal).",
+)
 @click.option(
     "--project", default="default", show_default=True, help="The project to work in (--username)."
 )
@@ -146,8 +208,12 @@ def _end(url: str, login: credentials.Login) -> bool:
     "--lifetime",
     default="30d",
     show_default=True,
-    help="How long the minted credential lives; capped by token_max_lifetime and by what "
-    "mints it (the session's or the token's own expiry).",
+    help="How long the minted credential lives; capped by token_max_lifetime (and, with "
+    "--token, by that token's own expiry), and said so.",
+)
+@click.option(
+    "--name",
+    help="The minted credential's name, unique in the project [default: ficc-login-HOST].",
 )
 @json_option
 @click.pass_context
@@ -159,14 +225,16 @@ def login(
     password_stdin: bool,
     project: str,
     lifetime: str,
+    name: str | None,
     as_json: bool,
 ) -> None:
     """Log in to the controller at URL and store a credential for every later command.
 
-    With --username (asked for when neither it nor --token is given) a session is
-    opened with the password and mints the credential with the user's scopes in
-    --project; it lives as long as that session at most. With --token the token
-    mints it (or is stored itself when it holds no tokens:manage). The file is
+    With --username (asked for when neither it nor --token is given) the password
+    opens a session that mints the credential with the user's scopes in --project
+    and --lifetime, then ends: the credential outlives it. The password is asked for
+    without echo on a terminal, else read from standard input. With --token the
+    token mints it (or is stored itself when it holds no tokens:manage). The file is
     $XDG_CONFIG_HOME/ficc/credentials.toml (~/.config/ficc/...), mode 0600.
     """
     target = _target(ctx, url)
@@ -178,13 +246,10 @@ def login(
         raise click.UsageError("give --token, or --username with a password, not both")
     if token is None:
         username = username or click.prompt("Username", default="admin", err=True)
-        if password_stdin:
-            password = sys.stdin.readline().rstrip("\n")
-        else:
-            password = click.prompt("Password", hide_input=True, err=True)
-        issued, stored = _password_login(target, username, password, project, seconds)
+        password = _password(password_stdin)
+        issued, stored = _password_login(target, username, password, project, seconds, name)
     else:
-        issued, stored = _token_login(target, token, seconds)
+        issued, stored = _token_login(target, token, seconds, name)
     previous = credentials.load().servers.get(target)
     if previous is not None and previous.credential_id != stored.credential_id:
         _end(target, previous)
@@ -201,13 +266,15 @@ def login(
     def human(_: Any) -> None:
         who = stored.username or principal["id"]
         click.echo(f"logged in to {target} as {who} in project {stored.project}")
-        capped = (issued or {}).get("credential", {}).get("capped")
-        note = f" (capped by {capped['by'].replace('_', ' ')})" if capped else ""
-        kind = "a new credential" if stored.minted else "the token you gave"
-        click.echo(
-            f"stored {kind} {stored.credential_id} in {path}, expires "
-            f"{when(stored.expires_at)}{note}"
+        credential = (issued or {}).get("credential") or {}
+        kind = (
+            f"a new credential {credential.get('name')}" if stored.minted else "the token you gave"
         )
+        click.echo(
+            f"stored {kind} ({stored.credential_id}) in {path}, expires {when(stored.expires_at)}"
+        )
+        if credential.get("capped"):
+            hint(_capped(credential["capped"], lifetime))
 
     emit(document, as_json, human)
     hint("next: 'ficc whoami'; 'ficc models add FILE'; 'ficc logout' ends it")

@@ -77,3 +77,28 @@ def resolve(client: ApiClient, kind: str, name_or_id: str) -> str:
 
 def _prefix(identifier: str, text: str) -> bool:
     return len(text) >= _MIN_PREFIX and identifier.startswith(text)
+
+
+def resolve_credential(client: ApiClient, name_or_id: str) -> str:
+    """The ID of the project's credential called ``name_or_id`` (its ID or its name).
+
+    For the routes that take only an ID (a usage filter); the credential routes take a
+    name themselves. A name is unique among the project's live credentials: the live
+    one it names, else the newest that had it. A credential that may not list the
+    project's credentials (no ``tokens:manage``) gets ``name_or_id`` back as it is, so
+    the API's own refusal names it.
+    """
+    try:
+        items = client.json("GET", "/api/v1/tokens")["tokens"]
+    except ApiError as exc:
+        if exc.code != "missing_scope":
+            raise
+        return name_or_id
+    if any(item["id"] == name_or_id for item in items):
+        return name_or_id
+    named = sorted(
+        (item for item in items if item.get("name") == name_or_id),
+        key=lambda item: (item.get("revoked_at") is None, item.get("created_at") or 0),
+        reverse=True,
+    )
+    return named[0]["id"] if named else name_or_id

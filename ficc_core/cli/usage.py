@@ -21,6 +21,7 @@ from ..config import parse_duration
 from ..prices import units_text
 from .client import client_from
 from .output import echo_table, emit, json_option, when
+from .resolve import resolve_credential
 
 GROUPS = ("service", "key", "person", "project", "model")
 
@@ -130,7 +131,7 @@ def echo_report(report: dict[str, Any]) -> None:
 
 @click.command("usage")
 @click.option("--service", help="Only this service (ID or alias).")
-@click.option("--key", help="Only this credential (ID).")
+@click.option("--key", help="Only this credential (ID or name).")
 @click.option("--person", help="Only this person (user ID or username).")
 @click.option("--project", help="Only this project (ID or name).")
 @click.option("--model", help="Only this model (ID or name).")
@@ -153,11 +154,14 @@ def echo_report(report: dict[str, Any]) -> None:
 def usage(ctx: click.Context, group_by: tuple[str, ...], as_json: bool, **filters: Any) -> None:
     """Show what inference requests used: requests, errors by code, tokens, spend, latency."""
     params = {name: value for name, value in filters.items() if value is not None}
+    client = client_from(ctx)
+    if "key" in params:
+        params["key"] = resolve_credential(client, params["key"])
     groups = [part.strip() for value in group_by for part in value.split(",") if part.strip()]
     for name in groups:
         if name not in GROUPS:
             raise click.BadParameter(f"expected one of {', '.join(GROUPS)}", param_hint="--by")
     if groups:
         params["group_by"] = ",".join(groups)
-    report = client_from(ctx).json("GET", "/api/v1/usage", params=params)
+    report = client.json("GET", "/api/v1/usage", params=params)
     emit(report, as_json, echo_report)

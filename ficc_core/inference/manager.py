@@ -520,6 +520,7 @@ class InferenceManager:
         return await self.auth.create_credential(
             principal.project_id,
             name=name or f"invoke-{detail.service.alias}"[:64],
+            generated_name=not name,
             scopes=frozenset({"inference:invoke"}),
             user_id=principal.user_id,
             lifetime=lifetime,
@@ -540,12 +541,17 @@ class InferenceManager:
     async def revoke_token(
         self, principal: Principal, service_id: str, token_id: str
     ) -> Revocation:
-        """Revoke one of this service's invoke credentials (in-flight requests end too)."""
-        tokens = {t.id for t in await self.list_tokens(principal, service_id)}
-        if token_id not in tokens:
+        """Revoke one of this service's invoke credentials, by ID or name (in-flight
+        requests end too)."""
+        await self.get(principal.project_id, service_id)
+        try:
+            found = await self.auth.get_credential(principal.project_id, token_id)
+        except NotFound:
+            found = None
+        if found is None or found.service_id != service_id:
             raise NotFound(
                 f"no invoke credential {token_id!r} for service {service_id!r}",
                 code="credential_not_found",
                 details={"id": token_id},
             )
-        return await self.auth.revoke_credential(principal.project_id, token_id)
+        return await self.auth.revoke_credential(principal.project_id, found.id)

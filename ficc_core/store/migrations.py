@@ -486,6 +486,28 @@ MIGRATIONS: list[tuple[str | Dialects, ...]] = [
     # for the cooldown (``scaled_at``): a service woken into a burst scales out after the
     # window, not a cooldown later; a failed activation is judged from this moment.
     ("ALTER TABLE inference_services ADD COLUMN woken_at REAL",),
+    # 21: how a rollout runs (docs/inference.md, "Rollout strategies"): beside the serving
+    # generation (surge), or in place replica by replica (rolling, ``step`` replicas handed
+    # over so far) or all at once (recreate).
+    (
+        "ALTER TABLE inference_rollouts ADD COLUMN strategy TEXT NOT NULL DEFAULT 'surge'",
+        "ALTER TABLE inference_rollouts ADD COLUMN step INTEGER NOT NULL DEFAULT 0",
+    ),
+    # 22: credential names are unique among a project's live credentials (a person's own
+    # in the personal project) and name them wherever an ID does. Of the unrevoked
+    # credentials that shared a name before, the oldest keeps it; each later one becomes
+    # ``name-<the first 8 characters of its ID>`` (docs/people.md, "Credential names").
+    (
+        """UPDATE credentials SET name = name || '-' || substr(id, 1, 8)
+        WHERE revoked_at IS NULL AND EXISTS (
+            SELECT 1 FROM credentials o
+            WHERE o.project_id = credentials.project_id AND o.name = credentials.name
+            AND o.revoked_at IS NULL
+            AND (o.project_id != '~personal' OR o.user_id = credentials.user_id)
+            AND (o.created_at < credentials.created_at
+                OR (o.created_at = credentials.created_at AND o.id < credentials.id)))""",
+        "CREATE INDEX credentials_name ON credentials(project_id, name)",
+    ),
 ]
 
 

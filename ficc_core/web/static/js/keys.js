@@ -1,5 +1,7 @@
-// The keys page: a project's service keys (POST/GET/DELETE /api/v1/inference/{id}/tokens)
-// and the person's personal keys (/api/v1/me/tokens). A key just made is shown once,
+// The keys page: the project's keys, whoever made them (GET/POST/DELETE /api/v1/tokens;
+// an application key made here is `lasting`: logging out does not revoke it), a
+// project's service keys (POST/GET/DELETE /api/v1/inference/{id}/tokens) and the
+// person's personal keys (/api/v1/me/tokens). A key just made is shown once,
 // with a copy button, and never again: the server answers its token only to the
 // request that made it, and the page keeps it nowhere but in the box until "hide".
 
@@ -12,6 +14,7 @@ import { $, note, problem, status } from "./page.js";
 const PERSONAL_PROJECT = "~personal";
 const SERVICE_SCOPES = ["inference:read", "inference:manage", "tokens:manage"];
 const CREATE_SCOPE = "inference:invoke"; // a service key holds it: its maker must too
+const MANAGE_SCOPE = "tokens:manage"; // lists, makes and revokes the project's keys
 
 let principal = null;
 let issuedId = null; // the key shown in the box, hidden with it when revoked
@@ -47,13 +50,14 @@ function keyState(key) {
   return "active";
 }
 
-function keyRow(key, onRevoke) {
+function keyRow(key, onRevoke, extra = {}) {
   const state = keyState(key);
   const label = key.name || key.id;
   return el(
     "tr",
     { "data-key-id": key.id, "data-key-name": key.name },
     el("th", { scope: "row" }, label, el("div", { class: "muted small" }, key.id)),
+    ...(extra.scopes ? [el("td", { class: "scopes" }, key.scopes.join(", "))] : []),
     el("td", { class: "state" }, badge(state)),
     el("td", { title: stamp(key.created_at) }, ago(key.created_at)),
     el(
@@ -61,6 +65,9 @@ function keyRow(key, onRevoke) {
       { title: key.expires_at ? stamp(key.expires_at) : null },
       state === "revoked" ? el("span", { class: "muted" }, `revoked ${ago(key.revoked_at)}`) : fromNow(key.expires_at),
     ),
+    ...(extra.lastUse
+      ? [el("td", { class: "last-used", title: key.last_used_at ? stamp(key.last_used_at) : null }, key.last_used_at ? ago(key.last_used_at) : "never")]
+      : []),
     el(
       "td",
       { class: "action" },
@@ -77,10 +84,10 @@ function button(text, attributes, onClick) {
   return node;
 }
 
-function showRows(tableId, keys, onRevoke, emptyText, section) {
+function showRows(tableId, keys, onRevoke, emptyText, section, extra = {}) {
   const table = $(tableId);
   const sorted = [...keys].sort((a, b) => b.created_at - a.created_at || (a.id < b.id ? 1 : -1));
-  fillRows(table, sorted.map((key) => keyRow(key, onRevoke)));
+  fillRows(table, sorted.map((key) => keyRow(key, onRevoke, extra)));
   table.closest(".table-wrap").hidden = sorted.length === 0;
   note(section, sorted.length === 0 ? emptyText : "");
 }
@@ -165,6 +172,81 @@ async function copyIssued() {
   }
 }
 
+// -- the project's keys -----------------------------------------------------------------
+
+async function loadProjectKeys() {
+  const answer = await call("GET", "/api/v1/tokens");
+  showRows("project-keys", answer.tokens, revokeProjectKey, "This project has no key yet.", "project-keys", {
+    scopes: true,
+    lastUse: true,
+  });
+}
+
+async function revokeProjectKey(key) {
+  if (!(await confirmRevoke(`Key "${key.name}" stops working at once, and so does every key it made.`))) return;
+  await attempt("Could not revoke the key", async () => {
+    await call("DELETE", `/api/v1/tokens/${encodeURIComponent(key.id)}`);
+    problem("");
+    if (key.id === issuedId) hideIssued();
+    status(`Key "${key.name}" is revoked.`);
+    await loadProjectKeys();
+  });
+}
+
+async function createProjectKey(event) {
+  event.preventDefault();
+  const form = event.target;
+  const name = form.elements.name.value.trim();
+  const scopes = [...form.querySelectorAll("input[name=scope]:checked")].map((box) => box.value);
+  if (!name) {
+    problem("An application key needs a name.");
+    form.elements.name.focus();
+    return;
+  }
+  if (scopes.length === 0) {
+    problem("Choose at least one scope for the key.");
+    return;
+  }
+  const body = { name, scopes, lifetime: Number(form.elements.lifetime.value), lasting: !form.elements.session.checked };
+  const submit = form.querySelector("button[type=submit]");
+  submit.disabled = true;
+  await attempt("Could not create the key", async () => {
+    const answer = await call("POST", "/api/v1/tokens", body);
+    problem("");
+    status("");
+    form.elements.name.value = "";
+    reveal(answer, body.lasting ? "The application key" : "The application key (ending with this session)");
+    await loadProjectKeys();
+  });
+  submit.disabled = false;
+}
+
+async function startProjectKeys() {
+  if (!inProject()) {
+    note("project-keys", "A personal session has no project: log in to a project to manage its keys.");
+    return;
+  }
+  if (!principal.scopes.includes(MANAGE_SCOPE)) {
+    note("project-keys", `This session lacks the ${MANAGE_SCOPE} scope that the project's keys need.`);
+    return;
+  }
+  const grantable = principal.scopes.filter((scope) => scope !== "admin").sort();
+  $("project-key-scopes").append(
+    ...grantable.map((scope) =>
+      el(
+        "label",
+        { class: "check" },
+        el("input", { type: "checkbox", name: "scope", value: scope, checked: scope === CREATE_SCOPE }),
+        scope,
+      ),
+    ),
+  );
+  const form = $("project-key-form");
+  form.hidden = false;
+  form.addEventListener("submit", createProjectKey);
+  await loadProjectKeys();
+}
+
 // -- service keys ----------------------------------------------------------------------
 
 const serviceSelect = () => $("service");
@@ -192,6 +274,7 @@ async function revokeServiceKey(key) {
     if (key.id === issuedId) hideIssued();
     status(`Key "${key.name}" is revoked.`);
     await loadServiceKeys();
+    if (!$("project-key-form").hidden) await loadProjectKeys();
   });
 }
 
@@ -212,6 +295,7 @@ async function createServiceKey(event) {
     form.elements.name.value = "";
     reveal(answer, `A key of service ${alias}`);
     await loadServiceKeys();
+    if (!$("project-key-form").hidden) await loadProjectKeys();
   });
   submit.disabled = false;
 }
@@ -322,6 +406,7 @@ async function start() {
   $("issued-copy").addEventListener("click", copyIssued);
   $("issued-done").addEventListener("click", hideIssued);
   await Promise.all([
+    attempt("Could not list the project's keys", startProjectKeys),
     attempt("Could not list the service keys", startServiceKeys),
     attempt("Could not list your personal keys", startPersonalKeys),
   ]);
