@@ -76,7 +76,9 @@ async def test_a_partial_specification_previews_as_the_complete_one_submit_accep
                 "network": "none",
             }
             assert spec["image_executable"] == str(llama_server_executable())
-            cpus = float(max(1, min(4, int(node["snapshot"]["resources"]["cpus"]))))
+            # At most half the node's CPUs: the next generation of a rollout fits beside.
+            half = node["snapshot"]["resources"]["cpus"] / 2
+            cpus = float(min(4, int(half))) if half >= 1 else int(half * 4) / 4
             assert spec["placements"] == [
                 {
                     "node_id": "local",

@@ -517,9 +517,11 @@ ROUTES: dict[str, Route] = {
         "POST",
         "/api/v1/inference/{id}/rollout",
         needs(*_START),
-        "`{revision, spec}` for a running service: 202, its next generation starts beside "
-        "the serving one and takes the traffic once every replica is ready (409 "
-        "`placement_failed` when it does not fit beside it)",
+        "`{revision, spec, strategy?, keep_limits?}` for a running service: 202, its next "
+        "generation starts by `strategy` (`auto`, `surge`: beside the serving one; "
+        "`rolling`, `recreate`: in place) and takes the traffic once every replica is "
+        "ready; a scale-down is applied at once (409 `placement_failed` naming the "
+        "strategies that would fit when the one asked for does not)",
     ),
     "inference_rollout_status": Route(
         "GET",
@@ -531,8 +533,9 @@ ROUTES: dict[str, Route] = {
         "POST",
         "/api/v1/inference/{id}/rollout/preview",
         needs(s.INFERENCE_MANAGE),
-        "`{spec}` → the preview of the next generation serving alone (the service's own "
-        "reservations not counted) and `beside_serving`, the plan while both run",
+        "`{spec, strategy?, keep_limits?}` → the preview of the next generation serving "
+        "alone (the service's own reservations not counted), `beside_serving`, the plan "
+        "while both run, `strategy` (chosen, capacity, downtime) and `adjusted_limits`",
     ),
     "inference_events": Route(
         "GET",

@@ -17,6 +17,7 @@ from quart import Response, g, jsonify
 from ..errors import FiccError
 from ..inference.moves import bulk_move
 from ..inference.rollout import rollout_view
+from ..inference.strategies import STRATEGIES
 from ..schema import FieldError
 from ..schema._convert import MAX_SAFE_INTEGER, integer
 from ..schema.spec import MAX_GPU_INDEX
@@ -73,12 +74,21 @@ class RestartBody:
     revision: int = integer(0, MAX_SAFE_INTEGER)
 
 
+def _strategy(_instance: Any, attribute: attrs.Attribute, value: str) -> None:
+    if value not in STRATEGIES:
+        raise FieldError(attribute.name, f"must be one of {', '.join(STRATEGIES)}, got {value!r}")
+
+
 @attrs.frozen(kw_only=True)
 class RolloutBody:
-    """``POST /inference/{id}/rollout``: the revision read, and the next specification."""
+    """``POST /inference/{id}/rollout``: the revision read, and the next specification;
+    ``strategy`` how it runs (docs/inference.md, "Rollout strategies"); ``keep_limits``
+    keeps memory limits a new context would recompute."""
 
     revision: int = integer(0, MAX_SAFE_INTEGER)
     spec: dict[str, Any]
+    strategy: str = attrs.field(default="auto", validator=_strategy)
+    keep_limits: bool = False
 
 
 @attrs.frozen(kw_only=True)
@@ -86,6 +96,8 @@ class RolloutPreviewBody:
     """``POST /inference/{id}/rollout/preview``."""
 
     spec: dict[str, Any]
+    strategy: str = attrs.field(default="auto", validator=_strategy)
+    keep_limits: bool = False
 
 
 @contextmanager
@@ -189,11 +201,18 @@ def register(app: QuartTrio, service: Service) -> None:
     async def inference_rollout(service_id: str) -> tuple[Response, int]:
         with _refusals("rollout", service_id):
             body = await read_json(RolloutBody, limit)
-            detail, started = await inference.rollout(
-                g.principal, service_id, body.revision, body.spec
+            started = await inference.rollout(
+                g.principal,
+                service_id,
+                body.revision,
+                body.spec,
+                strategy=body.strategy,
+                keep_limits=body.keep_limits,
             )
-        view = service_view(detail)
-        view["rollout"] = rollout_view(started, detail.service)["rollout"]
+        view = service_view(started.detail)
+        view["rollout"] = rollout_view(started.rollout, started.detail.service)["rollout"]
+        view["strategy"] = started.choice.to_json()
+        view["adjusted_limits"] = list(started.adjusted)
         return jsonify(view), 202
 
     @app.get("/api/v1/inference/<service_id>/rollout", endpoint="inference_rollout_status")
@@ -206,7 +225,15 @@ def register(app: QuartTrio, service: Service) -> None:
     async def inference_rollout_preview(service_id: str) -> Response:
         with _refusals("rollout_preview", service_id):
             body = await read_json(RolloutPreviewBody, limit)
-            preview, beside = await inference.rollout_preview(g.principal, service_id, body.spec)
+            preview, choice, adjusted = await inference.rollout_preview(
+                g.principal,
+                service_id,
+                body.spec,
+                strategy=body.strategy,
+                keep_limits=body.keep_limits,
+            )
         view = preview_view(preview)
-        view["beside_serving"] = beside.to_json()
+        view["beside_serving"] = choice.beside.to_json()
+        view["strategy"] = choice.to_json()
+        view["adjusted_limits"] = adjusted
         return jsonify(view)

@@ -78,7 +78,17 @@ def echo_suggestion(preview: dict[str, Any]) -> None:
 @click.option("--engine", help="The engine adapter (llama_cpp, ollama, vllm, ...).")
 @click.option("--alias", help="The service's alias (default: the --model given).")
 @click.option("--replicas", type=click.IntRange(1, 64), default=1, show_default=True)
-@click.option("--context", type=click.IntRange(1), default=2048, show_default=True)
+@click.option(
+    "--engine-context",
+    "--context",
+    "context",
+    type=click.IntRange(1),
+    default=2048,
+    show_default=True,
+    help="The engine's context window in tokens (its KV cache, which the memory limit "
+    "is sized for); --context is the same flag. Not --context-length, which bounds one "
+    "request.",
+)
 @click.option("--concurrency", type=click.IntRange(1), default=4, show_default=True)
 @click.option("--description", help="What the service is for, in a line (/v1/models shows it).")
 @click.option(

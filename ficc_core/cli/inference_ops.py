@@ -223,7 +223,28 @@ def _next_spec(
 @click.argument("service", metavar="SERVICE")
 @click.option("-f", "--file", "spec_file", type=SPEC_FILE, default=None, help="The next spec.")
 @click.option("--replicas", type=int, default=None, help="The next replica count.")
-@click.option("--context", type=int, default=None, help="The next context size in tokens.")
+@click.option(
+    "--engine-context",
+    "--context",
+    "context",
+    type=click.IntRange(1),
+    default=None,
+    help="The next engine context window in tokens (the KV cache the engine allocates; "
+    "its memory limit is recomputed unless --keep-limits). Not --context-length, which "
+    "bounds one request.",
+)
+@click.option(
+    "--strategy",
+    type=click.Choice(["auto", "surge", "rolling", "recreate"]),
+    default="auto",
+    show_default=True,
+    help="surge: beside the serving generation (needs room for both); rolling: in place, "
+    "one replica at a time; recreate: in place, all at once (downtime). auto: surge when "
+    "it fits, a scale-down at once.",
+)
+@click.option(
+    "--keep-limits", is_flag=True, help="Keep the memory limits a new context would recompute."
+)
 @scaling_options
 @wait_options("Wait until the next generation serves.")
 @click.pass_context
@@ -233,6 +254,8 @@ def rollout(
     spec_file: Path | None,
     replicas: int | None,
     context: int | None,
+    strategy: str,
+    keep_limits: bool,
     min_replicas: int | None,
     max_replicas: int | None,
     idle_timeout: str | None,
@@ -242,11 +265,14 @@ def rollout(
     interval: float,
     as_json: bool,
 ) -> None:
-    """Roll a running SERVICE out to its next specification without an outage.
+    """Roll a running SERVICE out to its next specification.
 
-    The next generation (-f SPEC, or the current one with --replicas/--context)
-    starts beside the serving one and takes the traffic once every replica is
-    ready; a failed rollout leaves the serving generation as it was.
+    The next generation (-f SPEC, or the current one with --replicas/--engine-context)
+    starts beside the serving one (--strategy surge) and takes the traffic once every
+    replica is ready; a failed rollout leaves the serving generation as it was. On a
+    node without room for both, --strategy rolling or recreate replaces the replicas
+    in place (capacity drops meanwhile; preview says by how much). A scale-down
+    (--replicas fewer) is applied at once.
 
     --min, --max and --idle-timeout change the next specification's scaling (only
     the ones given; the rest stay as they are).
@@ -257,11 +283,29 @@ def rollout(
     service_id = resolve(client, "inference", service)
     current = client.json("GET", f"{BASE}/{service_id}")
     spec = with_scaling(_next_spec(current["spec"], spec_file, replicas, context), scaling)
-    body = {"revision": current["revision"] if revision is None else revision, "spec": spec}
+    body = {
+        "revision": current["revision"] if revision is None else revision,
+        "spec": spec,
+        "strategy": strategy,
+        "keep_limits": keep_limits,
+    }
     started = refusals(lambda: client.json("POST", f"{BASE}/{service_id}/rollout", json=body))
+    if not as_json:
+        for change in started.get("adjusted_limits") or ():
+            click.echo(
+                f"{service_id}: {change['path']} {change['from']} -> {change['to']} bytes "
+                f"(the estimate at the new context is {change['estimate_bytes']})"
+            )
+    if started["rollout"] is None:
+        if as_json:
+            echo_json(started)
+        else:
+            click.echo(f"{service_id}: {started['strategy']['message']}")
+        return
     generation = started["rollout"]["generation"]
     if not as_json:
-        click.echo(f"{service_id}: rolling out generation {generation}")
+        chosen = started["strategy"]["chosen"]
+        click.echo(f"{service_id}: rolling out generation {generation} ({chosen})")
     if not wait:
         if as_json:
             echo_json(started)

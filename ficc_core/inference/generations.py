@@ -30,6 +30,9 @@ if TYPE_CHECKING:
     from ..schema import Specification
     from .placement import Reservation
 
+#: The rollout strategies that replace the serving generation's replicas where they run.
+IN_PLACE = ("rolling", "recreate")
+
 
 @attrs.frozen(kw_only=True)
 class Running:
@@ -50,9 +53,26 @@ class Running:
 
     def wanted(self) -> dict[int, tuple[int, ...]]:
         """Each generation still wanted, with the placements whose replicas run
-        (:func:`~.scaling.running_indices`: every one, or a scaled service's active ones)."""
+        (:func:`~.scaling.running_indices`: every one, or a scaled service's active ones).
+
+        An in-place rollout hands replicas over: ``recreate`` all at once (the serving
+        generation runs none), ``rolling`` its ``step`` first (the serving generation runs
+        the rest of its own)."""
         active = self.record.active
-        return {g: running_indices(s, active) for g, s in self.specifications().items()}
+        wanted = {g: running_indices(s, active) for g, s in self.specifications().items()}
+        rollout = self.rollout
+        if rollout is not None and rollout.strategy in IN_PLACE:
+            serving, following = wanted[self.record.generation], wanted[rollout.generation]
+            step = len(following) if rollout.strategy == "recreate" else rollout.step
+            wanted[self.record.generation] = serving[step:]
+            wanted[rollout.generation] = following[:step]
+        return wanted
+
+    def following(self) -> tuple[int, ...]:
+        """The replicas a pending rollout's next generation runs once it is complete."""
+        assert self.rollout is not None
+        specification = self.rollout.specification()
+        return running_indices(specification, self.record.active)
 
 
 def needed_keys(running: Running, attempts: Iterable[AttemptRecord]) -> set[tuple[int, int, str]]:
@@ -60,11 +80,43 @@ def needed_keys(running: Running, attempts: Iterable[AttemptRecord]) -> set[tupl
     generation's placements, and every attempt whose end is not confirmed."""
     keep: set[tuple[int, int, str]] = set()
     wanted = running.wanted()
+    if running.rollout is not None and running.rollout.strategy in IN_PLACE:
+        # Every reservation of both generations stays until the cut-over: a failed
+        # in-place rollout starts the serving generation's replicas again where they were.
+        wanted = {
+            running.record.generation: running_indices(
+                running.record.specification(), running.record.active
+            ),
+            running.rollout.generation: running.following(),
+        }
     for generation, specification in running.specifications().items():
         placements = specification.placements
         keep |= {(generation, i, placements[i].node_id) for i in wanted[generation]}
     keep |= {(a.generation, a.replica, a.node_id) for a in attempts if not a.released}
     return keep
+
+
+def predecessor_stopping(
+    running: Running, attempts: Iterable[AttemptRecord], generation: int, index: int
+) -> bool:
+    """Whether replica ``index`` of an in-place rollout's next ``generation`` waits before
+    it launches: an attempt of the serving generation that it replaces (no longer wanted)
+    has not ended yet on the node it goes to."""
+    rollout = running.rollout
+    if rollout is None or rollout.strategy not in IN_PLACE or generation != rollout.generation:
+        return False
+    placements = rollout.specification().placements
+    if index >= len(placements):
+        return False
+    node_id = placements[index].node_id
+    serving = running.wanted().get(running.record.generation, ())
+    return any(
+        not a.released
+        and a.generation < generation
+        and a.node_id == node_id
+        and a.replica not in serving
+        for a in attempts
+    )
 
 
 def stale_reservations(running: Running, attempts: Iterable[AttemptRecord]) -> bool:

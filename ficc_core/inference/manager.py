@@ -39,7 +39,7 @@ from .records import (
     UsageSummary,
 )
 from .scaling import initial
-from .suggest import Suggestion, complete, memory_warnings
+from .suggest import Suggestion, complete, memory_warnings, recomputed_limits
 from .transitions import (
     check_revision,
     next_generation,
@@ -84,6 +84,17 @@ def _detail(tx: Transaction, service_id: str, project_id: str | None = None) -> 
     if found is None or (project_id is not None and found.service.project_id != project_id):
         raise service_not_found(service_id)
     return found
+
+
+@attrs.frozen(kw_only=True)
+class RolloutStart:
+    """A rollout begun: the service, its pending rollout (None: a scale-down applied at
+    once), the strategy chosen and the memory limits recomputed."""
+
+    detail: ServiceDetail
+    rollout: RolloutRecord | None
+    choice: rollout.Choice
+    adjusted: tuple[dict[str, Any], ...] = ()
 
 
 class InferenceManager:
@@ -172,6 +183,7 @@ class InferenceManager:
             warnings=(
                 *memory_warnings(specification, model),
                 *self._retry_warning(specification),
+                *suggestion.notes,
             ),
         )
 
@@ -430,16 +442,25 @@ class InferenceManager:
     # -- operations on a running service ------------------------------------------------------
 
     async def rollout(
-        self, principal: Principal, service_id: str, revision: int, document: Any
-    ) -> tuple[ServiceDetail, RolloutRecord]:
-        """Start a running service's next generation beside the serving one (see
-        :mod:`~ficc_core.inference.rollout`)."""
-        await self.get(principal.project_id, service_id)
+        self,
+        principal: Principal,
+        service_id: str,
+        revision: int,
+        document: Any,
+        strategy: str = "auto",
+        keep_limits: bool = False,
+    ) -> RolloutStart:
+        """Start a running service's next generation by the rollout's strategy, or apply a
+        scale-down at once (see :mod:`~ficc_core.inference.rollout`)."""
+        current = (await self.get(principal.project_id, service_id)).service.specification()
         specification, model = await self._check(principal.project_id, document)
+        adjusted: list[dict[str, Any]] = []
+        if not keep_limits:
+            specification, adjusted = recomputed_limits(current, specification, model)
         now = self.clock()
 
-        def write(tx: Transaction) -> tuple[ServiceDetail, RolloutRecord]:
-            started = rollout.begin(
+        def write(tx: Transaction) -> RolloutStart:
+            started, choice = rollout.begin(
                 tx,
                 principal.project_id,
                 service_id,
@@ -448,25 +469,43 @@ class InferenceManager:
                 model,
                 now=now,
                 timeout=self.mover.ready_timeout,
+                strategy=strategy,
             )
-            return _detail(tx, service_id), started
+            return RolloutStart(
+                detail=_detail(tx, service_id),
+                rollout=started,
+                choice=choice,
+                adjusted=tuple(adjusted),
+            )
 
-        detail, started = await self.store.write(write)
+        result = await self.store.write(write)
         self.notify(service_id)
-        return detail, started
+        return result
 
     async def rollout_preview(
-        self, principal: Principal, service_id: str, document: Any
-    ) -> tuple[Preview, Plan]:
+        self,
+        principal: Principal,
+        service_id: str,
+        document: Any,
+        strategy: str = "auto",
+        keep_limits: bool = False,
+    ) -> tuple[Preview, rollout.Choice, list[dict[str, Any]]]:
         """A rollout's preview: the plan once it serves alone (the service's own
-        reservations not counted against it), and the plan beside the serving generation."""
-        await self.get(principal.project_id, service_id)
+        reservations not counted against it), the strategy it takes (with the plan beside
+        the serving generation) and the memory limits it recomputes."""
+        current = (await self.get(principal.project_id, service_id)).service.specification()
         specification, model = await self._check(principal.project_id, document)
-        alone, beside = await self.store.read(
-            lambda tx: rollout.preview(tx, principal.project_id, service_id, specification, model)
+        adjusted: list[dict[str, Any]] = []
+        if not keep_limits:
+            specification, adjusted = recomputed_limits(current, specification, model)
+        choice = await self.store.read(
+            lambda tx: rollout.preview(
+                tx, principal.project_id, service_id, specification, model, strategy
+            )
         )
         warnings = (*memory_warnings(specification, model), *self._retry_warning(specification))
-        return Preview(specification=specification, plan=alone, warnings=warnings), beside
+        preview = Preview(specification=specification, plan=choice.alone, warnings=warnings)
+        return preview, choice, adjusted
 
     async def rollout_status(self, project_id: str, service_id: str) -> dict[str, Any]:
         """The service's pending rollout (if any) beside its generation, state and reason."""

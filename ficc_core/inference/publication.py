@@ -7,7 +7,8 @@ this controller. Two attempts of one replica coexist while a successor (a move's
 target) loads: the predecessor serves until the successor is ready, then it is
 *retiring* (:func:`retiring`): no new request goes there, the ones in flight finish,
 then the reconciler stops it. A rollout's next generation is never routed before it
-becomes the service's generation; the previous one then retires the same way.
+becomes the service's generation (but an in-place rollout's replicas handed over to
+it: ``handed``); the previous one then retires the same way.
 """
 
 from __future__ import annotations
@@ -274,10 +275,13 @@ def publish(
     wanted: Collection[int] | None = None,
     activation: Activation = "",
     activation_error: ActivationFailure | None = None,
+    handed: tuple[int, Collection[int]] | None = None,
 ) -> None:
     """Publish the service's routing view at its current revision.
 
     :param wanted: the placements whose replicas run (default: every one).
+    :param handed: an in-place rollout's next generation and the replicas handed over to
+        it: those are routed too once ready (the serving generation no longer runs them).
     :param activation: where an on-demand service stands (:attr:`LiveService.activation`),
         with ``activation_error`` when its last activation failed.
 
@@ -295,6 +299,8 @@ def publish(
         # record may say ready until it is ended.
         dropped = {a.attempt_id for a in attempts if contributors.dropped(a.node_id, a.attempt_id)}
         chosen = routed(attempts, record.generation, runs, {*dismissed, *dropped})
+        if handed is not None:
+            chosen.update(routed(attempts, handed[0], handed[1], {*dismissed, *dropped}))
         for attempt in attempts:
             # A node not (yet) connected here cannot be reached; the next step adds it.
             if (

@@ -46,8 +46,10 @@ from ..store.outage import Backoff, OutageLog, is_store_failure
 from . import repository
 from .attempts import Attempts
 from .generations import (
+    IN_PLACE,
     Running,
     abandon_rollout,
+    predecessor_stopping,
     read_running,
 )
 from .live import Admission, LiveTable
@@ -63,7 +65,7 @@ from .records import (
     ServiceState,
 )
 from .scaling import ActivationNotes
-from .succession import Succession, strays, unwatch
+from .succession import Succession, in_place_state, strays, unwatch
 
 if TYPE_CHECKING:
     from ..contributors import NodeRegistry
@@ -402,6 +404,7 @@ class Reconciler:
         driver: _Driver,
         admission: Admission,
         wanted: tuple[int, ...] | None = None,
+        handed: tuple[int, tuple[int, ...]] | None = None,
     ) -> None:
         if admission != "stopped" and not driver.capabilities:
             # Know what the engine serves before publishing (an adopted attempt was
@@ -430,6 +433,7 @@ class Reconciler:
             dismissed=driver.dismissed.keys() | driver.retiring,
             model=model,
             wanted=wanted,
+            handed=handed,
             activation=activation,
             activation_error=None if failure is None else failure.public(),
         )
@@ -482,9 +486,13 @@ class Reconciler:
         else:
             state, reason = ServiceState.IDLE, self.on_demand.idle_reason(record)
         reason = reason or driver.notice
+        state, reason = in_place_state(running, attempts, state, reason)
         await self.observations.set_service(record.id, state=state, reason=reason)
         # Published before anything retires, so no new request goes to a retiring attempt.
-        await self._publish(record, specification, attempts, driver, "serving", runs)
+        handed = None
+        if running.rollout is not None and running.rollout.strategy in IN_PLACE:
+            handed = (running.rollout.generation, wanted[running.rollout.generation])
+        await self._publish(record, specification, attempts, driver, "serving", runs, handed)
         for attempt in retiring(attempts, wanted, driver.dismissed):
             if attempt.attempt_id not in driver.held | driver.retiring:
                 driver.retiring.add(attempt.attempt_id)
@@ -637,6 +645,10 @@ class Reconciler:
             return False
         if given_up(attempts, generation, index, self.give_up_after) is not None:
             return True  # it failed the same way too often: the service shows why
+        if predecessor_stopping(running, attempts, generation, index):
+            # An in-place rollout: the replica it replaces frees the node first.
+            await trio.sleep(self.attempts.loading_period)
+            return False
         if last is not None and last.state == AttemptState.FAILED:
             # The previous attempt failed: wait, doubling up to the cap. (One told to
             # go, a restart's, is replaced at once.)

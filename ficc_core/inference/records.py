@@ -183,6 +183,11 @@ class RolloutRecord:
     started_at: float
     #: When an unfinished rollout gives up (seconds since the epoch).
     deadline: float
+    #: How it runs: ``surge`` (beside the serving generation), ``rolling`` or ``recreate``
+    #: (in place; :mod:`~ficc_core.inference.rollout`).
+    strategy: str = "surge"
+    #: A rolling rollout's replicas handed over so far (the next generation runs that many).
+    step: int = 0
 
     def specification(self) -> Specification:
         """The next generation's specification, structured."""

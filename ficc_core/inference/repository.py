@@ -424,7 +424,7 @@ def delete_reservation_key(tx: Transaction, service_id: str, key: tuple[int, int
 def rollout(tx: Transaction, service_id: str) -> RolloutRecord | None:
     """The service's pending rollout, or None."""
     row = tx.fetch_one(
-        "SELECT service_id, generation, spec, plan_digest, started_at, deadline"
+        "SELECT service_id, generation, spec, plan_digest, started_at, deadline, strategy, step"
         " FROM inference_rollouts WHERE service_id = ?",
         (service_id,),
     )
@@ -435,7 +435,7 @@ def insert_rollout(tx: Transaction, record: RolloutRecord) -> None:
     """Record a pending rollout (one per service)."""
     tx.execute(
         "INSERT INTO inference_rollouts (service_id, generation, spec, plan_digest, started_at,"
-        " deadline) VALUES (?, ?, ?, ?, ?, ?)",
+        " deadline, strategy, step) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
         (
             record.service_id,
             record.generation,
@@ -443,7 +443,17 @@ def insert_rollout(tx: Transaction, record: RolloutRecord) -> None:
             record.plan_digest,
             record.started_at,
             record.deadline,
+            record.strategy,
+            record.step,
         ),
+    )
+
+
+def set_rollout_step(tx: Transaction, service_id: str, generation: int, step: int) -> None:
+    """A rolling rollout hands ``step`` replicas over to its next generation."""
+    tx.execute(
+        "UPDATE inference_rollouts SET step = ? WHERE service_id = ? AND generation = ?",
+        (step, service_id, generation),
     )
 
 

@@ -2,14 +2,17 @@
 
 A **rollout** (:func:`begin`) takes a running service's next specification —
 context, concurrency, replica count, placements, engine options — and starts its
-next generation *beside* the serving one: it is planned beside every reservation,
-the service's own included (both generations run until the cut-over), and its
-reservations are recorded with a :class:`~ficc_core.inference.records.RolloutRecord`
-in one transaction. The reconciler cuts traffic over once every replica of the next
-generation is ready, then drains and stops the previous one
-(:mod:`~ficc_core.inference.generations`); a replica that stops retrying, or the
-``replica_ready_timeout`` bound, fails the rollout and the serving generation goes
-on. The contract's ``PUT`` still replaces only a stopped service.
+next generation by its strategy (:mod:`~ficc_core.inference.strategies`): by default
+*beside* the serving one, planned beside every reservation, the service's own
+included (both generations run until the cut-over); in place (``rolling``,
+``recreate``) when the operator says so. Its reservations are recorded with a
+:class:`~ficc_core.inference.records.RolloutRecord` in one transaction. The
+reconciler cuts traffic over once every replica of the next generation is ready,
+then drains and stops the previous one (:mod:`~ficc_core.inference.generations`); a
+replica that stops retrying, or the ``replica_ready_timeout`` bound, fails the
+rollout and the serving generation goes on (an in-place one starts its stopped
+replicas again). A scale-down is applied at once, without a new generation. The
+contract's ``PUT`` still replaces only a stopped service.
 
 A **restart** (:class:`Restarter`) dismisses a replica's serving attempt: it drains
 and stops, and the replica's task starts the next one on the same placement. A
@@ -29,20 +32,20 @@ from ..errors import Conflict, FiccError
 from ..schema import Specification, canonical_json
 from ..store import Transaction
 from . import repository
-from .admission import place, plan_in
-from .errors import PlacementFailed
 from .generations import rollout_event
-from .placement import Plan
 from .publication import routed
 from .records import ACTIVE, AttemptRecord, Desired, RolloutRecord, ServiceRecord
 from .refusals import nothing_to_do
-from .scaling import running_indices
+from .strategies import SCALE_DOWN, Choice, choose, refuse_choice, scale_down
 from .transitions import check_revision, next_generation, writable
 
 if TYPE_CHECKING:
     from ..auth import Principal
     from .model_context import ModelContext
     from .reconciler import Reconciler
+
+
+__all__ = ["Choice", "Restarter", "begin", "preview", "rollout_view"]
 
 
 def _running(tx: Transaction, record: ServiceRecord, action: str, replica: int | None) -> None:
@@ -62,8 +65,10 @@ def begin(
     *,
     now: float,
     timeout: float,
-) -> RolloutRecord:
-    """Record a rollout of the running service to ``specification`` (see the module docs)."""
+    strategy: str = "auto",
+) -> tuple[RolloutRecord | None, Choice]:
+    """Record a rollout of the running service to ``specification`` (see the module docs);
+    a scale-down is applied at once (no rollout: None)."""
     record = writable(tx, project_id, service_id)
     check_revision(record, revision)
     _running(tx, record, "rollout", None)
@@ -75,60 +80,50 @@ def begin(
             details={"alias": record.alias, "requested": specification.alias},
         )
     generation = next_generation(tx, record)
-    try:
-        result = place(
-            tx,
-            service_id,
-            specification,
-            model,
-            generation=generation,
-            beside_own=True,
-            action="rollout",
-            held=running_indices(specification, record.active),
-        )
-    except PlacementFailed as exc:
-        raise PlacementFailed(
-            "the next generation does not fit beside the serving one (both run until the "
-            f"cut-over): {exc.message}",
-            details=exc.details,
-        ) from None
+    choice = choose(tx, record, specification, model, generation, strategy)
+    if choice.chosen is None:
+        raise refuse_choice(choice)
+    if choice.chosen == SCALE_DOWN:
+        scale_down(tx, record, specification, choice.plan, now)
+        return None, choice
+    steps = len(choice.following) if choice.chosen == "rolling" else 1
     rollout = RolloutRecord(
         service_id=service_id,
         generation=generation,
         spec=canonical_json(specification).decode("utf-8"),
-        plan_digest=result.digest,
+        plan_digest=choice.plan.digest,
         started_at=now,
-        deadline=now + timeout,
+        deadline=now + timeout * max(steps, 1),
+        strategy=choice.chosen,
+        step=1 if choice.chosen == "rolling" else 0,
     )
-    repository.insert_reservations(tx, result.reservations, now)
+    repository.insert_reservations(tx, choice.plan.reservations, now)
     repository.insert_rollout(tx, rollout)
     repository.update_service(tx, attrs.evolve(record, reason=None), now)
     after = repository.service(tx, service_id)
     assert after is not None
+    how = {
+        "surge": f"beside generation {record.generation}",
+        "rolling": f"in place of generation {record.generation}, one replica at a time",
+        "recreate": f"in place of generation {record.generation}, every replica at once",
+    }[choice.chosen]
     rollout_event(
-        tx,
-        after,
-        rollout,
-        "started",
-        f"rollout to generation {generation} started beside generation {record.generation}",
-        now,
+        tx, after, rollout, "started", f"rollout to generation {generation} started {how}", now
     )
-    return rollout
+    return rollout, choice
 
 
 def preview(
-    tx: Transaction, project_id: str, service_id: str, specification: Specification, model: Any
-) -> tuple[Plan, Plan]:
-    """A rollout's plans: where the next generation goes once it serves alone (beside
-    every other service), and whether it fits beside the serving one meanwhile."""
+    tx: Transaction,
+    project_id: str,
+    service_id: str,
+    specification: Specification,
+    model: Any,
+    strategy: str = "auto",
+) -> Choice:
+    """A rollout's plans and the strategy it would take (see :func:`choose`)."""
     record = writable(tx, project_id, service_id)
-    generation = next_generation(tx, record)
-    held = running_indices(specification, record.active)
-    alone = plan_in(tx, service_id, specification, model, generation=generation, held=held)
-    beside = plan_in(
-        tx, service_id, specification, model, generation=generation, beside_own=True, held=held
-    )
-    return alone, beside
+    return choose(tx, record, specification, model, next_generation(tx, record), strategy)
 
 
 def rollout_view(rollout: RolloutRecord | None, record: ServiceRecord) -> dict[str, Any]:
@@ -144,6 +139,8 @@ def rollout_view(rollout: RolloutRecord | None, record: ServiceRecord) -> dict[s
             "started_at": rollout.started_at,
             "deadline": rollout.deadline,
             "plan_digest": rollout.plan_digest,
+            "strategy": rollout.strategy,
+            "step": rollout.step,
         },
         "state": str(record.state),
         "reason": record.reason,

@@ -18,6 +18,7 @@ import trio
 
 from . import repository
 from .generations import (
+    IN_PLACE,
     Running,
     abandon_rollout,
     cut_over,
@@ -25,7 +26,7 @@ from .generations import (
     stale_reservations,
 )
 from .publication import given_up, routed
-from .records import ROUTABLE, AttemptRecord, ServiceRecord
+from .records import ROUTABLE, AttemptRecord, ServiceRecord, ServiceState
 from .scaling import running_indices
 
 if TYPE_CHECKING:
@@ -64,9 +65,19 @@ class Succession:
         indices = running.wanted()[generation]
         ready = routed(attempts, generation, indices)
         now = self.reconciler.clock()
-        if len(ready) == len(indices) and all(
+        connected = all(
             self.reconciler.contributors.connected_here(a.node_id) for a in ready.values()
-        ):
+        )
+        complete = len(indices) == len(running.following())
+        if len(ready) == len(indices) and connected and not complete:
+            # A rolling rollout's handed-over replicas are ready: the next one goes.
+            step = len(indices) + 1
+            await self.reconciler.store.write(
+                lambda tx: repository.set_rollout_step(tx, service_id, generation, step)
+            )
+            log.info("service %s: rolling rollout hands replica %d over", service_id, step - 1)
+            return True
+        if len(ready) == len(indices) and connected:
             if await self.reconciler.store.write(
                 lambda tx: cut_over(tx, service_id, generation, now)
             ):
@@ -90,10 +101,14 @@ class Succession:
             why = f"not every replica was ready within {rollout.deadline - rollout.started_at:g} s"
         if why is None:
             return False
-        reason = (
-            f"the rollout to generation {generation} failed: {why}; generation "
-            f"{record.generation} keeps serving"
-        )
+        if rollout.strategy in IN_PLACE:
+            then = (
+                f"generation {record.generation} starts again on the replicas the "
+                f"{rollout.strategy} rollout had stopped, and serves once they are ready"
+            )
+        else:
+            then = f"generation {record.generation} keeps serving"
+        reason = f"the rollout to generation {generation} failed: {why}; {then}"
         await self.reconciler.store.write(lambda tx: abandon_rollout(tx, service_id, reason, now))
         log.warning("service %s: %s", service_id, reason)
         driver.notice = reason
@@ -113,6 +128,8 @@ class Succession:
                 why = "rolled_out"
             elif attempt.generation > record.generation:
                 why = "rollout_abandoned"
+            elif attempt.replica >= len(record.specification().placements):
+                why = "scaled_down"  # a scale-down applied in place
             else:
                 why = _scaled_in(record, attempt) or "superseded"
             current = await self.reconciler.store.read(
@@ -123,6 +140,33 @@ class Succession:
         finally:
             driver.retiring.discard(attempt_id)
             driver.wake.set()
+
+
+def in_place_state(
+    running: Running,
+    attempts: Sequence[AttemptRecord],
+    state: ServiceState,
+    reason: str | None,
+) -> tuple[ServiceState, str | None]:
+    """A running service's state while an in-place rollout replaces its replicas: starting
+    while none serves, degraded while fewer than all do; the reason says how far it is."""
+    rollout = running.rollout
+    if rollout is None or rollout.strategy not in IN_PLACE:
+        return state, reason
+    wanted = running.wanted()
+    record = running.record
+    serving = routed(attempts, record.generation, wanted[record.generation])
+    handed = routed(attempts, rollout.generation, wanted[rollout.generation])
+    total = len(running_indices(record.specification(), record.active))
+    if not serving and not handed:
+        state = ServiceState.STARTING
+    elif len(serving) + len(handed) < total:
+        state = ServiceState.DEGRADED
+    said = (
+        f"rollout to generation {rollout.generation} ({rollout.strategy}, in place): "
+        f"{len(handed)} of {len(running.following())} next replica(s) ready"
+    )
+    return state, reason or said
 
 
 def _scaled_in(record: ServiceRecord, attempt: AttemptRecord) -> str | None:

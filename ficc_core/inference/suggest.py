@@ -66,6 +66,8 @@ class Suggestion:
 
     document: Any
     suggested: tuple[str, ...] = ()
+    #: Warnings about what was suggested (a node without room for the next generation).
+    notes: tuple[dict[str, Any], ...] = ()
 
 
 def memory_estimate(
@@ -116,6 +118,56 @@ def memory_warnings(specification: Specification, model: ModelContext) -> list[d
                 }
             )
     return warnings
+
+
+def _estimate_of(specification: Specification, model: ModelContext) -> int:
+    return memory_estimate(
+        model,
+        specification.engine,
+        specification.context,
+        specification.concurrency,
+        specification.prompt_cache_bytes or 0,
+    )
+
+
+def recomputed_limits(
+    current: Specification, following: Specification, model: ModelContext
+) -> tuple[Specification, list[dict[str, Any]]]:
+    """A rollout's next specification with its memory limits moved by the estimate's change
+    (a new context, concurrency or prompt cache), and what moved.
+
+    A placement whose ``memory_bytes`` is the serving one's (the same index, else the
+    last: ``--replicas`` copies it) was not set in this request: it becomes the serving
+    limit plus the estimate's change, and at least the new estimate. One set to another
+    value stays as given.
+    """
+    before, after = _estimate_of(current, model), _estimate_of(following, model)
+    if before == after or not current.placements:
+        return following, []
+    placements = list(following.placements)
+    changed: list[dict[str, Any]] = []
+    for index, placement in enumerate(placements):
+        serving = current.placements[min(index, len(current.placements) - 1)]
+        limit = placement.limits.memory_bytes
+        if limit != serving.limits.memory_bytes:
+            continue  # given in this request
+        memory = max(after, limit + after - before)
+        if memory == limit:
+            continue
+        placements[index] = attrs.evolve(
+            placement, limits=attrs.evolve(placement.limits, memory_bytes=memory)
+        )
+        changed.append(
+            {
+                "path": f"$.placements[{index}].limits.memory_bytes",
+                "from": limit,
+                "to": memory,
+                "estimate_bytes": after,
+            }
+        )
+    if not changed:
+        return following, []
+    return attrs.evolve(following, placements=tuple(placements)), changed
 
 
 def _mib(value: int) -> str:
@@ -260,11 +312,18 @@ def complete(
                     suggested.append(f"{where}.limits.gpus")
             elif isinstance(limits["gpus"], list):
                 _take_gpus(free_gpus[node.node_id], limits["gpus"])
-    # The replicas suggested on one node share its free CPUs.
+    # The replicas suggested on one node share its free CPUs, each at most half the
+    # node's: a rollout's next generation then fits beside the serving one.
     sharing = Counter(placement["node_id"] for _, placement in wanting)
+    notes: list[dict[str, Any]] = []
     for index, placement in wanting:
-        share = free[placement["node_id"]][0] / sharing[placement["node_id"]]
+        node = by_id[placement["node_id"]]
+        half = _total(node)[0] / 2
+        share = min(free[placement["node_id"]][0] / sharing[placement["node_id"]], half)
         placement["limits"] = {"cpus": _cpus(share), "memory_bytes": estimate}
+        note = _no_room(node, index, placement["limits"], sharing[node.node_id], free)
+        if note is not None:
+            notes.append(note)
         node = by_id[placement["node_id"]]
         gpus = _gpu_suggestion(node, engine, runtime, free_gpus[node.node_id])
         if gpus is not None:
@@ -299,7 +358,42 @@ def complete(
             )
         filled["image_executable"] = found.executable
         suggested.append("$.image_executable")
-    return Suggestion(document=filled, suggested=tuple(suggested))
+    return Suggestion(document=filled, suggested=tuple(suggested), notes=tuple(notes))
+
+
+def _no_room(
+    node: PlacementNode,
+    index: int,
+    limits: dict[str, Any],
+    replicas: int,
+    free: Mapping[str, tuple[float, int]],
+) -> dict[str, Any] | None:
+    """A ``no_room_for_next_generation`` warning when the node cannot hold a second copy
+    of the suggested replicas beside them (a rollout's surge), else None."""
+    # ``free``: the node's CPUs before the suggested replicas share them, its memory
+    # once their estimates are taken.
+    cpus, memory = free[node.node_id]
+    if cpus >= limits["cpus"] * replicas * 2 and memory >= limits["memory_bytes"] * replicas:
+        return None
+    return {
+        "code": "no_room_for_next_generation",
+        "message": f"node {node.node_id} has no room for a second copy of placement {index} "
+        f"({limits['cpus']:g} CPUs, {_mib(limits['memory_bytes'])}) beside it: a later "
+        "rollout cannot start the next generation beside the serving one and needs "
+        "--strategy rolling or recreate (capacity drops meanwhile); a node with more "
+        "room, or smaller limits, avoids that",
+        "details": {
+            "path": f"$.placements[{index}].limits",
+            "node_id": node.node_id,
+            "strategies": ["rolling", "recreate"],
+        },
+    }
+
+
+def _total(node: PlacementNode) -> tuple[float, int]:
+    if node.snapshot is None:
+        return 0.0, 0
+    return node.snapshot.resources.cpus, node.snapshot.resources.memory_bytes
 
 
 def _take_gpus(free: dict[int, int], gpus: list[Any]) -> None:
