@@ -76,21 +76,18 @@ class Listeners:
 
 def _bind(host: str, port: int, what: str, fix: str) -> str:
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    except socket.gaierror as exc:
-        raise StartupRefused(
-            f"cannot listen on {address} for the {what}: {host!r} is not an address of "
-            f"this machine ({exc.strerror}); {fix}"
-        ) from None
-    family, kind, proto, _name, sockaddr = infos[0]
-    sock = socket.socket(family, kind, proto)
+    # The socket hypercorn would have made for this bind (an IPv6 one for a host with ":").
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(sockaddr)
+        # As hypercorn sets it on the sockets it binds (accepted ones inherit it).
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.bind((host, port))
     except OSError as exc:
         sock.close()
-        if exc.errno == errno.EADDRINUSE:
+        if isinstance(exc, socket.gaierror):
+            cause = f"{host!r} does not resolve to an address ({exc.strerror})"
+        elif exc.errno == errno.EADDRINUSE:
             cause = "the port is already in use (another ficc serve?)"
             fix = f"{fix}, or stop what holds it"
         elif exc.errno == errno.EACCES:
