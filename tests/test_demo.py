@@ -284,3 +284,32 @@ def _banner(proc) -> str:
         if "ficc admin create-token" in line:
             return "".join(lines)
     raise AssertionError("no banner:\n" + "".join(lines))
+
+
+async def test_a_demo_that_cannot_go_on_says_why_in_one_error_and_never_raises_anything_else(
+    monkeypatch,
+):
+    from ficc_core.cli import demo
+    from ficc_core.errors import FiccError
+
+    # The node never offers the runtime: a bounded wait, then a refusal naming what to run.
+    async def api(method: str, path: str, **kwargs):
+        return {"state": "connected", "snapshot": {"runtimes": []}}
+
+    monkeypatch.setattr(demo, "NODE_TIMEOUT", 0.3)
+    with trio.fail_after(10), pytest.raises(FiccError) as refused:
+        await demo._runtime(api, "local")  # type: ignore[arg-type]
+    assert refused.value.code == "demo_runtime_missing"
+    assert "ficc doctor" in refused.value.message
+
+    # Anything unexpected (the controller's connection refused, a timeout, a bug) ends the
+    # demo as a FiccError, which ficc serve prints in one line and serves on.
+    async def broken(service, base_url):
+        raise httpx.ConnectError("connection refused")
+
+    monkeypatch.setattr(demo, "_run_demo", broken)
+    with pytest.raises(FiccError) as failed:
+        await demo.run_demo(None, "http://127.0.0.1:1")  # type: ignore[arg-type]
+    assert failed.value.code == "demo_failed"
+    assert "ConnectError: connection refused" in failed.value.message
+    assert "run 'ficc serve --demo' again" in failed.value.message

