@@ -207,6 +207,21 @@ async def test_a_runtime_directory_too_long_for_engine_sockets_refuses_to_start(
     assert "107-byte limit" in line and "set runtime_dir (--runtime-dir, FICC_RUNTIME_DIR)" in line
 
 
+async def test_a_remote_executor_refuses_such_a_runtime_directory_before_it_connects():
+    too_long = "/tmp/" + "r" * 70
+    with trio.fail_after(60):
+        result = await trio.run_process(
+            [*FICC, "executor", "--runtime-dir", too_long, "--controller", "http://127.0.0.1:9"],
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+            env={**os.environ, "FICC_NODE_CREDENTIAL": "ficc_node_unused"},
+        )
+    assert result.returncode == 1
+    [line] = result.stderr.decode().splitlines()
+    assert "107-byte limit" in line and "(--runtime-dir, FICC_RUNTIME_DIR)" in line
+
+
 def _modes(data_dir) -> dict[str, int]:
     return {
         path.name: stat.S_IMODE(path.stat().st_mode)

@@ -13,7 +13,10 @@ from ..config import Config
 from .logs import configure_logging
 from .settings import load_settings, run_trio
 
-_AGENT_DIR_HELP = "Agent state directory (keep it short). [env: FICC_AGENT_DIR]"
+_AGENT_DIR_HELP = (
+    "Agent state directory (any length: engine sockets are in runtime_dir, "
+    "FICC_RUNTIME_DIR). [env: FICC_AGENT_DIR]"
+)
 _AGENT_CONFIG_HELP = (
     "TOML file with the node's labels and more installed runtimes (the installed runtime "
     "distributions' are found without it). [env: FICC_AGENT_CONFIG]"
@@ -64,6 +67,13 @@ def _controller_list(
 )
 @click.option("--agent-dir", type=click.Path(path_type=Path), default=None, help=_AGENT_DIR_HELP)
 @click.option(
+    "--runtime-dir",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="The engines' Unix sockets (default /tmp/ficc-<uid>; at most 56 bytes). "
+    "[env: FICC_RUNTIME_DIR]",
+)
+@click.option(
     "--agent-config", type=click.Path(path_type=Path), default=None, help=_AGENT_CONFIG_HELP
 )
 @click.option(
@@ -104,6 +114,7 @@ async def _executor(
     from ..agent import Agent
     from ..agent.embedded import agent_from_config
     from ..agent.remote import RemoteAgent, Welcome
+    from ..executor.runtime_dir import ensure_runtime_dir
     from ..plugins import build_plugin_manager
 
     context = None
@@ -119,6 +130,9 @@ async def _executor(
             click.echo(f"ficc executor: the leader is {welcome.controller} (term {welcome.term})")
         sys.stdout.flush()
 
+    # Before it connects: a runtime directory too long for an engine socket (or not this
+    # user's) would fail every launch; the refusal names the setting.
+    await trio.to_thread.run_sync(ensure_runtime_dir, config.runtime_path)
     # One plugin set for the process (entry points are read off the event loop): its
     # executor providers and the runtimes installed distributions declare.
     plugins = await trio.to_thread.run_sync(build_plugin_manager)
