@@ -245,12 +245,22 @@ async def test_a_context_change_on_a_full_node_recreates_with_recomputed_memory(
             assert refused.status_code == 409, refused.text
             assert "'recreate'" in refused.json()["error"]["message"]
 
-            response = await _rollout(controller, service_id, following, strategy="recreate")
-            assert response.status_code == 202, response.text
-            new = response.json()["rollout"]["generation"]
-            after = await controller.wait_service(
-                service_id, lambda v: v["generation"] == new and v["state"] == "ready"
-            )
+            # From the command line, with the flag's old spelling (--engine-context's alias).
+            run = Cli(controller.url, controller.token)
+            helped = " ".join((await run.ok("rollout", "--help")).stdout.split())
+            assert "--engine-context, --context" in helped
+            assert "Not --context-length, which bounds one request" in helped
+            rolled = await run.ok(
+                "rollout", "smol", "--context", "1024", "--strategy", "recreate",
+                "--wait", "--interval", "0.1",
+            )  # fmt: skip
+            assert (
+                f"$.placements[0].limits.memory_bytes {_estimate(512, 1)} -> "
+                f"{_estimate(1024, 1)} bytes" in rolled.stdout
+            ), rolled.stdout
+            assert "(recreate)" in rolled.stdout and "serves" in rolled.stdout, rolled.stdout
+            after = await controller.ok("GET", f"/api/v1/inference/{service_id}")
+            assert after["state"] == "ready"
             assert after["spec"]["context"] == 1024
             assert after["spec"]["placements"][0]["limits"]["memory_bytes"] == _estimate(1024, 1)
             answered = await chat(long)
