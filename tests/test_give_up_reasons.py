@@ -69,7 +69,7 @@ def test_only_a_memory_limit_gets_the_memory_hint():
     assert ESTIMATE not in refused
     assert "set agent_dir" in refused  # the executor's own reason, naming its setting
     assert "the process executor on node local refused to launch the engine" in refused
-    assert "setting its message names" in refused
+    assert "change what it names (a setting of the node" in refused
 
     other = give_up_reason(0, _attempt("readiness_timeout", "never ready"), 3)
     assert ESTIMATE not in other and "ficc inference show svc_1" in other
@@ -105,3 +105,27 @@ async def test_an_engine_that_exits_stops_retrying_with_its_status_log_and_logs_
             assert ESTIMATE not in reason and "memory" not in reason
             status = await controller.ok("GET", f"/api/v1/inference/{service_id}/status")
             assert "its log ends: cannot load the model" in str(status)
+
+
+async def test_a_launch_the_executor_refuses_stops_retrying_with_its_reason_and_no_memory_hint(
+    tmp_path,
+):
+    """The real launch path: the specification names an engine executable the node's
+    process executor refuses to launch."""
+    _, settings = broken_engine(tmp_path)
+    with trio.fail_after(60):
+        async with open_inference_controller(
+            tmp_path, agent_config=str(settings), replica_retry_max="1s", replica_give_up_after=2
+        ) as controller:
+            model_id = await _tiny_model(controller)
+            spec = await llama_spec(controller, model_id)
+            spec["image_executable"] = "no-such-llama-server"
+            created = await controller.ok("POST", "/api/v1/inference", status=201, json=spec)
+            service_id = created["id"]
+            assert (await controller.control(service_id, "start")).status_code == 200
+            view = await controller.wait_service(service_id, lambda v: v["stopped_retrying"])
+            reason = view["reason"]
+            assert ESTIMATE not in reason and "memory" not in reason
+            assert "(launch_failed): 'no-such-llama-server' is not on the job's PATH" in reason
+            assert "the process executor on node local refused to launch the engine" in reason
+            assert "the specification's runtime" in reason

@@ -188,8 +188,9 @@ def give_up_advice(replica: int, attempt: AttemptRecord) -> str:
     if reason in LAUNCH_REFUSALS:
         return (
             f"the {attempt.provider} executor on node {attempt.node_id} refused to launch the "
-            "engine: change the node's setting its message names (or place the replica on "
-            f"another node), {again}"
+            "engine for that reason: change what it names (a setting of the node, such as its "
+            "runtime_dir, or the specification's runtime) or place the replica on another "
+            f"node, {again}"
         )
     return (
         f"see why (ficc inference show {attempt.service_id}; ficc inference logs "
