@@ -161,22 +161,23 @@ def _service_page(url: str, service_id: str, invoke_token: str, operator_token: 
             "time to first token p50 \u2013, p99 \u2013 in the last hour."
         )
 
-        # A preview the schema refuses says its message once.
-        spec = json.loads(page.get_by_label("Next specification (JSON)").input_value())
-        spec["context"] = 0
-        page.get_by_label("Next specification (JSON)").fill(json.dumps(spec, indent=2))
+        # The rollout form, filled from the specification: a preview the schema refuses
+        # says so at the field, once.
+        context = page.get_by_label("Engine context (tokens)")
+        expect(context).to_have_value("512")
+        context.fill("0")
         with watch.provoking(400, r"/rollout/preview$"):
             page.get_by_role("button", name="Preview").click()
-            refusal = page.locator("#rollout-problem")
-            expect(refusal).to_contain_text("$.context: must be from 1 to")
+            expect(page.locator("#rollout-context-error")).to_contain_text("must be from 1 to")
+        refusal = page.locator("#rollout-problem")
+        expect(refusal).to_contain_text("$.context")
         assert refusal.text_content().count("$.context") == 1, refusal.text_content()
         page.get_by_role("button", name="Reset to the current specification").click()
         expect(refusal).to_be_hidden()
+        expect(context).to_have_value("512")
 
         # A rollout preview that does not fit says why, inline, and cannot be rolled out.
-        spec = json.loads(page.get_by_label("Next specification (JSON)").input_value())
-        spec["placements"][0]["limits"]["memory_bytes"] = PIB
-        page.get_by_label("Next specification (JSON)").fill(json.dumps(spec, indent=2))
+        page.get_by_label("Memory per replica (MiB)").fill(str(PIB // 1024**2))
         page.get_by_role("button", name="Preview").click()
         expect(page.locator("#rollout-verdict")).to_have_text("The next generation does not fit.")
         refused = page.locator("#rollout-result tr.refused").first
@@ -239,10 +240,7 @@ def _service_page(url: str, service_id: str, invoke_token: str, operator_token: 
         # A rollout that fits (one request at a time instead of two): previewed, rolled
         # out after a confirmation; the next generation takes over, and the followed
         # attempt, rolled out, ends its log.
-        editor = page.get_by_label("Next specification (JSON)")
-        spec = json.loads(editor.input_value())
-        spec["concurrency"] = 1
-        editor.fill(json.dumps(spec, indent=2))
+        page.get_by_label("Concurrency (requests per replica)").fill("1")
         page.get_by_role("button", name="Preview").click()
         expect(page.locator("#rollout-verdict")).to_have_text(
             "The next generation fits beside the serving one: it can be rolled out."
@@ -292,6 +290,8 @@ def _service_page(url: str, service_id: str, invoke_token: str, operator_token: 
             "Replica 0's attempt ended; its log is complete."
         )
         expect(page.locator("#state .badge")).to_have_text("stopped", timeout=60_000)
+        # The start is older than the newest 20 events shown: asked for, it is listed.
+        _every_event(page)
         expect(page.locator('#events tr[data-kind="service.desired"]')).to_have_count(2)
         expect(page.locator('#events tr[data-kind="replica.restarted"]').first).to_be_visible()
 
@@ -308,6 +308,20 @@ def _service_page(url: str, service_id: str, invoke_token: str, operator_token: 
         _stale_start(page, watch, url, service_id, operator_token)
         watch.check()
         dashboard_watch.check()
+
+
+def _every_event(page) -> None:
+    """Show older events until the page says it lists every event on record."""
+    from playwright.sync_api import expect
+
+    count = page.locator("#events-count")
+    for _ in range(20):
+        before = count.text_content()
+        if before.startswith("All "):
+            return
+        page.get_by_role("button", name="Show older events").click()
+        expect(count).not_to_have_text(before)
+    expect(count).to_have_text(re.compile(r"^All \d+ events on record"))
 
 
 def _stale_start(page, watch, url: str, service_id: str, token: str) -> None:

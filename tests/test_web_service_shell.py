@@ -60,7 +60,13 @@ async def test_the_service_pages_need_a_session_and_link_their_assets(client, bo
 
 def test_every_module_the_service_pages_import_is_an_asset():
     assets = Assets.load()
-    for module in ("services.js", "service.js", "service_common.js", "charts.js"):
+    for module in (
+        "services.js",
+        "service.js",
+        "service_common.js",
+        "service_rollout.js",
+        "charts.js",
+    ):
         source = (STATIC / "js" / module).read_text()
         for imported in re.findall(r'from "\./([^"]+)"', source):
             assert f"js/{imported}" in assets.files, (module, imported)

@@ -1,6 +1,8 @@
-// One service's page: its state, replicas (GET .../status), live logs per replica
-// (the ticketed SSE stream), events (followed with `after`), usage charts (buckets of
-// GET /api/v1/usage), the specification, and actions with a confirmation, each
+// One service's page: its state, replicas (GET .../status), logs per replica (the
+// latest lines read at once, then live through the ticketed SSE stream), events (the
+// newest few, followed with `after`, older pages with `before`), usage charts (buckets
+// of GET /api/v1/usage), the specification, the rollout form (service_rollout.js), and
+// actions with a confirmation, each
 // sending the revision read afresh just before it (409 stale_revision, or a change of
 // what the operator saw, says to reload). A service that is not there (or no longer)
 // is said so, with nothing left to act on it and no more polling.
@@ -9,13 +11,17 @@ import { api, ApiError, leave, sessionEnded } from "./api.js";
 import { lineChart } from "./charts.js";
 import { badge, bytes, clock, el, number, stamp } from "./format.js";
 import { Poller, REFRESH_MS, allAnswered, fillTable, guardLinks, header } from "./service_common.js";
+import { rolloutForm } from "./service_rollout.js";
 import { $ } from "./page.js";
 import { reservationText } from "./tables.js";
 
 const SERVICE_ID = decodeURIComponent(window.location.pathname.split("/").pop());
 const BASE = `/api/v1/inference/${encodeURIComponent(SERVICE_ID)}`;
-const EVENTS_KEPT = 200;
+//: Events shown at first, and how many more each "Show older events" adds.
+const EVENTS_PAGE = 20;
 const LOG_LINES_KEPT = 1000;
+//: Lines of a replica's log read when it is chosen (the logs API's tail).
+const LOG_TAIL = 100;
 const USAGE_BUCKETS = 12;
 const USAGE_EVERY_MS = Math.max(5000, REFRESH_MS * 6);
 const dash = "–";
@@ -26,12 +32,15 @@ let principal = null;
 let poller = null;
 let view = null; // GET /inference/{id}: the revision every action sends
 let status = null;
-let events = [];
+let events = []; // read so far, oldest first: the newest `eventsShown` are shown
+let eventsShown = EVENTS_PAGE;
 let eventsAfter = null;
+let olderLeft = true; // whether events older than the first read may be on record
 let usageAt = 0;
-let specShown = null; // the spec the rollout editor was filled from
+let specShown = null; // the spec the rollout form was filled from
 let stream = null; // the EventSource of the log followed
-let previewed = null; // the spec text of the last preview that fits beside the serving one
+let logRead = null; // "index/attempt" of the log whose latest lines were read (or asked)
+let rollout = null; // the rollout form (service_rollout.js)
 let modelNames = new Map(); // the project's models' names, read once
 let gone = false; // a read answered 404: the service is not there (or no longer)
 
@@ -122,7 +131,7 @@ function drawSummary() {
   buttons.pin.hidden = !view.scaling || view.scaling.pinned;
   buttons.unpin.hidden = !view.scaling || !view.scaling.pinned;
   buttons.pin.disabled = buttons.unpin.disabled = !manage;
-  $("rollout-start").disabled = !(running && previewed !== null && previewed === $("rollout-spec").value);
+  rollout.update();
 }
 
 const ACTIONS = {
@@ -213,7 +222,8 @@ function actionFailed(error) {
 
 // Runs `run(revision)` with the revision read afresh (freshRevision), saying `busy`,
 // then `done(answer)` or why it failed; then reads the service again.
-async function act(name, run, { busy, done, after } = {}) {
+// `failed(error)`, if given, may show a refusal itself (answering true).
+async function act(name, run, { busy, done, after, failed } = {}) {
   $("action-problem").hidden = true;
   $("action-status").textContent = busy || `${name}…`;
   try {
@@ -223,7 +233,7 @@ async function act(name, run, { busy, done, after } = {}) {
   } catch (error) {
     if (sessionEnded(error)) return leave();
     $("action-status").textContent = "";
-    actionFailed(error);
+    if (!(failed && failed(error))) actionFailed(error);
   }
   await poller.now();
 }
@@ -314,7 +324,58 @@ function updateLogButtons() {
   const replica = status && status.replicas.find((r) => String(r.index) === index);
   $("log-follow").disabled = gone || stream !== null || !replica || !replica.attempt_id;
   $("log-stop").hidden = stream === null;
-  if (stream === null && replica && !replica.attempt_id) logStatus(`Replica ${index} has not been started yet, so it has no log.`);
+  if (stream === null && replica && !replica.attempt_id) {
+    logStatus(`Replica ${index} has not been started yet, so it has no log.`);
+    $("log").replaceChildren();
+    $("log").classList.remove("no-lines");
+    logRead = null;
+  } else if (stream === null && replica && !gone && logRead === null) {
+    if (launched(replica)) readLog(replica);
+    else logStatus(`Replica ${index}'s engine is being launched: its lines are read once it runs.`);
+  }
+}
+
+//: A replica's states in which its attempt's engine runs on its node.
+const RUNNING = new Set(["loading", "ready", "degraded", "draining", "stopping"]);
+
+// Whether the replica's latest attempt reached its node's executor (which has its log
+// from then on): its engine runs, or it ran and exited and nothing was launched since.
+function launched(replica) {
+  if (!replica.attempt_id) return false;
+  if (RUNNING.has(replica.state)) return true;
+  return (replica.state === "stopped" || replica.state === "failed") && Boolean(replica.last_exit);
+}
+
+// The latest lines of the chosen replica's latest attempt (GET .../logs?tail=), read
+// when the page opens or another replica is chosen, so the pane is never empty while
+// there is a log: "No lines yet." only when the log has none.
+async function readLog(replica) {
+  const index = String(replica.index);
+  const reading = `${index}/${replica.attempt_id}`;
+  logRead = reading;
+  logStatus(`Reading replica ${index}'s latest lines…`);
+  const log = $("log");
+  try {
+    const found = await api("GET", `${BASE}/replicas/${index}/logs?tail=${LOG_TAIL}`);
+    if (logRead !== reading || stream !== null) return; // another replica chosen, or followed, meanwhile
+    log.replaceChildren();
+    for (const line of found.lines) log.append(el("span", { class: "line" }, line), "\n");
+    log.classList.toggle("no-lines", found.lines.length === 0);
+    log.scrollTop = log.scrollHeight;
+    const attempt = replica.attempt ? `attempt ${replica.attempt}` : "latest attempt";
+    const count = found.lines.length === LOG_TAIL ? `The last ${LOG_TAIL} lines` : found.lines.length === 1 ? "The only line" : `All ${found.lines.length} lines`;
+    logStatus(
+      found.lines.length === 0
+        ? `Replica ${index}'s ${attempt} (${found.attempt_state}) has written no line yet. Follow live to see them come.`
+        : `${count} of replica ${index}'s ${attempt} (${found.attempt_state}). Follow live to see new ones.`,
+    );
+  } catch (error) {
+    if (sessionEnded(error)) return leave();
+    if (logRead !== reading || stream !== null) return;
+    log.replaceChildren();
+    log.classList.remove("no-lines");
+    logStatus(`Could not read replica ${index}'s log: ${error.message}`);
+  }
 }
 
 function appendLine(text) {
@@ -340,6 +401,8 @@ async function follow() {
   if (index === "" || gone) return;
   closeStream();
   $("log").replaceChildren();
+  $("log").classList.remove("no-lines");
+  logRead = `${index}/followed`;
   $("log-follow").disabled = true;
   logStatus(`Opening replica ${index}'s log…`);
   let ticket;
@@ -356,7 +419,10 @@ async function follow() {
   stream = source;
   updateLogButtons();
   source.onopen = () => logStatus(`Following replica ${index}'s log live.`);
-  source.onmessage = (event) => appendLine(event.data);
+  source.onmessage = (event) => {
+    $("log").classList.remove("no-lines");
+    appendLine(event.data);
+  };
   // The attempt ended: the server closes the stream next (closing it here would abort
   // a response still open), and the error event that closing fires ends it here.
   let ended = false;
@@ -401,20 +467,50 @@ function eventLine(event) {
   );
 }
 
+// New events since the last read (the newest page at first); the oldest beyond what is
+// shown are let go, and "Show older events" reads them again with `before`.
 async function readEvents() {
-  const query = eventsAfter === null ? "limit=100" : `after=${eventsAfter}&limit=500`;
+  const query = eventsAfter === null ? `limit=${EVENTS_PAGE}` : `after=${eventsAfter}&limit=500`;
   const page = await api("GET", `${BASE}/events?${query}`);
+  if (eventsAfter === null) olderLeft = page.events.length === EVENTS_PAGE;
   if (page.events.length) {
-    events = events.concat(page.events).slice(-EVENTS_KEPT);
+    events = events.concat(page.events);
+    if (events.length > eventsShown) {
+      events = events.slice(-eventsShown);
+      olderLeft = true;
+    }
   }
   if (page.next_after !== null && page.next_after !== undefined) eventsAfter = page.next_after;
   else if (page.events.length) eventsAfter = page.events[page.events.length - 1].id;
   return page.events.length > 0;
 }
 
+// The next older page, before the oldest event read.
+async function readOlderEvents() {
+  const button = $("events-older");
+  button.disabled = true;
+  try {
+    const query = events.length ? `before=${events[0].id}&limit=${EVENTS_PAGE}` : `limit=${EVENTS_PAGE}`;
+    const page = await api("GET", `${BASE}/events?${query}`);
+    events = page.events.concat(events);
+    eventsShown = events.length;
+    olderLeft = page.events.length === EVENTS_PAGE;
+    drawEvents();
+  } catch (error) {
+    if (sessionEnded(error)) return leave();
+    $("events-count").textContent = `Could not read older events: ${error.message}`;
+  } finally {
+    button.disabled = gone;
+  }
+}
+
 function drawEvents() {
   const rows = [...events].reverse().map(eventLine);
   fillTable($("events"), rows, document.querySelector('.note[data-for="events"]'), "Nothing has happened yet.");
+  $("events-scroll").hidden = rows.length === 0;
+  const count = rows.length === 1 ? "1 event" : `${rows.length} events`;
+  $("events-count").textContent = rows.length === 0 ? "" : olderLeft ? `The latest ${count}, newest first.` : `All ${count} on record, newest first.`;
+  $("events-older").hidden = !olderLeft || rows.length === 0;
 }
 
 // ---- usage -----------------------------------------------------------------------------
@@ -513,96 +609,10 @@ function specEntries(spec) {
 function drawSpec() {
   const key = JSON.stringify(view.spec);
   if (key === specShown) return;
-  const editor = $("rollout-spec");
-  const untouched = specShown === null || editor.value === JSON.stringify(JSON.parse(specShown), null, 2);
   specShown = key;
   $("spec").replaceChildren(...specEntries(view.spec).flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, v)]));
   $("spec-json").textContent = JSON.stringify(view.spec, null, 2);
-  if (untouched) editor.value = JSON.stringify(view.spec, null, 2);
-}
-
-function planTable(caption, plan) {
-  const rows = plan.replicas.map((r) =>
-    el(
-      "tr",
-      { "data-replica": r.index, class: r.fits ? "fits" : "refused" },
-      el("th", { scope: "row" }, String(r.index)),
-      el("td", { "data-label": "Node" }, r.node_id),
-      el("td", { "data-label": "Reservation" }, reservationText(r.reservation)),
-      el("td", { class: "fit", "data-label": "Fits" }, r.fits ? "fits" : "does not fit"),
-      el("td", { class: "reasons", "data-label": "Reasons" }, r.reasons.length ? el("ul", { class: "plain" }, r.reasons.map((x) => el("li", {}, el("code", {}, x.code), ` ${x.message}`))) : dash),
-    ),
-  );
-  return el(
-    "div",
-    { class: "table-wrap plan" },
-    el(
-      "table",
-      {},
-      el("caption", {}, caption),
-      el("thead", {}, el("tr", {}, ["Replica", "Node", "Reservation", "Fits", "Reasons"].map((h) => el("th", { scope: "col" }, h)))),
-      el("tbody", {}, rows),
-    ),
-  );
-}
-
-async function previewRollout(event) {
-  event.preventDefault();
-  const out = $("rollout-result");
-  const refusal = $("rollout-problem");
-  refusal.hidden = true;
-  previewed = null;
-  $("rollout-start").disabled = true;
-  const text = $("rollout-spec").value;
-  let spec;
-  try {
-    spec = JSON.parse(text);
-  } catch (error) {
-    refusal.textContent = `The specification is not JSON: ${error.message}`;
-    refusal.hidden = false;
-    return;
-  }
-  out.replaceChildren(el("p", { class: "note" }, "Planning…"));
-  try {
-    const preview = await api("POST", `${BASE}/rollout/preview`, { spec });
-    const beside = preview.beside_serving;
-    const verdict = beside.fits
-      ? "The next generation fits beside the serving one: it can be rolled out."
-      : preview.fits
-        ? "The next generation would fit alone, but not beside the serving one: a rollout is refused (stop, then replace, or free room first)."
-        : "The next generation does not fit.";
-    out.replaceChildren(
-      el("p", { id: "rollout-verdict", class: beside.fits ? "verdict fits" : "verdict refused" }, verdict),
-      ...(preview.warnings || []).map((w) => el("p", { class: "notice" }, typeof w === "string" ? w : w.message || JSON.stringify(w))),
-      planTable("Beside the serving generation (while both run)", beside),
-      planTable("Serving alone (after the cut-over)", preview),
-      el("p", { class: "muted small" }, `Plan ${beside.plan_digest}`),
-    );
-    if (beside.fits) previewed = text;
-    $("rollout-start").disabled = !(beside.fits && view.desired === "running");
-  } catch (error) {
-    if (sessionEnded(error)) return leave();
-    out.replaceChildren();
-    // The message names the first error already ("… invalid at $.context: …"): add only
-    // the ones it does not.
-    const errors = ((error.details && error.details.errors) || []).map((e) => `${e.path}: ${e.message}`);
-    const more = errors.filter((e) => !error.message.includes(e));
-    refusal.textContent = more.length ? `${error.message} ${more.join("; ")}` : error.message;
-    refusal.hidden = false;
-  }
-}
-
-async function startRollout() {
-  const spec = JSON.parse(previewed);
-  const text = `Roll ${view.alias} out to this specification? Its next generation starts beside the serving one and takes the traffic once every replica is ready.`;
-  if (!(await confirmed(`Roll out ${view.alias}`, text, "Roll out"))) return;
-  await act("Rollout", (revision) => api("POST", `${BASE}/rollout`, { revision, spec }), {
-    busy: "Starting the rollout…",
-    done: (answer) => `Rollout to generation ${answer.rollout.generation} started.`,
-    after: () => {
-      previewed = null;
-    },
-  });
+  rollout.shown(view.spec);
 }
 
 // ---- refresh ---------------------------------------------------------------------------
@@ -626,8 +636,9 @@ function serviceGone() {
     $("service-title").textContent = "No such service";
     $("refreshed").textContent = "";
   }
-  const controls = "[data-action], [data-move], #move-submit, #action-reload, #log-follow, #log-replica, #rollout-form button, #rollout-spec";
+  const controls = "[data-action], [data-move], #move-submit, #action-reload, #log-follow, #log-replica, #events-older";
   for (const control of document.querySelectorAll(controls)) control.disabled = true;
+  rollout.disable();
   $("move-form").hidden = true;
 }
 
@@ -665,6 +676,7 @@ async function refresh() {
 
 async function start() {
   poller = new Poller(refresh);
+  rollout = rolloutForm({ base: BASE, view: () => view, act, confirmed });
   const beforeLeave = async () => {
     closeStream();
     await poller.stop();
@@ -693,23 +705,15 @@ async function start() {
   });
   $("log-follow").addEventListener("click", follow);
   $("log-stop").addEventListener("click", () => closeStream("Stopped following."));
-  $("log-replica").addEventListener("change", updateLogButtons);
+  $("log-replica").addEventListener("change", () => {
+    logRead = null;
+    updateLogButtons();
+  });
+  $("events-older").addEventListener("click", readOlderEvents);
   $("usage-window").addEventListener("change", () => {
     usageAt = 0;
     poller.now();
   });
-  $("rollout-form").addEventListener("submit", previewRollout);
-  $("rollout-reset").addEventListener("click", () => {
-    $("rollout-spec").value = JSON.stringify(view.spec, null, 2);
-    previewed = null;
-    $("rollout-result").replaceChildren();
-    $("rollout-problem").hidden = true;
-    $("rollout-start").disabled = true;
-  });
-  $("rollout-spec").addEventListener("input", () => {
-    $("rollout-start").disabled = !(previewed !== null && previewed === $("rollout-spec").value && view.desired === "running");
-  });
-  $("rollout-start").addEventListener("click", startRollout);
   window.addEventListener("pagehide", () => closeStream());
   if (!has("inference:read")) {
     showProblem("This session lacks the inference:read scope that reading a service needs.");
