@@ -108,6 +108,8 @@ async def test_node_silence_counts_from_the_stores_return_not_through_the_outage
         async with trio.open_nursery() as nursery:
             with store_outage(service.store) as outage:
                 await nursery.start(nodes.run)
+                started = nodes.states.resumed_at  # silence counts from the sweep's start
+                assert started == clock.now
                 outage.down = True
                 clock.now += 1
                 # Heard, not recorded: the connection goes on (no error is raised).
@@ -116,7 +118,7 @@ async def test_node_silence_counts_from_the_stores_return_not_through_the_outage
                 while nodes.states.outage.failures < 3:  # noqa: ASYNC110 (the sweep fails, goes on)
                     await trio.sleep(0.01)
                 outage.end()
-                while nodes.states.resumed_at is None:  # noqa: ASYNC110
+                while nodes.states.resumed_at == started:  # noqa: ASYNC110
                     await trio.sleep(0.01)
             assert await nodes.sweep() == []  # the outage was not the node's silence
             assert (await nodes.get("gpu-1")).state == "connected"

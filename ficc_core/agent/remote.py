@@ -15,9 +15,11 @@ and are fenced by it (:mod:`~ficc_core.nodelink.commands`), so only the current
 leader changes what runs, while the endpoint action works through any controller.
 
 A dropped connection is retried with exponential backoff (0.5 s doubling to 30 s,
-with jitter); a refused credential, a second controller naming another node, or
-being fenced out by a newer connection of the same node ends that link. The
-agent ends when every link has ended so.
+with jitter); a controller that says it is stopping (``goodbye``) is dialled again
+the same way, logged at info rather than as a lost connection until it is back. A
+refused credential, a second controller naming another node, or being fenced out
+by a newer connection of the same node ends that link. The agent ends when every
+link has ended so.
 """
 
 from __future__ import annotations
@@ -242,6 +244,10 @@ class ControllerLink:
         self.relay: RelayServer | None = None
         #: Heartbeats sent on this link, all sessions together.
         self.heartbeats = 0
+        #: Connections the controller ended because it was stopping (``goodbye``).
+        self.goodbyes = 0
+        #: Whether the controller said it was stopping and has not welcomed us since.
+        self.away = False
 
     @property
     def leads(self) -> bool:
@@ -258,7 +264,7 @@ class ControllerLink:
                 return exc
             except _TRANSIENT as exc:
                 welcomed = False
-                log.warning("controller %s unreachable: %r", self.url, exc)
+                log.log(self._unreachable_level(), "controller %s unreachable: %r", self.url, exc)
             except BaseExceptionGroup as group:
                 refused, rest = group.split(AgentRefused)
                 if refused is not None:
@@ -267,13 +273,17 @@ class ControllerLink:
                 if unexpected is not None:
                     raise
                 welcomed = False
-                log.warning("controller %s unreachable: %r", self.url, group)
+                log.log(self._unreachable_level(), "controller %s unreachable: %r", self.url, group)
             finally:
                 self.connected = False
             if welcomed:
                 delay = self.remote.backoff_initial
             await trio.sleep(delay * random.uniform(0.8, 1.2))
             delay = min(delay * 2, self.remote.backoff_max)
+
+    def _unreachable_level(self) -> int:
+        """A controller that said it was stopping is expected away: info, not a warning."""
+        return logging.INFO if self.away else logging.WARNING
 
     async def _session(self, nursery: trio.Nursery) -> bool:
         """One connection: return whether the controller welcomed it before it ended."""
@@ -297,6 +307,7 @@ class ControllerLink:
                     await agent.see_term(self.term)
                 self.sessions += 1
                 self.connected = True
+                self.away = False
                 log.info(
                     "controller %s welcomed node %s as %s (term %d)",
                     self.controller,
@@ -375,6 +386,15 @@ class ControllerLink:
                                 f"a newer connection of node {agent.node_id!r} replaced this one",
                                 code="connection_fenced",
                             )
+                        )
+                        break
+                    elif kind == "goodbye":
+                        # The controller is stopping: no trouble, reconnect as usual.
+                        self.goodbyes += 1
+                        self.away = True
+                        log.info(
+                            "controller %s is shutting down; reconnecting once it is back",
+                            self.controller,
                         )
                         break
                     elif kind == "error":

@@ -21,14 +21,14 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import trio
 
 from ..errors import FiccError, InvalidRequest
 from ..nodelink.links import ConnectionLink, MessageChannel, NodeLink
-from ..nodelink.wire import MAX_MESSAGE, heartbeat_attempts
+from ..nodelink.wire import GOODBYE, MAX_MESSAGE, heartbeat_attempts
 from ..schema import ExecutorSnapshot, Fence, SchemaError, structure, unstructure
 from ..store.outage import is_store_failure
 from .assignments import Reconciliation
@@ -47,6 +47,9 @@ async def serve_node_connection(
     lease_duration: float,
 ) -> None:
     """Serve one authenticated node connection until it ends, is fenced out or fails."""
+    if registry.live.closing:
+        await _last_word(channel, GOODBYE)  # the controller is stopping: come back later
+        return
     link = ConnectionLink(channel, node=node_id)
     leadership = registry.leadership
     # What the controller wanted before this connection: reconciled with the first report.
@@ -171,6 +174,8 @@ async def serve_node_connection(
             link.close()
             if registry.replaced(node_id, connection_id):
                 await _last_word(channel, {"type": "fenced"})
+            elif registry.live.closing:
+                await _last_word(channel, GOODBYE)
             registry.disconnect(node_id, connection_id)
             nursery.cancel_scope.cancel()
 
@@ -221,7 +226,7 @@ async def _stop_unwanted(link: NodeLink, node_id: str, fences: Sequence[Fence], 
             )
 
 
-async def _last_word(channel: MessageChannel, message: dict[str, Any]) -> None:
+async def _last_word(channel: MessageChannel, message: Mapping[str, Any]) -> None:
     with trio.CancelScope(shield=True), trio.move_on_after(1):
         try:
             await channel.send(json.dumps(message))

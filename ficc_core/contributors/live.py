@@ -29,6 +29,9 @@ class LiveConnections:
 
     def __init__(self) -> None:
         self._by_node: dict[str, LiveConnection] = {}
+        #: Set once the controller is stopping (:meth:`end_all`): a connection that ends
+        #: now tells its agent so (``goodbye``), and a new one is told at once.
+        self.closing = False
 
     def replace(
         self,
@@ -50,7 +53,8 @@ class LiveConnections:
 
     def end_all(self) -> None:
         """Cancel every connection (the controller is stopping); each is forgotten when
-        its handler ends."""
+        its handler ends, after telling its agent that the controller is going away."""
+        self.closing = True
         for live in list(self._by_node.values()):
             live.scope.cancel()
 

@@ -112,8 +112,11 @@ class NodeStates:
         self.clock = clock
         #: Store failures of heartbeats and sweeps (one warning per outage).
         self.outage = OutageLog("node heartbeats and states", logger=log)
-        #: When the store answered the sweep again after an outage: silence counts from
-        #: then (``clock`` seconds; None before any outage).
+        #: Since when this controller can hear every node: when its sweep started (its
+        #: start, or its taking the lease) or the store answered again after an outage.
+        #: Silence counts from then (``clock`` seconds; None before the sweep runs), so
+        #: a node is never made unreachable or lost for heartbeats it could not send
+        #: while this controller was away.
         self.resumed_at: float | None = None
 
     async def connect(self, node_id: str, connection_id: str) -> None:
@@ -173,9 +176,9 @@ class NodeStates:
     async def sweep(self) -> list[tuple[str, NodeState]]:
         """Move silent nodes to unreachable or lost; return the ``(node, state)`` changes.
 
-        Within ``unreachable_after`` (``lost_after``) of the store's return after an
-        outage, no node is made unreachable (lost): the heartbeats it sent meanwhile
-        could not be recorded.
+        Within ``unreachable_after`` (``lost_after``) of the sweep's start, or of the
+        store's return after an outage, no node is made unreachable (lost): while no
+        controller ran, or the store failed, its heartbeats could not be recorded.
         """
         now = self.clock()
         since = now - (self.resumed_at if self.resumed_at is not None else -float("inf"))
@@ -243,6 +246,9 @@ class NodeStates:
         pauses the sweep (tried again with a bounded backoff), never ends it."""
         period = max(0.05, min(1.0, self.unreachable_after / 4))
         backoff = Backoff()
+        # A node silent since before this controller started (it was stopped, or the
+        # previous leader went) gets the whole of unreachable_after to connect again.
+        self.resumed_at = self.clock()
         task_status.started()
         while True:
             try:

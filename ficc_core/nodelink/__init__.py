@@ -21,7 +21,10 @@ relayed bytes:
   renewal (:mod:`~ficc_core.nodelink.commands`);
 - both ways ``{"type": "relay", ...}`` and binary frames: relayed endpoint streams;
 - controller → agent ``{"type": "fenced"}`` or ``{"type": "error", "code", "message"}``
-  just before the controller closes the connection.
+  just before the controller closes the connection, or ``{"type": "goodbye",
+  "code": "controller_shutting_down", "message"}`` when it closes it because it is
+  stopping (:data:`~ficc_core.nodelink.wire.GOODBYE`): the agent reconnects, with no
+  warning.
 
 Modules:
 

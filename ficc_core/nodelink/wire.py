@@ -29,6 +29,13 @@ if TYPE_CHECKING:
 
 #: The largest message an agent may send (a snapshot with many runtimes and attempts).
 MAX_MESSAGE = 1 << 20
+#: The controller's last word on a connection it ends because it is stopping: the agent
+#: reconnects (to it once it is back, or to another controller) without a warning.
+GOODBYE: Mapping[str, str] = {
+    "type": "goodbye",
+    "code": "controller_shutting_down",
+    "message": "the controller is shutting down; reconnect once it is back",
+}
 #: Events a relayed stream may have in flight between agent and controller (and queued on each).
 WINDOW = 4
 #: Relayed streams one connection may have open at once.
