@@ -159,6 +159,21 @@ def _panes(url: str, service_id: str, events: list[dict], generation: int) -> No
         expect(memory).to_have_value("300")
         expect(cpus).to_have_value("0.5")
 
+        # Another strategy, previewed: the server's words for it, with its downtime.
+        strategy = page.get_by_label("Strategy")
+        strategy.select_option("recreate")
+        preview.click()
+        expect(page.locator("#rollout-verdict")).to_have_text(
+            "The next generation can be rolled out in place, every replica at once. "
+            "The service is down meanwhile."
+        )
+        expect(page.locator("#rollout-how")).to_contain_text("no replica serves until it is ready")
+        expect(page.locator("#rollout-result caption")).to_have_text(
+            ["In place of the serving generation (after the cut-over)"]
+        )
+        strategy.select_option("auto")
+        expect(roll_out).to_be_disabled()
+
         # Previewed, then rolled out: what it previewed becomes the next generation.
         preview.click()
         expect(page.locator("#rollout-verdict")).to_have_text(
