@@ -75,6 +75,19 @@ async def test_a_rolling_rollout_on_a_full_node_serves_throughout_and_a_scale_do
             assert "--strategy rolling" in error["message"]
             assert error["details"]["possible"] == ["rolling", "recreate"]
 
+            # One replica of the whole node: never beside a serving one, so not rolling
+            # either; the refusal says so and names the one that fits.
+            first = spec["placements"][0]
+            limits = {**first["limits"], "cpus": 2 * first["limits"]["cpus"]}
+            whole = {**spec, "placements": [{**first, "limits": limits}]}
+            refused = await _rollout(controller, service_id, whole, strategy="rolling")
+            assert refused.status_code == 409, refused.text
+            error = refused.json()["error"]
+            assert error["message"].startswith("a rolling rollout does not fit"), error["message"]
+            assert "strategy 'recreate'" in error["message"]
+            assert error["details"]["possible"] == ["recreate"]
+            assert error["details"]["strategy"] == "rolling"
+
             traffic = Traffic()
             token = await ops.token(service_id)
             async with trio.open_nursery() as nursery:

@@ -130,28 +130,42 @@ def describe(choice: Choice) -> str:
 
 def refusal_message(choice: Choice) -> str:
     """Why the requested strategy does not fit, and the way forward."""
-    works = [w for w in choice.works if w != "surge"]
-    if not works:
+    requested = choice.requested
+    if requested in ("auto", "surge"):
+        why = (
+            "the next generation does not fit beside the serving one (strategy "
+            f"{requested!r} needs room for both until the cut-over)"
+        )
+    elif requested == "rolling":
+        why = (
+            "a rolling rollout does not fit: one of its steps has no room for the next "
+            "replica beside the replicas still serving"
+        )
+    else:
+        why = "the next generation does not fit on its nodes even in place of the serving one"
+    others = [w for w in choice.works if w != requested]
+    if not others:
         return (
-            "the next generation does not fit on its nodes even in place of the serving "
-            "one; give it smaller limits or other placements (preview the rollout to "
+            f"{why}; give it smaller limits or other placements (preview the rollout to "
             "see every reason)"
         )
-    ways = " or ".join(f"strategy {w!r}" for w in works)
-    asked = "auto" if choice.requested == "auto" else choice.requested
+    ways = " or ".join(f"strategy {w!r}" for w in others)
+    in_place = [w for w in others if w != "surge"]
+    if not in_place:
+        return f"{why}; {ways} fits ('ficc inference rollout SERVICE --strategy surge')"
     return (
-        f"the next generation does not fit beside the serving one (strategy {asked!r} "
-        f"needs room for both until the cut-over); roll it out in place with {ways} "
-        "('ficc inference rollout SERVICE --strategy rolling'), which lowers capacity "
-        "meanwhile (preview the rollout to see by how much)"
+        f"{why}; roll it out with {ways} ('ficc inference rollout SERVICE --strategy "
+        f"{in_place[0]}'), which lowers capacity meanwhile (preview the rollout to see "
+        "by how much)"
     )
 
 
 def refuse_choice(choice: Choice) -> PlacementFailed:
     """The refusal of a rollout whose strategy does not fit, naming those that would."""
-    reasons = choice.beside.reasons() if choice.requested in ("auto", "surge") else []
+    beside = choice.requested in ("auto", "surge")
+    reasons = (choice.beside if beside else choice.alone).reasons()
     if not reasons:
-        reasons = choice.plan.reasons()
+        reasons = choice.beside.reasons()  # in place fits alone, not some rolling step
     first = f": {reasons[0]['message']}" if reasons else ""
     return PlacementFailed(
         refusal_message(choice) + first,
@@ -159,7 +173,7 @@ def refuse_choice(choice: Choice) -> PlacementFailed:
             "strategy": choice.requested,
             "possible": list(choice.works),
             "reasons": reasons,
-            "plan": choice.beside.to_json(),
+            "plan": (choice.beside if beside else choice.alone).to_json(),
         },
     )
 
