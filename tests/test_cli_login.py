@@ -353,3 +353,44 @@ async def test_every_credential_option_takes_a_name(server):
         "admin", "create-token", "--project", "default", "--scope", "inference:invoke",
         "--name", "batch-job", "--data-dir", data,
     )  # fmt: skip
+
+
+async def test_a_key_made_with_ficc_keys_outlives_ficc_logout_and_is_revoked_by_name(server):
+    url = server["url"]
+    await ok(
+        "login", url, "--username", "admin", "--password-stdin", input=server["password"] + "\n"
+    )
+    made = await ok(
+        "keys", "create", "nightly-report", "--scope", "inference:read", "--lifetime", "10d"
+    )
+    token = re.search(r"^token \(shown once\): (\S+)$", made.stdout, re.M).group(1)
+    assert "'ficc keys revoke nightly-report" in made.stderr
+    listed = {key["name"]: key for key in (await as_json("keys", "list"))["tokens"]}
+    key = listed["nightly-report"]
+    assert key["issuer_id"] is None and key["scopes"] == ["inference:read"]
+    assert key["expires_at"] - key["created_at"] == pytest.approx(10 * DAY)
+    assert re.search(
+        r"^\S+\s+nightly-report\s+inference:read\s", (await ok("keys", "list")).stdout, re.M
+    )
+    bound = await as_json("keys", "create", "short-job", "--scope", "inference:read", "--bound")
+    assert bound["credential"]["issuer_id"] == credentials.load().servers[url].credential_id
+
+    await ok("logout")
+    # The lasting key outlives the login that made it; the bound one does not.
+    assert await trio.to_thread.run_sync(whoami_status, url, token) == (200, "")
+    assert await trio.to_thread.run_sync(whoami_status, url, bound["token"]) == (
+        401,
+        "credential_revoked",
+    )
+
+    # A credential another minted (login --token mints one) makes bound keys only.
+    await ok("login", url, "--token", server["token"])
+    refused = await ficc("keys", "create", "other", "--scope", "inference:read")
+    assert refused.exit_code == 1 and "[lasting_needs_session]" in refused.stderr
+    assert "--bound" in refused.stderr
+    revoked = await ok("keys", "revoke", "nightly-report")
+    assert f"revoked {key['id']} (nightly-report)" in revoked.stdout
+    assert await trio.to_thread.run_sync(whoami_status, url, token) == (
+        401,
+        "credential_revoked",
+    )

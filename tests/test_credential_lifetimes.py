@@ -207,7 +207,7 @@ async def test_a_lasting_key_made_in_a_session_outlives_its_logout_up_to_the_max
     assert (await _whoami(controller, longer.json()["token"])).status_code == 200
     gone = await _whoami(controller, bound.json()["token"])
     assert gone.json()["error"]["code"] == "credential_revoked"
-    # A key minted by a bearer credential always ends with it: lasting is refused.
+    # Only a person makes a lasting key: a credential of no person is refused.
     refused = await controller.call(
         "POST",
         "/api/v1/tokens",

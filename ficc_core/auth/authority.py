@@ -268,6 +268,7 @@ class Authority:
             personal=stored.personal,
             shared=stored.shared,
             name=credential.name,
+            issuer_id=credential.issuer_id,
         )
         self._credentials[credential_id] = (stored.secret_hash, principal, now)
         self._credentials.move_to_end(credential_id)

@@ -78,6 +78,21 @@ def resolve(
     return pool[0] if pool else None
 
 
+def _stands_for_a_person(issuer: Principal | None) -> bool:
+    """Whether ``issuer`` may make a lasting key: a browser session, or a project key of
+    a person that no credential or session minted (a lasting key, the first run's)."""
+    if issuer is None:
+        return False
+    if issuer.kind == PrincipalKind.SESSION:
+        return True
+    return (
+        issuer.user_id is not None
+        and issuer.issuer_id is None
+        and issuer.service_id is None
+        and not issuer.personal
+    )
+
+
 def _free_name(tx: Transaction, project_id: str, name: str, user_id: str | None, now: float) -> str:
     """``name``, or the first of ``name-2``, ``name-3``... no live credential has."""
     candidate, number = name, 1
@@ -183,10 +198,11 @@ class Credentials:
         ``generated_name`` (a default the caller chose), which takes the first free
         of ``name-2``, ``name-3``...
 
-        ``lasting`` makes a browser session's key outlive it: not recorded as minted by
-        the session (logging out does not revoke it) and not capped at the session's
-        expiry, only at ``token_max_lifetime``. A key minted by a bearer credential
-        always ends with it (``lasting`` is refused: 400 ``lasting_needs_session``).
+        ``lasting`` makes a person's key outlive what made it: not recorded as minted by
+        the issuer (logging out does not revoke it) and not capped at the issuer's
+        expiry, only at ``token_max_lifetime``. Only a person makes one: a browser
+        session, or a person's own key that nothing minted (``ficc login --username``
+        stores one); from any other credential it is 400 ``lasting_needs_session``.
 
         ``personal`` mints a person's personal key (``project_ref`` is ignored): in the
         reserved personal project, for ``user_id``, holding ``inference:invoke`` only:
@@ -211,12 +227,13 @@ class Credentials:
                     details={"scopes": beyond},
                 )
         check_band(self.bands, band, issuer)
-        if lasting and (issuer is None or issuer.kind != PrincipalKind.SESSION):
+        if lasting and not _stands_for_a_person(issuer):
             raise InvalidRequest(
-                "lasting applies to keys made in a browser session; a key minted by a bearer "
-                "credential always ends with it (omit lasting)",
+                "only a person makes a lasting key: a browser session, or a person's own key "
+                "that nothing else minted (ficc login --username stores one); a key minted "
+                "by another credential always ends with it (omit lasting)",
                 code="lasting_needs_session",
-                details={"errors": [{"path": "$.lasting", "message": "needs a session"}]},
+                details={"errors": [{"path": "$.lasting", "message": "needs a person"}]},
             )
         # What the new credential is bound to: revoked with it and expiring no later.
         bound = None if lasting else issuer

@@ -41,6 +41,8 @@ class Principal:
     shared: frozenset[str] = frozenset()
     #: A bearer credential's name (what the access log shows it as; None for sessions).
     name: str | None = None
+    #: The credential or session that minted this bearer credential (None: nothing did).
+    issuer_id: str | None = None
 
     def may_invoke(self, service_id: str) -> bool:
         """Whether this principal may invoke inference service ``service_id``."""

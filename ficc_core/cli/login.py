@@ -170,7 +170,7 @@ def _password(from_stdin: bool) -> str:
     return password
 
 
-def _span(seconds: float) -> str:
+def span(seconds: float) -> str:
     """A lifetime in the largest whole unit: 90d, 12h, 15m, 40s."""
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
         if seconds >= size:
@@ -180,7 +180,7 @@ def _span(seconds: float) -> str:
 
 def _capped(capped: dict[str, Any], asked: str) -> str:
     """Why the credential lives less than asked, and what to do about it."""
-    granted = _span(capped["granted"])
+    granted = span(capped["granted"])
     if capped["by"] == "token_max_lifetime":
         return (
             f"note: --lifetime {asked} was capped to {granted}, the longest this server "

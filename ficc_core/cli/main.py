@@ -11,6 +11,7 @@ from .admin_users import users
 from .doctor import doctor
 from .executor import executor
 from .inference import inference
+from .keys import keys
 from .login import login, logout, whoami
 from .migrate_store import migrate_store_command
 from .models import models
@@ -47,8 +48,9 @@ cli.add_command(login, "login")
 cli.add_command(logout, "logout")
 cli.add_command(whoami, "whoami")
 cli.add_command(usage, "usage")
+cli.add_command(keys, "keys")
 install_global_options(
-    cli, frozenset({"models", "inference", "login", "logout", "whoami", "usage"})
+    cli, frozenset({"models", "inference", "login", "logout", "whoami", "usage", "keys"})
 )
 
 
