@@ -238,6 +238,33 @@ class Config:
         kind="duration",
         validator=attrs.validators.gt(0),
     )
+    store_read_timeout: float = _setting(
+        5.0,
+        "PostgreSQL: the longest one read statement may run (the server's "
+        "statement_timeout for reads); a read past it, or one whose database stopped "
+        "answering, is answered 503 store_unavailable (duration).",
+        kind="duration",
+        validator=attrs.validators.gt(0),
+    )
+    store_write_timeout: float = _setting(
+        15.0,
+        "PostgreSQL: the longest one write statement may run, its wait for the write lock "
+        "included (the server's statement_timeout for writes); past it the write is rolled "
+        "back and answered 503 store_unavailable (duration).",
+        kind="duration",
+        validator=attrs.validators.gt(0),
+    )
+    store_lock_timeout: float = _setting(
+        5.0,
+        "PostgreSQL: how long a write waits for the database-wide write lock (lock_timeout) "
+        "before it is answered 503 store_unavailable with Retry-After; also how long a "
+        "controller may sit idle inside a transaction before the server ends its session "
+        "and releases its locks (idle_in_transaction_session_timeout: a frozen or lost "
+        "controller holds nothing longer). Keep it below leader_lease (duration).",
+        kind="duration",
+        validator=attrs.validators.gt(0),
+    )
+
 
     hub_url: str = _setting(
         "https://huggingface.co",

@@ -35,6 +35,7 @@ class StoreOutage:
         self.refused = 0
         self._ended = trio.Event()
         self._read, self._write = store.read, store.write
+        self._lease_write = store.lease_write
 
     def end(self) -> None:
         """The database is back: calls go through again, and those hanging fail now."""
@@ -61,9 +62,15 @@ class StoreOutage:
             await self._fail()
         return await self._write(fn)
 
+    async def lease_write(self, fn: Any, bound: float) -> Any:
+        if self.down:
+            await self._fail()
+        return await self._lease_write(fn, bound)
+
     def restore(self) -> None:
         """The store as it was (its own methods again)."""
         self.store.read, self.store.write = self._read, self._write
+        self.store.lease_write = self._lease_write
 
 
 @contextmanager
@@ -71,6 +78,7 @@ def store_outage(store: Any) -> Iterator[StoreOutage]:
     """Put the switch on ``store`` (off at first) for the ``with`` block."""
     outage = StoreOutage(store)
     store.read, store.write = outage.read, outage.write
+    store.lease_write = outage.lease_write
     try:
         yield outage
     finally:

@@ -102,9 +102,10 @@ async def test_no_reconciliation_within_the_bound_is_a_failure(autojump_clock):
 
 
 async def test_a_nodes_attempts_count_only_once_its_report_is_reconciled(service):
-    """On the leader, a node connected here whose first report is not reconciled yet has
-    not confirmed what it runs; once reconciled, what it said it no longer runs never
-    counts, though its record may still say ready."""
+    """On the leader, a node connected here that has not reported yet has not confirmed
+    what it runs; once it reported, what it listed as running counts at once and the
+    rest waits for the reconciliation; once reconciled, what it said it no longer runs
+    never counts, though its record may still say ready."""
     from ficc_core.contributors import NodeRegistry
     from ficc_core.schema import ExecutorSnapshot, Fence, NodeResources, ProviderInfo
 
@@ -135,21 +136,85 @@ async def test_a_nodes_attempts_count_only_once_its_report_is_reconciled(service
                 "state": "ready",
             }
         ]
+        assert nodes.trouble("gpu-1") == "node gpu-1 connected but has not reported yet"
         await nodes.heartbeat("gpu-1", connection, snapshot, report)
+        assert nodes.trouble("gpu-1") is None
+        assert nodes.attempt_trouble("gpu-1", "kept") is None  # it said it runs it
         assert (
-            nodes.trouble("gpu-1") == "node gpu-1 connected but what it runs is not reconciled yet"
+            nodes.attempt_trouble("gpu-1", "gone")
+            == "node gpu-1 connected but what it runs is not reconciled yet"
         )
-        assert nodes.attempt_trouble("gpu-1", "kept") == nodes.trouble("gpu-1")
-        assert woken == []
+        assert woken == ["gpu-1"]
 
         reconciled = await nodes.reconcile("gpu-1", connection, report, known)
         assert reconciled.missing == ("gone",)
-        assert woken == ["gpu-1"]  # what runs there is looked at again at once
+        assert woken == ["gpu-1", "gpu-1"]  # what runs there is looked at again at once
         assert nodes.trouble("gpu-1") is None
         assert nodes.attempt_trouble("gpu-1", "kept") is None
         assert nodes.attempt_trouble("gpu-1", "gone") == (
             "node gpu-1 reported on connecting that it no longer runs it"
         )
+
+
+class Switch:
+    """A leadership the test hands over: a standby, then the leader (a change of leader)."""
+
+    leading = False
+    renewing = False
+    term = 1
+
+    def require_leader(self, action: str) -> None:
+        """Unused here."""
+
+
+async def test_a_new_leader_keeps_counting_what_the_connection_reported_running(service):
+    """A standby that heard a node's heartbeats and then takes the lease does not take
+    that node's running attempts out of service while it reconciles the connection
+    (no ready -> starting -> ready flap after a change of leader): what the connection
+    listed as running counts at once, what it did not (or listed as ended) waits."""
+    from ficc_core.contributors import NodeRegistry
+    from ficc_core.schema import ExecutorSnapshot, NodeResources, ProviderInfo
+
+    leadership = Switch()
+    nodes = NodeRegistry(service.store, leadership=leadership)
+    digest = "sha256:" + "cd" * 32
+    snapshot = ExecutorSnapshot(
+        node_id="gpu-2",
+        providers=[ProviderInfo(name="process", package_digest=digest)],
+        resources=NodeResources(cpus=4, memory_bytes=8 << 30, disk_free_bytes=100 << 30),
+        endpoint_version=1,
+    )
+
+    def attempt(attempt_id: str, state: str) -> dict[str, Any]:
+        return {
+            "attempt_id": attempt_id,
+            "generation": 1,
+            "plan_digest": digest,
+            "provider": "process",
+            "state": state,
+        }
+
+    with trio.fail_after(10):
+        await nodes.add_node("gpu-2")
+        connection = await nodes.connect("gpu-2", trio.CancelScope(), link=object())  # type: ignore[arg-type]
+        report = [attempt("serving", "ready"), attempt("ended", "exited")]
+        await nodes.heartbeat("gpu-2", connection, snapshot, report)
+        assert nodes.attempt_trouble("gpu-2", "serving") is None  # the standby routes it
+
+        leadership.leading = leadership.renewing = True  # it takes the lease: term 2
+        leadership.term = 2
+        assert nodes.reconciliation("gpu-2") is None  # not reconciled by this leader yet
+        assert nodes.trouble("gpu-2") is None
+        assert nodes.attempt_trouble("gpu-2", "serving") is None
+        not_yet = "node gpu-2 connected but what it runs is not reconciled yet"
+        assert nodes.attempt_trouble("gpu-2", "ended") == not_yet
+        assert nodes.attempt_trouble("gpu-2", "never-reported") == not_yet
+
+        # A new connection of the node has not reported: nothing it runs counts yet.
+        replacement = await nodes.connect("gpu-2", trio.CancelScope(), link=object())  # type: ignore[arg-type]
+        assert nodes.attempt_trouble("gpu-2", "serving") is not None
+        await nodes.heartbeat("gpu-2", replacement, snapshot, [attempt("serving", "ready")])
+        assert nodes.attempt_trouble("gpu-2", "serving") is None
 
 
 # -- after a controller restart, end to end -------------------------------------------------

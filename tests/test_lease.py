@@ -52,6 +52,9 @@ class StallingStore:
             await self.stalled.wait()
         return await self.store.write(fn)
 
+    async def lease_write(self, fn: Callable[[Any], Any], bound: float) -> Any:
+        return await self.write(fn)
+
 
 def lease_of(store: Any, name: str, clock: WallClock, **kwargs: Any) -> LeaderLease:
     return LeaderLease(

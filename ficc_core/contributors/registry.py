@@ -75,6 +75,10 @@ class SoleController:
         """It always leads."""
 
 
+#: The states of an attempt in a node's report that say its engine runs.
+_RUNNING_STATES = frozenset({"starting", "ready"})
+
+
 def stale_after(heartbeat_interval: float) -> float:
     """Seconds of silence after which a connected node missed a heartbeat: two intervals
     (so it shows within one interval of the heartbeat it missed), and at least two
@@ -130,6 +134,9 @@ class NodeRegistry:
         self.live = LiveConnections()
         #: The last reconciliation of each node, by node ID.
         self.reconciled: dict[str, Reconciliation] = {}
+        #: What each node's connection last reported running here (heard on a standby as
+        #: on the leader), by node ID: (connection ID, the attempt IDs it runs).
+        self._reports: dict[str, tuple[str, frozenset[str]]] = {}
 
     # -- enrolment -----------------------------------------------------------------------------
 
@@ -248,6 +255,7 @@ class NodeRegistry:
         self.live.forget(node_id, connection_id)
         if not self.connected_here(node_id):
             self._heard.pop(node_id, None)
+            self._reports.pop(node_id, None)
             self.notify(node_id)
 
     def drop_connection(self, node_id: str) -> bool:
@@ -292,14 +300,22 @@ class NodeRegistry:
         replicas at once, long before the node is unreachable or lost. On the leader
         (which reconciles each connection's first report), a connection whose report is
         not reconciled yet has not confirmed what it runs: after a controller restart,
-        what the store says a node runs is only what it ran before.
+        what the store says a node runs is only what it ran before. A connection whose
+        heartbeats this controller heard already (it was a standby a moment ago: a change
+        of leader, or the end of a store outage) has said what it runs: what it listed
+        as running goes on counting while the new leader reconciles
+        (:meth:`attempt_trouble`), so services do not flap ready -> starting -> ready.
         """
         if not self.connected_here(node_id):
             return f"node {node_id} is not connected to this controller"
         silent = self.silence(node_id)
         if silent is None:
             return f"node {node_id} connected but has not reported yet"
-        if self.leadership.leading and self.reconciliation(node_id) is None:
+        if (
+            self.leadership.leading
+            and self.reconciliation(node_id) is None
+            and self.live_report(node_id) is None
+        ):
             return f"node {node_id} connected but what it runs is not reconciled yet"
         if silent > self.stale_after:
             return f"node {node_id} missed its heartbeats (none for over {self.stale_after:g} s)"
@@ -315,7 +331,22 @@ class NodeRegistry:
         why = self.trouble(node_id)
         if why is None and self.dropped(node_id, attempt_id):
             why = f"node {node_id} reported on connecting that it no longer runs it"
+        if why is None and self.leadership.leading and self.reconciliation(node_id) is None:
+            running = self.live_report(node_id)
+            if running is not None and attempt_id not in running:
+                why = f"node {node_id} connected but what it runs is not reconciled yet"
         return why
+
+    def live_report(self, node_id: str) -> frozenset[str] | None:
+        """The attempts the node's live connection here last reported running (its last
+        heartbeat), or None before that connection's first heartbeat."""
+        report = self._reports.get(node_id)
+        if report is None or not self.connected_here(node_id):
+            return None
+        connection_id, running = report
+        if self.live.replaced(node_id, connection_id):
+            return None
+        return running
 
     def dropped(self, node_id: str, attempt_id: str) -> bool:
         """Whether the node's live connection here reported on (re)connecting that it no
@@ -353,6 +384,10 @@ class NodeRegistry:
         else:
             if node.last_heartbeat is not None:
                 self._heard[node_id] = node.last_heartbeat
+        self._reports[node_id] = (
+            connection_id,
+            frozenset(str(a["attempt_id"]) for a in attempts if a.get("state") in _RUNNING_STATES),
+        )
         if stale and self.trouble(node_id) is None:
             self.notify(node_id)
         return node

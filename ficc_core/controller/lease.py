@@ -18,6 +18,12 @@ moment even if the store stopped answering (a renewal still in flight cannot hol
 up). A clean shutdown releases the row (its expiry set to now), so a standby takes
 over at its next try instead of after the lease.
 
+Claims never queue behind ordinary writes (:meth:`~ficc_core.store.Store.lease_write`:
+on PostgreSQL a lock of their own, every wait bounded within the renew interval), so a
+controller frozen or lost in the middle of a write cannot keep a standby from taking
+over once its lease ran out: the takeover stays within ``leader_lease`` +
+``leader_renew_interval``.
+
 What runs in each role is the caller's (:func:`~ficc_core.controller.service.open_service`):
 ``lead(term)`` while this controller holds the lease, ``follow()`` while it does not.
 Exactly one of them runs at a time; a change of role cancels the one running and waits
@@ -401,6 +407,12 @@ class LeaderLease:
 
         return await self.store.read(read)
 
+    @property
+    def _claim_bound(self) -> float:
+        """The longest one claim may wait on the store: within the renew interval, so a
+        claim that cannot be made (a hung database) is over before the next one is due."""
+        return max(0.5, self.renew_interval * 0.8)
+
     # -- running ----------------------------------------------------------------------------------
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -436,7 +448,7 @@ class LeaderLease:
         held = self._held
         now = self.clock()
         try:
-            row, holds = await self.store.write(
+            row, holds = await self.store.lease_write(
                 lambda tx: claim(
                     tx,
                     self.controller_id,
@@ -445,7 +457,8 @@ class LeaderLease:
                     now,
                     self.duration,
                     self._started_at,
-                )
+                ),
+                self._claim_bound,
             )
         except FiccError as exc:
             log.warning("cannot reach the store to claim the leader lease: %s", exc.message)
@@ -480,8 +493,9 @@ class LeaderLease:
         self._unconfirmed = None
         now = self.clock()
         try:
-            await self.store.write(
-                lambda tx: release(tx, self.controller_id, self.url, held, now, self._started_at)
+            await self.store.lease_write(
+                lambda tx: release(tx, self.controller_id, self.url, held, now, self._started_at),
+                self._claim_bound,
             )
         except Exception as exc:  # shutting down: the lease runs out by itself then
             log.warning("could not release the leader lease: %s", exc)

@@ -55,6 +55,10 @@ class Store(Protocol):
     async def write(self, fn: Callable[[Transaction], T]) -> T:
         """Run ``fn`` in a write transaction (all or nothing) and return its result."""
 
+    async def lease_write(self, fn: Callable[[Transaction], T], bound: float) -> T:
+        """Run ``fn`` in a write transaction that never queues behind ordinary writes,
+        every wait of it bounded by ``bound`` seconds (the leader lease's claims)."""
+
     async def aclose(self) -> None:
         """Close every connection."""
 
@@ -92,7 +96,12 @@ async def open_store(config: Config) -> Store:
         from .postgres import open_postgres_store
 
         return await open_postgres_store(
-            url, pool_size=config.store_pool_size, pool_timeout=config.store_pool_timeout
+            url,
+            pool_size=config.store_pool_size,
+            pool_timeout=config.store_pool_timeout,
+            read_timeout=config.store_read_timeout,
+            write_timeout=config.store_write_timeout,
+            lock_timeout=config.store_lock_timeout,
         )
     return await open_sqlite_store(config.database_path, readers=config.store_read_threads)
 

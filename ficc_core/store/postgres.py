@@ -26,6 +26,26 @@ failing under a statement (``psycopg.OperationalError`` and friends), raises
 connection before handing it out and replaces broken ones, so the store works again once
 the server is back.
 
+**Every wait is bounded** (docs/operations.md, "A database that hangs"), so no lost
+peer can hold the installation. Each connection is made with libpq TCP keepalives and
+``tcp_user_timeout`` (a lost server or a lost path is noticed within seconds, not Linux's
+two hours) and with server-side limits: ``lock_timeout`` (``store_lock_timeout``: a write
+that cannot have the write lock in time fails, 503 ``store_unavailable``),
+``statement_timeout`` (``store_read_timeout`` for reads, ``store_write_timeout`` for
+writes) and ``idle_in_transaction_session_timeout`` (``store_lock_timeout`` too: the
+backend of a controller frozen inside a transaction, a paused VM or a SIGSTOP, is ended
+by the server and its lock released). On top of those, every call has a client-side
+deadline (the pool wait plus the statement bound plus a second): a call still running then
+(a server that stopped answering without closing the connection, where no TCP timer
+fires) is answered 503 at once and its connection shut down under it, so its thread ends
+and the pool replaces the connection; threads never pile up behind a hung server.
+
+**The leader lease has a lock of its own** (:meth:`PostgresStore.lease_write`,
+``LEASE_LOCK``): claiming and renewing it never queues behind ordinary writes, so a
+standby takes over within ``leader_lease`` + ``leader_renew_interval`` whatever the old
+leader was doing, and a claim that cannot be made within its own short bound fails and
+is tried again at the next renewal.
+
 Migrations run in one transaction under the same lock, so two controllers starting
 together migrate once; the version is kept in ``ficc_schema``.
 """
@@ -34,6 +54,8 @@ from __future__ import annotations
 
 import logging
 import math
+import socket
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from decimal import Decimal
@@ -55,6 +77,16 @@ log = logging.getLogger("ficc.store")
 
 #: The advisory lock every write transaction (and a migration) holds: "FICC" in ASCII.
 WRITE_LOCK = 0x46494343
+#: The advisory lock the leader lease's claims hold instead: "FICL" in ASCII.
+LEASE_LOCK = 0x4649434C
+
+#: libpq TCP keepalives: first probe after this many idle seconds, then one every
+#: KEEPALIVE_INTERVAL, the peer given up after KEEPALIVE_COUNT unanswered probes.
+KEEPALIVE_IDLE = 5
+KEEPALIVE_INTERVAL = 2
+KEEPALIVE_COUNT = 3
+#: What a client-side deadline adds to the server's own bounds, in seconds.
+DEADLINE_SLACK = 1.0
 
 #: How long a client should wait before retrying when every connection was busy, and when
 #: the server could not be reached or failed.
@@ -141,13 +173,59 @@ def describe(url: str) -> str:
     return f"{info.get('dbname') or info.get('user') or ''} on {host}:{info.get('port') or 5432}"
 
 
-def _run(conn: psycopg.Connection[Any], begin: str, fn: Callable[[Any], T], write: bool) -> T:
+class _Call:
+    """One store call's connection, so a call past its deadline can be ended from outside
+    its thread (:meth:`abandon`)."""
+
+    __slots__ = ("abandoned", "conn", "lock")
+
+    def __init__(self) -> None:
+        self.conn: psycopg.Connection[Any] | None = None
+        self.abandoned = False
+        self.lock = threading.Lock()
+
+    def attach(self, conn: psycopg.Connection[Any]) -> None:
+        with self.lock:
+            self.conn = conn
+            if self.abandoned:
+                _shut_down(conn)
+
+    def detach(self) -> None:
+        with self.lock:
+            self.conn = None
+
+    def abandon(self) -> None:
+        """The caller gave up: shut the connection's socket down under the thread, so
+        whatever it waits for ends now with an error (the pool then replaces it)."""
+        with self.lock:
+            self.abandoned = True
+            if self.conn is not None:
+                _shut_down(self.conn)
+
+
+def _shut_down(conn: psycopg.Connection[Any]) -> None:
+    # shutdown(2), not close(2): the fd stays libpq's, and a wait on it wakes at once.
+    try:
+        sock = socket.socket(fileno=conn.pgconn.socket)
+    except (OSError, psycopg.Error):
+        return
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    finally:
+        sock.detach()
+
+
+#: The call the current worker thread runs (the pool's check runs in it too).
+_current = threading.local()
+
+
+def _run(conn: psycopg.Connection[Any], begin: str, fn: Callable[[Any], T]) -> T:
     with conn.cursor() as cursor:
-        cursor.execute(begin)
-        if write:
-            cursor.execute("SELECT pg_advisory_xact_lock(%s)", (WRITE_LOCK,))
         tx = _PgTransaction(cursor)
         try:
+            cursor.execute(begin)
             result = fn(tx)
         except BaseException:
             try:
@@ -168,6 +246,8 @@ def migrate(conn: psycopg.Connection[Any]) -> int:
     """Bring the schema to the newest version, under the write lock; return that version."""
     newest = len(MIGRATIONS)
     with conn.transaction():
+        # A migration may take long on a large database: no statement bound here.
+        conn.execute("SET LOCAL statement_timeout = 0")
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (WRITE_LOCK,))
         conn.execute("CREATE TABLE IF NOT EXISTS ficc_schema (version BIGINT NOT NULL)")
         row = conn.execute("SELECT version FROM ficc_schema").fetchone()
@@ -189,10 +269,22 @@ class PostgresStore:
 
     backend = "postgresql"
 
-    def __init__(self, url: str, *, pool_size: int = 10, pool_timeout: float = 5.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        pool_size: int = 10,
+        pool_timeout: float = 5.0,
+        read_timeout: float = 5.0,
+        write_timeout: float = 15.0,
+        lock_timeout: float = 5.0,
+    ) -> None:
         self.url = url
         self.pool_size = pool_size
         self.pool_timeout = pool_timeout
+        self.read_timeout = read_timeout
+        self.write_timeout = write_timeout
+        self.lock_timeout = lock_timeout
         self.schema_version = 0
         self._limiter = _BoundedLimiter(pool_size, pool_timeout)
         self._pool = ConnectionPool(
@@ -203,7 +295,7 @@ class PostgresStore:
             open=False,
             kwargs={"autocommit": True, "row_factory": dict_row, **self._connect_options()},
             configure=_configure,
-            check=ConnectionPool.check_connection,
+            check=_check,
             # The pool retries a failed connection with a doubling delay until this bound,
             # then gives up until the next request asks: a short bound keeps the retries
             # close together, so the store is back within seconds of the server.
@@ -253,18 +345,44 @@ class PostgresStore:
 
     def _connect_options(self) -> dict[str, Any]:
         # libpq counts whole seconds and reads anything below 2 as 2.
+        limits = {
+            "statement_timeout": _ms(self.read_timeout),
+            "lock_timeout": _ms(self.lock_timeout),
+            "idle_in_transaction_session_timeout": _ms(self.lock_timeout),
+        }
         return {
             "connect_timeout": max(2, math.ceil(self.pool_timeout)),
             "application_name": "ficc",
+            "keepalives": 1,
+            "keepalives_idle": KEEPALIVE_IDLE,
+            "keepalives_interval": KEEPALIVE_INTERVAL,
+            "keepalives_count": KEEPALIVE_COUNT,
+            # Unacknowledged data given up on after the longest statement bound.
+            "tcp_user_timeout": _ms(max(self.write_timeout, self.read_timeout) + DEADLINE_SLACK),
+            "options": " ".join(f"-c {name}={value}" for name, value in limits.items()),
         }
 
-    def _call(self, begin: str, fn: Callable[[Any], T], write: bool) -> T:
+    def _begin_write(self, lock: int, timeout: float, lock_timeout: float) -> str:
+        # One round trip: simple-query protocol runs the statements in order, in one go.
+        return (
+            "BEGIN ISOLATION LEVEL READ COMMITTED; "
+            f"SET LOCAL statement_timeout = {_ms(timeout)}; "
+            f"SET LOCAL lock_timeout = {_ms(lock_timeout)}; "
+            f"SELECT pg_advisory_xact_lock({int(lock)})"
+        )
+
+    def _call(self, call: _Call, begin: str, fn: Callable[[Any], T]) -> T:
         if not self._open:
             raise StoreError("the store is closed")
         started = time.monotonic()
+        _current.call = call
         try:
             with self._pool.connection(timeout=self.pool_timeout) as conn:
-                return _run(conn, begin, fn, write)
+                call.attach(conn)
+                try:
+                    return _run(conn, begin, fn)
+                finally:
+                    call.detach()
         except PoolTimeout:
             waited = time.monotonic() - started
             raise StoreUnavailable(
@@ -272,25 +390,58 @@ class PostgresStore:
                 "it is unreachable or slow to accept connections",
                 retry_after=RETRY_DOWN,
             ) from None
+        except psycopg.errors.LockNotAvailable:
+            raise StoreUnavailable(
+                f"another write held the database's write lock for over {self.lock_timeout:g} s "
+                "(store_lock_timeout); retry soon",
+                retry_after=RETRY_BUSY,
+                details={"waited": "write_lock"},
+            ) from None
+        except psycopg.errors.QueryCanceled:
+            raise StoreUnavailable(
+                f"the database {describe(self.url)} did not finish a statement within its "
+                "bound (store_read_timeout, store_write_timeout); retry soon",
+                retry_after=RETRY_DOWN,
+                details={"waited": "statement"},
+            ) from None
         except _UNAVAILABLE as exc:
             raise StoreUnavailable(
                 f"the database {describe(self.url)} failed: {str(exc).strip() or type(exc)}",
                 retry_after=RETRY_DOWN,
             ) from None
+        finally:
+            _current.call = None
+
+    async def _in_thread(self, begin: str, fn: Callable[[_PgTransaction], T], bound: float) -> T:
+        """Run ``fn`` in a worker thread, answering 503 once ``bound`` passed (see the
+        module docs): the thread is abandoned, its connection shut down under it."""
+        call = _Call()
+        deadline = self.pool_timeout + bound + DEADLINE_SLACK
+        with trio.move_on_after(deadline):
+            return await trio.to_thread.run_sync(
+                self._call, call, begin, fn, limiter=self._limiter, abandon_on_cancel=True
+            )
+        call.abandon()
+        raise StoreUnavailable(
+            f"the database {describe(self.url)} did not answer within {deadline:g} s; "
+            "it is unreachable or hung",
+            retry_after=RETRY_DOWN,
+            details={"waited": "deadline"},
+        )
 
     async def read(self, fn: Callable[[_PgTransaction], T]) -> T:
-        return await trio.to_thread.run_sync(
-            self._call,
-            "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY",
-            fn,
-            False,
-            limiter=self._limiter,
-        )
+        begin = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
+        return await self._in_thread(begin, fn, self.read_timeout)
 
     async def write(self, fn: Callable[[_PgTransaction], T]) -> T:
-        return await trio.to_thread.run_sync(
-            self._call, "BEGIN ISOLATION LEVEL READ COMMITTED", fn, True, limiter=self._limiter
-        )
+        begin = self._begin_write(WRITE_LOCK, self.write_timeout, self.lock_timeout)
+        return await self._in_thread(begin, fn, self.write_timeout)
+
+    async def lease_write(self, fn: Callable[[_PgTransaction], T], bound: float) -> T:
+        """A small write under the lease's own lock (never behind ordinary writes), every
+        wait of it bounded by ``bound``: the leader lease's claims and release."""
+        begin = self._begin_write(LEASE_LOCK, bound, bound)
+        return await self._in_thread(begin, fn, bound)
 
     async def aclose(self) -> None:
         if self._open:
@@ -298,10 +449,26 @@ class PostgresStore:
             await trio.to_thread.run_sync(self._pool.close)
 
 
-async def open_postgres_store(
-    url: str, *, pool_size: int = 10, pool_timeout: float = 5.0
-) -> PostgresStore:
-    """Open (migrating if needed) the PostgreSQL store at the libpq ``url``."""
-    store = PostgresStore(url, pool_size=pool_size, pool_timeout=pool_timeout)
+def _ms(seconds: float) -> int:
+    return max(1, math.ceil(seconds * 1000))
+
+
+def _check(conn: psycopg.Connection[Any]) -> None:
+    """The pool's check of a connection before handing it out, which runs in the
+    calling thread: the call can shut the connection down should the check hang."""
+    call = getattr(_current, "call", None)
+    if call is not None:
+        call.attach(conn)
+    try:
+        ConnectionPool.check_connection(conn)
+    finally:
+        if call is not None:
+            call.detach()
+
+
+async def open_postgres_store(url: str, **settings: Any) -> PostgresStore:
+    """Open (migrating if needed) the PostgreSQL store at the libpq ``url`` (``settings``:
+    :class:`PostgresStore`'s keyword arguments)."""
+    store = PostgresStore(url, **settings)
     await trio.to_thread.run_sync(store.open_sync)
     return store

@@ -192,6 +192,12 @@ class SQLiteStore:
             _run_in_transaction, writer, "BEGIN IMMEDIATE", fn, limiter=self._write_limiter
         )
 
+    async def lease_write(self, fn: Callable[[_SQLiteTransaction], T], bound: float) -> T:
+        """The leader lease's write: an ordinary write here (one file, one process's writer
+        queue; the bound is PostgreSQL's concern, see :mod:`.postgres`)."""
+        del bound
+        return await self.write(fn)
+
     async def aclose(self) -> None:
         def close() -> None:
             self._closed = True
