@@ -57,7 +57,9 @@ function keyRow(key, onRevoke, extra = {}) {
     "tr",
     { "data-key-id": key.id, "data-key-name": key.name },
     el("th", { scope: "row" }, label, el("div", { class: "muted small" }, key.id)),
-    ...(extra.scopes ? [el("td", { class: "scopes" }, key.scopes.join(", "))] : []),
+    ...(extra.scopes
+      ? [el("td", { class: "scopes" }, key.scopes.join(", "), key.service_id ? el("div", { class: "muted small" }, "one service only") : null)]
+      : []),
     el("td", { class: "state" }, badge(state)),
     el("td", { title: stamp(key.created_at) }, ago(key.created_at)),
     el(
