@@ -13,7 +13,7 @@ import trio
 
 from .inference_support import llama_spec, open_inference_controller, register_smollm2
 from .ops_support import Traffic, open_two_nodes
-from .test_cli_inference import Cli
+from .test_cli_inference import Cli, write_json
 from .test_inference_suggest import _estimate, _partial
 
 
@@ -65,6 +65,22 @@ async def test_a_rolling_rollout_on_a_full_node_serves_throughout_and_a_scale_do
             assert rolling["strategy"]["chosen"] == "rolling"
             assert rolling["strategy"]["least_serving_replicas"] == 1
             assert rolling["strategy"]["downtime"] is False
+
+            # The same from the command line: nothing changes, exit 1 when none fits.
+            run = Cli(controller.url, controller.token)
+            spec_file = write_json(tmp_path / "next.json", spec)
+            shown = await run("rollout", "tiny", "-f", str(spec_file), "--preview")
+            assert shown.exit_code == 1, shown.output
+            assert "strategy none fits (asked: auto)" in shown.stdout, shown.stdout
+            assert "'rolling' or strategy 'recreate'" in shown.stdout
+            shown = await run.ok(
+                "rollout", "tiny", "-f", str(spec_file), "--strategy", "rolling", "--preview"
+            )
+            assert "strategy rolling (asked: rolling)" in shown.stdout, shown.stdout
+            assert "at least 1 of 2 replica(s) serve meanwhile\n" in shown.stdout
+            assert (await controller.ok("GET", f"/api/v1/inference/{service_id}"))[
+                "generation"
+            ] == generation
 
             # auto refuses, naming the strategies that would work and the command.
             refused = await _rollout(controller, service_id, spec)
@@ -120,7 +136,6 @@ async def test_a_rolling_rollout_on_a_full_node_serves_throughout_and_a_scale_do
             )
             assert preview["strategy"]["chosen"] == "scale_down"
             assert preview["strategy"]["downtime"] is False
-            run = Cli(controller.url, controller.token)
             scaled = await run.ok("rollout", "tiny", "--replicas", "1")
             assert "scale-down from 2 to 1 replica(s), applied at once" in scaled.stdout
             while await ops.reservations(service_id) != [(new, 0, "local")]:  # noqa: ASYNC110

@@ -219,6 +219,41 @@ def _next_spec(
     return spec
 
 
+def _echo_adjusted(service_id: str, answer: dict[str, Any]) -> None:
+    for change in answer.get("adjusted_limits") or ():
+        click.echo(
+            f"{service_id}: {change['path']} {change['from']} -> {change['to']} bytes "
+            f"(the estimate at the new context is {change['estimate_bytes']})"
+        )
+
+
+def _echo_preview(
+    ctx: click.Context, client: Any, service_id: str, body: dict[str, Any], as_json: bool
+) -> None:
+    """``rollout --preview``: what the rollout would do; exit 1 when it would be refused."""
+    ask = {k: body[k] for k in ("spec", "strategy", "keep_limits")}
+    answer = refusals(lambda: client.json("POST", f"{BASE}/{service_id}/rollout/preview", json=ask))
+    strategy = answer["strategy"]
+    if as_json:
+        echo_json(answer)
+    else:
+        _echo_adjusted(service_id, answer)
+        chosen = strategy["chosen"] or "none fits"
+        least = strategy["least_serving_replicas"]
+        click.echo(f"{service_id}: strategy {chosen} (asked: {strategy['requested']})")
+        if least is not None:
+            down = "; downtime" if strategy["downtime"] else ""
+            click.echo(
+                f"{service_id}: at least {least} of {strategy['serving_replicas']} replica(s) "
+                f"serve meanwhile{down}"
+            )
+        click.echo(f"{service_id}: {strategy['message']}")
+        for warning in answer.get("warnings", []):
+            click.echo(f"warning: {warning['message']} [{warning['code']}]", err=True)
+    if strategy["chosen"] is None:
+        ctx.exit(1)
+
+
 @click.command("rollout")
 @click.argument("service", metavar="SERVICE")
 @click.option("-f", "--file", "spec_file", type=SPEC_FILE, default=None, help="The next spec.")
@@ -245,6 +280,12 @@ def _next_spec(
 @click.option(
     "--keep-limits", is_flag=True, help="Keep the memory limits a new context would recompute."
 )
+@click.option(
+    "--preview",
+    is_flag=True,
+    help="Show the strategy it would take, the capacity meanwhile and the limits it "
+    "recomputes; change nothing.",
+)
 @scaling_options
 @wait_options("Wait until the next generation serves.")
 @click.pass_context
@@ -256,6 +297,7 @@ def rollout(
     context: int | None,
     strategy: str,
     keep_limits: bool,
+    preview: bool,
     min_replicas: int | None,
     max_replicas: int | None,
     idle_timeout: str | None,
@@ -289,13 +331,12 @@ def rollout(
         "strategy": strategy,
         "keep_limits": keep_limits,
     }
+    if preview:
+        _echo_preview(ctx, client, service_id, body, as_json)
+        return
     started = refusals(lambda: client.json("POST", f"{BASE}/{service_id}/rollout", json=body))
     if not as_json:
-        for change in started.get("adjusted_limits") or ():
-            click.echo(
-                f"{service_id}: {change['path']} {change['from']} -> {change['to']} bytes "
-                f"(the estimate at the new context is {change['estimate_bytes']})"
-            )
+        _echo_adjusted(service_id, started)
     if started["rollout"] is None:
         if as_json:
             echo_json(started)
