@@ -96,7 +96,10 @@ RETRY_DOWN = 2
 #: The longest the pool goes on retrying one failed connection (see PostgresStore).
 RECONNECT_WITHIN = 2.0
 
-_UNAVAILABLE = (psycopg.OperationalError, psycopg.InterfaceError)
+#: The server ended this session because it sat idle inside a transaction (this
+#: process was frozen mid-write): class 25, not an OperationalError.
+_ENDED_IDLE = psycopg.errors.IdleInTransactionSessionTimeout
+_UNAVAILABLE = (psycopg.OperationalError, psycopg.InterfaceError, _ENDED_IDLE)
 
 
 class _NumberLoader(Loader):
@@ -396,6 +399,14 @@ class PostgresStore:
                 "(store_lock_timeout); retry soon",
                 retry_after=RETRY_BUSY,
                 details={"waited": "write_lock"},
+            ) from None
+        except _ENDED_IDLE:
+            raise StoreUnavailable(
+                "the database ended this controller's session: it sat idle inside a "
+                f"transaction for over {self.lock_timeout:g} s (store_lock_timeout; was the "
+                "process paused?); the transaction was rolled back, retry",
+                retry_after=RETRY_BUSY,
+                details={"waited": "idle_in_transaction"},
             ) from None
         except psycopg.errors.QueryCanceled:
             raise StoreUnavailable(
