@@ -144,12 +144,15 @@ async def test_a_restarted_provider_removes_what_a_killed_one_left(state_dir):
         with trio.fail_after(10):
             await host.wait()
         assert all(_alive(pid) for pid in pids), "the engine should outlive its killed provider"
+        sockets = _socket_dirs(state_dir)
+        assert [_socket_facts(directory / "engine.sock")[0] for directory in sockets] == [True]
         provider = ProcessProvider(state_dir=state_dir)
         with trio.fail_after(30):
             async with trio.open_nursery() as nursery:
                 await nursery.start(provider.run)
                 assert not any(_alive(pid) for pid in pids)
                 assert not list(provider.attempts_dir.iterdir())
+                assert _socket_facts(sockets[0] / "engine.sock")[:2] == (False, None)
                 nursery.cancel_scope.cancel()
     finally:
         host.kill()
@@ -301,6 +304,16 @@ async def test_status_names_the_engines_pid_its_start_and_the_probes_last_answer
             ended = await provider.wait_ended(fence)
     assert (ended.state, ended.signal, ended.reason) == ("exited", 9, "killed")
     assert (ended.pid, ended.started_at) == (status.pid, status.started_at)
+
+
+def _socket_dirs(state_dir: Path) -> list[Path]:
+    """The socket directories of the attempts recorded in ``state_dir``."""
+    from ficc_core.executor.runtime_dir import default_runtime_dir, socket_dir
+
+    return [
+        socket_dir(default_runtime_dir(), state_dir.absolute(), record.name)
+        for record in (state_dir / "attempts").iterdir()
+    ]
 
 
 def _socket_facts(socket_path: Path) -> tuple[bool, int | None, int]:
