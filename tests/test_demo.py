@@ -31,7 +31,7 @@ def _start(data_dir, agent_dir, log, extra=()):
     )
 
 
-async def _snippets(proc) -> tuple[str, str, str]:
+async def _snippets(proc, seconds: float = 120) -> tuple[str, str, str]:
     def read() -> str:
         lines = []
         for line in proc.stdout:
@@ -40,7 +40,7 @@ async def _snippets(proc) -> tuple[str, str, str]:
                 return "".join(lines)
         raise AssertionError("ficc serve --demo exited:\n" + "".join(lines))
 
-    with trio.fail_after(120):
+    with trio.fail_after(seconds):
         text = await trio.to_thread.run_sync(read, abandon_on_cancel=True)
     token = re.search(r"export FICC_TOKEN='(\S+)'", text).group(1)
     base = re.search(r'base_url="(\S+)"', text).group(1)
@@ -215,9 +215,12 @@ async def test_a_failing_demo_ends_at_once_with_why_the_controller_serves_on_and
     with log_path.open("w") as log:
         proc = _start(tmp_path / "data", agent_dir, log, extra)
         try:
+            await trio.to_thread.run_sync(
+                _wait_for, log_path, "demo: starting generation 1", proc, 240
+            )
             began = time.monotonic()
             said = await trio.to_thread.run_sync(
-                _wait_for, log_path, "the controller keeps serving", proc, 90
+                _wait_for, log_path, "the controller keeps serving", proc, 120
             )
             # It ended once the replica stopped retrying (3 quick attempts), not after 180 s.
             assert time.monotonic() - began < 60
@@ -253,7 +256,7 @@ async def test_a_failing_demo_ends_at_once_with_why_the_controller_serves_on_and
             # The cause is gone: the rerun restarts the failed service, which serves.
             flag.unlink()
             proc = _start(tmp_path / "data", agent_dir, log, extra)
-            _, token, base = await _snippets(proc)
+            _, token, base = await _snippets(proc, 240)
             log.flush()
             second_log = log_path.read_text()[len(first_log) :]
             assert "failed (replica 0 stopped retrying" in second_log
