@@ -53,7 +53,12 @@ async def _cycle(controller, service_id: str, action: str, settled) -> None:
         if response.status_code != 409:
             break
     assert response.status_code == 200, response.text
-    await controller.wait_service(service_id, settled)
+    try:
+        with trio.fail_after(60):
+            await controller.wait_service(service_id, settled)
+    except trio.TooSlowError:
+        view = await controller.ok("GET", f"/api/v1/inference/{service_id}")
+        raise AssertionError(f"{action}: the service never settled: {view}") from None
 
 
 def _panes(url: str, service_id: str, events: list[dict], generation: int) -> None:

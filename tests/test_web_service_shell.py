@@ -65,6 +65,7 @@ def test_every_module_the_service_pages_import_is_an_asset():
         "service.js",
         "service_common.js",
         "service_rollout.js",
+        "service_events.js",
         "charts.js",
     ):
         source = (STATIC / "js" / module).read_text()

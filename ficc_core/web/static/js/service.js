@@ -1,24 +1,22 @@
 // One service's page: its state, replicas (GET .../status), logs per replica (the
-// latest lines read at once, then live through the ticketed SSE stream), events (the
-// newest few, followed with `after`, older pages with `before`), usage charts (buckets
-// of GET /api/v1/usage), the specification, the rollout form (service_rollout.js), and
-// actions with a confirmation, each
-// sending the revision read afresh just before it (409 stale_revision, or a change of
-// what the operator saw, says to reload). A service that is not there (or no longer)
+// latest lines read at once, then live through the ticketed SSE stream), events
+// (service_events.js), usage charts (buckets of GET /api/v1/usage), the
+// specification, the rollout form (service_rollout.js), and actions with a
+// confirmation, each sending the revision read afresh just before it (409
+// stale_revision, or a change of what the operator saw, says to reload). A service that is not there (or no longer)
 // is said so, with nothing left to act on it and no more polling.
 
 import { api, ApiError, leave, sessionEnded } from "./api.js";
 import { lineChart } from "./charts.js";
 import { badge, bytes, clock, el, number, stamp } from "./format.js";
 import { Poller, REFRESH_MS, allAnswered, fillTable, guardLinks, header } from "./service_common.js";
+import { eventsPane } from "./service_events.js";
 import { rolloutForm } from "./service_rollout.js";
 import { $ } from "./page.js";
 import { reservationText } from "./tables.js";
 
 const SERVICE_ID = decodeURIComponent(window.location.pathname.split("/").pop());
 const BASE = `/api/v1/inference/${encodeURIComponent(SERVICE_ID)}`;
-//: Events shown at first, and how many more each "Show older events" adds.
-const EVENTS_PAGE = 20;
 const LOG_LINES_KEPT = 1000;
 //: Lines of a replica's log read when it is chosen (the logs API's tail).
 const LOG_TAIL = 100;
@@ -32,10 +30,7 @@ let principal = null;
 let poller = null;
 let view = null; // GET /inference/{id}: the revision every action sends
 let status = null;
-let events = []; // read so far, oldest first: the newest `eventsShown` are shown
-let eventsShown = EVENTS_PAGE;
-let eventsAfter = null;
-let olderLeft = true; // whether events older than the first read may be on record
+let events = null; // the events pane (service_events.js)
 let usageAt = 0;
 let specShown = null; // the spec the rollout form was filled from
 let stream = null; // the EventSource of the log followed
@@ -448,71 +443,6 @@ async function follow() {
   });
 }
 
-// ---- events ----------------------------------------------------------------------------
-
-function subjectText(event) {
-  if (event.subject === "node") return `node ${event.node_id || event.subject_id}`;
-  if (event.replica !== null && event.replica !== undefined) return `replica ${event.replica}`;
-  return event.subject;
-}
-
-function eventLine(event) {
-  return el(
-    "tr",
-    { "data-event-id": event.id, "data-kind": event.kind },
-    el("td", { title: stamp(event.at) }, clock(event.at)),
-    el("td", {}, el("code", {}, event.kind)),
-    el("td", {}, subjectText(event)),
-    el("td", {}, event.message),
-  );
-}
-
-// New events since the last read (the newest page at first); the oldest beyond what is
-// shown are let go, and "Show older events" reads them again with `before`.
-async function readEvents() {
-  const query = eventsAfter === null ? `limit=${EVENTS_PAGE}` : `after=${eventsAfter}&limit=500`;
-  const page = await api("GET", `${BASE}/events?${query}`);
-  if (eventsAfter === null) olderLeft = page.events.length === EVENTS_PAGE;
-  if (page.events.length) {
-    events = events.concat(page.events);
-    if (events.length > eventsShown) {
-      events = events.slice(-eventsShown);
-      olderLeft = true;
-    }
-  }
-  if (page.next_after !== null && page.next_after !== undefined) eventsAfter = page.next_after;
-  else if (page.events.length) eventsAfter = page.events[page.events.length - 1].id;
-  return page.events.length > 0;
-}
-
-// The next older page, before the oldest event read.
-async function readOlderEvents() {
-  const button = $("events-older");
-  button.disabled = true;
-  try {
-    const query = events.length ? `before=${events[0].id}&limit=${EVENTS_PAGE}` : `limit=${EVENTS_PAGE}`;
-    const page = await api("GET", `${BASE}/events?${query}`);
-    events = page.events.concat(events);
-    eventsShown = events.length;
-    olderLeft = page.events.length === EVENTS_PAGE;
-    drawEvents();
-  } catch (error) {
-    if (sessionEnded(error)) return leave();
-    $("events-count").textContent = `Could not read older events: ${error.message}`;
-  } finally {
-    button.disabled = gone;
-  }
-}
-
-function drawEvents() {
-  const rows = [...events].reverse().map(eventLine);
-  fillTable($("events"), rows, document.querySelector('.note[data-for="events"]'), "Nothing has happened yet.");
-  $("events-scroll").hidden = rows.length === 0;
-  const count = rows.length === 1 ? "1 event" : `${rows.length} events`;
-  $("events-count").textContent = rows.length === 0 ? "" : olderLeft ? `The latest ${count}, newest first.` : `All ${count} on record, newest first.`;
-  $("events-older").hidden = !olderLeft || rows.length === 0;
-}
-
 // ---- usage -----------------------------------------------------------------------------
 
 async function readUsage() {
@@ -647,11 +577,11 @@ async function refresh() {
     const [service, replicas] = await allAnswered([api("GET", BASE), api("GET", `${BASE}/status`)]);
     view = service;
     status = replicas;
-    const newEvents = await readEvents();
+    const newEvents = await events.read();
     drawSummary();
     drawReplicas();
     drawSpec();
-    if (newEvents || events.length === 0) drawEvents();
+    if (newEvents || events.empty()) events.draw();
     if (Date.now() - usageAt >= USAGE_EVERY_MS) {
       usageAt = Date.now();
       await readUsage();
@@ -677,6 +607,7 @@ async function refresh() {
 async function start() {
   poller = new Poller(refresh);
   rollout = rolloutForm({ base: BASE, view: () => view, act, confirmed });
+  events = eventsPane(BASE, () => gone);
   const beforeLeave = async () => {
     closeStream();
     await poller.stop();
@@ -709,7 +640,6 @@ async function start() {
     logRead = null;
     updateLogButtons();
   });
-  $("events-older").addEventListener("click", readOlderEvents);
   $("usage-window").addEventListener("change", () => {
     usageAt = 0;
     poller.now();
