@@ -222,6 +222,16 @@ async def test_a_remote_executor_refuses_such_a_runtime_directory_before_it_conn
     assert "107-byte limit" in line and "(--runtime-dir, FICC_RUNTIME_DIR)" in line
 
 
+async def test_a_store_that_cannot_be_reached_is_one_line_naming_the_database_url(tmp_path):
+    url = "postgresql://ficc@127.0.0.1:9/ficc"  # nothing listens on the discard port
+    code, err = await _refused_serve(tmp_path / "data", "--port", "0", "--database-url", url)
+    assert code == 1
+    assert "Traceback" not in err
+    [line] = err.splitlines()
+    assert line.startswith("Error: cannot open the store:")
+    assert "--database-url (FICC_DATABASE_URL, setting database_url)" in line
+
+
 def _modes(data_dir) -> dict[str, int]:
     return {
         path.name: stat.S_IMODE(path.stat().st_mode)
