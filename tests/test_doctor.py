@@ -145,6 +145,10 @@ async def test_the_controller_asks_a_connected_node_for_its_doctor_findings(tmp_
     assert findings["runtime/llama_server"]["status"] == "OK"
     assert {"gpus", "disk", "clock"} <= set(findings)
     assert findings["clock"]["status"] == "OK"  # the same machine's clock
+    # The node's own directories, the real ones its engines use.
+    assert findings["agent_dir"]["status"] == "OK"
+    assert findings["runtime_dir"]["status"] == "OK"
+    assert "engine sockets in /tmp/ficc-" in findings["runtime_dir"]["message"]
     assert (absent.status_code, absent.json()["error"]["code"]) == (502, "node_unavailable")
     assert unknown.status_code == 404
     assert forbidden.status_code == 403

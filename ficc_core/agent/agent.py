@@ -187,10 +187,24 @@ class Agent:
         await self._terms.raise_to(term)
 
     async def doctor(self) -> list[dict[str, Any]]:
-        """What ``ficc doctor`` finds on this node (isolation, limits, runtimes, GPUs, disk)."""
-        from .doctor import node_findings
+        """What ``ficc doctor`` finds on this node (its agent and runtime directories,
+        isolation, limits, runtimes, GPUs, disk)."""
+        from .doctor import directory_findings, node_findings
 
-        return [finding.to_json() for finding in await node_findings(self)]
+        found = []
+        runtime_dirs = {
+            provider.runtime_dir
+            for provider in self.providers.values()
+            if isinstance(provider, SupervisingProvider)
+        }
+        for runtime_dir in sorted(runtime_dirs):
+            for finding in await trio.to_thread.run_sync(
+                directory_findings, self.state_dir, runtime_dir
+            ):
+                if finding not in found:
+                    found.append(finding)
+        found += await node_findings(self)
+        return [finding.to_json() for finding in found]
 
     # -- snapshot ----------------------------------------------------------------------------
 
