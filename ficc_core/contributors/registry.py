@@ -122,6 +122,8 @@ class NodeRegistry:
         self.notify = notify
         #: When each node connected here was last heard (its last heartbeat's time).
         self._heard: dict[str, float] = {}
+        #: The nodes that connected to this controller since it started.
+        self._seen: set[str] = set()
         self.enrolment = NodeEnrolment(store, clock=clock)
         self.states = NodeStates(
             store,
@@ -244,6 +246,7 @@ class NodeRegistry:
         connection_id = sec.new_id()
         await self.states.connect(node_id, connection_id)
         self.live.replace(node_id, connection_id, scope, link)
+        self._seen.add(node_id)
         return connection_id
 
     def replaced(self, node_id: str, connection_id: str) -> bool:
@@ -295,7 +298,9 @@ class NodeRegistry:
     def trouble(self, node_id: str) -> str | None:
         """Why what ``node_id`` runs cannot count as serving now, or None when it can.
 
-        A node not connected here cannot be reached; one connected but silent for
+        A node not connected here cannot be reached (one that has not connected since
+        this controller started says so: after a restart its agent comes back by
+        itself); one connected but silent for
         longer than :attr:`stale_after` missed a heartbeat. Either shows on its
         replicas at once, long before the node is unreachable or lost. On the leader
         (which reconciles each connection's first report), a connection whose report is
@@ -307,6 +312,13 @@ class NodeRegistry:
         (:meth:`attempt_trouble`), so services do not flap ready -> starting -> ready.
         """
         if not self.connected_here(node_id):
+            if node_id not in self._seen:
+                # The controller (re)started and the node is not back yet: say so, not
+                # that it dropped out.
+                return (
+                    f"node {node_id} has not connected to this controller since it started "
+                    "(its agent reconnects by itself)"
+                )
             return f"node {node_id} is not connected to this controller"
         silent = self.silence(node_id)
         if silent is None:
