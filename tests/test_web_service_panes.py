@@ -18,7 +18,13 @@ import re
 import pytest
 import trio
 
-from .inference_support import llama_spec, open_inference_controller, register_gguf, standin_engine
+from .inference_support import (
+    llama_spec,
+    open_inference_controller,
+    register_gguf,
+    standin_engine,
+    write_agent_settings,
+)
 from .models_support import tiny_gguf
 from .test_web_service import ALICE, _act, _add_alice
 from .web_support import (
@@ -245,4 +251,49 @@ async def test_a_service_page_bounds_its_events_reads_its_log_and_rolls_out_from
             assert len(events) > 2 * PAGE
             await trio.to_thread.run_sync(
                 _panes, controller.url, service_id, events, generation, abandon_on_cancel=True
+            )
+
+
+def _no_lines(url: str, service_id: str) -> None:
+    from playwright.sync_api import expect
+
+    with chromium(chromium_or_skip()) as browser:
+        page, watch = open_page(browser, url)
+        log_in(page, *ALICE, "default")
+        leave_dashboard(page, f"/ui/services/{service_id}")
+        log = page.get_by_label("Engine log")
+        expect(page.locator("#log-status")).to_have_text(
+            re.compile(r"^Replica 0's attempt \d+ \(loading\) has written no line yet\.")
+        )
+        expect(log).to_have_class(re.compile(r"\bno-lines\b"))
+        said = log.evaluate("e => getComputedStyle(e, '::before').content")
+        assert said == '"No lines yet."', said
+        watch.check()
+
+
+async def test_a_log_that_has_no_line_says_so_and_only_then(tmp_path):
+    """An engine that writes nothing (it never gets ready): the page reads its log at once
+    and says "No lines yet." because there is none."""
+    chromium_or_skip()
+    engine = tmp_path / "silent-llama-server"
+    engine.write_text("#!/bin/sh\nexec sleep 300\n")
+    engine.chmod(0o755)
+    settings = write_agent_settings(tmp_path, engine)
+    with trio.fail_after(120):
+        async with open_inference_controller(
+            tmp_path, agent_config=str(settings), console_refresh=0.5
+        ) as controller:
+            await _add_alice(controller)
+            tiny_gguf(tmp_path / "tiny.gguf", size=64 << 10)
+            model_id = await register_gguf(controller, tmp_path / "tiny.gguf", "tiny")
+            spec = await llama_spec(controller, model_id, cpus=0.5, memory_bytes=256 * MIB)
+            spec["image_executable"] = str(engine)
+            created = await controller.ok("POST", "/api/v1/inference", status=201, json=spec)
+            service_id = created["id"]
+            assert (await controller.control(service_id, "start")).status_code == 200
+            await controller.wait_status(
+                service_id, lambda status: status["replicas"][0]["state"] == "loading"
+            )
+            await trio.to_thread.run_sync(
+                _no_lines, controller.url, service_id, abandon_on_cancel=True
             )
