@@ -406,6 +406,9 @@ class SupervisingProvider:
         return socket_dir(self.runtime_dir, self.state_dir, key)
 
     def _prepare_directory(self, attempt: ExecutorAttempt) -> None:
+        # Again at each launch: a cleaner may have removed the runtime directory since
+        # (and someone else made one in its place).
+        ensure_runtime_dir(self.runtime_dir)
         prepare_directory(attempt, self.name)
 
     def _write_record(self, attempt: ExecutorAttempt, changes: Mapping[str, Any]) -> None:

@@ -383,3 +383,21 @@ def test_a_runtime_directory_someone_else_owns_or_a_link_is_refused():
         assert (top / "open").stat().st_mode & 0o777 == 0o700
     finally:
         shutil.rmtree(top, ignore_errors=True)
+
+
+async def test_a_runtime_directory_removed_while_the_provider_runs_is_made_again_at_launch(
+    state_dir,
+):
+    from ficc_executor_process.testing import running_process_provider
+
+    runtime_dir = Path(tempfile.mkdtemp(prefix="rt-", dir="/tmp")) / "run"
+    try:
+        async with running_process_provider(state_dir, runtime_dir=runtime_dir) as provider:
+            await trio.to_thread.run_sync(shutil.rmtree, runtime_dir)  # a /tmp cleaner
+            with trio.fail_after(30):
+                async with kit.launched(provider, kit.standin_job()) as fence:
+                    _, answer = await kit.request_json(provider, fence, "GET", "/env")
+            socket_path = Path(answer["env"]["FICC_ENDPOINT_SOCKET"])
+            assert socket_path.parent.parent == runtime_dir
+    finally:
+        await trio.to_thread.run_sync(shutil.rmtree, runtime_dir.parent, True)
