@@ -216,6 +216,40 @@ def _panes(url: str, service_id: str, events: list[dict], generation: int) -> No
         # The form follows the new generation.
         expect(context).to_have_value("1024")
         expect(memory).to_have_value("300")
+
+        # Two replicas, then back to one: a scale-down, which needs no room.
+        replicas.fill("2")
+        preview.click()
+        expect(changes).to_contain_text("Replicas: 1 → 2")
+        expect(changes).to_contain_text("Replica 1 (new): on local: 0.5 CPU, 300 MiB")
+        _act(
+            page,
+            watch,
+            "Roll out",
+            "Roll out smol",
+            "once every replica is ready",
+            f"Rollout to generation {generation + 2} started.",
+        )
+        expect(page.locator("#revision")).to_contain_text(
+            f"generation {generation + 2}", timeout=60_000
+        )
+        expect(replicas).to_have_value("2")
+        replicas.fill("1")
+        preview.click()
+        expect(page.locator("#rollout-verdict")).to_have_text(
+            "A scale-down: it needs no room and is applied at once."
+        )
+        expect(changes).to_contain_text("Replica 1 on local: removed")
+        _act(
+            page,
+            watch,
+            "Roll out",
+            "Roll out smol",
+            "Scale smol down to 1 replica(s)? The replicas past 1 drain and stop.",
+            re.compile(r"^smol changed: scale-down from 2 to 1 replica"),
+        )
+        expect(page.locator("#spec")).not_to_contain_text("Replica 1")
+        expect(replicas).to_have_value("1")
         assert fits_width(page)
         watch.check()
 

@@ -215,6 +215,7 @@ export function rolloutForm({ base, view, act, confirmed }) {
     const how = choice && choice.message ? `${choice.message[0].toUpperCase()}${choice.message.slice(1)}.` : null;
     const chosen = choice ? choice.chosen : beside.fits ? "surge" : null;
     if (chosen === "surge") return { allows: true, how, text: "The next generation fits beside the serving one: it can be rolled out." };
+    if (chosen === "scale_down") return { allows: true, how, text: "A scale-down: it needs no room and is applied at once." };
     if (chosen) {
       const down = choice.downtime ? " The service is down meanwhile." : "";
       return { allows: true, how, text: `The next generation can be rolled out ${STRATEGY_WORDS[chosen] || chosen}.${down}` };
@@ -307,9 +308,10 @@ export function rolloutForm({ base, view, act, confirmed }) {
     if (!previewed) return;
     const current = view();
     const { spec, strategy: asked, how } = previewed;
-    const text = how && how !== "surge"
-      ? `Roll ${current.alias} out to this specification, ${STRATEGY_WORDS[how] || how}? ${how === "scale_down" ? "" : "It serves with fewer replicas meanwhile."}`.trim()
-      : `Roll ${current.alias} out to this specification? Its next generation starts beside the serving one and takes the traffic once every replica is ready.`;
+    const count = (spec.placements || []).length;
+    let text = `Roll ${current.alias} out to this specification? Its next generation starts beside the serving one and takes the traffic once every replica is ready.`;
+    if (how === "scale_down") text = `Scale ${current.alias} down to ${count} replica(s)? The replicas past ${count} drain and stop.`;
+    else if (how && how !== "surge") text = `Roll ${current.alias} out to this specification, ${STRATEGY_WORDS[how] || how}? It serves with fewer replicas meanwhile.`;
     if (!(await confirmed(`Roll out ${current.alias}`, text, "Roll out"))) return;
     clearErrors();
     await act("Rollout", (revision) => api("POST", `${base}/rollout`, asked ? { revision, spec, strategy: asked } : { revision, spec }), {
