@@ -205,12 +205,17 @@ async def two_controllers(
     tempo: Mapping[str, str],
     *,
     executor_env: Mapping[str, str] | None = None,
+    database_urls: Mapping[str, str] | None = None,
 ) -> AsyncIterator[Installation]:
     """``ctl-a`` started first (it leads), then ``ctl-b``, the admin token of the first
-    run, and node ``gpu-1`` (a real ``ficc executor``) linked to both; all stopped after."""
+    run, and node ``gpu-1`` (a real ``ficc executor``) linked to both; all stopped after.
+
+    ``database_urls`` gives a controller (by name) its own URL of the same database
+    (through a proxy, or with its own ``application_name``)."""
     data = tmp_path / "data"
-    a = ControllerProcess(controller_env(data, database_url, "ctl-a", **tempo), tmp_path / "a.log")
-    b = ControllerProcess(controller_env(data, database_url, "ctl-b", **tempo), tmp_path / "b.log")
+    urls = {"ctl-a": database_url, "ctl-b": database_url, **(database_urls or {})}
+    a = ControllerProcess(controller_env(data, urls["ctl-a"], "ctl-a", **tempo), tmp_path / "a.log")
+    b = ControllerProcess(controller_env(data, urls["ctl-b"], "ctl-b", **tempo), tmp_path / "b.log")
     executor = None
     try:
         with trio.fail_after(120):

@@ -353,9 +353,15 @@ class PostgresStore:
             "lock_timeout": _ms(self.lock_timeout),
             "idle_in_transaction_session_timeout": _ms(self.lock_timeout),
         }
+        options: dict[str, Any] = {"application_name": "ficc"}
+        try:  # an application_name in the URL (a controller's own, say) is kept
+            if "application_name" in psycopg.conninfo.conninfo_to_dict(self.url):
+                options = {}
+        except psycopg.ProgrammingError:
+            pass  # open_sync says what is wrong with the URL
         return {
+            **options,
             "connect_timeout": max(2, math.ceil(self.pool_timeout)),
-            "application_name": "ficc",
             "keepalives": 1,
             "keepalives_idle": KEEPALIVE_IDLE,
             "keepalives_interval": KEEPALIVE_INTERVAL,
