@@ -181,3 +181,64 @@ def test_a_runtime_carries_what_a_specification_binds_for_it():
 )
 def test_a_runtime_refuses_malformed_later_fields(fields, path):
     assert _refusal(_with_runtime(**fields))["path"] == path
+
+
+# -- protocol versions: a newer agent's optional fields are ignored, known ones never bent --
+
+
+def test_a_newer_minor_versions_unknown_fields_are_left_out_and_named():
+    from ficc_core.schema.snapshot import snapshot_from_wire
+
+    newer = {
+        **OLD_SNAPSHOT,
+        "protocol_version": "1.2",
+        "power_watts": 300,
+        "resources": {**OLD_SNAPSHOT["resources"], "numa": [0, 1]},
+        "providers": [{**OLD_SNAPSHOT["providers"][0], "flavour": "x"}],
+    }
+    snapshot, dropped = snapshot_from_wire(newer)
+    assert dropped == ["$.providers[0].flavour", "$.resources.numa", "$.power_watts"]
+    assert snapshot.resources.cpus == 2.0 and snapshot.providers[0].name == "process"
+    # The version belongs to the wire: what the controller stores leaves it out.
+    assert unstructure(snapshot) == unstructure(structure(OLD_SNAPSHOT, ExecutorSnapshot))
+
+
+def test_the_same_unknown_fields_from_this_version_or_older_are_refused_as_ever():
+    from ficc_core.schema.snapshot import snapshot_from_wire
+
+    for version in ("1.1", "1.0", None, "2.0"):
+        document = {**OLD_SNAPSHOT, "power_watts": 300}
+        if version is not None:
+            document["protocol_version"] = version
+        with pytest.raises(SchemaError) as caught:
+            snapshot_from_wire(document)
+        assert caught.value.errors == [{"path": "$.power_watts", "message": "unknown field"}]
+
+
+def test_a_newer_agent_s_known_field_is_checked_as_strictly_as_ever():
+    from ficc_core.schema.snapshot import snapshot_from_wire
+
+    newer = {
+        **OLD_SNAPSHOT,
+        "protocol_version": "1.2",
+        "endpoint_version": "1",
+        "resources": {**OLD_SNAPSHOT["resources"], "cpus": -1},
+    }
+    with pytest.raises(SchemaError) as caught:
+        snapshot_from_wire(newer)
+    paths = sorted(error["path"] for error in caught.value.errors)
+    assert paths == ["$.endpoint_version", "$.resources.cpus"]
+
+
+def test_a_stored_snapshot_with_a_newer_controller_s_fields_is_read():
+    from ficc_core.schema.snapshot import stored_snapshot
+
+    stored = {**OLD_SNAPSHOT, "endpoint_version": 1, "power_watts": 300}
+    assert stored_snapshot(stored).endpoint_version == 1
+
+
+def test_the_snapshot_s_version_is_the_node_protocol_s():
+    from ficc_core.nodelink.wire import PROTOCOL_VERSION, protocol_version
+    from ficc_core.schema.snapshot import SNAPSHOT_VERSION
+
+    assert protocol_version(PROTOCOL_VERSION) == SNAPSHOT_VERSION

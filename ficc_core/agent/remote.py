@@ -20,6 +20,14 @@ the same way, logged at info rather than as a lost connection until it is back. 
 refused credential, a second controller naming another node, or being fenced out
 by a newer connection of the same node ends that link. The agent ends when every
 link has ended so.
+
+The agent names its node protocol version when it dials (``Ficc-Node-Protocol``) and
+the controller its own in the welcome; each takes the other one minor version older
+or newer, and both then speak the older of the two (a snapshot field of a newer
+version is not sent to a controller that would not know it). A controller outside
+that window (426 ``protocol_version_unsupported``, or a welcome this agent refuses)
+is logged as an error naming what to upgrade and dialled again with backoff: an
+upgrade in progress ends that way (docs/operations.md, "Upgrading a fleet").
 """
 
 from __future__ import annotations
@@ -39,7 +47,15 @@ from trio_websocket import ConnectionClosed, ConnectionRejected, HandshakeError,
 from ..errors import FiccError
 from ..nodelink.commands import run_command
 from ..nodelink.relay_node import RelayServer
-from ..nodelink.wire import decode, message_term
+from ..nodelink.wire import (
+    PROTOCOL_HEADER,
+    PROTOCOL_VERSION,
+    ProtocolMismatch,
+    at_least,
+    decode,
+    message_term,
+    negotiate,
+)
 from ..schema import unstructure
 from .agent import Agent
 from .staging import stager_from_settings
@@ -248,6 +264,8 @@ class ControllerLink:
         self.goodbyes = 0
         #: Whether the controller said it was stopping and has not welcomed us since.
         self.away = False
+        #: The node protocol version spoken with this controller (the older of the two).
+        self.protocol = (1, 0)
 
     @property
     def leads(self) -> bool:
@@ -262,6 +280,9 @@ class ControllerLink:
                 welcomed = await self._session(nursery)
             except AgentRefused as exc:
                 return exc
+            except ProtocolMismatch as exc:
+                welcomed = False
+                log.error("controller %s: %s [%s]", self.controller, exc.message, exc.code)
             except _TRANSIENT as exc:
                 welcomed = False
                 log.log(self._unreachable_level(), "controller %s unreachable: %r", self.url, exc)
@@ -287,7 +308,10 @@ class ControllerLink:
 
     async def _session(self, nursery: trio.Nursery) -> bool:
         """One connection: return whether the controller welcomed it before it ended."""
-        headers = [(b"authorization", f"Bearer {self.remote.credential}".encode())]
+        headers = [
+            (b"authorization", f"Bearer {self.remote.credential}".encode()),
+            (PROTOCOL_HEADER.lower().encode(), PROTOCOL_VERSION.encode()),
+        ]
         try:
             connection = open_websocket_url(
                 self.url, self.remote.ssl_context, extra_headers=headers, connect_timeout=15
@@ -297,6 +321,9 @@ class ControllerLink:
                 if welcome.get("type") != "welcome":
                     raise AgentRefused(f"the controller said {welcome!r} instead of welcome")
                 node_id = str(welcome["node_id"])
+                self.protocol = negotiate(
+                    PROTOCOL_VERSION, welcome.get("protocol_version"), refusing="agent"
+                )
                 agent = await self.remote.agent_for(node_id, nursery)
                 role = welcome.get("role")
                 self.role = None if role is None else str(role)
@@ -321,6 +348,12 @@ class ControllerLink:
                     raise outcome
                 return True
         except ConnectionRejected as exc:
+            if exc.status_code == ProtocolMismatch.status:
+                details = _body_error(exc.body).get("details")
+                raise ProtocolMismatch(
+                    f"the controller refused this agent: {_body_message(exc.body)}",
+                    details=details if isinstance(details, dict) else None,
+                ) from None
             if exc.status_code in (401, 403):
                 raise AgentRefused(
                     f"the controller refused the node credential: {_body_message(exc.body)}",
@@ -353,6 +386,8 @@ class ControllerLink:
                 try:
                     while True:
                         snapshot = unstructure(await agent.snapshot())
+                        if at_least(self.protocol, "1.1"):
+                            snapshot["protocol_version"] = PROTOCOL_VERSION
                         attempts = await agent.report()
                         message = {"type": "heartbeat", "snapshot": snapshot, "attempts": attempts}
                         await ws.send_message(json.dumps(message))
@@ -436,8 +471,16 @@ def _first(group: BaseExceptionGroup) -> Any:
     return leaf
 
 
-def _body_message(body: bytes | None) -> str:
+def _body_error(body: bytes | None) -> dict[str, Any]:
     try:
-        return json.loads(body or b"{}")["error"]["message"]
+        error = json.loads(body or b"{}")["error"]
     except (ValueError, KeyError, TypeError):
-        return (body or b"").decode("utf-8", "replace")[:200] or "no reason given"
+        return {}
+    return error if isinstance(error, dict) else {}
+
+
+def _body_message(body: bytes | None) -> str:
+    message = _body_error(body).get("message")
+    if isinstance(message, str):
+        return message
+    return (body or b"").decode("utf-8", "replace")[:200] or "no reason given"

@@ -20,6 +20,7 @@ from quart import Response, jsonify, request, websocket
 
 from ..contributors.connection import serve_node_connection
 from ..errors import FiccError, NotFound
+from ..nodelink.wire import PROTOCOL_HEADER, PROTOCOL_VERSION, negotiate
 from .views_contributors import node_view, removal_view
 
 if TYPE_CHECKING:
@@ -181,6 +182,10 @@ def register(app: QuartTrio, service: Service) -> None:
                     status=401,
                 )
             node_id = await service.contributors.authenticate(token.strip())
+            # An agent more than a minor version apart is refused before it is
+            # registered (426, naming what to upgrade); none sent is 1.0.
+            agent_version = websocket.headers.get(PROTOCOL_HEADER)
+            negotiate(agent_version, PROTOCOL_VERSION, refusing="controller")
         except FiccError as exc:
             return error_response(exc)
         await websocket.accept()
@@ -193,5 +198,6 @@ def register(app: QuartTrio, service: Service) -> None:
             channel,
             heartbeat_interval=service.config.heartbeat_interval,
             lease_duration=service.config.lease_duration,
+            agent_version=agent_version,
         )
         return None

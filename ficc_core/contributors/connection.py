@@ -28,8 +28,9 @@ import trio
 
 from ..errors import FiccError, InvalidRequest
 from ..nodelink.links import ConnectionLink, MessageChannel, NodeLink
-from ..nodelink.wire import GOODBYE, MAX_MESSAGE, heartbeat_attempts
-from ..schema import ExecutorSnapshot, Fence, SchemaError, structure, unstructure
+from ..nodelink.wire import GOODBYE, MAX_MESSAGE, PROTOCOL_VERSION, heartbeat_attempts
+from ..schema import ExecutorSnapshot, Fence, SchemaError, unstructure
+from ..schema.snapshot import snapshot_from_wire
 from ..store.outage import is_store_failure
 from .assignments import Reconciliation
 from .errors import ConnectionFenced
@@ -45,8 +46,13 @@ async def serve_node_connection(
     *,
     heartbeat_interval: float,
     lease_duration: float,
+    agent_version: str | None = None,
 ) -> None:
-    """Serve one authenticated node connection until it ends, is fenced out or fails."""
+    """Serve one authenticated node connection until it ends, is fenced out or fails.
+
+    ``agent_version`` is the node protocol version the agent dialled with (None: an
+    agent before versions), already negotiated (:func:`~ficc_core.nodelink.wire.negotiate`).
+    """
     if registry.live.closing:
         await _last_word(channel, GOODBYE)  # the controller is stopping: come back later
         return
@@ -55,6 +61,7 @@ async def serve_node_connection(
     # What the controller wanted before this connection: reconciled with the first report.
     known = await registry.wanted_attempt_ids(node_id)
     reconciled = False
+    ignored: set[str] = set()  # a newer agent's snapshot fields, logged once each
     async with trio.open_nursery() as nursery:
         connection_id = await registry.connect(node_id, nursery.cancel_scope, link)
         log.info("node %s connected (connection %s)", node_id, connection_id)
@@ -69,6 +76,7 @@ async def serve_node_connection(
                         "lease_duration": lease_duration,
                         "role": "leader" if leadership.leading else "standby",
                         "term": leadership.term,
+                        "protocol_version": PROTOCOL_VERSION,
                     }
                 )
             )
@@ -157,11 +165,18 @@ async def serve_node_connection(
                     if message.get("type") != "heartbeat":
                         continue
                     try:
-                        snapshot = structure(
-                            message.get("snapshot"), ExecutorSnapshot, what="snapshot"
-                        )
+                        snapshot, dropped = snapshot_from_wire(message.get("snapshot"))
                     except SchemaError as exc:
                         raise InvalidRequest(exc.message, code="bad_heartbeat") from None
+                    if not ignored.issuperset(dropped):
+                        ignored.update(dropped)
+                        log.info(
+                            "node %s (protocol %s) sent fields this controller does not "
+                            "know, ignored: %s",
+                            node_id,
+                            agent_version,
+                            ", ".join(dropped),
+                        )
                     heartbeats.put(snapshot, heartbeat_attempts(message.get("attempts", [])))
             if heartbeats.failure is not None:
                 raise heartbeats.failure

@@ -15,7 +15,8 @@ from typing import Any
 import attrs
 
 from ..errors import InvalidRequest
-from ..schema import ExecutorSnapshot, Fence, structure
+from ..schema import ExecutorSnapshot, Fence
+from ..schema.snapshot import stored_snapshot
 
 
 class NodeState(enum.StrEnum):
@@ -164,7 +165,9 @@ class Node:
 
     def executor_snapshot(self) -> ExecutorSnapshot | None:
         """The last snapshot as the schema type (None before the first heartbeat)."""
-        return None if self.snapshot is None else structure(self.snapshot, ExecutorSnapshot)
+        # A newer controller sharing the database may have stored fields this one does
+        # not know (docs/operations.md, "Upgrading a fleet"): they are left out.
+        return None if self.snapshot is None else stored_snapshot(self.snapshot)
 
 
 @attrs.frozen(kw_only=True)

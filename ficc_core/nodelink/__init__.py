@@ -4,10 +4,16 @@ One WebSocket per node, dialled by the agent (``/api/v1/contributors/connect``,
 the node credential as a Bearer token). JSON text messages, and binary frames for
 relayed bytes:
 
+- the agent names its protocol version when it dials (the ``Ficc-Node-Protocol``
+  header, :data:`~ficc_core.nodelink.wire.PROTOCOL_VERSION`); each side takes the
+  other one minor version older or newer and both speak the older
+  (:func:`~ficc_core.nodelink.wire.negotiate`); outside that window the controller
+  answers 426 ``protocol_version_unsupported`` before it registers the node;
 - controller → agent ``{"type": "welcome", "node_id", "connection_id",
-  "heartbeat_interval", "lease_duration", "role", "term"}`` once, first (``role``
-  is ``leader`` or ``standby``; a controller built before there could be a second
-  one sends neither);
+  "heartbeat_interval", "lease_duration", "role", "term", "protocol_version"}``
+  once, first (``role`` is ``leader`` or ``standby``; a controller built before
+  there could be a second one sends neither, one before versions no
+  ``protocol_version``: 1.0);
 - agent → controller ``{"type": "heartbeat", "snapshot": {...}, "attempts": [...]}``;
 - controller → agent ``{"type": "renew", "duration": seconds, "term"}`` from a task
   of its own, every third of the lease, so no slow request can delay a renewal;

@@ -55,6 +55,79 @@ _HEADER = struct.Struct("!BI")
 Send = Callable[[str | bytes], Awaitable[None]]
 
 
+#: The node protocol version this side speaks, ``major.minor``. A minor version adds
+#: optional fields and messages only; a major version may change what a known one means.
+PROTOCOL_VERSION = "1.1"
+#: What a peer that sends no version speaks: every release before versions were sent.
+PROTOCOL_ABSENT = "1.0"
+#: The header an agent names its version in when it dials (absent: :data:`PROTOCOL_ABSENT`).
+PROTOCOL_HEADER = "Ficc-Node-Protocol"
+
+
+def protocol_version(value: Any) -> tuple[int, int]:
+    """``(major, minor)`` of a version a peer sent; None or absent is :data:`PROTOCOL_ABSENT`.
+
+    A malformed one is :class:`ValueError`.
+    """
+    text = PROTOCOL_ABSENT if value is None else value
+    if not isinstance(text, str):
+        raise ValueError(f"a protocol version is a string like {PROTOCOL_VERSION!r}")
+    major, dot, minor = text.strip().partition(".")
+    if not (dot and major.isdigit() and minor.isdigit() and len(text) <= 16):
+        raise ValueError(f"{text!r} is not a protocol version like {PROTOCOL_VERSION!r}")
+    return int(major), int(minor)
+
+
+class ProtocolMismatch(FiccError):
+    """The agent and the controller are more than one minor version apart (or of another
+    major version): 426 ``protocol_version_unsupported``, with details ``agent_version``,
+    ``controller_version``, ``accepted`` (the oldest and newest versions the refusing side
+    takes) and ``upgrade`` (``agent`` or ``controller``: the older of the two)."""
+
+    status = 426
+    code = "protocol_version_unsupported"
+
+
+def negotiate(agent: Any, controller: Any, *, refusing: str) -> tuple[int, int]:
+    """The version an agent and a controller speak together: the older of the two.
+
+    Each side accepts the other one minor version older or newer, of the same major
+    version; ``refusing`` (``controller`` or ``agent``) names the side that checks.
+    Anything else is :class:`ProtocolMismatch`, naming the side to upgrade. A malformed
+    version is refused the same way.
+    """
+    ours_text = controller if refusing == "controller" else agent
+    theirs_text = agent if refusing == "controller" else controller
+    ours = protocol_version(ours_text)
+    try:
+        theirs = protocol_version(theirs_text)
+    except ValueError:
+        theirs = (-1, -1)
+    if theirs[0] == ours[0] and abs(theirs[1] - ours[1]) <= 1:
+        return min(ours, theirs)
+    low, high = f"{ours[0]}.{max(ours[1] - 1, 0)}", f"{ours[0]}.{ours[1] + 1}"
+    shown = {"agent": agent or PROTOCOL_ABSENT, "controller": controller or PROTOCOL_ABSENT}
+    peer = "agent" if refusing == "controller" else "controller"
+    upgrade = peer if theirs < ours else refusing  # the older side moves up
+    raise ProtocolMismatch(
+        f"the agent speaks node protocol {shown['agent']} and the controller "
+        f"{shown['controller']}; the {refusing} accepts {low} to {high}: upgrade the "
+        f'{upgrade} (docs/operations.md, "Upgrading a fleet": controllers first, then agents)',
+        details={
+            "agent_version": str(shown["agent"])[:16],
+            "controller_version": str(shown["controller"])[:16],
+            "accepted": [low, high],
+            "upgrade": upgrade,
+        },
+    )
+
+
+def at_least(version: tuple[int, int], text: str) -> bool:
+    """Whether the negotiated ``version`` is ``text`` or newer (a field of that version
+    may be sent)."""
+    return version >= protocol_version(text)
+
+
 def message_term(message: Mapping[str, Any]) -> int:
     """The controller term a message carries; 0 when it carries none.
 

@@ -390,6 +390,41 @@ def structure(data: Any, cls: type[T], *, what: str = "request body") -> T:
         raise SchemaError(_collect(exc, "$"), what=what) from None
 
 
+def known_fields(data: Any, cls: type) -> tuple[Any, list[str]]:
+    """``data`` without the keys ``cls`` (an attrs class) and its nested classes do not
+    know, and the paths of those left out (``$.resources.gpus[0].vendor``).
+
+    For a document from a newer peer (a node agent one minor protocol version ahead):
+    its optional additions are ignored, while every known field is kept as sent and
+    then structured as strictly as ever, so none is ever read in another sense.
+    Anything not shaped like ``cls`` is returned as it is, for :func:`structure` to refuse.
+    """
+    dropped: list[str] = []
+    return _known(data, cls, "$", dropped), dropped
+
+
+def _known(data: Any, type_: Any, path: str, dropped: list[str]) -> Any:
+    args = [arg for arg in get_args(type_) if arg is not type(None)]
+    if _is_attrs(type_) and isinstance(data, dict):
+        fields = attrs.fields_dict(type_)
+        kept = {}
+        for key, value in data.items():
+            field = fields.get(key)
+            if field is None:
+                dropped.append(f"{path}.{key}")
+                continue
+            kept[key] = _known(value, field.type, f"{path}.{key}", dropped)
+        return kept
+    if isinstance(type_, str):
+        return data  # an unresolved annotation: nothing nested to look into
+    if get_origin(type_) in (tuple, list) and isinstance(data, list) and args:
+        inner = args[0]
+        return [_known(item, inner, f"{path}[{n}]", dropped) for n, item in enumerate(data)]
+    if len(args) == 1 and get_origin(type_) not in (tuple, list, dict):  # X | None
+        return _known(data, args[0], path, dropped)
+    return data
+
+
 def unstructure(obj: Any) -> Any:
     """Return the plain JSON form of ``obj`` (absent optional fields omitted)."""
     return _converter.unstructure(obj)

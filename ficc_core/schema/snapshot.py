@@ -3,6 +3,12 @@
 The controller places replicas only where a snapshot shows the resources and the
 installed runtime. ``endpoint_version`` came later: older executors leave it out,
 which keeps them working for ordinary jobs but refuses them for inference.
+
+``protocol_version`` is the node protocol version the snapshot is written in
+(:data:`~ficc_core.nodelink.wire.PROTOCOL_VERSION`; absent: ``1.0``, every agent
+before versions were sent). A snapshot one minor version newer than this controller
+may carry optional fields it does not know: :func:`snapshot_from_wire` leaves them
+out and structures the rest as strictly as ever (docs/agents.md, "Protocol versions").
 """
 
 import re
@@ -11,7 +17,7 @@ from typing import Any
 import attrs
 
 from ..strictjson import INT64_MAX
-from ._convert import MAX_SAFE_INTEGER, FieldError, integer, number
+from ._convert import MAX_SAFE_INTEGER, FieldError, integer, known_fields, number, structure
 from .spec import (
     MAX_CPUS,
     MAX_GPU_INDEX,
@@ -30,6 +36,9 @@ LABEL_NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,62}")
 
 #: The endpoint contract version this controller speaks.
 ENDPOINT_VERSION = 1
+#: The node protocol version whose snapshot fields this controller knows (the same as
+#: :data:`ficc_core.nodelink.wire.PROTOCOL_VERSION`; schema imports nothing of nodelink).
+SNAPSHOT_VERSION = (1, 1)
 
 
 @attrs.frozen(kw_only=True)
@@ -195,6 +204,8 @@ class ExecutorSnapshot:
     :ivar labels: free-form facts for operators (``zone``, ``gpu.vendor``, ...).
     :ivar endpoint_version: the endpoint contract version it implements; older
         executors leave it out (and it is left out of the canonical JSON then).
+    :ivar protocol_version: the node protocol version it is written in (``1.1``); left
+        out by agents before versions and by any agent talking to such a controller.
     """
 
     node_id: str = attrs.field(validator=_node_id)
@@ -209,8 +220,43 @@ class ExecutorSnapshot:
         factory=dict, converter=_as_dict, validator=_labels, hash=False
     )
     endpoint_version: int | None = integer(1, MAX_SAFE_INTEGER, default=None)
+    protocol_version: str | None = attrs.field(default=None, validator=_optional(_text(16)))
 
     @property
     def supports_inference(self) -> bool:
         """Whether inference replicas may be placed here (endpoint version 1 only)."""
         return self.endpoint_version == ENDPOINT_VERSION
+
+
+def snapshot_from_wire(data: Any) -> tuple[ExecutorSnapshot, list[str]]:
+    """A heartbeat's snapshot, and the paths of the fields left out as a newer agent's.
+
+    Written in a newer minor protocol version of the same major one, its unknown fields
+    are left out (optional additions by definition); any other snapshot is structured
+    as it is, so an unknown field there is refused as ever. Known fields are never read
+    differently whatever the version says. Raises :class:`SchemaError`.
+
+    The version belongs to the wire: the snapshot returned leaves it out, so the form
+    the controller stores is one an older controller sharing the database reads too.
+    """
+    dropped: list[str] = []
+    if isinstance(data, dict) and _newer(data.get("protocol_version")):
+        data, dropped = known_fields(data, ExecutorSnapshot)
+    snapshot = structure(data, ExecutorSnapshot, what="snapshot")
+    return attrs.evolve(snapshot, protocol_version=None), dropped
+
+
+def stored_snapshot(data: Any) -> ExecutorSnapshot:
+    """A snapshot the store holds, written by this controller or by a newer one sharing
+    the database during an upgrade: fields this one does not know are left out."""
+    known, _ = known_fields(data, ExecutorSnapshot)
+    return structure(known, ExecutorSnapshot, what="snapshot")
+
+
+def _newer(version: Any) -> bool:
+    if not isinstance(version, str):
+        return False
+    major, _, minor = version.partition(".")
+    if not (major.isdigit() and minor.isdigit()):
+        return False
+    return int(major) == SNAPSHOT_VERSION[0] and int(minor) > SNAPSHOT_VERSION[1]
