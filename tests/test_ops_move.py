@@ -610,3 +610,24 @@ async def test_after_an_interrupted_move_a_stopped_service_shows_the_replica_whe
             [replica] = status["replicas"]
             assert replica["attempt_id"] == source["attempt_id"]
             assert replica["node"]["id"] == "local", replica["node"]
+
+
+async def test_a_replica_whose_node_just_dropped_its_connection_moves_off_it(tmp_path):
+    # Before its node was unreachable the move asked it to stop the source over the
+    # connection that was gone, and ended failed_rolled_back.
+    with trio.fail_after(120):
+        async with open_two_nodes(tmp_path, unreachable_after="60s") as ops:
+            controller = ops.controller
+            service_id = await ops.running("local", "node-2")
+            source = (await controller.ok("GET", f"/api/v1/inference/{service_id}"))["replicas"][1]
+            ops.node_2.cancel()
+            while controller.service.contributors.connected_here("node-2"):  # noqa: ASYNC110
+                await trio.sleep(0.02)
+            assert (await controller.node("node-2"))["state"] == "connected"  # as recorded
+            stop_source = await _moved_off_node_2(ops, service_id, removable=False)
+            assert stop_source["ok"] and stop_source["details"]["given_up"] is True
+            given_up = await controller.service.store.read(
+                lambda tx: repository.attempt(tx, source["attempt_id"])
+            )
+            assert given_up.released and given_up.reason == "moved"
+            assert given_up.state == AttemptState.UNKNOWN

@@ -9,8 +9,9 @@ confirmed the end: the attempt is released) and ``update_binding`` (the placemen
 and the reservations in one transaction; the revision moves on). The answer says
 how it ended (:data:`FINAL_STATES`) and what each step did.
 
-A replica whose node is unreachable, lost or revoked moves too (it is the way off a
-silent or dead node): its last attempt there is the source, nothing drains, and
+A replica whose node is unreachable (or not connected to this controller), lost or
+revoked moves too (it is the way off a silent or dead node): its last attempt there
+is the source, nothing drains, and
 ``stop_source`` ends it without waiting on its node: an attempt already released
 stays as it is, any other is given up (released, reason ``moved``, its outcome
 ``unknown``; its node stops it if it ever connects again). A failure after that
@@ -213,6 +214,10 @@ class Mover:
             details = operation_details("move", record, index, source_node)
             attempts = repository.attempts(tx, service_id)
             gone = source_gone(tx, source_node)
+            if gone is None and not self.attempts.contributors.connected_here(source_node):
+                # Its connection dropped (it is not unreachable yet): nothing reaches it
+                # to drain or stop the source, so it is given up as an unreachable one's.
+                gone = NodeState.UNREACHABLE
             if gone is None:
                 count = len(specification.placements)
                 source = routed(attempts, record.generation, count).get(index)
