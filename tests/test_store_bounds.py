@@ -7,13 +7,16 @@
 - A database that hangs (a TCP proxy that stops forwarding without closing anything):
   every call, more of them than connections, ends within its deadline with 503
   ``store_unavailable``, no worker thread stays stuck, and the store works again by
-  itself once the proxy forwards again.
+  itself once the proxy forwards again; a real ``ficc serve`` answers its routes so.
 """
 
 from __future__ import annotations
 
 import threading
+import time
+from urllib.parse import urlsplit, urlunsplit
 
+import httpx
 import psycopg
 import pytest
 import trio
@@ -22,14 +25,23 @@ from ficc_core.controller.lease import LeaderLease
 from ficc_core.errors import StoreUnavailable
 from ficc_core.store.postgres import WRITE_LOCK, open_postgres_store
 
+from .ha_support import Api, ControllerProcess, controller_env
+from .serve_support import first_run_secrets
 from .tcp_proxy import tcp_proxy
+
+#: A controller's store bounds in the process test (pool wait, statement bounds, lock).
+BOUNDS = {
+    "store_pool_timeout": "1s",
+    "store_read_timeout": "1s",
+    "store_write_timeout": "2s",
+    "store_lock_timeout": "1s",
+}
 
 
 def _write_lock_holders(url: str) -> int:
     with psycopg.connect(url, autocommit=True) as conn:
         return conn.execute(
-            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted"
-            " AND objid = %s",
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted AND objid = %s",
             (WRITE_LOCK,),
         ).fetchone()[0]
 
@@ -163,3 +175,65 @@ async def test_a_hung_database_is_refused_within_the_deadline_and_recovers(pg_ur
         finally:
             proxy.resume()
             await store.aclose()
+
+
+@pytest.mark.slow
+async def test_ficc_serve_on_a_hung_database_answers_503_and_recovers(tmp_path, pg_url):
+    """A real controller whose database hangs (the proxy stops forwarding): a write and
+    a read route are refused 503 ``store_unavailable`` with ``Retry-After`` within their
+    deadlines, the health route and a credential it verified before still answer, and
+    the same write goes through by itself once the database answers again."""
+    info = psycopg.conninfo.conninfo_to_dict(pg_url)
+    async with tcp_proxy("127.0.0.1", int(info["port"])) as proxy:
+        parts = urlsplit(pg_url)
+        through = urlunsplit(
+            parts._replace(netloc=f"{parts.netloc.rsplit(':', 1)[0]}:{proxy.port}")
+        )
+        data = tmp_path / "data"
+        controller = ControllerProcess(
+            controller_env(data, through, "ctl-a", **BOUNDS), tmp_path / "serve.log"
+        )
+        try:
+            with trio.fail_after(120):
+                url = await controller.start()
+                token = first_run_secrets(data / "first-run-secrets")["admin token"]
+                async with httpx.AsyncClient(timeout=60) as http:
+                    api = Api(url, token, http)
+                    await api.ok("GET", "/api/v1/tokens")  # the credential is verified
+                    proxy.pause()
+                    for method, path, body, bound in (
+                        (
+                            "POST",
+                            "/api/v1/tokens",
+                            {"name": "hung", "scopes": ["models:read"]},
+                            1 + 2 + 1,
+                        ),
+                        ("GET", "/api/v1/tokens", None, 1 + 1 + 1),
+                    ):
+                        began = time.monotonic()
+                        answer = await api.call(method, path, json=body)
+                        took = time.monotonic() - began
+                        assert answer.status_code == 503, answer.text
+                        assert answer.json()["error"]["code"] == "store_unavailable"
+                        assert answer.headers["Retry-After"] in ("1", "2")
+                        # The credential check's own wait (authority) comes first.
+                        assert took <= bound + 3 + 1.5, (path, took)
+                    began = time.monotonic()
+                    health = await http.get(f"{url}/api/v1/health")
+                    assert health.status_code == 200
+                    assert time.monotonic() - began < 2
+
+                    proxy.resume()
+                    while True:
+                        answer = await api.call(
+                            "POST",
+                            "/api/v1/tokens",
+                            json={"name": "back", "scopes": ["models:read"]},
+                        )
+                        if answer.status_code == 201:
+                            break
+                        assert answer.status_code == 503, answer.text
+                        await trio.sleep(0.2)
+        finally:
+            proxy.resume()
+            controller.stop()
