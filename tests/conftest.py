@@ -4,6 +4,8 @@ on a real PostgreSQL database (tests/pg_support.py) where a test asks for both b
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import threading
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -22,6 +24,23 @@ from ficc_core.store import Store, open_sqlite_store
 from . import pg_support
 from .httpsd import open_https_server, write_ca_bundle
 from .serve_support import ServeProcess
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _engine_sockets_of_this_session() -> Iterator[Path]:
+    """The engines' sockets of every controller and agent this session starts in a short
+    runtime directory of its own (FICC_RUNTIME_DIR), removed at its end: a test that
+    kills a controller outright leaves its engines' socket directories behind, which
+    nothing would remove from the user's /tmp/ficc-<uid>."""
+    path = Path(tempfile.mkdtemp(prefix="ficc-t", dir="/tmp"))
+    before = os.environ.get("FICC_RUNTIME_DIR")
+    os.environ["FICC_RUNTIME_DIR"] = str(path)
+    yield path
+    if before is None:
+        os.environ.pop("FICC_RUNTIME_DIR", None)
+    else:
+        os.environ["FICC_RUNTIME_DIR"] = before
+    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture
