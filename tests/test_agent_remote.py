@@ -229,3 +229,34 @@ async def test_an_https_controller_is_reached_over_tls(tmp_path, agent_dir, ca):
                 await nursery.start(remote.run)
                 await wait_connected(service, "gpu-1")
                 nursery.cancel_scope.cancel()
+
+
+async def test_an_agent_that_dials_a_stopping_controller_is_told_goodbye_and_dials_again(
+    tmp_path, agent_dir, caplog
+):
+    # Its first message was a goodbye instead of a welcome: the agent took it for a
+    # refusal and ended the link for good.
+    caplog.set_level(logging.INFO, logger="ficc.agent")
+    with trio.fail_after(30):
+        async with _controller(tmp_path) as (service, url):
+            _, token = await service.contributors.add_node("gpu-1")
+            live = service.contributors.live
+            live.closing = True  # as while the controller stops (end_node_connections)
+            remote = RemoteAgent(
+                url, token, process_agent_maker(agent_dir), backoff_initial=0.05, backoff_max=0.1
+            )
+            [link] = remote.links
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(remote.run)
+                while link.goodbyes < 2:  # noqa: ASYNC110 (it keeps dialling)
+                    await trio.sleep(0.02)
+                assert link.sessions == 0 and link.away
+                live.closing = False  # back: it connects
+                await wait_connected(service, "gpu-1")
+                while not link.connected:  # noqa: ASYNC110
+                    await trio.sleep(0.02)
+                assert not link.away
+                nursery.cancel_scope.cancel()
+    said = [r for r in caplog.records if r.name == "ficc.agent"]
+    assert any("is shutting down" in r.getMessage() for r in said)
+    assert not [r.getMessage() for r in said if r.levelno >= logging.WARNING]

@@ -302,6 +302,12 @@ class ControllerLink:
             await trio.sleep(delay * random.uniform(0.8, 1.2))
             delay = min(delay * 2, self.remote.backoff_max)
 
+    def _goodbye(self) -> None:
+        """The controller said it is stopping: reconnect as usual, with no warning."""
+        self.goodbyes += 1
+        self.away = True
+        log.info("controller %s is shutting down; reconnecting once it is back", self.controller)
+
     def _unreachable_level(self) -> int:
         """A controller that said it was stopping is expected away: info, not a warning."""
         return logging.INFO if self.away else logging.WARNING
@@ -318,6 +324,10 @@ class ControllerLink:
             )
             async with connection as ws:
                 welcome = decode(await ws.get_message())
+                if welcome.get("type") == "goodbye":
+                    # It is stopping as we dial: come back later, as after a drop.
+                    self._goodbye()
+                    return False
                 if welcome.get("type") != "welcome":
                     raise AgentRefused(f"the controller said {welcome!r} instead of welcome")
                 node_id = str(welcome["node_id"])
@@ -425,12 +435,7 @@ class ControllerLink:
                         break
                     elif kind == "goodbye":
                         # The controller is stopping: no trouble, reconnect as usual.
-                        self.goodbyes += 1
-                        self.away = True
-                        log.info(
-                            "controller %s is shutting down; reconnecting once it is back",
-                            self.controller,
-                        )
+                        self._goodbye()
                         break
                     elif kind == "error":
                         outcome.append(
