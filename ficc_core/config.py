@@ -506,17 +506,21 @@ class Config:
         "How long a non-streaming request may take to get its whole answer. The engine "
         "sends nothing until the completion is done, so this bounds the generation itself: "
         "one bound for both kinds turned a 60 s liveness guard into a limit of about a "
-        "hundred tokens on a slow model. 0 (the default) leaves it to the service's "
-        "request_deadline and timeout_total (duration).",
+        "hundred tokens on a slow model. Ten minutes is a long answer on slow hardware "
+        "(thousands of tokens at a few a second) and still a bound, so a request that "
+        "reached an engine which then hung ends even where no liveness probe caught it; "
+        "a service's request_deadline and timeout_total may be shorter. 0 for no bound "
+        "(duration).",
         kind="duration",
     )
     timeout_first_token: float = _setting(
-        0.0,
+        600.0,
         "How long a stream may wait after its head for its first chunk (the prompt's "
         "prefill). The response is handed to the client with that chunk, so past this "
-        "bound another replica is still tried. 0 (the default): prefill grows with the "
-        "prompt and a fixed bound would refuse long prompts on slow hardware; set it for "
-        "an interactive service (duration).",
+        "bound another replica is still tried. Prefill grows with the prompt, so the "
+        "default is as generous as timeout_generation (a long prompt on slow hardware "
+        "still fits) yet finite; set it lower for an interactive service, 0 for no bound "
+        "(duration).",
         kind="duration",
     )
     timeout_idle: float = _setting(
@@ -528,7 +532,7 @@ class Config:
         kind="duration",
     )
     timeout_total: float = _setting(
-        0.0,
+        600.0,
         "The longest one request may take from admission to its last byte, for every "
         "service; with a service's request_deadline the smaller wins. 0 (the default): the "
         "service's own deadline says what its clients can wait (duration).",
@@ -541,6 +545,33 @@ class Config:
         "in milliseconds; past this the request goes on and the engine judges it, since a "
         "refusal is only made when certain (duration).",
         kind="duration",
+    )
+    liveness_interval: float = _setting(
+        10.0,
+        "How often the controller probes each ready replica's engine (a GET of its health "
+        "route through the node's endpoint action, beside its requests). Ten seconds keeps "
+        "the probe negligible next to a GPU engine's work and, with liveness_misses, "
+        "notices a hung engine within about half a minute; a failed /metrics read or a "
+        "request timeout on the replica brings the next probe forward (duration).",
+        kind="duration",
+        validator=attrs.validators.gt(0),
+    )
+    liveness_timeout: float = _setting(
+        5.0,
+        "The longest one liveness probe may take. An engine answers its health route in "
+        "milliseconds even while it generates; five seconds leaves room for a busy host's "
+        "scheduling and a remote node's round trip (duration).",
+        kind="duration",
+        validator=attrs.validators.gt(0),
+    )
+    liveness_misses: int = _setting(
+        3,
+        "Liveness probes a ready replica must miss in a row to be unresponsive: it leaves "
+        "routing at once (its requests in flight end with replica_unresponsive), and is "
+        "restarted after the same back-off as a crash unless it answers first; 0 turns "
+        "the probes off. One miss is a hiccup, three say the engine.",
+        kind="int",
+        validator=attrs.validators.ge(0),
     )
 
     # -- priority bands (docs/priority.md) -----------------------------------------------

@@ -216,6 +216,29 @@ class Metrics:
             per_replica,
             registry=self.registry,
         )
+        # -- liveness of ready replicas (docs/inference.md) ---------------------------------
+        self.liveness_misses = prom.Counter(
+            "ficc_replica_liveness_misses",
+            "Liveness probes of a ready replica's engine that got no answer in "
+            "liveness_timeout (or a 5xx, or a failed stream), by service and replica.",
+            per_replica,
+            registry=self.registry,
+        )
+        self.liveness_unresponsive = prom.Gauge(
+            "ficc_replica_unresponsive",
+            "1 while a replica is out of routing for missing liveness_misses probes in a "
+            "row (until it answers again or is restarted), by service and replica.",
+            per_replica,
+            registry=self.registry,
+        )
+        self.liveness_unresponsive_seconds = prom.Histogram(
+            "ficc_replica_unresponsive_seconds",
+            "How long replicas were out of routing as unresponsive, by service and how it "
+            "ended (answered: put back; restarted; ended: the attempt ended otherwise).",
+            ("service", "outcome"),
+            registry=self.registry,
+            buckets=(1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0),
+        )
         self.routing_decisions = prom.Counter(
             "ficc_gateway_routing_decisions",
             "How the gateway chose each request's replica, by service and reason: session "

@@ -224,6 +224,12 @@ async def open_service(
             follow_interval=config.follow_interval,
         )
         follower = RoutingFollower(
+            liveness={
+                "interval": config.liveness_interval,
+                "timeout": config.liveness_timeout,
+                "misses": config.liveness_misses,
+            },
+            metrics=metrics,
             store,
             live=live,
             contributors=contributors,

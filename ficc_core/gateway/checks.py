@@ -19,6 +19,7 @@ from .errors import (
     DeadlineExceeded,
     GenerationChanged,
     NotForThisService,
+    ReplicaUnresponsive,
     ServerShuttingDown,
     ServiceDraining,
     ServiceNotFound,
@@ -351,6 +352,14 @@ class RequestChecks:
                 )
             if view.admission == "stopped":
                 return ServiceStopped(f"service {_named(view)} stopped while the response streamed")
+            why = None if replica is None else self.live.suspended(replica.key)
+            if why is not None and not view.serves(replica.key):
+                return ReplicaUnresponsive(
+                    f"replica {replica.index} of service {_named(view)} stopped answering "
+                    f"({why}) while it served this request and left routing; send the "
+                    "request again: other replicas serve it, and this one is restarted",
+                    details={"replica": replica.index, "reason": why},
+                )
             request.view = view
         if trio.current_time() >= request.deadline:
             bound, seconds = request.deadline_bound, request.deadline_seconds

@@ -175,6 +175,18 @@ class EngineFailed(GatewayError):
     code = "engine_failed"
 
 
+class ReplicaUnresponsive(EngineFailed):
+    """The request's replica stopped answering its liveness probes and left routing
+    while the request was on it. Before anything reached the client another replica is
+    tried; after, a stream ends with this as its last event."""
+
+    status = 503
+    code = "replica_unresponsive"
+
+    def __init__(self, message: str, **kwargs: Any) -> None:
+        super().__init__(message, **_retry(kwargs))
+
+
 class StreamInterrupted(GatewayError):
     """A non-streamed response was cut after its first bytes reached the client."""
 

@@ -64,7 +64,13 @@ from .breakers import Breakers
 from .catalog import model_entry, models_document
 from .checks import RequestChecks
 from .engine_errors import engine_error
-from .errors import DeadlineExceeded, EngineFailed, EngineTimeout, not_served_here
+from .errors import (
+    DeadlineExceeded,
+    EngineFailed,
+    EngineTimeout,
+    ReplicaUnresponsive,
+    not_served_here,
+)
 from .limits import ContextLimits
 from .relay import SSE, Relay, ResponseChunks, Timeouts
 from .request import Request
@@ -238,7 +244,7 @@ class Gateway:
             recheck_interval=recheck_interval,
             send_grace=send_grace,
             timeouts=Timeouts.from_config(config),
-            timed_out=self.accounting.timed_out,
+            timed_out=self._timed_out,
         )
         self.limits = self.checks.limits = ContextLimits(
             self.relay, metrics, tokenize_timeout=config.tokenize_timeout
@@ -468,8 +474,8 @@ class Gateway:
             raise
         except FiccError as exc:
             return exc, None  # the open refused, the node unavailable, timeout_dial
-        if isinstance(head, EngineTimeout):
-            return head, None
+        if isinstance(head, EngineTimeout | ReplicaUnresponsive):
+            return head, None  # another replica may answer: nothing reached the client
         if isinstance(head, FiccError):
             # Authority, generation or deadline: no other replica would help.
             raise head
@@ -506,6 +512,13 @@ class Gateway:
         """The gateway's background work until cancelled: reading the engines' load
         (:mod:`.scrape`) and forgetting replicas that left (:mod:`.scoring`)."""
         await self.router.run(task_status=task_status)
+
+    def _timed_out(self, request: Request, bound: str) -> None:
+        """A wait for an engine ran past ``bound``: counted, and its replica's liveness is
+        probed at once (:mod:`~ficc_core.inference.liveness`)."""
+        self.accounting.timed_out(request, bound)
+        if request.replica is not None:
+            self.live.suspect(request.replica.key)
 
     def _settle(self, request: Request, outcome: str) -> None:
         """A request ended: free its slot, leave the live count, account it. Once."""

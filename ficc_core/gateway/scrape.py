@@ -282,6 +282,9 @@ class Scraper:
     def _failed(self, known: ReplicaLoad, replica: LiveReplica, code: str) -> None:
         log.debug("scraping replica %s failed: %s", replica.key, code)
         self.metrics.routing_scrape_failures.labels(known.service_id, replica.key).inc()
+        # Its liveness is probed now rather than at the next scheduled probe: a read
+        # that failed is the gateway's first sign of a hung engine.
+        self.live.suspect(replica.key)
 
     async def read(self, replica: LiveReplica) -> str:
         """The engine's ``/metrics`` text; raises a :class:`FiccError` when it cannot be had."""

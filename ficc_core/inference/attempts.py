@@ -15,6 +15,7 @@ import secrets
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+import attrs
 import trio
 
 from ..contributors.records import NodeState
@@ -22,6 +23,7 @@ from ..errors import FiccError
 from ..executor.errors import StaleFence, UnknownAttempt
 from ..schema import Specification, Workload, canonical_json
 from ..store.outage import is_store_failure
+from .liveness import UNRESPONSIVE
 from .records import ENDED, AttemptRecord, AttemptState, ServiceRecord
 
 if TYPE_CHECKING:
@@ -29,6 +31,7 @@ if TYPE_CHECKING:
     from ..executor.types import AttemptStatus
     from ..models.blobs import BlobStore
     from ..plugins import AdapterRegistry
+    from .liveness import Liveness
     from .model_context import ModelContext, ModelContexts
     from .observed import Observations
 
@@ -40,6 +43,8 @@ log = logging.getLogger("ficc.inference")
 
 #: How long a stopped engine has to end before its executor kills it, in seconds.
 STOP_GRACE = 10.0
+#: The same for an unresponsive engine: one that answers nothing will not shut down well.
+UNRESPONSIVE_STOP_GRACE = 2.0
 
 
 #: The attempt record's fields an executor's status fills (``AttemptStatus`` names them alike).
@@ -115,6 +120,8 @@ class Attempts:
         self.ready_period = ready_period
         self.loading_period = loading_period
         self._models: dict[tuple[str, str], ModelContext] = {}
+        #: Probes ready attempts' engines (:mod:`.liveness`), once the reconciler set it.
+        self.liveness: Liveness | None = None
 
     async def model(self, record: ServiceRecord, specification: Specification) -> ModelContext:
         """The service's model context (read once per project and model)."""
@@ -309,8 +316,60 @@ class Attempts:
 
     # -- watching ------------------------------------------------------------------------------
 
-    async def watch(self, attempt: AttemptRecord) -> None:
-        """Follow an attempt until it ends (failed or unknown) or the caller is cancelled."""
+    async def watch(self, attempt: AttemptRecord, grace: Callable[[], float] = lambda: 1.0) -> None:
+        """Follow an attempt until it ends (failed or unknown) or the caller is cancelled.
+
+        Once it is ready its engine's liveness is probed too (:mod:`.liveness`): one that
+        stays unresponsive for ``grace()`` seconds (the replica's back-off) fails with
+        the reason ``unresponsive`` and is stopped, so the replica starts again.
+        """
+        ready = trio.Event()
+        restart: list[float] = []
+        async with trio.open_nursery() as nursery:
+            if self.liveness is not None and attempt.plan_digest is not None:
+                nursery.start_soon(self._live, attempt, ready, grace, restart, nursery.cancel_scope)
+            await self._watch(attempt, ready)
+            nursery.cancel_scope.cancel()
+        if restart:
+            await self._restart_unresponsive(attempt, restart[0])
+
+    async def _live(
+        self,
+        attempt: AttemptRecord,
+        ready: trio.Event,
+        grace: Callable[[], float],
+        restart: list[float],
+        watching: trio.CancelScope,
+    ) -> None:
+        assert self.liveness is not None
+        await ready.wait()
+        seconds = await self.liveness.follow(attempt, grace)
+        if seconds is not None:
+            restart.append(seconds)
+            watching.cancel()
+
+    async def _restart_unresponsive(self, attempt: AttemptRecord, seconds: float) -> None:
+        """The attempt stayed unresponsive for ``seconds``: it failed, and is stopped."""
+        assert self.liveness is not None
+        message = (
+            f"its engine answered no liveness probe for {seconds:.1f} s (out of routing all "
+            "that time): stopped, the replica starts again"
+        )
+        log.warning("service %s attempt %s: %s", attempt.service_id, attempt.attempt_id, message)
+        try:
+            await self.observations.set_attempt(
+                attempt.service_id,
+                attempt.attempt_id,
+                state=AttemptState.FAILED,
+                reason=UNRESPONSIVE,
+                message=message,
+            )
+            failed = attrs.evolve(attempt, state=AttemptState.FAILED, reason=UNRESPONSIVE)
+            await self.stop(failed, grace=UNRESPONSIVE_STOP_GRACE)
+        finally:
+            self.liveness.live.forget_suspicion(attempt.attempt_id)
+
+    async def _watch(self, attempt: AttemptRecord, ready: trio.Event) -> None:
         if attempt.plan_digest is None:
             await self.never_launched(attempt, AttemptState.FAILED)
             return
@@ -360,6 +419,8 @@ class Attempts:
                 await self.observations.set_attempt(service_id, attempt_id, state=new, **changes)
                 state = new
                 recorded.update(changes)
+            if state == AttemptState.READY:
+                ready.set()
             await trio.sleep(
                 self.ready_period if state == AttemptState.READY else self.loading_period
             )
@@ -394,11 +455,13 @@ class Attempts:
 
     # -- stopping ------------------------------------------------------------------------------
 
-    async def stop(self, attempt: AttemptRecord, reason: str | None = None) -> None:
+    async def stop(
+        self, attempt: AttemptRecord, reason: str | None = None, *, grace: float = STOP_GRACE
+    ) -> None:
         """Ask the attempt's node to stop it; released once the node confirms it ended.
 
         ``reason`` is what its end records (``superseded``, ``moved``...) instead of the
-        executor's own word.
+        executor's own word; ``grace``: how long its engine has to end before it is killed.
         """
         service_id, attempt_id = attempt.service_id, attempt.attempt_id
         if attempt.state == AttemptState.UNKNOWN:
@@ -410,7 +473,7 @@ class Attempts:
         if attempt.state not in ENDED:
             await self.observations.set_attempt(service_id, attempt_id, state=AttemptState.STOPPING)
         try:
-            status = await self.contributors.stop(attempt.node_id, attempt.fence, grace=STOP_GRACE)
+            status = await self.contributors.stop(attempt.node_id, attempt.fence, grace=grace)
         except (UnknownAttempt, StaleFence):
             # The node does not run it (any more): confirmed ended.
             await self.observations.set_attempt(

@@ -169,6 +169,11 @@ class LiveTable:
         #: Counts every change of any view: what is derived from all of them (the
         #: gateway's name index) is rebuilt when it moved.
         self.version = 0
+        #: Replicas (attempt IDs) taken out of routing by their liveness, and why.
+        self._suspended: dict[str, str] = {}
+        #: Set when the gateway saw a replica fail (a scrape, a timeout): its next
+        #: liveness probe comes at once.
+        self._suspects: dict[str, trio.Event] = {}
 
     # -- the reconciler's and the manager's side ----------------------------------------
 
@@ -180,6 +185,8 @@ class LiveTable:
         """
         if revision is not None and revision < self._closed_at.get(service.id, revision):
             return
+        if self._suspended:
+            service = _without(service, self._suspended)
         if self._services.get(service.id) == service:
             return
         self._services[service.id] = service
@@ -207,6 +214,47 @@ class LiveTable:
         event = self._changed.pop(service_id, None)
         if event is not None:
             event.set()
+
+    # -- liveness (:mod:`.liveness`) ----------------------------------------------------
+
+    def suspend(self, service_id: str, key: str, reason: str) -> None:
+        """Take the replica ``key`` out of routing now (``reason``: why, e.g.
+        ``unresponsive``): no new request goes there and the gateway ends the ones in
+        flight on it; it stays out of every later view until :meth:`resume`."""
+        self._suspended[key] = reason
+        view = self._services.get(service_id)
+        if view is not None:
+            trimmed = _without(view, self._suspended)
+            if trimmed != view:
+                self._services[service_id] = trimmed
+                self._wake(service_id)
+
+    def resume(self, key: str) -> None:
+        """The replica ``key`` may be routed again (the next publish adds it back)."""
+        self._suspended.pop(key, None)
+
+    def suspended(self, key: str) -> str | None:
+        """Why the replica ``key`` is out of routing by its liveness, or None."""
+        return self._suspended.get(key)
+
+    def suspect(self, key: str) -> None:
+        """The gateway saw the replica ``key`` fail (a /metrics read, a request timeout):
+        whoever probes its liveness probes it now."""
+        event = self._suspects.get(key)
+        if event is not None:
+            event.set()
+
+    def suspicion(self, key: str) -> trio.Event:
+        """An event set at the next :meth:`suspect` of ``key`` (the liveness prober waits on it)."""
+        event = self._suspects.get(key)
+        if event is None or event.is_set():
+            event = self._suspects[key] = trio.Event()
+        return event
+
+    def forget_suspicion(self, key: str) -> None:
+        """Nobody probes ``key`` any more."""
+        self._suspects.pop(key, None)
+        self._suspended.pop(key, None)
 
     # -- the gateway's side -------------------------------------------------------------
 
@@ -261,3 +309,12 @@ class LiveTable:
         """Return once no request to any service is in flight."""
         while self._inflight:
             await self.wait_idle(next(iter(self._inflight)))
+
+
+def _without(view: LiveService, suspended: Mapping[str, str]) -> LiveService:
+    """``view`` without the replicas ``suspended`` (routed or retiring)."""
+    replicas = tuple(r for r in view.replicas if r.key not in suspended)
+    retiring = tuple(r for r in view.retiring if r.key not in suspended)
+    if len(replicas) == len(view.replicas) and len(retiring) == len(view.retiring):
+        return view
+    return attrs.evolve(view, replicas=replicas, retiring=retiring)

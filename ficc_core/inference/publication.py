@@ -24,6 +24,7 @@ from .live import (
     LiveService,
     LiveTable,
 )
+from .liveness import UNRESPONSIVE
 from .records import ROUTABLE, AttemptRecord, AttemptState, ServiceRecord, ServiceState
 
 if TYPE_CHECKING:
@@ -299,6 +300,9 @@ def publish(
         # What its node said on reconnecting it no longer runs is never routed, though its
         # record may say ready until it is ended.
         dropped = {a.attempt_id for a in attempts if contributors.dropped(a.node_id, a.attempt_id)}
+        # Nor is one that stopped answering its liveness probes (:mod:`.liveness`), for a
+        # controller that follows the record (the leader took it out of its table already).
+        dropped |= {a.attempt_id for a in attempts if a.reason == UNRESPONSIVE}
         chosen = routed(attempts, record.generation, runs, {*dismissed, *dropped})
         if handed is not None:
             chosen.update(routed(attempts, handed[0], handed[1], {*dismissed, *dropped}))

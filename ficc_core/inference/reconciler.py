@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import attrs
@@ -53,6 +53,7 @@ from .generations import (
     read_running,
 )
 from .live import Admission, LiveTable
+from .liveness import UNRESPONSIVE, Liveness
 from .observed import Observations
 from .on_demand import OnDemand
 from .publication import given_up, publish, retiring, rolled_up
@@ -69,6 +70,7 @@ from .succession import Succession, in_place_state, strays, unwatch
 
 if TYPE_CHECKING:
     from ..contributors import NodeRegistry
+    from ..metrics import Metrics
     from ..models.blobs import BlobStore
     from ..plugins import AdapterRegistry
     from ..schema import Specification
@@ -123,6 +125,10 @@ class _Backoff:
     def reset(self) -> None:
         self.delay = 1.0
 
+    def skip(self) -> None:
+        """The wait was spent already (probing an unresponsive replica): only double it."""
+        self.delay = min(self.delay * 2, self.cap)
+
 
 class Reconciler:
     """Drive desired state to actual state for every inference service.
@@ -143,6 +149,9 @@ class Reconciler:
     :param loading_period: seconds between status checks of a loading one.
     :param drain_timeout: how long a retiring attempt's in-flight requests may take.
     :param activation_retry: how long a failed activation's reason answers requests.
+    :param liveness: the liveness probes' settings (``interval``, ``timeout``, ``misses``;
+        :class:`~.liveness.Liveness`'s defaults where absent).
+    :param metrics: the controller's collectors (liveness), or None.
     :param follow_interval: seconds between reads of every service's revision while it
         runs, to wake the drivers of services created or changed through another
         controller sharing the store (None: this process makes every change itself).
@@ -166,6 +175,8 @@ class Reconciler:
         drain_timeout: float = 30.0,
         activation_retry: float = 10.0,
         follow_interval: float | None = None,
+        liveness: Mapping[str, float] | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         self.store = store
         self.follow_interval = follow_interval
@@ -188,6 +199,11 @@ class Reconciler:
             clock=clock,
             ready_period=ready_period,
             loading_period=loading_period,
+        )
+        #: Probes ready attempts' engines; ``liveness`` holds its settings by name
+        #: (``interval``, ``timeout``, ``misses``; :mod:`.liveness`).
+        self.liveness = self.attempts.liveness = Liveness(
+            live, contributors, self.observations, metrics=metrics, **(liveness or {})
         )
         self.succession = Succession(self)
         #: The failed activations of on-demand services, while recent (the autoscaler
@@ -480,7 +496,7 @@ class Reconciler:
                 attempts,
                 record.generation,
                 self.give_up_after,
-                self.contributors.attempt_trouble,
+                self._trouble,
                 starting=record.state == ServiceState.STARTING,
             )
         else:
@@ -498,6 +514,12 @@ class Reconciler:
                 driver.retiring.add(attempt.attempt_id)
                 nursery.start_soon(self.succession.retire, record, attempt, driver)
         await self.succession.settle_reservations(running, attempts)
+
+    def _trouble(self, node_id: str, attempt_id: str) -> str | None:
+        """Why a ready attempt cannot count as serving: its node's trouble, or its liveness."""
+        return self.contributors.attempt_trouble(node_id, attempt_id) or self.liveness.trouble(
+            attempt_id
+        )
 
     async def _drain(
         self,
@@ -636,7 +658,8 @@ class Reconciler:
             return True  # never retried by itself: stop, then start with acknowledgement
         if free and free[-1].state in ACTIVE:
             task.watching = free[-1].attempt_id
-            await self.attempts.watch(free[-1])
+            # An unresponsive engine waits the crash back-off for an answer before it goes.
+            await self.attempts.watch(free[-1], grace=lambda: backoff.delay)
             return False
         if unreleased:
             # An operation handles the replica's attempts (a move, a restart): the
@@ -651,8 +674,12 @@ class Reconciler:
             return False
         if last is not None and last.state == AttemptState.FAILED:
             # The previous attempt failed: wait, doubling up to the cap. (One told to
-            # go, a restart's, is replaced at once.)
-            await backoff.wait()
+            # go, a restart's, is replaced at once; an unresponsive one waited its
+            # back-off already, probed for an answer.)
+            if last.reason == UNRESPONSIVE:
+                backoff.skip()
+            else:
+                await backoff.wait()
         number = (last.number if last else 0) + 1
         capabilities = await self.attempts.launch(record, specification, index, number)
         if capabilities is not None:
