@@ -502,7 +502,7 @@ class Config:
         kind="duration",
     )
     timeout_generation: float = _setting(
-        0.0,
+        600.0,
         "How long a non-streaming request may take to get its whole answer. The engine "
         "sends nothing until the completion is done, so this bounds the generation itself: "
         "one bound for both kinds turned a 60 s liveness guard into a limit of about a "
@@ -532,18 +532,10 @@ class Config:
         kind="duration",
     )
     timeout_total: float = _setting(
-        600.0,
+        0.0,
         "The longest one request may take from admission to its last byte, for every "
         "service; with a service's request_deadline the smaller wins. 0 (the default): the "
         "service's own deadline says what its clients can wait (duration).",
-        kind="duration",
-    )
-    tokenize_timeout: float = _setting(
-        2.0,
-        "How long the gateway waits for an engine's tokenizer route when the cheap bounds "
-        "cannot tell whether a prompt fits the service's context_length. A tokenizer answers "
-        "in milliseconds; past this the request goes on and the engine judges it, since a "
-        "refusal is only made when certain (duration).",
         kind="duration",
     )
     liveness_interval: float = _setting(
@@ -572,6 +564,14 @@ class Config:
         "the probes off. One miss is a hiccup, three say the engine.",
         kind="int",
         validator=attrs.validators.ge(0),
+    )
+    tokenize_timeout: float = _setting(
+        2.0,
+        "How long the gateway waits for an engine's tokenizer route when the cheap bounds "
+        "cannot tell whether a prompt fits the service's context_length. A tokenizer answers "
+        "in milliseconds; past this the request goes on and the engine judges it, since a "
+        "refusal is only made when certain (duration).",
+        kind="duration",
     )
 
     # -- priority bands (docs/priority.md) -----------------------------------------------

@@ -222,14 +222,14 @@ async def open_service(
             drain_timeout=config.drain_timeout,
             activation_retry=config.activation_retry,
             follow_interval=config.follow_interval,
-        )
-        follower = RoutingFollower(
             liveness={
                 "interval": config.liveness_interval,
                 "timeout": config.liveness_timeout,
                 "misses": config.liveness_misses,
             },
             metrics=metrics,
+        )
+        follower = RoutingFollower(
             store,
             live=live,
             contributors=contributors,
