@@ -181,3 +181,60 @@ async def test_a_remote_replica_s_log_is_followed_with_a_ticket_and_ends_on_the_
         if executor is not None:
             executor.kill()
         server.kill()
+
+
+@pytest.mark.slow
+async def test_the_log_of_an_attempt_that_ended_before_the_agent_restarted_is_served_after(
+    tmp_path,
+    agent_dir,  # noqa: F811
+):
+    config = tmp_path / "ficc.toml"
+    config.write_text('heartbeat_interval = "200ms"\n')
+    data_dir = tmp_path / "data"
+    server = ServeProcess(data_dir, "--no-embedded-agent", config=config)
+    executors: list[ExecutorProcess] = []
+    try:
+        url = await server.wait_ready()
+        admin = await server.admin_token()
+        engine, settings = logging_engine(tmp_path)
+        token = _add_node(data_dir, "gpu-1")
+        executors.append(ExecutorProcess(url, token, agent_dir, "--agent-config", str(settings)))
+        await executors[-1].wait_connected()
+        async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+            controller = Controller(None, url, admin, http)
+            view = await _ready_service(controller, engine)
+            service_id, attempt_id = view["id"], view["replicas"][0]["attempt_id"]
+            base = f"/api/v1/inference/{service_id}/replicas/0/logs"
+            before = await controller.ok("GET", base, params={"tail": 1000})
+
+            # The attempt ends (the service is stopped), then the agent restarts.
+            assert (await controller.control(service_id, "stop")).status_code == 200
+            with trio.fail_after(60):
+                await controller.wait_service(service_id, lambda v: v["state"] == "stopped")
+            executors[-1].kill()
+            executors.append(
+                ExecutorProcess(url, token, agent_dir, "--agent-config", str(settings))
+            )
+            await executors[-1].wait_connected()
+
+            after = await controller.ok("GET", base, params={"tail": 1000})
+            assert after["attempt_id"] == attempt_id and after["node_id"] == "gpu-1"
+            assert after["attempt_state"] != "ready"
+            assert after["lines"][:STARTUP_LINES] == before["lines"][:STARTUP_LINES]
+            assert after["lines"][:STARTUP_LINES] == [
+                f"fake llama-server line {n}" for n in range(STARTUP_LINES)
+            ]
+            # A follow of it gives its lines and ends: the attempt is over.
+            ticket = (await controller.ok("POST", base + "/ticket"))["ticket"]
+            params = {"ticket": ticket, "tail": 3}
+            async with http.stream("GET", base + "/stream", params=params) as opened:
+                assert opened.status_code == 200
+                with trio.fail_after(30):
+                    items = [item async for item in sse_items(opened)]
+            assert [value for kind, value in items if kind == "data"] == after["lines"][-3:]
+            # It was kept on the node's disk, beside the provider's attempts.
+            assert list(agent_dir.glob("*/logs/*/kept.json"))
+    finally:
+        for executor in executors:
+            executor.kill()
+        server.kill()

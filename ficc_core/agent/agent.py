@@ -379,8 +379,18 @@ class Agent:
 
     def _log_provider(self, fence: Fence) -> ExecutorProvider:
         known = self._launched.get(fence.attempt_id)
+        if known is None:
+            # Launched before this agent restarted: a provider that keeps logs across
+            # restarts (docs/operations.md, "Logs") knows it by its kept log.
+            for name, provider in self.providers.items():
+                kept = getattr(provider, "kept_fence", None)
+                fenced = None if kept is None else kept(fence.attempt_id)
+                if fenced is not None:
+                    known = (name, fenced)
+                    break
         check_fence({} if known is None else {fence.attempt_id: known[1]}, fence)
-        return self.providers[self._launched[fence.attempt_id][0]]
+        assert known is not None  # check_fence refused an unknown attempt
+        return self.providers[known[0]]
 
     async def logs(self, fence: Fence, tail: int = 100) -> list[str]:
         """The last ``tail`` lines of the attempt's log, while it runs and after it ended."""

@@ -11,6 +11,7 @@ is here, once.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -23,6 +24,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import trio
 
 from .attempts import (
+    RECORD,
     EngineProcess,
     ExecutorAttempt,
     attempt_key,
@@ -33,7 +35,7 @@ from .attempts import (
 from .bootstrap import probe_until_ready
 from .endpoint import DEFAULT_MAX_STREAMS, EndpointStreams, check_fence
 from .errors import AttemptExists, EngineUnavailable, LaunchFailed
-from .logs import BoundedLog
+from .logs import KEPT_LOGS_MAX_AGE, KEPT_LOGS_MAX_BYTES, BoundedLog, KeptLogs
 from .netns import open_tcp_in_netns
 from .runtime_dir import (
     FIX,
@@ -64,6 +66,9 @@ class SupervisingProvider:
         bytes (:mod:`~ficc_core.executor.runtime_dir`).
     :param node_id: the node ID the snapshot reports.
     :param log_max_bytes: the bound on each attempt's log.
+    :param kept_logs_max_bytes: the bound on the logs of ended attempts kept across
+        restarts (``<state_dir>/logs``, :class:`~ficc_core.executor.logs.KeptLogs`).
+    :param kept_logs_max_age: seconds such a log is kept.
     :param max_streams: open endpoint streams allowed per attempt.
     :param stream_idle_timeout: seconds an unread stream stays open.
     :param default_grace: seconds between SIGTERM and SIGKILL when the provider shuts down.
@@ -79,6 +84,8 @@ class SupervisingProvider:
         runtime_dir: str | os.PathLike[str] | None = None,
         node_id: str = "local",
         log_max_bytes: int = 4 * 1024 * 1024,
+        kept_logs_max_bytes: int = KEPT_LOGS_MAX_BYTES,
+        kept_logs_max_age: float = KEPT_LOGS_MAX_AGE,
         max_streams: int = DEFAULT_MAX_STREAMS,
         stream_idle_timeout: float = 60.0,
         default_grace: float = 5.0,
@@ -89,6 +96,10 @@ class SupervisingProvider:
         )
         self.node_id = node_id
         self.log_max_bytes = log_max_bytes
+        #: The logs of attempts whose directories went (a restart), kept and bounded.
+        self.kept_logs = KeptLogs(
+            self.state_dir / "logs", max_bytes=kept_logs_max_bytes, max_age=kept_logs_max_age
+        )
         self.default_grace = default_grace
         self.streams = EndpointStreams(max_streams=max_streams, idle_timeout=stream_idle_timeout)
         self._attempts: dict[str, ExecutorAttempt] = {}
@@ -108,6 +119,7 @@ class SupervisingProvider:
         # An earlier run's watchdogs go first, so none acts while leftovers are removed.
         await trio.to_thread.run_sync(self._end_leftover_watchdogs)
         await self._recover()
+        await trio.to_thread.run_sync(self.kept_logs.load)
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
@@ -254,15 +266,28 @@ class SupervisingProvider:
             watchdog.hold(until)
 
     async def logs(self, fence: Fence, tail: int = 100) -> list[str]:
-        """Return the last ``tail`` lines of the attempt's log."""
-        return await self._attempt(fence).log.tail(tail)
+        """Return the last ``tail`` lines of the attempt's log (kept after a restart)."""
+        return await self._log(fence).tail(tail)
 
     async def follow_logs(self, fence: Fence, tail: int | None = None) -> AsyncIterator[str]:
         """Yield every log line from the start (or the last ``tail``), then new ones, until
-        the attempt ends."""
-        attempt = self._attempt(fence)
-        async for line in attempt.log.follow(tail):
+        the attempt ends (a kept log's lines, then the end)."""
+        async for line in self._log(fence).follow(tail):
             yield line
+
+    def kept_fence(self, attempt_id: str) -> Fence | None:
+        """The fence of an attempt of an earlier run whose log is kept here, or None."""
+        return None if attempt_id in self._attempts else self.kept_logs.fence(attempt_id)
+
+    def _log(self, fence: Fence) -> BoundedLog:
+        kept = self.kept_fence(fence.attempt_id)
+        if kept is None:
+            return self._attempt(fence).log
+        check_fence({fence.attempt_id: kept}, fence)
+        found = self.kept_logs.log(fence.attempt_id)
+        if found is None:  # pruned just now
+            return self._attempt(fence).log
+        return found
 
     async def open(
         self,
@@ -416,8 +441,16 @@ class SupervisingProvider:
         write_record(attempt, self.name, changes)
 
     def _remove_record(self, directory: Path) -> None:
-        """Remove an attempt's directory, record and socket directory (blocking)."""
+        """Remove an attempt's directory, record and socket directory (blocking); its
+        log is kept (:class:`~ficc_core.executor.logs.KeptLogs`)."""
         remove_socket_dir(self._socket_dir(directory.name))
+        try:
+            record = json.loads((directory / RECORD).read_text())
+            self.kept_logs.keep(directory, record if isinstance(record, dict) else {})
+        except FileNotFoundError:
+            pass  # no record: nothing says whose log it was
+        except (OSError, ValueError) as exc:
+            log.warning("the log of attempt directory %s is not kept: %s", directory.name, exc)
         shutil.rmtree(directory, ignore_errors=True)
 
     def _records(self) -> list[tuple[Path, dict[str, Any]]]:

@@ -1,19 +1,43 @@
-"""A size-bounded log per attempt, with tail and follow.
+"""A size-bounded log per attempt, with tail and follow, and the logs kept after it.
 
 The engine's stdout and stderr are pumped into ``<dir>/log`` by the provider. When
 that file reaches half the bound it becomes ``log.1`` (replacing the older one),
 so the two never hold more than the bound and the newest lines are always kept.
+
+When an attempt's directory is removed (the provider stops, or a new run clears
+what an earlier one left), its log moves to the provider's ``logs/<key>/`` with a
+small record of its fence (:class:`KeptLogs`), so the log of an attempt that ended
+before the agent restarted is still served after it. Kept logs are bounded in age
+and in total size, the oldest going first.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import os
+import shutil
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import trio
 
-__all__ = ["BoundedLog"]
+if TYPE_CHECKING:
+    from ..schema import Fence
+
+__all__ = ["KEPT_LOGS_MAX_AGE", "KEPT_LOGS_MAX_BYTES", "BoundedLog", "KeptLogs"]
+
+log = logging.getLogger("ficc.executor")
+
+#: The most bytes the kept logs of ended attempts hold together, per provider.
+KEPT_LOGS_MAX_BYTES = 256 * 1024 * 1024
+#: How long the log of an ended attempt is kept, in seconds (7 days).
+KEPT_LOGS_MAX_AGE = 7 * 24 * 3600.0
+#: The record beside a kept log: the attempt's fence and when its log was kept.
+KEPT_RECORD = "kept.json"
+_LOG_FILES = ("log.1", "log")
 
 
 class BoundedLog:
@@ -138,3 +162,133 @@ class BoundedLog:
         complete = (previous + current[:end]).split(b"\n")[:-1]
         kept = complete[-tail:] if tail > 0 else []
         return [line.decode("utf-8", "replace") for line in kept], end, inode
+
+
+class KeptLogs:
+    """The logs of ended attempts, kept on the node's disk across agent restarts.
+
+    :param directory: where they live (``<provider state_dir>/logs``), one
+        sub-directory per attempt key, holding ``log``, ``log.1`` and ``kept.json``.
+    :param max_bytes: the most bytes they hold together; the oldest go first.
+    :param max_age: seconds one is kept after its attempt's directory went.
+
+    :meth:`keep`, :meth:`load` and :meth:`prune` block (call them from a worker
+    thread); :meth:`fence` reads the index in memory and never blocks.
+    """
+
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        max_bytes: int = KEPT_LOGS_MAX_BYTES,
+        max_age: float = KEPT_LOGS_MAX_AGE,
+    ) -> None:
+        self.directory = directory
+        self.max_bytes = max_bytes
+        self.max_age = max_age
+        self._index: dict[str, tuple[Fence, Path]] = {}
+
+    def keep(self, attempt_directory: Path, record: dict[str, object]) -> None:
+        """Move the log of the attempt in ``attempt_directory`` (whose record is
+        ``record``) here, replacing an older copy; nothing without a log or a fence."""
+        from ..schema import Fence
+
+        try:
+            fence = Fence(
+                attempt_id=str(record["attempt_id"]),
+                generation=int(record["generation"]),  # type: ignore[call-overload]
+                plan_digest=str(record["plan_digest"]),
+            )
+        except (KeyError, TypeError, ValueError):
+            return
+        logs = [attempt_directory / name for name in _LOG_FILES]
+        if not any(path.exists() for path in logs):
+            return
+        kept = self.directory / attempt_directory.name
+        shutil.rmtree(kept, ignore_errors=True)
+        kept.mkdir(mode=0o700, parents=True)
+        for path in logs:
+            if path.exists():
+                os.replace(path, kept / path.name)
+        facts = {
+            "attempt_id": fence.attempt_id,
+            "generation": fence.generation,
+            "plan_digest": fence.plan_digest,
+            "kept_at": time.time(),
+        }
+        (kept / KEPT_RECORD).write_text(json.dumps(facts, sort_keys=True))
+        self._index[fence.attempt_id] = (fence, kept)
+        self.prune()
+
+    def load(self) -> None:
+        """Read what earlier runs kept into the index, pruning it first."""
+        from ..schema import Fence
+
+        self.prune()
+        index: dict[str, tuple[Fence, Path]] = {}
+        for kept, facts in self._entries():
+            try:
+                fence = Fence(
+                    attempt_id=str(facts["attempt_id"]),
+                    generation=int(facts["generation"]),
+                    plan_digest=str(facts["plan_digest"]),
+                )
+            except (KeyError, TypeError, ValueError):
+                continue
+            index[fence.attempt_id] = (fence, kept)
+        self._index = index
+
+    def prune(self) -> None:
+        """Drop kept logs older than ``max_age``, then the oldest until the rest fit
+        ``max_bytes``."""
+        now = time.time()
+        entries = []
+        for kept, facts in self._entries():
+            at = facts.get("kept_at")
+            at = float(at) if isinstance(at, int | float) else 0.0
+            size = sum(_size(kept / name) for name in _LOG_FILES)
+            entries.append((at, size, kept, facts))
+        entries.sort(key=lambda entry: entry[0])
+        total = sum(size for _, size, _, _ in entries)
+        for at, size, kept, facts in entries:
+            if now - at <= self.max_age and total <= self.max_bytes:
+                continue
+            shutil.rmtree(kept, ignore_errors=True)
+            total -= size
+            self._index.pop(str(facts.get("attempt_id")), None)
+            log.info("dropped the kept log of attempt %s", facts.get("attempt_id"))
+
+    def fence(self, attempt_id: str) -> Fence | None:
+        """The fence of the attempt whose log is kept here, or None."""
+        found = self._index.get(attempt_id)
+        return None if found is None else found[0]
+
+    def log(self, attempt_id: str) -> BoundedLog | None:
+        """The kept log of ``attempt_id`` (complete: a follow ends after its last line)."""
+        found = self._index.get(attempt_id)
+        if found is None:
+            return None
+        kept = BoundedLog(found[1])
+        kept.close()
+        return kept
+
+    def _entries(self) -> list[tuple[Path, dict[str, object]]]:
+        if not self.directory.is_dir():
+            return []
+        found = []
+        for kept in self.directory.iterdir():
+            try:
+                facts = json.loads((kept / KEPT_RECORD).read_text())
+            except (OSError, ValueError):
+                facts = {}
+            if not isinstance(facts, dict):
+                facts = {}
+            found.append((kept, facts))
+        return found
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
