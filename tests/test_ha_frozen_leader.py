@@ -141,7 +141,7 @@ async def _scenario(ha, pg_url: str, proxy, loss: str) -> None:
                         continue
                     _lose(ha, proxy, loss)
                     if await trio.to_thread.run_sync(_write_lock_holder, pg_url) == "ficc-ctl-a":
-                        lost_at = time.monotonic()
+                        lost_at, lost_wall = time.monotonic(), time.time()
                         break
                     _recover(ha, proxy, loss)  # it committed in between: try again
                 assert lost_at is not None, "never caught the leader holding the write lock"
@@ -188,6 +188,17 @@ async def _scenario(ha, pg_url: str, proxy, loss: str) -> None:
     )
     assert streams.failures == [], streams.failures[:3]
     assert took_lease <= LEASE + RENEW + SLACK, took_lease
+    # The new leader did not take the running service out while it confirmed what the
+    # node runs: no ready -> starting -> ready flap after the change of leader.
+    events = (
+        await api_b.ok("GET", f"/api/v1/inference/{service_id}/events", params={"limit": 500})
+    )["events"]
+    flaps = [
+        e
+        for e in events
+        if e["kind"] == "service.state" and e["at"] >= lost_wall and e["service_id"] == service_id
+    ]
+    assert flaps == [], flaps
     assert all(took <= WRITE_BOUND for took, _, _ in writes), writes
     assert answered_at <= 2 * WRITE_BOUND, writes
     await api_b.until("GET", f"/api/v1/inference/{service_id}", _ready)
