@@ -245,6 +245,20 @@ def _service_page(url: str, service_id: str, invoke_token: str, operator_token: 
         expect(page.locator("#rollout-verdict")).to_have_text(
             "The next generation fits beside the serving one: it can be rolled out."
         )
+        # The memory limit, left as it was, is recomputed for one request at a time, and
+        # the preview says so; asked to, the form keeps it as it is.
+        changes = page.locator("#rollout-changes")
+        expect(changes).to_contain_text("(memory recomputed: the model needs about")
+        keep = page.get_by_label("Keep the memory limits as they are")
+        keep.check()
+        expect(page.get_by_role("button", name="Roll out")).to_be_disabled()
+        page.get_by_role("button", name="Preview").click()
+        expect(changes).to_have_text(
+            ["Concurrency: 2 requests per replica → 1 requests per replica"]
+        )
+        keep.uncheck()
+        page.get_by_role("button", name="Preview").click()
+        expect(changes).to_contain_text("(memory recomputed: the model needs about")
         expect(page.locator("#rollout-result tr.fits").first.locator("td.fit")).to_have_text("fits")
         _act(
             page,

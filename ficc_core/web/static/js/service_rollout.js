@@ -146,8 +146,16 @@ export function rolloutForm({ base, view, act, confirmed }) {
     return value === "auto" ? null : value;
   }
 
+  // What the preview and the rollout send beside the specification.
+  function options() {
+    const sent = {};
+    if (strategy()) sent.strategy = strategy();
+    if ($("rollout-keep-limits").checked) sent.keep_limits = true;
+    return sent;
+  }
+
   function key(spec) {
-    return JSON.stringify([spec, strategy()]);
+    return JSON.stringify([spec, options()]);
   }
 
   function update() {
@@ -199,7 +207,7 @@ export function rolloutForm({ base, view, act, confirmed }) {
       let why = "";
       if ([...suggested].some((x) => x === where || x.startsWith(`${where}.`))) why = " (limits suggested by the server)";
       const memory = recomputed.get(`${where}.limits.memory_bytes`);
-      if (memory) why = ` (memory recomputed for the context: the model needs about ${bytes(memory.estimate_bytes)})`;
+      if (memory) why = ` (memory recomputed: the model needs about ${bytes(memory.estimate_bytes)} at this context and concurrency)`;
       if (!old) items.push(`Replica ${i} (new): ${now}${why}`);
       else if (JSON.stringify(old) !== JSON.stringify(p)) items.push(`Replica ${i}: on ${old.node_id}: ${reservationText(old.limits)} → ${now}${why}`);
     });
@@ -275,10 +283,10 @@ export function rolloutForm({ base, view, act, confirmed }) {
       return;
     }
     const sent = key(spec);
-    const asked = strategy();
+    const asked = options();
     out.replaceChildren(el("p", { class: "note" }, "Planning…"));
     try {
-      const answer = await api("POST", `${base}/rollout/preview`, asked ? { spec, strategy: asked } : { spec });
+      const answer = await api("POST", `${base}/rollout/preview`, { spec, ...asked });
       const { allows, text, how } = verdictOf(answer);
       const listed = changes(view().spec, answer.spec, answer);
       const chosen = answer.strategy && answer.strategy.chosen;
@@ -295,7 +303,7 @@ export function rolloutForm({ base, view, act, confirmed }) {
         planTable(inPlace ? "In place of the serving generation (after the cut-over)" : "Serving alone (after the cut-over)", answer),
         el("p", { class: "muted small" }, `Plan ${answer.beside_serving.plan_digest}`),
       );
-      if (allows) previewed = { key: sent, spec: answer.spec, strategy: asked, how: chosen };
+      if (allows) previewed = { key: sent, spec: answer.spec, options: asked, how: chosen };
       update();
     } catch (error) {
       if (sessionEnded(error)) return leave();
@@ -307,14 +315,14 @@ export function rolloutForm({ base, view, act, confirmed }) {
   async function rollOut() {
     if (!previewed) return;
     const current = view();
-    const { spec, strategy: asked, how } = previewed;
+    const { spec, options: asked, how } = previewed;
     const count = (spec.placements || []).length;
     let text = `Roll ${current.alias} out to this specification? Its next generation starts beside the serving one and takes the traffic once every replica is ready.`;
     if (how === "scale_down") text = `Scale ${current.alias} down to ${count} replica(s)? The replicas past ${count} drain and stop.`;
     else if (how && how !== "surge") text = `Roll ${current.alias} out to this specification, ${STRATEGY_WORDS[how] || how}? It serves with fewer replicas meanwhile.`;
     if (!(await confirmed(`Roll out ${current.alias}`, text, "Roll out"))) return;
     clearErrors();
-    await act("Rollout", (revision) => api("POST", `${base}/rollout`, asked ? { revision, spec, strategy: asked } : { revision, spec }), {
+    await act("Rollout", (revision) => api("POST", `${base}/rollout`, { revision, spec, ...asked }), {
       busy: "Starting the rollout…",
       done: (answer) => (answer.rollout ? `Rollout to generation ${answer.rollout.generation} started.` : `${current.alias} changed: ${answer.strategy && answer.strategy.message ? answer.strategy.message : "applied"}.`),
       after: () => {
