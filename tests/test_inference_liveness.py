@@ -312,3 +312,31 @@ async def test_a_gateway_suspicion_wakes_the_prober_and_only_a_waiting_one():
     table.suspect("a-1")
     assert event.is_set()
     assert not table.suspicion("a-1").is_set()  # a fresh one for the next wait
+
+
+def test_a_replica_that_gave_up_unresponsive_is_told_it_hung_and_what_to_look_at():
+    from ficc_core.inference.publication import give_up_reason
+    from ficc_core.inference.records import AttemptRecord, AttemptState
+
+    attempt = AttemptRecord(
+        attempt_id="svc_1.r0.g1.a3.abcdef",
+        service_id="svc_1",
+        replica=0,
+        generation=1,
+        number=3,
+        node_id="gpu-1",
+        provider="process",
+        plan_digest="sha256:" + "0" * 64,
+        state=AttemptState.FAILED,
+        reason="unresponsive",
+        message="its engine answered no liveness probe for 3.0 s",
+        released=True,
+        created_at=0.0,
+        updated_at=0.0,
+    )
+    reason = give_up_reason(0, attempt, 3)
+    assert "failed the same way (unresponsive)" in reason
+    assert "stopped answering after it was ready" in reason
+    assert "ficc inference logs svc_1 --replica 0" in reason and "node gpu-1" in reason
+    assert "liveness_timeout" in reason
+    assert "estimate" not in reason  # no memory hint for a hang

@@ -186,6 +186,14 @@ def give_up_advice(replica: int, attempt: AttemptRecord) -> str:
             f"{attempt.service_id} --replica {replica}), fix what it reports (the model, "
             f"the engine's flags or its runtime on node {attempt.node_id}), {again}"
         )
+    if reason == UNRESPONSIVE:
+        return (
+            "its engine stopped answering after it was ready, every time (a hang, not an "
+            f"exit): read its log (ficc inference logs {attempt.service_id} --replica "
+            f"{replica}) and check node {attempt.node_id} (its GPU, driver and memory); if "
+            "the engine is only slow to answer under load, raise liveness_timeout or "
+            f"liveness_misses; {again}"
+        )
     if reason in LAUNCH_REFUSALS:
         return (
             f"the {attempt.provider} executor on node {attempt.node_id} refused to launch the "
