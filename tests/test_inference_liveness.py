@@ -16,6 +16,7 @@ import pytest
 import trio
 
 from ficc_core.config import Config
+from ficc_core.executor.types import EndOfStream, ResponseHead
 from ficc_core.gateway.relay import Timeouts
 from ficc_core.inference.live import LiveReplica, LiveService, LiveTable
 from ficc_core.schema import Fence
@@ -340,3 +341,154 @@ def test_a_replica_that_gave_up_unresponsive_is_told_it_hung_and_what_to_look_at
     assert "ficc inference logs svc_1 --replica 0" in reason and "node gpu-1" in reason
     assert "liveness_timeout" in reason
     assert "estimate" not in reason  # no memory hint for a hang
+
+
+# -- the prober alone, with a stand-in endpoint and a virtual clock ------------------------
+
+
+class _Endpoint:
+    """Answers GET /health with 200, or never (``hung``)."""
+
+    def __init__(self) -> None:
+        self.hung = False
+        self.probes = 0
+        self._events: dict[str, list] = {}
+
+    async def open(self, fence, stream_id, method, path, headers, body) -> None:
+        assert (method, path) == ("GET", "/health")
+        self.probes += 1
+        if self.hung:
+            await trio.sleep_forever()
+        self._events[stream_id] = [ResponseHead(status=200, headers=()), EndOfStream()]
+
+    async def read(self, fence, stream_id):
+        return self._events[stream_id].pop(0)
+
+    async def cancel(self, fence, stream_id) -> None:
+        self._events.pop(stream_id, None)
+
+
+class _Nodes:
+    def __init__(self, endpoint: _Endpoint) -> None:
+        self._endpoint = endpoint
+
+    def endpoint(self, node_id: str) -> _Endpoint:
+        return self._endpoint
+
+    def attempt_trouble(self, node_id: str, attempt_id: str) -> None:
+        return None
+
+
+class _Records:
+    def __init__(self) -> None:
+        self.writes: list[dict] = []
+
+    def changed(self, service_id: str) -> None:
+        pass
+
+    async def set_attempt(self, service_id: str, attempt_id: str, **changes) -> None:
+        self.writes.append(changes)
+
+
+def _ready_attempt(reason: str | None = None):
+    from ficc_core.inference.records import AttemptRecord, AttemptState
+
+    workload = {"endpoint": {"paths": ["/health", "/metrics", "/v1/chat/completions"]}}
+    return AttemptRecord(
+        attempt_id="a-1",
+        service_id="svc",
+        replica=0,
+        generation=1,
+        number=1,
+        node_id="local",
+        provider="process",
+        plan_digest="sha256:" + "ab" * 32,
+        workload=json.dumps(workload),
+        state=AttemptState.READY,
+        reason=reason,
+        created_at=0.0,
+        updated_at=0.0,
+    )
+
+
+def _prober(endpoint: _Endpoint, records: _Records, table: LiveTable):
+    from ficc_core.inference.liveness import Liveness
+
+    return Liveness(table, _Nodes(endpoint), records, interval=10, timeout=5, misses=3)
+
+
+async def test_three_missed_probes_take_it_out_and_the_grace_ends_in_a_restart(autojump_clock):
+    endpoint, records, table = _Endpoint(), _Records(), LiveTable()
+    table.publish(_view("a-1", "a-2"))
+    prober = _prober(endpoint, records, table)
+    endpoint.hung = True
+    started = trio.current_time()
+    seconds = await prober.follow(_ready_attempt(), grace=lambda: 4.0)
+    # Probes at 0, 10, 20 each time out after 5 s: unresponsive at 25 s; the grace
+    # (at least one probe's 5 s) holds it out until 30 s, then it is to be restarted.
+    assert trio.current_time() - started == pytest.approx(30, abs=0.1)
+    assert seconds == pytest.approx(5, abs=0.1)
+    assert [r.key for r in table.get("svc").replicas] == ["a-2"]
+    assert table.suspended("a-1") == "unresponsive"  # out until its attempt is released
+    [out] = records.writes
+    assert out["reason"] == "unresponsive" and out["health"] == "no answer"
+    assert "missed 3 liveness probes in a row" in out["message"]
+
+
+async def test_a_gateway_suspicion_brings_the_probes_forward(autojump_clock):
+    endpoint, records, table = _Endpoint(), _Records(), LiveTable()
+    table.publish(_view("a-1"))
+    prober = _prober(endpoint, records, table)
+
+    async def suspect_every_second() -> None:
+        while True:
+            await trio.sleep(1)
+            table.suspect("a-1")
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(suspect_every_second)
+        await trio.sleep(0.5)
+        endpoint.hung = True  # the first probe (at 0) answered
+        started = trio.current_time()
+        await prober.follow(_ready_attempt(), grace=lambda: 1.0)
+        nursery.cancel_scope.cancel()
+    # Probes back to back (one per timeout) once suspected, not one per 10 s.
+    assert trio.current_time() - started < 3 * 5 + 2 + 5 + 1
+
+
+async def test_one_that_answers_before_its_restart_is_put_back(autojump_clock):
+    endpoint, records, table = _Endpoint(), _Records(), LiveTable()
+    table.publish(_view("a-1"))
+    prober = _prober(endpoint, records, table)
+    endpoint.hung = True
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(prober.follow, _ready_attempt(), lambda: 30.0)
+        while table.suspended("a-1") is None:  # noqa: ASYNC110
+            await trio.sleep(0.5)
+        endpoint.hung = False
+        while table.suspended("a-1") is not None:  # noqa: ASYNC110
+            await trio.sleep(0.5)
+        nursery.cancel_scope.cancel()
+    out, back = records.writes
+    assert out["reason"] == "unresponsive"
+    assert back["reason"] is None and back["health"] == "200"
+    assert "answered its liveness probe again after 5.0 s unresponsive" in back["message"]
+
+
+async def test_one_recorded_unresponsive_before_a_controller_restart_stays_out_until_it_answers(
+    autojump_clock,
+):
+    endpoint, records, table = _Endpoint(), _Records(), LiveTable()
+    table.publish(_view("a-1", "a-2"))
+    prober = _prober(endpoint, records, table)
+    endpoint.hung = True
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(prober.follow, _ready_attempt("unresponsive"), lambda: 30.0)
+        await trio.sleep(1)
+        assert [r.key for r in table.get("svc").replicas] == ["a-2"]
+        endpoint.hung = False
+        while table.suspended("a-1") is not None:  # noqa: ASYNC110
+            await trio.sleep(0.5)
+        nursery.cancel_scope.cancel()
+    [back] = records.writes
+    assert back["reason"] is None

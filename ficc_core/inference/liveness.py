@@ -163,6 +163,12 @@ class Liveness:
         restart_at = math.inf
         why = ""
         outcome = "ended"
+        if attempt.reason == UNRESPONSIVE:
+            # Recorded unresponsive by a controller that stopped meanwhile: out of routing
+            # until it answers, and restarted after the grace like any other.
+            since = trio.current_time()
+            restart_at = since + max(grace(), self.timeout)
+            self.live.suspend(service_id, key, UNRESPONSIVE)
         try:
             while True:
                 started = trio.current_time()
