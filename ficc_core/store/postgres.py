@@ -249,8 +249,11 @@ def migrate(conn: psycopg.Connection[Any]) -> int:
     """Bring the schema to the newest version, under the write lock; return that version."""
     newest = len(MIGRATIONS)
     with conn.transaction():
-        # A migration may take long on a large database: no statement bound here.
+        # A migration may take long on a large database, and a controller started beside
+        # one that migrates waits for it: no statement or lock bound here (a frozen
+        # holder's session is still ended by idle_in_transaction_session_timeout).
         conn.execute("SET LOCAL statement_timeout = 0")
+        conn.execute("SET LOCAL lock_timeout = 0")
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (WRITE_LOCK,))
         conn.execute("CREATE TABLE IF NOT EXISTS ficc_schema (version BIGINT NOT NULL)")
         row = conn.execute("SELECT version FROM ficc_schema").fetchone()
