@@ -142,7 +142,9 @@ async def open_inference_controller(
         }
         async with open_controller(tmp_path, **overrides) as (service, url):
             await service.auth.bootstrap()
-            token = await issue_token(service, scopes=ALL_SCOPES, name="operator")
+            token = await issue_token(
+                service, scopes=ALL_SCOPES, name="operator", generated_name=True
+            )
             async with (
                 trio.open_nursery() as nursery,
                 httpx.AsyncClient(base_url=url, timeout=30) as http,
