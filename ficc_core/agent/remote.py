@@ -346,11 +346,12 @@ class ControllerLink:
                 self.connected = True
                 self.away = False
                 log.info(
-                    "controller %s welcomed node %s as %s (term %d)",
+                    "controller %s welcomed node %s as %s (term %d, protocol %d.%d)",
                     self.controller,
                     node_id,
                     self.role or "the only controller",
                     self.term,
+                    *self.protocol,
                 )
                 self.remote.welcomed(Welcome(self.controller, node_id, self.role, self.term))
                 outcome = await self._converse(ws, agent, float(welcome["heartbeat_interval"]))

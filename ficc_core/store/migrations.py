@@ -6,6 +6,23 @@ serves both backends: PostgreSQL runs each statement with its types translated
 (:func:`ficc_core.store.dialect.translate_ddl`); a statement SQLite alone understands
 (its JSON functions, ``rowid``, ``ifnull``) is a :class:`Dialects` pair, with a
 PostgreSQL form of the same meaning beside it.
+
+Migrations are expand-then-contract, so controllers of adjacent versions share one
+database during a rolling upgrade (docs/operations.md, "Upgrading a fleet"):
+
+- an **expand** migration only adds (a table, a column that is nullable or has a
+  default, an index) or rewrites data an older FICC reads the same way; it is listed
+  in :data:`EXPANDS`, and a FICC that knows the version before it keeps working on a
+  database it migrated;
+- a **contract** migration (dropping or renaming what an older FICC still uses, a
+  column made required) goes in a later release than the expand it follows, once no
+  controller of the release before the expand runs; it is not listed.
+
+On PostgreSQL ``ficc_schema`` records, beside ``version``, ``compatible_from``: the
+oldest schema version whose FICC runs on the database (:func:`compatible_from`). A
+controller finding a newer version starts on it when its own newest reaches that
+(:func:`check_newer`), and refuses otherwise. A SQLite data directory has one
+controller, and refuses any newer version.
 """
 
 from __future__ import annotations
@@ -511,10 +528,38 @@ MIGRATIONS: list[tuple[str | Dialects, ...]] = [
 ]
 
 
-def newer_schema(current: int, newest: int, where: str) -> StoreError:
+#: The expand migrations (by version): each only adds, so a FICC that knows the version
+#: before it runs on a database it migrated. Every new migration says here whether it is.
+EXPANDS: frozenset[int] = frozenset({18, 19, 20, 21, 22})
+
+
+def compatible_from(version: int, expands: frozenset[int] | None = None) -> int:
+    """The oldest schema version whose FICC runs on a database at ``version``: below it
+    is the newest contract migration up to ``version``."""
+    expands = EXPANDS if expands is None else expands
+    while version in expands:
+        version -= 1
+    return version
+
+
+def check_newer(current: int, newest: int, compatible: int | None, where: str) -> None:
+    """Refuse a database at ``current``, newer than this FICC's ``newest``, unless the
+    FICC that migrated it recorded it ``compatible`` from ``newest`` or older."""
+    if current > newest and (compatible is None or compatible > newest):
+        raise newer_schema(current, newest, where, compatible)
+
+
+def newer_schema(
+    current: int, newest: int, where: str, compatible: int | None = None
+) -> StoreError:
     """The refusal of a database at a schema version newer than this FICC knows."""
+    details: dict[str, int] = {"schema_version": current, "supported": newest}
+    needs = ""
+    if compatible is not None:
+        details["compatible_from"] = compatible
+        needs = f" (it needs schema version {compatible} or newer)"
     return StoreError(
         f"the database is at schema version {current}, newer than this FICC "
-        f"understands ({newest}); upgrade FICC or use another {where}",
-        details={"schema_version": current, "supported": newest},
+        f"understands ({newest}){needs}; upgrade FICC or use another {where}",
+        details=details,
     )

@@ -69,7 +69,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from ..errors import StoreError, StoreUnavailable
 from . import dialect
-from .migrations import MIGRATIONS, newer_schema, statements
+from .migrations import MIGRATIONS, check_newer, compatible_from, statements
 
 T = TypeVar("T")
 
@@ -256,17 +256,39 @@ def migrate(conn: psycopg.Connection[Any]) -> int:
         conn.execute("SET LOCAL lock_timeout = 0")
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (WRITE_LOCK,))
         conn.execute("CREATE TABLE IF NOT EXISTS ficc_schema (version BIGINT NOT NULL)")
-        row = conn.execute("SELECT version FROM ficc_schema").fetchone()
+        # Expand-then-contract (ficc_core.store.migrations): the oldest schema version
+        # whose FICC runs on this database, so a controller one release older than the
+        # one that migrated keeps working beside it during a rolling upgrade.
+        conn.execute("ALTER TABLE ficc_schema ADD COLUMN IF NOT EXISTS compatible_from BIGINT")
+        row = conn.execute("SELECT version, compatible_from FROM ficc_schema").fetchone()
         current = 0 if row is None else int(row["version"])
         if current > newest:
-            raise newer_schema(current, newest, "database")
+            compatible = row["compatible_from"]
+            check_newer(
+                current, newest, None if compatible is None else int(compatible), "database"
+            )
+            log.info(
+                "the database is at schema version %d (this FICC knows %d), marked "
+                "compatible from %s: running on it without migrating",
+                current,
+                newest,
+                compatible,
+            )
+            return newest
         for version in range(current + 1, newest + 1):
             for statement in statements(version, "postgresql"):
                 conn.execute(dialect.translate_ddl(statement))  # type: ignore[arg-type]
+        compatible = compatible_from(newest)
         if row is None:
-            conn.execute("INSERT INTO ficc_schema (version) VALUES (%s)", (newest,))
-        elif current != newest:
-            conn.execute("UPDATE ficc_schema SET version = %s", (newest,))
+            conn.execute(
+                "INSERT INTO ficc_schema (version, compatible_from) VALUES (%s, %s)",
+                (newest, compatible),
+            )
+        else:
+            conn.execute(
+                "UPDATE ficc_schema SET version = %s, compatible_from = %s",
+                (newest, compatible),
+            )
     return newest
 
 
