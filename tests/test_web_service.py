@@ -289,6 +289,9 @@ def _service_page(url: str, service_id: str, invoke_token: str, operator_token: 
         )
         expect(replica.locator("td").nth(2)).to_contain_text("(generation 2)")
         expect(replica.locator("td").nth(4)).to_have_text("1")  # restarts
+        # Running again after a restart it was asked for: no REASON (restart_requested)
+        # under its state, as `ficc inference show` says it.
+        expect(replica.locator("td.state .reason")).to_have_count(0)
 
         # Stopped from the page while the new attempt's log is followed: the engine's
         # own words as it stops arrive live, then the stream ends with the attempt.

@@ -56,10 +56,25 @@ function lastExit(exit) {
   return exit.reason || dash;
 }
 
+// Replica states that a reason explains even when their last exit was no failure.
+const NEEDS_REASON = new Set(["stopped", "failed", "unknown"]);
+
+// The REASON under a replica's state, as `ficc inference show` says it: the current
+// attempt's own reason, else its last exit's where that explains the state (a failure,
+// or any end of a replica stopped, failed or unknown now). A replica running again after
+// a stop it was asked for (restart_requested, moved) needs none.
+function reasonShown(replica) {
+  if (replica.reason) return replica.reason;
+  const last = replica.last_exit;
+  if (!last) return null;
+  if (NEEDS_REASON.has(replica.state) || last.failed !== false) return last.reason || null;
+  return null;
+}
+
 function replicaRow(replica, held) {
   const node = replica.node || {};
   const nodeText = node.state && node.state !== "connected" ? `${node.name || node.id} (${node.state})` : node.name || node.id;
-  const reason = replica.reason || (replica.last_exit && replica.last_exit.reason);
+  const reason = reasonShown(replica);
   const move = el("button", { type: "button", class: "plain-button small-button", "data-move": replica.index }, `Move replica ${replica.index}…`);
   move.disabled = !(replica.serving && view.desired === "running");
   return el(
