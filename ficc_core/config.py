@@ -265,7 +265,6 @@ class Config:
         validator=attrs.validators.gt(0),
     )
 
-
     hub_url: str = _setting(
         "https://huggingface.co",
         "Base URL of the model hub for hub previews (a mirror works; Hugging Face API shapes).",
@@ -301,6 +300,24 @@ class Config:
         60.0,
         "Longest wait for the next bytes of a download or hub response (duration).",
         kind="duration",
+    )
+    storage_reserve: int = _setting(
+        32 << 20,
+        "Bytes held free on the blob store's disk (a file data_dir/blobs/reserve): when an "
+        "upload or acquisition fills the disk, they are given back so that the store can "
+        "still write and models can be deleted; blob writes are refused "
+        "(507 insufficient_storage) until the reserve can be held again. 0: none.",
+        kind="int",
+        validator=attrs.validators.ge(0),
+    )
+    partial_tidy_after: float = _setting(
+        300.0,
+        "How long a partial (a model file being uploaded or acquired) must go without a "
+        "write before the leader's tidying may touch it, so that an upload through another "
+        "controller sharing the blob directory is never disturbed; tidying runs when a "
+        "controller starts leading and every half of this (duration, above 30 s).",
+        kind="duration",
+        validator=attrs.validators.ge(0),
     )
     upload_idle_timeout: float = _setting(
         60.0,

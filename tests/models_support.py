@@ -5,10 +5,14 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import trio
 
 from .serve_support import FICC, ServeProcess
@@ -146,3 +150,34 @@ class Writes:
 
     def buffered(self) -> list[tuple[int, int]]:
         return [(offset, count) for direct, offset, count in self.calls if not direct]
+
+
+@contextmanager
+def mounted_tmpfs(path: Path, size: str) -> Iterator[Path]:
+    """Mount a tmpfs of ``size`` (``"40m"``) at ``path`` (created) and unmount it after;
+    skip the test with the reason where mounting is not permitted (not root)."""
+    path.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a {size} tmpfs here (needs root): {done.stderr.strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def fill_disk(path: Path) -> None:
+    """Write ``path`` until its file system is full (the bytes something else takes)."""
+    with open(path, "wb", buffering=0) as file:
+        for size in (1 << 20, 64 << 10, 4 << 10):
+            piece = b"\1" * size
+            while True:
+                try:
+                    file.write(piece)
+                except OSError:
+                    break

@@ -5,10 +5,12 @@ from __future__ import annotations
 import errno
 import mmap
 import os
+import time
 
 import pytest
 
 from ficc_core.models import partials
+from ficc_core.models.blob_records import PARTIAL, FileRef, Partial
 from ficc_core.models.partials import DIRECT_ALIGN, PartialWriter
 
 from .models_support import Writes
@@ -140,3 +142,39 @@ def test_a_file_system_that_refuses_direct_opens_gets_buffered_writes(tmp_path, 
     finally:
         writer.close()
     assert (tmp_path / "f.part").read_bytes() == content
+
+
+def _partial(model_id: str, size: int, durable: int, state=PARTIAL) -> Partial:
+    return Partial(FileRef(model_id, 0, "ab" * 32, size), state, durable)
+
+
+def test_tidying_touches_only_partials_idle_past_the_bound(tmp_path):
+    now = time.time()
+    old = now - 600
+    live, idle = _partial("live", 8, 8), _partial("idle", 8, 8)
+    lost = _partial("lost", 8, 6)
+    for partial, held, modified in ((live, 8, now), (idle, 8, old), (lost, 2, old)):
+        path = tmp_path / partials.partial_name(partial.ref)
+        path.write_bytes(b"x" * held)
+        os.utime(path, (modified, modified))
+    writing, stale = tmp_path / "first.write", tmp_path / "gone.part"
+    writing.write_bytes(b"x")  # a first write under way: no row records it yet
+    stale.write_bytes(b"x")
+    os.utime(stale, (old, old))
+    recorded = [(live, False), (idle, False), (lost, False)]
+    updated = {("live", 0): old, ("idle", 0): old, ("lost", 0): old}
+    complete, lost_refs, done = partials.sweep_partials(
+        tmp_path, recorded, before=now - 300, updated=updated
+    )
+    assert complete == [idle.ref] and lost_refs == [lost.ref] and done == []
+    assert writing.exists() and not stale.exists()
+    # A row written within the bound is live whatever its file's time, and so is one
+    # this controller holds busy.
+    updated[("idle", 0)] = now
+    assert partials.sweep_partials(
+        tmp_path, recorded, before=now - 300, updated=updated, busy={("lost", 0)}
+    ) == ([], [], [])
+    # Without a bound (a lone controller's start), every one.
+    complete, lost_refs, _ = partials.sweep_partials(tmp_path, recorded, updated=updated)
+    assert complete == [live.ref, idle.ref] and lost_refs == [lost.ref]
+    assert not writing.exists()

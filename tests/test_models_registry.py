@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sqlite3
+import time
 
 from ficc_core.config import load_config
 from ficc_core.controller.service import open_service
@@ -182,7 +184,10 @@ async def test_progress_held_before_private_partials_moves_to_the_first_model_th
     data = tmp_path / "data"
     (data / "blobs" / "partial").mkdir(parents=True)
     (data / "blobs" / "partial" / f"{sha}.part").write_bytes(content[:3000])
-    (data / "blobs" / "partial" / "stray.part").write_bytes(b"nobody's")
+    stray = data / "blobs" / "partial" / "stray.part"
+    stray.write_bytes(b"nobody's")
+    # Idle past partial_tidy_after: no first write under way could own it.
+    os.utime(stray, (time.time() - 3600, time.time() - 3600))
     with sqlite3.connect(data / "ficc.sqlite3") as db:
         for statements in MIGRATIONS[:8]:
             for statement in statements:

@@ -334,7 +334,9 @@ async def test_a_verification_cut_by_a_crash_finishes_on_start(tmp_path, ca_bund
             (len(content), model["id"]),
         )
 
-    restarted, url = await start_serve(tmp_path, ca_bundle)
+    # The leader's tidying verifies it once it has been idle past partial_tidy_after
+    # (another controller could still be verifying it until then).
+    restarted, url = await start_serve(tmp_path, ca_bundle, "partial_tidy_after = 2\n")
     try:
         async with httpx.AsyncClient(base_url=url, headers=bearer(token), timeout=30) as http:
             done = await poll_model(http, model["id"], lambda m: m["state"] != "incomplete")

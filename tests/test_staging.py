@@ -23,7 +23,7 @@ from ficc_core.testing.executor_kit import new_fence
 
 from .agent_support import open_controller
 from .conftest import bearer, issue_token
-from .models_support import gguf_manifest, random_bytes
+from .models_support import fill_disk, gguf_manifest, mounted_tmpfs, random_bytes
 
 MiB = 1 << 20
 ROUTE = "/api/v1/contributors/blobs/<sha256>"
@@ -231,6 +231,37 @@ async def test_insufficient_free_disk_is_refused_before_any_download(setup, tmp_
         # With the margin met, it goes ahead.
         stager.free_margin = MiB
         assert (await stager.stage(digest, len(content))).read_bytes() == content
+
+
+async def test_a_disk_that_fills_during_a_staging_copy_is_refused_with_its_offset(setup, tmp_path):
+    service, url, admin, node = setup
+    content = random_bytes(12 * MiB, seed=8)
+    digest = await _assigned_model(service, url, admin, content)
+    with mounted_tmpfs(tmp_path / "cache", "16m") as cache, trio.fail_after(60):
+        stager = Stager(cache, url, node, chunk_size=64 * 1024, free_margin=0)
+        hog = cache / "hog"
+
+        def progress(_digest: str, have: int) -> None:
+            if have >= 2 * MiB and not hog.exists():
+                fill_disk(hog)  # something else takes the rest of the disk
+
+        stager.on_progress = progress
+        with pytest.raises(StagingError) as refused:
+            await stager.stage(digest, len(content))
+        stager.on_progress = None
+        assert refused.value.code == "insufficient_storage"
+        assert refused.value.status == 507
+        offset = refused.value.details["offset"]
+        assert 2 * MiB <= offset < len(content)
+        assert f"resumes from offset {offset}" in refused.value.message
+        part = stager.partial_path(digest)
+        assert part.stat().st_size == offset
+        assert part.read_bytes() == content[:offset]
+        # Space freed: staging again resumes from the offset and verifies.
+        hog.unlink()
+        path = await stager.stage(digest, len(content))
+        assert stager.requests[-1] == (digest, f"bytes={offset}-")
+        assert path.read_bytes() == content
 
 
 async def test_a_shared_directory_copy_is_used_without_any_request(tmp_path):

@@ -27,6 +27,7 @@ event loop: file writes, hashing, renames and disk checks run in worker threads.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -264,6 +265,20 @@ class Stager:
                 details={"needed": needed, "margin": self.free_margin, "free": usage.free},
             )
 
+    async def _disk_full(self, hex_digest: str, have: int, size: int) -> StagingError:
+        """A staging copy met a full disk: its ``have`` bytes are kept, nothing past them."""
+        part = self.partial_path(hex_digest)
+        await trio.to_thread.run_sync(lambda: os.truncate(part, have))
+        free = (await trio.to_thread.run_sync(disk_usage, self.cache_dir)).free
+        return StagingError(
+            f"the disk of {self.cache_dir} is full ({free} bytes free): staging blob "
+            f"{hex_digest} stopped at byte {have} of {size}, which is kept. Free space on "
+            f"the node (or grow the disk); staging again resumes from offset {have}.",
+            code="insufficient_storage",
+            status=507,
+            details={"offset": have, "size": size, "free": free},
+        )
+
     async def _download(self, hex_digest: str, size: int, controller: str) -> None:
         part = self.partial_path(hex_digest)
         have = await trio.to_thread.run_sync(lambda: part.stat().st_size if part.exists() else 0)
@@ -309,7 +324,9 @@ class Stager:
                         code="download_refused",
                         details={"status": reply.status_code},
                     )
-                handle = await trio.open_file(part, "r+b" if have else "wb")
+                # Unbuffered: what ``have`` counts is on the file, so a full disk
+                # leaves exactly those bytes (the next staging resumes from them).
+                handle = await trio.open_file(part, "r+b" if have else "wb", buffering=0)
                 try:
                     await handle.truncate(have)
                     await handle.seek(have)
@@ -320,8 +337,16 @@ class Stager:
                                 f"{hex_digest}",
                                 code="long_download",
                             )
-                        await handle.write(chunk)
-                        have += len(chunk)
+                        view = memoryview(chunk)
+                        while view:
+                            try:
+                                count = await handle.write(view)
+                            except OSError as exc:
+                                if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                                    raise
+                                raise await self._disk_full(hex_digest, have, size) from None
+                            view = view[count:]
+                            have += count
                         if self.on_progress is not None:
                             self.on_progress(hex_digest, have)
                 finally:

@@ -145,7 +145,9 @@ async def open_service(
         plugins = await trio.to_thread.run_sync(build_plugin_manager)
     store = await open_store(config)
     try:
-        blobs = await trio.to_thread.run_sync(BlobStore, config.blobs_path, store)
+        blobs = await trio.to_thread.run_sync(
+            lambda: BlobStore(config.blobs_path, store, reserve=config.storage_reserve)
+        )
         acquirer = Acquirer(
             store,
             blobs,
@@ -172,7 +174,7 @@ async def open_service(
             ),
             personal_disabled=config.personal_disabled,
         )
-        models = ModelRegistry(store, blobs, acquirer)
+        models = ModelRegistry(store, blobs, acquirer, tidy_after=config.partial_tidy_after)
         # The role's work is named when the lease runs it (after everything is built).
         lease = LeaderLease(
             store,

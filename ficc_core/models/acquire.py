@@ -9,7 +9,9 @@ hashed and written in a worker thread (:mod:`~ficc_core.models.download`, over
 :mod:`~ficc_core.models.fetch`'s checked connections). Transient faults (a dropped
 connection, a body cut short of its ``Content-Length``, a timeout) retry with capped
 backoff from the durable offset, at most ``retries`` times; a file whose every attempt
-failed fails with the last fault, which says how many attempts there were. Anything
+failed fails with the last fault, which says how many attempts there were. A full disk
+fails the file at once with ``insufficient_storage`` and the offset it resumes from
+(:mod:`~ficc_core.models.space`). Anything
 else marks the acquisition failed with the reason. Pausing cancels the network read
 but never an admitted write: the write completes, its offset is kept, and
 ``acquire`` later resumes from it. Acquisitions that were running when
@@ -35,6 +37,7 @@ from .blobs import BlobStore
 from .download import receive_into_blob
 from .fetch import Fetcher, FetchError, FetchPolicy, Response, make_client, open_response
 from .records import AcquisitionFile, AcquisitionState
+from .space import InsufficientStorage
 
 log = logging.getLogger("ficc.models.acquire")
 
@@ -248,6 +251,13 @@ class Acquirer:
                 return  # The same content was verified through another model meanwhile.
             except DigestMismatch:
                 raise  # The file already records it, with its code and details.
+            except InsufficientStorage as exc:
+                # A full disk: what is durable stays, nothing past it, and the file
+                # records the offset to resume from once space is freed.
+                with trio.CancelScope(shield=True):
+                    await self.blobs.cut_back(ref)
+                    await self.blobs.mark_failed(ref, exc)
+                raise
             except (FetchError, _Transient) as exc:
                 if exc.code not in _TRANSIENT_CODES or attempt == self.retries:
                     failure = _gave_up(exc, attempt + 1) if exc.code in _TRANSIENT_CODES else exc

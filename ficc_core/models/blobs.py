@@ -26,6 +26,9 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import logging
+import math
+import os
 import shutil
 import time
 from collections.abc import AsyncIterator, Mapping
@@ -38,6 +41,7 @@ import trio
 from ..digests import assemble_tree, hash_file, rename_durably, sha256_file, tree_listing
 from ..errors import Conflict, FiccError, InvalidRequest, NotFound
 from ..store import Store, Transaction
+from ..store.outage import is_store_failure
 from . import repository
 from .blob_records import (
     FAILED,
@@ -54,12 +58,24 @@ from .blob_records import (
     error_record,
 )
 from .partials import PartialWriter, partial_name, sweep_partials
+from .space import InsufficientStorage, Reserve, free_bytes, is_disk_full, storage_refusal
+
+log = logging.getLogger("ficc.models.blobs")
+
+#: Seconds between the touches that keep a partial being verified live (see
+#: :meth:`BlobStore.recover`); the idle bound of tidying must be well above it.
+HEARTBEAT = 30.0
+
+#: Free bytes under which a store write that failed is put down to a full disk.
+_NEARLY_FULL = 1 << 20
 
 
 class BlobStore:
     """Blobs on disk plus their rows in the :class:`~ficc_core.store.Store`."""
 
-    def __init__(self, root: Path, store: Store, *, hash_threads: int = 2) -> None:
+    def __init__(
+        self, root: Path, store: Store, *, hash_threads: int = 2, reserve: int = 0
+    ) -> None:
         self.root = Path(root)
         self.store = store
         self._published = self.root / "sha256"
@@ -69,6 +85,14 @@ class BlobStore:
         self._hash_limiter = trio.CapacityLimiter(hash_threads)
         self._io_limiter = trio.CapacityLimiter(4)
         self._locks: dict[str, trio.Lock] = {}
+        #: Room held on the blobs' disk for the store and deletions (:mod:`.space`).
+        self.reserve = Reserve(self.root, reserve)
+        if not self.reserve.ensure():
+            log.warning(
+                "the disk of the blob store has no room for its %d-byte reserve: blob "
+                "writes are refused until space is freed",
+                reserve,
+            )
 
     # -- paths and rows ---------------------------------------------------------
 
@@ -184,17 +208,82 @@ class BlobStore:
                 details={"offset": current.durable_offset, "size": current.size},
             )
         path = self.partial_path(ref)
+        await self._need_room(offset, current.size)
 
         def append() -> None:
             writer = PartialWriter(path, offset, current.size)
             try:
                 writer.write(data)
                 writer.sync()
+            except OSError as exc:
+                if is_disk_full(exc):
+                    writer.cut_back(offset)  # give the disk back what this write took
+                raise
             finally:
                 writer.close()
 
-        await trio.to_thread.run_sync(append, limiter=self._io_limiter)
+        try:
+            await trio.to_thread.run_sync(append, limiter=self._io_limiter)
+        except OSError as exc:
+            if not is_disk_full(exc):
+                raise
+            raise await self.disk_full(offset, current.size) from None
         return await self._record_durable(ref, end)
+
+    # -- room on the disk (see ficc_core.models.space) ---------------------------
+
+    async def _need_room(self, offset: int, size: int, *, doing: str = "this upload") -> None:
+        """Refuse a blob write while the reserve cannot be held (the disk is still full)."""
+        if not await trio.to_thread.run_sync(self.reserve.ensure, limiter=self._io_limiter):
+            free = await trio.to_thread.run_sync(free_bytes, self.root)
+            raise storage_refusal(offset, size, free, doing=doing)
+
+    async def disk_full(
+        self, offset: int, size: int, *, doing: str = "this upload"
+    ) -> InsufficientStorage:
+        """A write met a full disk: give the reserve back (so the store can still write
+        and deletions run) and return the refusal, resuming from ``offset``."""
+        released = await trio.to_thread.run_sync(self.reserve.release)
+        free = await trio.to_thread.run_sync(free_bytes, self.root)
+        log.warning(
+            "the disk of the blob store is full: %s stopped at its durable offset %d of %d "
+            "(%s; %d bytes free); blob writes are refused until space is freed",
+            doing,
+            offset,
+            size,
+            "reserve released" if released else "no reserve was held",
+            free,
+        )
+        return storage_refusal(offset, size, free, doing=doing)
+
+    async def make_room(self) -> None:
+        """Before a deletion's store write: on a nearly full disk, release the reserve.
+
+        Freeing space must always work, and the store's write (a SQLite journal beside
+        the blobs) needs room first. The reserve is made again by the next blob write.
+        """
+        size = self.reserve.size
+        if size and await trio.to_thread.run_sync(free_bytes, self.root) < size:
+            await trio.to_thread.run_sync(self.reserve.release)
+
+    async def cut_back(self, ref: FileRef) -> int:
+        """Truncate the file's partial to its recorded durable offset; return that offset.
+
+        After a write that met a full disk: the bytes past the durable offset were
+        never acknowledged, and keeping them would keep the disk full.
+        """
+        offset = (await self.status(ref)).durable_offset
+        path = self.partial_path(ref)
+
+        def truncate() -> None:
+            try:
+                if path.stat().st_size > offset:
+                    os.truncate(path, offset)
+            except FileNotFoundError:
+                pass
+
+        await trio.to_thread.run_sync(truncate, limiter=self._io_limiter)
+        return offset
 
     async def _unverified(self, ref: FileRef) -> BlobStatus:
         current = await self.status(ref)
@@ -223,6 +312,16 @@ class BlobStore:
             path = self.partial_path(ref)
             await trio.to_thread.run_sync(lambda: path.unlink(missing_ok=True))
             raise
+        except Exception as exc:
+            # The partial took the last free bytes before the store (a SQLite file
+            # beside the blobs) could record them: the same full disk.
+            if not is_store_failure(exc) or not await self._disk_nearly_full():
+                raise
+            durable = await self.cut_back(ref)
+            raise await self.disk_full(durable, ref.size) from exc
+
+    async def _disk_nearly_full(self) -> bool:
+        return await trio.to_thread.run_sync(free_bytes, self.root) < _NEARLY_FULL
 
     @asynccontextmanager
     async def open_writer(self, ref: FileRef, offset: int) -> AsyncIterator[PartialWriter]:
@@ -233,6 +332,7 @@ class BlobStore:
         The caller holds :meth:`lock` throughout.
         """
         await self._writable(ref, offset)
+        await self._need_room(offset, ref.size, doing="this acquisition")
         writer = await trio.to_thread.run_sync(
             functools.partial(PartialWriter, self.partial_path(ref), offset, ref.size, direct=True),
             limiter=self._io_limiter,
@@ -321,9 +421,7 @@ class BlobStore:
         if current.size == 0:
             await trio.to_thread.run_sync(path.touch)
         try:
-            actual = digest or await trio.to_thread.run_sync(
-                sha256_file, path, current.size, limiter=self._hash_limiter
-            )
+            actual = digest or await self._hash_live(path, current.size)
         except OSError as exc:
             error = FiccError(f"the partial file could not be read: {exc}", code="blob_unreadable")
             await self.reset(ref, error)
@@ -337,6 +435,27 @@ class BlobStore:
             raise mismatch
         await self._publish(ref, path)
         return BlobStatus(ref.sha256, ref.size, VERIFIED, ref.size)
+
+    async def _hash_live(self, path: Path, size: int) -> str:
+        """Hash the partial, touching its file meanwhile so that it stays live.
+
+        A long verification writes nothing: the touches (every :data:`HEARTBEAT`
+        seconds) tell another controller's tidying that it is under way.
+        """
+        async with trio.open_nursery() as nursery:
+
+            async def heartbeat() -> None:
+                while True:
+                    await trio.sleep(HEARTBEAT)
+                    await trio.to_thread.run_sync(_touch, path)
+
+            nursery.start_soon(heartbeat)
+            try:
+                return await trio.to_thread.run_sync(
+                    sha256_file, path, size, limiter=self._hash_limiter
+                )
+            finally:
+                nursery.cancel_scope.cancel()
 
     async def _publish(self, ref: FileRef, path: Path) -> None:
         # Published through another model meanwhile: the same bytes, kept.
@@ -368,20 +487,55 @@ class BlobStore:
         await trio.to_thread.run_sync(lambda: self.published_path(sha256).unlink(missing_ok=True))
         await self.store.write(lambda tx: repository.delete_blob(tx, sha256))
 
-    async def recover(self) -> list[FileRef]:
-        """Tidy the partials on start; return the complete ones that still need verifying.
+    async def recover(self, *, idle: float = 0.0) -> list[FileRef]:
+        """Tidy the partials; return the complete ones that still need verifying.
 
         A partial that holds every byte but is not verified was cut by a crash between
         its last write and verification, or during verification: the caller verifies
         those. Partials of content verified meanwhile are removed, and one whose file
         lost bytes starts over (see :func:`~ficc_core.models.partials.sweep_partials`).
+
+        :param idle: touch only partials neither written (row or file) nor locked here
+            for this many seconds: an upload or verification under way through another
+            controller sharing the blob directory is left alone. 0: every one (a lone
+            controller's start).
         """
-        recorded = await self.store.read(repository.list_partials)
+        now = time.time()
+
+        def read(tx: Transaction) -> Any:
+            return repository.list_partials(tx), repository.partial_updates(tx)
+
+        recorded, updated = await self.store.read(read)
+        busy = {key for key, lock in self._locks.items() if lock.locked()}
         complete, lost, done = await trio.to_thread.run_sync(
-            sweep_partials, self._partial, recorded
+            functools.partial(
+                sweep_partials,
+                self._partial,
+                recorded,
+                before=now - idle if idle else math.inf,
+                updated=updated,
+                busy=busy,
+            )
+        )
+        log.info(
+            "tidied the partials idle over %gs: %d complete to verify, %d lost bytes, "
+            "%d verified meanwhile",
+            idle,
+            len(complete),
+            len(lost),
+            len(done),
         )
         for ref in lost:
-            await self.reset(ref)
+            async with self.lock(ref):
+                await self.reset(ref)
         for ref in done:
-            await self.discard(ref)
+            async with self.lock(ref):
+                await self.discard(ref)
         return complete
+
+
+def _touch(path: Path) -> None:
+    try:
+        os.utime(path)
+    except FileNotFoundError:
+        pass

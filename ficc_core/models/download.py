@@ -36,6 +36,7 @@ from .fetch import FetchError, Response
 from .http1 import Http1Connection
 from .partials import DIRECT_ALIGN, PartialWriter
 from .pipeline import Pipeline
+from .space import is_disk_full
 
 #: Bytes read from the connection per write to the partial file.
 READ_BYTES = 1 << 20
@@ -195,7 +196,7 @@ async def receive_into_blob(
                         failures.append(
                             exc
                             if isinstance(exc, FiccError)
-                            else FiccError(f"writing failed: {exc}", code="write_failed")
+                            else await _write_failure(exc, blobs, ref, progress.durable)
                         )
                         progress.halt()
                         response.abort()
@@ -214,5 +215,12 @@ async def receive_into_blob(
     if failures:
         raise failures[0]
     if isinstance(received, outcome.Error) and isinstance(received.error, OSError):
-        raise FiccError(f"writing failed: {received.error}", code="write_failed")
+        raise await _write_failure(received.error, blobs, ref, progress.durable)
     return received.unwrap()
+
+
+async def _write_failure(exc: OSError, blobs: BlobStore, ref: FileRef, durable: int) -> FiccError:
+    """``write_failed``, or ``insufficient_storage`` (the reserve released) on a full disk."""
+    if is_disk_full(exc):
+        return await blobs.disk_full(durable, ref.size, doing="this acquisition")
+    return FiccError(f"writing failed: {exc}", code="write_failed")

@@ -11,8 +11,9 @@ acquisition resumed at an offset goes on hashing from there).
 from __future__ import annotations
 
 import errno
+import math
 import os
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 
 from .blob_records import PARTIAL, VERIFYING, FileRef, Partial
@@ -108,6 +109,12 @@ class PartialWriter:
         os.fsync(self._fd)
         return end
 
+    def cut_back(self, offset: int) -> None:
+        """Truncate the file to ``offset`` (its durable offset): a write that failed
+        part-way (a full disk) must not keep the blocks it took."""
+        os.ftruncate(self._fd, offset)
+        self.written = offset
+
     def close(self) -> None:
         """Close the file (what was not synced is not durable)."""
         if self._direct is not None:
@@ -122,25 +129,40 @@ def partial_name(ref: FileRef) -> str:
 
 
 def sweep_partials(
-    directory: Path, recorded: Sequence[tuple[Partial, bool]]
+    directory: Path,
+    recorded: Sequence[tuple[Partial, bool]],
+    *,
+    before: float = math.inf,
+    updated: Mapping[tuple[str, int], float] | None = None,
+    busy: Collection[tuple[str, int]] = (),
 ) -> tuple[list[FileRef], list[FileRef], list[FileRef]]:
-    """Tidy the partial files on start, against what the store recorded (blocking).
+    """Tidy the partial files against what the store recorded (blocking).
 
     ``recorded`` holds each partial with whether its content is verified meanwhile
     (:func:`~ficc_core.models.repository.list_partials`). Returns the files complete but not yet
     verified, those whose file lost bytes (shorter than the durable offset) and
     those verified meanwhile. A file of a partial taken over from before partials
     were private is renamed to its owner's name; a file no row owns is removed.
+
+    Only idle partials are touched: one whose row was last written (``updated``, by
+    model ID and index) or whose file was last modified after ``before``, or that is
+    ``busy`` here, may be in the middle of an upload or a verification through this
+    or another controller sharing the directory, and is left alone; so is a file no
+    row owns yet that was modified after ``before`` (a first write under way).
     """
     complete, lost, done = [], [], []
     owned = set()
+    updated = updated or {}
     for partial, verified in recorded:
         ref, durable_offset = partial.ref, partial.durable_offset
+        path = directory / partial_name(ref)
+        owned.add(path.name)
+        key = (ref.model_id, ref.index)
+        if key in busy or updated.get(key, -math.inf) > before or _modified(path) > before:
+            continue
         if verified:
             done.append(ref)
             continue
-        path = directory / partial_name(ref)
-        owned.add(path.name)
         legacy = directory / f"{ref.sha256}.part"
         if durable_offset and not path.exists() and legacy.exists():
             os.replace(legacy, path)
@@ -150,6 +172,14 @@ def sweep_partials(
         elif durable_offset == ref.size and partial.state in (PARTIAL, VERIFYING):
             complete.append(ref)
     for name in os.listdir(directory):
-        if name not in owned:
+        if name not in owned and _modified(directory / name) <= before:
             (directory / name).unlink(missing_ok=True)
     return complete, lost, done
+
+
+def _modified(path: Path) -> float:
+    """When ``path`` was last written (-inf when it is gone)."""
+    try:
+        return path.stat().st_mtime
+    except FileNotFoundError:
+        return -math.inf

@@ -17,6 +17,7 @@ from ..auth.secrets import new_id
 from ..errors import Conflict, FiccError, InvalidRequest, NotFound
 from ..schema import ModelManifest, structure
 from ..store import Store, Transaction
+from ..store.outage import is_store_failure
 from . import repository
 from .acquire import Acquirer
 from .blob_records import BlobStatus, FileRef
@@ -58,6 +59,7 @@ class ModelRegistry:
     """Manifests, per-file progress, uploads, acquisition control and deletion.
 
     :param clock: wall-clock seconds (a model's ``created_at``).
+    :param tidy_after: see :meth:`run` (the ``partial_tidy_after`` setting).
     """
 
     def __init__(
@@ -67,8 +69,12 @@ class ModelRegistry:
         acquirer: Acquirer,
         *,
         clock: Callable[[], float] = time.time,
+        tidy_after: float = 0.0,
     ) -> None:
         self.store = store
+        #: Seconds a partial must be idle before the leader's tidying touches it
+        #: (0: every partial, once, when the controller starts leading).
+        self.tidy_after = tidy_after
         self.blobs = blobs
         self.acquirer = acquirer
         self.clock = clock
@@ -78,20 +84,33 @@ class ModelRegistry:
         self._unreadable: dict[str, str] = {}
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Tidy the partials left by the previous controller, then finish their verification.
+        """The leader's tidying of partials, then the verification of complete ones.
 
-        A file whose every byte was durable when the controller stopped (during its
-        verification, or just before it) is verified now, with nobody having to send
-        the empty write.
+        A file whose every byte was durable when its controller stopped (during its
+        verification, or just before it) is verified here, with nobody having to send
+        the empty write. With :attr:`tidy_after`, only partials idle that long are
+        touched (an upload through another controller sharing the blob directory is
+        never), and the tidying is repeated every half of it, so a partial skipped as
+        live is tidied once idle.
         """
-        complete = await self.blobs.recover()
+        complete = await self.blobs.recover(idle=self.tidy_after)
         task_status.started()
-        for ref in complete:
-            async with self.blobs.lock(ref):
-                try:
-                    await self.blobs.verify_and_publish(ref)
-                except FiccError as exc:
-                    log.warning("file %s of model %s: %s", ref.index, ref.model_id, exc.message)
+        while True:
+            for ref in complete:
+                async with self.blobs.lock(ref):
+                    try:
+                        await self.blobs.verify_and_publish(ref)
+                    except FiccError as exc:
+                        log.warning("file %s of model %s: %s", ref.index, ref.model_id, exc.message)
+            if not self.tidy_after:
+                return
+            await trio.sleep(self.tidy_after / 2)
+            try:
+                complete = await self.blobs.recover(idle=self.tidy_after)
+            except Exception as exc:
+                if not is_store_failure(exc):
+                    raise
+                complete = []  # the store is away: tidy at the next round
 
     async def register(self, project_id: str, manifest: ModelManifest) -> tuple[Model, bool]:
         """Register ``manifest``; return the model and whether it was created.
@@ -301,6 +320,8 @@ class ModelRegistry:
                 )
             return repository.delete_model(tx, model_id)
 
+        # Freeing space must work on a full disk: the store's write needs room first.
+        await self.blobs.make_room()
         orphans = await self.store.write(write)
         for file in model.files:
             ref = file.ref(model_id)

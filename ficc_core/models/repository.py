@@ -324,6 +324,12 @@ def partials_of(tx: Transaction, sha256: str) -> list[FileRef]:
     return [FileRef(row["model_id"], row["idx"], row["sha256"], row["size"]) for row in rows]
 
 
+def partial_updates(tx: Transaction) -> dict[tuple[str, int], float]:
+    """When each partial's row was last written, by model ID and file index."""
+    rows = tx.fetch_all("SELECT model_id, idx, updated_at FROM partials")
+    return {(row["model_id"], row["idx"]): row["updated_at"] for row in rows}
+
+
 def list_partials(tx: Transaction) -> list[tuple[Partial, bool]]:
     """Every partial, each with whether its content is verified meanwhile (another model's)."""
     rows = tx.fetch_all(
