@@ -84,13 +84,7 @@ def memory_estimate(
 def memory_warnings(specification: Specification, model: ModelContext) -> list[dict[str, Any]]:
     """A ``memory_limit_low`` warning for each placement whose memory is below the estimate;
     ``model_header_unreadable`` first when the model's GGUF header cannot be read."""
-    estimate = memory_estimate(
-        model,
-        specification.engine,
-        specification.context,
-        specification.concurrency,
-        specification.prompt_cache_bytes or 0,
-    )
+    estimate = _estimate_of(specification, model)
     warnings = []
     if model.header_problem is not None:
         warnings.append(
@@ -121,6 +115,7 @@ def memory_warnings(specification: Specification, model: ModelContext) -> list[d
 
 
 def _estimate_of(specification: Specification, model: ModelContext) -> int:
+    """The memory one engine of ``specification`` needs (:func:`memory_estimate`)."""
     return memory_estimate(
         model,
         specification.engine,
