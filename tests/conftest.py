@@ -35,6 +35,9 @@ def _engine_sockets_of_this_session() -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix="ficc-t", dir="/tmp"))
     before = os.environ.get("FICC_RUNTIME_DIR")
     os.environ["FICC_RUNTIME_DIR"] = str(path)
+    # Every `ficc serve` of the session: a 1 MiB blob-disk reserve, not 32 MiB in each
+    # test's data directory (tests of a full disk set their own).
+    os.environ.setdefault("FICC_STORAGE_RESERVE", str(1 << 20))
     yield path
     if before is None:
         os.environ.pop("FICC_RUNTIME_DIR", None)

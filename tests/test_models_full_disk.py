@@ -38,14 +38,13 @@ def small_disk(tmp_path):
 
 
 async def test_an_upload_that_fills_the_disk_is_refused_with_its_offset_and_frees_the_disk(
-    tmp_path, ca_bundle, small_disk
+    tmp_path, ca_bundle, small_disk, monkeypatch
 ):
+    monkeypatch.setenv("FICC_STORAGE_RESERVE", str(4 * MiB))
     data_dir = small_disk
     filler = os.urandom(12 * MiB)
     big = os.urandom(32 * MiB)
-    server, url = await start_serve(
-        tmp_path, ca_bundle, f"storage_reserve = {4 * MiB}\nembedded_agent = false\n"
-    )
+    server, url = await start_serve(tmp_path, ca_bundle, "embedded_agent = false\n")
     try:
         token = await server.admin_token()
         async with httpx.AsyncClient(base_url=url, headers=bearer(token), timeout=30) as http:
@@ -116,15 +115,14 @@ async def test_an_upload_that_fills_the_disk_is_refused_with_its_offset_and_free
 
 
 async def test_an_acquisition_that_fills_the_disk_fails_with_its_offset(
-    tmp_path, ca_bundle, small_disk, https_server
+    tmp_path, ca_bundle, small_disk, https_server, monkeypatch
 ):
+    monkeypatch.setenv("FICC_STORAGE_RESERVE", str(4 * MiB))
     data_dir = small_disk
     content = os.urandom(48 * MiB)
     sha = hashlib.sha256(content).hexdigest()
     https_server.add("/m.gguf", ServedFile(content))
-    server, url = await start_serve(
-        tmp_path, ca_bundle, f"storage_reserve = {4 * MiB}\nembedded_agent = false\n"
-    )
+    server, url = await start_serve(tmp_path, ca_bundle, "embedded_agent = false\n")
     try:
         token = await server.admin_token()
         async with httpx.AsyncClient(base_url=url, headers=bearer(token), timeout=30) as http:

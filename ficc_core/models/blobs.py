@@ -85,14 +85,9 @@ class BlobStore:
         self._hash_limiter = trio.CapacityLimiter(hash_threads)
         self._io_limiter = trio.CapacityLimiter(4)
         self._locks: dict[str, trio.Lock] = {}
-        #: Room held on the blobs' disk for the store and deletions (:mod:`.space`).
+        #: Room held on the blobs' disk for the store and deletions (:mod:`.space`),
+        #: taken by the first blob write (a controller that writes none holds none).
         self.reserve = Reserve(self.root, reserve)
-        if not self.reserve.ensure():
-            log.warning(
-                "the disk of the blob store has no room for its %d-byte reserve: blob "
-                "writes are refused until space is freed",
-                reserve,
-            )
 
     # -- paths and rows ---------------------------------------------------------
 
