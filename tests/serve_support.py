@@ -115,6 +115,19 @@ class ServeProcess:
             return first_run_secrets(Path(value))["admin token"]
         return value
 
+    async def log_in_admin(self, ficc: Callable[..., Awaitable[str]]) -> tuple[str, Path]:
+        """Wait for the listening line, read the first run's admin password from the
+        secrets file the banner names and ``ficc login`` with it through ``ficc`` (piped,
+        ``--password-stdin``); return the API's URL and the secrets file.
+
+        The caller bounds the wait (``trio.fail_after``).
+        """
+        url = await self.wait_ready()
+        secrets_file = Path(await self.read_until(r"secrets file:\s+(\S+)"))
+        password = first_run_secrets(secrets_file)["admin password"]
+        await ficc("login", url, "--username", "admin", "--password-stdin", stdin=password)
+        return url, secrets_file
+
     async def metrics_url(self) -> str:
         """Read the metrics listener's URL (``metrics_listen``), after the listening line."""
         with trio.fail_after(30):

@@ -20,7 +20,7 @@ import pytest
 import trio
 
 from .models_support import smollm2_path
-from .serve_support import ServeProcess, ficc_command, first_run_secrets
+from .serve_support import ServeProcess, ficc_command
 
 pytestmark = pytest.mark.slow
 
@@ -35,11 +35,7 @@ async def test_plain_serve_login_add_create_and_chat_get_an_answer(tmp_path):
     serve = ServeProcess(data)
     try:
         with trio.fail_after(600):
-            url = await serve.wait_ready()
-            secrets_file = await serve.read_until(r"secrets file:\s+(\S+)")
-            password = first_run_secrets(Path(secrets_file))["admin password"]
-
-            await ficc("login", url, "--username", "admin", "--password-stdin", stdin=password)
+            await serve.log_in_admin(ficc)
             # Named by the GGUF header's general.basename: the acceptance's "smollm2".
             added = await ficc("models", "add", str(smollm2_path()))
             assert "ficc inference create --model smollm2" in added  # the next step

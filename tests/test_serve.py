@@ -268,11 +268,8 @@ async def test_a_long_home_serves_a_real_llama_cpp_chat(tmp_path, monkeypatch):
     ficc = server.cli()
     try:
         with trio.fail_after(600):
-            url = await server.wait_ready()
-            secrets_file = await server.read_until(r"secrets file:\s+(\S+)")
-            assert secrets_file.startswith(str(home))
-            password = first_run_secrets(Path(secrets_file))["admin password"]
-            await ficc("login", url, "--username", "admin", "--password-stdin", stdin=password)
+            _, secrets_file = await server.log_in_admin(ficc)
+            assert secrets_file.is_relative_to(home)
             await ficc("models", "add", str(smollm2_path()))
             await ficc(
                 "inference", "create", "--model", "smollm2", "--engine", "llama_cpp",

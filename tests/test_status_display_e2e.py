@@ -21,7 +21,7 @@ import pytest
 import trio
 
 from .models_support import smollm2_path
-from .serve_support import ServeProcess, ficc_command, first_run_secrets
+from .serve_support import ServeProcess, ficc_command
 
 pytestmark = pytest.mark.slow
 
@@ -58,10 +58,7 @@ async def test_start_list_restart_stop_and_metrics_say_what_an_operator_needs(tm
     serve = ServeProcess(data)
     try:
         with trio.fail_after(600):
-            url = await serve.wait_ready()
-            secrets_file = await serve.read_until(r"secrets file:\s+(\S+)")
-            password = first_run_secrets(Path(secrets_file))["admin password"]
-            await ficc("login", url, "--username", "admin", "--password-stdin", stdin=password)
+            url, _ = await serve.log_in_admin(ficc)
             added = await ficc("models", "add", str(smollm2_path()))
             model_id = re.search(r"\(ID (\w+)\)", added).group(1)
             await ficc(

@@ -19,7 +19,7 @@ import pytest
 import trio
 
 from .models_support import smollm2_path
-from .serve_support import ServeProcess, ficc_command, first_run_secrets
+from .serve_support import ServeProcess, ficc_command
 
 pytestmark = pytest.mark.slow
 
@@ -43,10 +43,7 @@ async def test_a_killed_engine_shows_its_exit_restart_new_pid_and_health(tmp_pat
     serve = ServeProcess(data)
     try:
         with trio.fail_after(600):
-            url = await serve.wait_ready()
-            secrets_file = await serve.read_until(r"secrets file:\s+(\S+)")
-            password = first_run_secrets(Path(secrets_file))["admin password"]
-            await ficc("login", url, "--username", "admin", "--password-stdin", stdin=password)
+            await serve.log_in_admin(ficc)
             await ficc("models", "add", str(smollm2_path()))
             await ficc(
                 "inference", "create", "--model", "smollm2", "--engine", "llama_cpp",
