@@ -82,6 +82,19 @@ def test_the_gist_of_a_log_is_its_last_error_else_its_last_line():
     assert log_gist(["x" * 1000]).endswith("...") and len(log_gist(["x" * 1000])) == 240
 
 
+async def _started_until_it_gives_up(controller, executable: str) -> tuple[str, str]:
+    """Start a service of the tiny model whose engine is ``executable``; wait until it
+    stops retrying and return its ID and reason."""
+    model_id = await _tiny_model(controller)
+    spec = await llama_spec(controller, model_id)
+    spec["image_executable"] = executable
+    created = await controller.ok("POST", "/api/v1/inference", status=201, json=spec)
+    service_id = created["id"]
+    assert (await controller.control(service_id, "start")).status_code == 200
+    view = await controller.wait_service(service_id, lambda v: v["stopped_retrying"])
+    return service_id, view["reason"]
+
+
 async def test_an_engine_that_exits_stops_retrying_with_its_status_log_and_logs_command(
     tmp_path,
 ):
@@ -91,14 +104,7 @@ async def test_an_engine_that_exits_stops_retrying_with_its_status_log_and_logs_
         async with open_inference_controller(
             tmp_path, agent_config=str(settings), replica_retry_max="1s", replica_give_up_after=2
         ) as controller:
-            model_id = await _tiny_model(controller)
-            spec = await llama_spec(controller, model_id)
-            spec["image_executable"] = str(engine)
-            created = await controller.ok("POST", "/api/v1/inference", status=201, json=spec)
-            service_id = created["id"]
-            assert (await controller.control(service_id, "start")).status_code == 200
-            view = await controller.wait_service(service_id, lambda v: v["stopped_retrying"])
-            reason = view["reason"]
+            service_id, reason = await _started_until_it_gives_up(controller, str(engine))
             assert "its last 2 attempts failed the same way (exited)" in reason
             assert "the engine exited with status 3; its log ends: cannot load the model" in reason
             assert f"ficc inference logs {service_id} --replica 0" in reason
@@ -117,14 +123,7 @@ async def test_a_launch_the_executor_refuses_stops_retrying_with_its_reason_and_
         async with open_inference_controller(
             tmp_path, agent_config=str(settings), replica_retry_max="1s", replica_give_up_after=2
         ) as controller:
-            model_id = await _tiny_model(controller)
-            spec = await llama_spec(controller, model_id)
-            spec["image_executable"] = "no-such-llama-server"
-            created = await controller.ok("POST", "/api/v1/inference", status=201, json=spec)
-            service_id = created["id"]
-            assert (await controller.control(service_id, "start")).status_code == 200
-            view = await controller.wait_service(service_id, lambda v: v["stopped_retrying"])
-            reason = view["reason"]
+            _, reason = await _started_until_it_gives_up(controller, "no-such-llama-server")
             assert ESTIMATE not in reason and "memory" not in reason
             assert "(launch_failed): 'no-such-llama-server' is not on the job's PATH" in reason
             assert "the process executor on node local refused to launch the engine" in reason
