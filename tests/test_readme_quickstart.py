@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -19,6 +20,7 @@ import sys
 import tempfile
 import textwrap
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import click
@@ -78,10 +80,19 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-def _fresh_machine(tmp_path: Path) -> tuple[dict[str, str], Path, int]:
+@pytest.fixture
+def fresh_machine(tmp_path: Path) -> Iterator[tuple[dict[str, str], Path, int]]:
     """An environment as on a fresh machine: HOME a new directory of 110 characters, no
-    FICC or XDG settings, ``.venv/bin`` on PATH; a free port chosen with FICC_PORT."""
+    FICC or XDG settings, ``.venv/bin`` on PATH; a free port chosen with FICC_PORT. The
+    HOME (with the data directory and its model copy) is removed afterwards."""
     base = Path(tempfile.mkdtemp(prefix="rq-", dir="/tmp"))
+    try:
+        yield _environment(base, tmp_path)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _environment(base: Path, tmp_path: Path) -> tuple[dict[str, str], Path, int]:
     home = base / ("h" * (HOME_LENGTH - len(str(base)) - 1))
     home.mkdir()
     assert len(str(home)) == HOME_LENGTH
@@ -166,8 +177,8 @@ def test_models_add_finds_the_packaged_smollm2_by_its_bare_name(tmp_path, monkey
 
 
 @pytest.mark.slow
-async def test_make_serve_demo_answers_a_chat_with_a_110_character_home(tmp_path):
-    env, work, port = _fresh_machine(tmp_path)
+async def test_make_serve_demo_answers_a_chat_with_a_110_character_home(tmp_path, fresh_machine):
+    env, work, port = fresh_machine
     log_path = tmp_path / "serve.log"
     with log_path.open("w") as log:
         proc = _serve(_make_serve(), env, work, log)
@@ -192,8 +203,10 @@ async def test_make_serve_demo_answers_a_chat_with_a_110_character_home(tmp_path
 
 
 @pytest.mark.slow
-async def test_the_plain_quick_start_answers_a_chat_with_a_110_character_home(tmp_path):
-    env, work, port = _fresh_machine(tmp_path)
+async def test_the_plain_quick_start_answers_a_chat_with_a_110_character_home(
+    tmp_path, fresh_machine
+):
+    env, work, port = fresh_machine
     plain, stdin_login = _readme()
     serve, _login, *rest = plain
     assert serve == "ficc serve"
