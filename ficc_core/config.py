@@ -954,7 +954,9 @@ class Config:
     )
     usage_flush_interval: float = _setting(
         1.0,
-        "How often buffered usage records are written to the store (duration).",
+        "How often buffered usage records are written to the store; each is in the "
+        "controller's spool (data_dir/usage-spool) at once, so a killed controller's "
+        "are written at the next start (duration).",
         kind="duration",
         validator=attrs.validators.gt(0),
     )

@@ -29,6 +29,8 @@ from ..inference.autoscaler import Autoscaler
 from ..inference.moves import Mover
 from ..inference.rollout import Restarter
 from ..inference.state_metrics import StateMetrics
+from ..inference.usage_spool import FOLDER as SPOOL_FOLDER
+from ..inference.usage_spool import UsageSpool
 from ..metrics import Metrics
 from ..models.acquire import Acquirer
 from ..models.blobs import BlobStore
@@ -115,6 +117,20 @@ def advertise_url(config: Config) -> str:
         return config.advertise_url
     host = f"[{config.host}]" if ":" in config.host else config.host
     return f"{'https' if config.tls else 'http'}://{host}:{config.port}"
+
+
+async def _open_usage_spool(usage: UsageLedger, config: Config, owner: str) -> None:
+    """Give the usage writer its spool in the data directory, then replay the spools of
+    killed controllers (docs/usage.md, "Accounting"); without one, usage is in memory
+    until written, as before."""
+    spool = UsageSpool(config.data_dir / SPOOL_FOLDER, owner)
+    try:
+        await trio.to_thread.run_sync(spool.open)
+    except OSError as exc:
+        log.warning("no usage spool (%s): a killed controller loses its unwritten usage", exc)
+        return
+    usage.spool = spool
+    await usage.replay()
 
 
 @asynccontextmanager
@@ -300,6 +316,7 @@ async def open_service(
         if not background:
             yield service
             return
+        await _open_usage_spool(usage, config, lease.controller_id)
 
         async def lead(_term: int, *, task_status: trio.TaskStatus[None]) -> None:
             """The leader's work, cancelled when it loses the lease (nothing it runs stops)."""
@@ -316,6 +333,8 @@ async def open_service(
                         max_per_service=config.events_max_per_service,
                     ).run
                 )
+                # A controller of this data directory killed while leading: its usage.
+                leading.start_soon(usage.replay)
                 task_status.started()
 
         async def follow(*, task_status: trio.TaskStatus[None]) -> None:

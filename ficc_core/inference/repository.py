@@ -58,6 +58,12 @@ _USAGE_INSERT = (
     f"INSERT INTO inference_usage ({_USAGE_COLUMNS})"
     f" VALUES ({', '.join('?' for _ in USAGE_FIELDS)})"
 )
+#: A usage writer's row: :data:`USAGE_FIELDS` then its ``record_id``, written once.
+_USAGE_RECORD_INSERT = (
+    f"INSERT INTO inference_usage ({_USAGE_COLUMNS}, record_id)"
+    f" VALUES ({', '.join('?' for _ in USAGE_FIELDS)}, ?)"
+    " ON CONFLICT (record_id) DO NOTHING"
+)
 
 
 # -- services --------------------------------------------------------------------------------
@@ -486,6 +492,13 @@ def insert_usage(tx: Transaction, entries: Iterable[UsageEntry]) -> None:
 def insert_usage_rows(tx: Transaction, rows: Iterable[Sequence[Any]]) -> None:
     """Record usage rows given as values in :data:`USAGE_FIELDS` order, in one batch."""
     tx.execute_many(_USAGE_INSERT, rows)
+
+
+def insert_usage_records(tx: Transaction, rows: Iterable[Sequence[Any]]) -> None:
+    """Record usage rows given as values in :data:`USAGE_FIELDS` order then a
+    ``record_id``; a row whose ``record_id`` is already stored is skipped (a replayed
+    spool's, see :mod:`.usage_spool`)."""
+    tx.execute_many(_USAGE_RECORD_INSERT, rows)
 
 
 def usage_summary(

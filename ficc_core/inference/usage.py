@@ -15,6 +15,10 @@ The store being slow or down never blocks a request (docs/usage.md#accounting):
   summed, times averaged), so totals stay right while the detail is lost;
 - beyond as many summary rows, a record is dropped; drops are counted in
   ``ficc_usage_dropped`` and logged at most once per :data:`LOG_EVERY` seconds.
+
+With a spool (:mod:`.usage_spool`, the controller's), each record is also appended to a
+file as it is made, so a SIGKILLed controller's buffer is replayed at the next start
+(:meth:`UsageLedger.replay`); each row carries its ``record_id`` and is written once.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from ..store import Store, Transaction
 from . import repository
 from .records import UsageEntry, UsageSummary
 from .usage_report import UsageQuery, UsageReport, usage_report
+from .usage_spool import UsageSpool
 
 log = logging.getLogger("ficc.inference.usage")
 
@@ -125,9 +130,13 @@ def _summary_key(usage: Any) -> tuple[Hashable, ...]:
 
 
 def _insert(records: list[Any], tx: Transaction) -> None:
-    """Write gateway records (read by the fields of :class:`UsageEntry`, one request
-    each) in one transaction, as one batch of rows."""
-    repository.insert_usage_rows(tx, ((*_values(record), 1) for record in records))
+    """Write pending rows (a record's values, 1 request, its ``record_id``) in one
+    transaction, as one batch; a row already stored (a replayed spool's) is skipped."""
+    repository.insert_usage_records(tx, records)
+
+
+#: A pending row's values: :data:`repository.USAGE_FIELDS`, then the ``record_id``.
+_ROW_WIDTH = len(repository.USAGE_FIELDS) + 1
 
 
 class UsageLedger:
@@ -139,6 +148,8 @@ class UsageLedger:
     :param capacity: records held while waiting for a write (``usage_buffer_size``), and
         summary rows held beyond them.
     :param metrics: the controller's collectors (default: a registry of its own).
+    :param spool: where each record is also appended as it is made (opened), so a
+        killed controller's buffer survives it; None keeps records in memory only.
     """
 
     def __init__(
@@ -149,8 +160,10 @@ class UsageLedger:
         batch_size: int = 500,
         capacity: int = 100_000,
         metrics: Metrics | None = None,
+        spool: UsageSpool | None = None,
     ) -> None:
         self.store = store
+        self.spool = spool
         self.period = period
         self.batch_size = batch_size
         self.capacity = capacity
@@ -159,8 +172,8 @@ class UsageLedger:
         self._aggregated = metrics.usage_aggregated
         self._dropped = metrics.usage_dropped
         self._write_failures = metrics.usage_write_failures
-        # Gateway records (not yet converted: that happens in the writing thread).
-        self._pending: deque[Any] = deque()
+        # Rows: a record's values, 1 request and its ``record_id`` (None without a spool).
+        self._pending: deque[tuple[Any, ...]] = deque()
         self._summaries: dict[tuple[Hashable, ...], _Summary] = {}
         self._wake = trio.Event()
         self._lock = trio.Lock()
@@ -178,9 +191,14 @@ class UsageLedger:
         :class:`UsageEntry` (so this package does not import the gateway, which
         imports it).
         """
-        pending = self._pending
+        spool, pending = self.spool, self._pending
+        if spool is None:
+            row = (*_values(usage), 1, None)
+        else:  # on disk before anything else: a kill from here on loses nothing
+            row = (*_values(usage), 1, spool.next_id())
+            spool.append(row)
         if len(pending) < self.capacity:
-            pending.append(usage)
+            pending.append(row)
             if len(pending) >= self.batch_size:
                 self._wake.set()
             return
@@ -223,10 +241,15 @@ class UsageLedger:
         A failed write raises and keeps its batch (and everything after it) queued.
         """
         async with self._lock:
+            if self.spool is not None:
+                await self.spool.seal()
             try:
-                return await self._write_all()
+                written = await self._write_all()
             finally:
                 self._buffered.set(self.buffered)
+            if self.spool is not None:  # what the sealed segments hold is stored
+                await self.spool.drop_sealed()
+            return written
 
     async def _write_all(self) -> int:
         written, pending = 0, self._pending
@@ -275,6 +298,38 @@ class UsageLedger:
             with trio.move_on_after(SHUTDOWN_WAIT) as scope:
                 scope.shield = True
                 await self._try_flush()
+                if self.spool is not None:  # what is left is replayed at the next start
+                    await trio.to_thread.run_sync(
+                        partial(self.spool.close, remove=not self.buffered)
+                    )
+
+    async def replay(self) -> int:
+        """Write the records of the spools whose controller is gone (killed before it
+        wrote them) and delete those spools; return how many rows were replayed (those
+        already stored are skipped). A spool the store refuses is kept for the next
+        start. Called at start and when this controller takes the lead."""
+        if self.spool is None:
+            return 0
+        try:
+            orphans = await trio.to_thread.run_sync(self.spool.orphans)
+        except OSError as exc:
+            log.warning("cannot look for usage spools to replay: %s", exc)
+            return 0
+        replayed = 0
+        for orphan in orphans:
+            try:
+                rows = await trio.to_thread.run_sync(orphan.rows, _ROW_WIDTH)
+                for start in range(0, len(rows), self.batch_size):
+                    batch = rows[start : start + self.batch_size]
+                    await self.store.write(partial(_insert, batch))
+            except Exception as exc:  # the store is down: the next start tries again
+                await trio.to_thread.run_sync(orphan.release)
+                log.warning("cannot replay the usage spool %s (kept): %s", orphan.name, exc)
+                continue
+            await trio.to_thread.run_sync(orphan.remove)
+            replayed += len(rows)
+            log.info("replayed %d usage records of the spool %s", len(rows), orphan.name)
+        return replayed
 
     async def _try_flush(self) -> None:
         try:

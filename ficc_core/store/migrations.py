@@ -525,12 +525,20 @@ MIGRATIONS: list[tuple[str | Dialects, ...]] = [
                 OR (o.created_at = credentials.created_at AND o.id < credentials.id)))""",
         "CREATE INDEX credentials_name ON credentials(project_id, name)",
     ),
+    # 23: each usage row the usage writer makes carries the record's ID (its controller's
+    # spool name and a number; NULL for a summary row and older rows), unique, so the
+    # records a SIGKILLed controller left in its spool are written once when they are
+    # replayed (docs/usage.md, "Accounting").
+    (
+        "ALTER TABLE inference_usage ADD COLUMN record_id TEXT",
+        "CREATE UNIQUE INDEX inference_usage_record ON inference_usage(record_id)",
+    ),
 ]
 
 
 #: The expand migrations (by version): each only adds, so a FICC that knows the version
 #: before it runs on a database it migrated. Every new migration says here whether it is.
-EXPANDS: frozenset[int] = frozenset({18, 19, 20, 21, 22})
+EXPANDS: frozenset[int] = frozenset({18, 19, 20, 21, 22, 23})
 
 
 def compatible_from(version: int, expands: frozenset[int] | None = None) -> int:
