@@ -41,8 +41,16 @@ sys.path.insert(0, str(ROOT))
 import chaos_checks as cc  # noqa: E402
 
 from tests import pg_support  # noqa: E402
-from tests.ha_support import add_node, controller_env, register_smollm2  # noqa: E402
-from tests.inference_support import llama_server_executable, write_agent_settings  # noqa: E402
+from tests.ha_support import (  # noqa: E402
+    add_node,
+    controller_env,
+    register_smollm2,
+    stop_process,
+)
+from tests.inference_support import (  # noqa: E402
+    node_llama_spec,
+    write_agent_settings,
+)
 from tests.serve_support import FICC, first_run_secrets  # noqa: E402
 
 GIB = 1 << 30
@@ -113,12 +121,7 @@ class Controller:
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGCONT)
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc)
 
 
 class Executor:
@@ -142,13 +145,7 @@ class Executor:
             )
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc)
 
 
 def schedule(rng: random.Random, seconds: float, with_db: bool) -> list[tuple[float, str, float]]:
@@ -252,24 +249,8 @@ class Bench:
         self.node = node
         ctl = _Ctl(self, http)
         model_id = await register_smollm2(ctl)
-        [runtime] = [r for r in node["snapshot"]["runtimes"] if r["name"] == "llama_server"]
         limits = {"cpus": 1, "memory_bytes": GIB}
-        spec = {
-            "alias": "smol",
-            "model_id": model_id,
-            "engine": "llama_cpp",
-            "runtime": {
-                "executor_provider": runtime["executor_provider"],
-                "package_digest": runtime["package_digest"],
-                "image_digest": runtime["image_digest"],
-                "isolation": "process",
-                "network": "none",
-            },
-            "image_executable": str(llama_server_executable()),
-            "context": 512,
-            "concurrency": 2,
-            "placements": [{"node_id": node["id"], "limits": limits}] * 2,
-        }
+        spec = node_llama_spec(node, model_id, [{"node_id": node["id"], "limits": limits}] * 2)
         created = (await self.api(http, "POST", "/api/v1/inference", status=201, json=spec)).json()
         self.service_id = sid = created["id"]
         body = {"revision": created["revision"]}
@@ -473,7 +454,7 @@ class Bench:
                 return f"SIGKILL engine {pid}"
             os.kill(pid, signal.SIGSTOP)
             await trio.sleep(lasting)
-            if cc.pid_alive(pid):
+            if pg_support.pid_alive(pid):
                 os.kill(pid, signal.SIGCONT)
             return f"SIGSTOP then SIGCONT engine {pid}"
         if kind == "agent_kill":

@@ -93,13 +93,18 @@ class ControllerProcess:
         self.proc.wait(timeout=30)
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc)
+
+
+def stop_process(proc: subprocess.Popen | None, grace: float = 30) -> None:
+    """SIGTERM ``proc`` if it still runs and wait for it, SIGKILL it after ``grace`` seconds."""
+    if proc is not None and proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def add_node(env: Mapping[str, str], name: str) -> str:
@@ -140,13 +145,7 @@ class ExecutorOf:
         )
 
     def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-        self.proc.wait()
+        stop_process(self.proc, grace=15)
         if self.proc.stderr is not None:
             self.proc.stderr.close()
 
@@ -238,6 +237,23 @@ async def two_controllers(
             controller.stop()
 
 
+async def stream_problem(
+    http: httpx.AsyncClient, path: str, body: dict[str, Any], headers: dict[str, str]
+) -> str:
+    """POST one streaming chat completion and read it whole: "" when it ended with
+    ``data: [DONE]``, otherwise what went wrong (status and body, early end, or error)."""
+    try:
+        async with http.stream("POST", path, json=body, headers=headers) as r:
+            if r.status_code != 200:
+                return f"{r.status_code} {(await r.aread())[:300]!r}"
+            lines = [line async for line in r.aiter_lines()]
+            if "data: [DONE]" not in lines:
+                return f"stream ended early: {lines[-3:]!r}"
+    except httpx.HTTPError as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return ""
+
+
 @attrs.define
 class Streams:
     """Streaming chat completions sent one after another by ``clients`` clients through
@@ -266,17 +282,7 @@ class Streams:
             async with httpx.AsyncClient(timeout=60) as http:
                 while not self.stop.is_set():
                     self.sent += 1
-                    problem = ""
-                    try:
-                        async with http.stream("POST", path, json=body, headers=headers) as r:
-                            if r.status_code != 200:
-                                problem = f"{r.status_code} {(await r.aread())[:300]!r}"
-                            else:
-                                lines = [line async for line in r.aiter_lines()]
-                                if "data: [DONE]" not in lines:
-                                    problem = f"stream ended early: {lines[-3:]!r}"
-                    except httpx.HTTPError as exc:
-                        problem = f"{type(exc).__name__}: {exc}"
+                    problem = await stream_problem(http, path, body, headers)
                     self.ends.append((time.monotonic(), not problem))
                     if problem:
                         self.failures.append(problem)

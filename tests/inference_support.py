@@ -202,20 +202,18 @@ async def register_gguf(controller: Controller, path: Path, name: str) -> str:
     return model["id"]
 
 
-async def llama_spec(
-    controller: Controller,
+def node_llama_spec(
+    node: dict[str, Any],
     model_id: str,
+    placements: list[dict[str, Any]],
     *,
     alias: str = "smol",
-    node_ids: tuple[str, ...] = ("local",),
-    cpus: float = 1,
-    memory_bytes: int = 1 * GIB,
     context: int = 512,
     concurrency: int = 2,
     **options: Any,
 ) -> dict[str, Any]:
-    """A llama_cpp specification for the runtime the first node advertises."""
-    node = await controller.node(node_ids[0])
+    """A llama_cpp specification for the llama_server runtime ``node`` (the API's view of
+    a node) advertises, its replicas at ``placements``."""
     [runtime] = [r for r in node["snapshot"]["runtimes"] if r["name"] == "llama_server"]
     return {
         "alias": alias,
@@ -231,12 +229,30 @@ async def llama_spec(
         "image_executable": str(llama_server_executable()),
         "context": context,
         "concurrency": concurrency,
-        "placements": [
-            {"node_id": node_id, "limits": {"cpus": cpus, "memory_bytes": memory_bytes}}
-            for node_id in node_ids
-        ],
+        "placements": placements,
         **options,
     }
+
+
+async def llama_spec(
+    controller: Controller,
+    model_id: str,
+    *,
+    alias: str = "smol",
+    node_ids: tuple[str, ...] = ("local",),
+    cpus: float = 1,
+    memory_bytes: int = 1 * GIB,
+    context: int = 512,
+    concurrency: int = 2,
+    **options: Any,
+) -> dict[str, Any]:
+    """A llama_cpp specification for the runtime the first node advertises."""
+    node = await controller.node(node_ids[0])
+    limits = {"cpus": cpus, "memory_bytes": memory_bytes}
+    placements = [{"node_id": node_id, "limits": dict(limits)} for node_id in node_ids]
+    return node_llama_spec(
+        node, model_id, placements, alias=alias, context=context, concurrency=concurrency, **options
+    )
 
 
 async def ready_service(

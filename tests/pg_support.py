@@ -69,7 +69,8 @@ def unavailable(reason: str) -> None:
     pytest.skip(reason)
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists, whichever user it runs as."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -88,17 +89,17 @@ def reap_stale() -> None:
             owner = int((root / "owner").read_text())
         except (OSError, ValueError):
             continue
-        if _alive(owner):
+        if pid_alive(owner):
             continue
         try:
             postmaster = int((root / "data" / "postmaster.pid").read_text().split()[0])
         except (OSError, ValueError, IndexError):
             postmaster = 0
-        if postmaster and _alive(postmaster):
+        if postmaster and pid_alive(postmaster):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(postmaster, signal.SIGINT)  # fast shutdown
             deadline = time.monotonic() + 30
-            while _alive(postmaster) and time.monotonic() < deadline:
+            while pid_alive(postmaster) and time.monotonic() < deadline:
                 time.sleep(0.05)  # polling for the process to end, bounded
         shutil.rmtree(root, ignore_errors=True)
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import NamedTuple
 
 import httpx
 import pytest
@@ -25,7 +26,7 @@ from .ha_support import (
     register_smollm2,
     two_controllers,
 )
-from .inference_support import llama_server_executable
+from .inference_support import node_llama_spec
 from .test_agent_processes import agent_dir  # noqa: F401
 
 pytestmark = pytest.mark.slow
@@ -44,25 +45,8 @@ TEMPO = {
 
 
 def _spec(node: dict, model_id: str, alias: str, **limits) -> dict:
-    [runtime] = [r for r in node["snapshot"]["runtimes"] if r["name"] == "llama_server"]
-    return {
-        "alias": alias,
-        "model_id": model_id,
-        "engine": "llama_cpp",
-        "runtime": {
-            "executor_provider": runtime["executor_provider"],
-            "package_digest": runtime["package_digest"],
-            "image_digest": runtime["image_digest"],
-            "isolation": "process",
-            "network": "none",
-        },
-        "image_executable": str(llama_server_executable()),
-        "context": 512,
-        "concurrency": 2,
-        "placements": [
-            {"node_id": node["id"], "limits": {"cpus": 1, "memory_bytes": GIB, **limits}}
-        ],
-    }
+    limits = {"cpus": 1, "memory_bytes": GIB, **limits}
+    return node_llama_spec(node, model_id, [{"node_id": node["id"], "limits": limits}], alias=alias)
 
 
 async def _start(api: Api, spec: dict) -> str:
@@ -94,6 +78,34 @@ def _ready(view: dict) -> bool:
     return view["state"] == "ready"
 
 
+async def _node_connected(api: Api, node_id: str = "gpu-1") -> dict:
+    """Wait until ``node_id`` is connected and advertises its runtimes; its view."""
+    return await api.until(
+        "GET",
+        f"/api/v1/contributors/{node_id}",
+        lambda n: n["state"] == "connected" and (n["snapshot"] or {}).get("runtimes"),
+    )
+
+
+class _Served(NamedTuple):
+    model_id: str
+    service_id: str
+    view: dict  # the service's view once ready
+    token: str  # a service token
+
+
+async def _serve_smol(api: Api, node: dict, lifetime: int) -> _Served:
+    """Register SmolLM2, start one replica of it on ``node`` and wait until it is ready;
+    issue a service token that lives ``lifetime`` seconds."""
+    model_id = await register_smollm2(api)
+    service_id = await _start(api, _spec(node, model_id, "smol"))
+    view = await api.until("GET", f"/api/v1/inference/{service_id}", _ready)
+    issued = await api.ok(
+        "POST", f"/api/v1/inference/{service_id}/tokens", status=201, json={"lifetime": lifetime}
+    )
+    return _Served(model_id, service_id, view, issued["token"])
+
+
 @pytest.mark.slow
 async def test_the_standby_serves_through_the_leaders_loss_and_takes_over(
     tmp_path,
@@ -106,24 +118,12 @@ async def test_the_standby_serves_through_the_leaders_loss_and_takes_over(
         with trio.fail_after(600):
             controllers = await api_b.leader()
             assert controllers["leader"]["id"] == "ctl-a", controllers
-            node = await api_a.until(
-                "GET",
-                "/api/v1/contributors/gpu-1",
-                lambda n: n["state"] == "connected" and (n["snapshot"] or {}).get("runtimes"),
-            )
-            model_id = await register_smollm2(api_a)
-            service_id = await _start(api_a, _spec(node, model_id, "smol"))
-            before = await api_a.until("GET", f"/api/v1/inference/{service_id}", _ready)
-            issued = await api_a.ok(
-                "POST",
-                f"/api/v1/inference/{service_id}/tokens",
-                status=201,
-                json={"lifetime": 600},
-            )
+            node = await _node_connected(api_a)
+            model_id, service_id, before, token = await _serve_smol(api_a, node, 600)
             # The standby routes the replica once its routing table has followed the
             # store (within follow_interval): from then on no request may fail.
-            await _routed(http, url_b, service_id, issued["token"])
-            streams = Streams(url_b, service_id, issued["token"])
+            await _routed(http, url_b, service_id, token)
+            streams = Streams(url_b, service_id, token)
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(streams.run)
                 await streams.wait_completed(4)
@@ -260,24 +260,11 @@ async def test_invoke_survives_a_30_s_database_outage_and_usage_is_complete_afte
         api_a, api_b, http = ha.api_a, ha.api_b, ha.http
         url_a, url_b = ha.api_a.url, ha.api_b.url
         with trio.fail_after(600):
-            node = await api_a.until(
-                "GET",
-                "/api/v1/contributors/gpu-1",
-                lambda n: n["state"] == "connected" and (n["snapshot"] or {}).get("runtimes"),
-            )
-            model_id = await register_smollm2(api_a)
-            service_id = await _start(api_a, _spec(node, model_id, "smol"))
-            await api_a.until("GET", f"/api/v1/inference/{service_id}", _ready)
-            issued = await api_a.ok(
-                "POST",
-                f"/api/v1/inference/{service_id}/tokens",
-                status=201,
-                json={"lifetime": 600},
-            )
+            _, service_id, _, token = await _serve_smol(api_a, await _node_connected(api_a), 600)
             probes = 0
             for url in (url_a, url_b):
-                probes += await _routed(http, url, service_id, issued["token"])
-            through = [Streams(url, service_id, issued["token"]) for url in (url_a, url_b)]
+                probes += await _routed(http, url, service_id, token)
+            through = [Streams(url, service_id, token) for url in (url_a, url_b)]
             refused: dict[str, httpx.Response] = {}
             async with trio.open_nursery() as nursery:
                 for streams in through:

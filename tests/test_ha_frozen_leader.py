@@ -28,10 +28,10 @@ import trio
 
 from ficc_core.store.postgres import WRITE_LOCK
 
-from .ha_support import Api, Streams, register_smollm2, two_controllers
+from .ha_support import Api, Streams, two_controllers
 from .tcp_proxy import tcp_proxy
 from .test_agent_processes import agent_dir  # noqa: F401
-from .test_ha_acceptance import _ready, _routed, _spec, _start
+from .test_ha_acceptance import _node_connected, _ready, _routed, _serve_smol
 
 pytestmark = pytest.mark.slow
 
@@ -109,19 +109,9 @@ async def _scenario(ha, pg_url: str, proxy, loss: str) -> None:
     api_a, api_b, http = ha.api_a, ha.api_b, ha.http
     with trio.fail_after(600):
         assert (await api_b.leader())["leader"]["id"] == "ctl-a"
-        node = await api_a.until(
-            "GET",
-            "/api/v1/contributors/gpu-1",
-            lambda n: n["state"] == "connected" and (n["snapshot"] or {}).get("runtimes"),
-        )
-        model_id = await register_smollm2(api_a)
-        service_id = await _start(api_a, _spec(node, model_id, "smol"))
-        await api_a.until("GET", f"/api/v1/inference/{service_id}", _ready)
-        issued = await api_a.ok(
-            "POST", f"/api/v1/inference/{service_id}/tokens", status=201, json={"lifetime": 900}
-        )
-        await _routed(http, api_b.url, service_id, issued["token"])
-        streams = Streams(api_b.url, service_id, issued["token"])
+        _, service_id, _, token = await _serve_smol(api_a, await _node_connected(api_a), 900)
+        await _routed(http, api_b.url, service_id, token)
+        streams = Streams(api_b.url, service_id, token)
         writes: list[tuple[float, int, str]] = []
         async with trio.open_nursery() as nursery:
             nursery.start_soon(streams.run)

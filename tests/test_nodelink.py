@@ -13,7 +13,6 @@ import attrs
 import pytest
 import trio
 
-from ficc_core.agent import Agent
 from ficc_core.agent.remote import RemoteAgent
 from ficc_core.executor import (
     EndpointStreams,
@@ -27,10 +26,10 @@ from ficc_core.executor.types import BodyChunk, EndOfStream, ResponseHead, Strea
 from ficc_core.nodelink.links import LocalNodeLink
 from ficc_core.nodelink.relay_controller import RelayEndpoint
 from ficc_core.nodelink.wire import KIND_CHUNK, MAX_BODY, WINDOW, frame
-from ficc_core.schema import EndpointContract, GpuDevice, unstructure
+from ficc_core.schema import EndpointContract, unstructure
 from ficc_core.testing.executor_kit import new_fence, standin_job
 
-from .agent_support import open_controller
+from .agent_support import open_controller, process_agent_maker
 
 
 @pytest.fixture
@@ -40,27 +39,11 @@ def agent_dir():
     shutil.rmtree(path, ignore_errors=True)
 
 
-async def _no_gpus() -> tuple[GpuDevice, ...]:
-    return ()
-
-
-def _agent(agent_dir: Path, node_id: str) -> Agent:
-    from ficc_executor_process.provider import ProcessProvider
-
-    return Agent(
-        node_id=node_id,
-        providers={"process": ProcessProvider(state_dir=agent_dir / "p", default_grace=1.0)},
-        state_dir=agent_dir,
-        gpu_query=_no_gpus,
-        stop_grace=1.0,
-    )
-
-
 async def test_a_remote_nodes_fence_refusals_arrive_as_their_own_classes(tmp_path, agent_dir):
     with trio.fail_after(30):
         async with open_controller(tmp_path) as (service, url):
             _, token = await service.contributors.add_node("gpu-1")
-            remote = RemoteAgent(url, token, lambda named: _agent(agent_dir, named))
+            remote = RemoteAgent(url, token, process_agent_maker(agent_dir))
             async with trio.open_nursery() as nursery:
                 await nursery.start(remote.run)
                 while (await service.contributors.get("gpu-1")).state != "connected":  # noqa: ASYNC110
@@ -88,7 +71,7 @@ async def test_a_remote_nodes_fence_refusals_arrive_as_their_own_classes(tmp_pat
 
 
 async def test_the_embedded_agents_refusals_arrive_as_the_same_classes(agent_dir):
-    agent = _agent(agent_dir, "local")
+    agent = process_agent_maker(agent_dir)("local")
     link = LocalNodeLink(agent)
     with trio.fail_after(20):
         async with trio.open_nursery() as nursery:

@@ -22,16 +22,22 @@ import pytest
 import trio
 from trio_websocket import ConnectionRejected, open_websocket_url
 
-from ficc_core.agent import Agent
 from ficc_core.agent.remote import RemoteAgent, websocket_url
 from ficc_core.nodelink.wire import PROTOCOL_HEADER
-from ficc_core.schema import GpuDevice, unstructure
+from ficc_core.schema import unstructure
 
-from .agent_support import open_controller
-from .ha_support import Api, ControllerProcess, add_node, controller_env, register_smollm2
+from .agent_support import open_controller, process_agent_maker
+from .ha_support import (
+    Api,
+    ControllerProcess,
+    add_node,
+    controller_env,
+    stop_process,
+    stream_problem,
+)
 from .inference_support import write_agent_settings
 from .serve_support import first_run_secrets
-from .test_ha_acceptance import _ready, _routed, _spec, _start
+from .test_ha_acceptance import _node_connected, _routed, _serve_smol
 
 #: Leases of a two-controller installation, short enough for a test (the leader's
 #: replacement takes over within leader_lease + leader_renew_interval).
@@ -50,24 +56,8 @@ def agent_dir():
     shutil.rmtree(path, ignore_errors=True)
 
 
-async def _no_gpus() -> tuple[GpuDevice, ...]:
-    return ()
-
-
-def _agent(agent_dir: Path, node_id: str) -> Agent:
-    from ficc_executor_process.provider import ProcessProvider
-
-    return Agent(
-        node_id=node_id,
-        providers={"process": ProcessProvider(state_dir=agent_dir / "p", default_grace=1.0)},
-        state_dir=agent_dir,
-        gpu_query=_no_gpus,
-        stop_grace=1.0,
-    )
-
-
 async def _snapshot_document(agent_dir: Path) -> dict:
-    agent = _agent(agent_dir, "gpu-1")
+    agent = process_agent_maker(agent_dir)("gpu-1")
     return unstructure(await agent.snapshot())
 
 
@@ -112,7 +102,7 @@ async def test_agent_and_controller_negotiate_and_the_snapshot_says_its_version(
     with trio.fail_after(30):
         async with open_controller(tmp_path) as (service, url):
             _, token = await service.contributors.add_node("gpu-1")
-            remote = RemoteAgent(url, token, lambda named: _agent(agent_dir, named))
+            remote = RemoteAgent(url, token, process_agent_maker(agent_dir))
             async with trio.open_nursery() as nursery:
                 await nursery.start(remote.run)
                 [link] = remote.links
@@ -229,9 +219,7 @@ async def test_a_refused_agent_says_what_to_upgrade_and_keeps_dialling(
     with trio.fail_after(30):
         async with open_controller(tmp_path) as (service, url):
             _, token = await service.contributors.add_node("gpu-1")
-            remote = RemoteAgent(
-                url, token, lambda named: _agent(agent_dir, named), backoff_initial=0.05
-            )
+            remote = RemoteAgent(url, token, process_agent_maker(agent_dir), backoff_initial=0.05)
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(remote.run)
                 [link] = remote.links
@@ -429,13 +417,7 @@ class _Executor:
             )
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-        self.proc.wait()
+        stop_process(self.proc)
 
 
 @attrs.define
@@ -462,22 +444,13 @@ class _Traffic:
                     url = self.url
                     path = f"{url}/api/v1/inference/{self.service_id}/v1/chat/completions"
                     self.in_flight[url] = self.in_flight.get(url, 0) + 1
-                    problem = ""
+                    headers = {"Authorization": f"Bearer {self.token}"}
                     try:
-                        headers = {"Authorization": f"Bearer {self.token}"}
-                        async with http.stream("POST", path, json=body, headers=headers) as r:
-                            if r.status_code != 200:
-                                problem = f"{url}: {r.status_code} {(await r.aread())[:300]!r}"
-                            else:
-                                lines = [line async for line in r.aiter_lines()]
-                                if "data: [DONE]" not in lines:
-                                    problem = f"{url}: stream ended early: {lines[-3:]!r}"
-                    except httpx.HTTPError as exc:
-                        problem = f"{url}: {type(exc).__name__}: {exc}"
+                        problem = await stream_problem(http, path, body, headers)
                     finally:
                         self.in_flight[url] -= 1
                     if problem:
-                        self.failures.append(problem)
+                        self.failures.append(f"{url}: {problem}")
                     else:
                         self.completed += 1
                     await trio.sleep(0.02)
@@ -540,23 +513,8 @@ async def test_a_fleet_upgrades_one_process_at_a_time_with_no_failed_request(
             async with httpx.AsyncClient(timeout=60) as http:
                 apis = {name: Api(url, token, http) for name, url in urls.items()}
                 api = apis["ctl-a"]
-                nodes = {}
-                for name in ("gpu-1", "gpu-2"):
-                    nodes[name] = await api.until(
-                        "GET",
-                        f"/api/v1/contributors/{name}",
-                        lambda n: (
-                            n["state"] == "connected" and (n["snapshot"] or {}).get("runtimes")
-                        ),
-                    )
-                model_id = await register_smollm2(api)
-                service_id = await _start(api, _spec(nodes["gpu-1"], model_id, "smol"))
-                await api.until("GET", f"/api/v1/inference/{service_id}", _ready)
-                issued = await api.ok(
-                    "POST", f"/api/v1/inference/{service_id}/tokens", status=201,
-                    json={"lifetime": 900},
-                )  # fmt: skip
-                key = issued["token"]
+                nodes = {name: await _node_connected(api, name) for name in ("gpu-1", "gpu-2")}
+                _, service_id, _, key = await _serve_smol(api, nodes["gpu-1"], 900)
                 for url in urls.values():
                     await _routed(http, url, service_id, key)  # the balancer's health check
                 traffic = _Traffic(urls["ctl-b"], service_id, key)
