@@ -51,6 +51,19 @@ def _config(tmp_path: Path, folder: Path, agent_settings: Path, extra: str = "")
     return config
 
 
+def _remote_node_2(url: str, data: Path, folder: Path, agent_settings: Path) -> RemoteAgent:
+    """node-2 added (``ficc admin add-node`` on ``data``), its remote agent dialling ``url``
+    again quickly; not started."""
+    credential = _add_node(data, "node-2")
+    return RemoteAgent(
+        url,
+        credential,
+        _node_factory(folder / "node-2", agent_settings),
+        backoff_initial=0.1,
+        backoff_max=0.5,
+    )
+
+
 async def _running_on_both(controller: Controller, files: Path, engine: Path) -> str:
     """Wait for both nodes; create and start a service with a replica on each."""
     node = await controller.wait_node("node-2")
@@ -91,14 +104,7 @@ async def test_sigterm_ends_a_remote_agents_connection_at_once_and_records_no_tr
         with trio.fail_after(GRACE / 2):
             url = await server.wait_ready()
             admin = await server.admin_token()
-            credential = _add_node(data, "node-2")
-            remote = RemoteAgent(
-                url,
-                credential,
-                _node_factory(folder / "node-2", agent_settings),
-                backoff_initial=0.1,
-                backoff_max=0.5,
-            )
+            remote = _remote_node_2(url, data, folder, agent_settings)
             async with (
                 trio.open_nursery() as nursery,
                 httpx.AsyncClient(base_url=url, timeout=30) as http,
@@ -177,14 +183,7 @@ async def test_a_node_silent_only_while_the_controller_was_stopped_is_not_unreac
         with trio.fail_after(GRACE):
             url = await server.wait_ready()
             admin = await server.admin_token()
-            credential = _add_node(data, "node-2")
-            remote = RemoteAgent(
-                url,
-                credential,
-                _node_factory(folder / "node-2", agent_settings),
-                backoff_initial=0.1,
-                backoff_max=0.5,
-            )
+            remote = _remote_node_2(url, data, folder, agent_settings)
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(remote.run)
                 async with httpx.AsyncClient(base_url=url, timeout=30) as http:
