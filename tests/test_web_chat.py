@@ -18,17 +18,22 @@ import httpx
 import pytest
 import trio
 
-from ficc_core.auth import ALL_SCOPES
 from ficc_core.testing.executor_kit import exchange
 
 from .conftest import bearer
 from .inference_support import llama_spec, open_inference_controller, register_smollm2
-from .web_support import STEP_MS, StreamWatch, chromium, chromium_or_skip, screenshot
+from .web_support import (
+    ALICE,
+    STEP_MS,
+    StreamWatch,
+    add_alice,
+    chromium,
+    chromium_or_skip,
+    screenshot,
+)
 
 pytestmark = pytest.mark.slow
 
-ALICE = ("alice", "alice-password-1")
-MEMBER_SCOPES = sorted(set(ALL_SCOPES) - {"admin"})
 #: How long an idle SmolLM2 service may take to load and answer its first token.
 LOAD_MS = 120_000
 LONG = "Write a very long story about a lighthouse keeper and the sea."
@@ -251,16 +256,7 @@ async def test_the_playground_streams_stops_shows_refusals_and_the_dashboard_cou
     async with open_inference_controller(
         tmp_path, activation_keepalive=0.2, activation_wait=120
     ) as controller:
-        await controller.ok(
-            "POST",
-            "/api/v1/users",
-            status=201,
-            json={
-                "username": ALICE[0],
-                "password": ALICE[1],
-                "projects": {"default": MEMBER_SCOPES},
-            },
-        )
+        await add_alice(controller)
         model_id = await register_smollm2(controller)
         # On demand (it waits idle for its first request) and one slot: a request the
         # engine still held would make the next one wait.

@@ -17,13 +17,13 @@ import httpx
 import pytest
 import trio
 
-from ficc_core.auth import ALL_SCOPES
-
 from .conftest import bearer
 from .inference_support import open_inference_controller, register_smollm2
 from .web_support import (
+    ALICE,
     STEP_MS,
     PageWatch,
+    add_alice,
     chromium,
     chromium_or_skip,
     fits_width,
@@ -35,8 +35,6 @@ from .web_support import (
 
 pytestmark = pytest.mark.slow
 
-ALICE = ("alice", "alice-password-1")  # a member of project default
-MEMBER_SCOPES = sorted(set(ALL_SCOPES) - {"admin"})
 #: How long a SmolLM2 replica may take from start to ready.
 READY_MS = 120_000
 
@@ -247,12 +245,7 @@ async def test_a_session_that_cannot_list_services_is_told_so_and_shown_no_form(
     async with open_inference_controller(
         tmp_path, embedded=False, console_refresh=60
     ) as controller:
-        await controller.ok(
-            "POST",
-            "/api/v1/users",
-            status=201,
-            json={"username": ALICE[0], "password": ALICE[1], "projects": {}},
-        )
+        await add_alice(controller, projects={})
         with trio.fail_after(300):
             await trio.to_thread.run_sync(
                 _without_inference_read, controller.url, abandon_on_cancel=True
@@ -263,16 +256,7 @@ async def test_a_service_is_previewed_created_and_started_from_the_services_page
     chromium_or_skip()
     with trio.fail_after(600):
         async with open_inference_controller(tmp_path, console_refresh=0.5) as controller:
-            await controller.ok(
-                "POST",
-                "/api/v1/users",
-                status=201,
-                json={
-                    "username": ALICE[0],
-                    "password": ALICE[1],
-                    "projects": {"default": MEMBER_SCOPES},
-                },
-            )
+            await add_alice(controller)
             model_id = await register_smollm2(controller)
             await trio.to_thread.run_sync(
                 _create_from_the_page,

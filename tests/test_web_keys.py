@@ -19,11 +19,12 @@ import httpx
 import pytest
 import trio
 
-from ficc_core.auth import ALL_SCOPES
-
 from .conftest import bearer
 from .inference_support import llama_spec, open_inference_controller, register_smollm2
 from .web_support import (
+    ALICE,
+    MEMBER_SCOPES,
+    add_alice,
     chromium,
     chromium_or_skip,
     fits_width,
@@ -35,10 +36,8 @@ from .web_support import (
 
 pytestmark = pytest.mark.slow
 
-ALICE = ("alice", "alice-password-1")  # a member of project default, every member scope
 ROOT = ("root", "root-password-1")  # an administrator
 DAVE = ("dave", "dave-password-1")  # signs up, pending until approved
-MEMBER_SCOPES = sorted(set(ALL_SCOPES) - {"admin"})
 #: How long a SmolLM2 replica may take from start to ready, in seconds.
 READY_S = 120
 
@@ -199,16 +198,7 @@ async def test_a_service_key_is_shown_once_works_until_revoked_and_its_use_is_on
 ):
     chromium_or_skip()
     async with open_inference_controller(tmp_path, console_refresh=60) as controller:
-        await controller.ok(
-            "POST",
-            "/api/v1/users",
-            status=201,
-            json={
-                "username": ALICE[0],
-                "password": ALICE[1],
-                "projects": {"default": MEMBER_SCOPES},
-            },
-        )
+        await add_alice(controller)
         model_id = await register_smollm2(controller)
         spec = await llama_spec(controller, model_id, alias="smol", cpus=0.5)
         service_id = (await controller.ok("POST", "/api/v1/inference", status=201, json=spec))["id"]
@@ -462,16 +452,7 @@ async def test_an_application_key_made_in_the_console_outlives_the_logout(tmp_pa
     async with open_inference_controller(
         tmp_path, embedded=False, console_refresh=60, token_max_lifetime="60d"
     ) as controller:
-        await controller.ok(
-            "POST",
-            "/api/v1/users",
-            status=201,
-            json={
-                "username": ALICE[0],
-                "password": ALICE[1],
-                "projects": {"default": MEMBER_SCOPES},
-            },
-        )
+        await add_alice(controller)
         cli_made = await controller.ok(
             "POST",
             "/api/v1/tokens",

@@ -21,19 +21,24 @@ import httpx
 import pytest
 import trio
 
-from ficc_core.auth import ALL_SCOPES
-
 from .conftest import bearer
 from .httpsd import ServedFile, ServedJSON
 from .inference_support import llama_spec, open_inference_controller
 from .models_support import blob_files, random_bytes, sha256_of, smollm2_path
-from .web_support import STEP_MS, PageWatch, abandoning, chromium, chromium_or_skip, screenshot
+from .web_support import (
+    ALICE,
+    STEP_MS,
+    PageWatch,
+    abandoning,
+    add_alice,
+    chromium,
+    chromium_or_skip,
+    screenshot,
+)
 
 pytestmark = pytest.mark.slow
 
-ALICE = ("alice", "alice-password-1")
 READER = ("rita", "rita-password-1")  # a member of project default who may only read models
-MEMBER_SCOPES = sorted(set(ALL_SCOPES) - {"admin"})
 MIB = 1 << 20
 #: The page's upload chunk (models.js CHUNK).
 CHUNK = 8 * MIB
@@ -78,15 +83,6 @@ def _fits_width(page) -> bool:
 
 def _offset(url: str) -> int:
     return int(parse_qs(urlsplit(url).query)["offset"][0])
-
-
-async def _alice(controller) -> None:
-    await controller.ok(
-        "POST",
-        "/api/v1/users",
-        status=201,
-        json={"username": ALICE[0], "password": ALICE[1], "projects": {"default": MEMBER_SCOPES}},
-    )
 
 
 def _upload_resume_and_delete(url: str, token: str, data_dir) -> None:
@@ -231,7 +227,7 @@ async def test_upload_from_the_page_resumes_after_a_reload_and_deletes_with_evic
     async with open_inference_controller(
         tmp_path, embedded=False, console_refresh=0.5
     ) as controller:
-        await _alice(controller)
+        await add_alice(controller)
         await in_browser(
             _upload_resume_and_delete, controller.url, controller.token, tmp_path / "data"
         )
@@ -360,7 +356,7 @@ async def test_register_from_the_hub_after_its_preview_and_follow_the_acquisitio
         ca_bundle=str(ca_bundle),
         allow_private_addresses=True,
     ) as controller:
-        await _alice(controller)
+        await add_alice(controller)
         await controller.ok(
             "POST",
             "/api/v1/users",
@@ -485,5 +481,5 @@ async def test_an_upload_stopped_from_the_page_continues_where_it_stopped(tmp_pa
     async with open_inference_controller(
         tmp_path, embedded=False, console_refresh=0.5
     ) as controller:
-        await _alice(controller)
+        await add_alice(controller)
         await in_browser(_stop_and_continue, controller.url, controller.token, tmp_path)

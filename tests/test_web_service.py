@@ -19,13 +19,13 @@ import httpx
 import pytest
 import trio
 
-from ficc_core.auth import ALL_SCOPES
-
 from .conftest import bearer
 from .inference_support import llama_spec, open_inference_controller, register_smollm2
 from .web_support import (
+    ALICE,
     STEP_MS,
     PageWatch,
+    add_alice,
     chromium,
     chromium_or_skip,
     fits_width,
@@ -37,19 +37,6 @@ from .web_support import (
 )
 
 pytestmark = pytest.mark.slow
-
-ALICE = ("alice", "alice-password-1")  # a member of project default
-MEMBER_SCOPES = sorted(set(ALL_SCOPES) - {"admin"})
-
-
-async def _add_alice(controller) -> None:
-    """Alice: a member of project default with every scope but admin."""
-    await controller.ok(
-        "POST",
-        "/api/v1/users",
-        status=201,
-        json={"username": ALICE[0], "password": ALICE[1], "projects": {"default": MEMBER_SCOPES}},
-    )
 
 
 #: How long a SmolLM2 replica may take from start to ready.
@@ -383,7 +370,7 @@ async def test_a_service_page_starts_follows_logs_stops_and_previews_a_rollout(t
     chromium_or_skip()
     with trio.fail_after(600):
         async with open_inference_controller(tmp_path, console_refresh=0.5) as controller:
-            await _add_alice(controller)
+            await add_alice(controller)
             model_id = await register_smollm2(controller)
             spec = await llama_spec(controller, model_id, alias="smol", cpus=0.5)
             created = await controller.ok("POST", "/api/v1/inference", status=201, json=spec)
@@ -512,7 +499,7 @@ async def test_a_scaled_service_is_pinned_unpinned_and_drained_from_its_page(tmp
     chromium_or_skip()
     with trio.fail_after(600):
         async with open_inference_controller(tmp_path, console_refresh=0.5) as controller:
-            await _add_alice(controller)
+            await add_alice(controller)
             model_id = await register_smollm2(controller)
             spec = await llama_spec(controller, model_id, alias="on-demand", cpus=0.5)
             spec["scaling"] = {"min": 0, "max": 1}
@@ -594,7 +581,7 @@ async def test_stop_right_after_start_stops_and_a_removed_service_is_said_gone(t
     chromium_or_skip()
     with trio.fail_after(600):
         async with open_inference_controller(tmp_path, console_refresh=60) as controller:
-            await _add_alice(controller)
+            await add_alice(controller)
             model_id = await register_smollm2(controller)
             spec = await llama_spec(controller, model_id, alias="smol", cpus=0.5)
             created = await controller.ok("POST", "/api/v1/inference", status=201, json=spec)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 import trio
@@ -26,8 +27,10 @@ from .inference_support import (
     write_agent_settings,
 )
 from .models_support import tiny_gguf
-from .test_web_service import ALICE, _act, _add_alice
+from .test_web_service import _act
 from .web_support import (
+    ALICE,
+    add_alice,
     chromium,
     chromium_or_skip,
     fits_width,
@@ -50,6 +53,18 @@ def _ready(view: dict) -> bool:
 
 def _stopped(view: dict) -> bool:
     return view["state"] == "stopped" and view["desired"] == "stopped"
+
+
+async def _tiny_service(controller, tmp_path: Path, engine: Path) -> str:
+    """Alice added, a tiny model registered and a service of it on ``engine`` created
+    (not started); its id."""
+    await add_alice(controller)
+    tiny_gguf(tmp_path / "tiny.gguf", size=64 << 10)
+    model_id = await register_gguf(controller, tmp_path / "tiny.gguf", "tiny")
+    spec = await llama_spec(controller, model_id, cpus=0.5, memory_bytes=256 * MIB)
+    spec["image_executable"] = str(engine)
+    created = await controller.ok("POST", "/api/v1/inference", status=201, json=spec)
+    return created["id"]
 
 
 async def _cycle(controller, service_id: str, action: str, settled) -> None:
@@ -263,13 +278,7 @@ async def test_a_service_page_bounds_its_events_reads_its_log_and_rolls_out_from
         async with open_inference_controller(
             tmp_path, agent_config=str(settings), console_refresh=0.5
         ) as controller:
-            await _add_alice(controller)
-            tiny_gguf(tmp_path / "tiny.gguf", size=64 << 10)
-            model_id = await register_gguf(controller, tmp_path / "tiny.gguf", "tiny")
-            spec = await llama_spec(controller, model_id, cpus=0.5, memory_bytes=256 * MIB)
-            spec["image_executable"] = str(engine)
-            created = await controller.ok("POST", "/api/v1/inference", status=201, json=spec)
-            service_id = created["id"]
+            service_id = await _tiny_service(controller, tmp_path, engine)
             # Started and stopped a few times: more events than one page, five attempts.
             for _ in range(4):
                 await _cycle(controller, service_id, "start", _ready)
@@ -317,13 +326,7 @@ async def test_a_log_that_has_no_line_says_so_and_only_then(tmp_path):
         async with open_inference_controller(
             tmp_path, agent_config=str(settings), console_refresh=0.5
         ) as controller:
-            await _add_alice(controller)
-            tiny_gguf(tmp_path / "tiny.gguf", size=64 << 10)
-            model_id = await register_gguf(controller, tmp_path / "tiny.gguf", "tiny")
-            spec = await llama_spec(controller, model_id, cpus=0.5, memory_bytes=256 * MIB)
-            spec["image_executable"] = str(engine)
-            created = await controller.ok("POST", "/api/v1/inference", status=201, json=spec)
-            service_id = created["id"]
+            service_id = await _tiny_service(controller, tmp_path, engine)
             assert (await controller.control(service_id, "start")).status_code == 200
             await controller.wait_status(
                 service_id, lambda status: status["replicas"][0]["state"] == "loading"

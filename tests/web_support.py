@@ -17,9 +17,23 @@ from typing import Any
 
 import pytest
 
+from ficc_core.auth import ALL_SCOPES
+
 CHROMIUM = "/usr/bin/chromium"
 #: How long one browser step (a click, an expectation) may take, in milliseconds.
 STEP_MS = 20_000
+#: The console tests' user (add_alice) and the scopes of a member: all but admin.
+ALICE = ("alice", "alice-password-1")
+MEMBER_SCOPES = sorted(set(ALL_SCOPES) - {"admin"})
+
+
+async def add_alice(controller: Any, projects: dict[str, list[str]] | None = None) -> None:
+    """Create Alice through ``controller`` (a test controller): a member of project
+    default with every scope but admin, or of ``projects`` where given."""
+    if projects is None:
+        projects = {"default": MEMBER_SCOPES}
+    body = {"username": ALICE[0], "password": ALICE[1], "projects": projects}
+    await controller.ok("POST", "/api/v1/users", status=201, json=body)
 
 
 def chromium_or_skip() -> str:
