@@ -31,6 +31,20 @@ def _start(data_dir, agent_dir, log, extra=()):
     )
 
 
+async def _interrupt(proc) -> None:
+    """Ctrl-C: ``ficc serve --demo`` stops, exiting 0."""
+    proc.send_signal(signal.SIGINT)
+    assert await trio.to_thread.run_sync(lambda: proc.wait(timeout=60)) == 0
+
+
+def _reap(proc) -> None:
+    """Kill the demo if it still runs (a failed test) and close its output."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+    proc.stdout.close()
+
+
 async def _snippets(proc, seconds: float = 120) -> tuple[str, str, str]:
     def read() -> str:
         lines = []
@@ -94,8 +108,7 @@ async def test_serve_demo_gives_a_working_chat_service_and_reuses_it_on_the_next
             )
             assert (entry["context_length"], entry["max_output"]) == (2048, 512)
 
-            proc.send_signal(signal.SIGINT)
-            assert await trio.to_thread.run_sync(lambda: proc.wait(timeout=60)) == 0
+            await _interrupt(proc)
             first_log = log_path.read_text()
             assert "uploading SmolLM2-135M-Instruct.Q4_1.gguf" in first_log
             # The runtime came from the installed ficc-llama-server plugin: no agent TOML.
@@ -121,13 +134,9 @@ async def test_serve_demo_gives_a_working_chat_service_and_reuses_it_on_the_next
                 )
                 == "smollm2"
             )
-            proc.send_signal(signal.SIGINT)
-            assert await trio.to_thread.run_sync(lambda: proc.wait(timeout=60)) == 0
+            await _interrupt(proc)
         finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-            proc.stdout.close()
+            _reap(proc)
 
 
 async def test_the_demo_service_bounds_an_answer_by_a_quarter_of_its_context_length():
@@ -248,8 +257,7 @@ async def test_a_failing_demo_ends_at_once_with_why_the_controller_serves_on_and
                 )
             assert whoami.status_code == 200, whoami.text
             assert proc.poll() is None
-            proc.send_signal(signal.SIGINT)
-            assert await trio.to_thread.run_sync(lambda: proc.wait(timeout=60)) == 0
+            await _interrupt(proc)
             proc.stdout.close()
             first_log = log_path.read_text()
 
@@ -270,13 +278,9 @@ async def test_a_failing_demo_ends_at_once_with_why_the_controller_serves_on_and
                 )  # fmt: skip
             assert answer.status_code == 200, answer.text
             assert answer.json()["choices"][0]["message"]["content"]
-            proc.send_signal(signal.SIGINT)
-            assert await trio.to_thread.run_sync(lambda: proc.wait(timeout=60)) == 0
+            await _interrupt(proc)
         finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-            proc.stdout.close()
+            _reap(proc)
 
 
 def _banner(proc) -> str:
