@@ -82,6 +82,22 @@ async def _cycle(controller, service_id: str, action: str, settled) -> None:
         raise AssertionError(f"{action}: the service never settled: {view}") from None
 
 
+def _rolled_out(page, watch, generation: int) -> None:
+    """Roll out the form's change (one that waits for every replica to be ready) and wait
+    until the page shows ``generation``."""
+    from playwright.sync_api import expect
+
+    _act(
+        page,
+        watch,
+        "Roll out",
+        "Roll out smol",
+        "once every replica is ready",
+        f"Rollout to generation {generation} started.",
+    )
+    expect(page.locator("#revision")).to_contain_text(f"generation {generation}", timeout=60_000)
+
+
 def _panes(url: str, service_id: str, events: list[dict], generation: int) -> None:
     from playwright.sync_api import expect
 
@@ -215,17 +231,7 @@ def _panes(url: str, service_id: str, events: list[dict], generation: int) -> No
         concurrency.fill("2")
         expect(roll_out).to_be_enabled()
         screenshot(page, "service-rollout")
-        _act(
-            page,
-            watch,
-            "Roll out",
-            "Roll out smol",
-            "once every replica is ready",
-            f"Rollout to generation {generation + 1} started.",
-        )
-        expect(page.locator("#revision")).to_contain_text(
-            f"generation {generation + 1}", timeout=60_000
-        )
+        _rolled_out(page, watch, generation + 1)
         expect(page.locator("#spec")).to_contain_text("1024 tokens")
         expect(page.locator("#spec")).to_contain_text("on local: 0.5 CPU, 300 MiB")
         # The form follows the new generation.
@@ -237,17 +243,7 @@ def _panes(url: str, service_id: str, events: list[dict], generation: int) -> No
         preview.click()
         expect(changes).to_contain_text("Replicas: 1 → 2")
         expect(changes).to_contain_text("Replica 1 (new): on local: 0.5 CPU, 300 MiB")
-        _act(
-            page,
-            watch,
-            "Roll out",
-            "Roll out smol",
-            "once every replica is ready",
-            f"Rollout to generation {generation + 2} started.",
-        )
-        expect(page.locator("#revision")).to_contain_text(
-            f"generation {generation + 2}", timeout=60_000
-        )
+        _rolled_out(page, watch, generation + 2)
         expect(replicas).to_have_value("2")
         replicas.fill("1")
         preview.click()
