@@ -8,6 +8,7 @@ executable as its image digest, exactly as an operator declares it.
 from __future__ import annotations
 
 import hashlib
+import json
 import shutil
 import sys
 import tempfile
@@ -40,6 +41,16 @@ def llama_server_executable() -> Path:
 
 def runtime_digest(executable: Path) -> str:
     return "sha256:" + hashlib.sha256(executable.read_bytes()).hexdigest()
+
+
+def engine_pid(agent_dir: Path, attempt_id: str) -> int:
+    """The pid of the engine the agent under ``agent_dir`` runs for ``attempt_id``, from
+    the process provider's attempt record (blocking: call it in a thread)."""
+    for record in agent_dir.glob("*/attempts/*/attempt.json"):
+        document = json.loads(record.read_text())
+        if attempt_id in str(record) or document.get("attempt_id") == attempt_id:
+            return document["pid"]
+    raise AssertionError(f"no engine record for {attempt_id}")
 
 
 def write_agent_settings(folder: Path, executable: Path | None = None) -> Path:

@@ -20,6 +20,7 @@ from ficc_core.testing.executor_kit import exchange
 from ficc_core.testing.models import with_mean_pooling
 
 from .inference_support import (
+    engine_pid,
     open_inference_controller,
     ready_service,
     register_gguf,
@@ -155,16 +156,6 @@ async def test_openai_client_streams_spreads_and_is_cut_by_revocation_and_stop(t
             await controller.wait_service(service_id, lambda v: v["state"] == "stopped")
 
 
-def _engine_pid(agent_dir: Path, attempt_id: str) -> int:
-    import json
-
-    for record in agent_dir.glob("*/attempts/*/attempt.json"):
-        document = json.loads(record.read_text())
-        if attempt_id in str(record) or document.get("attempt_id") == attempt_id:
-            return document["pid"]
-    raise AssertionError(f"no engine record for {attempt_id}")
-
-
 @pytest.mark.slow
 async def test_a_killed_engine_ends_its_stream_with_an_error_and_the_replica_comes_back(tmp_path):
     with trio.fail_after(240):
@@ -174,7 +165,7 @@ async def test_a_killed_engine_ends_its_stream_with_an_error_and_the_replica_com
             client = _client(controller, service_id, token)
             [replica] = controller.service.live.get(service_id).replicas
             agent_dir = Path(controller.service.config.agent_path)
-            pid = await trio.to_thread.run_sync(_engine_pid, agent_dir, replica.fence.attempt_id)
+            pid = await trio.to_thread.run_sync(engine_pid, agent_dir, replica.fence.attempt_id)
 
             started, cut, box = trio.Event(), trio.Event(), {}
             async with trio.open_nursery() as nursery:

@@ -21,7 +21,12 @@ from ficc_core.gateway.relay import Timeouts
 from ficc_core.inference.live import LiveReplica, LiveService, LiveTable
 from ficc_core.schema import Fence
 
-from .inference_support import open_inference_controller, ready_service, register_smollm2
+from .inference_support import (
+    engine_pid,
+    open_inference_controller,
+    ready_service,
+    register_smollm2,
+)
 
 FAST = {"liveness_interval": "1s", "liveness_timeout": "1s", "liveness_misses": 3}
 #: Probes are brought forward by failed scrapes: three misses of one second each, a
@@ -29,14 +34,6 @@ FAST = {"liveness_interval": "1s", "liveness_timeout": "1s", "liveness_misses": 
 DETECTED_WITHIN = 8.0
 SHORT = {"role": "user", "content": "Hi"}
 LONG = {"role": "user", "content": "Write a very long story about a lighthouse keeper."}
-
-
-def _engine_pid(agent_dir: Path, attempt_id: str) -> int:
-    for record in agent_dir.glob("*/attempts/*/attempt.json"):
-        document = json.loads(record.read_text())
-        if attempt_id in str(record) or document.get("attempt_id") == attempt_id:
-            return document["pid"]
-    raise AssertionError(f"no engine record for {attempt_id}")
 
 
 def _resume(pid: int) -> None:
@@ -89,7 +86,7 @@ async def test_a_sigstopped_engine_leaves_routing_its_stream_ends_and_it_is_rest
             live, gateway = controller.service.live, controller.service.gateway
             hung, other = live.get(service_id).replicas
             agent_dir = Path(controller.service.config.agent_path)
-            pid = await trio.to_thread.run_sync(_engine_pid, agent_dir, hung.key)
+            pid = await trio.to_thread.run_sync(engine_pid, agent_dir, hung.key)
             http = controller.http
             results: list = []
             streams: list[dict] = [{}, {}, {}]
@@ -195,7 +192,7 @@ async def test_a_non_streamed_request_to_a_hung_engine_ends_under_the_default_se
             service_id, token, _ = await ready_service(controller, model_id)
             [replica] = controller.service.live.get(service_id).replicas
             agent_dir = Path(controller.service.config.agent_path)
-            pid = await trio.to_thread.run_sync(_engine_pid, agent_dir, replica.key)
+            pid = await trio.to_thread.run_sync(engine_pid, agent_dir, replica.key)
             body = {"model": "smol", "max_tokens": 4, "messages": [SHORT]}
             headers = {"Authorization": f"Bearer {token}"}
             os.kill(pid, signal.SIGSTOP)
@@ -231,7 +228,7 @@ async def test_a_hung_engine_that_answers_again_before_its_restart_is_put_back(t
             live = controller.service.live
             [replica] = live.get(service_id).replicas
             agent_dir = Path(controller.service.config.agent_path)
-            pid = await trio.to_thread.run_sync(_engine_pid, agent_dir, replica.key)
+            pid = await trio.to_thread.run_sync(engine_pid, agent_dir, replica.key)
             os.kill(pid, signal.SIGSTOP)
             try:
                 with trio.fail_after(20):
