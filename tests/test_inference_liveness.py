@@ -116,8 +116,13 @@ async def test_a_sigstopped_engine_leaves_routing_its_stream_ends_and_it_is_rest
                     assert live.suspended(hung.key) == "unresponsive"
                     assert [r.key for r in live.get(service_id).replicas] == [other.key]
 
-                    # Traffic goes on for a while on the other replica.
-                    await trio.sleep(3)
+                    # Traffic goes on on the other replica: wait (bounded) until two
+                    # requests sent after the detection have had their answers.
+                    with trio.fail_after(90):
+                        while (  # noqa: ASYNC110
+                            sum(1 for r in results if r[0] >= detected_at) < 2
+                        ):
+                            await trio.sleep(0.05)
                     stop.set()
             finally:
                 await trio.to_thread.run_sync(_resume, pid)
@@ -133,7 +138,7 @@ async def test_a_sigstopped_engine_leaves_routing_its_stream_ends_and_it_is_rest
             for box in cut:
                 assert box["error"]["code"] == "replica_unresponsive", box
                 assert box["error"]["details"]["reason"] == "unresponsive"
-                assert box["ended_at"] - detected_at < 2.0
+                assert box["ended_at"] - detected_at < 5.0  # at once, on a busy machine too
             # The replica is restarted: a new attempt of it serves.
             view = await controller.wait_service(
                 service_id,
