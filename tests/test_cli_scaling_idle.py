@@ -54,8 +54,9 @@ async def test_an_on_demand_service_rests_idle_and_pin_wakes_it_until_unpinned(t
             assert "unpinned; state" in unpinned.stdout, unpinned.output
             assert not re.search(r"^scaling:.*pinned$", unpinned.stdout, re.M), unpinned.stdout
             assert (await run.json("show", "smol"))["scaling"]["pinned"] is False
-            # Unpinned, nobody asking, it goes idle again after its idle timeout (10 s, the least a specification may name), and
-            # its reservation goes once the executor confirms the replica's end.
+            # Unpinned, nobody asking, it goes idle again after its idle timeout (10 s, the
+            # least a specification may name), and its reservation goes once the executor
+            # confirms the replica's end.
             await controller.wait_service(
                 service_id,
                 lambda v: v["state"] == "idle" and v["replicas"][0]["reservation"] is None,
