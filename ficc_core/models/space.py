@@ -18,6 +18,7 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +70,9 @@ class Reserve:
     def __init__(self, directory: Path, size: int) -> None:
         self.path = Path(directory) / RESERVE_NAME
         self.size = size
+        #: Uploads run at once, each in a worker thread: one makes the reserve, the
+        #: others find it made (they shared one temporary name and raced for it).
+        self._making = threading.Lock()
 
     def held(self) -> bool:
         """Whether the reserve is in place (always true when it is off)."""
@@ -83,7 +87,12 @@ class Reserve:
         """Make the reserve if it is missing; False when the disk has no room for it."""
         if self.held():
             return True
-        temporary = self.path.with_name(RESERVE_NAME + ".new")
+        with self._making:
+            return self.held() or self._make()
+
+    def _make(self) -> bool:
+        # Controllers sharing the blob directory each make theirs under a name of their own.
+        temporary = self.path.with_name(f"{RESERVE_NAME}.new.{os.getpid()}")
         fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
             _allocate(fd, self.size)
