@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import signal
 from pathlib import Path
 
@@ -474,7 +475,12 @@ async def test_one_that_answers_before_its_restart_is_put_back(autojump_clock):
     out, back = records.writes
     assert out["reason"] == "unresponsive"
     assert back["reason"] is None and back["health"] == "200"
-    assert "answered its liveness probe again after 5.0 s unresponsive" in back["message"]
+    # Probed again at once (the probe that missed took its whole timeout), or once more
+    # after one more missed probe: trio schedules the test and the prober in either order.
+    again = re.search(
+        r"answered its liveness probe again after ([\d.]+) s unresponsive", back["message"]
+    )
+    assert again and float(again[1]) in (0.0, 5.0), back["message"]
 
 
 async def test_one_recorded_unresponsive_before_a_controller_restart_stays_out_until_it_answers(
