@@ -160,10 +160,26 @@ def check_commitment(samples: list[tuple[float, int]], bound: int, node: dict | 
         f"{len(samples)} samples of the node's engines: at most {worst} at once "
         f"(its placements: {bound})"
     )
+    if over:
+        summary += (
+            f"; {len(over)} samples over, the longest run of them {_longest(samples, bound):.1f} s"
+        )
     details = [f"+{t:.1f}s: {n} engines" for t, n in over[:5]]
     if node is not None:
         details.append(f"node at the end: {json.dumps(node)[:300]}")
     return Verdict("no node over-committed", not over, summary, details)
+
+
+def _longest(samples: list[tuple[float, int]], bound: int) -> float:
+    """Seconds from the first to the last sample of the longest run of samples over ``bound``."""
+    longest, start = 0.0, None
+    for t, n in samples:
+        if n > bound:
+            start = t if start is None else start
+            longest = max(longest, t - start)
+        else:
+            start = None
+    return longest
 
 
 def _sha256(path: Path) -> str:
