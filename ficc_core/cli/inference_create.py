@@ -19,7 +19,7 @@ from typing import Any
 import click
 
 from .client import ApiClient, client_from
-from .inference_control import _finish
+from .inference_control import _RESTING, _finish, _wait
 from .inference_io import BASE, SPEC_FILE, echo_outcome, echo_plan, read_spec, refusals, seconds
 from .inference_scaling import scaling_given, scaling_options, with_scaling
 from .options import url_flag
@@ -218,7 +218,14 @@ def create(
         )
     if as_json:
         if start and wait:
-            _finish(client, view, "start", wait=True, timeout=timeout, interval=0.5, quiet=True)
+            # One document: the service as it rests, not also the wait's own.
+            _wait(
+                client,
+                view["id"],
+                _RESTING["start"],
+                timeout=seconds(timeout, "--timeout"),
+                interval=0.5,
+            )
             view = client.json("GET", f"{BASE}/{view['id']}")
         echo_json({"preview": preview, "service": view})
         return
