@@ -409,8 +409,8 @@ def cost() -> list[tuple[str, float]]:
     from ficc_core.gateway.request import Request
     from ficc_core.gateway.scoring import router_from_config
     from ficc_core.gateway.scrape import EngineLoad, ReplicaLoad
-    from ficc_core.inference.live import LiveReplica, LiveService, LiveTable
     from ficc_core.metrics import Metrics
+    from ficc_core.routing.live import LiveReplica, LiveService, LiveTable
     from ficc_core.testing.executor_kit import new_fence
 
     view = LiveService(

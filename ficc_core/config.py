@@ -16,9 +16,9 @@ from typing import Any
 
 import attrs
 
-from .bands import DEFAULT_BAND, DEFAULT_BANDS, Band, parse_bands, render_bands
-from .errors import ConfigError
+from .base.errors import ConfigError
 from .prices import FREE, Price, parse_price, parse_pricing, render_pricing
+from .routing.bands import DEFAULT_BAND, DEFAULT_BANDS, Band, parse_bands, render_bands
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _LISTEN = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[^\s:\[\]]+):(\d{1,5})")

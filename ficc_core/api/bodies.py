@@ -9,11 +9,11 @@ import attrs
 import trio
 from quart import request
 
-from ..bands import BAND_NAME
-from ..errors import FiccError, InvalidRequest, PayloadTooLarge
+from ..base.errors import FiccError, InvalidRequest, PayloadTooLarge
+from ..base.strictjson import loads
+from ..routing.bands import BAND_NAME
 from ..schema import FieldError, structure
 from ..schema._convert import MAX_SAFE_INTEGER
-from ..strictjson import loads
 
 T = TypeVar("T")
 
@@ -71,7 +71,7 @@ async def read_json_object(limit: int) -> dict[str, Any]:
     """Parse the body as a strict JSON object (bounded, ``application/json``), unstructured.
 
     Strict: no ``NaN`` or ``Infinity``, no number that overflows a float, no integer
-    outside 64 bits and no lone surrogate escape (see :mod:`ficc_core.strictjson`).
+    outside 64 bits and no lone surrogate escape (see :mod:`ficc_core.base.strictjson`).
     """
     if not _json_content_type():
         raise FiccError(

@@ -10,8 +10,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from ..bands import BandTable
-from ..errors import Conflict, Forbidden, InvalidRequest, NotFound, Unauthenticated
+from ..base.errors import Conflict, Forbidden, InvalidRequest, NotFound, Unauthenticated
+from ..routing.bands import BandTable
 from ..store import Store, Transaction
 from . import repository
 from . import secrets as sec

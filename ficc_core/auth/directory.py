@@ -7,8 +7,8 @@ from functools import partial
 
 import trio
 
-from ..bands import BandTable
-from ..errors import Conflict, InvalidRequest, NotFound
+from ..base.errors import Conflict, InvalidRequest, NotFound
+from ..routing.bands import BandTable
 from ..store import Store, Transaction
 from . import repository
 from . import secrets as sec

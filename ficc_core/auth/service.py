@@ -16,8 +16,8 @@ from typing import Any
 
 import trio
 
-from ..bands import BandTable
-from ..errors import NotFound
+from ..base.errors import NotFound
+from ..routing.bands import BandTable
 from ..store import Store
 from . import secrets as sec
 from .authority import CREDENTIAL_CACHE_SECONDS, REJECTED_CACHE_SECONDS, Authority

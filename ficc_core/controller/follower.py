@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from ..errors import FiccError
+from ..base.errors import FiccError
 from ..inference import repository
 from ..inference.generations import Running, read_running
 from ..inference.publication import publish
@@ -27,9 +27,9 @@ from ..inference.records import Desired
 
 if TYPE_CHECKING:
     from ..contributors import NodeRegistry
-    from ..inference import LiveTable, Reconciler
-    from ..inference.live import Admission
+    from ..inference import Reconciler
     from ..inference.records import AttemptRecord
+    from ..routing.live import Admission, LiveTable
     from ..store import Store, Transaction
 
 log = logging.getLogger("ficc.controller")

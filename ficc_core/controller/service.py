@@ -19,13 +19,12 @@ import trio
 
 from ..auth import AuthService
 from ..auth.throttle import LoginThrottle
-from ..bands import BandTable
 from ..config import Config
 from ..contributors import NodeRegistry
 from ..events import EventRetention
 from ..gateway import Gateway
-from ..inference import InferenceManager, LiveTable, ModelContexts, Reconciler, UsageLedger
-from ..inference.autoscaler import Autoscaler
+from ..inference import InferenceManager, ModelContexts, Reconciler, UsageLedger
+from ..inference.scaling.autoscaler import Autoscaler
 from ..inference.moves import Mover
 from ..inference.rollout import Restarter
 from ..inference.state_metrics import StateMetrics
@@ -38,6 +37,8 @@ from ..models.fetch import FetchPolicy, make_client
 from ..models.registry import ModelRegistry
 from ..plugins import PluginSet, build_plugin_manager
 from ..quotas import Quotas, QuotaSync
+from ..routing.bands import BandTable
+from ..routing.live import LiveTable
 from ..store import Store, open_store
 from .follower import RoutingFollower
 from .lease import LeaderLease

@@ -1,7 +1,7 @@
 """Activation: a request to an idle on-demand service waits, within bounds, for it to load.
 
 A scaled service that may run no replica is published with an ``activation``
-(:class:`~ficc_core.inference.live.LiveService`): ``idle``, ``activating`` or
+(:class:`~ficc_core.routing.live.LiveService`): ``idle``, ``activating`` or
 ``failed``. A request that finds such a service with no ready replica is not
 refused ``no_ready_replica``: it calls ``Gateway.activate`` (every such request
 does; the autoscaler runs one activation however many ask) and waits until the
@@ -33,7 +33,7 @@ runs in the autoscaler's own task. ``ficc_activation_waiting`` counts the waiter
 ``timeout``, ``failed``, ``left``).
 
 A request answered ``activation_timeout`` is expected back after its
-``Retry-After``: until :func:`~ficc_core.demand.retry_window` has passed it counts as
+``Retry-After``: until :func:`~ficc_core.routing.demand.retry_window` has passed it counts as
 demand (:meth:`Activation.returning`, read by ``Gateway.demand``), so the replica its
 wait woke does not go idle before the retry comes and starts another load.
 
@@ -51,15 +51,15 @@ from typing import TYPE_CHECKING
 import attrs
 import trio
 
-from ..demand import retry_after, retry_window
-from ..errors import FiccError
+from ..base.errors import FiccError
+from ..routing.demand import retry_after, retry_window
 from .errors import ActivationTimeout, ServiceSaturated
 from .relay import SSE, ResponseChunks, _sse_error
 
 if TYPE_CHECKING:
     from ..config import Config
-    from ..inference.live import LiveService
     from ..metrics import Metrics
+    from ..routing.live import LiveService
     from .checks import RequestChecks
     from .relay import Relay
     from .request import Request

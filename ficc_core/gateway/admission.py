@@ -1,9 +1,9 @@
 """Admission: replica slots, and a bounded wait queue per priority band.
 
-Only the :class:`~ficc_core.inference.live.LiveService`'s ready replicas of its
+Only the :class:`~ficc_core.routing.live.LiveService`'s ready replicas of its
 current generation take requests, each up to the service's ``concurrency``
 (:meth:`Admission.pick` asks the :mod:`.scoring` router which). Every request is in a band
-(:mod:`ficc_core.bands`: its credential's, else its project's, else
+(:mod:`ficc_core.routing.bands`: its credential's, else its project's, else
 ``band_default``; a band header may only lower it).
 
 A request starts at once when nothing of its band or a higher one waits, fewer
@@ -32,14 +32,14 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 
-from ..bands import BandTable
+from ..routing.bands import BandTable
 from .errors import NoReadyReplica, ServiceSaturated
 
 if TYPE_CHECKING:
-    from ..bands import Band
+    from ..base.errors import FiccError
     from ..config import Config
-    from ..errors import FiccError
-    from ..inference.live import LiveReplica, LiveService
+    from ..routing.bands import Band
+    from ..routing.live import LiveReplica, LiveService
     from .accounting import Accounting
     from .checks import RequestChecks
     from .request import Request

@@ -32,8 +32,8 @@ import attrs
 import trio
 
 if TYPE_CHECKING:
-    from ..inference.live import LiveService, LiveTable
     from ..metrics import Metrics
+    from ..routing.live import LiveService, LiveTable
 
 __all__ = ["CLOSED", "HALF_OPEN", "OPEN", "Breakers"]
 

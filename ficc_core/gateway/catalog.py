@@ -1,6 +1,6 @@
 """The catalog: which service a model name reaches, and the ``/v1/models`` documents.
 
-Everything here reads the :class:`~ficc_core.inference.live.LiveTable` (no store
+Everything here reads the :class:`~ficc_core.routing.live.LiveTable` (no store
 read): a project's services are indexed by name once per change of the table
 (its ``version``), so resolving a name is a dictionary lookup and a listing is
 cached bytes.
@@ -34,12 +34,12 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from ..strictjson import dumps
+from ..base.strictjson import dumps
 from .errors import ModelNotFound, shown_model
 
 if TYPE_CHECKING:
     from ..auth import Principal
-    from ..inference.live import LiveService, LiveTable
+    from ..routing.live import LiveService, LiveTable
 
 __all__ = ["CAPABILITIES", "Catalog", "model_entry", "models_document"]
 

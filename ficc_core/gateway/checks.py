@@ -7,12 +7,13 @@ and, for :meth:`RequestChecks.problem`, for every read of a response stream.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
+import attrs
 import trio
 
-from ..errors import FiccError, Forbidden, InvalidRequest, PayloadTooLarge, Unauthenticated
-from ..strictjson import dumps, loads
+from ..base.errors import FiccError, Forbidden, InvalidRequest, PayloadTooLarge, Unauthenticated
+from ..base.strictjson import dumps, loads
 from .catalog import CAPABILITIES
 from .errors import (
     CapabilityNotServed,
@@ -30,7 +31,7 @@ from .limits import estimate
 
 if TYPE_CHECKING:
     from ..auth import AuthService, Principal
-    from ..inference.live import LiveService, LiveTable
+    from ..routing.live import LiveService, LiveTable
     from .limits import ContextLimits, PromptCount
     from .request import Request
 
@@ -196,6 +197,49 @@ def _invalid(message: str, path: str, expected: str, **kwargs: Any) -> InvalidRe
     return InvalidRequest(
         message, details={"errors": [{"path": path, "message": f"expected {expected}"}]}, **kwargs
     )
+
+
+@attrs.frozen(slots=True)
+class Body:
+    """A request body parsed once: its JSON object, its ``model``, and the client's bytes.
+
+    :ivar document: the JSON object (read, never changed: candidates share it).
+    :ivar model: the model the request is prepared for: the client's ``model`` (any JSON
+        value, or None), or the alias a project endpoint resolved it to.
+    :ivar raw: the client's bytes, sent unchanged when nothing must be set; None for a
+        mapping handed to the seam, or a body renamed for another service.
+    """
+
+    document: Mapping[str, Any]
+    model: Any
+    raw: bytes | None
+
+    def for_model(self, alias: str) -> Body:
+        """The same body for the service of ``alias`` (a project endpoint's candidate):
+        itself when it already names it, else renamed, with nothing parsed again."""
+        if self.model == alias:
+            return self
+        return Body(self.document, alias, None)
+
+
+class Prepared(NamedTuple):
+    """What :meth:`RequestChecks.prepare` makes of a body for one service (a named tuple:
+    its callers unpack it).
+
+    :ivar payload: the bytes sent to the engine.
+    :ivar streaming: the answer is a server-sent-event stream.
+    :ivar count: the prompt count the engine's tokenizer must settle, if any.
+    :ivar prompt_estimate: the prompt's tokens as estimated (bytes / 4), for the quota gate.
+    :ivar completion_estimate: the completion's (:func:`.limits.estimate`).
+    :ivar hide_usage: the stream's usage event is the gateway's ask: accounted, not relayed.
+    """
+
+    payload: bytes
+    streaming: bool
+    count: PromptCount | None
+    prompt_estimate: int
+    completion_estimate: int
+    hide_usage: bool
 
 
 class RequestChecks:
@@ -389,14 +433,27 @@ class RequestChecks:
             raise _invalid("the request body must be a JSON object", "$", "object")
         return document
 
+    def parse(self, body: bytes | Mapping[str, Any] | Body) -> Body:
+        """``body`` parsed once (:class:`Body`): the client's bytes decoded strictly, or a
+        mapping handed to the seam taken as it is (copied: the caller may change its own)."""
+        if isinstance(body, Body):
+            return body
+        if isinstance(body, Mapping):
+            document = dict(body)
+            return Body(document, document.get("model"), None)
+        raw = bytes(body)
+        document = self.document(raw)
+        return Body(document, document.get("model"), raw)
+
     def prepare(
-        self, view: LiveService, path: str, body: bytes | Mapping[str, Any]
-    ) -> tuple[bytes, bool, PromptCount | None, int, int, bool]:
-        """The bytes to send the engine for ``body``, whether the answer streams, the
-        prompt count the engine's tokenizer must settle (:mod:`.limits`), if any, the
-        estimated prompt and completion tokens the quota gate reserves (bytes / 4, and
-        :func:`.limits.estimate`), and whether the stream's usage event is the gateway's
-        ask, not the client's (then it is accounted, not relayed).
+        self, view: LiveService, path: str, body: bytes | Mapping[str, Any] | Body
+    ) -> Prepared:
+        """What the checks make of ``body`` for ``view`` (:class:`Prepared`): the bytes to
+        send the engine, whether the answer streams, the prompt count the engine's
+        tokenizer must settle (:mod:`.limits`), if any, the estimated prompt and completion
+        tokens the quota gate reserves (bytes / 4, and :func:`.limits.estimate`), and
+        whether the stream's usage event is the gateway's ask, not the client's (then it is
+        accounted, not relayed).
 
         The client's bytes go unchanged unless something must be set: the alias as
         ``model``, usage reporting for a streamed chat or completion, ``max_tokens`` as
@@ -404,20 +461,22 @@ class RequestChecks:
         engine would otherwise generate up to its context). A bound that is not a
         positive integer is refused (llama.cpp reads ``-1`` as "no bound"), and so is
         a request that certainly exceeds the service's ``max_output`` or
-        ``context_length``.
+        ``context_length``. The parsed document is read, never changed: a fallback
+        candidate prepares the same :class:`Body` again (:meth:`Body.for_model`).
         """
         needed = NEEDS.get(path)
         if needed is not None and needed not in view.capabilities:
             raise not_capable(view, needed)
-        document = dict(body) if isinstance(body, Mapping) else self.document(body)
-        model = document.get("model")
+        parsed = self.parse(body)
+        document, model = parsed.document, parsed.model
         if model is not None and model != view.alias:
             if not isinstance(model, str):
                 raise model_not_a_string(model)
             raise not_served_here(model, view.alias)
-        changed = model is None or not isinstance(body, bytes | bytearray | memoryview)
-        capped = hidden = False
-        document["model"] = view.alias
+        # What the engine is sent beyond the client's document (in the order it is set).
+        changes: dict[str, Any] = {"model": view.alias}
+        changed = model is None or parsed.raw is None
+        hidden = False
         stream = document.get("stream")
         if stream is None:
             stream = False  # OpenAI's schema takes null for "not streamed"
@@ -451,8 +510,7 @@ class RequestChecks:
             if view.max_output is not None and all(
                 document.get(name) is None for name in OUTPUT_FIELDS
             ):
-                capped = True
-                document["max_tokens"] = view.max_output
+                changes["max_tokens"] = view.max_output
                 changed = True
             if stream:
                 options = document.get("stream_options")
@@ -463,7 +521,7 @@ class RequestChecks:
                         "`stream_options` must be an object", "$.stream_options", "object"
                     )
                 if options.get("include_usage") is not True:
-                    document["stream_options"] = {**options, "include_usage": True}
+                    changes["stream_options"] = {**options, "include_usage": True}
                     changed = hidden = True
         elif path == "/v1/embeddings":
             stream = False
@@ -474,10 +532,11 @@ class RequestChecks:
                     "string or array",
                 )
         if not changed:
-            payload = bytes(body)  # type: ignore[arg-type]
+            payload = parsed.raw
+            assert payload is not None
         else:
             try:
-                payload = dumps(document)
+                payload = dumps({**document, **changes})
             except (ValueError, TypeError) as exc:
                 # Only a mapping handed to the seam can get here; bytes were decoded strictly.
                 raise InvalidRequest(
@@ -485,7 +544,9 @@ class RequestChecks:
                     code="invalid_json",
                 ) from None
         limits, size = self.limits, len(payload)
-        # The checks judge what the client asked: a cap it did not ask for is no ask.
-        asked = {**document, "max_tokens": None} if capped else document
-        count = limits and limits.admit(view, path, asked, size)
-        return payload, stream, count, size // 4, estimate(view, path, asked, size), hidden
+        # The checks judge what the client asked (the document as sent: a cap it did not
+        # ask for is no ask).
+        count = limits and limits.admit(view, path, document, size)
+        return Prepared(
+            payload, stream, count, size // 4, estimate(view, path, document, size), hidden
+        )

@@ -16,7 +16,7 @@ or, as the contract names it, a call whose response the caller closes::
     finally:
         await chunks.aclose()
 
-Either raises a :class:`~ficc_core.errors.FiccError` (the one envelope) for every
+Either raises a :class:`~ficc_core.base.errors.FiccError` (the one envelope) for every
 refusal made before a response exists: authority, admission, body, saturation,
 deadline, a failed engine. Otherwise the :class:`ResponseChunks` carries the
 engine's ``status``, ``content_type``, ``headers``, ``deadline`` and
@@ -51,13 +51,14 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from ..demand import Demand
-from ..errors import FiccError
+from ..base.errors import FiccError
+from ..base.strictjson import dumps
 from ..executor.errors import InputNotAdmitted, PathNotAdmitted
 from ..executor.types import ResponseHead
 from ..quotas import QuotaGate, Unlimited
-from ..strictjson import dumps
-from .accounting import Accounting, UsageRecord
+from ..routing.demand import Demand
+from ..usage.records import UsageRecord
+from .accounting import Accounting
 from .activation import Activation
 from .admission import Admission, no_replica
 from .breakers import Breakers
@@ -82,8 +83,8 @@ if TYPE_CHECKING:
     from ..auth import AuthService, Principal
     from ..config import Config
     from ..contributors import NodeRegistry
-    from ..inference.live import LiveService, LiveTable
     from ..metrics import Metrics
+    from ..routing.live import LiveService, LiveTable
 
 log = logging.getLogger("ficc.gateway")
 
@@ -257,7 +258,7 @@ class Gateway:
         self.usage_sinks = self.accounting.usage_sinks
         #: Wakes an idle on-demand service: returns once its activation is recorded (a
         #: replica is starting), raises its refusal (no capacity, a recent failure). The
-        #: controller's assembly sets the autoscaler's (:mod:`ficc_core.inference.scaling`).
+        #: controller's assembly sets the autoscaler's (:mod:`ficc_core.inference.scaling.changes`).
         self.activate: Callable[[str], Awaitable[None]] = _no_activation
         #: The requests waiting for an activation (:mod:`.activation`).
         self.activation = Activation(

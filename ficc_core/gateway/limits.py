@@ -41,13 +41,13 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 
-from ..errors import FiccError
-from ..strictjson import dumps
+from ..base.errors import FiccError
+from ..base.strictjson import dumps
 from .errors import ContextLengthExceeded, MaxOutputExceeded
 
 if TYPE_CHECKING:
-    from ..inference.live import LiveReplica, LiveService
     from ..metrics import Metrics
+    from ..routing.live import LiveReplica, LiveService
     from .relay import Relay
 
 log = logging.getLogger("ficc.gateway")

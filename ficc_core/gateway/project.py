@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from ..errors import FiccError, InvalidRequest
+from ..base.errors import FiccError, InvalidRequest
 from .activation import activation_refusal
 from .catalog import Catalog
 from .checks import model_not_a_string
@@ -43,7 +43,7 @@ from .relay import ResponseChunks
 
 if TYPE_CHECKING:
     from ..auth import Principal
-    from ..inference.live import LiveService
+    from ..routing.live import LiveService
     from .gateway import Gateway
 
 __all__ = ["FALLBACK_CODES", "ProjectEndpoint", "Served"]
@@ -145,8 +145,9 @@ class ProjectEndpoint:
                     200,
                     ResponseChunks(status=200, content_type="application/json", pending=[entry]),
                 )
-            document = dict(body) if isinstance(body, Mapping) else gateway.checks.document(body)
-            model = document.get("model")
+            # Parsed once: each candidate prepares the same body for its own alias.
+            parsed = gateway.checks.parse(body)
+            model = parsed.model
             if not isinstance(model, str):
                 raise _missing_model() if model is None else model_not_a_string(model)
             first = self.catalog.resolve(actor, model)
@@ -158,11 +159,9 @@ class ProjectEndpoint:
         candidates = [first, *self.catalog.fallbacks(actor, first)]
         failures: list[tuple[LiveService, FiccError]] = []
         for view in candidates:
-            # The client's bytes when they already name the alias (decoding them again
-            # costs less than encoding the document); else the document, renamed.
-            payload: bytes | dict[str, Any] = body  # type: ignore[assignment]
-            if model != view.alias or not isinstance(body, bytes):
-                payload = {**document, "model": view.alias}
+            # The client's bytes are sent as they are when they name the alias; else the
+            # document, renamed (never parsed again).
+            payload = parsed.for_model(view.alias)
             try:
                 status, response = await gateway.invoke(view.id, path, payload, actor, headers)
             except FiccError as exc:

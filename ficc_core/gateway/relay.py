@@ -31,9 +31,9 @@ from typing import TYPE_CHECKING
 import attrs
 import trio
 
-from ..errors import FiccError
+from ..base.errors import FiccError
+from ..base.strictjson import dumps_error
 from ..executor.types import BodyChunk, EndOfStream, ReadEvent, ResponseHead, StreamFailed
-from ..strictjson import dumps_error
 from .errors import DeadlineExceeded, EngineFailed, EngineTimeout, StreamInterrupted
 
 if TYPE_CHECKING:
@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from ..contributors import NodeRegistry
     from ..executor.protocol import EndpointAction
     from ..executor.types import Fence
-    from ..inference.live import LiveReplica
+    from ..routing.live import LiveReplica
     from .checks import RequestChecks
     from .request import Request
 

@@ -11,10 +11,10 @@ import trio
 
 if TYPE_CHECKING:
     from ..auth import Principal
-    from ..bands import Band
     from ..executor.protocol import EndpointAction
     from ..executor.types import Fence
-    from ..inference.live import LiveReplica, LiveService
+    from ..routing.bands import Band
+    from ..routing.live import LiveReplica, LiveService
     from .affinity import Prompt
 
 

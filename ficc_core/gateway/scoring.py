@@ -38,8 +38,8 @@ from .scrape import Scraper
 if TYPE_CHECKING:
     from ..config import Config
     from ..contributors import NodeRegistry
-    from ..inference.live import LiveReplica, LiveService, LiveTable
     from ..metrics import Metrics
+    from ..routing.live import LiveReplica, LiveService, LiveTable
     from .request import Request
 
 

@@ -36,13 +36,13 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 
-from ..errors import FiccError
+from ..base.errors import FiccError
 from ..executor.types import BodyChunk, EndOfStream, ResponseHead, StreamFailed
 
 if TYPE_CHECKING:
     from ..contributors import NodeRegistry
-    from ..inference.live import LiveReplica, LiveTable
     from ..metrics import Metrics
+    from ..routing.live import LiveReplica, LiveTable
 
 log = logging.getLogger("ficc.gateway.scrape")
 

@@ -1,7 +1,6 @@
 """Managed inference services: specification, placement, revisions, reconciliation."""
 
 from .errors import PlacementFailed, StaleRevision, UnknownOutcome
-from .live import LiveReplica, LiveService, LiveTable
 from .manager import CONTROL_ACTIONS, InferenceManager, Preview
 from .model_context import ModelContext, ModelContexts
 from .reconciler import Reconciler
@@ -13,9 +12,6 @@ __all__ = [
     "AttemptState",
     "Desired",
     "InferenceManager",
-    "LiveReplica",
-    "LiveService",
-    "LiveTable",
     "ModelContext",
     "ModelContexts",
     "PlacementFailed",

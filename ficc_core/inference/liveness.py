@@ -7,7 +7,7 @@ also probes the engine itself: every ``liveness_interval`` a ``GET`` of its heal
 route (the first of :data:`PROBE_PATHS` its endpoint admits) through the node's
 endpoint action, the same path every request takes, bounded by ``liveness_timeout``.
 A failed ``/metrics`` read or a request timeout on the replica in the gateway
-(:meth:`LiveTable.suspect <ficc_core.inference.live.LiveTable.suspect>`) brings the
+(:meth:`LiveTable.suspect <ficc_core.routing.live.LiveTable.suspect>`) brings the
 next probe forward, so a hung engine under traffic is noticed in about
 ``liveness_misses`` x ``liveness_timeout``.
 
@@ -41,14 +41,14 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from ..errors import FiccError
+from ..base.errors import FiccError
 from ..executor.types import EndOfStream, ResponseHead, StreamFailed
 from ..store.outage import is_store_failure
 
 if TYPE_CHECKING:
     from ..contributors import NodeRegistry
     from ..metrics import Metrics
-    from .live import LiveTable
+    from ..routing.live import LiveTable
     from .observed import Observations
     from .records import AttemptRecord
 

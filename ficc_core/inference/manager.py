@@ -19,15 +19,16 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from ..auth import secrets as sec
+from ..base.errors import Conflict, FiccError, InvalidRequest, NotFound
 from ..contributors import repository as contributors_repository
-from ..errors import Conflict, FiccError, InvalidRequest, NotFound
 from ..events import Event, EventKind
+from ..routing.live import LiveTable
 from ..schema import Specification, canonical_json
 from ..store import Store, Transaction
-from . import history, repository, rollout, scaling
+from . import history, repository, rollout
+from .scaling import changes as scaling
 from .admission import check_specification, place, plan_in, reserve
 from .errors import service_not_found
-from .live import LiveTable
 from .on_demand import retry_warning
 from .placement import PlacementNode, Plan
 from .records import (
@@ -38,7 +39,7 @@ from .records import (
     ServiceState,
     UsageSummary,
 )
-from .scaling import initial
+from .specification.replicas import initial
 from .suggest import Suggestion, complete, memory_warnings, recomputed_limits
 from .transitions import (
     check_revision,
@@ -55,7 +56,7 @@ if TYPE_CHECKING:
     from ..auth.records import Credential, Revocation
     from ..gateway import Gateway
     from ..plugins import AdapterRegistry
-    from .autoscaler import Autoscaler
+    from .scaling.autoscaler import Autoscaler
     from .model_context import ModelContext, ModelContexts
     from .moves import Mover
     from .rollout import Restarter

@@ -14,13 +14,15 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..demand import RETURN_MARGIN, retry_after, retry_window
+from ..routing.demand import RETURN_MARGIN, retry_after, retry_window
+from ..routing.live import Activation
 from ..store import Transaction
-from . import repository, scaling
-from .live import Activation
+from . import repository
+from .scaling import changes as scaling
 from .publication import latest
 from .records import AttemptRecord, AttemptState, ServiceRecord
-from .scaling import ActivationNotes, Failure, on_demand
+from .scaling.activations import ActivationNotes, Failure
+from .specification.replicas import on_demand
 
 if TYPE_CHECKING:
     from ..schema import Specification

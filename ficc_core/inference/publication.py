@@ -1,7 +1,7 @@
 """From a service's attempts to what others see: its rolled-up state and its routing view.
 
 The gateway routes only to what :func:`publish` put in the
-:class:`~ficc_core.inference.live.LiveTable`: per replica of the service's
+:class:`~ficc_core.routing.live.LiveTable`: per replica of the service's
 generation, its newest ready (or draining) unreleased attempt on a node connected to
 this controller. Two attempts of one replica coexist while a successor (a move's
 target) loads: the predecessor serves until the successor is ready, then it is
@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from .live import (
+from ..routing.live import (
     Activation,
     ActivationFailure,
     Admission,

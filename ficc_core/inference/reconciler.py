@@ -1,7 +1,7 @@
 """The reconciler: drives every inference service's attempts towards what operators asked.
 
 One driver task per service reads the durable record, acts, publishes the
-service's routing view to the :class:`~ficc_core.inference.live.LiveTable`
+service's routing view to the :class:`~ficc_core.routing.live.LiveTable`
 (:mod:`~ficc_core.inference.publication`), and waits for a change (or a short
 period). For a service that should run, one replica task per placement launches
 attempts and watches them (:mod:`~ficc_core.inference.attempts`). An attempt that
@@ -40,7 +40,8 @@ from typing import TYPE_CHECKING
 import attrs
 import trio
 
-from ..errors import FiccError
+from ..base.errors import FiccError
+from ..routing.live import Admission, LiveTable
 from ..store import Transaction
 from ..store.outage import Backoff, OutageLog, is_store_failure
 from . import repository
@@ -52,7 +53,6 @@ from .generations import (
     predecessor_stopping,
     read_running,
 )
-from .live import Admission, LiveTable
 from .liveness import UNRESPONSIVE, Liveness
 from .observed import Observations
 from .on_demand import OnDemand
@@ -65,7 +65,7 @@ from .records import (
     ServiceRecord,
     ServiceState,
 )
-from .scaling import ActivationNotes
+from .scaling.activations import ActivationNotes
 from .succession import Succession, in_place_state, strays, unwatch
 
 if TYPE_CHECKING:

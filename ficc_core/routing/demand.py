@@ -2,7 +2,7 @@
 
 A leaf of plain data: the gateway (:meth:`ficc_core.gateway.Gateway.demand`) fills it
 from the request path's counts, in memory; the autoscaler
-(:mod:`ficc_core.inference.autoscaler`) decides by it. Neither package may import the
+(:mod:`ficc_core.inference.scaling.autoscaler`) decides by it. Neither package may import the
 other (see the layering contracts in pyproject.toml), so it lives below both.
 """
 

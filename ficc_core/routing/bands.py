@@ -19,7 +19,7 @@ from typing import Any
 
 import attrs
 
-from .errors import ConfigError, InvalidRequest
+from ..base.errors import ConfigError, InvalidRequest
 
 __all__ = [
     "BAND_NAME",
