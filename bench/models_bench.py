@@ -41,9 +41,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from ficc_core.api.app import create_app  # noqa: E402
+from ficc_core.base.digests import sha256_file  # noqa: E402
 from ficc_core.config import load_config  # noqa: E402
 from ficc_core.controller.service import open_service  # noqa: E402
-from ficc_core.digests import sha256_file  # noqa: E402
 from ficc_core.models.blob_records import FileRef  # noqa: E402
 from tests.httpsd import ServedFile, open_https_server, write_ca_bundle  # noqa: E402
 

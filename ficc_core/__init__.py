@@ -25,7 +25,7 @@ _EXPORTS: dict[str, str] = {
     "ExecutorProvider": "ficc_core.executor",
     "ExecutorRegistry": "ficc_core.plugins",
     "RuntimeRegistry": "ficc_core.plugins",
-    "PluginError": "ficc_core.errors",
+    "PluginError": "ficc_core.base.errors",
     # What executor providers share (ficc_core.executor).
     "ExecutorAttempt": "ficc_core.executor",
     "SupervisingProvider": "ficc_core.executor",
@@ -161,7 +161,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from .errors import PluginError
+    from .base.errors import PluginError
     from .executor import (
         ALLOWED_REQUEST_HEADERS,
         CHUNK_SIZE,

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from ..errors import FiccError, Unauthenticated
+from ..base.errors import FiccError, Unauthenticated
 from ..nodelink.links import LocalNodeLink
 from .agent import Agent
 from .runtimes import AgentSettings

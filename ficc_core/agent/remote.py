@@ -44,7 +44,7 @@ import attrs
 import trio
 from trio_websocket import ConnectionClosed, ConnectionRejected, HandshakeError, open_websocket_url
 
-from ..errors import FiccError
+from ..base.errors import FiccError
 from ..nodelink.commands import run_command
 from ..nodelink.relay_node import RelayServer
 from ..nodelink.wire import (

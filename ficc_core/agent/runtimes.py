@@ -21,8 +21,8 @@ from typing import Any
 import attrs
 import trio
 
-from ..digests import file_digest
-from ..errors import ConfigError
+from ..base.digests import file_digest
+from ..base.errors import ConfigError
 from ..plugins.runtimes import DeclaredRuntime
 from ..schema import InstalledRuntime
 from ..schema._convert import MAX_SAFE_INTEGER as MAX_SAFE

@@ -41,9 +41,9 @@ import attrs
 import httpx
 import trio
 
-from ..digests import assemble_tree, rename_durably, sha256_file, tree_listing
-from ..digests import hex_digest as _hex
-from ..errors import FiccError
+from ..base.digests import assemble_tree, rename_durably, sha256_file, tree_listing
+from ..base.digests import hex_digest as _hex
+from ..base.errors import FiccError
 from ..schema import Job
 from .runtimes import AgentSettings
 

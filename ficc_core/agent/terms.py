@@ -18,7 +18,7 @@ from pathlib import Path
 
 import trio
 
-from ..digests import fsync_directory
+from ..base.digests import fsync_directory
 
 log = logging.getLogger("ficc.agent")
 

@@ -13,10 +13,10 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from ..auth import Principal
-from ..errors import FiccError, Forbidden, StoreUnavailable
+from ..base.errors import FiccError, Forbidden, StoreUnavailable
+from ..base.strictjson import dumps_error
 from ..models.registry import MAX_BYTES_CHUNK
 from ..store.outage import RefusalLog, as_store_unavailable, is_store_failure
-from ..strictjson import dumps_error
 from . import (
     routes_admin,
     routes_contributors,

@@ -14,8 +14,8 @@ import hmac
 from typing import TYPE_CHECKING
 
 from ..auth import secrets as sec
+from ..base.errors import Forbidden, Unauthenticated
 from ..contributors import is_node_token
-from ..errors import Forbidden, Unauthenticated
 
 if TYPE_CHECKING:
     from ..auth import AuthService, Principal

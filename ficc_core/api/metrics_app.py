@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import FiccError
+from ..base.errors import FiccError
 from ..metrics import Metrics
 from .app import error_response_bytes
 

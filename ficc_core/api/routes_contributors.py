@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING
 import trio
 from quart import Response, jsonify, request, websocket
 
+from ..base.errors import FiccError, NotFound
 from ..contributors.connection import serve_node_connection
-from ..errors import FiccError, NotFound
 from ..nodelink.wire import PROTOCOL_HEADER, PROTOCOL_VERSION, negotiate
 from .views_contributors import node_view, removal_view
 

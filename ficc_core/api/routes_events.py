@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from quart import Response, g, jsonify, request
 
-from ..errors import InvalidRequest
+from ..base.errors import InvalidRequest
 from ..inference.history import MAX_LIMIT
 from .bodies import query_integer
 from .views_events import events_view

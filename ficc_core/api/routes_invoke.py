@@ -43,10 +43,10 @@ from typing import TYPE_CHECKING, Any
 
 from werkzeug.http import parse_cookie
 
-from ..errors import FiccError, PayloadTooLarge
+from ..base.errors import FiccError, PayloadTooLarge
+from ..base.strictjson import dumps_error
 from ..gateway import MODEL_PREFIX, PATHS, ProjectEndpoint
 from ..store.outage import RefusalLog, as_store_unavailable, is_store_failure
-from ..strictjson import dumps_error
 from .access_log import log_request
 from .authn import SESSION_COOKIE, authenticate
 from .client_watch import ClientWatch, Watcher

@@ -32,9 +32,9 @@ import trio
 from quart import Response, g, jsonify, request
 
 from ..auth.tickets import Tickets
-from ..errors import FiccError
+from ..base.errors import FiccError
+from ..base.strictjson import dumps_error
 from ..inference.logs import DEFAULT_TAIL, MAX_TAIL, ReplicaLog, ReplicaLogs
-from ..strictjson import dumps_error
 from .bodies import query_bounded
 
 if TYPE_CHECKING:

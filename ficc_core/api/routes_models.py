@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import attrs
 from quart import Response, g, jsonify, request
 
-from ..errors import FiccError, InvalidRequest
+from ..base.errors import FiccError, InvalidRequest
 from ..models.registry import MAX_BYTES_CHUNK, MAX_JSON_CHUNK
 from ..schema import ModelManifest
 from ..schema._convert import MAX_LENGTH, MAX_SAFE_INTEGER, integer

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 from quart import Response, g, jsonify
 
-from ..errors import FiccError
+from ..base.errors import FiccError
 from ..inference.moves import bulk_move
 from ..inference.rollout import rollout_view
 from ..inference.strategies import STRATEGIES

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from quart import Response, g, jsonify, request
 
 from ..auth import scopes as s
-from ..errors import Forbidden
+from ..base.errors import Forbidden
 from ..inference.usage_report import GROUPS, UsageGroup, UsageQuery, UsageReport, period_start
 from ..prices import MILLI
 from .bodies import bad_query, query_number

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from quart import Response, redirect, request
 
 from .._version import __version__
-from ..errors import NotFound, Unauthenticated
+from ..base.errors import NotFound, Unauthenticated
 from ..web import CONSOLE_PAGES, PAGE_HEADERS, Assets, ConsolePage, Pages
 from .authn import SESSION_COOKIE
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..errors import NotFound
+from ..base.errors import NotFound
 from ..quotas.records import NONE
 
 if TYPE_CHECKING:

@@ -27,7 +27,7 @@ from typing import Any, NoReturn, TypeVar
 import attrs
 import trio
 
-from ..errors import Forbidden, StoreUnavailable, Unauthenticated
+from ..base.errors import Forbidden, StoreUnavailable, Unauthenticated
 from ..store import Store, Transaction
 from . import repository
 from . import secrets as sec

@@ -18,7 +18,7 @@ from functools import partial
 
 import trio
 
-from ..errors import FiccError, Forbidden, InvalidRequest, NotFound
+from ..base.errors import FiccError, Forbidden, InvalidRequest, NotFound
 from ..store import Store, Transaction
 from . import repository
 from . import secrets as sec

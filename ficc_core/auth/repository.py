@@ -10,7 +10,7 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
-from ..errors import NotFound
+from ..base.errors import NotFound
 from ..store import Transaction
 from .records import (
     PERSONAL_PROJECT,

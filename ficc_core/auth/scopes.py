@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ..errors import InvalidRequest
+from ..base.errors import InvalidRequest
 
 MODELS_READ = "models:read"
 MODELS_MANAGE = "models:manage"

@@ -15,7 +15,7 @@ from functools import partial
 
 import trio
 
-from ..errors import Forbidden, StoreUnavailable, Unauthenticated
+from ..base.errors import Forbidden, StoreUnavailable, Unauthenticated
 from ..store import Store, Transaction
 from . import repository
 from . import secrets as sec
@@ -121,7 +121,7 @@ class Sessions:
 
     async def authenticate(self, cookie: str) -> Principal:
         """Return the principal of a session cookie, or raise :class:`Unauthenticated`
-        (:class:`~ficc_core.errors.StoreUnavailable` when the store fails or is slow)."""
+        (:class:`~ficc_core.base.errors.StoreUnavailable` when the store fails or is slow)."""
         parts = sec.split_token(cookie, SESSION_PREFIX)
         if parts is None:
             raise Unauthenticated("the session cookie is not valid", code="invalid_session")

@@ -33,7 +33,7 @@ from contextlib import contextmanager
 
 import attrs
 
-from ..errors import FiccError
+from ..base.errors import FiccError
 
 log = logging.getLogger("ficc.auth")
 

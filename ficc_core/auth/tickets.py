@@ -23,7 +23,7 @@ from functools import partial
 
 import attrs
 
-from ..errors import Unauthenticated
+from ..base.errors import Unauthenticated
 from ..store import Store, Transaction
 from . import secrets as sec
 from .principal import Principal, PrincipalKind

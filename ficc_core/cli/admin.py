@@ -17,9 +17,9 @@ from ..api.views_auth import (
 )
 from ..api.views_contributors import node_view, removal_view
 from ..auth import ALL_SCOPES, PROJECT_SCOPES
+from ..base.errors import FiccError
 from ..config import parse_duration
 from ..controller.service import Service, open_service
-from ..errors import FiccError
 from ..store import is_postgres_url
 from .options import data_dir_flag
 from .output import echo_table, emit, json_option, when

@@ -7,8 +7,8 @@ from typing import Any
 import click
 
 from ..api.views_limits import limits_view, subject
+from ..base.errors import InvalidRequest
 from ..controller.service import Service
-from ..errors import InvalidRequest
 from ..quotas.records import PERIODS
 from .admin import _admin
 from .output import echo_fields, emit, json_option

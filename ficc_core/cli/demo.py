@@ -31,7 +31,7 @@ import httpx
 import trio
 
 from ..auth import PROJECT_SCOPES
-from ..errors import FiccError
+from ..base.errors import FiccError
 
 if TYPE_CHECKING:
     from ..controller.service import Service

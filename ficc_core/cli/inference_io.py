@@ -16,8 +16,8 @@ from typing import Any
 
 import click
 
+from ..base.errors import FiccError
 from ..config import parse_duration
-from ..errors import FiccError
 from .client import ApiClient, ApiError
 from .output import echo_table, json_option
 

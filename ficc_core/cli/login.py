@@ -22,8 +22,8 @@ from typing import Any
 
 import click
 
+from ..base.errors import FiccError
 from ..config import parse_duration
-from ..errors import FiccError
 from . import credentials
 from .client import ApiClient, ApiError, client_from
 from .options import DEFAULT_URL, connection, given

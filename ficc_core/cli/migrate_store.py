@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from ..errors import StoreError, StoreNotEmpty
+from ..base.errors import StoreError, StoreNotEmpty
 from ..store import is_postgres_url
 from .output import emit, json_option
 

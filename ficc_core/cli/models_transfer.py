@@ -16,7 +16,7 @@ from typing import Any
 
 import click
 
-from ..errors import FiccError
+from ..base.errors import FiccError
 from ..models.gguf import GgufMetadata, InvalidGguf, read_gguf_files
 from ..models.registry import MAX_BYTES_CHUNK
 from ..schema.models import gguf_split_part

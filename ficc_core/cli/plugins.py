@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from ..digests import file_digest
+from ..base.digests import file_digest
 from ..plugins import (
     DISABLE_AUTOLOAD_ENV,
     DeclaredRuntime,

@@ -10,9 +10,9 @@ import click
 import trio
 
 from .._version import __version__
+from ..base.errors import FiccError, StoreError
 from ..config import Config
 from ..controller.service import Service, open_service
-from ..errors import FiccError, StoreError
 from .logs import configure_logging
 from .options import data_dir_flag
 from .settings import config_options, load_settings, run_trio

@@ -14,8 +14,8 @@ import attrs
 import click
 import trio
 
+from ..base.errors import FiccError
 from ..config import Config, env_name, load_config, render_reference
-from ..errors import FiccError
 from ..store import redact_url
 from .options import settings_sources
 from .output import echo_table, emit, json_option

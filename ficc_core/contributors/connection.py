@@ -26,7 +26,7 @@ from typing import Any
 
 import trio
 
-from ..errors import FiccError, InvalidRequest
+from ..base.errors import FiccError, InvalidRequest
 from ..nodelink.links import ConnectionLink, MessageChannel, NodeLink
 from ..nodelink.wire import GOODBYE, MAX_MESSAGE, PROTOCOL_VERSION, heartbeat_attempts
 from ..schema import ExecutorSnapshot, Fence, SchemaError, unstructure

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from ..auth import secrets as sec
-from ..errors import InvalidRequest
+from ..base.errors import InvalidRequest
 from ..schema.spec import NODE_ID_PATTERN
 from ..store import Store, Transaction
 from . import repository

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import Conflict, FiccError, NotFound, Unauthenticated
+from ..base.errors import Conflict, FiccError, NotFound, Unauthenticated
 
 
 class ConnectionFenced(FiccError):

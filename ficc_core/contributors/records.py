@@ -14,7 +14,7 @@ from typing import Any
 
 import attrs
 
-from ..errors import InvalidRequest
+from ..base.errors import InvalidRequest
 from ..schema import ExecutorSnapshot, Fence
 from ..schema.snapshot import stored_snapshot
 

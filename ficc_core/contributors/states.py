@@ -26,7 +26,7 @@ from typing import Any
 
 import trio
 
-from ..errors import InvalidRequest
+from ..base.errors import InvalidRequest
 from ..events import EventKind, Subject, record
 from ..schema import ExecutorSnapshot, canonical_json
 from ..store import Store, Transaction

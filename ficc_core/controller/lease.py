@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING
 import attrs
 import trio
 
-from ..errors import FiccError, NotLeader
+from ..base.errors import FiccError, NotLeader
 
 if TYPE_CHECKING:
     from ..store import Row, Store, Transaction
@@ -338,7 +338,7 @@ class LeaderLease:
         return row
 
     def require_leader(self, action: str) -> None:
-        """Return on the leader; raise :class:`~ficc_core.errors.NotLeader` on a standby."""
+        """Return on the leader; raise :class:`~ficc_core.base.errors.NotLeader` on a standby."""
         if self.leading:
             return
         row = self.known_leader()

@@ -18,9 +18,9 @@ from typing import Any
 
 import attrs
 
+from ..base.strictjson import INT64_MAX, INT64_MIN
 from ..schema._convert import MAX_SAFE_INTEGER, MAX_STRING, RANGE
 from ..schema.spec import MAX_PROMPT_CACHE
-from ..strictjson import INT64_MAX, INT64_MIN
 
 START, END = "<!-- ranges:start -->", "<!-- ranges:end -->"
 DOCS = Path(__file__).resolve().parents[2] / "docs"

@@ -1,12 +1,12 @@
 """The refusals an executor provider makes, each with a stable machine code.
 
-Every error here is a :class:`ficc_core.errors.FiccError`, so the API and the
+Every error here is a :class:`ficc_core.base.errors.FiccError`, so the API and the
 agent report it in the one JSON error envelope.
 """
 
 from __future__ import annotations
 
-from ..errors import FiccError
+from ..base.errors import FiccError
 
 __all__ = [
     "AttemptExists",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import FiccError, Forbidden, NotFound
+from ..base.errors import FiccError, Forbidden, NotFound
 
 __all__ = [
     "ActivationTimeout",

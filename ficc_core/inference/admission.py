@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
-from ..errors import FiccError
+from ..base.errors import FiccError
 from ..schema import FieldError, SchemaError, Specification, structure
 from ..store import Transaction
 from . import repository

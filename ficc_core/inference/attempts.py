@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 
+from ..base.errors import FiccError
 from ..contributors.records import NodeState
-from ..errors import FiccError
 from ..executor.errors import StaleFence, UnknownAttempt
 from ..schema import Specification, Workload, canonical_json
 from ..store.outage import is_store_failure

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..errors import FiccError, NotFound
+from ..base.errors import FiccError, NotFound
 
 
 class UnknownOutcome(FiccError):

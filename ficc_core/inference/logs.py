@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import attrs
 
-from ..errors import FiccError, NotFound
+from ..base.errors import FiccError, NotFound
 
 if TYPE_CHECKING:
     from ..contributors import NodeRegistry

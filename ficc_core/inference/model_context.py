@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import attrs
 
-from ..errors import Conflict, NotFound
+from ..base.errors import Conflict, NotFound
 from ..models.records import ModelState
 from ..schema import JobInput, ModelManifest, ModelMetadata, ModelRecord, SchemaError, structure
 from ..schema._convert import MAX_SAFE_INTEGER, integer

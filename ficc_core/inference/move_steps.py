@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 
+from ..base.errors import FiccError
 from ..contributors import repository as contributors_repository
 from ..contributors.records import AssignmentReason, NodeState
-from ..errors import FiccError
 from ..events import EventKind, Subject
 from ..events import record as record_event
 from ..schema import canonical_json

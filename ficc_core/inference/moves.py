@@ -38,9 +38,9 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from ..base.errors import FiccError, InvalidRequest
 from ..contributors import repository as contributors_repository
 from ..contributors.records import NodeState
-from ..errors import FiccError, InvalidRequest
 from ..store import Transaction
 from . import repository
 from .generations import settle_reservations

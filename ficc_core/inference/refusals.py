@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import InvalidRequest
+from ..base.errors import InvalidRequest
 from .records import ServiceRecord
 
 

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 
-from ..errors import Conflict, FiccError
+from ..base.errors import Conflict, FiccError
 from ..schema import Specification, canonical_json
 from ..store import Transaction
 from . import repository

@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 
 import attrs
 
+from ..base.errors import Conflict
 from ..contributors.records import AssignmentReason
-from ..errors import Conflict
 from ..store import Transaction
 from . import repository
 from .admission import reserve

@@ -28,7 +28,7 @@ from typing import Any
 
 import trio
 
-from ..errors import FiccError
+from ..base.errors import FiccError
 from ..store import Store
 from ..store.outage import Backoff, OutageLog, is_store_failure
 from . import repository

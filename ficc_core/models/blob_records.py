@@ -11,7 +11,7 @@ from typing import Any
 
 import attrs
 
-from ..errors import Conflict, FiccError
+from ..base.errors import Conflict, FiccError
 
 
 class BlobState(enum.StrEnum):

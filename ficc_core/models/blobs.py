@@ -17,7 +17,7 @@ Publishing checks the sha256 of the whole partial (hashed in a worker thread, or
 by an acquisition as it was received: :mod:`~ficc_core.models.download`) and
 renames it into place only when it matches, so nothing is ever published
 unverified. The bytes themselves are written by :mod:`~ficc_core.models.partials`
-and hashed by :mod:`~ficc_core.digests`; the records this store returns (and its
+and hashed by :mod:`~ficc_core.base.digests`; the records this store returns (and its
 errors) are in :mod:`~ficc_core.models.blob_records`, its rows are read and
 written by :mod:`~ficc_core.models.repository`.
 """
@@ -38,8 +38,8 @@ from typing import Any
 
 import trio
 
-from ..digests import assemble_tree, hash_file, rename_durably, sha256_file, tree_listing
-from ..errors import Conflict, FiccError, InvalidRequest, NotFound
+from ..base.digests import assemble_tree, hash_file, rename_durably, sha256_file, tree_listing
+from ..base.errors import Conflict, FiccError, InvalidRequest, NotFound
 from ..store import Store, Transaction
 from ..store.outage import is_store_failure
 from . import repository

@@ -29,7 +29,7 @@ from typing import Any
 import outcome
 import trio
 
-from ..errors import FiccError
+from ..base.errors import FiccError
 from .blob_records import FileRef
 from .blobs import BlobStore
 from .fetch import FetchError, Response

@@ -23,7 +23,7 @@ from typing import Any
 import attrs
 import trio
 
-from ..errors import FiccError
+from ..base.errors import FiccError
 from .gguf_types import (
     EMBEDDING_ARCHITECTURES,
     FILE_TYPES,

@@ -24,7 +24,7 @@ from typing import Any
 
 import h11
 
-from ..errors import FiccError
+from ..base.errors import FiccError
 
 #: What one read from h11 or the socket asks for when the caller does not say.
 CHUNK = 64 * 1024

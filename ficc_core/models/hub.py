@@ -25,7 +25,7 @@ from urllib.parse import quote
 import attrs
 import trio
 
-from ..errors import FiccError, InvalidRequest, NotFound
+from ..base.errors import FiccError, InvalidRequest, NotFound
 from ..schema import ModelFile, ModelManifest, ModelSource, unstructure
 from ..schema._convert import FieldError
 from ..schema.models import gguf_split_part

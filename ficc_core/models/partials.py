@@ -3,8 +3,8 @@
 :class:`~ficc_core.models.blobs.BlobStore` decides what may be written and records
 what is durable; this module only moves bytes. A :class:`PartialWriter` appends
 from the partial's durable offset (truncating anything past it, which was never
-acknowledged) and fsyncs on request. Hashing is :mod:`~ficc_core.digests`'
-(:func:`~ficc_core.digests.hash_file` feeds a file's prefix to a hash, so that an
+acknowledged) and fsyncs on request. Hashing is :mod:`~ficc_core.base.digests`'
+(:func:`~ficc_core.base.digests.hash_file` feeds a file's prefix to a hash, so that an
 acquisition resumed at an offset goes on hashing from there).
 """
 

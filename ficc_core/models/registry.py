@@ -14,7 +14,7 @@ from functools import partial
 import trio
 
 from ..auth.secrets import new_id
-from ..errors import Conflict, FiccError, InvalidRequest, NotFound
+from ..base.errors import Conflict, FiccError, InvalidRequest, NotFound
 from ..schema import ModelManifest, structure
 from ..store import Store, Transaction
 from ..store.outage import is_store_failure

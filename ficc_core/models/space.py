@@ -22,7 +22,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from ..errors import FiccError
+from ..base.errors import FiccError
 
 #: The reserve's file name inside the blob directory.
 RESERVE_NAME = "reserve"

@@ -22,7 +22,7 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..errors import FiccError
+from ..base.errors import FiccError
 from ..schema import Fence, Job, ResourceLimits, Runtime, structure
 from .wire import StaleTerm, error_to_wire, log_lines, message_term, status_to_wire
 

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 
-from ..errors import FiccError
+from ..base.errors import FiccError
 from ..executor import errors as executor_errors
 from ..executor.engine_http import CHUNK_SIZE
 from ..executor.event_queue import EventQueue

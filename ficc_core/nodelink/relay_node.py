@@ -17,7 +17,7 @@ from typing import Any, Protocol
 import attrs
 import trio
 
-from ..errors import FiccError
+from ..base.errors import FiccError
 from ..executor.protocol import EndpointAction
 from ..executor.types import BodyChunk, EndOfStream, ReadEvent, StreamFailed, is_terminal
 from ..schema import Fence, structure

@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from .. import digests
-from ..errors import FiccError, InvalidRequest
+from ..base import digests
+from ..base.errors import FiccError, InvalidRequest
 from ..executor import errors as executor_errors
 from ..executor.types import AttemptStatus, BodyChunk, EndOfStream, ReadEvent, ResponseHead
 

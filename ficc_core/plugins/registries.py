@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
 import attrs
 
-from ..errors import PluginError
+from ..base.errors import PluginError
 from ..executor.protocol import ExecutorProvider
 from ..hookspecs import API_VERSION
 

@@ -36,7 +36,7 @@ class QuotaGate(Protocol):
     """What the gateway asks of quotas (see the module docs)."""
 
     def admit(self, request: Request) -> None:
-        """Refuse ``request`` (raise a :class:`~ficc_core.errors.FiccError`) or reserve
+        """Refuse ``request`` (raise a :class:`~ficc_core.base.errors.FiccError`) or reserve
         what it is expected to use in ``request.reservation``."""
 
     def settle(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import FiccError
+from ..base.errors import FiccError
 
 __all__ = ["BudgetExceeded", "RateLimited"]
 

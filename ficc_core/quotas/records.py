@@ -13,7 +13,7 @@ from typing import Any
 
 import attrs
 
-from ..errors import InvalidRequest
+from ..base.errors import InvalidRequest
 
 __all__ = ["FIELDS", "PERIODS", "SCOPES", "Limits", "merge_limits"]
 
@@ -62,7 +62,7 @@ def _problem(path: str, message: str) -> dict[str, str]:
 def merge_limits(current: Limits, change: Mapping[str, Any]) -> Limits:
     """``current`` with ``change`` applied: a field absent stays, null clears it.
 
-    Raises :class:`~ficc_core.errors.InvalidRequest` with every field's problem
+    Raises :class:`~ficc_core.base.errors.InvalidRequest` with every field's problem
     (``details.errors``: ``[{path, message}]``) and changes nothing then.
     """
     errors = [_problem(f"$.{key}", "unknown field") for key in change if key not in FIELDS]

@@ -33,8 +33,8 @@ from cattrs.cols import (
 )
 from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, override
 
-from ..errors import InvalidRequest
-from ..strictjson import INT64_MAX, INT64_MIN
+from ..base.errors import InvalidRequest
+from ..base.strictjson import INT64_MAX, INT64_MIN
 
 T = TypeVar("T")
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import attrs
 
-from ..strictjson import INT64_MAX
+from ..base.strictjson import INT64_MAX
 from ._convert import MAX_SAFE_INTEGER, FieldError, integer, known_fields, number, structure
 from .spec import (
     MAX_CPUS,

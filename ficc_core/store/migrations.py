@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from ..errors import StoreError
+from ..base.errors import StoreError
 
 
 class Dialects(NamedTuple):

@@ -19,7 +19,7 @@ from collections.abc import Callable
 import attrs
 import trio
 
-from ..errors import StoreUnavailable
+from ..base.errors import StoreUnavailable
 
 __all__ = [
     "OUTAGE_BACKOFF_CAP",
@@ -53,7 +53,7 @@ _SQLITE_UNAVAILABLE = (
 def is_store_failure(exc: BaseException) -> bool:
     """Whether ``exc`` says the store is down or slow (retry later), not a defect.
 
-    :class:`~ficc_core.errors.StoreUnavailable` (both backends raise it when the
+    :class:`~ficc_core.base.errors.StoreUnavailable` (both backends raise it when the
     database cannot be reached or a connection cannot be had in time), SQLite's
     ``OperationalError`` when it says the file cannot be used now (locked, busy, an
     I/O error, unopenable, read-only, full), and an exception group made only of

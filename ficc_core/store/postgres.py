@@ -22,7 +22,7 @@ as an SQLite read transaction does, and a read never waits for the write lock.
 **Failures.** No connection within ``store_pool_timeout`` (every connection busy, or the
 server unreachable: connections are made with a bounded ``connect_timeout``), or the server
 failing under a statement (``psycopg.OperationalError`` and friends), raises
-:class:`~ficc_core.errors.StoreUnavailable` (503 with ``Retry-After``). The pool checks a
+:class:`~ficc_core.base.errors.StoreUnavailable` (503 with ``Retry-After``). The pool checks a
 connection before handing it out and replaces broken ones, so the store works again once
 the server is back.
 
@@ -67,7 +67,7 @@ from psycopg.adapt import Loader
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from ..errors import StoreError, StoreUnavailable
+from ..base.errors import StoreError, StoreUnavailable
 from . import dialect
 from .migrations import MIGRATIONS, check_newer, compatible_from, statements
 

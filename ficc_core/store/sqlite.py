@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 import trio
 
-from ..errors import StoreError, StoreUnavailable
+from ..base.errors import StoreError, StoreUnavailable
 from .migrations import MIGRATIONS, newer_schema, statements
 
 T = TypeVar("T")

@@ -20,7 +20,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from ..errors import StoreError, StoreNotEmpty
+from ..base.errors import StoreError, StoreNotEmpty
 from .migrations import MIGRATIONS
 from .postgres import WRITE_LOCK, describe, migrate
 

@@ -9,7 +9,7 @@ import time
 
 import trio
 
-from ..errors import FiccError
+from ..base.errors import FiccError
 from ..executor import (
     CHUNK_SIZE,
     QUEUE_CHUNKS,

@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 
 import trio
 
-from ..errors import FiccError
+from ..base.errors import FiccError
 from ..executor import (
     AttemptStatus,
     BodyChunk,
