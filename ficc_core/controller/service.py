@@ -23,13 +23,11 @@ from ..config import Config
 from ..contributors import NodeRegistry
 from ..events import EventRetention
 from ..gateway import Gateway
-from ..inference import InferenceManager, ModelContexts, Reconciler, UsageLedger
-from ..inference.scaling.autoscaler import Autoscaler
+from ..inference import InferenceManager, ModelContexts, Reconciler
 from ..inference.moves import Mover
 from ..inference.rollout import Restarter
+from ..inference.scaling.autoscaler import Autoscaler
 from ..inference.state_metrics import StateMetrics
-from ..inference.usage_spool import FOLDER as SPOOL_FOLDER
-from ..inference.usage_spool import UsageSpool
 from ..metrics import Metrics
 from ..models.acquire import Acquirer
 from ..models.blobs import BlobStore
@@ -40,6 +38,8 @@ from ..quotas import Quotas, QuotaSync
 from ..routing.bands import BandTable
 from ..routing.live import LiveTable
 from ..store import Store, open_store
+from ..usage import UsageLedger, UsageSpool
+from ..usage.spool import FOLDER as SPOOL_FOLDER
 from .follower import RoutingFollower
 from .lease import LeaderLease
 

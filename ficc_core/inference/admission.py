@@ -16,7 +16,7 @@ from ..store import Transaction
 from . import repository
 from .errors import PlacementFailed
 from .placement import Plan, plan
-from .scaling import initial
+from .specification.replicas import initial
 from .tiers import check_placements
 
 if TYPE_CHECKING:
@@ -92,7 +92,7 @@ def plan_in(
     as a rollout's serving generation does).
 
     ``held`` names the replicas whose reservations the plan takes; by default those a
-    scaled service starts with (:func:`~.scaling.initial`: ``min`` of them), every one
+    scaled service starts with (:func:`~.replicas.initial`: ``min`` of them), every one
     for any other. The rest are planned: shown with their fit, never refused.
 
     A runtime that requires a GPU placed on a node without one is refused first

@@ -24,7 +24,7 @@ from ..events import EventKind
 from ..store import Transaction
 from . import history, repository
 from .records import AttemptRecord, RolloutRecord, ServiceRecord
-from .scaling import running_indices
+from .specification.replicas import running_indices
 
 if TYPE_CHECKING:
     from ..schema import Specification
@@ -53,7 +53,8 @@ class Running:
 
     def wanted(self) -> dict[int, tuple[int, ...]]:
         """Each generation still wanted, with the placements whose replicas run
-        (:func:`~.scaling.running_indices`: every one, or a scaled service's active ones).
+        (:func:`~ficc_core.inference.specification.replicas.running_indices`: every one,
+        or a scaled service's active ones).
 
         An in-place rollout hands replicas over: ``recreate`` all at once (the serving
         generation runs none), ``rolling`` its ``step`` first (the serving generation runs

@@ -25,8 +25,8 @@ from ..events import Event, EventKind
 from ..routing.live import LiveTable
 from ..schema import Specification, canonical_json
 from ..store import Store, Transaction
+from ..usage import UsageLedger, UsageSummary
 from . import history, repository, rollout
-from .scaling import changes as scaling
 from .admission import check_specification, place, plan_in, reserve
 from .errors import service_not_found
 from .on_demand import retry_warning
@@ -37,8 +37,8 @@ from .records import (
     ServiceDetail,
     ServiceRecord,
     ServiceState,
-    UsageSummary,
 )
+from .scaling import changes as scaling
 from .specification.replicas import initial
 from .suggest import Suggestion, complete, memory_warnings, recomputed_limits
 from .transitions import (
@@ -49,17 +49,16 @@ from .transitions import (
     start_in,
     writable,
 )
-from .usage import UsageLedger
 
 if TYPE_CHECKING:
     from ..auth import AuthService, Principal
     from ..auth.records import Credential, Revocation
     from ..gateway import Gateway
     from ..plugins import AdapterRegistry
-    from .scaling.autoscaler import Autoscaler
     from .model_context import ModelContext, ModelContexts
     from .moves import Mover
     from .rollout import Restarter
+    from .scaling.autoscaler import Autoscaler
 
 CONTROL_ACTIONS = ("start", "drain", "stop", "remove")
 #: What each control action that closes admission leaves the gateway admitting.

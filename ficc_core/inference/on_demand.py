@@ -18,9 +18,9 @@ from ..routing.demand import RETURN_MARGIN, retry_after, retry_window
 from ..routing.live import Activation
 from ..store import Transaction
 from . import repository
-from .scaling import changes as scaling
 from .publication import latest
 from .records import AttemptRecord, AttemptState, ServiceRecord
+from .scaling import changes
 from .scaling.activations import ActivationNotes, Failure
 from .specification.replicas import on_demand
 
@@ -95,7 +95,7 @@ class OnDemand:
             if current is None or current.revision < record.revision:
                 return
             for index in runs:
-                scaling.shrink(
+                changes.shrink(
                     tx,
                     current,
                     index,

@@ -33,7 +33,7 @@ from .records import (
     ServiceDetail,
     ServiceRecord,
 )
-from .scaling import running_indices
+from .specification.replicas import running_indices
 
 if TYPE_CHECKING:
     from ..contributors import NodeRegistry

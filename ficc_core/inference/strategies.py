@@ -39,7 +39,7 @@ from .admission import plan_in
 from .errors import PlacementFailed
 from .placement import Plan, plan
 from .records import ServiceRecord
-from .scaling import running_indices
+from .specification.replicas import running_indices
 
 if TYPE_CHECKING:
     from .model_context import ModelContext

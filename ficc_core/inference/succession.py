@@ -27,7 +27,7 @@ from .generations import (
 )
 from .publication import given_up, routed
 from .records import ROUTABLE, AttemptRecord, ServiceRecord, ServiceState
-from .scaling import running_indices
+from .specification.replicas import running_indices
 
 if TYPE_CHECKING:
     from ..schema import Specification

@@ -19,7 +19,7 @@ from . import repository
 from .admission import reserve
 from .errors import StaleRevision, UnknownOutcome, service_not_found
 from .records import AttemptState, Desired, ServiceRecord, ServiceState
-from .scaling import initial
+from .specification.replicas import initial
 
 if TYPE_CHECKING:
     from ..schema import Specification

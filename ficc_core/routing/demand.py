@@ -9,7 +9,7 @@ other (see the layering contracts in pyproject.toml), so it lives below both.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import attrs
 
@@ -71,4 +71,36 @@ class Demand:
         return self.waits[count - 1]
 
 
-__all__ = ["RETURN_MARGIN", "Demand", "retry_after", "retry_window"]
+#: One service's demand now, by its ID.
+ReadDemand = Callable[[str], Demand]
+
+
+def no_demand(_service_id: str) -> Demand:
+    """No gateway serves the board: no request waits and none is in flight."""
+    return Demand()
+
+
+class DemandBoard:
+    """Where the autoscaler reads what the gateway saw (see the module docs)."""
+
+    def __init__(self) -> None:
+        self._read: ReadDemand = no_demand
+
+    def serve(self, read: ReadDemand | None) -> None:
+        """Answer :meth:`read` with ``read`` from now on (None: no demand)."""
+        self._read = no_demand if read is None else read
+
+    def read(self, service_id: str) -> Demand:
+        """Service ``service_id``'s demand now."""
+        return self._read(service_id)
+
+
+__all__ = [
+    "RETURN_MARGIN",
+    "Demand",
+    "DemandBoard",
+    "ReadDemand",
+    "no_demand",
+    "retry_after",
+    "retry_window",
+]

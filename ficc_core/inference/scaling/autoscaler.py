@@ -4,7 +4,7 @@ Two ways in:
 
 - :meth:`Autoscaler.activate` is the gateway's ``activate``: a request found an idle
   on-demand service. The first call starts one activation (a durable
-  :func:`~.scaling.grow` that takes a candidate's reservation) in the autoscaler's own
+  :func:`~.changes.grow` that takes a candidate's reservation) in the autoscaler's own
   task, so a client that leaves does not cancel it; every call made meanwhile joins it.
   It returns once the activation is recorded (the reconciler launches the replica)
   or raises its refusal: ``no_capacity`` when no candidate fits, or a recent failed
@@ -31,22 +31,25 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 
-from ..demand import Demand
-from ..errors import FiccError
-from ..store import Transaction
-from ..store.outage import OutageLog, as_store_unavailable, is_store_failure
-from . import repository, scaling
-from .records import Desired
-from .scaling import Failure, NoCapacity, floor, running_indices
+from ...base.errors import FiccError
+from ...routing.demand import Demand
+from ...store import Transaction
+from ...store.outage import OutageLog, as_store_unavailable, is_store_failure
+from .. import repository
+from ..records import Desired
+from ..specification.replicas import floor, running_indices
+from . import changes
+from .activations import Failure
+from .changes import NoCapacity
 
 if TYPE_CHECKING:
-    from ..config import Config
-    from ..metrics import Metrics
-    from ..store import Store
-    from .live import LiveService, LiveTable
-    from .model_context import ModelContexts
-    from .reconciler import Reconciler
-    from .records import ServiceRecord
+    from ...config import Config
+    from ...metrics import Metrics
+    from ...routing.live import LiveService, LiveTable
+    from ...store import Store
+    from ..model_context import ModelContexts
+    from ..reconciler import Reconciler
+    from ..records import ServiceRecord
 
 log = logging.getLogger("ficc.inference")
 
@@ -202,7 +205,7 @@ class Autoscaler:
             current = repository.service(tx, service_id)
             if current is None:
                 return None
-            return scaling.grow(
+            return changes.grow(
                 tx,
                 current,
                 model,
@@ -241,7 +244,7 @@ class Autoscaler:
             current = repository.service(tx, record.id)
             if current is None or current.desired != Desired.RUNNING:
                 return False
-            return scaling.shrink(
+            return changes.shrink(
                 tx, current, index, reason=reason, now=now, message=message, figures=figures
             )
 

@@ -1,11 +1,8 @@
-"""Scaled services: which placements run, and the transactions that change it.
+"""Scaled services: the transactions that change which placements run.
 
 A service whose specification has ``scaling`` runs replicas on some of its placements
-(its *candidates*): the service record's ``active`` indices, at most ``max`` of them.
-Every other part of the inference package asks :func:`running_indices` which
-replicas a generation wants; for a service without ``scaling`` that is every
-placement, as the contract says.
-
+(its *candidates*): the service record's ``active`` indices, at most ``max`` of them
+(:func:`~ficc_core.inference.specification.replicas.running_indices` says which).
 The changes are transactions over the record and its reservations, each with its
 ``service.scaled`` event (reason and figures):
 
@@ -13,30 +10,28 @@ The changes are transactions over the record and its reservations, each with its
   everything held now and adds it to ``active`` (an activation, a scale-out, ``min``);
 - :func:`shrink` takes one index out of ``active`` (scale-in, idle, a failed
   activation); its attempt retires through the reconciler and its reservation goes
-  once the executor confirmed the end (:mod:`~ficc_core.inference.generations`);
+  once the executor confirmed the end
+  (:mod:`~ficc_core.inference.reconciliation.generations`);
 - :func:`set_pin` pins (never scaled to zero) or unpins.
 
-The autoscaler (:mod:`~ficc_core.inference.autoscaler`) decides when.
+The autoscaler (:mod:`~ficc_core.inference.scaling.autoscaler`) decides when.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-import attrs
-
-from ..errors import FiccError
-from ..events import EventKind
-from ..store import Transaction
-from . import history, repository
-from .live import ActivationFailure
-from .placement import plan, staged_on
-from .records import Desired, ServiceRecord
+from ...base.errors import FiccError
+from ...events import EventKind
+from ...store import Transaction
+from .. import history, repository
+from ..placement import plan, staged_on
+from ..records import Desired, ServiceRecord
+from ..specification.replicas import running_indices
 
 if TYPE_CHECKING:
-    from ..schema import Specification
-    from .model_context import ModelContext
+    from ..model_context import ModelContext
 
 
 class NoCapacity(FiccError):
@@ -44,39 +39,6 @@ class NoCapacity(FiccError):
 
     def __init__(self, message: str, **kwargs: Any) -> None:
         super().__init__(message, code="no_capacity", status=503, **kwargs)
-
-
-def floor(specification: Specification, pinned: bool) -> int:
-    """Replicas that always run: ``min``, at least one when pinned."""
-    least = specification.min_replicas
-    return max(least, 1) if pinned and specification.scaling is not None else least
-
-
-def on_demand(specification: Specification, pinned: bool) -> bool:
-    """Whether the service may run no replica (and a request wakes it)."""
-    return specification.scaling is not None and floor(specification, pinned) == 0
-
-
-def running_indices(
-    specification: Specification, active: Collection[int] | None
-) -> tuple[int, ...]:
-    """The placements whose replicas run: every one without ``scaling``; else the
-    ``active`` ones that exist (a service scaled by a rollout starts from its first
-    ``max``), at most ``max``."""
-    count = len(specification.placements)
-    if specification.scaling is None:
-        return tuple(range(count))
-    if active is None:
-        return tuple(range(specification.max_replicas))
-    return tuple(sorted(i for i in set(active) if i < count))[: specification.max_replicas]
-
-
-def initial(specification: Specification, pinned: bool = False) -> tuple[int, ...] | None:
-    """The placements a starting service runs: ``min`` of them (the first), or every one
-    without ``scaling`` (None)."""
-    if specification.scaling is None:
-        return None
-    return tuple(range(floor(specification, pinned)))
 
 
 def _event(
@@ -225,67 +187,4 @@ def set_pin(tx: Transaction, record: ServiceRecord, pinned: bool, actor: str, no
     return True
 
 
-@attrs.frozen(kw_only=True)
-class Failure:
-    """A failed activation: the envelope's code, message and details, and when (the
-    clock's)."""
-
-    code: str
-    message: str
-    at: float
-    details: Mapping[str, Any] = attrs.field(factory=dict)
-
-    def public(self) -> ActivationFailure:
-        """What the routing view says of it."""
-        return ActivationFailure(code=self.code, message=self.message, details=self.details)
-
-
-class ActivationNotes:
-    """The last failed activation of each on-demand service, kept ``retry`` seconds: the
-    view says ``failed`` meanwhile, so every waiter gets the reason at once and a burst
-    does not relaunch a broken engine for each request. In memory: a restarted
-    controller tries again at the next request."""
-
-    def __init__(self, clock: Callable[[], float], retry: float) -> None:
-        self.clock = clock
-        self.retry = retry
-        self._failures: dict[str, Failure] = {}
-
-    def failed(
-        self,
-        service_id: str,
-        code: str,
-        message: str,
-        details: Mapping[str, Any] | None = None,
-    ) -> Failure:
-        """Note a failed activation of ``service_id``."""
-        failure = self._failures[service_id] = Failure(
-            code=code, message=message, at=self.clock(), details=dict(details or {})
-        )
-        return failure
-
-    def recent(self, service_id: str) -> Failure | None:
-        """The service's failed activation, while it is recent."""
-        failure = self._failures.get(service_id)
-        if failure is not None and self.clock() - failure.at >= self.retry:
-            del self._failures[service_id]
-            return None
-        return failure
-
-    def clear(self, service_id: str) -> None:
-        """Forget the service's failed activation (a new one begins, or it served)."""
-        self._failures.pop(service_id, None)
-
-
-__all__ = [
-    "ActivationNotes",
-    "Failure",
-    "NoCapacity",
-    "floor",
-    "grow",
-    "initial",
-    "on_demand",
-    "running_indices",
-    "set_pin",
-    "shrink",
-]
+__all__ = ["NoCapacity", "grow", "set_pin", "shrink"]
