@@ -48,7 +48,7 @@ docs: install  ## regenerate the generated sections of docs/
 	$(BIN)/python -m ficc_core.devtools.docs_metrics
 
 screenshots: install  ## regenerate docs/ui/*.png: the web console's browser tests, saving each page
-	FICC_SCREENSHOTS=docs/ui $(BIN)/python -m pytest -q tests/test_web_*.py
+	FICC_SCREENSHOTS=docs/ui $(BIN)/python -m pytest -q tests/web/
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info */*/*.egg-info plugins-example/*.egg-info

@@ -5,7 +5,7 @@ Run from the repository root::
     .venv/bin/python bench/chaos_bench.py --minutes 3 [--seed N]
 
 It starts, on loopback in a temporary directory: PostgreSQL (Debian's binaries, as
-tests/pg_support.py does) with two ``ficc serve`` on it, or -- without PostgreSQL --
+tests/support/pg_support.py does) with two ``ficc serve`` on it, or -- without PostgreSQL --
 one ``ficc serve`` on SQLite; a remote ``ficc executor`` linked to every controller;
 SmolLM2 uploaded through the byte route and served by two llama.cpp replicas. Then,
 for ``--minutes``: chat requests and streams with a project key (service-bound) and a
@@ -40,18 +40,18 @@ sys.path.insert(0, str(ROOT))
 
 import chaos_checks as cc  # noqa: E402
 
-from tests import pg_support  # noqa: E402
-from tests.ha_support import (  # noqa: E402
+from tests.support import pg_support  # noqa: E402
+from tests.support.ha_support import (  # noqa: E402
     add_node,
     controller_env,
     register_smollm2,
     stop_process,
 )
-from tests.inference_support import (  # noqa: E402
+from tests.support.inference_support import (  # noqa: E402
     node_llama_spec,
     write_agent_settings,
 )
-from tests.serve_support import FICC, first_run_secrets  # noqa: E402
+from tests.support.serve_support import FICC, first_run_secrets  # noqa: E402
 
 GIB = 1 << 30
 #: The installation's tempo: a lost leader is replaced in seconds, a hung engine is

@@ -45,7 +45,7 @@ from ficc_core.base.digests import sha256_file  # noqa: E402
 from ficc_core.config import load_config  # noqa: E402
 from ficc_core.controller.service import open_service  # noqa: E402
 from ficc_core.models.blob_records import FileRef  # noqa: E402
-from tests.httpsd import ServedFile, open_https_server, write_ca_bundle  # noqa: E402
+from tests.support.httpsd import ServedFile, open_https_server, write_ca_bundle  # noqa: E402
 
 MiB = 1 << 20
 #: The paced download's rate (nginx's ``limit_rate``): a fast internet link, which is

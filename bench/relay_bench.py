@@ -38,7 +38,7 @@ from doc_section import write_section  # noqa: E402
 from ficc_core.agent.remote import RemoteAgent  # noqa: E402
 from ficc_core.executor.types import BodyChunk, EndOfStream  # noqa: E402
 from ficc_core.testing.executor_kit import new_fence, standin_job  # noqa: E402
-from tests.agent_support import open_controller, process_agent_maker, wait_connected  # noqa: E402
+from tests.support.agent_support import open_controller, process_agent_maker, wait_connected  # noqa: E402
 
 MiB = 1 << 20
 #: The relayed stream's floor: below it a replica's tokens would queue on the relay.

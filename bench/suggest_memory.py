@@ -29,7 +29,7 @@ from doc_section import write_section
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.inference_support import open_inference_controller, register_smollm2  # noqa: E402
+from tests.support.inference_support import open_inference_controller, register_smollm2  # noqa: E402
 
 MiB = 1 << 20
 

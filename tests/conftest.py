@@ -1,5 +1,5 @@
 """Shared fixtures: a real controller on a real SQLite file in a temporary directory, or
-on a real PostgreSQL database (tests/pg_support.py) where a test asks for both backends."""
+on a real PostgreSQL database (tests/support/pg_support.py) where a test asks for both backends."""
 
 from __future__ import annotations
 
@@ -21,9 +21,9 @@ from ficc_core.config import Config, load_config
 from ficc_core.controller.service import Service, open_service
 from ficc_core.store import Store, open_sqlite_store
 
-from . import pg_support
-from .httpsd import open_https_server, write_ca_bundle
-from .serve_support import ServeProcess
+from .support import pg_support
+from .support.httpsd import open_https_server, write_ca_bundle
+from .support.serve_support import ServeProcess
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -74,7 +74,7 @@ def config(request, tmp_path: Path) -> Config:
     return load_config(overrides=overrides, environ={})
 
 
-# -- PostgreSQL (tests/pg_support.py) ---------------------------------------------------
+# -- PostgreSQL (tests/support/pg_support.py) ---------------------------------------------------
 BACKENDS = ("sqlite", "postgresql")
 
 

@@ -3,7 +3,7 @@
 Keys are Quart endpoint names; each entry also names the route's method and path
 and says what it answers, which ``python -m ficc_core.devtools.docs_routes`` renders as the
 route table of ``docs/api.md``. ``create_app`` refuses to start if a route is
-missing here, and ``tests/test_route_scopes.py`` walks every registered route to
+missing here, and ``tests/api/test_route_scopes.py`` walks every registered route to
 prove each refuses a request without a credential (401) and a credential that
 lacks any one of its scopes (403).
 """
