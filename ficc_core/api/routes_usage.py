@@ -18,8 +18,8 @@ from quart import Response, g, jsonify, request
 
 from ..auth import scopes as s
 from ..base.errors import Forbidden
-from ..inference.usage_report import GROUPS, UsageGroup, UsageQuery, UsageReport, period_start
 from ..prices import MILLI
+from ..usage.report import GROUPS, UsageGroup, UsageQuery, UsageReport, period_start
 from .bodies import bad_query, query_number
 
 if TYPE_CHECKING:

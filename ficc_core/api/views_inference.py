@@ -9,19 +9,11 @@ import attrs
 
 from ..inference import Preview, ServiceDetail
 from ..inference.publication import give_up_reason, given_up
-from ..inference.records import (
-    AttemptState,
-    CredentialUsage,
-    Desired,
-    ServiceRecord,
-    ServiceState,
-    UsageEntry,
-    UsageSummary,
-    UsageTotals,
-)
+from ..inference.records import AttemptState, Desired, ServiceRecord, ServiceState
 from ..inference.status import ServiceStatus, current_attempts, serves
 from ..prices import MILLI
 from ..schema import unstructure
+from ..usage.records import CredentialUsage, UsageRecord, UsageSummary, UsageTotals, stored
 
 
 def service_view(
@@ -156,11 +148,11 @@ def preview_view(preview: Preview) -> dict[str, Any]:
     return view
 
 
-def _spent(row: UsageTotals | CredentialUsage | UsageEntry) -> dict[str, Any]:
+def _spent(row: UsageTotals | CredentialUsage | UsageRecord) -> dict[str, Any]:
     """A usage row as JSON, its spend in the words of ``GET /api/v1/usage`` (``spend`` in
     units, ``spend_milli`` exact) beside ``cost`` (milli-units; deprecated, kept for the
     clients that read it)."""
-    return {**attrs.asdict(row), "spend": row.cost / MILLI, "spend_milli": row.cost}
+    return {**attrs.asdict(row, filter=stored), "spend": row.cost / MILLI, "spend_milli": row.cost}
 
 
 def usage_view(summary: UsageSummary) -> dict[str, Any]:

@@ -14,7 +14,6 @@ share and :mod:`.errors` the refusals. :mod:`.project` serves the project endpoi
 
 from __future__ import annotations
 
-from .accounting import UsageRecord
 from .errors import (
     ActivationTimeout,
     CapabilityNotServed,
@@ -64,5 +63,4 @@ __all__ = [
     "ServiceSaturated",
     "ServiceStopped",
     "StreamInterrupted",
-    "UsageRecord",
 ]

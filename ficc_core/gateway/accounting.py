@@ -1,4 +1,5 @@
-"""Accounting: what each request used (a :class:`UsageRecord`) and the gateway's metrics."""
+"""Accounting: what each request used (a :class:`~ficc_core.usage.records.UsageRecord`)
+and the gateway's metrics."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import attrs
 import trio
 
 from ..quotas import Unlimited
+from ..usage.records import UsageRecord
 
 if TYPE_CHECKING:
     from ..auth import Principal
@@ -27,42 +29,6 @@ _PROMPT = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
 _COMPLETION = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
 #: Outcomes that are not errors.
 _FINE = ("ok", "cancelled")
-
-
-@attrs.frozen(kw_only=True)
-class UsageRecord:
-    """What one request used: tokens and time, for accounting.
-
-    :ivar outcome: ``ok``, ``cancelled`` (the client went away) or an error code.
-    :ivar queue_wait: seconds waited for a replica slot.
-    :ivar ttfb: seconds from admission to the first response byte, or None.
-    :ivar duration: seconds from admission to the end.
-    :ivar project_id: the project of the key that made it ("" for a personal key; the
-        service's project is the service's).
-    :ivar user_id: the person the key belongs to, if any.
-    :ivar model: the registry model the service serves.
-    :ivar cost: what it cost, in milli-units (:mod:`ficc_core.prices`).
-    """
-
-    service_id: str
-    generation: int
-    replica: str
-    node_id: str
-    credential_id: str
-    credential_kind: str
-    path: str
-    status: int
-    outcome: str
-    prompt_tokens: int | None
-    completion_tokens: int | None
-    queue_wait: float
-    ttfb: float | None
-    duration: float
-    finished_at: float
-    project_id: str = ""
-    user_id: str | None = None
-    model: str = ""
-    cost: int = 0
 
 
 @attrs.define
@@ -251,13 +217,18 @@ class Accounting:
         key, service = replica.key, request.service_id
         if outcome not in _FINE:
             self.metrics.gateway_errors.labels(service, key, outcome).inc()
-        ttfb = None if request.first_byte is None else request.first_byte - request.started
+        # What the relay relayed of the engine's stream: its first byte's time, its usage.
+        stream = request.stream
+        first_byte = None if stream is None else stream.first_byte
+        ttfb = None if first_byte is None else first_byte - request.started
         series = self.series(service, key)
         if ttfb is not None:
             series.ttft.observe(ttfb)
         duration = trio.current_time() - request.started
         series.duration.observe(duration)
-        prompt, completion = usage_of(request.prev_chunk + request.last_chunk)
+        prompt, completion = (
+            (None, None) if stream is None else usage_of(stream.prev_chunk + stream.last_chunk)
+        )
         request.tokens = (prompt, completion)
         metrics = self.metrics
         if prompt:

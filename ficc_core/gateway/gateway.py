@@ -44,7 +44,7 @@ from __future__ import annotations
 import logging
 import math
 import random
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from functools import partial
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
@@ -54,16 +54,18 @@ import trio
 from ..base.errors import FiccError
 from ..base.strictjson import dumps
 from ..executor.errors import InputNotAdmitted, PathNotAdmitted
-from ..executor.types import ResponseHead
+from ..executor.types import ResponseHead, StreamFailed
 from ..quotas import QuotaGate, Unlimited
-from ..routing.demand import Demand
+from ..routing.activation import ActivationChannel
+from ..routing.demand import Demand, DemandBoard
+from ..routing.idle import IdleSignal
 from ..usage.records import UsageRecord
 from .accounting import Accounting
 from .activation import Activation
 from .admission import Admission, no_replica
 from .breakers import Breakers
 from .catalog import model_entry, models_document
-from .checks import RequestChecks
+from .checks import Body, RequestChecks
 from .engine_errors import engine_error
 from .errors import (
     DeadlineExceeded,
@@ -112,16 +114,6 @@ RETRIED_STATUSES = frozenset({502, 503, 504})
 ENGINE_FAULTS = (EngineTimeout, EngineFailed)
 #: A request without headers routing reads.
 NO_HEADERS: Mapping[str, str] = MappingProxyType({})
-
-
-async def _no_activation(service_id: str) -> None:
-    """No autoscaler is wired in (a gateway built alone): nothing can wake a service."""
-    raise FiccError(
-        f"service {service_id!r} is idle and this controller cannot wake it",
-        code="activation_failed",
-        status=503,
-        details={"service": service_id},
-    )
 
 
 def method_of(path: str) -> str:
@@ -189,6 +181,11 @@ class Gateway:
         :class:`random.Random`).
     :param quotas: rate limits, budgets and spend (default: :class:`Unlimited`); asked
         before a replica is taken and when a request ends (:mod:`ficc_core.quotas`).
+    :param activations: wakes an idle on-demand service (the autoscaler serves it; by
+        default nothing does, and such a request is refused ``activation_failed``).
+    :param board: the gateway serves it with :meth:`demand` (the autoscaler reads it).
+    :param idle_signal: the gateway serves it with its wait for an attempt's requests
+        in flight to end (the reconciler drains a retiring attempt by it).
     """
 
     def __init__(
@@ -209,6 +206,9 @@ class Gateway:
         usage_sinks: Iterable[Callable[[UsageRecord], None]] = (),
         rng: random.Random | None = None,
         quotas: QuotaGate | None = None,
+        activations: ActivationChannel | None = None,
+        board: DemandBoard | None = None,
+        idle_signal: IdleSignal | None = None,
     ) -> None:
         self.live = live
         self.max_attempts = max(1, config.retries + 1 if max_attempts is None else max_attempts)
@@ -257,9 +257,8 @@ class Gateway:
         #: Called with each :class:`UsageRecord` (e.g. to persist it); must not block.
         self.usage_sinks = self.accounting.usage_sinks
         #: Wakes an idle on-demand service: returns once its activation is recorded (a
-        #: replica is starting), raises its refusal (no capacity, a recent failure). The
-        #: controller's assembly sets the autoscaler's (:mod:`ficc_core.inference.scaling.changes`).
-        self.activate: Callable[[str], Awaitable[None]] = _no_activation
+        #: replica is starting), raises its refusal (no capacity, a recent failure).
+        self.activations = ActivationChannel() if activations is None else activations
         #: The requests waiting for an activation (:mod:`.activation`).
         self.activation = Activation(
             self.checks, self.relay, metrics, config, recheck_interval=recheck_interval
@@ -267,6 +266,10 @@ class Gateway:
         # When a replica was last used is forgotten once it is no longer routed to.
         self.router.swept.append(self.admission.forget_idle)
         self.router.swept.append(self.accounting.forget_departed)
+        if board is not None:
+            board.serve(self.demand)
+        if idle_signal is not None:
+            idle_signal.serve(self.admission.wait_idle)
 
     # -- the seam ------------------------------------------------------------------------------
 
@@ -274,7 +277,7 @@ class Gateway:
         self,
         service_id: str,
         path: str,
-        body: bytes | Mapping[str, Any],
+        body: bytes | Mapping[str, Any] | Body,
         actor: Principal,
         headers: Mapping[str, str] = NO_HEADERS,
     ) -> _Opening:
@@ -289,7 +292,7 @@ class Gateway:
         self,
         service_id: str,
         path: str,
-        body: bytes | Mapping[str, Any],
+        body: bytes | Mapping[str, Any] | Body,
         actor: Principal,
         headers: Mapping[str, str] = NO_HEADERS,
     ) -> tuple[int, ResponseChunks]:
@@ -328,11 +331,10 @@ class Gateway:
                 raise
         try:
             self.checks.admit(view)
-            payload, streaming, count, prompt, completion, hidden = self.checks.prepare(
-                view, path, body
-            )
-            if count is not None:
-                prompt = await self.limits.settle(count) or prompt
+            prepared = self.checks.prepare(view, path, body)
+            payload, prompt = prepared.payload, prepared.prompt_estimate
+            if prepared.count is not None:
+                prompt = await self.limits.settle(prepared.count) or prompt
         except FiccError as exc:
             self.accounting.refused(
                 service_id, exc.code, actor, path, exc.status, view.model_id, view.generation
@@ -348,11 +350,11 @@ class Gateway:
             deadline=started + self.total_timeout,
             deadline_bound="timeout_total",
             deadline_seconds=self.total_timeout,
-            streaming=streaming,
-            hide_usage=hidden,
+            streaming=prepared.streaming,
+            hide_usage=prepared.hide_usage,
             payload=payload,
             prompt_estimate=prompt,
-            completion_estimate=completion,
+            completion_estimate=prepared.completion_estimate,
         )
         if view.request_deadline is not None and view.request_deadline <= self.total_timeout:
             request.deadline = started + view.request_deadline
@@ -371,7 +373,9 @@ class Gateway:
             # An idle on-demand service (no replica, an activation state) is woken first.
             if not view.replicas and view.activation:
                 waiting = await self.activation.hold(
-                    request, self.activate, partial(self._respond, request, method, payload)
+                    request,
+                    self.activations.activate,
+                    partial(self._respond, request, method, payload),
                 )
                 if waiting is not None:
                     return 200, waiting  # a stream kept alive until a replica is ready
@@ -483,7 +487,7 @@ class Gateway:
         if not isinstance(head, ResponseHead):
             return FiccError(
                 f"the engine's stream failed before answering: {head}",
-                code=getattr(head, "code", None) or "engine_unavailable",
+                code=(head.code if isinstance(head, StreamFailed) else "") or "engine_unavailable",
                 status=503,
             ), None
         if head.status in RETRIED_STATUSES and not final:
@@ -502,7 +506,8 @@ class Gateway:
                 await response.prefetch(self.prefetch_bytes)
         except ENGINE_FAULTS as exc:
             # Nothing reached the client: what this attempt relayed is forgotten.
-            request.first_byte, request.prev_chunk, request.last_chunk = None, b"", b""
+            assert request.stream is not None
+            request.stream.forget()
             return exc, None
         replica = request.replica
         assert replica is not None

@@ -5,7 +5,6 @@ from .manager import CONTROL_ACTIONS, InferenceManager, Preview
 from .model_context import ModelContext, ModelContexts
 from .reconciler import Reconciler
 from .records import AttemptState, Desired, ServiceDetail, ServiceState
-from .usage import UsageLedger
 
 __all__ = [
     "CONTROL_ACTIONS",
@@ -21,5 +20,4 @@ __all__ = [
     "ServiceState",
     "StaleRevision",
     "UnknownOutcome",
-    "UsageLedger",
 ]

@@ -14,8 +14,58 @@ from typing import Any
 
 import attrs
 
-from ..schema import Fence, Specification, structure
-from .placement import Reservation
+from ..contributors.records import Node, NodeState
+from ..schema import ExecutorSnapshot, Fence, SchemaError, Specification, structure
+
+
+@attrs.frozen(kw_only=True)
+class Reservation:
+    """What one replica holds on its node while its service is submitted or running."""
+
+    service_id: str
+    replica: int
+    node_id: str
+    cpus: float
+    memory_bytes: int
+    disk_bytes: int = 0
+    gpus: tuple[tuple[int, int], ...] = ()  # (device index, memory bytes)
+    #: The generation whose attempts it is for: a rollout's next generation, or a move's
+    #: target (another node), holds its own beside the one still serving.
+    generation: int = 0
+
+    @property
+    def key(self) -> tuple[int, int, str]:
+        """What names it among the service's reservations: generation, replica, node."""
+        return (self.generation, self.replica, self.node_id)
+
+    def to_json(self) -> dict[str, Any]:
+        """The reservation as shown in previews and service views."""
+        return {
+            "node_id": self.node_id,
+            "cpus": self.cpus,
+            "memory_bytes": self.memory_bytes,
+            "disk_bytes": self.disk_bytes,
+            "gpus": [{"index": index, "memory_bytes": size} for index, size in self.gpus],
+        }
+
+
+@attrs.frozen(kw_only=True)
+class PlacementNode:
+    """A node as placement sees it: its record's state and last snapshot."""
+
+    node_id: str
+    state: NodeState
+    snapshot: ExecutorSnapshot | None
+    embedded: bool = False
+
+    @classmethod
+    def of(cls, node: Node) -> PlacementNode:
+        """The contributor node ``node``; a snapshot that no longer parses counts as none."""
+        try:
+            snapshot = node.executor_snapshot()
+        except (SchemaError, ValueError):
+            snapshot = None
+        return cls(node_id=node.id, state=node.state, snapshot=snapshot, embedded=node.embedded)
 
 
 class Desired(enum.StrEnum):
@@ -203,84 +253,15 @@ class ServiceDetail:
     reservations: tuple[Reservation, ...]
 
 
-@attrs.frozen(kw_only=True)
-class UsageEntry:
-    """One invoke request's usage (a row of ``inference_usage``), or a summary row of
-    ``requests`` of them (their sums of tokens and cost, their mean times)."""
-
-    service_id: str
-    generation: int
-    replica: str
-    node_id: str
-    credential_id: str
-    path: str
-    status: int
-    outcome: str
-    prompt_tokens: int | None
-    completion_tokens: int | None
-    queue_wait: float
-    ttfb: float | None
-    duration: float
-    finished_at: float
-    project_id: str = ""
-    user_id: str | None = None
-    model: str = ""
-    cost: int = 0
-    requests: int = 1
-
-
-@attrs.frozen(kw_only=True)
-class UsageTotals:
-    """What a set of requests used."""
-
-    requests: int
-    errors: int
-    prompt_tokens: int
-    completion_tokens: int
-    mean_ttfb: float | None
-    mean_duration: float | None
-    cost: int = 0
-
-
-@attrs.frozen(kw_only=True)
-class CredentialUsage:
-    """What one credential's requests used, with the credential's name and person."""
-
-    credential_id: str
-    requests: int
-    prompt_tokens: int
-    completion_tokens: int
-    errors: int = 0
-    cost: int = 0
-    name: str | None = None
-    username: str | None = None
-
-
-@attrs.frozen(kw_only=True)
-class UsageSummary:
-    """Totals, per-credential totals and the latest requests of one service."""
-
-    service_id: str
-    since: float | None
-    totals: UsageTotals
-    alias: str | None = None
-    by_credential: tuple[CredentialUsage, ...]
-    recent: tuple[UsageEntry, ...]
-
-
 __all__ = [
     "ACTIVE",
     "ENDED",
     "ROUTABLE",
     "AttemptRecord",
     "AttemptState",
-    "CredentialUsage",
     "Desired",
     "RolloutRecord",
     "ServiceDetail",
     "ServiceRecord",
     "ServiceState",
-    "UsageEntry",
-    "UsageSummary",
-    "UsageTotals",
 ]

@@ -1,7 +1,7 @@
 """Usage accounting: every invoke request's tokens, cost and latency, kept in the store.
 
 The gateway hands each finished (or refused) request's
-:class:`~ficc_core.gateway.UsageRecord` to :meth:`UsageLedger.record`, a synchronous
+:class:`~ficc_core.usage.records.UsageRecord` to :meth:`UsageLedger.record`, a synchronous
 O(1) append to a bounded buffer: nothing on the request path touches the store. A
 background task writes the buffer every ``usage_flush_interval``, at most
 ``usage_batch_size`` records per transaction, and at once when a batch is full.
@@ -16,7 +16,7 @@ The store being slow or down never blocks a request (docs/usage.md#accounting):
 - beyond as many summary rows, a record is dropped; drops are counted in
   ``ficc_usage_dropped`` and logged at most once per :data:`LOG_EVERY` seconds.
 
-With a spool (:mod:`.usage_spool`, the controller's), each record is also appended to a
+With a spool (:mod:`.spool`, the controller's), each record is also appended to a
 file as it is made, so a SIGKILLed controller's buffer is replayed at the next start
 (:meth:`UsageLedger.replay`); each row carries its ``record_id`` and is written once.
 """
@@ -38,15 +38,15 @@ import trio
 from ..metrics import Metrics
 from ..store import Store, Transaction
 from . import repository
-from .records import UsageEntry, UsageSummary
-from .usage_report import UsageQuery, UsageReport, usage_report
-from .usage_spool import UsageSpool
+from .records import UsageRecord, UsageSummary
+from .report import UsageQuery, UsageReport, usage_report
+from .spool import UsageSpool
 
 log = logging.getLogger("ficc.inference.usage")
 
-#: A gateway record's values in a usage row's column order, but ``requests`` (1 for a
-#: record of its own). The row is its values: no entry object per request.
-_values = attrgetter(*(name for name in repository.USAGE_FIELDS if name != "requests"))
+#: A record's values in a usage row's column order. The row is its values: no other
+#: object per request.
+_values = attrgetter(*repository.USAGE_FIELDS)
 #: Seconds one summary row covers (its ``finished_at`` is the start of that minute).
 SUMMARY_PERIOD = 60
 #: The longest wait between tries after failed writes, in seconds.
@@ -62,7 +62,7 @@ class _Summary:
     """Records of one (credential, service, replica, model, outcome, status, path, minute)
     folded into one row."""
 
-    first: Any
+    first: UsageRecord
     period: int
     requests: int = 0
     prompt_tokens: int = 0
@@ -73,7 +73,7 @@ class _Summary:
     ttfbs: int = 0
     duration: float = 0.0
 
-    def add(self, usage: Any) -> None:
+    def add(self, usage: UsageRecord) -> None:
         self.requests += 1
         self.prompt_tokens += usage.prompt_tokens or 0
         self.completion_tokens += usage.completion_tokens or 0
@@ -91,9 +91,9 @@ class _Summary:
         self.ttfb += other.ttfb
         self.duration += other.duration
 
-    def entry(self) -> UsageEntry:
+    def entry(self) -> UsageRecord:
         first, n = self.first, self.requests
-        return UsageEntry(
+        return UsageRecord(
             service_id=first.service_id,
             generation=first.generation,
             replica=first.replica,
@@ -116,7 +116,7 @@ class _Summary:
         )
 
 
-def _summary_key(usage: Any) -> tuple[Hashable, ...]:
+def _summary_key(usage: UsageRecord) -> tuple[Hashable, ...]:
     return (
         usage.credential_id,
         usage.service_id,
@@ -184,18 +184,13 @@ class UsageLedger:
         #: Writes failed in a row (0 once one succeeds).
         self.failures = 0
 
-    def record(self, usage: object) -> None:
-        """Queue one request's usage (called by the gateway; O(1), never blocks).
-
-        ``usage`` is the gateway's ``UsageRecord``, read by the fields of
-        :class:`UsageEntry` (so this package does not import the gateway, which
-        imports it).
-        """
+    def record(self, usage: UsageRecord) -> None:
+        """Queue one request's usage (called by the gateway; O(1), never blocks)."""
         spool, pending = self.spool, self._pending
         if spool is None:
-            row = (*_values(usage), 1, None)
+            row = (*_values(usage), None)
         else:  # on disk before anything else: a kill from here on loses nothing
-            row = (*_values(usage), 1, spool.next_id())
+            row = (*_values(usage), spool.next_id())
             spool.append(row)
         if len(pending) < self.capacity:
             pending.append(row)

@@ -30,8 +30,8 @@ from typing import Any
 
 import attrs
 
+from ..base.errors import ConfigError, NotFound
 from ..config import parse_duration
-from ..errors import ConfigError, NotFound
 from ..store import Transaction
 
 #: What ``group_by`` may name, and the column each is.

@@ -1,6 +1,6 @@
 """The usage spool: every usage record on disk the moment it is made, until it is stored.
 
-The usage writer (:mod:`.usage`) keeps records in memory for up to
+The usage writer (:mod:`.ledger`) keeps records in memory for up to
 ``usage_flush_interval``; a controller killed with SIGKILL would lose them. So each
 record is also appended to this controller's spool file in ``data_dir/usage-spool``
 with one ``os.write`` (the page cache: it survives the process being killed, not the
