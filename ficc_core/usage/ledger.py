@@ -92,25 +92,17 @@ class _Summary:
         self.duration += other.duration
 
     def entry(self) -> UsageRecord:
-        first, n = self.first, self.requests
-        return UsageRecord(
-            service_id=first.service_id,
-            generation=first.generation,
-            replica=first.replica,
-            node_id=first.node_id,
-            credential_id=first.credential_id,
-            path=first.path,
-            status=first.status,
-            outcome=first.outcome,
+        """The summary row: the first record's service, credential, replica, model,
+        outcome, status and path, the sums and means of them all, at the minute's start."""
+        n = self.requests
+        return attrs.evolve(
+            self.first,
             prompt_tokens=self.prompt_tokens,
             completion_tokens=self.completion_tokens,
             queue_wait=self.queue_wait / n,
             ttfb=self.ttfb / self.ttfbs if self.ttfbs else None,
             duration=self.duration / n,
             finished_at=float(self.period),
-            project_id=first.project_id,
-            user_id=first.user_id,
-            model=first.model,
             cost=self.cost,
             requests=n,
         )

@@ -12,16 +12,15 @@ from collections.abc import Iterable, Sequence
 from operator import attrgetter
 from typing import Any
 
-from ..store import Transaction
-from .records import CredentialUsage, UsageRecord, UsageSummary, UsageTotals
+import attrs
 
-_USAGE_COLUMNS = (
-    "service_id, generation, replica, node_id, credential_id, path, status, outcome,"
-    " prompt_tokens, completion_tokens, queue_wait, ttfb, duration, finished_at,"
-    " project_id, user_id, model, cost, requests"
-)
-#: The columns of an ``inference_usage`` row, in the order :func:`insert_usage_rows` takes.
-USAGE_FIELDS = tuple(name.strip() for name in _USAGE_COLUMNS.split(","))
+from ..store import Transaction
+from .records import CredentialUsage, UsageRecord, UsageSummary, UsageTotals, stored
+
+#: The columns of an ``inference_usage`` row, in the order :func:`insert_usage_rows` takes:
+#: the stored fields of :class:`UsageRecord`, in its order (the record is their one list).
+USAGE_FIELDS = tuple(field.name for field in attrs.fields(UsageRecord) if stored(field, None))
+_USAGE_COLUMNS = ", ".join(USAGE_FIELDS)
 _USAGE_INSERT = (
     f"INSERT INTO inference_usage ({_USAGE_COLUMNS})"
     f" VALUES ({', '.join('?' for _ in USAGE_FIELDS)})"
