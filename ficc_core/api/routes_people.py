@@ -16,7 +16,7 @@ from quart import Response, g, jsonify, request
 
 from ..inference import repository as inference_repository
 from ..inference.errors import service_not_found
-from ..inference.transitions import writable
+from ..inference.specification.transitions import writable
 from ..schema import FieldError
 from ..store import Transaction
 from .bodies import lifetime_validator, name_validator, read_json

@@ -2,9 +2,9 @@
 
 from .errors import PlacementFailed, StaleRevision, UnknownOutcome
 from .manager import CONTROL_ACTIONS, InferenceManager, Preview
-from .model_context import ModelContext, ModelContexts
 from .reconciler import Reconciler
 from .records import AttemptState, Desired, ServiceDetail, ServiceState
+from .specification.model_context import ModelContext, ModelContexts
 
 __all__ = [
     "CONTROL_ACTIONS",

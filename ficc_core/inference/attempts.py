@@ -32,8 +32,8 @@ if TYPE_CHECKING:
     from ..models.blobs import BlobStore
     from ..plugins import AdapterRegistry
     from .liveness import Liveness
-    from .model_context import ModelContext, ModelContexts
     from .observed import Observations
+    from .specification.model_context import ModelContext, ModelContexts
 
 #: The longest a node's new connection is waited for to be reconciled, in seconds,
 #: before an attempt it does not run is judged (stopped by the node, or failed).
@@ -457,19 +457,20 @@ class Attempts:
 
     async def stop(
         self, attempt: AttemptRecord, reason: str | None = None, *, grace: float = STOP_GRACE
-    ) -> None:
+    ) -> bool:
         """Ask the attempt's node to stop it; released once the node confirms it ended.
 
         ``reason`` is what its end records (``superseded``, ``moved``...) instead of the
         executor's own word; ``grace``: how long its engine has to end before it is killed.
+        Returns whether it was released (False: the node could not be asked; try again).
         """
         service_id, attempt_id = attempt.service_id, attempt.attempt_id
         if attempt.state == AttemptState.UNKNOWN:
             await self._resolve_unknown(attempt)
-            return
+            return False
         if attempt.plan_digest is None:
             await self.never_launched(attempt, AttemptState.STOPPED)
-            return
+            return True
         if attempt.state not in ENDED:
             await self.observations.set_attempt(service_id, attempt_id, state=AttemptState.STOPPING)
         try:
@@ -483,10 +484,10 @@ class Attempts:
                 released=True,
                 **({} if reason is None else {"reason": reason}),
             )
-            return
+            return True
         except FiccError as exc:
             await self._node_trouble(attempt, exc)
-            return
+            return False
         failed = attempt.state == AttemptState.FAILED
         await self.observations.set_attempt(
             service_id,
@@ -495,6 +496,7 @@ class Attempts:
             reason=attempt.reason if failed else reason or status.reason or "stopped",
             released=True,
         )
+        return True
 
     async def _resolve_unknown(self, attempt: AttemptRecord) -> None:
         """An unknown attempt ends when its node is back and no longer runs it (or is revoked)."""

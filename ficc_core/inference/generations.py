@@ -28,7 +28,7 @@ from .specification.replicas import running_indices
 
 if TYPE_CHECKING:
     from ..schema import Specification
-    from .placement import Reservation
+    from .records import Reservation
 
 #: The rollout strategies that replace the serving generation's replicas where they run.
 IN_PLACE = ("rolling", "recreate")

@@ -27,21 +27,22 @@ from ..schema import Specification, canonical_json
 from ..store import Store, Transaction
 from ..usage import UsageLedger, UsageSummary
 from . import history, repository, rollout
-from .admission import check_specification, place, plan_in, reserve
 from .errors import service_not_found
 from .on_demand import retry_warning
-from .placement import PlacementNode, Plan
 from .records import (
     Desired,
+    PlacementNode,
     RolloutRecord,
     ServiceDetail,
     ServiceRecord,
     ServiceState,
 )
 from .scaling import changes as scaling
+from .specification.admission import check_specification, place, plan_in, reserve
+from .specification.placement import Plan
 from .specification.replicas import initial
-from .suggest import Suggestion, complete, memory_warnings, recomputed_limits
-from .transitions import (
+from .specification.suggest import Suggestion, complete, memory_warnings, recomputed_limits
+from .specification.transitions import (
     check_revision,
     next_generation,
     require_released,
@@ -53,12 +54,11 @@ from .transitions import (
 if TYPE_CHECKING:
     from ..auth import AuthService, Principal
     from ..auth.records import Credential, Revocation
-    from ..gateway import Gateway
     from ..plugins import AdapterRegistry
-    from .model_context import ModelContext, ModelContexts
     from .moves import Mover
     from .rollout import Restarter
     from .scaling.autoscaler import Autoscaler
+    from .specification.model_context import ModelContext, ModelContexts
 
 CONTROL_ACTIONS = ("start", "drain", "stop", "remove")
 #: What each control action that closes admission leaves the gateway admitting.
@@ -107,6 +107,11 @@ class InferenceManager:
     :param live: the routing view; a control action that closes admission closes it
         at once, before the reconciler's next step.
     :param usage: the invoke requests' usage ledger.
+    :param gateway: the invoke seam, held for the contract's
+        ``service.inference.gateway`` (inference never calls it, nor imports its package).
+    :param mover: runs moves of running services' replicas.
+    :param restarter: runs restarts of running services' replicas.
+    :param autoscaler: wakes and scales services with ``scaling``.
     :param drain_timeout: how long a drain waits for in-flight requests, in seconds.
     :param notify: called with a service's id after every write (the reconciler acts).
     :param clock: seconds since the epoch, for the records' times.
@@ -121,7 +126,10 @@ class InferenceManager:
         contexts: ModelContexts,
         live: LiveTable,
         usage: UsageLedger,
-        gateway: Gateway,
+        gateway: Any,
+        mover: Mover,
+        restarter: Restarter,
+        autoscaler: Autoscaler,
         drain_timeout: float,
         notify: Callable[[str], None] = lambda _service_id: None,
         clock: Callable[[], float] = time.time,
@@ -134,15 +142,12 @@ class InferenceManager:
         self.usage = usage
         #: The invoke seam (the contract's ``service.inference.gateway.invoke``).
         self.gateway = gateway
+        self.mover = mover
+        self.restarter = restarter
+        self.autoscaler = autoscaler
         self.drain_timeout = drain_timeout
         self.notify = notify
         self.clock = clock
-        #: Runs moves and restarts of running services' replicas (set once the
-        #: reconciler exists).
-        self.mover: Mover
-        self.restarter: Restarter
-        #: Wakes and scales services with ``scaling`` (set once the reconciler exists).
-        self.autoscaler: Autoscaler
 
     async def _resolved(self, project_id: str, document: Any) -> Any:
         """``document`` with its ``model_id`` a model ID (a model name is resolved)."""

@@ -21,10 +21,9 @@ from ..events import record as record_event
 from ..schema import canonical_json
 from ..store import Transaction
 from . import history, repository
-from .admission import plan_in
-from .placement import Reservation
 from .publication import ROLLED_BACK, routed
-from .records import ENDED, AttemptRecord, AttemptState, ServiceRecord
+from .records import ENDED, AttemptRecord, AttemptState, Reservation, ServiceRecord
+from .specification.admission import plan_in
 
 if TYPE_CHECKING:
     from ..schema import Specification

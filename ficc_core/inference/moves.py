@@ -45,18 +45,18 @@ from ..store import Transaction
 from . import repository
 from .generations import settle_reservations
 from .move_steps import MovePlan, MoveResult, MoveRun
-from .placement import PlacementNode, Reservation, plan, staged_on
 from .publication import routed
-from .records import AttemptRecord, Desired, ServiceRecord
+from .records import AttemptRecord, Desired, PlacementNode, Reservation, ServiceRecord
 from .refusals import nothing_to_do, operation_details
-from .tiers import TierMismatch, check_node
-from .transitions import check_revision, writable
+from .specification.placement import plan, staged_on
+from .specification.tiers import TierMismatch, check_node
+from .specification.transitions import check_revision, writable
 
 if TYPE_CHECKING:
     from ..auth import Principal
     from ..schema import Placement, Specification
-    from .model_context import ModelContext, ModelContexts
     from .reconciler import Reconciler
+    from .specification.model_context import ModelContext, ModelContexts
 
 STEPS = ("deploy_target", "wait_target_health", "stop_source", "undeploy_source", "update_binding")
 FINAL_STATES = (

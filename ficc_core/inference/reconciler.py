@@ -34,13 +34,14 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import attrs
 import trio
 
 from ..base.errors import FiccError
+from ..routing.idle import IdleSignal
 from ..routing.live import Admission, LiveTable
 from ..store import Transaction
 from ..store.outage import Backoff, OutageLog, is_store_failure
@@ -59,6 +60,7 @@ from .on_demand import OnDemand
 from .publication import given_up, publish, retiring, rolled_up
 from .records import (
     ACTIVE,
+    ENDED,
     AttemptRecord,
     AttemptState,
     Desired,
@@ -75,7 +77,7 @@ if TYPE_CHECKING:
     from ..plugins import AdapterRegistry
     from ..schema import Specification
     from ..store import Store
-    from .model_context import ModelContexts
+    from .specification.model_context import ModelContexts
 
 log = logging.getLogger("ficc.inference")
 
@@ -152,6 +154,8 @@ class Reconciler:
     :param liveness: the liveness probes' settings (``interval``, ``timeout``, ``misses``;
         :class:`~.liveness.Liveness`'s defaults where absent).
     :param metrics: the controller's collectors (liveness), or None.
+    :param idle_signal: returns once no request is in flight on an attempt (the
+        gateway serves it; by default nothing is in flight): a retiring attempt drains by it.
     :param follow_interval: seconds between reads of every service's revision while it
         runs, to wake the drivers of services created or changed through another
         controller sharing the store (None: this process makes every change itself).
@@ -177,12 +181,13 @@ class Reconciler:
         follow_interval: float | None = None,
         liveness: Mapping[str, float] | None = None,
         metrics: Metrics | None = None,
+        idle_signal: IdleSignal | None = None,
     ) -> None:
         self.store = store
         self.follow_interval = follow_interval
         self.drain_timeout = drain_timeout
-        #: Returns once no request is in flight on an attempt (the gateway's, once built).
-        self.replica_idle: Callable[[str], Awaitable[None]] = _idle_at_once
+        #: Whether an attempt has requests in flight (the gateway serves it).
+        self.idle_signal = IdleSignal() if idle_signal is None else idle_signal
         self.contributors = contributors
         self.live = live
         self.clock = clock
@@ -257,6 +262,10 @@ class Reconciler:
     def running(self) -> bool:
         """Whether :meth:`run` runs now (on the leader of several controllers alone)."""
         return self._nursery is not None
+
+    async def replica_idle(self, attempt_id: str) -> None:
+        """Return once the gateway has no request in flight on ``attempt_id``."""
+        await self.idle_signal.wait(attempt_id)
 
     def wake(self, service_id: str) -> None:
         """Make the service's driver act now (starting one if there is none).
@@ -656,6 +665,14 @@ class Reconciler:
         free = [a for a in unreleased if a.attempt_id not in busy]
         if free and free[-1].state == AttemptState.UNKNOWN:
             return True  # never retried by itself: stop, then start with acknowledgement
+        if free and _stop_unconfirmed(free[-1]) and free[-1].attempt_id not in driver.retiring:
+            # Told to stop, its end not confirmed: by a leader killed or deposed in the
+            # middle (or a call that failed). The stop is finished here, never watched as
+            # if it still served, and the replica starts again only once the node
+            # confirmed its engine ended: never a second engine beside it.
+            if not await self.attempts.stop(free[-1]):
+                await trio.sleep(self.attempts.ready_period)
+            return False
         if free and free[-1].state in ACTIVE:
             task.watching = free[-1].attempt_id
             # An unresponsive engine waits the crash back-off for an answer before it goes.
@@ -687,8 +704,12 @@ class Reconciler:
         return False
 
 
-async def _idle_at_once(_attempt_id: str) -> None:
-    """No gateway counts requests: nothing is in flight."""
+def _stop_unconfirmed(attempt: AttemptRecord) -> bool:
+    """Whether ``attempt`` was told to stop (``stopping``, or ended on record but not
+    released) and its node has not confirmed the end yet."""
+    return not attempt.released and (
+        attempt.state == AttemptState.STOPPING or attempt.state in ENDED
+    )
 
 
 def _describe(fault: BaseException | None) -> str:

@@ -260,6 +260,8 @@ __all__ = [
     "AttemptRecord",
     "AttemptState",
     "Desired",
+    "PlacementNode",
+    "Reservation",
     "RolloutRecord",
     "ServiceDetail",
     "ServiceRecord",

@@ -2,8 +2,8 @@
 
 The domain code composes these inside one ``store.read``/``store.write`` so that a
 check and the write it guards happen in one transaction. They take and return the
-records of :mod:`~ficc_core.inference.records` (and placement's
-:class:`~ficc_core.inference.placement.Reservation`/``PlacementNode``); nothing outside
+records of :mod:`~ficc_core.inference.records` (with the placements'
+:class:`~ficc_core.inference.records.Reservation` and ``PlacementNode``); nothing outside
 this module sees a row. The SQL is what SQLite and PostgreSQL both run.
 
 Tables: ``inference_services``, ``inference_attempts``, ``inference_reservations``,
@@ -22,8 +22,14 @@ from typing import Any
 from ..contributors import repository as contributors
 from ..contributors.records import AssignmentReason
 from ..store import Transaction
-from .placement import PlacementNode, Reservation
-from .records import AttemptRecord, RolloutRecord, ServiceDetail, ServiceRecord
+from .records import (
+    AttemptRecord,
+    PlacementNode,
+    Reservation,
+    RolloutRecord,
+    ServiceDetail,
+    ServiceRecord,
+)
 
 _SERVICE_COLUMNS = (
     "id, project_id, alias, model_id, spec, revision, generation, desired, state, reason,"

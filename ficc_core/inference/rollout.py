@@ -36,13 +36,13 @@ from .generations import rollout_event
 from .publication import routed
 from .records import ACTIVE, AttemptRecord, Desired, RolloutRecord, ServiceRecord
 from .refusals import nothing_to_do
+from .specification.transitions import check_revision, next_generation, writable
 from .strategies import SCALE_DOWN, Choice, choose, refuse_choice, scale_down
-from .transitions import check_revision, next_generation, writable
 
 if TYPE_CHECKING:
     from ..auth import Principal
-    from .model_context import ModelContext
     from .reconciler import Reconciler
+    from .specification.model_context import ModelContext
 
 
 __all__ = ["Choice", "Restarter", "begin", "preview", "rollout_view"]

@@ -35,14 +35,14 @@ from ..events import EventKind
 from ..schema import Specification, canonical_json
 from ..store import Transaction
 from . import history, repository
-from .admission import plan_in
 from .errors import PlacementFailed
-from .placement import Plan, plan
 from .records import ServiceRecord
+from .specification.admission import plan_in
+from .specification.placement import Plan, plan
 from .specification.replicas import running_indices
 
 if TYPE_CHECKING:
-    from .model_context import ModelContext
+    from .specification.model_context import ModelContext
 
 #: What a rollout request may ask for.
 STRATEGIES = ("auto", "surge", "rolling", "recreate")

@@ -8,11 +8,12 @@ import pytest
 from ficc_core.contributors import repository as contributors
 from ficc_core.contributors.records import Assignment, AssignmentReason, NodeState
 from ficc_core.inference import repository
-from ficc_core.inference.placement import PlacementNode, Reservation
 from ficc_core.inference.records import (
     AttemptRecord,
     AttemptState,
     Desired,
+    PlacementNode,
+    Reservation,
     ServiceRecord,
     ServiceState,
 )

@@ -170,7 +170,7 @@ def test_show_suggests_starting_with_acknowledge_unknown_only_where_start_accept
     from ficc_core.api.views_inference import service_view
     from ficc_core.base.errors import FiccError
     from ficc_core.cli.inference_io import echo_service
-    from ficc_core.inference.transitions import require_stopped
+    from ficc_core.inference.specification.transitions import require_stopped
     from ficc_core.schema import Specification, structure, unstructure
 
     document = {**SPECIFICATION, "placements": [SPECIFICATION["placements"][0]] * 2}

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 from ficc_core import Placement, ResourceLimits, Runtime, Specification
-from ficc_core.inference.model_context import ModelContexts
+from ficc_core.inference.specification.model_context import ModelContexts
 from ficc_core.models.gguf import read_gguf_file
 from ficc_core.testing.models import split_gguf
 

@@ -16,7 +16,7 @@ import trio
 from ficc_core import PluginError, RuntimeRegistry
 from ficc_core.agent import AgentSettings, check_runtime
 from ficc_core.base.errors import ConfigError
-from ficc_core.inference.tiers import TierMismatch, check_tier
+from ficc_core.inference.specification.tiers import TierMismatch, check_tier
 from ficc_core.plugins import build_plugin_manager
 from ficc_core.schema import (
     ExecutorSnapshot,

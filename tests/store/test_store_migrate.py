@@ -17,7 +17,7 @@ from ficc_core.controller.service import open_service
 from ficc_core.events import EventKind, Subject, record
 from ficc_core.events import repository as events
 from ficc_core.inference import repository as inference
-from ficc_core.inference.placement import Reservation
+from ficc_core.inference.records import Reservation
 from ficc_core.schema import ModelManifest, structure
 from ficc_core.usage import repository as usage
 from ficc_core.usage.records import UsageRecord

@@ -2,7 +2,8 @@
 
 Two ways in:
 
-- :meth:`Autoscaler.activate` is the gateway's ``activate``: a request found an idle
+- :meth:`Autoscaler.activate` serves the gateway's
+  :class:`~ficc_core.routing.activation.ActivationChannel`: a request found an idle
   on-demand service. The first call starts one activation (a durable
   :func:`~.changes.grow` that takes a candidate's reservation) in the autoscaler's own
   task, so a client that leaves does not cancel it; every call made meanwhile joins it.
@@ -32,7 +33,8 @@ import attrs
 import trio
 
 from ...base.errors import FiccError
-from ...routing.demand import Demand
+from ...routing.activation import ActivationChannel
+from ...routing.demand import Demand, DemandBoard
 from ...store import Transaction
 from ...store.outage import OutageLog, as_store_unavailable, is_store_failure
 from .. import repository
@@ -47,9 +49,9 @@ if TYPE_CHECKING:
     from ...metrics import Metrics
     from ...routing.live import LiveService, LiveTable
     from ...store import Store
-    from ..model_context import ModelContexts
     from ..reconciler import Reconciler
     from ..records import ServiceRecord
+    from ..specification.model_context import ModelContexts
 
 log = logging.getLogger("ficc.inference")
 
@@ -96,8 +98,10 @@ class _Watch:
 class Autoscaler:
     """Activation and scale decisions (see the module docs).
 
-    :param demand: the gateway's figures of one service (``Gateway.demand``); set once
-        the gateway exists.
+    :param activations: the autoscaler serves it with :meth:`activate` (the gateway
+        calls it for a request to an idle on-demand service).
+    :param board: the gateway's figures of one service (the gateway serves it with
+        ``Gateway.demand``; by default no demand).
     """
 
     def __init__(
@@ -111,6 +115,8 @@ class Autoscaler:
         metrics: Metrics,
         clock: Callable[[], float] = time.time,
         period: float = 0.5,
+        activations: ActivationChannel | None = None,
+        board: DemandBoard | None = None,
     ) -> None:
         self.store = store
         self.reconciler = reconciler
@@ -120,13 +126,16 @@ class Autoscaler:
         self.metrics = metrics
         self.clock = clock
         self.period = period
-        self.demand: Callable[[str], Demand] = lambda _service_id: Demand()
+        #: What the gateway saw of each service's requests.
+        self.board = DemandBoard() if board is None else board
         self._flights: dict[str, _Flight] = {}
         self._watch: dict[str, _Watch] = {}
         self._nursery: trio.Nursery | None = None
         #: Store failures met while scaling (one warning per outage).
         self.outage = OutageLog("the autoscaler", logger=log)
         reconciler.on_demand.count = self._failed
+        if activations is not None:
+            activations.serve(self.activate)
 
     def _failed(self, service_id: str, outcome: str) -> None:
         self.metrics.activations.labels(service_id, outcome).inc()
@@ -318,7 +327,7 @@ class Autoscaler:
         view = self.live.get(service_id)
         if view is None:
             return
-        demand = self.demand(service_id)
+        demand = self.board.read(service_id)
         now = self.clock()
         cooled = record.scaled_at is None or now - record.scaled_at >= self.config.scale_cooldown
         if await self._scale_out(record, view, demand, active, watch, now, cooled):

@@ -26,12 +26,12 @@ from ...base.errors import FiccError
 from ...events import EventKind
 from ...store import Transaction
 from .. import history, repository
-from ..placement import plan, staged_on
 from ..records import Desired, ServiceRecord
+from ..specification.placement import plan, staged_on
 from ..specification.replicas import running_indices
 
 if TYPE_CHECKING:
-    from ..model_context import ModelContext
+    from ..specification.model_context import ModelContext
 
 
 class NoCapacity(FiccError):

@@ -10,17 +10,17 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
-from ..base.errors import FiccError
-from ..schema import FieldError, SchemaError, Specification, structure
-from ..store import Transaction
-from . import repository
-from .errors import PlacementFailed
+from ...base.errors import FiccError
+from ...schema import FieldError, SchemaError, Specification, structure
+from ...store import Transaction
+from .. import repository
+from ..errors import PlacementFailed
 from .placement import Plan, plan
-from .specification.replicas import initial
+from .replicas import initial
 from .tiers import check_placements
 
 if TYPE_CHECKING:
-    from ..plugins import AdapterRegistry
+    from ...plugins import AdapterRegistry
     from .model_context import ModelContext, ModelContexts
 
 

@@ -34,10 +34,10 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from ..contributors.records import NodeState
-from ..schema import InstalledRuntime, SchemaError, Specification
-from ..schema._convert import check_range
-from .placement import PlacementNode, Reservation
+from ...contributors.records import NodeState
+from ...schema import InstalledRuntime, SchemaError, Specification
+from ...schema._convert import check_range
+from ..records import PlacementNode, Reservation
 
 if TYPE_CHECKING:
     from .model_context import ModelContext

@@ -12,17 +12,17 @@ from typing import TYPE_CHECKING
 
 import attrs
 
-from ..base.errors import Conflict
-from ..contributors.records import AssignmentReason
-from ..store import Transaction
-from . import repository
+from ...base.errors import Conflict
+from ...contributors.records import AssignmentReason
+from ...store import Transaction
+from .. import repository
+from ..errors import StaleRevision, UnknownOutcome, service_not_found
+from ..records import AttemptState, Desired, ServiceRecord, ServiceState
 from .admission import reserve
-from .errors import StaleRevision, UnknownOutcome, service_not_found
-from .records import AttemptState, Desired, ServiceRecord, ServiceState
-from .specification.replicas import initial
+from .replicas import initial
 
 if TYPE_CHECKING:
-    from ..schema import Specification
+    from ...schema import Specification
     from .model_context import ModelContext
 
 

@@ -7,16 +7,16 @@ from typing import TYPE_CHECKING
 
 import attrs
 
-from ..base.errors import Conflict, NotFound
-from ..models.records import ModelState
-from ..schema import JobInput, ModelManifest, ModelMetadata, ModelRecord, SchemaError, structure
-from ..schema._convert import MAX_SAFE_INTEGER, integer
+from ...base.errors import Conflict, NotFound
+from ...models.records import ModelState
+from ...schema import JobInput, ModelManifest, ModelMetadata, ModelRecord, SchemaError, structure
+from ...schema._convert import MAX_SAFE_INTEGER, integer
 
 if TYPE_CHECKING:
-    from ..models.blobs import BlobStore
-    from ..models.gguf_types import AttentionShape
-    from ..models.records import Model
-    from ..models.registry import ModelRegistry
+    from ...models.blobs import BlobStore
+    from ...models.gguf_types import AttentionShape
+    from ...models.records import Model
+    from ...models.registry import ModelRegistry
 
 
 @attrs.frozen(kw_only=True)

@@ -15,14 +15,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..base.errors import InvalidRequest
-from ..contributors import repository as contributors
-from ..schema import InstalledRuntime, SchemaError
+from ...base.errors import InvalidRequest
+from ...contributors import repository as contributors
+from ...schema import InstalledRuntime, SchemaError
 
 if TYPE_CHECKING:
-    from ..contributors.records import Node
-    from ..schema import ExecutorSnapshot, Runtime, Specification
-    from ..store import Transaction
+    from ...contributors.records import Node
+    from ...schema import ExecutorSnapshot, Runtime, Specification
+    from ...store import Transaction
 
 
 class TierMismatch(InvalidRequest):

@@ -20,8 +20,9 @@ from typing import Any
 
 import attrs
 
-from ..contributors.records import Node, NodeState
-from ..schema import ExecutorSnapshot, SchemaError, Specification, digest
+from ...contributors.records import NodeState
+from ...schema import Specification, digest
+from ..records import PlacementNode, Reservation
 
 GIB = 1024**3
 _EPSILON = 1e-9
@@ -38,56 +39,6 @@ def _size(value: float) -> str:
 
 def _cpus(value: float) -> str:
     return f"{value:g} CPU" + ("" if value == 1 else "s")
-
-
-@attrs.frozen(kw_only=True)
-class Reservation:
-    """What one replica holds on its node while its service is submitted or running."""
-
-    service_id: str
-    replica: int
-    node_id: str
-    cpus: float
-    memory_bytes: int
-    disk_bytes: int = 0
-    gpus: tuple[tuple[int, int], ...] = ()  # (device index, memory bytes)
-    #: The generation whose attempts it is for: a rollout's next generation, or a move's
-    #: target (another node), holds its own beside the one still serving.
-    generation: int = 0
-
-    @property
-    def key(self) -> tuple[int, int, str]:
-        """What names it among the service's reservations: generation, replica, node."""
-        return (self.generation, self.replica, self.node_id)
-
-    def to_json(self) -> dict[str, Any]:
-        """The reservation as shown in previews and service views."""
-        return {
-            "node_id": self.node_id,
-            "cpus": self.cpus,
-            "memory_bytes": self.memory_bytes,
-            "disk_bytes": self.disk_bytes,
-            "gpus": [{"index": index, "memory_bytes": size} for index, size in self.gpus],
-        }
-
-
-@attrs.frozen(kw_only=True)
-class PlacementNode:
-    """A node as placement sees it: its record's state and last snapshot."""
-
-    node_id: str
-    state: NodeState
-    snapshot: ExecutorSnapshot | None
-    embedded: bool = False
-
-    @classmethod
-    def of(cls, node: Node) -> PlacementNode:
-        """The contributor node ``node``; a snapshot that no longer parses counts as none."""
-        try:
-            snapshot = node.executor_snapshot()
-        except (SchemaError, ValueError):
-            snapshot = None
-        return cls(node_id=node.id, state=node.state, snapshot=snapshot, embedded=node.embedded)
 
 
 @attrs.frozen(kw_only=True)
@@ -444,11 +395,9 @@ def _copy(used: _Used) -> _Used:
 
 
 __all__: Sequence[str] = [
-    "PlacementNode",
     "Plan",
     "Reason",
     "ReplicaPlan",
-    "Reservation",
     "plan",
     "staged_on",
 ]
