@@ -358,7 +358,8 @@ class Admission:
             self._earn(line, waiter.band)
             waiter.granted = True
             waiter.event.set()
-            getattr(self.accounting.band(service_id, waiter.band.name), via).inc()
+            series = self.accounting.band(service_id, waiter.band.name)
+            (series.share if via == "share" else series.priority).inc()
             if service_id not in self._lines:
                 return
 

@@ -26,7 +26,7 @@ import math
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import attrs
 import trio
@@ -96,10 +96,80 @@ def _sse_error(error: FiccError) -> bytes:
 
 
 def _failed(event: ReadEvent, what: str) -> EngineFailed:
+    failed = isinstance(event, StreamFailed)
     return EngineFailed(
-        f"the engine's stream failed{what}: {getattr(event, 'message', event)}",
-        details={"engine_code": getattr(event, "code", None)},
+        f"the engine's stream failed{what}: {event.message if failed else event}",
+        details={"engine_code": event.code if failed else None},
     )
+
+
+@runtime_checkable
+class HoldsEvents(Protocol):
+    """An endpoint action that says how many events it holds queued for a stream, read
+    without waiting (the executor's in-process endpoint and the node link's relay):
+    :meth:`Relay.next_event` then takes a queued event without a cancel scope. Endpoint
+    actions need not implement it (:class:`~ficc_core.executor.protocol.EndpointAction`
+    does not declare it)."""
+
+    def held(self, fence: Fence, stream_id: str) -> int:
+        """Events queued for ``stream_id`` of ``fence``'s attempt now."""
+        ...
+
+
+#: Per endpoint action class, whether it is a :class:`HoldsEvents` (checked once: a
+#: runtime protocol check costs microseconds).
+_HOLDS_EVENTS: dict[type, bool] = {}
+
+
+def _held_of(endpoint: EndpointAction) -> Callable[[Fence, str], int] | None:
+    """``endpoint.held`` where its class implements :class:`HoldsEvents`, else None."""
+    kind = type(endpoint)
+    holds = _HOLDS_EVENTS.get(kind)
+    if holds is None:
+        holds = _HOLDS_EVENTS[kind] = isinstance(endpoint, HoldsEvents)
+    return endpoint.held if holds else None  # type: ignore[attr-defined]
+
+
+@attrs.define(eq=False, slots=True)
+class Stream:
+    """One engine stream of a request's attempt: the relay's own state, made by
+    :meth:`Relay.open` and read and written by the relay alone.
+
+    :ivar stream_id: the stream's ID at the endpoint (unique per gateway).
+    :ivar endpoint: the endpoint action of the replica's node.
+    :ivar held: the endpoint's ``held`` (:class:`HoldsEvents`), or None.
+    :ivar wait_bound: the timeout setting the stream's next event must beat, or "".
+    :ivar wait_until: when that bound passes, on the trio clock (``math.inf``: none).
+    :ivar opened: the endpoint accepted the open.
+    :ivar ended: the stream ended by itself (``EndOfStream`` or ``StreamFailed``), or
+        was cancelled.
+    :ivar first_byte: when its first body chunk was relayed, on the trio clock.
+    :ivar prev_chunk: the body chunk before the last one (accounting reads the usage
+        from the last two).
+    :ivar last_chunk: the last body chunk relayed.
+    """
+
+    stream_id: str
+    endpoint: EndpointAction
+    held: Callable[[Fence, str], int] | None
+    wait_bound: str
+    wait_until: float
+    opened: bool = False
+    ended: bool = False
+    first_byte: float | None = None
+    prev_chunk: bytes = b""
+    last_chunk: bytes = b""
+
+    def took(self, data: bytes) -> None:
+        """Note a body chunk relayed: the first byte's time, the last two chunks (usage)."""
+        if self.first_byte is None:
+            self.first_byte = trio.current_time()
+        self.prev_chunk, self.last_chunk = self.last_chunk, data
+
+    def forget(self) -> None:
+        """Forget what was relayed (nothing of it reached the client: another replica
+        is tried, or the request fails with no answer)."""
+        self.first_byte, self.prev_chunk, self.last_chunk = None, b"", b""
 
 
 class ResponseChunks:
@@ -135,6 +205,8 @@ class ResponseChunks:
         self._pending = deque(pending)
         self._relay = relay
         self._request = request
+        #: The engine stream relayed (its tally of what was relayed: accounting's input).
+        self._stream = None if request is None else request.stream
         self._done = request is None or request.ended
 
     @property
@@ -163,13 +235,13 @@ class ResponseChunks:
         request must end before the body is complete; the response then stays open
         for its owner to close.
         """
-        request, relay = self._request, self._relay
-        assert request is not None and relay is not None
+        request, relay, stream = self._request, self._relay, self._stream
+        assert request is not None and relay is not None and stream is not None
         held = 0
         while held < limit:
             event = await relay.next_event(request)
             if isinstance(event, BodyChunk):
-                request.took(event.data)
+                stream.took(event.data)
                 self._pending.append(event.data)
                 held += len(event.data)
             elif isinstance(event, EndOfStream):
@@ -189,11 +261,11 @@ class ResponseChunks:
 
         Raises like :meth:`prefetch`.
         """
-        request, relay = self._request, self._relay
-        assert request is not None and relay is not None
+        request, relay, stream = self._request, self._relay, self._stream
+        assert request is not None and relay is not None and stream is not None
         event = await relay.next_event(request)
         if isinstance(event, BodyChunk):
-            request.took(event.data)
+            stream.took(event.data)
             self._pending.append(event.data)
         elif isinstance(event, EndOfStream):
             self._done = True
@@ -224,12 +296,12 @@ class ResponseChunks:
                 data = without_usage(data)
             if data:
                 return data
-        relay = self._relay
-        if self._done or request is None or relay is None:
+        relay, stream = self._relay, self._stream
+        if self._done or request is None or relay is None or stream is None:
             raise StopAsyncIteration
         event = await relay.next_event(request)
         while isinstance(event, BodyChunk):
-            request.took(event.data)  # accounting reads the usage, hidden or not
+            stream.took(event.data)  # accounting reads the usage, hidden or not
             data = without_usage(event.data) if hide else event.data
             if data:
                 return data
@@ -302,26 +374,29 @@ class Relay:
         replica = request.replica
         assert replica is not None
         timeouts = self.timeouts
-        request.stream_id = f"{self._stream_prefix}{next(self._stream_numbers)}"
-        request.opened = request.ended = False
-        request.endpoint = self.contributors.endpoint(replica.node_id)
-        request.held = getattr(request.endpoint, "held", None)
-        request.wait_bound, request.wait_until = "timeout_dial", trio.current_time() + timeouts.dial
-        with trio.move_on_at(min(request.deadline, request.wait_until)):
-            await request.endpoint.open(
-                replica.fence, request.stream_id, method, request.path, headers, payload
+        endpoint = self.contributors.endpoint(replica.node_id)
+        stream = request.stream = Stream(
+            f"{self._stream_prefix}{next(self._stream_numbers)}",
+            endpoint,
+            _held_of(endpoint),
+            "timeout_dial",
+            trio.current_time() + timeouts.dial,
+        )
+        with trio.move_on_at(min(request.deadline, stream.wait_until)):
+            await endpoint.open(
+                replica.fence, stream.stream_id, method, request.path, headers, payload
             )
-            request.opened = True
-        if not request.opened:
+            stream.opened = True
+        if not stream.opened:
             if trio.current_time() < request.deadline:
-                raise self._timeout(request)
+                raise self._timeout(request, stream)
             raise DeadlineExceeded("the request deadline passed before the engine answered")
         if request.streaming:
-            request.wait_bound = "timeout_response_header"
-            request.wait_until = trio.current_time() + timeouts.response_header
+            stream.wait_bound = "timeout_response_header"
+            stream.wait_until = trio.current_time() + timeouts.response_header
         else:
-            request.wait_bound = "timeout_generation"
-            request.wait_until = trio.current_time() + timeouts.generation
+            stream.wait_bound = "timeout_generation"
+            stream.wait_until = trio.current_time() + timeouts.generation
         return await self.next_event(request)
 
     async def fetch(
@@ -364,9 +439,9 @@ class Relay:
                     except FiccError:
                         pass  # the stream or attempt is already gone
 
-    def _timeout(self, request: Request) -> EngineTimeout:
-        bound = request.wait_bound
-        seconds = getattr(self.timeouts, bound.removeprefix("timeout_"))
+    def _timeout(self, request: Request, stream: Stream) -> EngineTimeout:
+        bound = stream.wait_bound
+        seconds = attrs.asdict(self.timeouts)[bound.removeprefix("timeout_")]
         self.timed_out(request, bound)
         return EngineTimeout(bound, seconds, _WAITED_FOR[bound])
 
@@ -388,60 +463,59 @@ class Relay:
     async def next_event(self, request: Request) -> ReadEvent | FiccError:
         """The stream's next event, or the error that ends it (authority, generation,
         deadline, a timeout)."""
-        endpoint, replica = request.endpoint, request.replica
-        assert endpoint is not None and replica is not None
+        stream, replica = request.stream, request.replica
+        assert stream is not None and replica is not None
         while True:
             problem = self.checks.problem(request)
             if problem is not None:
                 return problem
             now = trio.current_time()
-            if now >= request.wait_until:
-                return self._timeout(request)
+            if now >= stream.wait_until:
+                return self._timeout(request, stream)
             try:
-                event = await self._read(request, endpoint, replica.fence, now)
+                event = await self._read(request.deadline, stream, replica.fence, now)
             except FiccError as exc:
-                request.ended = True
+                stream.ended = True
                 return StreamFailed(code=exc.code, message=exc.message)
             if event is None:
                 continue  # the wait reached a bound or its re-check
             if isinstance(event, EndOfStream | StreamFailed):
-                request.ended = True
+                stream.ended = True
             elif request.streaming:
                 # A non-streamed answer keeps its one generation bound to the end.
                 if isinstance(event, ResponseHead):
-                    request.wait_bound = "timeout_first_token"
-                    request.wait_until = trio.current_time() + self.timeouts.first_token
+                    stream.wait_bound = "timeout_first_token"
+                    stream.wait_until = trio.current_time() + self.timeouts.first_token
                 else:
-                    request.wait_bound = "timeout_idle"
-                    request.wait_until = trio.current_time() + self.timeouts.idle
+                    stream.wait_bound = "timeout_idle"
+                    stream.wait_until = trio.current_time() + self.timeouts.idle
             return event
 
     async def _read(
-        self, request: Request, endpoint: EndpointAction, fence: Fence, now: float
+        self, deadline: float, stream: Stream, fence: Fence, now: float
     ) -> ReadEvent | None:
         """The stream's next event, or None when waiting for it reached the request's
-        deadline, its wait bound or the next re-check first."""
-        held = request.held
-        if held is not None and held(fence, request.stream_id):
+        ``deadline``, its wait bound or the next re-check first."""
+        held = stream.held
+        if held is not None and held(fence, stream.stream_id):
             # Queued already: taken without a cancel scope (one costs about 7 µs to
             # enter and leave, and most events of an answer arrive with the one before).
-            return await endpoint.read(fence, request.stream_id)
-        with trio.move_on_at(
-            min(request.deadline, request.wait_until, now + self.recheck_interval)
-        ):
-            return await endpoint.read(fence, request.stream_id)
+            return await stream.endpoint.read(fence, stream.stream_id)
+        with trio.move_on_at(min(deadline, stream.wait_until, now + self.recheck_interval)):
+            return await stream.endpoint.read(fence, stream.stream_id)
         return None
 
     async def cancel(self, request: Request) -> None:
         """Cancel the engine request of a stream that is open and did not end by itself."""
-        if not request.opened or request.ended or request.endpoint is None:
+        stream = request.stream
+        if stream is None or not stream.opened or stream.ended:
             return
-        request.ended = True
+        stream.ended = True
         replica = request.replica
         assert replica is not None
         with trio.CancelScope(shield=True), trio.move_on_after(10):
             try:
-                await request.endpoint.cancel(replica.fence, request.stream_id)
+                await stream.endpoint.cancel(replica.fence, stream.stream_id)
             except FiccError:
                 pass  # the stream or attempt is already gone
 

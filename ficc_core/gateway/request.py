@@ -1,21 +1,27 @@
-"""One admitted request, from admission to its end: the state every part of the gateway shares."""
+"""One admitted request, from admission to its end.
+
+What the checks made of the body is fixed here at admission (:class:`.checks.Prepared`:
+``payload``, ``streaming``, ``hide_usage`` and the estimates). Each stage after that
+keeps its own state in its own small object: the relay's engine stream of the current
+attempt is a :class:`.relay.Stream` (``stream``), the quota gate's reservation is its
+own type; admission records the slot (``replica``, ``band``) and accounting the
+tokens the engine reported.
+"""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 import attrs
-import trio
 
 if TYPE_CHECKING:
     from ..auth import Principal
-    from ..executor.protocol import EndpointAction
-    from ..executor.types import Fence
     from ..routing.bands import Band
     from ..routing.live import LiveReplica, LiveService
     from .affinity import Prompt
+    from .relay import Stream
 
 
 @attrs.define(eq=False)
@@ -27,14 +33,11 @@ class Request:
     :ivar started: admission time, on the trio clock.
     :ivar deadline: the request deadline on the trio clock (``math.inf`` without one).
     :ivar replica: the replica holding (or last holding) its slot.
-    :ivar opened: the engine stream of the current attempt is open.
-    :ivar ended: that stream ended by itself (``EndOfStream`` or ``StreamFailed``).
+    :ivar stream: the engine stream of the current attempt (the relay's, None before one).
     :ivar finished: slot freed and accounted; nothing more happens to it.
     :ivar deadline_bound: what set ``deadline``: ``request_deadline`` or ``timeout_total``,
         of ``deadline_seconds``.
     :ivar streaming: the answer is a server-sent-event stream.
-    :ivar wait_bound: the timeout setting the stream's next event must beat, or "".
-    :ivar wait_until: when that bound passes, on the trio clock (``math.inf``: none).
     :ivar band: the priority band it is served in (decided when it first asks for a slot).
     """
 
@@ -47,19 +50,10 @@ class Request:
     deadline: float
     queue_wait: float = 0.0
     replica: LiveReplica | None = None
-    endpoint: EndpointAction | None = None
-    #: The endpoint's ``held(fence, stream_id)`` (events queued for the stream, read
-    #: without waiting), where it has one; None otherwise.
-    held: Callable[[Fence, str], int] | None = None
-    stream_id: str = ""
+    stream: Stream | None = None
     status: int = 0
-    opened: bool = False
-    ended: bool = False
     finished: bool = False
     holds_slot: bool = False
-    first_byte: float | None = None
-    prev_chunk: bytes = b""
-    last_chunk: bytes = b""
     #: The gateway asked the engine for the stream's usage event the client did not ask
     #: for (``stream_options.include_usage``): it is accounted, not relayed.
     hide_usage: bool = False
@@ -67,8 +61,6 @@ class Request:
     deadline_bound: str = "request_deadline"
     deadline_seconds: float = math.inf
     streaming: bool = False
-    wait_bound: str = ""
-    wait_until: float = math.inf
     # -- priority bands (admission.py, docs/priority.md) --
     band: Band | None = None
     #: It waited for its service's activation (activation.py): the slot queue takes it
@@ -91,8 +83,8 @@ class Request:
     #: The tokens the engine reported (prompt, completion), once the request settled.
     tokens: tuple[int | None, int | None] = (None, None)
 
-    def took(self, data: bytes) -> None:
-        """Note a body chunk relayed: the first byte's time, the last two chunks (usage)."""
-        if self.first_byte is None:
-            self.first_byte = trio.current_time()
-        self.prev_chunk, self.last_chunk = self.last_chunk, data
+    @property
+    def ended(self) -> bool:
+        """The current attempt's engine stream ended (by itself, or cancelled)."""
+        stream = self.stream
+        return stream is not None and stream.ended
