@@ -66,6 +66,15 @@ class Lease:
     expiring: bool = False
 
 
+@attrs.define(eq=False)
+class _Stop:
+    """One attempt's stop in progress: what its provider answered once the engine ended."""
+
+    done: trio.Event = attrs.Factory(trio.Event)
+    status: AttemptStatus | None = None
+    error: Exception | None = None
+
+
 class Agent:
     """Run what a controller asks on this node, through the loaded executor providers.
 
@@ -117,6 +126,9 @@ class Agent:
         #: Log follows running on this agent now (a follow ends with its stream or attempt).
         self.open_follows = 0
         self._terms = TermRecord(self.state_dir)
+        #: Stops in progress, by attempt ID (each runs in :attr:`_nursery` to its end).
+        self._stops: dict[str, _Stop] = {}
+        self._nursery: trio.Nursery | None = None
 
     @classmethod
     def from_plugins(
@@ -169,11 +181,13 @@ class Agent:
                 await nursery.start(provider.run)
             nursery.start_soon(self._expire_leases)
             self._started = True
+            self._nursery = nursery
             try:
                 task_status.started()
                 await trio.sleep_forever()
             finally:
                 self._started = False
+                self._nursery = None
 
     # -- leader terms --------------------------------------------------------------------------
 
@@ -340,14 +354,47 @@ class Agent:
         return list(self._leases.values())
 
     async def stop(self, fence: Fence, grace: float | None = None) -> AttemptStatus:
-        """Stop the attempt and drop its lease."""
+        """Stop the attempt; return once its engine ended, its lease dropped then.
+
+        The stop runs in the agent's own task, to its end (``grace``, then SIGKILL),
+        whatever becomes of the caller: a leader whose link drops in the middle (its
+        process killed, its lease lost) leaves the stop going on. Until the engine
+        ended the attempt stays held (reported, its status answered, its lease no
+        longer renewed), and a second stop of it (a new leader's) waits for that same
+        end: nobody learns the attempt is gone while its engine still runs, so no
+        replacement is launched beside it.
+        """
         lease = self._lease(fence)
-        try:
-            return await self.providers[lease.provider].stop(
-                fence, self.stop_grace if grace is None else grace
+        stopping = self._stops.get(fence.attempt_id)
+        if stopping is None:
+            stopping = self._stops[fence.attempt_id] = _Stop()
+            lease.expiring = True  # renewals no longer extend it; no second stop at expiry
+            seconds = self.stop_grace if grace is None else grace
+            if self._nursery is None:  # not running (a test's bare agent): the caller's task
+                await self._run_stop(lease, seconds, stopping)
+            else:
+                self._nursery.start_soon(self._run_stop, lease, seconds, stopping)
+        await stopping.done.wait()
+        if stopping.error is not None:
+            raise stopping.error
+        if stopping.status is None:  # the agent itself is stopping: its providers stop it
+            raise ExecutorError(
+                f"the agent stopped while attempt {fence.attempt_id!r} was being stopped"
             )
+        return stopping.status
+
+    async def _run_stop(self, lease: Lease, grace: float, stopping: _Stop) -> None:
+        attempt_id = lease.fence.attempt_id
+        try:
+            stopping.status = await self.providers[lease.provider].stop(lease.fence, grace)
+        except Exception as exc:  # each caller waiting on this stop raises it
+            stopping.error = exc
         finally:
-            self._leases.pop(fence.attempt_id, None)
+            if self._stops.get(attempt_id) is stopping:
+                del self._stops[attempt_id]
+            if self._leases.get(attempt_id) is lease:
+                del self._leases[attempt_id]
+            stopping.done.set()
             self._wake()
 
     async def status(self, fence: Fence) -> AttemptStatus:
