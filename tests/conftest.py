@@ -220,16 +220,6 @@ async def serve_process(tmp_path, ca_bundle):
         server.kill()
 
 
-class FakeClock:
-    """A clock that stands still until a test moves it (``clock.now += seconds``)."""
-
-    def __init__(self, now: float = 1000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def bearer(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 

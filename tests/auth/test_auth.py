@@ -16,7 +16,8 @@ from ficc_core.auth.authority import CREDENTIAL_CACHE_SECONDS
 from ficc_core.auth.first_run import write_first_run_secrets
 from ficc_core.base.errors import Unauthenticated
 
-from ..conftest import FakeClock, bearer, issue_token
+from ..conftest import bearer, issue_token
+from ..support.clock import FakeClock
 
 
 async def test_whoami_reports_principal_project_and_scopes(client, service, bootstrap):

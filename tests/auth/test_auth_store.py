@@ -15,7 +15,8 @@ import trio
 from ficc_core.auth import PROJECT_SCOPES, AuthService
 from ficc_core.base.errors import StoreUnavailable, Unauthenticated
 
-from ..conftest import FakeClock, bearer, issue_token
+from ..conftest import bearer, issue_token
+from ..support.clock import FakeClock
 
 
 @pytest.fixture

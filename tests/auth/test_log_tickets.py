@@ -10,19 +10,12 @@ import trio
 from ficc_core.auth.tickets import TICKET_LIFETIME, TicketRefused, Tickets
 
 from ..conftest import issue_token
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = time.time()
-
-    def __call__(self) -> float:
-        return self.now
+from ..support.clock import FakeClock
 
 
 @pytest.fixture
-def clock() -> Clock:
-    return Clock()
+def clock() -> FakeClock:
+    return FakeClock(time.time())
 
 
 @pytest.fixture

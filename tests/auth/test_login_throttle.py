@@ -11,7 +11,7 @@ import trio
 
 from ficc_core.auth.throttle import MAX_LOCK_FACTOR, LoginThrottle, LoginThrottled
 
-from ..conftest import FakeClock
+from ..support.clock import FakeClock
 from ..support.serve_support import ServeProcess, first_run_secrets
 
 

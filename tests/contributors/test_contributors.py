@@ -14,6 +14,7 @@ from ficc_core.contributors import ConnectionFenced, NodeRegistry
 from ficc_core.schema import ExecutorSnapshot, NodeResources, ProviderInfo
 
 from ..conftest import bearer, issue_token
+from ..support.clock import FakeClock
 from ..support.serve_support import make_data_dir
 
 DIGEST = "sha256:" + "ab" * 32
@@ -38,17 +39,9 @@ def _attempt(attempt_id: str, state: str = "ready") -> dict:
     }
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @pytest.fixture
-def clock() -> Clock:
-    return Clock()
+def clock() -> FakeClock:
+    return FakeClock()
 
 
 @pytest.fixture

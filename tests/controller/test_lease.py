@@ -17,6 +17,8 @@ from ficc_core.base.errors import NotLeader
 from ficc_core.controller.lease import LeaderLease, Role, claim, read_controllers, read_leader
 from ficc_core.store import SQLiteStore, open_sqlite_store
 
+from ..support.clock import FakeClock
+
 
 @pytest.fixture
 async def store(tmp_path: Path) -> AsyncIterator[SQLiteStore]:
@@ -25,16 +27,6 @@ async def store(tmp_path: Path) -> AsyncIterator[SQLiteStore]:
         yield opened
     finally:
         await opened.aclose()
-
-
-class WallClock:
-    """Wall-clock seconds that follow trio's clock, plus a jump the test adds."""
-
-    def __init__(self) -> None:
-        self.offset = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.offset + trio.current_time()
 
 
 class StallingStore:
@@ -56,7 +48,7 @@ class StallingStore:
         return await self.write(fn)
 
 
-def lease_of(store: Any, name: str, clock: WallClock, **kwargs: Any) -> LeaderLease:
+def lease_of(store: Any, name: str, clock: FakeClock, **kwargs: Any) -> LeaderLease:
     return LeaderLease(
         store,
         controller_id=name,
@@ -109,7 +101,7 @@ async def test_a_previous_run_of_the_same_name_is_not_resumed(store: SQLiteStore
 
 
 async def test_one_of_two_leases_leads_and_the_other_names_it(store: SQLiteStore) -> None:
-    clock = WallClock()
+    clock = FakeClock(1_000_000.0, follow_trio=True)
     a, b = lease_of(store, "a", clock), lease_of(store, "b", clock)
     with trio.fail_after(10):
         async with trio.open_nursery() as nursery:
@@ -127,7 +119,7 @@ async def test_one_of_two_leases_leads_and_the_other_names_it(store: SQLiteStore
 
 
 async def test_the_leader_renews_while_it_runs(store: SQLiteStore) -> None:
-    clock = WallClock()
+    clock = FakeClock(1_000_000.0, follow_trio=True)
     a = lease_of(store, "a", clock)
     with trio.fail_after(10):
         async with trio.open_nursery() as nursery:
@@ -144,7 +136,7 @@ async def test_an_advertised_url_is_in_the_store_at_once_not_at_the_next_renewal
 ) -> None:
     """The listener binds after the first claim (port 0): the URL it got must reach the
     leader row and the controllers' rows before ``serve_http`` reports started."""
-    clock = WallClock()
+    clock = FakeClock(1_000_000.0, follow_trio=True)
     a, b = (lease_of(store, name, clock, renew_interval=3600.0) for name in ("a", "b"))
     with trio.fail_after(10):
         async with trio.open_nursery() as nursery:
@@ -167,7 +159,7 @@ async def test_an_advertised_url_is_in_the_store_at_once_not_at_the_next_renewal
 async def test_an_url_advertised_before_the_lease_runs_goes_with_its_first_claim(
     store: SQLiteStore,
 ) -> None:
-    a = lease_of(store, "a", WallClock(), renew_interval=3600.0)
+    a = lease_of(store, "a", FakeClock(1_000_000.0, follow_trio=True), renew_interval=3600.0)
     await a.advertise("http://127.0.0.1:40003")
     assert await store.read(read_leader) is None  # nothing claimed before run
     with trio.fail_after(10):
@@ -180,7 +172,7 @@ async def test_an_url_advertised_before_the_lease_runs_goes_with_its_first_claim
 async def test_a_leader_whose_store_stalls_steps_down_when_its_lease_runs_out(
     store: SQLiteStore,
 ) -> None:
-    clock = WallClock()
+    clock = FakeClock(1_000_000.0, follow_trio=True)
     stalling = StallingStore(store)
     led = trio.Event()
     ended = trio.Event()
@@ -211,7 +203,7 @@ async def test_a_leader_whose_store_stalls_steps_down_when_its_lease_runs_out(
 async def test_a_standby_takes_over_within_lease_and_renewal_when_the_leader_stops_renewing(
     store: SQLiteStore,
 ) -> None:
-    clock = WallClock()
+    clock = FakeClock(1_000_000.0, follow_trio=True)
     stalling = StallingStore(store)
     b_led = trio.Event()
 
@@ -241,7 +233,7 @@ async def test_a_standby_takes_over_within_lease_and_renewal_when_the_leader_sto
 async def test_a_clean_shutdown_releases_the_lease_for_a_standby_at_once(
     store: SQLiteStore,
 ) -> None:
-    clock = WallClock()
+    clock = FakeClock(1_000_000.0, follow_trio=True)
     a, b = lease_of(store, "a", clock), lease_of(store, "b", clock)
     with trio.fail_after(10):
         async with trio.open_nursery() as outer:
@@ -259,7 +251,7 @@ async def test_a_clean_shutdown_releases_the_lease_for_a_standby_at_once(
 
 
 async def test_terms_strictly_increase_across_restarts(store: SQLiteStore) -> None:
-    clock = WallClock()
+    clock = FakeClock(1_000_000.0, follow_trio=True)
     terms = []
     with trio.fail_after(10):
         for _ in range(3):
@@ -272,7 +264,7 @@ async def test_terms_strictly_increase_across_restarts(store: SQLiteStore) -> No
 
 
 async def test_no_known_leader_is_a_503_with_retry_after(store: SQLiteStore) -> None:
-    clock = WallClock()
+    clock = FakeClock(1_000_000.0, follow_trio=True)
     b = lease_of(store, "b", clock)
     with pytest.raises(NotLeader) as refused:
         b.require_leader("restart")
@@ -283,7 +275,7 @@ async def test_no_known_leader_is_a_503_with_retry_after(store: SQLiteStore) -> 
 
 async def test_role_work_switches_with_the_role(store: SQLiteStore) -> None:
     """Losing the lease cancels the leader's work and starts the standby's; never both."""
-    clock = WallClock()
+    clock = FakeClock(1_000_000.0, follow_trio=True)
     running: list[str] = []
     log: list[str] = []
 
@@ -307,7 +299,7 @@ async def test_role_work_switches_with_the_role(store: SQLiteStore) -> None:
             while log != ["lead"]:  # noqa: ASYNC110
                 await trio.sleep(0.01)
             # Another controller took the row meanwhile (our lease was judged expired).
-            clock.offset += 100
+            clock.now += 100
             now = clock()
             await store.write(lambda tx: claim(tx, "b", "http://b", None, now, 60.0, 0.0))
             while log != ["lead", "follow"]:  # noqa: ASYNC110
@@ -318,7 +310,7 @@ async def test_role_work_switches_with_the_role(store: SQLiteStore) -> None:
 
 async def test_leader_work_that_fails_is_started_again(store: SQLiteStore, caplog) -> None:
     """A defect or a store error in the leader's work does not end the controller."""
-    clock = WallClock()
+    clock = FakeClock(1_000_000.0, follow_trio=True)
     starts: list[int] = []
     running = trio.Event()
 
@@ -343,7 +335,7 @@ async def test_leader_work_that_fails_is_started_again(store: SQLiteStore, caplo
 async def test_an_operation_needing_the_leader_ends_when_the_lease_is_lost(
     store: SQLiteStore,
 ) -> None:
-    clock = WallClock()
+    clock = FakeClock(1_000_000.0, follow_trio=True)
     a = lease_of(store, "a", clock)
     entered = trio.Event()
     with trio.fail_after(10):
@@ -360,7 +352,7 @@ async def test_an_operation_needing_the_leader_ends_when_the_lease_is_lost(
             async with trio.open_nursery() as operations:
                 operations.start_soon(operation)
                 await entered.wait()
-                clock.offset += 100  # the lease ran out in the store; b took it
+                clock.now += 100  # the lease ran out in the store; b took it
                 now = clock()
                 await store.write(lambda tx: claim(tx, "b", "http://b", None, now, 60.0, 0.0))
                 await a.tick()
@@ -374,7 +366,7 @@ async def test_a_leader_the_store_stopped_answering_keeps_renewing_its_nodes_unt
     """Stepped down because the store did not answer, it leads no more (no launch, no
     stop, no reconciler) but keeps its nodes' engines alive at its old term, until the
     store names another leader or a newer term (here its own next claim)."""
-    clock = WallClock()
+    clock = FakeClock(1_000_000.0, follow_trio=True)
     stalling = StallingStore(store)
     a = lease_of(stalling, "a", clock)
     with trio.fail_after(10):
@@ -397,7 +389,7 @@ async def test_a_leader_the_store_stopped_answering_keeps_renewing_its_nodes_unt
 
 
 async def test_a_standby_never_renews(store: SQLiteStore) -> None:
-    clock = WallClock()
+    clock = FakeClock(1_000_000.0, follow_trio=True)
     a, b = lease_of(store, "a", clock), lease_of(store, "b", clock)
     with trio.fail_after(10):
         async with trio.open_nursery() as nursery:

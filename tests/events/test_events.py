@@ -12,8 +12,8 @@ from ficc_core.contributors import NodeRegistry
 from ficc_core.events import Event, EventKind, EventRetention, Subject, record
 from ficc_core.events import repository as events
 
-from ..conftest import FakeClock
 from ..contributors.test_contributors import _snapshot
+from ..support.clock import FakeClock
 
 
 @pytest.fixture

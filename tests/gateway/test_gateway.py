@@ -20,7 +20,8 @@ from ficc_core.gateway import Gateway
 from ficc_core.routing.live import LiveReplica, LiveService
 from ficc_core.testing.executor_kit import new_fence
 
-from ..support.gateway_support import ALIAS, chat, eventually, gateway_env, routing_request
+from ..support.gateway_support import ALIAS, chat, gateway_env, routing_request
+from ..support.waiting import eventually
 
 
 def _client(env, service_id: str, token: str) -> openai.OpenAI:

@@ -20,11 +20,11 @@ import trio
 
 from ficc_core.base.errors import FiccError
 from ficc_core.gateway import ProjectEndpoint
-from ficc_core.gateway.gateway import _no_activation
 from ficc_core.gateway.relay import Timeouts
 from ficc_core.routing.live import ActivationFailure
 
-from ..support.gateway_support import chat, eventually, gateway_env, sse_events
+from ..support.gateway_support import chat, gateway_env, sse_events
+from ..support.waiting import eventually
 
 PATH = "/v1/chat/completions"
 ROUTE = f"/api/v1/inference/svc{PATH}"
@@ -127,7 +127,7 @@ async def test_fifty_requests_to_an_idle_service_wake_it_once_and_are_all_served
         async with scaled_env(tmp_path, idle_clock) as (env, nursery):
             fence = await env.launch()
             scaler = FakeScaler(env, nursery, [fence], delay=4.0, concurrency=16)
-            env.gateway.activate = scaler.activate
+            env.gateway.activations.serve(scaler.activate)
             scaler.idle()
             actor = await _actor(env)
             statuses: list[int] = []
@@ -164,7 +164,7 @@ async def test_past_activation_wait_the_answer_is_503_activation_timeout(tmp_pat
     with trio.fail_after(120):
         async with scaled_env(tmp_path, idle_clock) as (env, nursery):
             scaler = FakeScaler(env, nursery, [], delay=math.inf)
-            env.gateway.activate = scaler.activate
+            env.gateway.activations.serve(scaler.activate)
             env.gateway.activation.wait_bound = 10.0
             scaler.idle()
             _, token = await env.token("svc")
@@ -202,7 +202,7 @@ async def test_a_request_refused_activation_timeout_is_demand_until_its_retry_wi
     with trio.fail_after(120):
         async with scaled_env(tmp_path, idle_clock) as (env, nursery):
             scaler = FakeScaler(env, nursery, [], delay=math.inf)
-            env.gateway.activate = scaler.activate
+            env.gateway.activations.serve(scaler.activate)
             env.gateway.activation.wait_bound = 5.0
             scaler.idle()
             _, token = await env.token("svc")
@@ -237,7 +237,7 @@ async def test_a_failed_activation_answers_every_waiter_at_once_with_its_reason(
                 code=reason[0], message=reason[1], details={"attempt_reason": "exited"}
             )
             scaler = FakeScaler(env, nursery, [], delay=3.0, fail=failure)
-            env.gateway.activate = scaler.activate
+            env.gateway.activations.serve(scaler.activate)
             scaler.idle()
             actor = await _actor(env)
             errors: list[FiccError] = []
@@ -274,7 +274,7 @@ async def test_a_failed_activation_answers_every_waiter_at_once_with_its_reason(
             assert error.details == {"service": "svc", "activation": "failed"}
             assert error.headers["Retry-After"] == "10"
             # A gateway without an autoscaler cannot wake anything: it says so.
-            env.gateway.activate = _no_activation
+            env.gateway.activations.serve(None)
             scaler.idle()
             error = await _refusal(env.gateway, actor, chat())
             assert (error.code, error.status) == ("activation_failed", 503)
@@ -285,7 +285,7 @@ async def test_one_more_than_activation_queue_is_refused_429_at_once(tmp_path, i
     with trio.fail_after(120):
         async with scaled_env(tmp_path, idle_clock) as (env, nursery):
             scaler = FakeScaler(env, nursery, [], delay=math.inf)
-            env.gateway.activate = scaler.activate
+            env.gateway.activations.serve(scaler.activate)
             env.gateway.activation.capacity = 3
             env.gateway.activation.wait_bound = 5.0
             scaler.idle()
@@ -321,7 +321,7 @@ async def test_a_stream_gets_keepalive_comments_while_it_waits_then_the_answer(
         async with scaled_env(tmp_path, idle_clock) as (env, nursery):
             fence = await env.launch()
             scaler = FakeScaler(env, nursery, [fence], delay=3.5)
-            env.gateway.activate = scaler.activate
+            env.gateway.activations.serve(scaler.activate)
             env.gateway.activation.keepalive = 1.0
             scaler.idle()
             _, token = await env.token("svc")
@@ -354,7 +354,7 @@ async def test_a_failure_after_keepalives_ends_the_stream_with_the_sse_error_eve
             reason = ("engine_load_failed", "the engine ran out of memory while loading")
             failure = ActivationFailure(code=reason[0], message=reason[1])
             scaler = FakeScaler(env, nursery, [], delay=2.5, fail=failure)
-            env.gateway.activate = scaler.activate
+            env.gateway.activations.serve(scaler.activate)
             env.gateway.activation.keepalive = 1.0
             scaler.idle()
             _, token = await env.token("svc")
@@ -388,7 +388,7 @@ async def test_a_waiter_that_leaves_does_not_cancel_the_activation(tmp_path, idl
             fence = await env.launch()
             # activate() itself takes a second (the autoscaler recording it).
             scaler = FakeScaler(env, nursery, [fence], delay=4.0, record=1.0)
-            env.gateway.activate = scaler.activate
+            env.gateway.activations.serve(scaler.activate)
             env.gateway.activation.keepalive = 1.0
             scaler.idle()
             actor = await _actor(env)
@@ -423,7 +423,7 @@ async def test_demand_counts_waiters_their_wait_and_how_long_replicas_served_not
             fence = await env.launch()
             key = fence.attempt_id
             scaler = FakeScaler(env, nursery, [fence], delay=math.inf, concurrency=1)
-            env.gateway.activate = scaler.activate
+            env.gateway.activations.serve(scaler.activate)
             scaler.idle()
             gateway, actor = env.gateway, await _actor(env)
             demand = gateway.demand("svc")
@@ -487,7 +487,7 @@ async def test_the_project_endpoint_wakes_an_idle_service_and_falls_back_when_it
         async with scaled_env(tmp_path, idle_clock) as (env, nursery):
             fence, spare = await env.launch(), await env.launch()
             scaler = FakeScaler(env, nursery, [fence], delay=2.0, names=("smol",))
-            env.gateway.activate = scaler.activate
+            env.gateway.activations.serve(scaler.activate)
             scaler.idle()
             # "spare" answers to the same name but has no replica and cannot be woken.
             env.publish("other", [], alias="spare-chat", names=("smol",))
@@ -532,7 +532,7 @@ async def test_a_drain_stop_removal_or_revocation_ends_the_wait_with_its_own_ref
     with trio.fail_after(120):
         async with scaled_env(tmp_path, idle_clock) as (env, nursery):
             scaler = FakeScaler(env, nursery, [], delay=math.inf)
-            env.gateway.activate = scaler.activate
+            env.gateway.activations.serve(scaler.activate)
             live = env.service.live
             credential_id, token = await env.token("svc")
             actor = await env.service.auth.authenticate_bearer(token)

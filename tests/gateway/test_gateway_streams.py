@@ -12,7 +12,8 @@ import openai
 import pytest
 import trio
 
-from ..support.gateway_support import ALIAS, chat, eventually, gateway_env
+from ..support.gateway_support import ALIAS, chat, gateway_env
+from ..support.waiting import eventually
 
 PATH = "/api/v1/inference/svc/v1/chat/completions"
 

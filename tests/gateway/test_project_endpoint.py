@@ -15,7 +15,8 @@ import trio
 
 from ficc_core.routing.live import LiveReplica
 
-from ..support.gateway_support import chat, eventually, gateway_env, sse_events
+from ..support.gateway_support import chat, gateway_env, sse_events
+from ..support.waiting import eventually
 
 
 def _client(env, token: str) -> openai.OpenAI:

@@ -25,6 +25,7 @@ from ficc_core.metrics import Metrics
 from ficc_core.routing.live import LiveReplica, LiveService, LiveTable
 from ficc_core.testing.executor_kit import new_fence
 
+from ..support.clock import FakeClock
 from ..support.gateway_support import routing_request
 
 #: vLLM 0.10's exposition (names, labels and layout as it serves them), trimmed.
@@ -54,16 +55,6 @@ vllm:gpu_cache_usage_perc{model_name="m"} 0.95
 """
 
 
-class Clock:
-    """An injected clock: tests move ``now`` by hand."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def _view(count: int = 2, concurrency: int = 4, service_id: str = "svc") -> LiveService:
     return LiveService(
         id=service_id,
@@ -81,7 +72,7 @@ class Setup:
     router: Router
     scraper: Scraper
     affinity: Affinity
-    clock: Clock
+    clock: FakeClock
     local: dict[str, int]
 
     def scraped(self, replica: LiveReplica, running: float, waiting: float = 0.0, **kw) -> None:
@@ -98,7 +89,7 @@ class Setup:
 
 
 def _setup(seed: int = 1, **options) -> Setup:
-    clock = Clock()
+    clock = FakeClock()
     local: dict[str, int] = {}
     metrics = Metrics()
     scraper = Scraper(

@@ -15,8 +15,9 @@ import trio
 from ficc_core.gateway.scrape import EngineLoad, parse_load
 from ficc_core.testing.executor_kit import exchange
 
-from ..support.gateway_support import chat, eventually, gateway_env
+from ..support.gateway_support import chat, gateway_env
 from ..support.inference_support import open_inference_controller, ready_service, register_smollm2
+from ..support.waiting import eventually
 
 LONG = {"role": "user", "content": "Write a very long story about a lighthouse keeper."}
 

@@ -20,18 +20,12 @@ from ficc_core.config import Config
 from ficc_core.inference.scaling.autoscaler import Autoscaler, _Watch
 from ficc_core.routing.demand import Demand
 
+from ..support.clock import FakeClock
+
 WINDOW, PERIOD = 3.0, 0.5
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def autoscaler(clock: Clock, **settings: Any) -> tuple[Autoscaler, list[tuple[float, str]]]:
+def autoscaler(clock: FakeClock, **settings: Any) -> tuple[Autoscaler, list[tuple[float, str]]]:
     config = attrs.evolve(
         Config(), scale_out_window=WINDOW, scale_out_queue=2.0, scale_out_wait=1.0, **settings
     )
@@ -67,7 +61,7 @@ def queue(joined: list[float], now: float) -> Demand:
 
 
 async def run_looks(
-    scaler: Autoscaler, clock: Clock, demand, watch: _Watch, until: float = 60.0
+    scaler: Autoscaler, clock: FakeClock, demand, watch: _Watch, until: float = 60.0
 ) -> None:
     """Look as ``Autoscaler.run`` does: after each look, wait ``_pause()``."""
     scaler._watch["svc"] = watch
@@ -81,7 +75,7 @@ async def run_looks(
 
 
 async def test_queue_window_counts_from_the_request_that_took_the_queue_past_its_target():
-    clock = Clock()
+    clock = FakeClock(0.0)
     clock.now = 0.9
     scaler, decided = autoscaler(clock)
     # A calm look at 0.9 s; at 1.0 s sixteen requests come at once (16 > 2 a replica).
@@ -97,7 +91,7 @@ async def test_queue_window_counts_from_the_request_that_took_the_queue_past_its
 
 
 async def test_queue_onset_is_the_third_longest_wait_with_a_target_of_two():
-    clock = Clock()
+    clock = FakeClock(0.0)
     scaler, decided = autoscaler(clock)
     watch = _Watch(not_before=0.0)
     clock.now = 5.0
@@ -109,7 +103,7 @@ async def test_queue_onset_is_the_third_longest_wait_with_a_target_of_two():
 
 
 async def test_onset_never_reaches_back_past_a_look_that_saw_no_signal():
-    clock = Clock()
+    clock = FakeClock(0.0)
     scaler, decided = autoscaler(clock)
     clock.now = 10.0
     # The waits say 8 s, but a look at 9 s saw no signal (a replica was loading then).
@@ -122,7 +116,7 @@ async def test_onset_never_reaches_back_past_a_look_that_saw_no_signal():
 
 
 async def test_the_first_look_a_service_gets_counts_its_window_from_itself():
-    clock = Clock()
+    clock = FakeClock(0.0)
     scaler, decided = autoscaler(clock)
     clock.now = 100.0
     watch = _Watch()  # no look before: nothing vouches for the time before this one
@@ -133,7 +127,7 @@ async def test_the_first_look_a_service_gets_counts_its_window_from_itself():
 
 
 async def test_wait_window_counts_from_when_the_oldest_wait_passed_its_target():
-    clock = Clock()
+    clock = FakeClock(0.0)
     scaler, decided = autoscaler(clock)
     watch = _Watch(not_before=0.0)
     clock.now = 2.2
@@ -143,7 +137,7 @@ async def test_wait_window_counts_from_when_the_oldest_wait_passed_its_target():
 
 
 async def test_a_replica_loading_restarts_the_window():
-    clock = Clock()
+    clock = FakeClock(0.0)
     scaler, decided = autoscaler(clock)
     watch = _Watch(not_before=0.0, pressed_since=0.5)
     clock.now = 2.0
@@ -155,7 +149,7 @@ async def test_a_replica_loading_restarts_the_window():
 
 
 def test_pause_is_a_period_or_the_time_left_of_a_window():
-    clock = Clock()
+    clock = FakeClock(0.0)
     scaler, _ = autoscaler(clock)
     assert scaler._pause() == PERIOD
     clock.now = 10.0

@@ -22,6 +22,7 @@ import trio
 
 from ..support.models_support import smollm2_path
 from ..support.serve_support import ServeProcess, ficc_command
+from ..support.waiting import eventually
 
 pytestmark = pytest.mark.slow
 
@@ -48,11 +49,9 @@ async def test_start_list_restart_stop_and_metrics_say_what_an_operator_needs(tm
         return json.loads(await ficc("inference", "show", "smollm2", "--json"))["status"]
 
     async def until(predicate) -> dict:
-        while True:
-            found = await status()
-            if predicate(found["replicas"]):
-                return found
-            await trio.sleep(0.2)
+        return await eventually(
+            status, None, until=lambda found: predicate(found["replicas"]), every=0.2
+        )
 
     data = Path(tempfile.mkdtemp(prefix="fs-", dir="/tmp"))
     serve = ServeProcess(data)

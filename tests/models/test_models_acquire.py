@@ -26,6 +26,7 @@ from ..support.models_support import (
     sha256_of,
     smollm2_path,
 )
+from ..support.waiting import eventually
 
 MiB = 1 << 20
 
@@ -84,10 +85,7 @@ class Api:
 
     async def wait_until(self, model_id: str, predicate) -> dict:
         """Poll the API (as a client would) until ``predicate(model)`` holds."""
-        with trio.fail_after(60):
-            while not predicate(model := await self.model(model_id)):  # noqa: ASYNC110
-                await trio.sleep(0.05)
-        return model
+        return await eventually(lambda: self.model(model_id), 60, until=predicate, every=0.05)
 
 
 async def _api(service) -> Api:

@@ -24,16 +24,9 @@ from ficc_core.routing.live import LiveService
 from ficc_core.store import open_sqlite_store
 
 from ..conftest import open_same_store
+from ..support.clock import FakeClock
 
 T0 = 1_800_000_000.0  # a minute's start (divisible by 60), mid-January 2027 UTC
-
-
-class Clock:
-    def __init__(self, now: float = T0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 VIEW = LiveService(
@@ -78,7 +71,7 @@ def config(tmp_path, **overrides: Any):
     return load_config(overrides={"data_dir": str(tmp_path), **overrides}, environ={})
 
 
-async def gate(tmp_path, clock: Clock, store=None, **overrides: Any) -> Quotas:
+async def gate(tmp_path, clock: FakeClock, store=None, **overrides: Any) -> Quotas:
     store = store or await open_sqlite_store(tmp_path / "q.db")
     quotas = Quotas(store, config(tmp_path, **overrides), clock=clock)
     await quotas.load()
@@ -97,7 +90,7 @@ def served(quotas: Quotas, who: Principal, count: int, **kw: Any) -> int:
 
 
 async def test_sixty_rpm_a_burst_of_a_hundred_serves_sixty(tmp_path):
-    clock = Clock(T0 + 10)
+    clock = FakeClock(T0 + 10)
     quotas = await gate(tmp_path, clock)
     await quotas.set_limits("credential", "c1", {"rpm": 60})
     assert served(quotas, actor(), 100) == 60
@@ -117,7 +110,7 @@ async def test_sixty_rpm_a_burst_of_a_hundred_serves_sixty(tmp_path):
 
 
 async def test_the_window_slides_no_double_burst_at_the_minute_edge(tmp_path):
-    clock = Clock(T0 + 59)
+    clock = FakeClock(T0 + 59)
     quotas = await gate(tmp_path, clock)
     await quotas.set_limits("credential", "c1", {"rpm": 60})
     assert served(quotas, actor(), 60) == 60
@@ -137,7 +130,7 @@ def test_retry_after_is_when_the_request_fits_again():
 
 
 async def test_explicit_limits_win_over_the_default_above_or_below(tmp_path):
-    clock = Clock(T0)
+    clock = FakeClock(T0)
     quotas = await gate(tmp_path, clock, default_rpm=5)
     assert served(quotas, actor("c1"), 10) == 5  # the default, on the credential
     await quotas.set_limits("credential", "c2", {"rpm": 8})  # above the default
@@ -151,12 +144,12 @@ async def test_explicit_limits_win_over_the_default_above_or_below(tmp_path):
 
 
 async def test_a_default_of_zero_is_no_limit(tmp_path):
-    quotas = await gate(tmp_path, Clock(), default_rpm=0, default_tpm=0)
+    quotas = await gate(tmp_path, FakeClock(T0), default_rpm=0, default_tpm=0)
     assert served(quotas, actor(), 1000, prompt=1000, completion=1000) == 1000
 
 
 async def test_a_person_and_a_project_hold_all_their_keys(tmp_path):
-    quotas = await gate(tmp_path, Clock())
+    quotas = await gate(tmp_path, FakeClock(T0))
     await quotas.set_limits("user", "u1", {"rpm": 3})
     await quotas.set_limits("project", "p1", {"rpm": 5})
     assert served(quotas, actor("c1", user="u1"), 2) == 2
@@ -171,7 +164,7 @@ async def test_a_person_and_a_project_hold_all_their_keys(tmp_path):
 
 
 async def test_personal_keys_meet_the_personal_limits_unless_the_person_has_some(tmp_path):
-    quotas = await gate(tmp_path, Clock(), personal_rpm=4, default_rpm=100)
+    quotas = await gate(tmp_path, FakeClock(T0), personal_rpm=4, default_rpm=100)
     personal = actor("k1", user="u1", project="", personal=True)
     assert served(quotas, personal, 10) == 4
     assert served(quotas, actor("k2", user="u2", project="", personal=True), 10) == 4
@@ -180,7 +173,7 @@ async def test_personal_keys_meet_the_personal_limits_unless_the_person_has_some
 
 
 async def test_tpm_reserves_the_estimate_and_settles_to_the_engines_usage(tmp_path):
-    quotas = await gate(tmp_path, Clock(T0 + 1))
+    quotas = await gate(tmp_path, FakeClock(T0 + 1))
     await quotas.set_limits("credential", "c1", {"tpm": 100})
     first = request(actor(), prompt=30, completion=40)
     quotas.admit(first)
@@ -213,7 +206,7 @@ async def test_tpm_reserves_the_estimate_and_settles_to_the_engines_usage(tmp_pa
 async def test_a_request_no_replica_took_gives_back_its_request_and_refusals_count_none(
     tmp_path,
 ):
-    clock = Clock(T0 + 1)
+    clock = FakeClock(T0 + 1)
     quotas = await gate(tmp_path, clock, pricing={"smol": {"prompt_per_1k": 1}})
     sync = QuotaSync(quotas, Metrics(), interval=1.0)
     await quotas.set_limits("credential", "c1", {"rpm": 2})
@@ -260,7 +253,7 @@ async def test_a_request_no_replica_took_gives_back_its_request_and_refusals_cou
 
 async def test_budget_the_tenth_request_crosses_it_and_spend_is_exact(tmp_path):
     quotas = await gate(
-        tmp_path, Clock(), pricing={"smol": {"prompt_per_1k": 3, "completion_per_1k": 7}}
+        tmp_path, FakeClock(T0), pricing={"smol": {"prompt_per_1k": 3, "completion_per_1k": 7}}
     )
     await quotas.set_limits("project", "p1", {"budget": 1, "period": "day"})
     costs = []
@@ -285,7 +278,7 @@ async def test_budget_the_tenth_request_crosses_it_and_spend_is_exact(tmp_path):
 
 
 async def test_limits_are_validated_field_by_field_and_nothing_changes(tmp_path):
-    quotas = await gate(tmp_path, Clock())
+    quotas = await gate(tmp_path, FakeClock(T0))
     await quotas.set_limits("project", "p1", {"rpm": 5})
     with pytest.raises(InvalidRequest) as refused:
         await quotas.set_limits("project", "p1", {"rpm": -1, "tpm": "x", "period": "week"})
@@ -305,7 +298,7 @@ async def test_limits_are_validated_field_by_field_and_nothing_changes(tmp_path)
 
 async def test_two_processes_hold_a_limit_together_within_one_interval(tmp_path, store_backend):
     """Two processes on one SQLite file, or two controllers on one PostgreSQL database."""
-    clock = Clock(T0 + 5)
+    clock = FakeClock(T0 + 5)
     store_a = store_backend
     store_b = await open_same_store(store_backend)
     a = await gate(tmp_path, clock, store_a)
@@ -356,7 +349,7 @@ class FailingStore:
 async def test_a_failing_store_never_stops_counting_and_loses_nothing(
     tmp_path, caplog, store_backend
 ):
-    clock = Clock(T0 + 1)
+    clock = FakeClock(T0 + 1)
     store = FailingStore(store_backend)
     quotas = await gate(tmp_path, clock, store)
     metrics = Metrics()
@@ -383,7 +376,7 @@ async def test_a_failing_store_never_stops_counting_and_loses_nothing(
 
 
 async def test_a_stalled_store_never_holds_a_request(tmp_path, autojump_clock):
-    clock = Clock(T0 + 1)
+    clock = FakeClock(T0 + 1)
     base = await open_sqlite_store(tmp_path / "q.db")
     stalled = trio.Event()
 
@@ -405,7 +398,7 @@ async def test_a_stalled_store_never_holds_a_request(tmp_path, autojump_clock):
 
 
 async def test_idle_meters_are_forgotten_unless_they_spent_this_period(tmp_path):
-    clock = Clock(T0 + 1)
+    clock = FakeClock(T0 + 1)
     quotas = await gate(tmp_path, clock, pricing={"smol": {"prompt_per_1k": 1}})
     sync = QuotaSync(quotas, Metrics(), interval=1.0)
     free = request(actor("c1"), prompt=0, completion=0)
@@ -422,7 +415,7 @@ async def test_idle_meters_are_forgotten_unless_they_spent_this_period(tmp_path)
 
 
 async def test_a_long_request_keeps_its_meters_and_its_spend_is_written(tmp_path):
-    clock = Clock(T0 + 1)
+    clock = FakeClock(T0 + 1)
     quotas = await gate(tmp_path, clock, pricing={"smol": {"completion_per_1k": 5}})
     sync = QuotaSync(quotas, Metrics(), interval=1.0)
     long = request(actor("c1"))
@@ -450,7 +443,7 @@ async def test_a_long_request_keeps_its_meters_and_its_spend_is_written(tmp_path
 
 async def test_an_engine_failure_pays_what_it_reported_a_served_request_its_estimate(tmp_path):
     quotas = await gate(
-        tmp_path, Clock(), pricing={"smol": {"prompt_per_1k": 3, "completion_per_1k": 7}}
+        tmp_path, FakeClock(T0), pricing={"smol": {"prompt_per_1k": 3, "completion_per_1k": 7}}
     )
     costs = {}
     for outcome in ("engine_failed", "ok", "cancelled"):
@@ -495,7 +488,7 @@ def paid(quotas: Quotas, who: Principal, count: int) -> int:
 
 @pytest.mark.parametrize("scope, key", [("project", "p1"), ("credential", "c1")])
 async def test_a_day_budget_moved_to_a_month_keeps_the_months_spend(tmp_path, scope, key):
-    clock = Clock(T0 - DAY)  # yesterday (the same month)
+    clock = FakeClock(T0 - DAY)  # yesterday (the same month)
     quotas = await gate(tmp_path, clock, pricing=UNIT_A_TOKEN)
     await quotas.set_limits(scope, key, {"budget": 200, "period": "day"})
     assert paid(quotas, actor(), 2) == 2  # 74 yesterday
@@ -521,7 +514,7 @@ async def test_a_day_budget_moved_to_a_month_keeps_the_months_spend(tmp_path, sc
 
 
 async def test_a_day_budget_below_todays_spend_refuses_at_once(tmp_path):
-    clock = Clock(T0 - DAY)
+    clock = FakeClock(T0 - DAY)
     quotas = await gate(tmp_path, clock, pricing=UNIT_A_TOKEN)
     assert paid(quotas, actor(), 3) == 3  # 111 yesterday, no budget anywhere
     clock.now = T0
@@ -549,7 +542,7 @@ async def test_a_day_budget_below_todays_spend_refuses_at_once(tmp_path):
 
 
 async def test_two_processes_share_the_day_and_the_month_spend(tmp_path, store_backend):
-    clock = Clock(T0 - DAY)
+    clock = FakeClock(T0 - DAY)
     store_b = await open_same_store(store_backend)
     a = await gate(tmp_path, clock, store_backend, pricing=UNIT_A_TOKEN)
     b = await gate(tmp_path, clock, store_b, pricing=UNIT_A_TOKEN)

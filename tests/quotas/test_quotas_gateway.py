@@ -11,8 +11,10 @@ import trio
 
 from ficc_core.prices import Price
 
-from ..support.gateway_support import chat, eventually, gateway_env
-from .test_quotas import T0, Clock, FailingStore
+from ..support.clock import FakeClock
+from ..support.gateway_support import chat, gateway_env
+from ..support.waiting import eventually
+from .test_quotas import T0, FailingStore
 
 URL = "/api/v1/inference/svc/v1/chat/completions"
 
@@ -35,7 +37,7 @@ async def _burst(http: httpx.AsyncClient, count: int, body: dict, workers: int =
 async def test_sixty_rpm_a_hundred_requests_in_a_second_sixty_served_forty_refused(tmp_path):
     with trio.fail_after(120):
         async with gateway_env(tmp_path) as env:
-            env.service.quotas.clock = Clock(T0 + 0.5)  # the whole burst within one second
+            env.service.quotas.clock = FakeClock(T0 + 0.5)  # the whole burst within one second
             fence = await env.launch()
             env.publish("svc", [fence], concurrency=4)
             key, token = await env.token()
@@ -72,7 +74,7 @@ async def test_sixty_rpm_a_hundred_requests_in_a_second_sixty_served_forty_refus
 async def test_tpm_refuses_an_estimate_that_does_not_fit_and_reconciles_to_usage(tmp_path):
     with trio.fail_after(60):
         async with gateway_env(tmp_path) as env:
-            env.service.quotas.clock = Clock(T0 + 1)
+            env.service.quotas.clock = FakeClock(T0 + 1)
             fence = await env.launch()
             env.publish("svc", [fence])
             key, token = await env.token()
@@ -105,7 +107,7 @@ async def test_a_budget_of_one_unit_serves_nine_and_refuses_the_tenth_spend_exac
     with trio.fail_after(60):
         async with gateway_env(tmp_path) as env:
             quotas = env.service.quotas
-            quotas.clock = Clock(T0 + 1)
+            quotas.clock = FakeClock(T0 + 1)
             quotas.prices = {"smol": Price(prompt_per_1k=0, completion_per_1k=13)}
             fence = await env.launch()
             env.publish("svc", [fence], model_id="m-1", model_name="smol")
@@ -144,7 +146,7 @@ async def test_a_failing_store_under_a_running_gateway_holds_no_request(tmp_path
     with trio.fail_after(60):
         async with gateway_env(tmp_path) as env:
             quotas, sync = env.service.quotas, env.service.quota_sync
-            quotas.clock = Clock(T0 + 1)
+            quotas.clock = FakeClock(T0 + 1)
             fence = await env.launch()
             env.publish("svc", [fence])
             key, token = await env.token()
@@ -176,7 +178,7 @@ async def test_a_request_that_falls_back_counts_once_and_the_gateways_refusals_n
 ):
     with trio.fail_after(60):
         async with gateway_env(tmp_path) as env:
-            env.service.quotas.clock = Clock(T0 + 1)
+            env.service.quotas.clock = FakeClock(T0 + 1)
             fence = await env.launch()
             env.publish("svc", [fence], alias="beta")
             env.publish("svc-a", [], alias="alpha", fallbacks=("beta",))  # no ready replica
@@ -217,7 +219,7 @@ async def test_a_budget_set_or_moved_to_another_period_counts_what_was_spent_in_
     with trio.fail_after(60):
         async with gateway_env(tmp_path) as env:
             quotas = env.service.quotas
-            quotas.clock = Clock(T0 + 1)
+            quotas.clock = FakeClock(T0 + 1)
             quotas.prices = {"smol": Price(prompt_per_1k=0, completion_per_1k=1000)}
             fence = await env.launch()
             env.publish("svc", [fence], model_id="m-1", model_name="smol")
@@ -264,7 +266,7 @@ async def test_a_budget_set_or_moved_to_another_period_counts_what_was_spent_in_
 async def test_a_quota_refusal_is_recorded_with_the_services_current_generation(tmp_path):
     with trio.fail_after(60):
         async with gateway_env(tmp_path) as env:
-            env.service.quotas.clock = Clock(T0 + 1)
+            env.service.quotas.clock = FakeClock(T0 + 1)
             fence = await env.launch()
             env.publish("svc", [fence], generation=3)
             key, token = await env.token()

@@ -14,9 +14,10 @@ from ficc_core.auth.authority import Authority
 from ficc_core.base.errors import StoreUnavailable
 from ficc_core.contributors import NodeRegistry
 
-from ..conftest import FakeClock, bearer
+from ..conftest import bearer
 from ..contributors.test_contributors import _snapshot
 from ..models.test_models_acquire import MiB, _api, controller  # noqa: F401
+from ..support.clock import FakeClock
 from ..support.httpsd import ServedFile
 from ..support.models_support import gguf_manifest, random_bytes
 from ..support.store_faults import store_outage

@@ -240,12 +240,3 @@ def chat(stream: bool = False, *, deltas: int = 8, interval: float = 0.0, **extr
         "standin_interval": interval,
         **extra,
     }
-
-
-async def eventually(predicate: Any, seconds: float = 5.0) -> None:
-    """Return once ``predicate()`` is true; fail after ``seconds``."""
-    with trio.fail_after(seconds):
-        while True:
-            if predicate():
-                return
-            await trio.sleep(0.01)

@@ -25,6 +25,7 @@ import trio
 from .inference_support import register_gguf, write_agent_settings
 from .models_support import smollm2_path
 from .serve_support import FICC, first_run_secrets
+from .waiting import eventually
 
 GIB = 1024**3
 
@@ -169,11 +170,14 @@ class Api:
 
     async def until(self, method: str, path: str, predicate, period: float = 0.1) -> Any:
         """Poll ``path`` until ``predicate(json)`` holds (a 200 answer); return it."""
-        while True:
+
+        async def answer() -> Any:
             response = await self.call(method, path)
-            if response.status_code == 200 and predicate(response.json()):
-                return response.json()
-            await trio.sleep(period)
+            return response.json() if response.status_code == 200 else None
+
+        return await eventually(
+            answer, None, until=lambda found: found is not None and predicate(found), every=period
+        )
 
     async def leader(self) -> dict:
         return await self.ok("GET", "/api/v1/system/controllers")

@@ -28,6 +28,7 @@ from ficc_core.controller.service import Service
 from ..conftest import bearer, issue_token
 from .agent_support import open_controller
 from .models_support import sha256_of, smollm2_path
+from .waiting import eventually
 
 GIB = 1024**3
 
@@ -108,27 +109,32 @@ class Controller:
         return await self.ok("GET", f"/api/v1/contributors/{node_id}")
 
     async def wait_node(self, node_id: str = "local", state: str = "connected") -> dict:
-        while True:
+
+        async def answer() -> Any:
             response = await self.call("GET", f"/api/v1/contributors/{node_id}")
-            if response.status_code == 200 and response.json()["state"] == state:
-                return response.json()
-            await trio.sleep(0.05)
+            return response.json() if response.status_code == 200 else None
+
+        return await eventually(
+            answer, None, until=lambda node: node is not None and node["state"] == state, every=0.05
+        )
 
     async def wait_service(self, service_id: str, predicate, period: float = 0.05) -> dict:
         """Poll the service until ``predicate(view)`` holds; return that view."""
-        while True:
-            view = await self.ok("GET", f"/api/v1/inference/{service_id}")
-            if predicate(view):
-                return view
-            await trio.sleep(period)
+        return await eventually(
+            lambda: self.ok("GET", f"/api/v1/inference/{service_id}"),
+            None,
+            until=predicate,
+            every=period,
+        )
 
     async def wait_status(self, service_id: str, predicate, period: float = 0.05) -> dict:
         """Poll the service's status route until ``predicate(status)`` holds; return it."""
-        while True:
-            status = await self.ok("GET", f"/api/v1/inference/{service_id}/status")
-            if predicate(status):
-                return status
-            await trio.sleep(period)
+        return await eventually(
+            lambda: self.ok("GET", f"/api/v1/inference/{service_id}/status"),
+            None,
+            until=predicate,
+            every=period,
+        )
 
     async def control(self, service_id: str, action: str, **body: Any) -> httpx.Response:
         if "revision" not in body:

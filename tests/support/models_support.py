@@ -16,6 +16,7 @@ import pytest
 import trio
 
 from .serve_support import FICC, ServeProcess
+from .waiting import eventually
 
 
 def random_bytes(size: int, seed: int = 0) -> bytes:
@@ -86,10 +87,11 @@ async def start_serve(tmp_path: Path, ca_bundle: Path, extra: str = "") -> tuple
 
 async def poll_model(http: httpx.AsyncClient, model_id: str, predicate) -> dict:
     """GET the model until ``predicate`` holds (at most 60 s); return it."""
-    with trio.fail_after(60):
-        while not predicate(model := (await http.get(f"/api/v1/models/{model_id}")).json()):  # noqa: ASYNC110
-            await trio.sleep(0.05)
-    return model
+
+    async def model() -> dict:
+        return (await http.get(f"/api/v1/models/{model_id}")).json()
+
+    return await eventually(model, 60, until=predicate, every=0.05)
 
 
 async def project_token(data_dir: Path, project: str) -> str:

@@ -16,8 +16,9 @@ import trio
 
 from ficc_core.base.errors import FiccError
 
-from ..support.gateway_support import chat, eventually, gateway_env
+from ..support.gateway_support import chat, gateway_env
 from ..support.serve_support import ficc_command
+from ..support.waiting import eventually
 from .test_usage_ledger import WriteGate
 
 
