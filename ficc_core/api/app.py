@@ -15,6 +15,7 @@ from werkzeug.exceptions import HTTPException
 from ..auth import Principal
 from ..base.errors import FiccError, Forbidden, StoreUnavailable
 from ..base.strictjson import dumps_error
+from ..http1.response_end import ResponseEnd
 from ..models.registry import MAX_BYTES_CHUNK
 from ..store.outage import RefusalLog, as_store_unavailable, is_store_failure
 from . import (
@@ -37,7 +38,6 @@ from . import (
 from .access import ROUTE_ACCESS, Access
 from .access_log import log_request
 from .authn import CSRF_HEADER, SESSION_COOKIE, authenticate
-from .response_end import ResponseEnd
 
 if TYPE_CHECKING:
     from ..controller.service import Service

@@ -45,11 +45,11 @@ from werkzeug.http import parse_cookie
 
 from ..base.errors import FiccError, PayloadTooLarge
 from ..base.strictjson import dumps_error
-from ..gateway import MODEL_PREFIX, PATHS, ProjectEndpoint
+from ..gateway import MODEL_PREFIX, PATHS
+from ..http1.client_watch import ClientWatch, Watcher
 from ..store.outage import RefusalLog, as_store_unavailable, is_store_failure
 from .access_log import log_request
 from .authn import SESSION_COOKIE, authenticate
-from .client_watch import ClientWatch, Watcher
 
 if TYPE_CHECKING:
     from quart_trio import QuartTrio
@@ -143,7 +143,8 @@ class InvokeRoutes:
         self.app = app
         self.service = service
         self.limit = service.config.max_body_bytes
-        self.project = ProjectEndpoint(service.gateway)
+        #: The project endpoint, built by the assembly.
+        self.project = service.project
         #: Arms a watcher on the client of each request that lasts (see client_watch).
         self.clients = ClientWatch()
         #: Invoke requests refused because the store failed (logged once a while).
@@ -247,7 +248,7 @@ class InvokeRoutes:
                 )
             series[0].inc()
             series[1].observe(duration)
-            served = getattr(response, "request", None)
+            served = None if response is None else response.request
             if served is not None and served.replica is not None:
                 prompt, completion = served.tokens
                 log_request(

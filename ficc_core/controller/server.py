@@ -12,7 +12,7 @@ from hypercorn.trio import serve as hypercorn_serve
 
 from ..api.app import create_app
 from ..api.metrics_app import MetricsApp
-from .http1 import use_http1
+from ..http1.server import use_http1
 from .service import Service
 
 log = logging.getLogger("ficc.server")
@@ -24,7 +24,7 @@ SHUTDOWN_NOTICE = 1.0
 #: Seconds an idle kept-alive connection stays open (hypercorn's default is 5 s): longer
 #: than the idle timeouts of clients' pools and of proxies and load balancers (60 s is
 #: usual), so that a client rarely sends a request on a connection the server is closing.
-#: On shutdown idle connections close at once (:class:`~ficc_core.api.response_end.ResponseEnd`).
+#: On shutdown idle connections close at once (:class:`~ficc_core.http1.response_end.ResponseEnd`).
 KEEP_ALIVE_TIMEOUT = 75.0
 
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from .engine_codec import EngineProtocolError
+from ..http1.engine_codec import EngineProtocolError
 from .errors import EngineUnavailable, ExecutorError
 
 if TYPE_CHECKING:

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 import attrs
 import trio
 
-from .engine_codec import EngineProtocolError
+from ..http1.engine_codec import EngineProtocolError
 from .engine_http import (
     CHUNK_SIZE,
     STALE,

@@ -1,7 +1,7 @@
 """HTTP/1.1 to one engine's socket, for the endpoint action: kept-alive connections, exchanges.
 
 :class:`~ficc_core.executor.EndpointStreams` checks a request; what is here sends
-it over the attempt's socket (framed by :mod:`~ficc_core.executor.engine_codec`) and
+it over the attempt's socket (framed by :mod:`~ficc_core.http1.engine_codec`) and
 relays the answer into the stream's :class:`~ficc_core.executor.event_queue.EventQueue`,
 never reading from the engine while the queue is full, so an unread stream blocks
 the engine's writes in the kernel. Connections whose exchange ended cleanly wait
@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 import attrs
 import trio
 
-from .engine_codec import (
+from ..http1.engine_codec import (
     EngineClosedEarly,
     EngineProtocolError,
     ResponseParser,
@@ -221,7 +221,7 @@ async def request_once(
     """One request on a connection of its own (closed after); the status and body prefix
     (what came, when the engine closed the connection before its answer ended).
 
-    Raises :class:`~ficc_core.executor.engine_codec.EngineProtocolError` on an answer
+    Raises :class:`~ficc_core.http1.engine_codec.EngineProtocolError` on an answer
     that is not HTTP.
     """
     async with sock:
@@ -257,7 +257,7 @@ def request_head(
     """The head of a request with a body of ``size`` bytes; an ``upload`` (an input's
     file as the body) is ``application/octet-stream`` on a connection of its own.
 
-    Raises :class:`~ficc_core.executor.engine_codec.EngineProtocolError` for a target
+    Raises :class:`~ficc_core.http1.engine_codec.EngineProtocolError` for a target
     or header that could split the request.
     """
     if upload:

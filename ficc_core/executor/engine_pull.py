@@ -26,7 +26,7 @@ from collections.abc import Callable
 import attrs
 import trio
 
-from .engine_codec import ResponseParser
+from ..http1.engine_codec import ResponseParser
 from .engine_http import (
     CHUNK_SIZE,
     EXCHANGE_ERRORS,

@@ -1,10 +1,16 @@
-"""The values executor providers return: attempt status and endpoint read events."""
+"""The values executor providers return: attempt status and endpoint read events.
+
+A stream's events are :mod:`ficc_core.http1.events`' three and :class:`StreamFailed`.
+"""
 
 from __future__ import annotations
 
 from typing import Literal
 
 import attrs
+
+# A response's events are HTTP's (the engine codec makes them, below this package).
+from ..http1.events import BodyChunk, EndOfStream, ResponseHead
 
 __all__ = [
     "AttemptState",
@@ -60,26 +66,6 @@ class AttemptStatus:
     def running(self) -> bool:
         """Whether the engine is still starting or ready."""
         return self.state in ("starting", "ready")
-
-
-@attrs.frozen(kw_only=True)
-class ResponseHead:
-    """The first event of a stream: the engine's status and response headers."""
-
-    status: int
-    headers: tuple[tuple[str, str], ...]
-
-
-@attrs.frozen
-class BodyChunk:
-    """Part of the response body, at most 64 KiB."""
-
-    data: bytes
-
-
-@attrs.frozen
-class EndOfStream:
-    """The response body is complete; the stream is closed."""
 
 
 @attrs.frozen(kw_only=True)

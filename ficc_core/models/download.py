@@ -30,10 +30,10 @@ import outcome
 import trio
 
 from ..base.errors import FiccError
+from ..http1.client import Http1Connection
 from .blob_records import FileRef
 from .blobs import BlobStore
 from .fetch import FetchError, Response
-from .http1 import Http1Connection
 from .partials import DIRECT_ALIGN, PartialWriter
 from .pipeline import Pipeline
 from .space import is_disk_full

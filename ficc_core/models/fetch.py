@@ -13,7 +13,7 @@ each hop is resolved and checked. Names are resolved with
 replaces the resolver (tests use it to answer differently from call to call).
 
 The request itself runs in a worker thread on a blocking socket
-(:mod:`ficc_core.models.http1`); cancelling a caller aborts the connection and
+(:mod:`ficc_core.http1.client`); cancelling a caller aborts the connection and
 waits for the thread, so no thread outlives its request.
 """
 
@@ -35,7 +35,7 @@ import trio
 
 from .._version import __version__
 from ..config import Config
-from .http1 import Address, FetchError, Http1Connection
+from ..http1.client import Address, FetchError, Http1Connection
 
 __all__ = [
     "FetchError",

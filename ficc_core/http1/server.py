@@ -5,7 +5,7 @@ of CPU to parse a typical gateway request and write its answer (in process, on t
 bench's machine), an eighth of what ``ficc serve`` spends on a relayed request.
 :class:`Http1Protocol` takes h11's place for plain requests: llhttp (``httptools``,
 the parser Node.js and uvicorn use, already parsing engine answers in
-:mod:`ficc_core.executor.engine_codec`) parses each request, and the response head
+:mod:`ficc_core.http1.engine_codec`) parses each request, and the response head
 is written directly, for about 10 µs. Everything above the protocol stays
 hypercorn's: the ASGI stream (``HTTPStream``), the connection's reader, TLS and
 shutdown. So does the keep-alive timeout, but watched by one task per connection

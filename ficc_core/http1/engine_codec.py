@@ -9,8 +9,8 @@ headers it chose, and :func:`encode_request` refuses anything that could split
 a request (a CR, LF or NUL in the target or a header, a space in the target).
 
 A :class:`ResponseParser` reads one response (any ``1xx`` before it skipped) and
-turns it into the stream's events: :class:`~ficc_core.executor.types.ResponseHead`,
-:class:`~ficc_core.executor.types.BodyChunk` and :class:`~ficc_core.executor.types.EndOfStream`.
+turns it into the stream's events: :class:`~ficc_core.http1.events.ResponseHead`,
+:class:`~ficc_core.http1.events.BodyChunk` and :class:`~ficc_core.http1.events.EndOfStream`.
 A body framed by neither ``Content-Length`` nor chunked coding ends when the engine
 closes the connection (:meth:`ResponseParser.closed`); anything else cut short by
 a close is an error.
@@ -19,10 +19,14 @@ a close is an error.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 import httptools
 
-from .types import BodyChunk, EndOfStream, ReadEvent, ResponseHead
+from .events import BodyChunk, EndOfStream, ResponseHead
+
+if TYPE_CHECKING:
+    from ..executor.types import ReadEvent
 
 __all__ = ["EngineClosedEarly", "EngineProtocolError", "ResponseParser", "encode_request"]
 
