@@ -15,13 +15,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ficc_core.executor.types import BodyChunk, EndOfStream, ResponseHead
 from ficc_core.http1.engine_codec import (
     EngineClosedEarly,
     EngineProtocolError,
     ResponseParser,
     encode_request,
 )
-from ficc_core.executor.types import BodyChunk, EndOfStream, ResponseHead
 
 
 def parse(*reads: bytes) -> tuple[ResponseParser, list[object]]:
