@@ -16,7 +16,7 @@ import attrs
 from quart import Response, g, jsonify
 
 from ..inference import CONTROL_ACTIONS
-from ..inference.status import read_status
+from ..inference.reconciliation.status import read_status
 from ..schema import FieldError
 from ..schema._convert import MAX_SAFE_INTEGER, integer
 from .bodies import band_validator, query_number, read_json, read_json_object

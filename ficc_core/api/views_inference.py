@@ -8,9 +8,9 @@ from typing import Any
 import attrs
 
 from ..inference import Preview, ServiceDetail
-from ..inference.publication import give_up_reason, given_up
+from ..inference.reconciliation.publication import give_up_reason, given_up
+from ..inference.reconciliation.status import ServiceStatus, current_attempts, serves
 from ..inference.records import AttemptState, Desired, ServiceRecord, ServiceState
-from ..inference.status import ServiceStatus, current_attempts, serves
 from ..prices import MILLI
 from ..schema import unstructure
 from ..usage.records import CredentialUsage, UsageRecord, UsageSummary, UsageTotals, stored
@@ -27,8 +27,8 @@ def service_view(
     ``stopped_retrying`` lists the replicas that stopped retrying because their last
     ``give_up_after`` attempts failed the same way (the service's reason says how).
     Each replica's ``serving`` says whether it takes the service's requests now
-    (:func:`~ficc_core.inference.status.serves`; ``trouble`` says, by node and attempt
-    ID, why an attempt cannot count now: the registry's ``attempt_trouble``).
+    (:func:`~ficc_core.inference.reconciliation.status.serves`; ``trouble`` says, by node
+    and attempt ID, why an attempt cannot count now: the registry's ``attempt_trouble``).
     """
     service, attempts = detail.service, detail.attempts
     spec = service.document()
@@ -168,5 +168,5 @@ def usage_view(summary: UsageSummary) -> dict[str, Any]:
 
 
 def status_view(status: ServiceStatus) -> dict[str, Any]:
-    """A service's per-replica status (see :mod:`ficc_core.inference.status`)."""
+    """A service's per-replica status (see :mod:`ficc_core.inference.reconciliation.status`)."""
     return attrs.asdict(status)

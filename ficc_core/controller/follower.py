@@ -3,7 +3,7 @@
 On the leader the reconciler publishes each service's routing view as it drives
 it. A standby drives nothing, so every ``follow_interval`` it reads every service
 with its attempts in one transaction and publishes each with the same pure function
-(:func:`~ficc_core.inference.publication.publish`): a replica is routed here when
+(:func:`~ficc_core.inference.reconciliation.publication.publish`): a replica is routed here when
 the store says it is ready and its node is connected to this controller. When a
 read fails (the store is down) the last table stays as it was: the replicas it
 names keep serving.
@@ -21,8 +21,8 @@ import trio
 
 from ..base.errors import FiccError
 from ..inference import repository
-from ..inference.generations import Running, read_running
-from ..inference.publication import publish
+from ..inference.reconciliation.generations import Running, read_running
+from ..inference.reconciliation.publication import publish
 from ..inference.records import Desired
 
 if TYPE_CHECKING:

@@ -521,7 +521,7 @@ class Gateway:
 
     def _timed_out(self, request: Request, bound: str) -> None:
         """A wait for an engine ran past ``bound``: counted, and its replica's liveness is
-        probed at once (:mod:`~ficc_core.inference.liveness`)."""
+        probed at once (:mod:`~ficc_core.inference.reconciliation.liveness`)."""
         self.accounting.timed_out(request, bound)
         if request.replica is not None:
             self.live.suspect(request.replica.key)

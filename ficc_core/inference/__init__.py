@@ -2,7 +2,7 @@
 
 from .errors import PlacementFailed, StaleRevision, UnknownOutcome
 from .manager import CONTROL_ACTIONS, InferenceManager, Preview
-from .reconciler import Reconciler
+from .reconciliation.reconciler import Reconciler
 from .records import AttemptState, Desired, ServiceDetail, ServiceState
 from .specification.model_context import ModelContext, ModelContexts
 

@@ -6,7 +6,7 @@ and ``generation``), the reservations (what each replica holds on its node) and
 the attempts (each try at running a replica, with its fence and state). Every
 change of a service or of one of its attempts bumps the service's revision; a
 request naming another revision is refused with 409 and the current one. The
-:class:`~ficc_core.inference.reconciler.Reconciler` drives the attempts towards
+:class:`~ficc_core.inference.reconciliation.reconciler.Reconciler` drives the attempts towards
 ``desired``; this module records what operators ask and tells it (``notify``).
 """
 
@@ -28,7 +28,7 @@ from ..store import Store, Transaction
 from ..usage import UsageLedger, UsageSummary
 from . import history, repository, rollout
 from .errors import service_not_found
-from .on_demand import retry_warning
+from .reconciliation.on_demand import retry_warning
 from .records import (
     Desired,
     PlacementNode,

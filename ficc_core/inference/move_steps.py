@@ -21,14 +21,14 @@ from ..events import record as record_event
 from ..schema import canonical_json
 from ..store import Transaction
 from . import history, repository
-from .publication import ROLLED_BACK, routed
+from .reconciliation.publication import ROLLED_BACK, routed
 from .records import ENDED, AttemptRecord, AttemptState, Reservation, ServiceRecord
 from .specification.admission import plan_in
 
 if TYPE_CHECKING:
     from ..schema import Specification
     from .moves import Mover
-    from .reconciler import _Driver as Driver
+    from .reconciliation.reconciler import _Driver as Driver
 
 
 @attrs.define

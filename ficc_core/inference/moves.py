@@ -43,9 +43,9 @@ from ..contributors import repository as contributors_repository
 from ..contributors.records import NodeState
 from ..store import Transaction
 from . import repository
-from .generations import settle_reservations
 from .move_steps import MovePlan, MoveResult, MoveRun
-from .publication import routed
+from .reconciliation.generations import settle_reservations
+from .reconciliation.publication import routed
 from .records import AttemptRecord, Desired, PlacementNode, Reservation, ServiceRecord
 from .refusals import nothing_to_do, operation_details
 from .specification.placement import plan, staged_on
@@ -55,7 +55,7 @@ from .specification.transitions import check_revision, writable
 if TYPE_CHECKING:
     from ..auth import Principal
     from ..schema import Placement, Specification
-    from .reconciler import Reconciler
+    from .reconciliation.reconciler import Reconciler
     from .specification.model_context import ModelContext, ModelContexts
 
 STEPS = ("deploy_target", "wait_target_health", "stop_source", "undeploy_source", "update_binding")

@@ -8,7 +8,7 @@ included (both generations run until the cut-over); in place (``rolling``,
 ``recreate``) when the operator says so. Its reservations are recorded with a
 :class:`~ficc_core.inference.records.RolloutRecord` in one transaction. The
 reconciler cuts traffic over once every replica of the next generation is ready,
-then drains and stops the previous one (:mod:`~ficc_core.inference.generations`); a
+then drains and stops the previous one (:mod:`~ficc_core.inference.reconciliation.generations`); a
 replica that stops retrying, or the ``replica_ready_timeout`` bound, fails the
 rollout and the serving generation goes on (an in-place one starts its stopped
 replicas again). A scale-down is applied at once, without a new generation. The
@@ -32,8 +32,8 @@ from ..base.errors import Conflict, FiccError
 from ..schema import Specification, canonical_json
 from ..store import Transaction
 from . import repository
-from .generations import rollout_event
-from .publication import routed
+from .reconciliation.generations import rollout_event
+from .reconciliation.publication import routed
 from .records import ACTIVE, AttemptRecord, Desired, RolloutRecord, ServiceRecord
 from .refusals import nothing_to_do
 from .specification.transitions import check_revision, next_generation, writable
@@ -41,7 +41,7 @@ from .strategies import SCALE_DOWN, Choice, choose, refuse_choice, scale_down
 
 if TYPE_CHECKING:
     from ..auth import Principal
-    from .reconciler import Reconciler
+    from .reconciliation.reconciler import Reconciler
     from .specification.model_context import ModelContext
 
 

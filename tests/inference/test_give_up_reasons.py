@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import trio
 
-from ficc_core.inference.attempts import log_gist
-from ficc_core.inference.publication import give_up_reason
+from ficc_core.inference.reconciliation.attempts import log_gist
+from ficc_core.inference.reconciliation.publication import give_up_reason
 from ficc_core.inference.records import AttemptRecord, AttemptState
 
 from ..support.inference_support import broken_engine, llama_spec, open_inference_controller

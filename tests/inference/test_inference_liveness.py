@@ -319,7 +319,7 @@ async def test_a_gateway_suspicion_wakes_the_prober_and_only_a_waiting_one():
 
 
 def test_a_replica_that_gave_up_unresponsive_is_told_it_hung_and_what_to_look_at():
-    from ficc_core.inference.publication import give_up_reason
+    from ficc_core.inference.reconciliation.publication import give_up_reason
     from ficc_core.inference.records import AttemptRecord, AttemptState
 
     attempt = AttemptRecord(
@@ -415,7 +415,7 @@ def _ready_attempt(reason: str | None = None):
 
 
 def _prober(endpoint: _Endpoint, records: _Records, table: LiveTable):
-    from ficc_core.inference.liveness import Liveness
+    from ficc_core.inference.reconciliation.liveness import Liveness
 
     return Liveness(table, _Nodes(endpoint), records, interval=10, timeout=5, misses=3)
 

@@ -15,7 +15,7 @@ from typing import Any
 import trio
 
 from ficc_core.contributors.assignments import Reconciliation
-from ficc_core.inference.attempts import Attempts
+from ficc_core.inference.reconciliation.attempts import Attempts
 from ficc_core.inference.records import AttemptRecord, AttemptState
 
 from ..support.inference_support import open_inference_controller, standin_engine

@@ -3,7 +3,7 @@ generations of a service, coexist (pure functions of the attempts)."""
 
 from __future__ import annotations
 
-from ficc_core.inference.publication import latest, retiring, routed
+from ficc_core.inference.reconciliation.publication import latest, retiring, routed
 from ficc_core.inference.records import AttemptRecord, AttemptState
 
 

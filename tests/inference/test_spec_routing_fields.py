@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 from ficc_core.cli.inference_create import partial_spec
 from ficc_core.cli.main import cli
-from ficc_core.inference.publication import context_length, publish, served_names
+from ficc_core.inference.reconciliation.publication import context_length, publish, served_names
 from ficc_core.inference.records import ServiceRecord
 from ficc_core.routing.live import LiveTable
 from ficc_core.schema import SchemaError, Specification, canonical_json, structure

@@ -16,8 +16,7 @@ import attrs
 import trio
 
 from ficc_core.auth import ALL_SCOPES
-from ficc_core.inference.records import AttemptRecord, ServiceDetail, ServiceRecord
-from ficc_core.inference.status import (
+from ficc_core.inference.reconciliation.status import (
     current_attempts,
     last_exit,
     node_status,
@@ -25,6 +24,7 @@ from ficc_core.inference.status import (
     service_status,
     successors,
 )
+from ficc_core.inference.records import AttemptRecord, ServiceDetail, ServiceRecord
 
 from ..cli.test_cli_inference import Cli
 from ..conftest import issue_token
@@ -202,7 +202,7 @@ def test_show_suggests_starting_with_acknowledge_unknown_only_where_start_accept
 
 
 def test_a_ready_replica_serves_only_where_the_gateway_routes_it():
-    from ficc_core.inference.status import serves
+    from ficc_core.inference.reconciliation.status import serves
 
     ready = _attempt(0, 1, 1, "ready")
 
@@ -283,7 +283,7 @@ def test_a_connected_node_that_dropped_or_went_silent_shows_so_and_stops_serving
 
 
 def test_a_ready_replica_on_a_node_that_cannot_be_reached_does_not_count_as_ready():
-    from ficc_core.inference.publication import rolled_up
+    from ficc_core.inference.reconciliation.publication import rolled_up
 
     attempts = [_attempt(0, 1, 1, "ready", node_id="n1"), _attempt(1, 1, 1, "ready", node_id="n2")]
     assert rolled_up(2, attempts, 1) == ("ready", None)
@@ -469,7 +469,7 @@ async def test_a_stopped_replica_shows_no_pid_or_health_as_if_its_engine_still_r
 
 
 def test_a_start_stays_starting_while_the_other_replicas_still_come_up():
-    from ficc_core.inference.publication import rolled_up
+    from ficc_core.inference.reconciliation.publication import rolled_up
 
     ready = _attempt(0, 1, 1, "ready", ready_at=150.0)
     for coming in ("pending", "staging", "launching", "loading"):

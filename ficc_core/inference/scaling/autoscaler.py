@@ -49,7 +49,7 @@ if TYPE_CHECKING:
     from ...metrics import Metrics
     from ...routing.live import LiveService, LiveTable
     from ...store import Store
-    from ..reconciler import Reconciler
+    from ..reconciliation.reconciler import Reconciler
     from ..records import ServiceRecord
     from ..specification.model_context import ModelContexts
 

@@ -21,10 +21,9 @@ from typing import TYPE_CHECKING
 
 import attrs
 
-from ..contributors import repository as nodes_repository
-from ..contributors.records import NodeState
-from .publication import latest
-from .records import (
+from ...contributors import repository as nodes_repository
+from ...contributors.records import NodeState
+from ..records import (
     ENDED,
     ROUTABLE,
     AttemptRecord,
@@ -33,12 +32,13 @@ from .records import (
     ServiceDetail,
     ServiceRecord,
 )
-from .specification.replicas import running_indices
+from ..specification.replicas import running_indices
+from .publication import latest
 
 if TYPE_CHECKING:
-    from ..contributors import NodeRegistry
-    from ..contributors.records import Node
-    from .manager import InferenceManager
+    from ...contributors import NodeRegistry
+    from ...contributors.records import Node
+    from ..manager import InferenceManager
 
 __all__ = [
     "LastExit",
@@ -193,7 +193,7 @@ def current_attempts(
     attempts: Sequence[AttemptRecord], generation: int
 ) -> dict[int, AttemptRecord]:
     """Each replica's attempt that stands for it: of the service's ``generation``, the
-    one serving (else its latest: :func:`~ficc_core.inference.publication.latest`);
+    one serving (else its latest: :func:`~ficc_core.inference.reconciliation.publication.latest`);
     a replica with none of that generation, its latest of any."""
     found: dict[int, AttemptRecord] = {}
     for attempt in attempts:

@@ -41,16 +41,16 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from ..base.errors import FiccError
-from ..executor.types import EndOfStream, ResponseHead, StreamFailed
-from ..store.outage import is_store_failure
+from ...base.errors import FiccError
+from ...executor.types import EndOfStream, ResponseHead, StreamFailed
+from ...store.outage import is_store_failure
 
 if TYPE_CHECKING:
-    from ..contributors import NodeRegistry
-    from ..metrics import Metrics
-    from ..routing.live import LiveTable
+    from ...contributors import NodeRegistry
+    from ...metrics import Metrics
+    from ...routing.live import LiveTable
+    from ..records import AttemptRecord
     from .observed import Observations
-    from .records import AttemptRecord
 
 log = logging.getLogger("ficc.inference.liveness")
 

@@ -18,22 +18,22 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 
-from ..base.errors import FiccError
-from ..contributors.records import NodeState
-from ..executor.errors import StaleFence, UnknownAttempt
-from ..schema import Specification, Workload, canonical_json
-from ..store.outage import is_store_failure
+from ...base.errors import FiccError
+from ...contributors.records import NodeState
+from ...executor.errors import StaleFence, UnknownAttempt
+from ...schema import Specification, Workload, canonical_json
+from ...store.outage import is_store_failure
+from ..records import ENDED, AttemptRecord, AttemptState, ServiceRecord
 from .liveness import UNRESPONSIVE
-from .records import ENDED, AttemptRecord, AttemptState, ServiceRecord
 
 if TYPE_CHECKING:
-    from ..contributors import NodeRegistry
-    from ..executor.types import AttemptStatus
-    from ..models.blobs import BlobStore
-    from ..plugins import AdapterRegistry
+    from ...contributors import NodeRegistry
+    from ...executor.types import AttemptStatus
+    from ...models.blobs import BlobStore
+    from ...plugins import AdapterRegistry
+    from ..specification.model_context import ModelContext, ModelContexts
     from .liveness import Liveness
     from .observed import Observations
-    from .specification.model_context import ModelContext, ModelContexts
 
 #: The longest a node's new connection is waited for to be reconciled, in seconds,
 #: before an attempt it does not run is judged (stopped by the node, or failed).

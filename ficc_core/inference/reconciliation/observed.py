@@ -13,12 +13,12 @@ from typing import Any
 
 import attrs
 
-from ..contributors import repository as contributors
-from ..contributors.records import Node
-from ..events import EventKind
-from ..store import Store, Transaction
-from . import history, repository
-from .records import AttemptRecord, Desired, ServiceRecord, ServiceState
+from ...contributors import repository as contributors
+from ...contributors.records import Node
+from ...events import EventKind
+from ...store import Store, Transaction
+from .. import history, repository
+from ..records import AttemptRecord, Desired, ServiceRecord, ServiceState
 
 
 def _update(

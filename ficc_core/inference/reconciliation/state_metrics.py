@@ -22,14 +22,14 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from ..models import repository as models_repository
-from . import repository
+from ...models import repository as models_repository
+from .. import repository
 from .status import current_attempts
 
 if TYPE_CHECKING:
-    from ..contributors import NodeRegistry
-    from ..metrics import Metrics
-    from ..store import Store, Transaction
+    from ...contributors import NodeRegistry
+    from ...metrics import Metrics
+    from ...store import Store, Transaction
 
 log = logging.getLogger("ficc.metrics")
 

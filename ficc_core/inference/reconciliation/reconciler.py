@@ -2,9 +2,9 @@
 
 One driver task per service reads the durable record, acts, publishes the
 service's routing view to the :class:`~ficc_core.routing.live.LiveTable`
-(:mod:`~ficc_core.inference.publication`), and waits for a change (or a short
+(:mod:`~ficc_core.inference.reconciliation.publication`), and waits for a change (or a short
 period). For a service that should run, one replica task per placement launches
-attempts and watches them (:mod:`~ficc_core.inference.attempts`). An attempt that
+attempts and watches them (:mod:`~ficc_core.inference.reconciliation.attempts`). An attempt that
 ends by itself or never becomes ready is ``failed`` and the replica retries with a
 new attempt after a capped exponential backoff. An attempt whose node is lost
 while it runs becomes ``unknown`` and is never retried by itself: a stop, then a
@@ -40,25 +40,13 @@ from typing import TYPE_CHECKING
 import attrs
 import trio
 
-from ..base.errors import FiccError
-from ..routing.idle import IdleSignal
-from ..routing.live import Admission, LiveTable
-from ..store import Transaction
-from ..store.outage import Backoff, OutageLog, is_store_failure
-from . import repository
-from .attempts import Attempts
-from .generations import (
-    IN_PLACE,
-    Running,
-    abandon_rollout,
-    predecessor_stopping,
-    read_running,
-)
-from .liveness import UNRESPONSIVE, Liveness
-from .observed import Observations
-from .on_demand import OnDemand
-from .publication import given_up, publish, retiring, rolled_up
-from .records import (
+from ...base.errors import FiccError
+from ...routing.idle import IdleSignal
+from ...routing.live import Admission, LiveTable
+from ...store import Transaction
+from ...store.outage import Backoff, OutageLog, is_store_failure
+from .. import repository
+from ..records import (
     ACTIVE,
     ENDED,
     AttemptRecord,
@@ -67,17 +55,23 @@ from .records import (
     ServiceRecord,
     ServiceState,
 )
-from .scaling.activations import ActivationNotes
+from ..scaling.activations import ActivationNotes
+from .attempts import Attempts
+from .generations import IN_PLACE, Running, abandon_rollout, predecessor_stopping, read_running
+from .liveness import UNRESPONSIVE, Liveness
+from .observed import Observations
+from .on_demand import OnDemand
+from .publication import given_up, publish, retiring, rolled_up
 from .succession import Succession, in_place_state, strays, unwatch
 
 if TYPE_CHECKING:
-    from ..contributors import NodeRegistry
-    from ..metrics import Metrics
-    from ..models.blobs import BlobStore
-    from ..plugins import AdapterRegistry
-    from ..schema import Specification
-    from ..store import Store
-    from .specification.model_context import ModelContexts
+    from ...contributors import NodeRegistry
+    from ...metrics import Metrics
+    from ...models.blobs import BlobStore
+    from ...plugins import AdapterRegistry
+    from ...schema import Specification
+    from ...store import Store
+    from ..specification.model_context import ModelContexts
 
 log = logging.getLogger("ficc.inference")
 

@@ -14,19 +14,19 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..routing.demand import RETURN_MARGIN, retry_after, retry_window
-from ..routing.live import Activation
-from ..store import Transaction
-from . import repository
+from ...routing.demand import RETURN_MARGIN, retry_after, retry_window
+from ...routing.live import Activation
+from ...store import Transaction
+from .. import repository
+from ..records import AttemptRecord, AttemptState, ServiceRecord
+from ..scaling import changes
+from ..scaling.activations import ActivationNotes, Failure
+from ..specification.replicas import on_demand
 from .publication import latest
-from .records import AttemptRecord, AttemptState, ServiceRecord
-from .scaling import changes
-from .scaling.activations import ActivationNotes, Failure
-from .specification.replicas import on_demand
 
 if TYPE_CHECKING:
-    from ..schema import Specification
-    from ..store import Store
+    from ...schema import Specification
+    from ...store import Store
 
 log = logging.getLogger("ficc.inference")
 

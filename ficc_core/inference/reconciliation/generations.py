@@ -20,15 +20,15 @@ from typing import TYPE_CHECKING
 
 import attrs
 
-from ..events import EventKind
-from ..store import Transaction
-from . import history, repository
-from .records import AttemptRecord, RolloutRecord, ServiceRecord
-from .specification.replicas import running_indices
+from ...events import EventKind
+from ...store import Transaction
+from .. import history, repository
+from ..records import AttemptRecord, RolloutRecord, ServiceRecord
+from ..specification.replicas import running_indices
 
 if TYPE_CHECKING:
-    from ..schema import Specification
-    from .records import Reservation
+    from ...schema import Specification
+    from ..records import Reservation
 
 #: The rollout strategies that replace the serving generation's replicas where they run.
 IN_PLACE = ("rolling", "recreate")

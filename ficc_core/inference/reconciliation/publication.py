@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from ..routing.live import (
+from ...routing.live import (
     Activation,
     ActivationFailure,
     Admission,
@@ -24,12 +24,12 @@ from ..routing.live import (
     LiveService,
     LiveTable,
 )
+from ..records import ROUTABLE, AttemptRecord, AttemptState, ServiceRecord, ServiceState
 from .liveness import UNRESPONSIVE
-from .records import ROUTABLE, AttemptRecord, AttemptState, ServiceRecord, ServiceState
 
 if TYPE_CHECKING:
-    from ..contributors import NodeRegistry
-    from ..schema import ModelRecord, Specification
+    from ...contributors import NodeRegistry
+    from ...schema import ModelRecord, Specification
 
 
 #: The reason a move's target ends with when the move is rolled back: it never stood for

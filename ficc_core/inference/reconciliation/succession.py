@@ -1,8 +1,8 @@
 """How a running service's driver lets a successor take over from its predecessor.
 
-The :class:`~ficc_core.inference.reconciler.Reconciler` calls these each step of a
+The :class:`~ficc_core.inference.reconciliation.reconciler.Reconciler` calls these each step of a
 running service: a pending rollout is cut over or given up (:meth:`Succession.rollout_step`),
-each retiring attempt (:func:`~ficc_core.inference.publication.retiring`) drains and
+each retiring attempt (:func:`~ficc_core.inference.reconciliation.publication.retiring`) drains and
 stops (:meth:`Succession.retire`), and the reservations nothing holds any more go
 (:meth:`Succession.settle_reservations`). :func:`strays` finds the attempts a move left
 on another node than their placement's when nothing holds them any more.
@@ -16,7 +16,9 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from . import repository
+from .. import repository
+from ..records import ROUTABLE, AttemptRecord, ServiceRecord, ServiceState
+from ..specification.replicas import running_indices
 from .generations import (
     IN_PLACE,
     Running,
@@ -26,11 +28,9 @@ from .generations import (
     stale_reservations,
 )
 from .publication import given_up, routed
-from .records import ROUTABLE, AttemptRecord, ServiceRecord, ServiceState
-from .specification.replicas import running_indices
 
 if TYPE_CHECKING:
-    from ..schema import Specification
+    from ...schema import Specification
     from .reconciler import Reconciler
     from .reconciler import _Driver as Driver
 
