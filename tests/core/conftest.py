@@ -1,1 +1,0 @@
-"""Fixtures only the tests of tests/core/ use (shared ones are in tests/conftest.py)."""
