@@ -34,7 +34,7 @@ from quart import Response, g, jsonify, request
 from ..auth.tickets import Tickets
 from ..base.errors import FiccError
 from ..base.strictjson import dumps_error
-from ..inference.logs import DEFAULT_TAIL, MAX_TAIL, ReplicaLog, ReplicaLogs
+from ..inference.operations.logs import DEFAULT_TAIL, MAX_TAIL, ReplicaLog, ReplicaLogs
 from .bodies import query_bounded
 
 if TYPE_CHECKING:

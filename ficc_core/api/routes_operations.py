@@ -15,9 +15,9 @@ import attrs
 from quart import Response, g, jsonify
 
 from ..base.errors import FiccError
-from ..inference.moves import bulk_move
-from ..inference.rollout import rollout_view
-from ..inference.strategies import STRATEGIES
+from ..inference.operations.moves import bulk_move
+from ..inference.operations.rollout import rollout_view
+from ..inference.operations.strategies import STRATEGIES
 from ..schema import FieldError
 from ..schema._convert import MAX_SAFE_INTEGER, integer
 from ..schema.spec import MAX_GPU_INDEX

@@ -26,8 +26,9 @@ from ..routing.live import LiveTable
 from ..schema import Specification, canonical_json
 from ..store import Store, Transaction
 from ..usage import UsageLedger, UsageSummary
-from . import history, repository, rollout
+from . import history, repository
 from .errors import service_not_found
+from .operations import rollout
 from .reconciliation.on_demand import retry_warning
 from .records import (
     Desired,
@@ -55,8 +56,8 @@ if TYPE_CHECKING:
     from ..auth import AuthService, Principal
     from ..auth.records import Credential, Revocation
     from ..plugins import AdapterRegistry
-    from .moves import Mover
-    from .rollout import Restarter
+    from .operations.moves import Mover
+    from .operations.rollout import Restarter
     from .scaling.autoscaler import Autoscaler
     from .specification.model_context import ModelContext, ModelContexts
 
@@ -456,7 +457,7 @@ class InferenceManager:
         keep_limits: bool = False,
     ) -> RolloutStart:
         """Start a running service's next generation by the rollout's strategy, or apply a
-        scale-down at once (see :mod:`~ficc_core.inference.rollout`)."""
+        scale-down at once (see :mod:`~ficc_core.inference.operations.rollout`)."""
         current = (await self.get(principal.project_id, service_id)).service.specification()
         specification, model = await self._check(principal.project_id, document)
         adjusted: list[dict[str, Any]] = []

@@ -234,7 +234,7 @@ class RolloutRecord:
     #: When an unfinished rollout gives up (seconds since the epoch).
     deadline: float
     #: How it runs: ``surge`` (beside the serving generation), ``rolling`` or ``recreate``
-    #: (in place; :mod:`~ficc_core.inference.rollout`).
+    #: (in place; :mod:`~ficc_core.inference.operations.rollout`).
     strategy: str = "surge"
     #: A rolling rollout's replicas handed over so far (the next generation runs that many).
     step: int = 0

@@ -31,18 +31,18 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from ..events import EventKind
-from ..schema import Specification, canonical_json
-from ..store import Transaction
-from . import history, repository
-from .errors import PlacementFailed
-from .records import ServiceRecord
-from .specification.admission import plan_in
-from .specification.placement import Plan, plan
-from .specification.replicas import running_indices
+from ...events import EventKind
+from ...schema import Specification, canonical_json
+from ...store import Transaction
+from .. import history, repository
+from ..errors import PlacementFailed
+from ..records import ServiceRecord
+from ..specification.admission import plan_in
+from ..specification.placement import Plan, plan
+from ..specification.replicas import running_indices
 
 if TYPE_CHECKING:
-    from .specification.model_context import ModelContext
+    from ..specification.model_context import ModelContext
 
 #: What a rollout request may ask for.
 STRATEGIES = ("auto", "surge", "rolling", "recreate")

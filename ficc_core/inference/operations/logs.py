@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING
 
 import attrs
 
-from ..base.errors import FiccError, NotFound
+from ...base.errors import FiccError, NotFound
 
 if TYPE_CHECKING:
-    from ..contributors import NodeRegistry
-    from .manager import InferenceManager
-    from .records import AttemptRecord
+    from ...contributors import NodeRegistry
+    from ..manager import InferenceManager
+    from ..records import AttemptRecord
 
 #: The most lines a snapshot (or a follow's first part) asks for.
 MAX_TAIL = 1000

@@ -38,25 +38,25 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from ..base.errors import FiccError, InvalidRequest
-from ..contributors import repository as contributors_repository
-from ..contributors.records import NodeState
-from ..store import Transaction
-from . import repository
+from ...base.errors import FiccError, InvalidRequest
+from ...contributors import repository as contributors_repository
+from ...contributors.records import NodeState
+from ...store import Transaction
+from .. import repository
+from ..reconciliation.generations import settle_reservations
+from ..reconciliation.publication import routed
+from ..records import AttemptRecord, Desired, PlacementNode, Reservation, ServiceRecord
+from ..specification.placement import plan, staged_on
+from ..specification.tiers import TierMismatch, check_node
+from ..specification.transitions import check_revision, writable
 from .move_steps import MovePlan, MoveResult, MoveRun
-from .reconciliation.generations import settle_reservations
-from .reconciliation.publication import routed
-from .records import AttemptRecord, Desired, PlacementNode, Reservation, ServiceRecord
 from .refusals import nothing_to_do, operation_details
-from .specification.placement import plan, staged_on
-from .specification.tiers import TierMismatch, check_node
-from .specification.transitions import check_revision, writable
 
 if TYPE_CHECKING:
-    from ..auth import Principal
-    from ..schema import Placement, Specification
-    from .reconciliation.reconciler import Reconciler
-    from .specification.model_context import ModelContext, ModelContexts
+    from ...auth import Principal
+    from ...schema import Placement, Specification
+    from ..reconciliation.reconciler import Reconciler
+    from ..specification.model_context import ModelContext, ModelContexts
 
 STEPS = ("deploy_target", "wait_target_health", "stop_source", "undeploy_source", "update_binding")
 FINAL_STATES = (

@@ -1,6 +1,6 @@
 """The steps of one move in progress, their outcomes and their rollback.
 
-:mod:`~ficc_core.inference.moves` checks a move and plans it (:class:`MovePlan`);
+:mod:`~ficc_core.inference.operations.moves` checks a move and plans it (:class:`MovePlan`);
 :class:`MoveRun` runs its five steps and answers with a :class:`MoveResult` (see
 that module for what each step and each final state means).
 """
@@ -13,22 +13,22 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 
-from ..base.errors import FiccError
-from ..contributors import repository as contributors_repository
-from ..contributors.records import AssignmentReason, NodeState
-from ..events import EventKind, Subject
-from ..events import record as record_event
-from ..schema import canonical_json
-from ..store import Transaction
-from . import history, repository
-from .reconciliation.publication import ROLLED_BACK, routed
-from .records import ENDED, AttemptRecord, AttemptState, Reservation, ServiceRecord
-from .specification.admission import plan_in
+from ...base.errors import FiccError
+from ...contributors import repository as contributors_repository
+from ...contributors.records import AssignmentReason, NodeState
+from ...events import EventKind, Subject
+from ...events import record as record_event
+from ...schema import canonical_json
+from ...store import Transaction
+from .. import history, repository
+from ..reconciliation.publication import ROLLED_BACK, routed
+from ..records import ENDED, AttemptRecord, AttemptState, Reservation, ServiceRecord
+from ..specification.admission import plan_in
 
 if TYPE_CHECKING:
-    from ..schema import Specification
+    from ...schema import Specification
+    from ..reconciliation.reconciler import _Driver as Driver
     from .moves import Mover
-    from .reconciliation.reconciler import _Driver as Driver
 
 
 @attrs.define
@@ -80,7 +80,7 @@ class MovePlan:
     reservation: Reservation
     #: ``unreachable``, ``lost`` or ``revoked`` when the source's node will not answer:
     #: the source is given up instead of drained and stopped (see
-    #: :mod:`~ficc_core.inference.moves`).
+    #: :mod:`~ficc_core.inference.operations.moves`).
     source_gone: NodeState | None = None
 
 

@@ -2,7 +2,7 @@
 
 A **rollout** (:func:`begin`) takes a running service's next specification —
 context, concurrency, replica count, placements, engine options — and starts its
-next generation by its strategy (:mod:`~ficc_core.inference.strategies`): by default
+next generation by its strategy (:mod:`~ficc_core.inference.operations.strategies`): by default
 *beside* the serving one, planned beside every reservation, the service's own
 included (both generations run until the cut-over); in place (``rolling``,
 ``recreate``) when the operator says so. Its reservations are recorded with a
@@ -28,21 +28,21 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 
-from ..base.errors import Conflict, FiccError
-from ..schema import Specification, canonical_json
-from ..store import Transaction
-from . import repository
-from .reconciliation.generations import rollout_event
-from .reconciliation.publication import routed
-from .records import ACTIVE, AttemptRecord, Desired, RolloutRecord, ServiceRecord
+from ...base.errors import Conflict, FiccError
+from ...schema import Specification, canonical_json
+from ...store import Transaction
+from .. import repository
+from ..reconciliation.generations import rollout_event
+from ..reconciliation.publication import routed
+from ..records import ACTIVE, AttemptRecord, Desired, RolloutRecord, ServiceRecord
+from ..specification.transitions import check_revision, next_generation, writable
 from .refusals import nothing_to_do
-from .specification.transitions import check_revision, next_generation, writable
 from .strategies import SCALE_DOWN, Choice, choose, refuse_choice, scale_down
 
 if TYPE_CHECKING:
-    from ..auth import Principal
-    from .reconciliation.reconciler import Reconciler
-    from .specification.model_context import ModelContext
+    from ...auth import Principal
+    from ..reconciliation.reconciler import Reconciler
+    from ..specification.model_context import ModelContext
 
 
 __all__ = ["Choice", "Restarter", "begin", "preview", "rollout_view"]

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..base.errors import InvalidRequest
-from .records import ServiceRecord
+from ...base.errors import InvalidRequest
+from ..records import ServiceRecord
 
 
 class NothingToDo(InvalidRequest):
