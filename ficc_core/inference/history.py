@@ -1,6 +1,6 @@
 """What each change of a service or of one of its attempts says as an event.
 
-The writers that make the changes (:mod:`.observed` for what the reconciler
+The writers that make the changes (:mod:`.reconciliation.observed` for what the reconciler
 observes, :mod:`.manager` for what operators ask) call these inside their own
 transaction with the record before and after, so every change is an event exactly
 when it commits (:func:`ficc_core.events.record`). Reading a service's events

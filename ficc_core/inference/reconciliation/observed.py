@@ -2,8 +2,8 @@
 
 Every write of an attempt bumps its service's revision (clients see the change),
 and a write that changes nothing writes nothing. Each change is also an event,
-written in the same transaction (:mod:`.history`). ``changed`` is called after each
-attempt change so the service's driver looks again at once.
+written in the same transaction (:mod:`~ficc_core.inference.history`). ``changed`` is called
+after each attempt change so the service's driver looks again at once.
 """
 
 from __future__ import annotations
