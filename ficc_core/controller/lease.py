@@ -32,7 +32,6 @@ for it to end before the other starts.
 
 from __future__ import annotations
 
-import enum
 import logging
 import math
 import time
@@ -44,96 +43,13 @@ import attrs
 import trio
 
 from ..base.errors import FiccError, NotLeader
+from . import lease_repository as repository
+from .lease_records import ControllerRow, LeaderRow, Role
 
 if TYPE_CHECKING:
-    from ..store import Row, Store, Transaction
+    from ..store import Store, Transaction
 
 log = logging.getLogger("ficc.controller")
-
-
-class Role(enum.StrEnum):
-    """What a controller does now."""
-
-    LEADER = "leader"
-    STANDBY = "standby"
-    #: It shut down (the row of a controller seen before).
-    STOPPED = "stopped"
-
-
-@attrs.frozen
-class LeaderRow:
-    """The leader row as last read or written."""
-
-    holder: str
-    url: str
-    term: int
-    acquired_at: float
-    expires_at: float
-
-    def to_json(self) -> dict[str, object]:
-        """The row as ``GET /api/v1/system/controllers`` shows it."""
-        return {
-            "id": self.holder,
-            "url": self.url,
-            "term": self.term,
-            "acquired_at": self.acquired_at,
-            "expires_at": self.expires_at,
-        }
-
-
-@attrs.frozen
-class ControllerRow:
-    """One controller seen on the store: its last role and term, when it was last heard."""
-
-    id: str
-    url: str
-    role: str
-    term: int
-    started_at: float
-    seen_at: float
-
-    def to_json(self) -> dict[str, object]:
-        """The row as ``GET /api/v1/system/controllers`` shows it."""
-        return attrs.asdict(self)
-
-
-def _leader(row: Row | None) -> LeaderRow | None:
-    if row is None:
-        return None
-    return LeaderRow(
-        holder=row["holder"],
-        url=row["url"],
-        term=int(row["term"]),
-        acquired_at=float(row["acquired_at"]),
-        expires_at=float(row["expires_at"]),
-    )
-
-
-def read_leader(tx: Transaction) -> LeaderRow | None:
-    """The leader row, or None before any controller ever took it."""
-    return _leader(
-        tx.fetch_one(
-            "SELECT holder, url, term, acquired_at, expires_at FROM controller_leader WHERE id = 1"
-        )
-    )
-
-
-def read_controllers(tx: Transaction) -> list[ControllerRow]:
-    """Every controller seen on the store, by ID."""
-    rows = tx.fetch_all(
-        "SELECT id, url, role, term, started_at, seen_at FROM controllers ORDER BY id"
-    )
-    return [
-        ControllerRow(
-            id=row["id"],
-            url=row["url"],
-            role=row["role"],
-            term=int(row["term"]),
-            started_at=float(row["started_at"]),
-            seen_at=float(row["seen_at"]),
-        )
-        for row in rows
-    ]
 
 
 def claim(
@@ -155,62 +71,28 @@ def claim(
     it is not resumed, so two processes given one name never share a term). Also
     records ``me`` as seen.
     """
-    row = read_leader(tx)
-    # Each write is conditional on the row it read and counted: under PostgreSQL's
-    # read-committed isolation a concurrent claim blocks on the row and then finds it
-    # changed (0 rows), so two claimants can never both take one term.
+    row = repository.read_leader(tx)
+    # Each write is conditional on the row it read and counted (see lease_repository),
+    # so two claimants can never both take one term.
     holds = False
+    until = now + duration
     if row is not None and row.holder == me and row.term == held and row.expires_at > now:
-        holds = (
-            tx.execute(
-                "UPDATE controller_leader SET expires_at = ?, url = ? "
-                "WHERE id = 1 AND holder = ? AND term = ? AND expires_at > ?",
-                (now + duration, url, me, held, now),
-            )
-            == 1
-        )
+        holds = repository.renew(tx, me, url, held, now, until)
         if holds:
-            row = attrs.evolve(row, expires_at=now + duration, url=url)
+            row = attrs.evolve(row, expires_at=until, url=url)
     elif row is None:
-        holds = (
-            tx.execute(
-                "INSERT INTO controller_leader (id, holder, url, term, acquired_at, expires_at) "
-                "VALUES (1, ?, ?, 1, ?, ?) ON CONFLICT (id) DO NOTHING",
-                (me, url, now, now + duration),
-            )
-            == 1
-        )
+        holds = repository.take_first(tx, me, url, now, until)
         if holds:
-            row = LeaderRow(me, url, 1, now, now + duration)
+            row = LeaderRow(me, url, 1, now, until)
     elif row.expires_at <= now:
-        holds = (
-            tx.execute(
-                "UPDATE controller_leader SET holder = ?, url = ?, term = ?, acquired_at = ?, "
-                "expires_at = ? WHERE id = 1 AND term = ? AND expires_at <= ?",
-                (me, url, row.term + 1, now, now + duration, row.term, now),
-            )
-            == 1
-        )
+        holds = repository.take_over(tx, me, url, row.term + 1, now, until, row.term)
         if holds:
-            row = LeaderRow(me, url, row.term + 1, now, now + duration)
+            row = LeaderRow(me, url, row.term + 1, now, until)
     if not holds:
-        row = read_leader(tx) or row
+        row = repository.read_leader(tx) or row
     assert row is not None  # a claim that lost a race read the winner's row
-    seen(tx, me, url, Role.LEADER if holds else Role.STANDBY, row.term, started_at, now)
+    repository.seen(tx, me, url, Role.LEADER if holds else Role.STANDBY, row.term, started_at, now)
     return row, holds
-
-
-def seen(
-    tx: Transaction, me: str, url: str, role: Role, term: int, started_at: float, now: float
-) -> None:
-    """Record ``me`` as seen now, in ``role`` at ``term``."""
-    tx.execute(
-        "INSERT INTO controllers (id, url, role, term, started_at, seen_at) "
-        "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET url = excluded.url, "
-        "role = excluded.role, term = excluded.term, started_at = excluded.started_at, "
-        "seen_at = excluded.seen_at",
-        (me, url, str(role), term, started_at, now),
-    )
 
 
 def release(
@@ -219,12 +101,9 @@ def release(
     """Give the lease up (its expiry becomes now) if ``me`` holds it at ``held``; record
     ``me`` as stopped."""
     if held is not None:
-        tx.execute(
-            "UPDATE controller_leader SET expires_at = ? WHERE id = 1 AND holder = ? AND term = ?",
-            (now, me, held),
-        )
-    row = read_leader(tx)
-    seen(tx, me, url, Role.STOPPED, 0 if row is None else row.term, started_at, now)
+        repository.expire(tx, me, held, now)
+    row = repository.read_leader(tx)
+    repository.seen(tx, me, url, Role.STOPPED, 0 if row is None else row.term, started_at, now)
 
 
 #: What a leader runs, for its term, until cancelled: ``lead(term, task_status=...)``,
@@ -403,7 +282,7 @@ class LeaderLease:
         """The leader row and every controller seen, read from the store now."""
 
         def read(tx: Transaction) -> tuple[LeaderRow | None, list[ControllerRow]]:
-            return read_leader(tx), read_controllers(tx)
+            return repository.read_leader(tx), repository.read_controllers(tx)
 
         return await self.store.read(read)
 
@@ -574,13 +453,4 @@ class LeaderLease:
             ended.set()
 
 
-__all__ = [
-    "ControllerRow",
-    "LeaderLease",
-    "LeaderRow",
-    "Role",
-    "claim",
-    "read_controllers",
-    "read_leader",
-    "release",
-]
+__all__ = ["LeaderLease", "claim", "release"]

@@ -14,7 +14,9 @@ import pytest
 import trio
 
 from ficc_core.base.errors import NotLeader
-from ficc_core.controller.lease import LeaderLease, Role, claim, read_controllers, read_leader
+from ficc_core.controller.lease import LeaderLease, claim
+from ficc_core.controller.lease_records import Role
+from ficc_core.controller.lease_repository import read_controllers, read_leader
 from ficc_core.store import SQLiteStore, open_sqlite_store
 
 from ..support.clock import FakeClock
