@@ -48,6 +48,7 @@ from ..base.strictjson import dumps_error
 from ..gateway import MODEL_PREFIX, PATHS
 from ..http1.client_watch import ClientWatch, Watcher
 from ..store.outage import RefusalLog, as_store_unavailable, is_store_failure
+from .access import add_route, declared
 from .access_log import log_request
 from .authn import SESSION_COOKIE, authenticate
 
@@ -68,15 +69,41 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 PREFIX = "/api/v1/inference/"
 #: An invoke route: the service ID, then one of the gateway's paths.
 _ROUTE = re.compile(re.escape(PREFIX) + r"([^/]+)(" + "|".join(map(re.escape, PATHS)) + ")")
-#: Gateway path -> (method, the route as Quart's URL map and the HTTP metrics name it).
-ROUTES = {path: (method, f"{PREFIX}<service_id>{path}") for path, method in PATHS.items()}
+
+
+def endpoint_name(path: str, prefix: str = "invoke_") -> str:
+    """The route's name in the route table (``invoke_chat_completions``; the
+    project endpoint's with ``prefix`` ``project_``)."""
+    return prefix + path.removeprefix("/v1/").replace("/", "_")
+
+
+def _served(endpoint: str, method: str, rule: str) -> tuple[str, str, bool, str]:
+    """What :class:`InvokeRoutes` serves as ``endpoint``: the method and rule the gateway's
+    paths make, which the route table must declare, the table's CSRF rule, the endpoint."""
+    route = declared(endpoint)
+    if (route.method, route.rule) != (method, rule):
+        raise RuntimeError(
+            f"the route table declares {endpoint} as {route.method} {route.rule}, but the "
+            f"gateway serves {method} {rule}: make ROUTES in ficc_core/api/access.py agree"
+        )
+    return method, rule, route.csrf, endpoint
+
+
+#: Gateway path -> (method, the route as Quart's URL map and the HTTP metrics name it,
+#: whether a session sends its CSRF token, the endpoint).
+ROUTES = {
+    path: _served(endpoint_name(path), method, f"{PREFIX}<service_id>{path}")
+    for path, method in PATHS.items()
+}
 #: The project endpoint's routes: the gateway's paths at the root.
-PROJECT_ROUTES = {path: (method, path) for path, method in PATHS.items()}
+PROJECT_ROUTES = {
+    path: _served(endpoint_name(path, "project_"), method, path) for path, method in PATHS.items()
+}
 #: One model's entry (``GET .../v1/models/{model}``, the ``openai`` client's
 #: ``models.retrieve``): the route per service, at the root; the model may hold ``/``.
 MODEL_ROUTES = (
-    ("GET", f"{PREFIX}<service_id>/v1/models/<path:model>"),
-    ("GET", "/v1/models/<path:model>"),
+    _served("invoke_model", "GET", f"{PREFIX}<service_id>/v1/models/<path:model>"),
+    _served("project_model", "GET", "/v1/models/<path:model>"),
 )
 _MODEL = re.compile(re.escape(PREFIX) + r"([^/]+)(" + re.escape(MODEL_PREFIX) + ".+)")
 #: The header naming the service that answered a project-endpoint request.
@@ -84,12 +111,6 @@ SERVICE_HEADER = b"x-ficc-service"
 #: The status the access log and metrics record for a request whose client left before
 #: it was answered (nginx's "client closed request"); nothing is sent.
 CLIENT_LEFT = 499
-
-
-def endpoint_name(path: str, prefix: str = "invoke_") -> str:
-    """The route's name in the route-scope table (``invoke_chat_completions``; the
-    project endpoint's with ``prefix`` ``project_``)."""
-    return prefix + path.removeprefix("/v1/").replace("/", "_")
 
 
 def request_headers(scope: Scope) -> dict[str, str]:
@@ -108,21 +129,8 @@ def register(app: QuartTrio, service: Service) -> None:
     async def served_in_front(**_: str) -> None:
         raise RuntimeError("the invoke routes are served by InvokeRoutes, in front of Quart")
 
-    for path, (method, rule) in ROUTES.items():
-        app.add_url_rule(
-            rule, endpoint=endpoint_name(path), view_func=served_in_front, methods=[method]
-        )
-    for path, (method, rule) in PROJECT_ROUTES.items():
-        app.add_url_rule(
-            rule,
-            endpoint=endpoint_name(path, "project_"),
-            view_func=served_in_front,
-            methods=[method],
-        )
-    for (method, rule), prefix in zip(MODEL_ROUTES, ("invoke_", "project_"), strict=True):
-        app.add_url_rule(
-            rule, endpoint=f"{prefix}model", view_func=served_in_front, methods=[method]
-        )
+    for *_, endpoint in (*ROUTES.values(), *PROJECT_ROUTES.values(), *MODEL_ROUTES):
+        add_route(app, endpoint, served_in_front)
     invoke = InvokeRoutes(app.asgi_app, service)
     app.asgi_app = invoke  # type: ignore[method-assign]
 
@@ -170,9 +178,9 @@ class InvokeRoutes:
                         service_id, path = match.group(1), match.group(2)
                         found = MODEL_ROUTES[0]
             if found is not None:
-                method, route = found
+                method, route, check_csrf, _ = found
                 if scope["method"] == method or (scope["method"] == "HEAD" and method == "GET"):
-                    await self._invoke(scope, receive, send, service_id, path, route)
+                    await self._invoke(scope, receive, send, service_id, path, route, check_csrf)
                     return
         await self.app(scope, receive, send)
 
@@ -184,13 +192,14 @@ class InvokeRoutes:
         service_id: str | None,
         path: str,
         route: str,
+        check_csrf: bool,
     ) -> None:
         started = time.perf_counter()
         status, answered = 500, False
         principal: Principal | None = None
         response = None
         try:
-            principal = await self._principal(scope)
+            principal = await self._principal(scope, check_csrf)
             if scope["method"] == "POST":
                 body = await self._body(receive)
                 if body is None:
@@ -266,7 +275,7 @@ class InvokeRoutes:
             else:
                 log_request(scope["method"], scope["path"], status, duration, principal)
 
-    async def _principal(self, scope: Scope) -> Principal:
+    async def _principal(self, scope: Scope, check_csrf: bool) -> Principal:
         authorization: str | None = None
         csrf: str | None = None
         cookies: list[str] = []
@@ -283,7 +292,7 @@ class InvokeRoutes:
             session = parse_cookie(";".join(cookies)).get(SESSION_COOKIE)
         return await authenticate(
             self.service.auth,
-            method=scope["method"],
+            check_csrf=check_csrf,
             authorization=authorization,
             session=session,
             csrf=csrf or "",

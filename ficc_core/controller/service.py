@@ -22,26 +22,29 @@ from ..auth.throttle import LoginThrottle
 from ..config import Config
 from ..contributors import NodeRegistry
 from ..events import EventRetention
-from ..gateway import Gateway
+from ..gateway import Gateway, ProjectEndpoint
 from ..inference import InferenceManager, ModelContexts, Reconciler
-from ..inference.moves import Mover
-from ..inference.rollout import Restarter
+from ..inference.operations.moves import Mover
+from ..inference.operations.rollout import Restarter
+from ..inference.reconciliation.state_metrics import StateMetrics
 from ..inference.scaling.autoscaler import Autoscaler
-from ..inference.state_metrics import StateMetrics
-from ..metrics import Metrics
 from ..models.acquire import Acquirer
 from ..models.blobs import BlobStore
 from ..models.fetch import FetchPolicy, make_client
 from ..models.registry import ModelRegistry
 from ..plugins import PluginSet, build_plugin_manager
 from ..quotas import Quotas, QuotaSync
+from ..routing.activation import ActivationChannel
 from ..routing.bands import BandTable
+from ..routing.demand import DemandBoard
+from ..routing.idle import IdleSignal
 from ..routing.live import LiveTable
 from ..store import Store, open_store
 from ..usage import UsageLedger, UsageSpool
 from ..usage.spool import FOLDER as SPOOL_FOLDER
 from .follower import RoutingFollower
 from .lease import LeaderLease
+from .metrics import Metrics
 
 if TYPE_CHECKING:
     from ..models.hub import HubPreview
@@ -70,6 +73,9 @@ class Service:
     live: LiveTable
     #: Serves the services' invoke routes.
     gateway: Gateway
+    #: Serves the project endpoint's routes (a model's name to a service, fallbacks)
+    #: through the gateway.
+    project: ProjectEndpoint
     #: Every invoke request's usage, written in batches.
     usage: UsageLedger
     #: Rate limits, budgets and spend (the gateway's quota gate; docs/limits.md).
@@ -120,18 +126,16 @@ def advertise_url(config: Config) -> str:
     return f"{'https' if config.tls else 'http'}://{host}:{config.port}"
 
 
-async def _open_usage_spool(usage: UsageLedger, config: Config, owner: str) -> None:
-    """Give the usage writer its spool in the data directory, then replay the spools of
-    killed controllers (docs/usage.md, "Accounting"); without one, usage is in memory
-    until written, as before."""
+async def _open_usage_spool(config: Config, owner: str) -> UsageSpool | None:
+    """The usage writer's spool in the data directory (docs/usage.md, "Accounting");
+    without one (None), usage is in memory until written, as before."""
     spool = UsageSpool(config.data_dir / SPOOL_FOLDER, owner)
     try:
         await trio.to_thread.run_sync(spool.open)
     except OSError as exc:
         log.warning("no usage spool (%s): a killed controller loses its unwritten usage", exc)
-        return
-    usage.spool = spool
-    await usage.replay()
+        return None
+    return spool
 
 
 @asynccontextmanager
@@ -217,14 +221,24 @@ async def open_service(
             leadership=lease,
             controller_id=lease.controller_id,
         )
+        # The seams between the gateway and inference (ficc_core.routing): the gateway
+        # reads the table and serves the board and the idle signal; the reconciler
+        # publishes to the table and waits on the signal; the autoscaler reads the board
+        # and serves the activation channel, which the gateway calls.
         live = LiveTable()
+        board = DemandBoard()
+        idle_signal = IdleSignal()
+        activations = ActivationChannel()
         contexts = ModelContexts(models=models, blobs=blobs)
+        # Only a controller that runs its tasks spools usage (and replays others' spools).
+        spool = await _open_usage_spool(config, lease.controller_id) if background else None
         usage = UsageLedger(
             store,
             period=config.usage_flush_interval,
             batch_size=config.usage_batch_size,
             capacity=config.usage_buffer_size,
             metrics=metrics,
+            spool=spool,
         )
         quotas = Quotas(store, config)
         await quotas.load()
@@ -247,6 +261,7 @@ async def open_service(
                 "misses": config.liveness_misses,
             },
             metrics=metrics,
+            idle_signal=idle_signal,
         )
         follower = RoutingFollower(
             store,
@@ -263,11 +278,23 @@ async def open_service(
             config=config,
             usage_sinks=[usage.record],
             quotas=quotas,
+            activations=activations,
+            board=board,
+            idle_signal=idle_signal,
             **(gateway_options or {}),
         )
-        # A retiring attempt (a move's source, a rollout's previous generation) drains
-        # until the gateway has no request in flight on it.
-        reconciler.replica_idle = gateway.admission.wait_idle
+        project = ProjectEndpoint(gateway)
+        # Idle on-demand services wake on a request; scaled ones follow the gateway's demand.
+        autoscaler = Autoscaler(
+            store=store,
+            reconciler=reconciler,
+            contexts=contexts,
+            live=live,
+            config=config,
+            metrics=metrics,
+            activations=activations,
+            board=board,
+        )
         inference = InferenceManager(
             store=store,
             auth=auth,
@@ -276,26 +303,16 @@ async def open_service(
             live=live,
             usage=usage,
             gateway=gateway,
+            mover=Mover(
+                reconciler=reconciler,
+                contexts=contexts,
+                ready_timeout=config.replica_ready_timeout,
+            ),
+            restarter=Restarter(reconciler=reconciler, ready_timeout=config.replica_ready_timeout),
+            autoscaler=autoscaler,
             drain_timeout=config.drain_timeout,
             notify=reconciler.wake,
         )
-        inference.mover = Mover(
-            reconciler=reconciler, contexts=contexts, ready_timeout=config.replica_ready_timeout
-        )
-        inference.restarter = Restarter(
-            reconciler=reconciler, ready_timeout=config.replica_ready_timeout
-        )
-        # Idle on-demand services wake on a request; scaled ones follow the gateway's demand.
-        autoscaler = inference.autoscaler = Autoscaler(
-            store=store,
-            reconciler=reconciler,
-            contexts=contexts,
-            live=live,
-            config=config,
-            metrics=metrics,
-        )
-        gateway.activate = autoscaler.activate
-        autoscaler.demand = gateway.demand
         service = Service(
             config=config,
             store=store,
@@ -309,6 +326,7 @@ async def open_service(
             reconciler=reconciler,
             live=live,
             gateway=gateway,
+            project=project,
             usage=usage,
             quotas=quotas,
             quota_sync=quota_sync,
@@ -317,7 +335,9 @@ async def open_service(
         if not background:
             yield service
             return
-        await _open_usage_spool(usage, config, lease.controller_id)
+        if spool is not None:
+            # Killed controllers' spools, before this one's tasks start.
+            await usage.replay()
 
         async def lead(_term: int, *, task_status: trio.TaskStatus[None]) -> None:
             """The leader's work, cancelled when it loses the lease (nothing it runs stops)."""

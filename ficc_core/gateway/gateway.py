@@ -85,8 +85,8 @@ if TYPE_CHECKING:
     from ..auth import AuthService, Principal
     from ..config import Config
     from ..contributors import NodeRegistry
-    from ..metrics import Metrics
     from ..routing.live import LiveService, LiveTable
+    from .metrics import GatewayMetrics
 
 log = logging.getLogger("ficc.gateway")
 
@@ -194,7 +194,7 @@ class Gateway:
         live: LiveTable,
         contributors: NodeRegistry,
         auth: AuthService,
-        metrics: Metrics,
+        metrics: GatewayMetrics,
         config: Config,
         queue_factor: int = 4,
         max_queue_wait: float = 30.0,
@@ -340,6 +340,10 @@ class Gateway:
                 service_id, exc.code, actor, path, exc.status, view.model_id, view.generation
             )
             raise
+        # The request's bound: the service's deadline, unless timeout_total is shorter.
+        bound, seconds = "timeout_total", self.total_timeout
+        if view.request_deadline is not None and view.request_deadline <= seconds:
+            bound, seconds = "request_deadline", view.request_deadline
         request = Request(
             service_id=service_id,
             path=path,
@@ -347,19 +351,15 @@ class Gateway:
             view=view,
             headers=headers,
             started=started,
-            deadline=started + self.total_timeout,
-            deadline_bound="timeout_total",
-            deadline_seconds=self.total_timeout,
+            deadline=started + seconds,
+            deadline_bound=bound,
+            deadline_seconds=seconds,
             streaming=prepared.streaming,
             hide_usage=prepared.hide_usage,
             payload=payload,
             prompt_estimate=prompt,
             completion_estimate=prepared.completion_estimate,
         )
-        if view.request_deadline is not None and view.request_deadline <= self.total_timeout:
-            request.deadline = started + view.request_deadline
-            request.deadline_bound = "request_deadline"
-            request.deadline_seconds = view.request_deadline
         try:
             self.quotas.admit(request)  # before a replica is taken
         except FiccError as exc:

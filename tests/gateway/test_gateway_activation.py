@@ -120,6 +120,7 @@ async def _refusal(gateway, actor, body) -> FiccError:
     return caught.value
 
 
+@pytest.mark.deadline(130)
 async def test_fifty_requests_to_an_idle_service_wake_it_once_and_are_all_served(
     tmp_path, idle_clock
 ):
@@ -160,6 +161,7 @@ async def test_fifty_requests_to_an_idle_service_wake_it_once_and_are_all_served
             assert scaler.calls == 50
 
 
+@pytest.mark.deadline(130)
 async def test_past_activation_wait_the_answer_is_503_activation_timeout(tmp_path, idle_clock):
     with trio.fail_after(120):
         async with scaled_env(tmp_path, idle_clock) as (env, nursery):
@@ -194,6 +196,7 @@ async def test_past_activation_wait_the_answer_is_503_activation_timeout(tmp_pat
             assert _metric(env, "ficc_activation_waiting", service="svc") == 0
 
 
+@pytest.mark.deadline(130)
 async def test_a_request_refused_activation_timeout_is_demand_until_its_retry_window_passed(
     tmp_path, idle_clock
 ):
@@ -227,6 +230,7 @@ async def test_a_request_refused_activation_timeout_is_demand_until_its_retry_wi
             assert env.gateway.demand("other").returning == 0
 
 
+@pytest.mark.deadline(130)
 async def test_a_failed_activation_answers_every_waiter_at_once_with_its_reason(
     tmp_path, idle_clock
 ):
@@ -281,6 +285,7 @@ async def test_a_failed_activation_answers_every_waiter_at_once_with_its_reason(
             assert _metric(env, "ficc_activation_waiting", service="svc") == 0
 
 
+@pytest.mark.deadline(130)
 async def test_one_more_than_activation_queue_is_refused_429_at_once(tmp_path, idle_clock):
     with trio.fail_after(120):
         async with scaled_env(tmp_path, idle_clock) as (env, nursery):
@@ -314,6 +319,7 @@ async def test_one_more_than_activation_queue_is_refused_429_at_once(tmp_path, i
             assert _metric(env, "ficc_activation_wait_seconds_count") == 3
 
 
+@pytest.mark.deadline(130)
 async def test_a_stream_gets_keepalive_comments_while_it_waits_then_the_answer(
     tmp_path, idle_clock
 ):
@@ -346,6 +352,7 @@ async def test_a_stream_gets_keepalive_comments_while_it_waits_then_the_answer(
             assert not response.content.startswith(b":")
 
 
+@pytest.mark.deadline(130)
 async def test_a_failure_after_keepalives_ends_the_stream_with_the_sse_error_event(
     tmp_path, idle_clock
 ):
@@ -382,6 +389,7 @@ async def test_a_failure_after_keepalives_ends_the_stream_with_the_sse_error_eve
             assert env.gateway.usage[-1].outcome == "activation_timeout"
 
 
+@pytest.mark.deadline(130)
 async def test_a_waiter_that_leaves_does_not_cancel_the_activation(tmp_path, idle_clock):
     with trio.fail_after(120):
         async with scaled_env(tmp_path, idle_clock) as (env, nursery):
@@ -414,6 +422,7 @@ async def test_a_waiter_that_leaves_does_not_cancel_the_activation(tmp_path, idl
             assert env.gateway.usage[-1].outcome == "ok"
 
 
+@pytest.mark.deadline(130)
 async def test_demand_counts_waiters_their_wait_and_how_long_replicas_served_nothing(
     tmp_path, idle_clock
 ):
@@ -480,6 +489,7 @@ async def test_demand_counts_waiters_their_wait_and_how_long_replicas_served_not
             assert gateway.demand("svc").idle_for == {key: 0.0}
 
 
+@pytest.mark.deadline(130)
 async def test_the_project_endpoint_wakes_an_idle_service_and_falls_back_when_it_fails(
     tmp_path, idle_clock
 ):
@@ -526,6 +536,7 @@ async def test_the_project_endpoint_wakes_an_idle_service_and_falls_back_when_it
             assert [u.outcome for u in env.gateway.usage][-2:] == ["activation_timeout", "ok"]
 
 
+@pytest.mark.deadline(130)
 async def test_a_drain_stop_removal_or_revocation_ends_the_wait_with_its_own_refusal(
     tmp_path, idle_clock
 ):

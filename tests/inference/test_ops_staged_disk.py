@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 
 import attrs
+import pytest
 import trio
 
 from ficc_core.inference import repository
@@ -19,6 +20,7 @@ from ..support.ops_support import open_two_nodes
 FAST = {"scale_cooldown": "0s", "scale_out_window": "1s", "heartbeat_interval": "200ms"}
 
 
+@pytest.mark.deadline(130)
 async def test_scaling_out_onto_a_node_that_holds_the_model_needs_no_more_disk(
     tmp_path, monkeypatch, caplog
 ):
@@ -60,7 +62,7 @@ async def test_scaling_out_onto_a_node_that_holds_the_model_needs_no_more_disk(
                 node = await controller.node("node-2")
 
             autoscaler = controller.service.inference.autoscaler
-            autoscaler.demand = lambda _id: Demand(waits=(5.0,) * 12)  # twelve waiting 5 s
+            autoscaler.board.serve(lambda _id: Demand(waits=(5.0,) * 12))  # twelve waiting 5 s
             while True:
                 view = await controller.ok("GET", f"/api/v1/inference/{service_id}")
                 if view["scaling"]["active"] == [0, 1]:

@@ -72,6 +72,7 @@ async def events(controller: Controller, service_id: str) -> list[dict[str, Any]
     return [e for e in found["events"] if e["kind"] == "service.scaled"]
 
 
+@pytest.mark.deadline(130)
 async def test_on_demand_service_starts_idle_wakes_once_and_holds_only_what_runs(
     tmp_path: Path,
 ) -> None:
@@ -103,8 +104,10 @@ async def test_on_demand_service_starts_idle_wakes_once_and_holds_only_what_runs
             assert controller.service.live.get(service_id).activation == ""
 
             # Nobody asks for longer than the idle timeout: it stops and holds nothing.
-            autoscaler.demand = lambda _id: Demand(
-                idle_for={r.key: 10_000.0 for r in controller.service.live.get(_id).replicas}
+            autoscaler.board.serve(
+                lambda _id: Demand(
+                    idle_for={r.key: 10_000.0 for r in controller.service.live.get(_id).replicas}
+                )
             )
             again = await controller.wait_service(
                 service_id, lambda v: v["state"] == "idle" and not reserved(v)
@@ -115,6 +118,7 @@ async def test_on_demand_service_starts_idle_wakes_once_and_holds_only_what_runs
             assert any(s["id"] == service_id and s["state"] == "idle" for s in listed["services"])
 
 
+@pytest.mark.deadline(160)
 async def test_scaled_service_scales_out_on_queueing_and_in_after_idleness(
     tmp_path: Path,
 ) -> None:
@@ -128,7 +132,7 @@ async def test_scaled_service_scales_out_on_queueing_and_in_after_idleness(
             await controller.wait_service(service_id, lambda v: v["state"] == "ready")
             autoscaler = controller.service.inference.autoscaler
             queued = Demand(waits=(5.0,) * 12)  # twelve waiting 5 s
-            autoscaler.demand = lambda _id: queued
+            autoscaler.board.serve(lambda _id: queued)
             two = await controller.wait_service(
                 service_id,
                 lambda v: v["state"] == "ready" and v["scaling"]["active"] == [0, 1],
@@ -147,8 +151,10 @@ async def test_scaled_service_scales_out_on_queueing_and_in_after_idleness(
             # Both idle past the timeout, min 1: exactly one stops (the gateway routes to
             # both first: the idle figures are of the replicas it routes to).
             await live_until(controller, service_id, lambda v: len(v.replicas) == 2)
-            autoscaler.demand = lambda _id: Demand(
-                idle_for={r.key: 10_000.0 for r in controller.service.live.get(_id).replicas}
+            autoscaler.board.serve(
+                lambda _id: Demand(
+                    idle_for={r.key: 10_000.0 for r in controller.service.live.get(_id).replicas}
+                )
             )
             one = await controller.wait_service(
                 service_id, lambda v: v["scaling"]["active"] == [0] and reserved(v) == [0]
@@ -167,6 +173,7 @@ async def test_scaled_service_scales_out_on_queueing_and_in_after_idleness(
             ] == [0]
 
 
+@pytest.mark.deadline(160)
 async def test_a_woken_service_scales_out_without_waiting_for_a_cooldown(tmp_path: Path) -> None:
     # An hour's cooldown: only a decision after the activation may start one.
     settings = {**FAST, "scale_cooldown": "1h"}
@@ -185,7 +192,7 @@ async def test_a_woken_service_scales_out_without_waiting_for_a_cooldown(tmp_pat
 
             # Woken into a burst: the queue holds for the window, a second replica starts.
             await live_until(controller, service_id, lambda v: len(v.replicas) == 1)
-            autoscaler.demand = lambda _id: Demand(waits=(5.0,) * 12)
+            autoscaler.board.serve(lambda _id: Demand(waits=(5.0,) * 12))
             two = await controller.wait_service(
                 service_id,
                 lambda v: v["state"] == "ready" and v["scaling"]["active"] == [0, 1],
@@ -201,6 +208,7 @@ async def test_a_woken_service_scales_out_without_waiting_for_a_cooldown(tmp_pat
             assert view["scaling"]["active"] == [0, 1]
 
 
+@pytest.mark.deadline(130)
 async def test_pinned_service_is_never_scaled_to_zero(tmp_path: Path) -> None:
     with trio.fail_after(120):
         async with open_inference_controller(tmp_path, **FAST) as controller:
@@ -213,8 +221,10 @@ async def test_pinned_service_is_never_scaled_to_zero(tmp_path: Path) -> None:
             assert pinned["scaling"]["active"] == [0]  # pinning woke it
             await controller.wait_service(service_id, lambda v: v["state"] == "ready")
             autoscaler = controller.service.inference.autoscaler
-            autoscaler.demand = lambda _id: Demand(
-                idle_for={r.key: 10_000.0 for r in controller.service.live.get(_id).replicas}
+            autoscaler.board.serve(
+                lambda _id: Demand(
+                    idle_for={r.key: 10_000.0 for r in controller.service.live.get(_id).replicas}
+                )
             )
             for _ in range(5):
                 await autoscaler.look(service_id)
@@ -231,6 +241,7 @@ async def test_pinned_service_is_never_scaled_to_zero(tmp_path: Path) -> None:
             assert stale.status_code == 409, stale.text
 
 
+@pytest.mark.deadline(70)
 async def test_pin_refuses_a_service_without_scaling(tmp_path: Path) -> None:
     with trio.fail_after(60):
         async with open_inference_controller(tmp_path) as controller:
@@ -245,6 +256,7 @@ async def test_pin_refuses_a_service_without_scaling(tmp_path: Path) -> None:
             assert "scaling" not in created
 
 
+@pytest.mark.deadline(100)
 async def test_failed_activation_goes_back_to_idle_with_its_reason(tmp_path: Path) -> None:
     engine, settings = broken_engine(tmp_path)
     with trio.fail_after(90):
@@ -279,6 +291,7 @@ async def test_failed_activation_goes_back_to_idle_with_its_reason(tmp_path: Pat
             )
 
 
+@pytest.mark.deadline(70)
 async def test_activation_without_capacity_is_refused_with_every_reason(tmp_path: Path) -> None:
     with trio.fail_after(60):
         async with open_inference_controller(tmp_path, **FAST) as controller:
@@ -318,6 +331,7 @@ async def test_activation_without_capacity_is_refused_with_every_reason(tmp_path
             assert again.value.details["reasons"] == error.details["reasons"]
 
 
+@pytest.mark.deadline(160)
 async def test_idle_service_survives_a_controller_restart(tmp_path: Path) -> None:
     with trio.fail_after(150):
         async with open_inference_controller(tmp_path, **FAST) as controller:
@@ -344,6 +358,7 @@ async def rollout(controller: Controller, service_id: str, spec: dict[str, Any])
     )
 
 
+@pytest.mark.deadline(160)
 async def test_a_rollout_runs_the_placements_that_ran_and_an_idle_one_stays_idle(
     tmp_path: Path,
 ) -> None:
@@ -375,6 +390,7 @@ async def test_a_rollout_runs_the_placements_that_ran_and_an_idle_one_stays_idle
             assert after["spec"]["concurrency"] == 1 and not reserved(after)
 
 
+@pytest.mark.deadline(130)
 async def test_a_service_woken_while_its_replica_stops_starts_it_again(tmp_path: Path) -> None:
     with trio.fail_after(120):
         async with open_inference_controller(tmp_path, **FAST) as controller:
@@ -385,11 +401,11 @@ async def test_a_service_woken_while_its_replica_stops_starts_it_again(tmp_path:
             autoscaler = controller.service.inference.autoscaler
             await autoscaler.activate(service_id)
             first = await live_until(controller, service_id, lambda v: bool(v.replicas))
-            autoscaler.demand = lambda _id: Demand(idle_for={first.replicas[0].key: 10_000.0})
+            autoscaler.board.serve(lambda _id: Demand(idle_for={first.replicas[0].key: 10_000.0}))
             await autoscaler.look(service_id)  # scaled to zero: the replica drains and stops
             # A request comes before the stop is confirmed: its reservation is still held.
             assert reserved(await controller.ok("GET", f"/api/v1/inference/{service_id}")) == [0]
-            autoscaler.demand = lambda _id: Demand()
+            autoscaler.board.serve(lambda _id: Demand())
             await autoscaler.activate(service_id)
             second = await live_until(
                 controller,

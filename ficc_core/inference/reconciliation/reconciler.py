@@ -66,12 +66,12 @@ from .succession import Succession, in_place_state, strays, unwatch
 
 if TYPE_CHECKING:
     from ...contributors import NodeRegistry
-    from ...metrics import Metrics
     from ...models.blobs import BlobStore
     from ...plugins import AdapterRegistry
     from ...schema import Specification
     from ...store import Store
     from ..specification.model_context import ModelContexts
+    from .metrics import ReconciliationMetrics
 
 log = logging.getLogger("ficc.inference")
 
@@ -174,7 +174,7 @@ class Reconciler:
         activation_retry: float = 10.0,
         follow_interval: float | None = None,
         liveness: Mapping[str, float] | None = None,
-        metrics: Metrics | None = None,
+        metrics: ReconciliationMetrics | None = None,
         idle_signal: IdleSignal | None = None,
     ) -> None:
         self.store = store

@@ -46,12 +46,12 @@ from .changes import NoCapacity
 
 if TYPE_CHECKING:
     from ...config import Config
-    from ...metrics import Metrics
     from ...routing.live import LiveService, LiveTable
     from ...store import Store
     from ..reconciliation.reconciler import Reconciler
     from ..records import ServiceRecord
     from ..specification.model_context import ModelContexts
+    from .metrics import ScalingMetrics
 
 log = logging.getLogger("ficc.inference")
 
@@ -112,7 +112,7 @@ class Autoscaler:
         contexts: ModelContexts,
         live: LiveTable,
         config: Config,
-        metrics: Metrics,
+        metrics: ScalingMetrics,
         clock: Callable[[], float] = time.time,
         period: float = 0.5,
         activations: ActivationChannel | None = None,
