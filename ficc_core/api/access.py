@@ -1,18 +1,33 @@
-"""The route-scope table: the one place every route declares who may call it.
+"""The route table: the one place every route is declared, with who may call it.
 
-Keys are Quart endpoint names; each entry also names the route's method and path
-and says what it answers, which ``python -m ficc_core.devtools.docs_routes`` renders as the
-route table of ``docs/api.md``. ``create_app`` refuses to start if a route is
-missing here, and ``tests/api/test_route_scopes.py`` walks every registered route to
-prove each refuses a request without a credential (401) and a credential that
-lacks any one of its scopes (403).
+Keys are Quart endpoint names; each entry declares the route's method, its path (the
+Quart rule), who may call it, whether a browser session must send its CSRF token, and
+what it answers. The routers register their views from it (:func:`route`,
+:func:`add_route`: a view names its endpoint, never its method or path), so a route
+cannot exist without its access rule; ``create_app`` refuses to start if one was
+registered around the table; ``python -m ficc_core.devtools.docs_routes`` renders it
+as the route table of ``docs/api.md``; and ``tests/api/test_route_scopes.py`` walks
+every registered route to prove each refuses a request without a credential (401)
+and a credential that lacks any one of its scopes (403).
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
 import attrs
 
 from ..auth import scopes as s
+
+if TYPE_CHECKING:
+    from quart_trio import QuartTrio
+
+View = TypeVar("View", bound=Callable[..., Awaitable[Any]])
+
+#: Methods a browser session may use without its CSRF token: they change nothing.
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
 @attrs.frozen
@@ -33,6 +48,9 @@ class Access:
     scopes: frozenset[str] = frozenset()
     node: bool = False
     ticket: bool = False
+    #: A request its browser session authenticates must carry the session's CSRF token
+    #: (set from the route's :attr:`Route.csrf` in :data:`ROUTE_ACCESS`).
+    csrf: bool = False
 
 
 PUBLIC = Access(public=True)
@@ -46,18 +64,53 @@ def needs(*scopes: str) -> Access:
     return Access(scopes=frozenset(scopes))
 
 
+# A placeholder's name as docs/api.md shows it: an ID is ``{id}`` (the first in a path).
+_SHOWN = {"replica": "n"}
+_PLACEHOLDER = re.compile(r"<(?:[^:>]+:)?([^>]+)>")
+
+
+def _shown(rule: str) -> str:
+    """``rule`` as docs/api.md writes it: ``/api/v1/inference/{id}/replicas/{n}/logs``."""
+    used: set[str] = set()
+
+    def one(match: re.Match[str]) -> str:
+        name = match.group(1)
+        shown = "id" if name.endswith("_id") else _SHOWN.get(name, name)
+        if shown in used:
+            shown = name
+        used.add(shown)
+        return "{" + shown + "}"
+
+    return _PLACEHOLDER.sub(one, rule)
+
+
 @attrs.frozen
 class Route:
-    """One route: ``method path`` (``{name}`` placeholders, then any query), access, result.
+    """One route: its method, its path, who may call it, and what it answers.
 
-    ``access_text`` replaces the rendered access where scopes alone say too little.
+    :ivar rule: the path as Quart's URL map takes it (``/api/v1/models/<model_id>``).
+    :ivar access_text: replaces the rendered access where scopes alone say too little.
+    :ivar query: the query the docs show after the path (``?since=``); routing ignores it.
+    :ivar websocket: a WebSocket route (its method is ``GET``).
+    :ivar csrf: a browser session must send its CSRF token (every method that is not
+        safe: :data:`SAFE_METHODS`).
     """
 
     method: str
-    path: str
+    rule: str
     access: Access
     result: str
     access_text: str = ""
+    query: str = ""
+    websocket: bool = False
+    csrf: bool = attrs.field(
+        default=attrs.Factory(lambda self: self.method not in SAFE_METHODS, takes_self=True)
+    )
+
+    @property
+    def path(self) -> str:
+        """The route as docs/api.md shows it: ``{name}`` placeholders, then any query."""
+        return _shown(self.rule) + self.query
 
 
 #: Submitting, replacing or starting a service launches contributor jobs.
@@ -117,7 +170,7 @@ ROUTES: dict[str, Route] = {
     ),
     "projects_set_band": Route(
         "PUT",
-        "/api/v1/projects/{project}/band",
+        "/api/v1/projects/<project>/band",
         needs(s.ADMIN),
         "`{band}` (a band name, or null) sets the priority band of the project's "
         "credentials that name none ([bands](priority.md)); an unknown one is 400 "
@@ -137,43 +190,43 @@ ROUTES: dict[str, Route] = {
     ),
     "users_set_membership": Route(
         "PUT",
-        "/api/v1/users/{id}/projects/{project}",
+        "/api/v1/users/<user_id>/projects/<project>",
         needs(s.ADMIN),
         "`{scopes}` sets the user's scopes there (empty removes)",
     ),
     # rate limits and budgets (docs/limits.md)
     "projects_limits": Route(
         "GET",
-        "/api/v1/projects/{project}/limits",
+        "/api/v1/projects/<project>/limits",
         needs(s.ADMIN),
         "the project's [limits](limits.md) `{rpm, tpm, budget, period}` and its use (requests "
         "and tokens this minute, spend this period)",
     ),
     "projects_set_limits": Route(
         "PUT",
-        "/api/v1/projects/{project}/limits",
+        "/api/v1/projects/<project>/limits",
         needs(s.ADMIN),
         "`{rpm?, tpm?, budget?, period?}` (absent stays, null clears) → the limits and use; "
         "a bad field is 400 with `details.errors`",
     ),
     "users_limits": Route(
-        "GET", "/api/v1/users/{id}/limits", needs(s.ADMIN), "a person's limits and use"
+        "GET", "/api/v1/users/<user_id>/limits", needs(s.ADMIN), "a person's limits and use"
     ),
     "users_set_limits": Route(
         "PUT",
-        "/api/v1/users/{id}/limits",
+        "/api/v1/users/<user_id>/limits",
         needs(s.ADMIN),
         "`{rpm?, tpm?, budget?, period?}` for all the person's keys",
     ),
     "tokens_limits": Route(
         "GET",
-        "/api/v1/tokens/{id}/limits",
+        "/api/v1/tokens/<token_id>/limits",
         needs(s.TOKENS_MANAGE),
         "a credential's limits and use (by ID or name); another project's is 404",
     ),
     "tokens_set_limits": Route(
         "PUT",
-        "/api/v1/tokens/{id}/limits",
+        "/api/v1/tokens/<token_id>/limits",
         needs(s.TOKENS_MANAGE),
         "`{rpm?, tpm?, budget?, period?}` for this credential; another project's is 404",
     ),
@@ -187,13 +240,13 @@ ROUTES: dict[str, Route] = {
     ),
     "users_approve": Route(
         "POST",
-        "/api/v1/users/{id}/approve",
+        "/api/v1/users/<user_id>/approve",
         needs(s.ADMIN),
         "activates a pending account (id or username)",
     ),
     "users_set_password": Route(
         "PUT",
-        "/api/v1/users/{id}/password",
+        "/api/v1/users/<user_id>/password",
         needs(s.ADMIN),
         "`{password}` replaces it and ends the user's browser sessions (`sessions_ended`)",
     ),
@@ -214,7 +267,7 @@ ROUTES: dict[str, Route] = {
     ),
     "me_tokens_revoke": Route(
         "DELETE",
-        "/api/v1/me/tokens/{id}",
+        "/api/v1/me/tokens/<token_id>",
         AUTHENTICATED,
         "revoke one of the caller's personal keys, by ID or name (another's is 404)",
         "a person (not a personal key)",
@@ -238,13 +291,13 @@ ROUTES: dict[str, Route] = {
     ),
     "tokens_get": Route(
         "GET",
-        "/api/v1/tokens/{id}",
+        "/api/v1/tokens/<token_id>",
         needs(s.TOKENS_MANAGE),
         "one credential, by ID or name; another project's is 404",
     ),
     "tokens_revoke": Route(
         "DELETE",
-        "/api/v1/tokens/{id}",
+        "/api/v1/tokens/<token_id>",
         needs(s.TOKENS_MANAGE),
         "revoke it (by ID or name) and what it minted (`also_revoked`); effective on the "
         "next request (and on streams in flight)",
@@ -256,7 +309,7 @@ ROUTES: dict[str, Route] = {
         needs(s.MODELS_READ),
         "the project's models with per-file state and progress",
     ),
-    "models_get": Route("GET", "/api/v1/models/{id}", needs(s.MODELS_READ), "one model"),
+    "models_get": Route("GET", "/api/v1/models/<model_id>", needs(s.MODELS_READ), "one model"),
     "models_register": Route(
         "POST",
         "/api/v1/models",
@@ -265,27 +318,28 @@ ROUTES: dict[str, Route] = {
     ),
     "models_acquire": Route(
         "POST",
-        "/api/v1/models/{id}/acquire",
+        "/api/v1/models/<model_id>/acquire",
         needs(s.MODELS_MANAGE),
         "start/resume HTTPS acquisition (202); 409/503 `not_leader` on a standby",
     ),
     "models_pause": Route(
         "POST",
-        "/api/v1/models/{id}/pause",
+        "/api/v1/models/<model_id>/pause",
         needs(s.MODELS_MANAGE),
         "pause it, keeping durable offsets; 409/503 `not_leader` on a standby",
     ),
     "models_upload_chunk": Route(
         "POST",
-        "/api/v1/models/{id}/files/{index}",
+        "/api/v1/models/<model_id>/files/<int:index>",
         needs(s.MODELS_MANAGE),
         "`{offset, data}` canonical base64, at most 1 MiB decoded",
     ),
     "models_upload_bytes": Route(
         "POST",
-        "/api/v1/models/{id}/files/{index}/bytes?offset=N",
+        "/api/v1/models/<model_id>/files/<int:index>/bytes",
         needs(s.MODELS_MANAGE),
         "octet-stream, at most 16 MiB, two at once",
+        query="?offset=N",
     ),
     "models_hub_preview": Route(
         "POST",
@@ -295,9 +349,10 @@ ROUTES: dict[str, Route] = {
     ),
     "models_delete": Route(
         "DELETE",
-        "/api/v1/models/{id}?evict=true",
+        "/api/v1/models/<model_id>",
         needs(s.MODELS_MANAGE),
         "delete metadata, optionally unshared content",
+        query="?evict=true",
     ),
     # contributor nodes
     "contributors_list": Route(
@@ -308,13 +363,13 @@ ROUTES: dict[str, Route] = {
     ),
     "contributors_get": Route(
         "GET",
-        "/api/v1/contributors/{id}",
+        "/api/v1/contributors/<node_id>",
         needs(s.CONTRIBUTORS_READ),
         "one node; an unknown one is 404 `node_not_found`",
     ),
     "contributors_doctor": Route(
         "GET",
-        "/api/v1/contributors/{id}/doctor",
+        "/api/v1/contributors/<node_id>/doctor",
         needs(s.CONTRIBUTORS_READ),
         "the node's own `ficc doctor` checks, asked over its link, with its clock against "
         "this controller's: `{node, findings: [{check, status, message, fix?}], ok}`; 502 "
@@ -322,7 +377,7 @@ ROUTES: dict[str, Route] = {
     ),
     "contributors_remove": Route(
         "DELETE",
-        "/api/v1/contributors/{id}",
+        "/api/v1/contributors/<node_id>",
         needs(s.ADMIN),
         "remove a lost, revoked or never-connected node: record, credential, assignments, "
         "reported attempts; 409 `node_connected` (connected or unreachable), 409 "
@@ -334,11 +389,12 @@ ROUTES: dict[str, Route] = {
         "/api/v1/contributors/connect",
         NODE,
         "(WebSocket) where `ficc executor` dials in; any other credential is 401",
+        websocket=True,
     ),
     # Verified model blobs, by digest, for nodes staging inputs: a node credential only.
     "contributors_blob": Route(
         "GET",
-        "/api/v1/contributors/blobs/{sha256}",
+        "/api/v1/contributors/blobs/<sha256>",
         NODE,
         "a verified blob that is an input of an attempt assigned to the credential's node, "
         "while it is assigned, for [input staging](agents.md#input-staging); "
@@ -355,21 +411,22 @@ ROUTES: dict[str, Route] = {
     ),
     "inference_get": Route(
         "GET",
-        "/api/v1/inference/{id}",
+        "/api/v1/inference/<service_id>",
         needs(s.INFERENCE_READ),
         "one service; another project's is 404 `service_not_found`",
     ),
     "inference_usage": Route(
         "GET",
-        "/api/v1/inference/{id}/usage?since=",
+        "/api/v1/inference/<service_id>/usage",
         needs(s.INFERENCE_READ),
         "tokens, spend and latency of its invoke requests: totals, per credential, the "
         "latest; spend as `spend` and `spend_milli` (`cost`, the same milli-units, is "
         "deprecated; see [usage.md](usage.md#reading-usage))",
+        query="?since=",
     ),
     "usage_report": Route(
         "GET",
-        "/api/v1/usage?service=&key=&person=&project=&model=&since=&until=&period=&group_by=",
+        "/api/v1/usage",
         needs(s.INFERENCE_READ),
         "requests, errors by code (429s included), prompt and completion tokens, spend and "
         "latency percentiles, in total and per group, names beside IDs; an administrator "
@@ -377,18 +434,20 @@ ROUTES: dict[str, Route] = {
         "the caller can see is 404 (`service_not_found`, `model_not_found`, ...); a "
         "person's personal usage is "
         "`/api/v1/me/usage` (see [usage.md](usage.md#reading-usage))",
+        query="?service=&key=&person=&project=&model=&since=&until=&period=&group_by=",
     ),
     "me_usage": Route(
         "GET",
-        "/api/v1/me/usage?service=&key=&model=&since=&until=&period=&group_by=",
+        "/api/v1/me/usage",
         AUTHENTICATED,
         "the caller's person's personal usage (their personal keys' requests), in the "
         "fields of `/api/v1/usage`; a credential of no person is 403 `no_person`",
         "a person (a personal key included)",
+        query="?service=&key=&model=&since=&until=&period=&group_by=",
     ),
     "inference_status": Route(
         "GET",
-        "/api/v1/inference/{id}/status",
+        "/api/v1/inference/<service_id>/status",
         needs(s.INFERENCE_READ),
         "each replica's status: state, node (its state, heartbeat age, connected here), "
         "attempt, engine PID, started and ready times, restarts, last exit (code, signal, "
@@ -412,20 +471,20 @@ ROUTES: dict[str, Route] = {
     ),
     "inference_replace": Route(
         "PUT",
-        "/api/v1/inference/{id}",
+        "/api/v1/inference/<service_id>",
         needs(*_START),
         "`{revision, spec}` replaces a stopped service and starts its next generation",
     ),
     "inference_control_start": Route(
         "POST",
-        "/api/v1/inference/{id}/control/start",
+        "/api/v1/inference/<service_id>/control/start",
         needs(*_START),
         "`{revision, acknowledge_unknown?}`",
     ),
     **{
         f"inference_control_{action}": Route(
             "POST",
-            f"/api/v1/inference/{{id}}/control/{action}",
+            f"/api/v1/inference/<service_id>/control/{action}",
             needs(s.INFERENCE_MANAGE, s.JOBS_CANCEL),
             "`{revision}`",
         )
@@ -433,32 +492,32 @@ ROUTES: dict[str, Route] = {
     },
     "inference_tokens_create": Route(
         "POST",
-        "/api/v1/inference/{id}/tokens",
+        "/api/v1/inference/<service_id>/tokens",
         needs(s.INFERENCE_MANAGE, s.INFERENCE_INVOKE, s.TOKENS_MANAGE),
         "`{lifetime, name?, band?}` → 201 `{credential, token}` bound to the service",
     ),
     "inference_tokens_list": Route(
         "GET",
-        "/api/v1/inference/{id}/tokens",
+        "/api/v1/inference/<service_id>/tokens",
         needs(s.INFERENCE_MANAGE, s.TOKENS_MANAGE),
         "the service's invoke credentials (no secrets)",
     ),
     "inference_tokens_revoke": Route(
         "DELETE",
-        "/api/v1/inference/{id}/tokens/{token_id}",
+        "/api/v1/inference/<service_id>/tokens/<token_id>",
         needs(s.INFERENCE_MANAGE, s.TOKENS_MANAGE),
         "revoke (`token_id`: its ID or name); in-flight requests end too",
     ),
     "inference_shares_get": Route(
         "GET",
-        "/api/v1/inference/{id}/shares",
+        "/api/v1/inference/<service_id>/shares",
         needs(s.INFERENCE_MANAGE),
         "`{service_id, users: [{id, username}], everyone}`: the people whose personal keys "
         "may invoke it",
     ),
     "inference_shares_set": Route(
         "PUT",
-        "/api/v1/inference/{id}/shares",
+        "/api/v1/inference/<service_id>/shares",
         needs(s.INFERENCE_MANAGE),
         "`{users: [names or ids], everyone}` shares it with exactly those people's "
         "[personal keys](people.md#sharing); an unknown user is 400 `unknown_user`",
@@ -466,7 +525,7 @@ ROUTES: dict[str, Route] = {
     # operations on running services (extensions beside the contract's routes)
     "inference_move": Route(
         "POST",
-        "/api/v1/inference/{id}/replicas/{n}/move",
+        "/api/v1/inference/<service_id>/replicas/<int:replica>/move",
         needs(*_START),
         "`{target_node_id, target_gpu_index?, start_after_move?, revision?}` → `{final_state, "
         "from_node, to_node, steps[]}`: moves replica n to another node without an outage; "
@@ -484,7 +543,7 @@ ROUTES: dict[str, Route] = {
     ),
     "inference_restart": Route(
         "POST",
-        "/api/v1/inference/{id}/restart",
+        "/api/v1/inference/<service_id>/restart",
         needs(*_START),
         "`{revision}`: every replica in turn, each replaced once its successor is ready "
         "(never below one ready replica of two or more) → `{restarted, replicas[]}`; 422 "
@@ -492,14 +551,14 @@ ROUTES: dict[str, Route] = {
     ),
     "inference_replica_restart": Route(
         "POST",
-        "/api/v1/inference/{id}/replicas/{n}/restart",
+        "/api/v1/inference/<service_id>/replicas/<int:replica>/restart",
         needs(*_START),
         "`{revision}`: replica n drains, stops and starts again → `{restarted, replicas[]}`; "
         "409/503 `not_leader` on a standby",
     ),
     "inference_pin": Route(
         "POST",
-        "/api/v1/inference/{id}/pin",
+        "/api/v1/inference/<service_id>/pin",
         needs(*_START),
         "`{revision?}`: a scaled service is never scaled to zero (an idle one wakes now) → "
         "the service; 422 `not_scaled` without `scaling` "
@@ -508,14 +567,14 @@ ROUTES: dict[str, Route] = {
     ),
     "inference_unpin": Route(
         "POST",
-        "/api/v1/inference/{id}/unpin",
+        "/api/v1/inference/<service_id>/unpin",
         needs(*_START),
         "`{revision?}`: it may be scaled to zero again after its idle timeout → the service; "
         "409/503 `not_leader` on a standby",
     ),
     "inference_rollout": Route(
         "POST",
-        "/api/v1/inference/{id}/rollout",
+        "/api/v1/inference/<service_id>/rollout",
         needs(*_START),
         "`{revision, spec, strategy?, keep_limits?}` for a running service: 202, its next "
         "generation starts by `strategy` (`auto`, `surge`: beside the serving one; "
@@ -525,13 +584,13 @@ ROUTES: dict[str, Route] = {
     ),
     "inference_rollout_status": Route(
         "GET",
-        "/api/v1/inference/{id}/rollout",
+        "/api/v1/inference/<service_id>/rollout",
         needs(s.INFERENCE_READ),
         "`{generation, pending, rollout, state, reason, revision}`",
     ),
     "inference_rollout_preview": Route(
         "POST",
-        "/api/v1/inference/{id}/rollout/preview",
+        "/api/v1/inference/<service_id>/rollout/preview",
         needs(s.INFERENCE_MANAGE),
         "`{spec, strategy?, keep_limits?}` → the preview of the next generation serving "
         "alone (the service's own reservations not counted), `beside_serving`, the plan "
@@ -539,50 +598,53 @@ ROUTES: dict[str, Route] = {
     ),
     "inference_events": Route(
         "GET",
-        "/api/v1/inference/{id}/events?after=&before=&limit=",
+        "/api/v1/inference/<service_id>/events",
         needs(s.INFERENCE_READ),
         "what happened to the service, its replicas and attempts, and the nodes they ran "
         "on, oldest first: the newest `limit` (default 100, at most 500), the first "
         "`limit` after event `after` (`next_after` reads on), or the newest `limit` "
         "before event `before` (pages back)",
+        query="?after=&before=&limit=",
     ),
     "inference_logs": Route(
         "GET",
-        "/api/v1/inference/{id}/replicas/{n}/logs?tail=N",
+        "/api/v1/inference/<service_id>/replicas/<int:replica>/logs",
         needs(s.INFERENCE_READ),
         "the last `tail` (1..1000, default 100) lines of replica `n`'s latest attempt's "
         "engine log, from its node: `{lines, attempt_id, attempt_state, node_id, ...}`; an "
         "unknown replica is 404 `replica_not_found`, one never started 422 "
         "`replica_not_started`",
+        query="?tail=N",
     ),
     "inference_logs_ticket": Route(
         "POST",
-        "/api/v1/inference/{id}/replicas/{n}/logs/ticket",
+        "/api/v1/inference/<service_id>/replicas/<int:replica>/logs/ticket",
         needs(s.INFERENCE_READ),
         "`{ticket, expires_at}`: a single-use ticket for that replica's log stream, valid "
         "60 s, bound to the caller (revoking it invalidates the ticket)",
     ),
     "inference_logs_stream": Route(
         "GET",
-        "/api/v1/inference/{id}/replicas/{n}/logs/stream?ticket=T&tail=N",
+        "/api/v1/inference/<service_id>/replicas/<int:replica>/logs/stream",
         TICKET,
         "`text/event-stream`: the last `tail` lines (default 100), then new ones, one per "
         "`data:` event; a `: keepalive` comment every `log_keepalive`; `event: end` when "
         "the attempt ends; a missing, used, expired or foreign ticket is 401 "
         "`ticket_invalid`",
         "a ticket from `.../logs/ticket` only",
+        query="?ticket=T&tail=N",
     ),
     # the inference gateway (the gateway checks the service binding and the project)
     "invoke_models": Route(
         "GET",
-        "/api/v1/inference/{id}/v1/models",
+        "/api/v1/inference/<service_id>/v1/models",
         needs(s.INFERENCE_INVOKE),
         "the service's model (its alias)",
         "`inference:invoke` for this service",
     ),
     "invoke_model": Route(
         "GET",
-        "/api/v1/inference/{id}/v1/models/{model}",
+        "/api/v1/inference/<service_id>/v1/models/<path:model>",
         needs(s.INFERENCE_INVOKE),
         "the service's `/v1/models` entry when `model` is its alias (the `openai` client's "
         "`models.retrieve`); another name is 404 `model_not_found`",
@@ -590,21 +652,21 @@ ROUTES: dict[str, Route] = {
     ),
     "invoke_chat_completions": Route(
         "POST",
-        "/api/v1/inference/{id}/v1/chat/completions",
+        "/api/v1/inference/<service_id>/v1/chat/completions",
         needs(s.INFERENCE_INVOKE),
         "OpenAI-compatible JSON or SSE",
         "`inference:invoke` for this service",
     ),
     "invoke_embeddings": Route(
         "POST",
-        "/api/v1/inference/{id}/v1/embeddings",
+        "/api/v1/inference/<service_id>/v1/embeddings",
         needs(s.INFERENCE_INVOKE),
         "where the model serves embeddings",
         "`inference:invoke` for this service",
     ),
     "invoke_completions": Route(
         "POST",
-        "/api/v1/inference/{id}/v1/completions",
+        "/api/v1/inference/<service_id>/v1/completions",
         needs(s.INFERENCE_INVOKE),
         "OpenAI-compatible text completion, JSON or SSE, where the engine serves it",
         "`inference:invoke` for this service",
@@ -620,7 +682,7 @@ ROUTES: dict[str, Route] = {
     ),
     "project_model": Route(
         "GET",
-        "/v1/models/{model}",
+        "/v1/models/<path:model>",
         needs(s.INFERENCE_INVOKE),
         "the `/v1/models` entry of the service `model` reaches (the `openai` client's "
         "`models.retrieve`); 404 `model_not_found` when it reaches none this credential "
@@ -669,7 +731,7 @@ ROUTES: dict[str, Route] = {
     ),
     "web_service": Route(
         "GET",
-        "/ui/services/{id}",
+        "/ui/services/<service_id>",
         PUBLIC,
         "the console's page of one service: specification, replicas, live logs, events, "
         "usage, actions (HTML; its script reads `/api/v1`); 303 to `/` without a valid "
@@ -713,7 +775,7 @@ ROUTES: dict[str, Route] = {
     ),
     "web_static": Route(
         "GET",
-        "/ui/static/{build}/{name}",
+        "/ui/static/<build>/<path:name>",
         PUBLIC,
         "a console asset (CSS, JavaScript, images), cached for good under the current "
         "build; an unknown one is 404 `asset_not_found`",
@@ -721,4 +783,37 @@ ROUTES: dict[str, Route] = {
 }
 
 #: Who may call each route, by endpoint: what ``create_app`` enforces.
-ROUTE_ACCESS: dict[str, Access] = {name: route.access for name, route in ROUTES.items()}
+ROUTE_ACCESS: dict[str, Access] = {
+    name: attrs.evolve(route.access, csrf=route.csrf) for name, route in ROUTES.items()
+}
+
+
+def declared(endpoint: str) -> Route:
+    """The table's entry for ``endpoint``; raises if the route is not declared."""
+    route = ROUTES.get(endpoint)
+    if route is None:
+        raise LookupError(
+            f"the route {endpoint!r} is not declared: add it to ROUTES in "
+            "ficc_core/api/access.py (method, path, access, result), then register its view"
+        )
+    return route
+
+
+def add_route(app: QuartTrio, endpoint: str, view: Callable[..., Awaitable[Any]]) -> None:
+    """Register ``view`` as ``endpoint``, at the method and path the table declares."""
+    route = declared(endpoint)
+    if route.websocket:
+        app.add_websocket(route.rule, endpoint=endpoint, view_func=view)
+    else:
+        app.add_url_rule(route.rule, endpoint=endpoint, view_func=view, methods=[route.method])
+
+
+def route(app: QuartTrio, endpoint: str) -> Callable[[View], View]:
+    """Decorator: register the view as ``endpoint`` (see :func:`add_route`)."""
+    declared(endpoint)  # at once, before the view is even defined
+
+    def register(view: View) -> View:
+        add_route(app, endpoint, view)
+        return view
+
+    return register

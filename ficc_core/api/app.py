@@ -129,11 +129,16 @@ def create_app(service: Service) -> QuartTrio:
     routes_usage.register(app, service)
     routes_web.register(app, service)
 
+    # Views register through the route table (access.route, access.add_route); a route
+    # added to Quart around it would have no access rule.
     missing = sorted(
         rule.endpoint for rule in app.url_map.iter_rules() if rule.endpoint not in ROUTE_ACCESS
     )
     if missing:
-        raise RuntimeError(f"routes without an entry in the route-scope table: {missing}")
+        raise RuntimeError(
+            f"routes without an entry in the route table: {missing}; declare each in ROUTES "
+            "(ficc_core/api/access.py) and register its view with access.route or add_route"
+        )
 
     @app.before_request
     async def authenticate() -> None:
@@ -144,7 +149,7 @@ def create_app(service: Service) -> QuartTrio:
         access: Access = ROUTE_ACCESS[rule.endpoint]
         if access.public:
             return
-        principal = await _principal(service)
+        principal = await _principal(service, access)
         g.principal = principal
         missing = sorted(access.scopes - principal.scopes)
         if missing:
@@ -217,11 +222,11 @@ def create_app(service: Service) -> QuartTrio:
     return app
 
 
-async def _principal(service: Service) -> Principal:
+async def _principal(service: Service, access: Access) -> Principal:
     authorization = request.headers.get("Authorization")
     return await authenticate(
         service.auth,
-        method=request.method,
+        check_csrf=access.csrf,
         authorization=authorization,
         session=None if authorization is not None else request.cookies.get(SESSION_COOKIE),
         csrf=request.headers.get(CSRF_HEADER, ""),

@@ -3,9 +3,9 @@
 The one set of rules for every route, the Quart application's and the invoke
 handler's alike: an ``Authorization`` header must be ``Bearer <token>`` with a
 project credential (a node credential is refused here); without one, the
-``ficc_session`` cookie authenticates, and a request it authenticates with a
-method other than GET, HEAD or OPTIONS must carry the CSRF token returned at
-login in ``X-CSRF-Token``.
+``ficc_session`` cookie authenticates, and a request it authenticates to a route
+that changes something (the route table's ``csrf``: every method other than GET,
+HEAD or OPTIONS) must carry the CSRF token returned at login in ``X-CSRF-Token``.
 """
 
 from __future__ import annotations
@@ -23,13 +23,12 @@ if TYPE_CHECKING:
 SESSION_COOKIE = "ficc_session"
 CSRF_COOKIE = "ficc_csrf"
 CSRF_HEADER = "X-CSRF-Token"
-SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
 async def authenticate(
     auth: AuthService,
     *,
-    method: str,
+    check_csrf: bool,
     authorization: str | None,
     session: str | None,
     csrf: str,
@@ -37,6 +36,8 @@ async def authenticate(
     """The principal of a request, or raise the refusal (401, or 403 for a node credential
     or a missing CSRF token).
 
+    :param check_csrf: a session must send its CSRF token (the route's
+        :attr:`~ficc_core.api.access.Route.csrf`).
     :param authorization: the first ``Authorization`` header, or None.
     :param session: the ``ficc_session`` cookie, or None (only read without ``authorization``).
     :param csrf: the first ``X-CSRF-Token`` header, or ``""``.
@@ -59,7 +60,7 @@ async def authenticate(
         return await auth.authenticate_bearer(token)
     if session:
         principal = await auth.authenticate_session(session)
-        if method not in SAFE_METHODS and not (
+        if check_csrf and not (
             csrf and hmac.compare_digest(sec.hash_secret(csrf), principal.csrf_hash or "")
         ):
             raise Forbidden(

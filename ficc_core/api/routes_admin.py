@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 import attrs
 from quart import Response, jsonify
 
+from .access import route
 from .bodies import band_validator, name_validator, read_json
 from .views_auth import project_view, user_view
 
@@ -51,26 +52,26 @@ def register(app: QuartTrio, service: Service) -> None:
     """Add the administration routes to ``app``."""
     limit = service.config.max_body_bytes
 
-    @app.get("/api/v1/projects", endpoint="projects_list")
+    @route(app, "projects_list")
     async def projects_list() -> Response:
         projects = await service.auth.list_projects()
         return jsonify({"projects": [project_view(project) for project in projects]})
 
-    @app.post("/api/v1/projects", endpoint="projects_create")
+    @route(app, "projects_create")
     async def projects_create() -> tuple[Response, int]:
         body = await read_json(ProjectBody, limit)
         return jsonify(project_view(await service.auth.create_project(body.name))), 201
 
-    @app.put("/api/v1/projects/<project>/band", endpoint="projects_set_band")
+    @route(app, "projects_set_band")
     async def projects_set_band(project: str) -> Response:
         body = await read_json(ProjectBandBody, limit)
         return jsonify(project_view(await service.auth.set_project_band(project, body.band)))
 
-    @app.get("/api/v1/users", endpoint="users_list")
+    @route(app, "users_list")
     async def users_list() -> Response:
         return jsonify({"users": [user_view(user) for user in await service.auth.list_users()]})
 
-    @app.post("/api/v1/users", endpoint="users_create")
+    @route(app, "users_create")
     async def users_create() -> tuple[Response, int]:
         body = await read_json(UserBody, limit)
         user = await service.auth.create_user(
@@ -81,7 +82,7 @@ def register(app: QuartTrio, service: Service) -> None:
         )
         return jsonify(user_view(user)), 201
 
-    @app.put("/api/v1/users/<user_id>/projects/<project>", endpoint="users_set_membership")
+    @route(app, "users_set_membership")
     async def users_set_membership(user_id: str, project: str) -> Response:
         body = await read_json(MembershipBody, limit)
         user = await service.auth.set_membership(user_id, project, frozenset(body.scopes))

@@ -21,6 +21,7 @@ from quart import Response, jsonify, request, websocket
 from ..base.errors import FiccError, NotFound
 from ..contributors.connection import serve_node_connection
 from ..nodelink.wire import PROTOCOL_HEADER, PROTOCOL_VERSION, negotiate
+from .access import route
 from .views_contributors import node_view, removal_view
 
 if TYPE_CHECKING:
@@ -95,16 +96,16 @@ async def _read_from(path: Path, start: int, length: int) -> AsyncIterator[bytes
 def register(app: QuartTrio, service: Service) -> None:
     """Add the contributor routes to ``app``."""
 
-    @app.get("/api/v1/contributors", endpoint="contributors_list")
+    @route(app, "contributors_list")
     async def contributors_list() -> Response:
         nodes = await service.contributors.list()
         return jsonify({"contributors": [node_view(node) for node in nodes]})
 
-    @app.get("/api/v1/contributors/<node_id>", endpoint="contributors_get")
+    @route(app, "contributors_get")
     async def contributors_get(node_id: str) -> Response:
         return jsonify(node_view(await service.contributors.get(node_id)))
 
-    @app.get("/api/v1/contributors/<node_id>/doctor", endpoint="contributors_doctor")
+    @route(app, "contributors_doctor")
     async def contributors_doctor(node_id: str) -> Response:
         from ..agent.doctor import Finding, skew_finding
 
@@ -124,11 +125,11 @@ def register(app: QuartTrio, service: Service) -> None:
             }
         )
 
-    @app.delete("/api/v1/contributors/<node_id>", endpoint="contributors_remove")
+    @route(app, "contributors_remove")
     async def contributors_remove(node_id: str) -> Response:
         return jsonify(removal_view(await service.contributors.remove_node(node_id)))
 
-    @app.get("/api/v1/contributors/blobs/<sha256>", endpoint="contributors_blob")
+    @route(app, "contributors_blob")
     async def contributors_blob(sha256: str) -> Response:
         # A node credential only (checked here, like the WebSocket): a node stages the
         # inputs of the attempts assigned to it, by digest, resuming with Range.
@@ -167,7 +168,7 @@ def register(app: QuartTrio, service: Service) -> None:
         response.timeout = None  # a multi-GiB blob takes as long as it takes
         return response
 
-    @app.websocket("/api/v1/contributors/connect", endpoint="contributors_connect")
+    @route(app, "contributors_connect")
     async def contributors_connect() -> Response | None:
         # Authenticated here, by the node credential alone: the node ID comes from
         # the credential, never from what the agent says.

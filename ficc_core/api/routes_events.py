@@ -15,6 +15,7 @@ from quart import Response, g, jsonify, request
 
 from ..base.errors import InvalidRequest
 from ..inference.history import MAX_LIMIT
+from .access import route
 from .bodies import query_integer
 from .views_events import events_view
 
@@ -43,7 +44,7 @@ def _limit() -> int:
 def register(app: QuartTrio, service: Service) -> None:
     """Add the events route to ``app``."""
 
-    @app.get("/api/v1/inference/<service_id>/events", endpoint="inference_events")
+    @route(app, "inference_events")
     async def inference_events(service_id: str) -> Response:
         after = query_integer("after") if "after" in request.args else None
         before = query_integer("before") if "before" in request.args else None

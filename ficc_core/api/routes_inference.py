@@ -19,6 +19,7 @@ from ..inference import CONTROL_ACTIONS
 from ..inference.reconciliation.status import read_status
 from ..schema import FieldError
 from ..schema._convert import MAX_SAFE_INTEGER, integer
+from .access import add_route, route
 from .bodies import band_validator, query_number, read_json, read_json_object
 from .views_auth import credential_view, issued_view, revocation_view
 from .views_inference import preview_view, status_view, usage_view
@@ -74,39 +75,39 @@ def register(app: QuartTrio, service: Service) -> None:
             trouble=service.contributors.attempt_trouble,
         )
 
-    @app.get("/api/v1/inference", endpoint="inference_list")
+    @route(app, "inference_list")
     async def inference_list() -> Response:
         services = await inference.list(g.principal.project_id)
         return jsonify({"services": [service_view(detail) for detail in services]})
 
-    @app.get("/api/v1/inference/<service_id>", endpoint="inference_get")
+    @route(app, "inference_get")
     async def inference_get(service_id: str) -> Response:
         return jsonify(service_view(await inference.get(g.principal.project_id, service_id)))
 
-    @app.get("/api/v1/inference/<service_id>/usage", endpoint="inference_usage")
+    @route(app, "inference_usage")
     async def inference_usage(service_id: str) -> Response:
         since = query_number("since")  # seconds since the epoch
         summary = await inference.usage_summary(g.principal.project_id, service_id, since)
         return jsonify(usage_view(summary))
 
-    @app.get("/api/v1/inference/<service_id>/status", endpoint="inference_status")
+    @route(app, "inference_status")
     async def inference_status(service_id: str) -> Response:
         found = await read_status(
             inference, service.contributors, g.principal.project_id, service_id
         )
         return jsonify(status_view(found))
 
-    @app.post("/api/v1/inference/preview", endpoint="inference_preview")
+    @route(app, "inference_preview")
     async def inference_preview() -> Response:
         preview = await inference.preview(g.principal, await read_json_object(limit))
         return jsonify(preview_view(preview))
 
-    @app.post("/api/v1/inference", endpoint="inference_create")
+    @route(app, "inference_create")
     async def inference_create() -> tuple[Response, int]:
         created = await inference.create(g.principal, await read_json_object(limit))
         return jsonify(service_view(created)), 201
 
-    @app.put("/api/v1/inference/<service_id>", endpoint="inference_replace")
+    @route(app, "inference_replace")
     async def inference_replace(service_id: str) -> Response:
         body = await read_json(ReplaceBody, limit)
         replaced = await inference.replace(g.principal, service_id, body.revision, body.spec)
@@ -124,17 +125,12 @@ def register(app: QuartTrio, service: Service) -> None:
             )
             return jsonify(service_view(controlled))
 
-        app.add_url_rule(
-            f"/api/v1/inference/<service_id>/control/{action}",
-            endpoint=f"inference_control_{action}",
-            view_func=control,
-            methods=["POST"],
-        )
+        add_route(app, f"inference_control_{action}", control)
 
     for action in CONTROL_ACTIONS:
         control_route(action)
 
-    @app.post("/api/v1/inference/<service_id>/tokens", endpoint="inference_tokens_create")
+    @route(app, "inference_tokens_create")
     async def inference_tokens_create(service_id: str) -> tuple[Response, int]:
         body = await read_json(TokenBody, limit)
         record, token = await inference.create_token(
@@ -142,14 +138,12 @@ def register(app: QuartTrio, service: Service) -> None:
         )
         return jsonify(issued_view(record, token)), 201
 
-    @app.get("/api/v1/inference/<service_id>/tokens", endpoint="inference_tokens_list")
+    @route(app, "inference_tokens_list")
     async def inference_tokens_list(service_id: str) -> Response:
         tokens = await inference.list_tokens(g.principal, service_id)
         return jsonify({"tokens": [credential_view(token) for token in tokens]})
 
-    @app.delete(
-        "/api/v1/inference/<service_id>/tokens/<token_id>", endpoint="inference_tokens_revoke"
-    )
+    @route(app, "inference_tokens_revoke")
     async def inference_tokens_revoke(service_id: str, token_id: str) -> Response:
         revocation = await inference.revoke_token(g.principal, service_id, token_id)
         return jsonify(revocation_view(revocation))

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from quart import Response, g, jsonify
 
 from ..auth.scopes import ADMIN
+from .access import route
 from .bodies import read_json_object
 from .views_limits import limits_view, subject
 
@@ -40,26 +41,26 @@ def register(app: QuartTrio, service: Service) -> None:
         await service.quotas.set_limits(scope, key, body)
         return jsonify(limits_view(service, scope, key, name))
 
-    @app.get("/api/v1/projects/<project>/limits", endpoint="projects_limits")
+    @route(app, "projects_limits")
     async def projects_limits(project: str) -> Response:
         return await show("project", project)
 
-    @app.put("/api/v1/projects/<project>/limits", endpoint="projects_set_limits")
+    @route(app, "projects_set_limits")
     async def projects_set_limits(project: str) -> Response:
         return await change("project", project)
 
-    @app.get("/api/v1/users/<user_id>/limits", endpoint="users_limits")
+    @route(app, "users_limits")
     async def users_limits(user_id: str) -> Response:
         return await show("user", user_id)
 
-    @app.put("/api/v1/users/<user_id>/limits", endpoint="users_set_limits")
+    @route(app, "users_set_limits")
     async def users_set_limits(user_id: str) -> Response:
         return await change("user", user_id)
 
-    @app.get("/api/v1/tokens/<token_id>/limits", endpoint="tokens_limits")
+    @route(app, "tokens_limits")
     async def tokens_limits(token_id: str) -> Response:
         return await show("credential", token_id, g.principal.project_id)
 
-    @app.put("/api/v1/tokens/<token_id>/limits", endpoint="tokens_set_limits")
+    @route(app, "tokens_set_limits")
     async def tokens_set_limits(token_id: str) -> Response:
         return await change("credential", token_id, g.principal.project_id)

@@ -35,6 +35,7 @@ from ..auth.tickets import Tickets
 from ..base.errors import FiccError
 from ..base.strictjson import dumps_error
 from ..inference.operations.logs import DEFAULT_TAIL, MAX_TAIL, ReplicaLog, ReplicaLogs
+from .access import route
 from .bodies import query_bounded
 
 if TYPE_CHECKING:
@@ -45,7 +46,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("ficc.api")
 
-_PREFIX = "/api/v1/inference/<service_id>/replicas/<int:replica>/logs"
 #: What a stream's follow task hands its response when the log ended.
 _END = object()
 
@@ -166,20 +166,20 @@ def register(app: QuartTrio, service: Service) -> None:
     def subject(service_id: str, replica: int) -> str:
         return f"{service_id}/{replica}"
 
-    @app.get(_PREFIX, endpoint="inference_logs")
+    @route(app, "inference_logs")
     async def inference_logs(service_id: str, replica: int) -> Response:
         tail = query_bounded("tail", 1, MAX_TAIL, DEFAULT_TAIL)
         found = await logs.snapshot(g.principal.project_id, service_id, replica, tail)
         return jsonify(log_view(found))
 
-    @app.post(_PREFIX + "/ticket", endpoint="inference_logs_ticket")
+    @route(app, "inference_logs_ticket")
     async def inference_logs_ticket(service_id: str, replica: int) -> Response:
         principal: Principal = g.principal
         await logs.latest_attempt(principal.project_id, service_id, replica, action="logs")
         ticket, expires_at = await tickets.mint(principal, "logs", subject(service_id, replica))
         return jsonify({"ticket": ticket, "expires_at": expires_at})
 
-    @app.get(_PREFIX + "/stream", endpoint="inference_logs_stream")
+    @route(app, "inference_logs_stream")
     async def inference_logs_stream(service_id: str, replica: int) -> Response:
         tail = query_bounded("tail", 0, MAX_TAIL, DEFAULT_TAIL)
         redeemed = await tickets.redeem(

@@ -13,6 +13,7 @@ from ..base.errors import FiccError, InvalidRequest
 from ..models.registry import MAX_BYTES_CHUNK, MAX_JSON_CHUNK
 from ..schema import ModelManifest
 from ..schema._convert import MAX_LENGTH, MAX_SAFE_INTEGER, integer
+from .access import route
 from .bodies import query_integer, read_body, read_json
 from .views_models import deletion_view, model_detail_view, model_file_view, model_view
 
@@ -71,24 +72,24 @@ def register(app: QuartTrio, service: Service) -> None:
     models = service.models
     limit = service.config.max_body_bytes
 
-    @app.get("/api/v1/models", endpoint="models_list")
+    @route(app, "models_list")
     async def models_list() -> Response:
         listed = await models.list(g.principal.project_id)
         return jsonify({"models": [model_view(model) for model in listed]})
 
-    @app.get("/api/v1/models/<model_id>", endpoint="models_get")
+    @route(app, "models_get")
     async def models_get(model_id: str) -> Response:
         model = await models.get(g.principal.project_id, model_id)
         metadata = await models.metadata(model)
         return jsonify(model_detail_view(model, metadata, models.header_problem(model)))
 
-    @app.post("/api/v1/models", endpoint="models_register")
+    @route(app, "models_register")
     async def models_register() -> tuple[Response, int]:
         manifest = await read_json(ModelManifest, limit)
         model, created = await models.register(g.principal.project_id, manifest)
         return jsonify(model_view(model)), 201 if created else 200
 
-    @app.post("/api/v1/models/<model_id>/acquire", endpoint="models_acquire")
+    @route(app, "models_acquire")
     async def models_acquire(model_id: str) -> tuple[Response, int]:
         # The acquisition workers run on the leader alone (docs/operations.md); another
         # project's model is a 404 first.
@@ -96,13 +97,13 @@ def register(app: QuartTrio, service: Service) -> None:
         service.lease.require_leader("acquire")
         return jsonify(model_view(await models.acquire(g.principal.project_id, model_id))), 202
 
-    @app.post("/api/v1/models/<model_id>/pause", endpoint="models_pause")
+    @route(app, "models_pause")
     async def models_pause(model_id: str) -> Response:
         await models.get(g.principal.project_id, model_id)
         service.lease.require_leader("pause")
         return jsonify(model_view(await models.pause(g.principal.project_id, model_id)))
 
-    @app.post("/api/v1/models/<model_id>/files/<int:index>", endpoint="models_upload_chunk")
+    @route(app, "models_upload_chunk")
     async def models_upload_chunk(model_id: str, index: int) -> Response:
         await models.upload_target(g.principal.project_id, model_id, index)
         body = await read_json(ChunkBody, _JSON_CHUNK_BODY)
@@ -110,7 +111,7 @@ def register(app: QuartTrio, service: Service) -> None:
         file = await models.upload(g.principal.project_id, model_id, index, body.offset, data)
         return jsonify(model_file_view(file))
 
-    @app.post("/api/v1/models/<model_id>/files/<int:index>/bytes", endpoint="models_upload_bytes")
+    @route(app, "models_upload_bytes")
     async def models_upload_bytes(model_id: str, index: int) -> Response:
         if request.mimetype != "application/octet-stream":
             raise FiccError(
@@ -126,7 +127,7 @@ def register(app: QuartTrio, service: Service) -> None:
             file = await models.upload(project_id, model_id, index, offset, data)
             return jsonify(model_file_view(file))
 
-    @app.post("/api/v1/models/hub-preview", endpoint="models_hub_preview")
+    @route(app, "models_hub_preview")
     async def models_hub_preview() -> Response:
         body = await read_json(HubPreviewBody, limit)
         previews = await service.hub_preview(
@@ -134,7 +135,7 @@ def register(app: QuartTrio, service: Service) -> None:
         )
         return jsonify({"previews": [preview.to_json() for preview in previews]})
 
-    @app.delete("/api/v1/models/<model_id>", endpoint="models_delete")
+    @route(app, "models_delete")
     async def models_delete(model_id: str) -> Response:
         evict = request.args.get("evict", "false").lower()
         if evict not in ("true", "false", "1", "0"):

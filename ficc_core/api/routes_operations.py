@@ -21,6 +21,7 @@ from ..inference.operations.strategies import STRATEGIES
 from ..schema import FieldError
 from ..schema._convert import MAX_SAFE_INTEGER, integer
 from ..schema.spec import MAX_GPU_INDEX
+from .access import route
 from .bodies import read_json
 from .views_inference import preview_view
 from .views_inference import service_view as view_of_service
@@ -142,9 +143,7 @@ def register(app: QuartTrio, service: Service) -> None:
         async with service.lease.while_leading(action):
             yield
 
-    @app.post(
-        "/api/v1/inference/<service_id>/replicas/<int:replica>/move", endpoint="inference_move"
-    )
+    @route(app, "inference_move")
     async def inference_move(service_id: str, replica: int) -> Response:
         with _refusals("move", service_id, replica):
             body = await read_json(MoveBody, limit)
@@ -160,7 +159,7 @@ def register(app: QuartTrio, service: Service) -> None:
                 )
         return jsonify(result.to_json())
 
-    @app.post("/api/v1/inference/bulk-move", endpoint="inference_bulk_move")
+    @route(app, "inference_bulk_move")
     async def inference_bulk_move() -> Response:
         with _refusals("bulk_move", None):
             body = await read_json(BulkMoveBody, limit)
@@ -176,7 +175,7 @@ def register(app: QuartTrio, service: Service) -> None:
             )
         return jsonify(result)
 
-    @app.post("/api/v1/inference/<service_id>/restart", endpoint="inference_restart")
+    @route(app, "inference_restart")
     async def inference_restart(service_id: str) -> Response:
         with _refusals("restart", service_id):
             body = await read_json(RestartBody, limit)
@@ -184,10 +183,7 @@ def register(app: QuartTrio, service: Service) -> None:
                 result = await inference.restarter.restart(g.principal, service_id, body.revision)
         return jsonify(result)
 
-    @app.post(
-        "/api/v1/inference/<service_id>/replicas/<int:replica>/restart",
-        endpoint="inference_replica_restart",
-    )
+    @route(app, "inference_replica_restart")
     async def inference_replica_restart(service_id: str, replica: int) -> Response:
         with _refusals("restart", service_id, replica):
             body = await read_json(RestartBody, limit)
@@ -197,7 +193,7 @@ def register(app: QuartTrio, service: Service) -> None:
                 )
         return jsonify(result)
 
-    @app.post("/api/v1/inference/<service_id>/rollout", endpoint="inference_rollout")
+    @route(app, "inference_rollout")
     async def inference_rollout(service_id: str) -> tuple[Response, int]:
         with _refusals("rollout", service_id):
             body = await read_json(RolloutBody, limit)
@@ -215,13 +211,11 @@ def register(app: QuartTrio, service: Service) -> None:
         view["adjusted_limits"] = list(started.adjusted)
         return jsonify(view), 202
 
-    @app.get("/api/v1/inference/<service_id>/rollout", endpoint="inference_rollout_status")
+    @route(app, "inference_rollout_status")
     async def inference_rollout_status(service_id: str) -> Response:
         return jsonify(await inference.rollout_status(g.principal.project_id, service_id))
 
-    @app.post(
-        "/api/v1/inference/<service_id>/rollout/preview", endpoint="inference_rollout_preview"
-    )
+    @route(app, "inference_rollout_preview")
     async def inference_rollout_preview(service_id: str) -> Response:
         with _refusals("rollout_preview", service_id):
             body = await read_json(RolloutPreviewBody, limit)

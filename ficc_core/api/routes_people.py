@@ -19,6 +19,7 @@ from ..inference.errors import service_not_found
 from ..inference.specification.transitions import writable
 from ..schema import FieldError
 from ..store import Transaction
+from .access import route
 from .bodies import lifetime_validator, name_validator, read_json
 from .views_auth import credential_view, issued_view, revocation_view, shares_view, user_view
 
@@ -86,29 +87,29 @@ def register(app: QuartTrio, service: Service) -> None:
     people = service.auth.people
     limit = service.config.max_body_bytes
 
-    @app.post("/api/v1/signup", endpoint="signup")
+    @route(app, "signup")
     async def signup() -> tuple[Response, int]:
         people.require_signup_open()  # before reading the body
         body = await read_json(SignupBody, limit)
         user = await people.signup(body.username, body.password, address=request.remote_addr or "")
         return jsonify(user_view(user)), 201
 
-    @app.post("/api/v1/users/<user_id>/approve", endpoint="users_approve")
+    @route(app, "users_approve")
     async def users_approve(user_id: str) -> Response:
         return jsonify(user_view(await people.approve(user_id)))
 
-    @app.put("/api/v1/users/<user_id>/password", endpoint="users_set_password")
+    @route(app, "users_set_password")
     async def users_set_password(user_id: str) -> Response:
         body = await read_json(PasswordBody, limit)
         user, ended = await people.reset_password(user_id, body.password)
         return jsonify({**user_view(user), "sessions_ended": ended})
 
-    @app.get("/api/v1/me/tokens", endpoint="me_tokens_list")
+    @route(app, "me_tokens_list")
     async def me_tokens_list() -> Response:
         tokens = await people.list_keys(g.principal)
         return jsonify({"tokens": [credential_view(token) for token in tokens]})
 
-    @app.post("/api/v1/me/tokens", endpoint="me_tokens_create")
+    @route(app, "me_tokens_create")
     async def me_tokens_create() -> tuple[Response, int]:
         people.person(g.principal)
         body = await read_json(PersonalTokenBody, limit)
@@ -117,16 +118,16 @@ def register(app: QuartTrio, service: Service) -> None:
         )
         return jsonify(issued_view(credential, token)), 201
 
-    @app.delete("/api/v1/me/tokens/<token_id>", endpoint="me_tokens_revoke")
+    @route(app, "me_tokens_revoke")
     async def me_tokens_revoke(token_id: str) -> Response:
         return jsonify(revocation_view(await people.revoke_key(g.principal, token_id)))
 
-    @app.get("/api/v1/inference/<service_id>/shares", endpoint="inference_shares_get")
+    @route(app, "inference_shares_get")
     async def inference_shares_get(service_id: str) -> Response:
         check = _in_project(g.principal.project_id, service_id)
         return jsonify(shares_view(await people.shares(service_id, check_service=check)))
 
-    @app.put("/api/v1/inference/<service_id>/shares", endpoint="inference_shares_set")
+    @route(app, "inference_shares_set")
     async def inference_shares_set(service_id: str) -> Response:
         body = await read_json(SharesBody, limit)
         project_id = g.principal.project_id

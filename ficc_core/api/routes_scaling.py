@@ -14,6 +14,7 @@ import attrs
 from quart import Response, g, jsonify
 
 from ..schema._convert import MAX_SAFE_INTEGER, integer
+from .access import add_route
 from .bodies import read_json
 from .views_inference import service_view
 
@@ -53,12 +54,7 @@ def register(app: QuartTrio, service: Service) -> None:
                 )
             )
 
-        app.add_url_rule(
-            f"/api/v1/inference/<service_id>/{word}",
-            endpoint=f"inference_{word}",
-            view_func=pin,
-            methods=["POST"],
-        )
+        add_route(app, f"inference_{word}", pin)
 
     pin_route(True)
     pin_route(False)

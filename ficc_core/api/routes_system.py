@@ -10,6 +10,7 @@ from quart import Response, g, jsonify, request
 
 from .._version import __version__
 from ..auth import PrincipalKind
+from .access import route
 from .authn import CSRF_COOKIE, SESSION_COOKIE
 from .bodies import read_json
 from .views_auth import principal_view
@@ -34,19 +35,19 @@ def register(app: QuartTrio, service: Service) -> None:
     """Add the system routes to ``app``."""
     secure = service.config.secure_cookies or service.config.tls
 
-    @app.get("/api/v1/health", endpoint="health")
+    @route(app, "health")
     async def health() -> Response:
         # ``time``: the controller's clock, which ``ficc doctor`` compares a node's with.
         return jsonify({"status": "ok", "version": __version__, "time": time.time()})
 
     if service.config.metrics_listen is None:
         # Otherwise the metrics listener serves it (server.serve_metrics), not the API.
-        @app.get("/metrics", endpoint="metrics")
+        @route(app, "metrics")
         async def metrics() -> Response:
             body, content_type = service.metrics.render()
             return Response(body, content_type=content_type)
 
-    @app.get("/api/v1/system/controllers", endpoint="system_controllers")
+    @route(app, "system_controllers")
     async def controllers() -> Response:
         lease = service.lease
         leader, seen = await lease.status()
@@ -60,11 +61,11 @@ def register(app: QuartTrio, service: Service) -> None:
             }
         )
 
-    @app.get("/api/v1/whoami", endpoint="whoami")
+    @route(app, "whoami")
     async def whoami() -> Response:
         return jsonify(principal_view(g.principal))
 
-    @app.post("/api/v1/session", endpoint="session_login")
+    @route(app, "session_login")
     async def login() -> tuple[Response, int]:
         body = await read_json(LoginBody, service.config.max_body_bytes)
         principal, cookie, csrf = await service.auth.login(
@@ -93,7 +94,7 @@ def register(app: QuartTrio, service: Service) -> None:
         )
         return response, 201
 
-    @app.delete("/api/v1/session", endpoint="session_logout")
+    @route(app, "session_logout")
     async def logout() -> Response:
         principal = g.principal
         if principal.kind == PrincipalKind.SESSION:

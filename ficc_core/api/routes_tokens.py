@@ -8,6 +8,7 @@ import attrs
 from quart import Response, g, jsonify
 
 from ..auth.scopes import ADMIN
+from .access import route
 from .bodies import band_validator, lifetime_validator, name_validator, read_json
 from .views_auth import credential_view, issued_view, revocation_view
 
@@ -38,14 +39,14 @@ def register(app: QuartTrio, service: Service) -> None:
     def installation() -> bool:
         return ADMIN in g.principal.scopes
 
-    @app.get("/api/v1/tokens", endpoint="tokens_list")
+    @route(app, "tokens_list")
     async def tokens_list() -> Response:
         tokens = await service.auth.list_credentials(
             g.principal.project_id, installation=installation()
         )
         return jsonify({"tokens": [credential_view(token) for token in tokens]})
 
-    @app.post("/api/v1/tokens", endpoint="tokens_create")
+    @route(app, "tokens_create")
     async def tokens_create() -> tuple[Response, int]:
         body = await read_json(TokenBody, service.config.max_body_bytes)
         principal = g.principal
@@ -62,14 +63,14 @@ def register(app: QuartTrio, service: Service) -> None:
         return jsonify(issued_view(credential, token)), 201
 
     # ``token_id`` is the credential's ID or its name (unique among the live ones).
-    @app.get("/api/v1/tokens/<token_id>", endpoint="tokens_get")
+    @route(app, "tokens_get")
     async def tokens_get(token_id: str) -> Response:
         credential = await service.auth.get_credential(
             g.principal.project_id, token_id, installation=installation()
         )
         return jsonify(credential_view(credential))
 
-    @app.delete("/api/v1/tokens/<token_id>", endpoint="tokens_revoke")
+    @route(app, "tokens_revoke")
     async def tokens_revoke(token_id: str) -> Response:
         revocation = await service.auth.revoke_credential(
             g.principal.project_id, token_id, installation=installation()

@@ -20,6 +20,7 @@ from ..auth import scopes as s
 from ..base.errors import Forbidden
 from ..prices import MILLI
 from ..usage.report import GROUPS, UsageGroup, UsageQuery, UsageReport, period_start
+from .access import route
 from .bodies import bad_query, query_number
 
 if TYPE_CHECKING:
@@ -108,12 +109,12 @@ def report_view(report: UsageReport) -> dict[str, Any]:
 def register(app: QuartTrio, service: Service) -> None:
     """Add the usage route to ``app``."""
 
-    @app.get("/api/v1/usage", endpoint="usage_report")
+    @route(app, "usage_report")
     async def usage_report() -> Response:
         query = parse_query(time.time())
         return jsonify(report_view(await service.usage.report(query)))
 
-    @app.get("/api/v1/me/usage", endpoint="me_usage")
+    @route(app, "me_usage")
     async def me_usage() -> Response:
         principal = g.principal
         if principal.user_id is None:

@@ -17,6 +17,7 @@ from quart import Response, redirect, request
 from .._version import __version__
 from ..base.errors import NotFound, Unauthenticated
 from ..web import CONSOLE_PAGES, PAGE_HEADERS, Assets, ConsolePage, Pages
+from .access import add_route, declared, route
 from .authn import SESSION_COOKIE
 
 if TYPE_CHECKING:
@@ -63,7 +64,7 @@ def register(app: QuartTrio, service: Service) -> None:
         except Unauthenticated:
             return None
 
-    @app.get(LANDING, endpoint="web_landing")
+    @route(app, "web_landing")
     async def landing() -> Response:
         if await logged_in() is not None:
             return _redirect(DASHBOARD)
@@ -85,12 +86,19 @@ def register(app: QuartTrio, service: Service) -> None:
             )
             return _page(html)
 
-        app.add_url_rule(page.path, endpoint=f"web_{page.name}", view_func=shell, methods=["GET"])
+        endpoint = f"web_{page.name}"
+        rule = declared(endpoint).rule
+        if rule != page.path:
+            raise RuntimeError(
+                f"the console page {page.name} is at {page.path}, but the route table declares "
+                f"{endpoint} at {rule}: make ROUTES in ficc_core/api/access.py agree"
+            )
+        add_route(app, endpoint, shell)
 
     for page in CONSOLE_PAGES:
         console_route(page)
 
-    @app.get("/ui/static/<build>/<path:name>", endpoint="web_static")
+    @route(app, "web_static")
     async def static(build: str, name: str) -> Response:
         found = assets.get(build, name)
         if found is None:

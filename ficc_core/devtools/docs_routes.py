@@ -1,10 +1,11 @@
-"""Render the route table of docs/api.md from the route-scope table.
+"""Render the route table of docs/api.md from the route table.
 
 ``python -m ficc_core.devtools.docs_routes`` rewrites the part of ``docs/api.md`` between
 ``<!-- routes:start -->`` and ``<!-- routes:end -->``; ``--check`` only reports
 (exit status 1) when the page is out of date. The source is
-:data:`ficc_core.api.access.ROUTES`, the table ``create_app`` enforces: the page
-renders each route's method, path, access and result, never restates them.
+:data:`ficc_core.api.access.ROUTES`, the table the routers register from and
+``create_app`` enforces: the page renders each route's method, path (its Quart rule,
+placeholders as ``{name}``), access and result, never restates them.
 """
 
 from __future__ import annotations
