@@ -47,6 +47,7 @@ async def _sigterm_reached(agent, fence) -> None:
     raise AssertionError("the engine never got the stop's SIGTERM")
 
 
+@pytest.mark.deadline(60)
 async def test_a_stop_cut_short_by_the_leaders_loss_holds_the_attempt_until_its_engine_ended(
     agent_dir,
 ):
