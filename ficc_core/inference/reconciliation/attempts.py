@@ -97,6 +97,7 @@ class Attempts:
     :param clock: seconds since the epoch, for the records' times.
     :param ready_period: seconds between status checks of a ready attempt.
     :param loading_period: seconds between status checks of a loading one.
+    :param liveness: probes a ready attempt's engine (None: none is probed).
     """
 
     def __init__(
@@ -110,6 +111,7 @@ class Attempts:
         clock: Callable[[], float],
         ready_period: float = 1.0,
         loading_period: float = 0.2,
+        liveness: Liveness | None = None,
     ) -> None:
         self.observations = observations
         self.contributors = contributors
@@ -120,8 +122,8 @@ class Attempts:
         self.ready_period = ready_period
         self.loading_period = loading_period
         self._models: dict[tuple[str, str], ModelContext] = {}
-        #: Probes ready attempts' engines (:mod:`.liveness`), once the reconciler set it.
-        self.liveness: Liveness | None = None
+        #: Probes ready attempts' engines (:mod:`.liveness`; None: not probed).
+        self.liveness = liveness
 
     async def model(self, record: ServiceRecord, specification: Specification) -> ModelContext:
         """The service's model context (read once per project and model)."""

@@ -189,6 +189,11 @@ class Reconciler:
         self.retry_max = max(1.0, retry_max)
         self.give_up_after = give_up_after
         self.observations = Observations(store, clock=clock, changed=self._poke)
+        #: Probes ready attempts' engines; ``liveness`` holds its settings by name
+        #: (``interval``, ``timeout``, ``misses``; :mod:`.liveness`).
+        self.liveness = Liveness(
+            live, contributors, self.observations, metrics=metrics, **(liveness or {})
+        )
         self.attempts = Attempts(
             observations=self.observations,
             contributors=contributors,
@@ -198,11 +203,7 @@ class Reconciler:
             clock=clock,
             ready_period=ready_period,
             loading_period=loading_period,
-        )
-        #: Probes ready attempts' engines; ``liveness`` holds its settings by name
-        #: (``interval``, ``timeout``, ``misses``; :mod:`.liveness`).
-        self.liveness = self.attempts.liveness = Liveness(
-            live, contributors, self.observations, metrics=metrics, **(liveness or {})
+            liveness=self.liveness,
         )
         self.succession = Succession(self)
         #: The failed activations of on-demand services, while recent (the autoscaler
