@@ -261,6 +261,7 @@ async def open_service(
                 "misses": config.liveness_misses,
             },
             metrics=metrics,
+            scaling_metrics=metrics,
             idle_signal=idle_signal,
         )
         follower = RoutingFollower(

@@ -27,6 +27,7 @@ from .publication import latest
 if TYPE_CHECKING:
     from ...schema import Specification
     from ...store import Store
+    from ..scaling.metrics import ScalingMetrics
 
 log = logging.getLogger("ficc.inference")
 
@@ -34,13 +35,18 @@ log = logging.getLogger("ficc.inference")
 class OnDemand:
     """The reconciler's view of its on-demand services (see the module docs)."""
 
-    def __init__(self, store: Store, activations: ActivationNotes, clock: Callable[[], float]):
+    def __init__(
+        self,
+        store: Store,
+        activations: ActivationNotes,
+        clock: Callable[[], float],
+        metrics: ScalingMetrics | None = None,
+    ):
         self.store = store
         self.activations = activations
         self.clock = clock
-        #: Counts a decision made here (the autoscaler's metrics, once it exists):
-        #: called with the service ID and the outcome.
-        self.count: Callable[[str, str], None] = lambda _service_id, _outcome: None
+        #: Counts a failed activation in the scaling series (None: not counted).
+        self.metrics = metrics
 
     def activation(
         self, record: ServiceRecord, specification: Specification, wanted: tuple[int, ...] | None
@@ -114,7 +120,9 @@ class OnDemand:
             {"replica": last.replica, "attempt_reason": last.reason},
         )
         await self.store.write(write)
-        self.count(record.id, "failed")
+        if self.metrics is not None:
+            self.metrics.activations.labels(record.id, "failed").inc()
+            self.metrics.scaling_decisions.labels(record.id, "in", "activation_failed").inc()
         log.warning("service %s: activation failed: %s", record.id, message)
         return True
 

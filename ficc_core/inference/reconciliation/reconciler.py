@@ -70,6 +70,7 @@ if TYPE_CHECKING:
     from ...plugins import AdapterRegistry
     from ...schema import Specification
     from ...store import Store
+    from ..scaling.metrics import ScalingMetrics
     from ..specification.model_context import ModelContexts
     from .metrics import ReconciliationMetrics
 
@@ -148,6 +149,7 @@ class Reconciler:
     :param liveness: the liveness probes' settings (``interval``, ``timeout``, ``misses``;
         :class:`~.liveness.Liveness`'s defaults where absent).
     :param metrics: the controller's collectors (liveness), or None.
+    :param scaling_metrics: the scaling series a failed activation counts in, or None.
     :param idle_signal: returns once no request is in flight on an attempt (the
         gateway serves it; by default nothing is in flight): a retiring attempt drains by it.
     :param follow_interval: seconds between reads of every service's revision while it
@@ -175,6 +177,7 @@ class Reconciler:
         follow_interval: float | None = None,
         liveness: Mapping[str, float] | None = None,
         metrics: ReconciliationMetrics | None = None,
+        scaling_metrics: ScalingMetrics | None = None,
         idle_signal: IdleSignal | None = None,
     ) -> None:
         self.store = store
@@ -209,7 +212,7 @@ class Reconciler:
         #: The failed activations of on-demand services, while recent (the autoscaler
         #: reads them too).
         self.activations = ActivationNotes(clock, activation_retry)
-        self.on_demand = OnDemand(store, self.activations, clock)
+        self.on_demand = OnDemand(store, self.activations, clock, metrics=scaling_metrics)
         #: Ends the replica task watching an attempt (an operation stops it next).
         self.unwatch = unwatch
         self._drivers: dict[str, _Driver] = {}

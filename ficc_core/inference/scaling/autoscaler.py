@@ -133,13 +133,8 @@ class Autoscaler:
         self._nursery: trio.Nursery | None = None
         #: Store failures met while scaling (one warning per outage).
         self.outage = OutageLog("the autoscaler", logger=log)
-        reconciler.on_demand.count = self._failed
         if activations is not None:
             activations.serve(self.activate)
-
-    def _failed(self, service_id: str, outcome: str) -> None:
-        self.metrics.activations.labels(service_id, outcome).inc()
-        self.metrics.scaling_decisions.labels(service_id, "in", "activation_failed").inc()
 
     # -- activation ----------------------------------------------------------------------
 
