@@ -406,10 +406,10 @@ def cost() -> list[tuple[str, float]]:
     import trio
 
     from ficc_core.config import Config
+    from ficc_core.controller.metrics import Metrics
     from ficc_core.gateway.request import Request
     from ficc_core.gateway.scoring import router_from_config
     from ficc_core.gateway.scrape import EngineLoad, ReplicaLoad
-    from ficc_core.metrics import Metrics
     from ficc_core.routing.live import LiveReplica, LiveService, LiveTable
     from ficc_core.testing.executor_kit import new_fence
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..base.errors import FiccError
-from ..metrics import Metrics
 from .app import error_response_bytes
+from .metrics import Exposition
 
 _ALLOWED = ("GET", "HEAD")
 
@@ -19,7 +19,7 @@ _ALLOWED = ("GET", "HEAD")
 class MetricsApp:
     """Serve ``metrics`` at ``/metrics``; refuse everything else in the envelope."""
 
-    def __init__(self, metrics: Metrics) -> None:
+    def __init__(self, metrics: Exposition) -> None:
         self.metrics = metrics
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:

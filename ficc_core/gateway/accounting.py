@@ -18,8 +18,8 @@ from ..usage.records import UsageRecord
 
 if TYPE_CHECKING:
     from ..auth import Principal
-    from ..metrics import Metrics
     from ..quotas import QuotaGate
+    from .metrics import GatewayMetrics
     from .request import Request
 
 log = logging.getLogger("ficc.gateway")
@@ -84,7 +84,7 @@ class Accounting:
 
     def __init__(
         self,
-        metrics: Metrics,
+        metrics: GatewayMetrics,
         *,
         usage_records: int = 10_000,
         usage_sinks: Iterable[Callable[[UsageRecord], None]] = (),

@@ -58,9 +58,9 @@ from .relay import SSE, ResponseChunks, _sse_error
 
 if TYPE_CHECKING:
     from ..config import Config
-    from ..metrics import Metrics
     from ..routing.live import LiveService
     from .checks import RequestChecks
+    from .metrics import GatewayMetrics
     from .relay import Relay
     from .request import Request
 
@@ -109,7 +109,7 @@ class Activation:
         self,
         checks: RequestChecks,
         relay: Relay,
-        metrics: Metrics,
+        metrics: GatewayMetrics,
         config: Config,
         *,
         recheck_interval: float,

@@ -32,8 +32,8 @@ import attrs
 import trio
 
 if TYPE_CHECKING:
-    from ..metrics import Metrics
     from ..routing.live import LiveService, LiveTable
+    from .metrics import GatewayMetrics
 
 __all__ = ["CLOSED", "HALF_OPEN", "OPEN", "Breakers"]
 
@@ -61,7 +61,7 @@ class Breakers:
     """
 
     def __init__(
-        self, live: LiveTable, metrics: Metrics, *, threshold: int, cooldown: float
+        self, live: LiveTable, metrics: GatewayMetrics, *, threshold: int, cooldown: float
     ) -> None:
         self.live = live
         self.metrics = metrics

@@ -218,10 +218,23 @@ class Gateway:
         self.accounting = Accounting(
             metrics, usage_records=usage_records, usage_sinks=usage_sinks, quotas=self.quotas
         )
+        rng = random.Random() if rng is None else rng
+        # Requests in flight per replica: admission counts them, the router reads them.
+        load: dict[str, int] = {}
+        self.router = router_from_config(
+            config,
+            live=live,
+            contributors=contributors,
+            local=lambda replica_key: load.get(replica_key, 0),
+            metrics=metrics,
+            rng=rng,
+        )
         self.admission = Admission(
             self.checks,
             self.accounting,
-            rng=random.Random() if rng is None else rng,
+            router=self.router,
+            load=load,
+            rng=rng,
             config=config,
             queue_factor=queue_factor,
             max_queue_wait=max_queue_wait,
@@ -229,14 +242,6 @@ class Gateway:
         )
         self.breakers = Breakers(
             live, metrics, threshold=config.breaker_threshold, cooldown=config.breaker_cooldown
-        )
-        self.router = self.admission.router = router_from_config(
-            config,
-            live=live,
-            contributors=contributors,
-            local=self.admission.load,
-            metrics=metrics,
-            rng=self.admission.rng,
         )
         self.relay = Relay(
             contributors,

@@ -46,8 +46,8 @@ from ..base.strictjson import dumps
 from .errors import ContextLengthExceeded, MaxOutputExceeded
 
 if TYPE_CHECKING:
-    from ..metrics import Metrics
     from ..routing.live import LiveReplica, LiveService
+    from .metrics import GatewayMetrics
     from .relay import Relay
 
 log = logging.getLogger("ficc.gateway")
@@ -135,7 +135,9 @@ class ContextLimits:
     :param tokenize_timeout: the longest wait for a tokenizer, in seconds.
     """
 
-    def __init__(self, relay: Relay, metrics: Metrics, *, tokenize_timeout: float) -> None:
+    def __init__(
+        self, relay: Relay, metrics: GatewayMetrics, *, tokenize_timeout: float
+    ) -> None:
         self.relay = relay
         self.metrics = metrics
         self.tokenize_timeout = tokenize_timeout

@@ -38,8 +38,8 @@ from .scrape import Scraper
 if TYPE_CHECKING:
     from ..config import Config
     from ..contributors import NodeRegistry
-    from ..metrics import Metrics
     from ..routing.live import LiveReplica, LiveService, LiveTable
+    from .metrics import GatewayMetrics
     from .request import Request
 
 
@@ -49,7 +49,7 @@ def router_from_config(
     live: LiveTable,
     contributors: NodeRegistry,
     local: Callable[[str], int],
-    metrics: Metrics,
+    metrics: GatewayMetrics,
     rng: random.Random,
 ) -> Router:
     """The gateway's router, its scraper and affinity, with the controller's settings."""
@@ -103,7 +103,7 @@ class Router:
         local: Callable[[str], int],
         scraper: Scraper | None,
         affinity: Affinity,
-        metrics: Metrics,
+        metrics: GatewayMetrics,
         rng: random.Random,
         target_inflight: float,
         target_waiting: float,

@@ -41,8 +41,8 @@ from ..executor.types import BodyChunk, EndOfStream, ResponseHead, StreamFailed
 
 if TYPE_CHECKING:
     from ..contributors import NodeRegistry
-    from ..metrics import Metrics
     from ..routing.live import LiveReplica, LiveTable
+    from .metrics import GatewayMetrics
 
 log = logging.getLogger("ficc.gateway.scrape")
 
@@ -180,7 +180,7 @@ class Scraper:
         live: LiveTable,
         contributors: NodeRegistry,
         local: Callable[[str], int],
-        metrics: Metrics,
+        metrics: GatewayMetrics,
         *,
         interval: float,
         timeout: float,

@@ -22,8 +22,8 @@ from . import repository
 from .meters import MINUTE, Pending, add
 
 if TYPE_CHECKING:
-    from ..metrics import Metrics
     from .gate import Quotas
+    from .metrics import QuotaMetrics
 
 log = logging.getLogger("ficc.quotas")
 
@@ -36,7 +36,7 @@ class QuotaSync:
     :param interval: seconds between syncs (``limits_sync_interval``).
     """
 
-    def __init__(self, quotas: Quotas, metrics: Metrics, *, interval: float) -> None:
+    def __init__(self, quotas: Quotas, metrics: QuotaMetrics, *, interval: float) -> None:
         self.quotas = quotas
         self.metrics = metrics
         self.interval = interval

@@ -33,11 +33,12 @@ from operator import attrgetter
 from typing import Any
 
 import attrs
+import prometheus_client as prom
 import trio
 
-from ..metrics import Metrics
 from ..store import Store, Transaction
 from . import repository
+from .metrics import UsageMetrics
 from .records import UsageRecord, UsageSummary
 from .report import UsageQuery, UsageReport, usage_report
 from .spool import UsageSpool
@@ -151,7 +152,7 @@ class UsageLedger:
         period: float = 1.0,
         batch_size: int = 500,
         capacity: int = 100_000,
-        metrics: Metrics | None = None,
+        metrics: UsageMetrics | None = None,
         spool: UsageSpool | None = None,
     ) -> None:
         self.store = store
@@ -159,7 +160,7 @@ class UsageLedger:
         self.period = period
         self.batch_size = batch_size
         self.capacity = capacity
-        metrics = Metrics() if metrics is None else metrics
+        metrics = UsageMetrics(prom.CollectorRegistry()) if metrics is None else metrics
         self._buffered = metrics.usage_buffered
         self._aggregated = metrics.usage_aggregated
         self._dropped = metrics.usage_dropped

@@ -22,13 +22,13 @@ from ficc_core.auth.authority import Authority
 from ficc_core.auth.principal import Principal, PrincipalKind
 from ficc_core.base.errors import ConfigError, FiccError
 from ficc_core.config import load_config, render_reference
+from ficc_core.controller.metrics import Metrics
 from ficc_core.gateway.accounting import Accounting
 from ficc_core.gateway.admission import Admission
 from ficc_core.gateway.checks import RequestChecks
 from ficc_core.gateway.errors import NoReadyReplica, ServiceSaturated
 from ficc_core.gateway.request import Request
 from ficc_core.gateway.scoring import router_from_config
-from ficc_core.metrics import Metrics
 from ficc_core.routing.bands import Band, BandTable, UnknownBand, parse_bands
 from ficc_core.routing.live import LiveReplica, LiveService, LiveTable
 from ficc_core.testing.executor_kit import new_fence
@@ -171,23 +171,27 @@ class Bench:
         # The real revocation check; it reads no store for a principal it was handed.
         self.authority = Authority(None, clock=time.time)  # type: ignore[arg-type]
         checks = RequestChecks(self.authority, self.live, max_body_bytes=1 << 20)  # type: ignore[arg-type]
+        load: dict[str, int] = {}
+        rng = random.Random(7)
+        # The gateway's router, as Gateway builds it (no scraper runs: in-flight only).
+        router = router_from_config(
+            config,
+            live=self.live,
+            contributors=None,  # type: ignore[arg-type]
+            local=lambda replica_key: load.get(replica_key, 0),
+            metrics=self.metrics,
+            rng=rng,
+        )
         self.admission = Admission(
             checks,
             Accounting(self.metrics),
-            rng=random.Random(7),
+            router=router,
+            load=load,
+            rng=rng,
             config=config,
             queue_factor=4,
             max_queue_wait=math.inf,
             recheck_interval=0.25,
-        )
-        # The gateway's router, as Gateway builds it (no scraper runs: in-flight only).
-        self.admission.router = router_from_config(
-            config,
-            live=self.live,
-            contributors=None,  # type: ignore[arg-type]
-            local=self.admission.load,
-            metrics=self.metrics,
-            rng=self.admission.rng,
         )
         self.view = LiveService(
             id="svc",
@@ -310,6 +314,7 @@ async def _constant_interactive_load(bench: Bench, grants: int) -> list[str]:
     return served
 
 
+@pytest.mark.deadline(7210)
 async def test_a_batch_band_under_constant_interactive_load_still_gets_its_share(
     autojump_clock,
 ):

@@ -8,10 +8,11 @@ fraction of a real second (the tests sleep on that mock clock, never in real tim
 
 from __future__ import annotations
 
+import pytest
 import trio
 
+from ficc_core.controller.metrics import Metrics
 from ficc_core.gateway.breakers import CLOSED, HALF_OPEN, OPEN, Breakers
-from ficc_core.metrics import Metrics
 from ficc_core.routing.live import LiveReplica, LiveService, LiveTable
 from ficc_core.testing.executor_kit import new_fence
 
@@ -75,6 +76,7 @@ async def test_a_breaker_counts_opens_half_opens_for_one_probe_and_never_exclude
     assert off.state(a) == CLOSED and off.excluded(view, set()) == set()
 
 
+@pytest.mark.deadline(130)
 async def test_consecutive_failures_open_a_breaker_that_half_opens_after_its_cooldown(
     tmp_path, idle_clock
 ):
@@ -127,6 +129,7 @@ async def test_consecutive_failures_open_a_breaker_that_half_opens_after_its_coo
                 assert breakers.state(bad.attempt_id) == breakers.state(good.attempt_id) == CLOSED
 
 
+@pytest.mark.deadline(130)
 async def test_when_every_breaker_is_open_the_soonest_to_close_is_still_tried(tmp_path, idle_clock):
     with trio.fail_after(120):
         async with gateway_env(tmp_path, clock=idle_clock, max_attempts=1) as env:
@@ -153,6 +156,7 @@ async def test_when_every_breaker_is_open_the_soonest_to_close_is_still_tried(tm
                 assert await env.chats_seen(first) + await env.chats_seen(second) == seen + 1
 
 
+@pytest.mark.deadline(130)
 async def test_retries_bound_how_many_more_replicas_a_request_tries(tmp_path, idle_clock):
     with trio.fail_after(120):
         async with gateway_env(tmp_path, clock=idle_clock) as env:
@@ -173,6 +177,7 @@ async def test_retries_bound_how_many_more_replicas_a_request_tries(tmp_path, id
                 assert sum([await env.chats_seen(f) for f in fences]) == 4
 
 
+@pytest.mark.deadline(130)
 async def test_breakers_of_replicas_that_left_are_forgotten(tmp_path, idle_clock):
     with trio.fail_after(120):
         async with gateway_env(tmp_path, clock=idle_clock, max_attempts=2) as env:

@@ -13,10 +13,10 @@ import trio
 
 from ficc_core.base.errors import InvalidRequest
 from ficc_core.base.strictjson import dumps
+from ficc_core.controller.metrics import Metrics
 from ficc_core.gateway.checks import RequestChecks
 from ficc_core.gateway.errors import ContextLengthExceeded, MaxOutputExceeded
 from ficc_core.gateway.limits import MAX_TOKEN_BYTES, TEMPLATE_TOKENS, ContextLimits
-from ficc_core.metrics import Metrics
 from ficc_core.routing.live import LiveService
 from ficc_core.testing.executor_kit import exchange
 
@@ -158,6 +158,7 @@ def test_the_common_case_costs_microseconds():
     assert seconds / 10_000 < 20e-6, seconds  # measured about 1 µs per request
 
 
+@pytest.mark.deadline(70)
 async def test_the_vllm_tokenizer_dialect_decides_in_between_and_a_silent_one_lets_it_on(
     tmp_path, idle_clock
 ):
@@ -210,6 +211,7 @@ async def _engine_prompt_tokens(controller, service_id: str) -> float:
 
 
 @pytest.mark.slow
+@pytest.mark.deadline(250)
 async def test_llama_cpp_an_over_long_prompt_is_refused_before_a_slot_and_a_fitting_one_passes(
     tmp_path,
 ):

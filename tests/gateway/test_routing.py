@@ -17,11 +17,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ficc_core.base.errors import FiccError
+from ficc_core.controller.metrics import Metrics
 from ficc_core.executor.types import BodyChunk, EndOfStream, ResponseHead
 from ficc_core.gateway.affinity import BLOCK, PIECE, Affinity, imbalanced, prompt_of
 from ficc_core.gateway.scoring import Router
 from ficc_core.gateway.scrape import EngineLoad, ReplicaLoad, Scraper, parse_load
-from ficc_core.metrics import Metrics
 from ficc_core.routing.live import LiveReplica, LiveService, LiveTable
 from ficc_core.testing.executor_kit import new_fence
 

@@ -8,8 +8,8 @@ import re
 import pytest
 import trio
 
+from ficc_core.controller.metrics import Metrics
 from ficc_core.gateway.accounting import SERIES_KEPT, Accounting
-from ficc_core.metrics import Metrics
 
 from ..support.inference_support import open_inference_controller, ready_service, register_smollm2
 
@@ -27,6 +27,7 @@ def _samples(text: str, name: str) -> list[dict[str, str]]:
 
 
 @pytest.mark.slow
+@pytest.mark.deadline(310)
 async def test_a_scrape_during_a_real_engine_run_has_every_series_with_alias_labels(tmp_path):
     with trio.fail_after(300):
         async with open_inference_controller(tmp_path, metrics_state_interval="0.2s") as controller:
@@ -105,6 +106,7 @@ async def test_a_departed_replicas_series_go_after_they_were_kept(autojump_clock
     assert shown() == {"a2"}
 
 
+@pytest.mark.deadline(130)
 async def test_state_series_follow_the_store_and_go_with_what_they_describe(tmp_path):
     from ..support.inference_support import llama_spec, register_gguf
     from ..support.models_support import tiny_gguf

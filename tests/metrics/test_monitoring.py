@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from ficc_core.controller.metrics import Metrics
 from ficc_core.devtools.docs_metrics import DOC, rendered
-from ficc_core.metrics import Metrics
 
 MONITORING = Path(__file__).resolve().parents[2] / "docs" / "monitoring"
 RULES = MONITORING / "ficc-alerts.yml"

@@ -16,8 +16,8 @@ from ficc_core.auth import Principal
 from ficc_core.auth.principal import PrincipalKind
 from ficc_core.base.errors import InvalidRequest
 from ficc_core.config import load_config
+from ficc_core.controller.metrics import Metrics
 from ficc_core.gateway.request import Request
-from ficc_core.metrics import Metrics
 from ficc_core.quotas import BudgetExceeded, Quotas, QuotaSync, RateLimited
 from ficc_core.quotas.meters import retry_after
 from ficc_core.routing.live import LiveService

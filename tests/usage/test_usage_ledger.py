@@ -11,7 +11,7 @@ import sqlite3
 
 import trio
 
-from ficc_core.metrics import Metrics
+from ficc_core.controller.metrics import Metrics
 from ficc_core.usage import UsageLedger, UsageRecord
 
 

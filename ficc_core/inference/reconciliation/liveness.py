@@ -47,9 +47,9 @@ from ...store.outage import is_store_failure
 
 if TYPE_CHECKING:
     from ...contributors import NodeRegistry
-    from ...metrics import Metrics
     from ...routing.live import LiveTable
     from ..records import AttemptRecord
+    from .metrics import ReconciliationMetrics
     from .observed import Observations
 
 log = logging.getLogger("ficc.inference.liveness")
@@ -93,7 +93,7 @@ class Liveness:
         interval: float = 10.0,
         timeout: float = 5.0,
         misses: int = 3,
-        metrics: Metrics | None = None,
+        metrics: ReconciliationMetrics | None = None,
     ) -> None:
         self.live = live
         self.contributors = contributors

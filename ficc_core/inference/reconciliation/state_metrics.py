@@ -28,8 +28,8 @@ from .status import current_attempts
 
 if TYPE_CHECKING:
     from ...contributors import NodeRegistry
-    from ...metrics import Metrics
     from ...store import Store, Transaction
+    from .metrics import ReconciliationMetrics
 
 log = logging.getLogger("ficc.metrics")
 
@@ -58,10 +58,15 @@ def _read(tx: Transaction) -> tuple[list[Any], list[Any]]:
 
 
 class StateMetrics:
-    """Keep the state gauges of :class:`~ficc_core.metrics.Metrics` in step with the store."""
+    """Keep the state gauges of :class:`~.metrics.ReconciliationMetrics` in step with the store."""
 
     def __init__(
-        self, *, store: Store, contributors: NodeRegistry, metrics: Metrics, interval: float = 5.0
+        self,
+        *,
+        store: Store,
+        contributors: NodeRegistry,
+        metrics: ReconciliationMetrics,
+        interval: float = 5.0,
     ) -> None:
         self.store = store
         self.contributors = contributors
