@@ -98,6 +98,9 @@ class Admission:
 
     :param checks: the request checks (a waiting request's view and authority).
     :param accounting: the metrics (in-flight and queued gauges, the bands' series).
+    :param router: chooses among the replicas (:class:`~ficc_core.gateway.scoring.Router`).
+    :param load: the requests in flight per replica (its attempt ID), which admission
+        counts and the router reads: the gateway hands the same mapping to both.
     :param rng: breaks ties between equally loaded replicas.
     :param config: the band settings (``bands``, ``band_default``, ``band_header``,
         ``band_queue_capacity``, ``band_queue_ttl``, ``band_min_share``).
@@ -112,6 +115,8 @@ class Admission:
         checks: RequestChecks,
         accounting: Accounting,
         *,
+        router: Router,
+        load: dict[str, int],
         rng: random.Random,
         config: Config,
         queue_factor: int,
@@ -120,6 +125,7 @@ class Admission:
     ) -> None:
         self.checks = checks
         self.accounting = accounting
+        self.router = router
         self.rng = rng
         self.bands = BandTable(config.bands, config.band_default)
         self.band_header = config.band_header
@@ -129,7 +135,7 @@ class Admission:
         self.queue_factor = queue_factor
         self.max_queue_wait = max_queue_wait
         self.recheck_interval = recheck_interval
-        self._load: dict[str, int] = {}
+        self._load = load
         self._lines: dict[str, _Line] = {}
         self._idle: dict[str, trio.Event] = {}
         #: Per replica key with nothing in flight: when its last request ended (or when
@@ -177,9 +183,6 @@ class Admission:
         last = self._last
         for key in [key for key in last if key not in routed]:
             del last[key]
-
-    #: Chooses among the replicas (:class:`~ficc_core.gateway.scoring.Router`); the gateway sets it.
-    router: Router
 
     def _busy(self, view: LiveService) -> int:
         """Slots of ``view``'s replicas held now (a retiring replica's are not its own)."""
