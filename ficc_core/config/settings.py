@@ -24,11 +24,18 @@ from .store import StoreSettings
 from .usage import UsageSettings
 
 
+def _own(_cls: type, fields: list[attrs.Attribute]) -> list[attrs.Attribute]:
+    """Make every section's setting Config's own, as when one class declared them all:
+    attrs names a setting's Attribute (``inherited`` included) in its validators' errors,
+    which stay word for word."""
+    return [field.evolve(inherited=False) for field in fields]
+
+
 # attrs collects the sections' fields from the last base to the first, so the bases are
 # listed in reverse: the settings' order (the reference, --help, ``ficc config``) is
 # server, auth, logs, store, models, nodes, inference, controllers, gateway, priority,
 # routing, limits, scaling, usage, console.
-@attrs.frozen
+@attrs.frozen(field_transformer=_own)
 class Config(
     ConsoleSettings,
     UsageSettings,
