@@ -87,17 +87,34 @@ def test_the_assembly_assigns_no_collaborator_after_construction():
     assert not late, "pass it as a constructor argument instead:\n" + "\n".join(late)
 
 
+#: Classes whose bare annotations are fields or a shape, not attributes left unset.
+_DECLARATIVE = ("Protocol", "NamedTuple", "TypedDict")
+
+
+def _declared_unset(path: Path) -> list[str]:
+    """``self.x: T`` without a value, and a bare ``x: T`` in the body of a plain class
+    (no decorator such as ``attrs.define``, no declarative base)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.AnnAssign) and node.value is None:
+            if isinstance(node.target, ast.Attribute):
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+        elif isinstance(node, ast.ClassDef) and not node.decorator_list:
+            if any(ast.unparse(base).endswith(_DECLARATIVE) for base in node.bases):
+                continue
+            found.extend(
+                f"{path.relative_to(ROOT)}:{item.lineno}"
+                for item in node.body
+                if isinstance(item, ast.AnnAssign) and item.value is None
+            )
+    return found
+
+
 def test_no_attribute_is_declared_and_left_unset():
     declared = []
-    for side in SIDES:
+    for side in (*SIDES, "routing", "controller"):
         for path in sorted((PACKAGE / side).rglob("*.py")):
-            for node in ast.walk(ast.parse(path.read_text(), str(path))):
-                if (
-                    isinstance(node, ast.AnnAssign)
-                    and isinstance(node.target, ast.Attribute)
-                    and node.value is None
-                ):
-                    declared.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+            declared.extend(_declared_unset(path))
     assert not declared, "an attribute declared without a value is set by someone else:\n" + (
         "\n".join(declared)
     )
