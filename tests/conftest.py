@@ -21,9 +21,16 @@ from ficc_core.config import Config, load_config
 from ficc_core.controller.service import Service, open_service
 from ficc_core.store import Store, open_sqlite_store
 
-from .support import pg_support
+from .support import deadline, pg_support
 from .support.httpsd import open_https_server, write_ca_bundle
 from .support.serve_support import ServeProcess
+
+
+@pytest.hookimpl(trylast=True)  # after pytest-trio marked the async tests as trio tests
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every trio test here runs under a deadline: 10 s unless marked ``deadline(SECONDS)``."""
+    here = Path(__file__).parent
+    deadline.apply(item for item in items if here in item.path.parents)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -71,6 +71,7 @@ async def test_snapshot_reports_providers_measured_resources_and_endpoint_versio
     assert snapshot.resources.gpus == ()
 
 
+@pytest.mark.deadline(40)
 async def test_snapshot_carries_the_gpus_the_node_reports(state_dir):
     async def two_gpus():
         return tuple(
@@ -86,6 +87,7 @@ async def test_snapshot_carries_the_gpus_the_node_reports(state_dir):
     assert [gpu.index for gpu in snapshot.resources.gpus] == [0, 1]
 
 
+@pytest.mark.deadline(40)
 async def test_declared_runtimes_are_listed_with_the_digest_the_agent_computed(state_dir):
     executable = state_dir / "llama-server"
     executable.write_bytes(b"#!/bin/sh\necho engine\n")
@@ -147,6 +149,7 @@ def test_agent_settings_load_from_toml(tmp_path):
 # -- attempts and leases -------------------------------------------------------------------
 
 
+@pytest.mark.deadline(40)
 async def test_an_attempt_whose_lease_is_renewed_keeps_running(running):
     fence = new_fence()
     with trio.fail_after(30):
@@ -162,6 +165,7 @@ async def test_an_attempt_whose_lease_is_renewed_keeps_running(running):
     assert running.leases() == []
 
 
+@pytest.mark.deadline(40)
 async def test_an_attempt_whose_lease_expires_is_stopped_by_the_agent(running):
     fence = new_fence()
     with trio.fail_after(30):
@@ -176,6 +180,7 @@ async def test_an_attempt_whose_lease_expires_is_stopped_by_the_agent(running):
         await running.status(fence)
 
 
+@pytest.mark.deadline(40)
 async def test_leases_keep_renewing_while_an_endpoint_read_is_held_open(running):
     """A stalled reader of an engine's response never blocks lease renewal."""
     fence = new_fence()
@@ -202,6 +207,7 @@ async def test_leases_keep_renewing_while_an_endpoint_read_is_held_open(running)
         await running.stop(fence, grace=1.0)
 
 
+@pytest.mark.deadline(40)
 async def test_a_fence_of_another_generation_is_refused(running):
     fence = new_fence()
     with trio.fail_after(30):
@@ -227,6 +233,7 @@ async def test_a_fence_of_another_generation_is_refused(running):
         await running.stop(fence, grace=1.0)
 
 
+@pytest.mark.deadline(40)
 async def test_cancelling_the_agent_leaves_no_engine_running(state_dir):
     agent = _agent(state_dir)
     fence = new_fence()

@@ -39,6 +39,7 @@ async def _contributors(url: str, token: str) -> list[dict]:
         return response.json()["contributors"]
 
 
+@pytest.mark.deadline(70)
 async def test_serve_lists_its_embedded_node_with_measured_resources(tmp_path, agent_dir):
     server = ServeProcess(tmp_path / "data", "--agent-dir", agent_dir)
     try:
@@ -58,6 +59,7 @@ async def test_serve_lists_its_embedded_node_with_measured_resources(tmp_path, a
         server.kill()
 
 
+@pytest.mark.deadline(40)
 async def test_serve_without_the_embedded_agent_lists_no_node(tmp_path):
     server = ServeProcess(tmp_path / "data", "--no-embedded-agent")
     try:
@@ -69,6 +71,7 @@ async def test_serve_without_the_embedded_agent_lists_no_node(tmp_path):
         server.kill()
 
 
+@pytest.mark.deadline(50)
 async def test_the_embedded_agent_reports_its_attempts_and_renews_their_leases(tmp_path, agent_dir):
     config = load_config(
         overrides={
@@ -98,6 +101,7 @@ async def test_the_embedded_agent_reports_its_attempts_and_renews_their_leases(t
     assert not any((Path(agent_dir) / "process" / "attempts").iterdir())
 
 
+@pytest.mark.deadline(50)
 async def test_revoking_the_embedded_node_during_a_heartbeat_stops_it_not_the_controller(
     tmp_path, agent_dir
 ):
@@ -135,6 +139,7 @@ async def test_revoking_the_embedded_node_during_a_heartbeat_stops_it_not_the_co
             assert (await service.auth.bootstrap())["token"]
 
 
+@pytest.mark.deadline(50)
 async def test_the_controller_and_its_embedded_agent_load_one_plugin_set(
     tmp_path, agent_dir, monkeypatch
 ):

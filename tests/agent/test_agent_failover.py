@@ -41,6 +41,7 @@ def _remote(peers, agent_dir: Path, **options) -> RemoteAgent:
     return RemoteAgent(urls, CREDENTIAL, process_agent_maker(agent_dir), **options)
 
 
+@pytest.mark.deadline(40)
 async def test_a_launch_of_a_lower_term_is_refused_stale_term_and_runs_nothing(agent_dir):
     with trio.fail_after(30):
         async with trio.open_nursery() as nursery:
@@ -58,6 +59,7 @@ async def test_a_launch_of_a_lower_term_is_refused_stale_term_and_runs_nothing(a
             nursery.cancel_scope.cancel()
 
 
+@pytest.mark.deadline(40)
 async def test_a_higher_term_is_accepted_and_later_lower_ones_refused(agent_dir):
     with trio.fail_after(30):
         async with trio.open_nursery() as nursery:
@@ -85,6 +87,7 @@ async def test_a_higher_term_is_accepted_and_later_lower_ones_refused(agent_dir)
             nursery.cancel_scope.cancel()
 
 
+@pytest.mark.deadline(40)
 async def test_the_seen_term_survives_an_agent_restart(agent_dir):
     with trio.fail_after(30):
         async with trio.open_nursery() as nursery:
@@ -107,6 +110,7 @@ async def test_the_seen_term_survives_an_agent_restart(agent_dir):
             nursery.cancel_scope.cancel()
 
 
+@pytest.mark.deadline(70)
 async def test_one_controller_going_away_leaves_the_other_link_working(agent_dir):
     with trio.fail_after(60):
         async with trio.open_nursery() as nursery:
@@ -131,6 +135,7 @@ async def test_one_controller_going_away_leaves_the_other_link_working(agent_dir
             nursery.cancel_scope.cancel()
 
 
+@pytest.mark.deadline(40)
 async def test_commands_are_answered_on_the_link_they_came_on(agent_dir):
     with trio.fail_after(30):
         async with trio.open_nursery() as nursery:
@@ -150,6 +155,7 @@ async def test_commands_are_answered_on_the_link_they_came_on(agent_dir):
             nursery.cancel_scope.cancel()
 
 
+@pytest.mark.deadline(40)
 async def test_a_takeover_raises_the_term_and_fences_out_the_old_leader(agent_dir):
     seen: list[Welcome] = []
     with trio.fail_after(30):
@@ -177,6 +183,7 @@ async def test_a_takeover_raises_the_term_and_fences_out_the_old_leader(agent_di
             nursery.cancel_scope.cancel()
 
 
+@pytest.mark.deadline(40)
 async def test_renewals_of_a_stale_term_do_not_extend_a_lease(agent_dir):
     with trio.fail_after(30):
         async with trio.open_nursery() as nursery:
@@ -197,6 +204,7 @@ async def test_renewals_of_a_stale_term_do_not_extend_a_lease(agent_dir):
             nursery.cancel_scope.cancel()
 
 
+@pytest.mark.deadline(40)
 async def test_an_attempt_renewed_only_by_a_deposed_leader_expires(agent_dir):
     with trio.fail_after(30):
         async with trio.open_nursery() as nursery:
@@ -214,6 +222,7 @@ async def test_an_attempt_renewed_only_by_a_deposed_leader_expires(agent_dir):
             nursery.cancel_scope.cancel()
 
 
+@pytest.mark.deadline(40)
 async def test_a_controller_naming_another_node_is_refused_and_the_other_keeps_working(
     agent_dir, caplog
 ):
@@ -234,6 +243,7 @@ async def test_a_controller_naming_another_node_is_refused_and_the_other_keeps_w
             nursery.cancel_scope.cancel()
 
 
+@pytest.mark.deadline(40)
 async def test_every_link_refused_ends_the_agent_with_the_first_refusal(agent_dir):
     with trio.fail_after(30):
         async with trio.open_nursery() as nursery:
@@ -247,6 +257,7 @@ async def test_every_link_refused_ends_the_agent_with_the_first_refusal(agent_di
             nursery.cancel_scope.cancel()
 
 
+@pytest.mark.deadline(40)
 async def test_one_agent_is_built_for_every_controller(agent_dir):
     built = []
     make = process_agent_maker(agent_dir)
@@ -269,6 +280,7 @@ async def test_one_agent_is_built_for_every_controller(agent_dir):
             nursery.cancel_scope.cancel()
 
 
+@pytest.mark.deadline(40)
 async def test_the_embedded_agents_link_goes_through_the_same_term_check(agent_dir):
     with trio.fail_after(30):
         agent = process_agent_maker(agent_dir)("local")
@@ -286,6 +298,7 @@ async def test_the_embedded_agents_link_goes_through_the_same_term_check(agent_d
         assert json.loads((agent_dir / TERM_FILE).read_text()) == {"term_seen": 7}
 
 
+@pytest.mark.deadline(40)
 async def test_the_embedded_renewals_of_a_deposed_term_extend_nothing(agent_dir):
     from ficc_core.agent.embedded import renew_leases
 
@@ -349,6 +362,7 @@ class _HeldStager:
         return self.content
 
 
+@pytest.mark.deadline(40)
 async def test_a_launch_whose_term_was_superseded_while_staging_starts_nothing(agent_dir, tmp_path):
     from ficc_core.schema import JobInput
 

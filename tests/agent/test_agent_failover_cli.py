@@ -40,6 +40,7 @@ async def _output_until(process: trio.Process, connected: int) -> str:
 
 
 @pytest.mark.parametrize("form", ["repeated", "environment"])
+@pytest.mark.deadline(70)
 async def test_the_executor_links_to_every_controller_and_says_which_leads(form, agent_dir):
     with trio.fail_after(60):
         async with trio.open_nursery() as nursery:

@@ -33,6 +33,7 @@ async def _controller_until(tmp_path: Path, stop: trio.Event, *, task_status):
         await stop.wait()
 
 
+@pytest.mark.deadline(70)
 async def test_one_controller_going_away_leaves_the_others_link_relaying(tmp_path, agent_dir):
     with trio.fail_after(60):
         async with trio.open_nursery() as nursery:
@@ -64,6 +65,7 @@ async def test_one_controller_going_away_leaves_the_others_link_relaying(tmp_pat
                     agents.cancel_scope.cancel()
 
 
+@pytest.mark.deadline(70)
 async def test_links_to_two_controllers_on_one_store_stay_connected(tmp_path, agent_dir):
     with trio.fail_after(60):
         async with open_controller(tmp_path, embedded_agent=False) as (a, url_a):

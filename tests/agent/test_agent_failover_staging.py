@@ -25,6 +25,7 @@ def _dead_url() -> str:
     return f"http://127.0.0.1:{port}"
 
 
+@pytest.mark.deadline(40)
 async def test_an_unreachable_controller_is_skipped_for_the_next_in_order(setup, tmp_path, caplog):  # noqa: F811
     service, url, admin, node = setup
     caplog.set_level(logging.WARNING, logger="ficc_core.agent.staging")
@@ -39,6 +40,7 @@ async def test_an_unreachable_controller_is_skipped_for_the_next_in_order(setup,
         assert any("asking the next controller" in r.getMessage() for r in caplog.records)
 
 
+@pytest.mark.deadline(40)
 async def test_the_controller_that_sent_the_launch_is_asked_first(setup, tmp_path):  # noqa: F811
     service, url, admin, node = setup
     with trio.fail_after(30):
@@ -50,6 +52,7 @@ async def test_the_controller_that_sent_the_launch_is_asked_first(setup, tmp_pat
         assert stager.asked == [url]
 
 
+@pytest.mark.deadline(40)
 async def test_a_refusal_is_an_answer_and_is_not_asked_of_the_others(setup, tmp_path):  # noqa: F811
     _, url, _, node = setup
     with trio.fail_after(30):
@@ -61,6 +64,7 @@ async def test_a_refusal_is_an_answer_and_is_not_asked_of_the_others(setup, tmp_
         assert stager.asked == [url]
 
 
+@pytest.mark.deadline(40)
 async def test_every_controller_unreachable_fails_with_the_last_ones_error(tmp_path):
     with trio.fail_after(30):
         first, second = _dead_url(), _dead_url()
@@ -81,6 +85,7 @@ def test_the_executors_stager_lists_every_controller_in_order(tmp_path):
     assert one.controller_urls == ("https://a.example",)
 
 
+@pytest.mark.deadline(70)
 async def test_a_remote_launch_stages_from_the_controller_that_sent_it(setup, tmp_path):  # noqa: F811
     from ficc_executor_process.testing import running_process_provider, short_state_dir
 

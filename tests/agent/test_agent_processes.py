@@ -95,6 +95,7 @@ async def _wait_state(url: str, token: str, node_id: str, state: str, seconds: f
             await trio.sleep(0.1)
 
 
+@pytest.mark.deadline(60)
 async def test_an_executor_process_joins_a_serve_process_and_is_listed_with_its_resources(
     tmp_path, agent_dir
 ):
@@ -147,6 +148,7 @@ async def test_an_executor_process_joins_a_serve_process_and_is_listed_with_its_
         server.kill()
 
 
+@pytest.mark.deadline(40)
 async def test_an_executor_with_a_project_credential_is_refused_and_exits(tmp_path, agent_dir):
     server = ServeProcess(tmp_path / "data", "--no-embedded-agent")
     try:
@@ -204,6 +206,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
+@pytest.mark.deadline(70)
 async def test_a_killed_executor_goes_unreachable_then_lost_and_a_restart_leaves_nothing_behind(
     tmp_path, agent_dir
 ):
@@ -262,6 +265,7 @@ async def test_a_killed_executor_goes_unreachable_then_lost_and_a_restart_leaves
             executor.kill()
 
 
+@pytest.mark.deadline(70)
 async def test_a_frozen_controller_lets_the_leases_run_out_and_the_agent_stops_its_attempts(
     tmp_path, agent_dir
 ):
@@ -324,6 +328,7 @@ def _engines_by_attempt(agent_dir: Path) -> dict[str, int]:
     return found
 
 
+@pytest.mark.deadline(100)
 async def test_a_reconnecting_executor_keeps_wanted_engines_and_stops_given_up_ones(
     tmp_path, agent_dir
 ):
@@ -397,6 +402,7 @@ async def test_a_reconnecting_executor_keeps_wanted_engines_and_stops_given_up_o
             executor.kill()
 
 
+@pytest.mark.deadline(70)
 async def test_an_engine_is_stopped_on_its_node_once_its_killed_agent_s_lease_passes(
     tmp_path, agent_dir
 ):

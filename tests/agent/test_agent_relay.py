@@ -63,6 +63,7 @@ async def _launched(service, agent, node="gpu-1") -> Fence:
     return fence
 
 
+@pytest.mark.deadline(70)
 async def test_the_controller_reaches_a_remote_engine_through_the_relayed_endpoint(
     tmp_path, agent_dir
 ):
@@ -137,6 +138,7 @@ async def test_the_controller_reaches_a_remote_engine_through_the_relayed_endpoi
                 nursery.cancel_scope.cancel()
 
 
+@pytest.mark.deadline(70)
 async def test_a_stalled_reader_blocks_the_engine_while_leases_keep_renewing(tmp_path, agent_dir):
     with trio.fail_after(60):
         async with open_controller(tmp_path, lease_duration="1s") as (service, url):
@@ -183,6 +185,7 @@ async def test_a_stalled_reader_blocks_the_engine_while_leases_keep_renewing(tmp
                 nursery.cancel_scope.cancel()
 
 
+@pytest.mark.deadline(70)
 async def test_peer_loss_fails_open_streams_at_once_and_cancels_them_on_the_agent(
     tmp_path, agent_dir
 ):
@@ -233,6 +236,7 @@ async def test_peer_loss_fails_open_streams_at_once_and_cancels_them_on_the_agen
                 nursery.cancel_scope.cancel()
 
 
+@pytest.mark.deadline(130)
 async def test_a_long_stream_and_many_small_requests_pass_the_relay_whole(tmp_path, agent_dir):
     """What the relay carries arrives as the local endpoint gives it (figures: bench/)."""
     with trio.fail_after(120):
@@ -269,6 +273,7 @@ async def test_a_long_stream_and_many_small_requests_pass_the_relay_whole(tmp_pa
                 nursery.cancel_scope.cancel()
 
 
+@pytest.mark.deadline(70)
 async def test_the_embedded_agent_offers_the_same_endpoint(tmp_path):
     from ficc_core.agent.embedded import run_embedded_agent
 
@@ -298,6 +303,7 @@ async def _reconnected(service, node_id: str, previous: str):
         await trio.sleep(0.05)
 
 
+@pytest.mark.deadline(70)
 async def test_a_reconnecting_agent_is_reconciled_adopting_wanted_and_stopping_the_rest(
     tmp_path, agent_dir
 ):
@@ -348,6 +354,7 @@ async def test_a_reconnecting_agent_is_reconciled_adopting_wanted_and_stopping_t
                 nursery.cancel_scope.cancel()
 
 
+@pytest.mark.deadline(70)
 async def test_an_abandoned_relayed_stream_expires_on_both_sides(tmp_path, agent_dir):
     from ficc_core.base.errors import FiccError
 

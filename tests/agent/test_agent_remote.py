@@ -41,6 +41,7 @@ def test_controller_urls_become_websocket_urls():
         websocket_url("ftp://x")
 
 
+@pytest.mark.deadline(40)
 async def test_a_remote_agent_connects_and_the_controller_lists_its_measured_resources(
     tmp_path, agent_dir
 ):
@@ -60,6 +61,7 @@ async def test_a_remote_agent_connects_and_the_controller_lists_its_measured_res
                 nursery.cancel_scope.cancel()
 
 
+@pytest.mark.deadline(40)
 async def test_a_project_credential_cannot_connect_as_a_node(tmp_path, agent_dir):
     with trio.fail_after(30):
         async with _controller(tmp_path) as (service, url):
@@ -70,6 +72,7 @@ async def test_a_project_credential_cannot_connect_as_a_node(tmp_path, agent_dir
             assert refused.value.code == "credential_refused"
 
 
+@pytest.mark.deadline(40)
 async def test_a_node_credential_cannot_report_as_another_node(tmp_path, agent_dir):
     with trio.fail_after(30):
         async with _controller(tmp_path) as (service, url):
@@ -82,6 +85,7 @@ async def test_a_node_credential_cannot_report_as_another_node(tmp_path, agent_d
             assert (await service.contributors.get("gpu-2")).snapshot is None
 
 
+@pytest.mark.deadline(40)
 async def test_a_revoked_node_credential_is_refused(tmp_path, agent_dir):
     with trio.fail_after(30):
         async with _controller(tmp_path) as (service, url):
@@ -93,6 +97,7 @@ async def test_a_revoked_node_credential_is_refused(tmp_path, agent_dir):
             assert "revoked" in str(refused.value)
 
 
+@pytest.mark.deadline(40)
 async def test_a_newer_connection_of_the_node_fences_out_the_older(tmp_path, agent_dir):
     with trio.fail_after(30):
         async with _controller(tmp_path) as (service, url):
@@ -121,6 +126,7 @@ async def test_a_newer_connection_of_the_node_fences_out_the_older(tmp_path, age
                 nursery.cancel_scope.cancel()
 
 
+@pytest.mark.deadline(40)
 async def test_leases_arrive_over_the_connection_and_keep_an_attempt_running(tmp_path, agent_dir):
     from ficc_core.testing.executor_kit import new_fence, standin_job
 
@@ -141,6 +147,7 @@ async def test_leases_arrive_over_the_connection_and_keep_an_attempt_running(tmp
                 nursery.cancel_scope.cancel()
 
 
+@pytest.mark.deadline(50)
 async def test_an_agent_reconnects_after_the_controller_restarts(tmp_path, agent_dir, caplog):
     caplog.set_level(logging.WARNING, logger="ficc.agent")
     with trio.fail_after(40):
@@ -170,6 +177,7 @@ async def test_an_agent_reconnects_after_the_controller_restarts(tmp_path, agent
             nursery.cancel_scope.cancel()
 
 
+@pytest.mark.deadline(40)
 async def test_the_controller_launches_and_stops_attempts_over_the_connection(tmp_path, agent_dir):
     from ficc_core.base.errors import FiccError
     from ficc_core.testing.executor_kit import new_fence, standin_job
@@ -195,6 +203,7 @@ async def test_the_controller_launches_and_stops_attempts_over_the_connection(tm
                 nursery.cancel_scope.cancel()
 
 
+@pytest.mark.deadline(40)
 async def test_an_unconnected_node_takes_no_new_work(tmp_path):
     from ficc_core.base.errors import Conflict
     from ficc_core.testing.executor_kit import new_fence, standin_job
@@ -207,6 +216,7 @@ async def test_an_unconnected_node_takes_no_new_work(tmp_path):
             assert refused.value.code == "node_unavailable"
 
 
+@pytest.mark.deadline(40)
 async def test_an_https_controller_is_reached_over_tls(tmp_path, agent_dir, ca):
     import ssl
 
@@ -231,6 +241,7 @@ async def test_an_https_controller_is_reached_over_tls(tmp_path, agent_dir, ca):
                 nursery.cancel_scope.cancel()
 
 
+@pytest.mark.deadline(40)
 async def test_an_agent_that_dials_a_stopping_controller_is_told_goodbye_and_dials_again(
     tmp_path, agent_dir, caplog
 ):

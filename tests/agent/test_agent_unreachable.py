@@ -38,6 +38,7 @@ def _unreachable(refused: pytest.ExceptionInfo[NodeGone], cause: str) -> None:
     assert error.envelope()["error"]["message"] == "agent on node gpu-1 is unreachable"
 
 
+@pytest.mark.deadline(70)
 async def test_a_node_whose_agent_went_away_is_a_502_naming_it(tmp_path, agent_dir):
     with trio.fail_after(60):
         async with open_controller(tmp_path) as (service, url):

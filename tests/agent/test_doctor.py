@@ -44,6 +44,7 @@ async def _doctor(*args: str, **variables: str) -> tuple[int, str]:
     return done.returncode, done.stdout.decode() + done.stderr.decode()
 
 
+@pytest.mark.deadline(60)
 async def test_doctor_reports_this_machines_real_facts_and_a_reachable_controller(tmp_path, folder):
     settings = write_agent_settings(folder)
     async with open_controller(tmp_path) as (_service, url):
@@ -72,6 +73,7 @@ async def test_doctor_reports_this_machines_real_facts_and_a_reachable_controlle
     assert findings["clock"]["status"] == "OK"
 
 
+@pytest.mark.deadline(60)
 async def test_a_runtime_with_a_wrong_digest_is_a_fail_with_its_fix(tmp_path, folder):
     engine = folder / "llama-server"
     engine.write_text("#!/bin/sh\necho engine\n")
@@ -126,6 +128,7 @@ def test_clock_gpu_disk_and_runtime_thresholds():
     assert missing.status == Status.FAIL and "install" in missing.fix
 
 
+@pytest.mark.deadline(130)
 async def test_the_controller_asks_a_connected_node_for_its_doctor_findings(tmp_path):
     from ..support.inference_support import open_inference_controller
 

@@ -116,6 +116,7 @@ def test_output_that_is_not_xml_is_an_error_not_a_crash():
 # -- discovery through a real subprocess ----------------------------------------------------
 
 
+@pytest.mark.deadline(40)
 async def test_discovery_falls_back_to_nvidia_smi_and_reads_the_topology(folder):
     script = fake_nvidia_smi(folder, "eight_gpus.xml", "eight_gpus_topo.txt")
     with trio.fail_after(30):
@@ -131,6 +132,7 @@ async def test_a_node_without_a_driver_has_no_gpus_and_no_error():
     assert (inventory.devices, inventory.error) == ((), None)
 
 
+@pytest.mark.deadline(40)
 async def test_a_broken_driver_is_reported_in_the_snapshot_not_hidden(folder):
     script = fake_nvidia_smi(folder, None, exit_code=9)
 
@@ -288,6 +290,7 @@ def test_visibility_names_reserved_gpus_by_uuid_and_hides_them_from_cpu_replicas
     assert visible_devices(_limits(), ()) == {}
 
 
+@pytest.mark.deadline(70)
 async def test_a_placement_on_gpu_1_of_a_two_gpu_node_shows_the_engine_exactly_that_device(
     folder,
 ):
@@ -330,6 +333,7 @@ def test_a_container_gets_device_requests_for_its_gpus_only():
     assert gpu_device_args(_limits()) == [] and gpu_device_args(None) == []
 
 
+@pytest.mark.deadline(130)
 async def test_a_service_placed_on_gpu_1_of_a_two_gpu_node_runs_with_only_that_device(
     tmp_path, monkeypatch
 ):

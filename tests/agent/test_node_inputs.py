@@ -4,6 +4,7 @@ they are assigned: never another project's files, nor an attempt's once it is st
 from __future__ import annotations
 
 import httpx
+import pytest
 import trio
 
 from ficc_core.agent.remote import RemoteAgent
@@ -31,6 +32,7 @@ async def _refused(url: str, token: str, digest: str) -> None:
     assert answer.json()["error"]["details"] == {}
 
 
+@pytest.mark.deadline(70)
 async def test_a_node_fetches_exactly_its_assigned_inputs_and_loses_them_when_stopped(tmp_path):
     from ficc_executor_process.testing import running_process_provider, short_state_dir
 

@@ -73,6 +73,7 @@ async def setup(tmp_path):
         yield service, url, admin, node
 
 
+@pytest.mark.deadline(40)
 async def test_a_node_stages_a_verified_blob_once_and_read_only(setup, tmp_path):
     service, url, admin, node = setup
     with trio.fail_after(30):
@@ -94,6 +95,7 @@ async def test_a_node_stages_a_verified_blob_once_and_read_only(setup, tmp_path)
         assert _served(service) == 1
 
 
+@pytest.mark.deadline(40)
 async def test_concurrent_stages_of_one_digest_share_one_download(setup, tmp_path):
     service, url, admin, node = setup
     with trio.fail_after(30):
@@ -112,6 +114,7 @@ async def test_concurrent_stages_of_one_digest_share_one_download(setup, tmp_pat
         assert len(stager.requests) == 1 and _served(service) == 1
 
 
+@pytest.mark.deadline(40)
 async def test_the_blob_route_serves_only_nodes_verified_referenced_blobs_with_ranges(setup):
     service, url, admin, node = setup
     with trio.fail_after(30):
@@ -170,6 +173,7 @@ async def _interrupted(stager: Stager, digest: str, size: int, after: int) -> in
     return stager.partial_path(digest).stat().st_size
 
 
+@pytest.mark.deadline(70)
 async def test_an_interrupted_download_resumes_with_a_range(setup, tmp_path):
     service, url, admin, node = setup
     with trio.fail_after(60):
@@ -193,6 +197,7 @@ def _flip_byte(path: Path, offset: int) -> None:
         handle.write(bytes([byte[0] ^ 0xFF]))
 
 
+@pytest.mark.deadline(70)
 async def test_a_corrupt_partial_fails_verification_is_discarded_and_a_retry_succeeds(
     setup, tmp_path
 ):
@@ -213,6 +218,7 @@ async def test_a_corrupt_partial_fails_verification_is_discarded_and_a_retry_suc
         assert path.read_bytes() == content
 
 
+@pytest.mark.deadline(40)
 async def test_insufficient_free_disk_is_refused_before_any_download(setup, tmp_path, monkeypatch):
     service, url, admin, node = setup
     with trio.fail_after(30):
@@ -233,6 +239,7 @@ async def test_insufficient_free_disk_is_refused_before_any_download(setup, tmp_
         assert (await stager.stage(digest, len(content))).read_bytes() == content
 
 
+@pytest.mark.deadline(70)
 async def test_a_disk_that_fills_during_a_staging_copy_is_refused_with_its_offset(setup, tmp_path):
     service, url, admin, node = setup
     content = random_bytes(12 * MiB, seed=8)
@@ -264,6 +271,7 @@ async def test_a_disk_that_fills_during_a_staging_copy_is_refused_with_its_offse
         assert path.read_bytes() == content
 
 
+@pytest.mark.deadline(40)
 async def test_a_shared_directory_copy_is_used_without_any_request(tmp_path):
     with trio.fail_after(30):
         content = random_bytes(MiB, seed=8)
@@ -291,6 +299,7 @@ async def test_a_shared_directory_copy_is_used_without_any_request(tmp_path):
         assert failed.value.code == "download_failed"
 
 
+@pytest.mark.deadline(40)
 async def test_stage_job_inputs_rewrites_blob_inputs_to_staged_files(setup, tmp_path):
     service, url, admin, node = setup
     with trio.fail_after(30):
@@ -340,6 +349,7 @@ def test_the_cache_survives_a_removed_index(tmp_path):
     shutil.rmtree(tmp_path)
 
 
+@pytest.mark.deadline(70)
 async def test_a_remote_launch_stages_the_blob_input_and_the_engine_reads_it(setup, tmp_path):
     from ficc_executor_process.testing import running_process_provider, short_state_dir
 
@@ -392,6 +402,7 @@ async def test_a_remote_launch_stages_the_blob_input_and_the_engine_reads_it(set
                     nursery.cancel_scope.cancel()
 
 
+@pytest.mark.deadline(70)
 async def test_a_directory_model_is_assembled_from_staged_blobs_read_only(setup, tmp_path):
     from ficc_core.agent.staging import stage_directory
 

@@ -7,6 +7,7 @@ import json
 import logging
 import os
 
+import pytest
 import trio
 
 from ficc_core.cli.logs import JsonFormatter
@@ -24,6 +25,7 @@ def _lines(caplog) -> list[dict]:
     return [r.fields for r in caplog.records if r.name == "ficc.access"]
 
 
+@pytest.mark.deadline(130)
 async def test_management_and_invoke_requests_each_get_one_access_line(tmp_path, caplog):
     caplog.set_level(logging.INFO, logger="ficc.access")
     engine, settings = standin_engine(tmp_path)

@@ -125,6 +125,7 @@ def test_an_error_envelope_renders_whatever_its_message_and_details_hold():
     assert document["error"]["details"] == {"value": "\ufffd", "ratio": None}
 
 
+@pytest.mark.deadline(70)
 async def test_a_surrogate_in_a_chat_body_is_a_400_on_both_invoke_paths(tmp_path):
     with trio.fail_after(60):
         async with gateway_env(tmp_path) as env:

@@ -141,6 +141,7 @@ def test_a_string_for_scopes_or_a_users_projects_is_a_400_naming_it(live_server)
 
 
 @pytest.mark.slow
+@pytest.mark.deadline(130)
 async def test_roles_model_types_embeddings_and_a_drained_service_with_the_real_engine(tmp_path):
     with trio.fail_after(120):
         async with open_inference_controller(tmp_path) as controller:

@@ -285,6 +285,7 @@ async def test_each_person_names_their_own_personal_keys(controller):
 
 
 @pytest.mark.slow
+@pytest.mark.deadline(190)
 async def test_a_service_key_is_revoked_by_its_name_and_default_names_never_clash(tmp_path):
     from ..cli.test_cli_inference import Cli
 

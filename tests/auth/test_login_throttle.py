@@ -111,6 +111,7 @@ async def _login(http: httpx.AsyncClient, password: str) -> httpx.Response:
     return await http.post("/api/v1/session", json=body)
 
 
+@pytest.mark.deadline(70)
 async def test_serve_bounds_wrong_passwords_per_user_and_address_and_reports_each_lock(tmp_path):
     server = ServeProcess(tmp_path / "data", "--login-max-failures", "3", "--login-lockout", "1h")
     try:

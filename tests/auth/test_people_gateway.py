@@ -6,6 +6,7 @@ endpoint."""
 from __future__ import annotations
 
 import httpx
+import pytest
 import trio
 
 from ..support.gateway_support import chat as standin_chat
@@ -40,6 +41,7 @@ async def _personal_key(env, username: str) -> str:
         return minted.json()["token"]
 
 
+@pytest.mark.deadline(100)
 async def test_a_personal_key_invokes_exactly_the_services_shared_with_its_person(tmp_path):
     with trio.fail_after(90):
         async with gateway_env(tmp_path) as env:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import httpx
+import pytest
 import trio
 
 from ..support.serve_support import ServeProcess
@@ -20,6 +21,7 @@ def _refusal(response: httpx.Response, status: int, code: str) -> dict:
     return error
 
 
+@pytest.mark.deadline(130)
 async def test_a_signup_waits_for_the_cli_approval_and_a_cli_reset_ends_its_sessions(tmp_path):
     data_dir = tmp_path / "data"
     config = tmp_path / "ficc.toml"

@@ -12,6 +12,7 @@ import os
 import re
 from pathlib import Path
 
+import pytest
 import trio
 
 from ficc_core.auth.authority import CREDENTIAL_CACHE_SECONDS, revocation_statement
@@ -34,6 +35,7 @@ def test_api_and_gateway_docs_make_one_statement_about_revocation_by_another_pro
         assert statement in _prose(name), name
 
 
+@pytest.mark.deadline(100)
 async def test_a_revocation_by_another_process_refuses_requests_and_ends_streams_in_time(
     tmp_path,
 ):

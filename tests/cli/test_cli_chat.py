@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import trio
 from click.testing import CliRunner
 
@@ -19,6 +20,7 @@ from ..support.inference_support import open_inference_controller
 from .test_cli_inference import Cli
 
 
+@pytest.mark.deadline(130)
 async def test_names_and_aliases_resolve_and_chat_streams_an_answer(tmp_path):
     engine, settings, files = write_fake_vllm(tmp_path)
     with trio.fail_after(120):

@@ -79,6 +79,7 @@ def _service_id(result: Result) -> str:
     return match.group(1)
 
 
+@pytest.mark.deadline(130)
 async def test_preview_create_show_tokens_stale_revision_and_remove(tmp_path):
     with trio.fail_after(120):
         async with open_inference_controller(tmp_path) as controller:
@@ -199,6 +200,7 @@ async def test_preview_create_show_tokens_stale_revision_and_remove(tmp_path):
             assert response.status_code == 404
 
 
+@pytest.mark.deadline(190)
 async def test_start_wait_ready_replace_drain_stop_and_remove(tmp_path):
     with trio.fail_after(180):
         async with open_inference_controller(tmp_path) as controller:
@@ -245,6 +247,7 @@ async def test_start_wait_ready_replace_drain_stop_and_remove(tmp_path):
             assert (await run.json("list"))["services"] == []
 
 
+@pytest.mark.deadline(130)
 async def test_wait_times_out_with_the_state_it_saw(tmp_path):
     """--wait gives up after --timeout, naming the state; the request itself was accepted."""
     with trio.fail_after(120):
@@ -296,6 +299,7 @@ async def _record_unknown_attempt(controller, service_id: str, node_id: str) -> 
     return attempt_id
 
 
+@pytest.mark.deadline(130)
 async def test_start_refuses_an_unknown_outcome_until_acknowledged(tmp_path):
     with trio.fail_after(120):
         async with open_inference_controller(tmp_path) as controller:

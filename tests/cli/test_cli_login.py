@@ -279,6 +279,7 @@ async def test_login_stores_the_lifetime_asked_for_capped_to_the_policy_and_says
     assert taken.exit_code == 1 and "[credential_name_taken]" in taken.stderr
 
 
+@pytest.mark.deadline(130)
 async def test_login_reads_a_piped_password_quietly_without_password_stdin(server, tmp_path):
     """Not a terminal (its own session: no controlling terminal): the password is read from
     standard input, with no warning that it may be echoed."""

@@ -8,6 +8,7 @@ import os
 import sys
 
 import httpx
+import pytest
 import trio
 
 from ficc_core.cli.client import ApiClient
@@ -32,6 +33,7 @@ async def ficc(*args: str, env_extra: dict[str, str]) -> trio.CompletedProcess:
         )
 
 
+@pytest.mark.deadline(60)
 async def test_register_upload_show_list_delete_through_the_cli(tmp_path, serve_process):
     url, token = serve_process
     env = {"FICC_URL": url, "FICC_TOKEN": token}
@@ -69,6 +71,7 @@ async def test_register_upload_show_list_delete_through_the_cli(tmp_path, serve_
     assert model["id"].encode() in missing.stderr
 
 
+@pytest.mark.deadline(60)
 async def test_acquire_wait_follows_progress_to_verified(tmp_path, serve_process, https_server):
     content = random_bytes(6 * MiB, seed=32)
     https_server.add("/m.gguf", ServedFile(content, chunk_delay=0.002))
@@ -86,6 +89,7 @@ async def test_acquire_wait_follows_progress_to_verified(tmp_path, serve_process
     assert b"MiB/s" in result.stderr
 
 
+@pytest.mark.deadline(60)
 async def test_upload_ends_verified_when_another_model_verifies_the_content_meanwhile(
     tmp_path, serve_process
 ):

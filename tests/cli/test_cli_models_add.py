@@ -33,6 +33,7 @@ def split_parts(tmp_path_factory) -> list[Path]:
     return split_gguf(smollm2_path(), tmp_path_factory.mktemp("split"), parts=3, stem="smol")
 
 
+@pytest.mark.deadline(60)
 async def test_add_resumes_an_interrupted_upload_and_show_prints_the_gguf_metadata(
     serve_process,
 ):
@@ -103,6 +104,7 @@ async def test_add_resumes_an_interrupted_upload_and_show_prints_the_gguf_metada
     assert missing.returncode != 0 and b"no-such-model" in missing.stderr
 
 
+@pytest.mark.deadline(120)
 async def test_add_of_any_part_registers_a_split_gguf_as_one_model(serve_process, split_parts):
     url, token = serve_process
     env = {"FICC_URL": url, "FICC_TOKEN": token}
@@ -149,6 +151,7 @@ def _sibling(path: Path) -> dict:
     return {"rfilename": path.name, "size": size, "lfs": {"sha256": sha256_of(path), "size": size}}
 
 
+@pytest.mark.deadline(60)
 async def test_pull_previews_registers_and_acquires_single_and_split_ggufs(
     tmp_path, ca_bundle, https_server, split_parts
 ):

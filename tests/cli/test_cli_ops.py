@@ -3,12 +3,14 @@ nodes (tests/support/ops_support.py)."""
 
 from __future__ import annotations
 
+import pytest
 import trio
 
 from ..support.ops_support import open_two_nodes
 from .test_cli_inference import Cli
 
 
+@pytest.mark.deadline(130)
 async def test_move_rollout_restart_and_bulk_move_from_the_command_line(tmp_path):
     with trio.fail_after(120):
         async with open_two_nodes(tmp_path) as ops:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 
+import pytest
 import trio
 
 from ficc_core.cli.inference_scaling import scaling_cell, scaling_lines
@@ -14,6 +15,7 @@ from ..support.inference_support import llama_spec, open_inference_controller, r
 from .test_cli_inference import Cli, _service_id, write_json, write_toml
 
 
+@pytest.mark.deadline(130)
 async def test_scaling_flags_reach_the_specification_and_show_says_how_it_scales(tmp_path):
     with trio.fail_after(120):
         async with open_inference_controller(tmp_path) as controller:
@@ -118,6 +120,7 @@ async def test_scaling_flags_reach_the_specification_and_show_says_how_it_scales
             assert refused.exit_code == 1 and "[not_scaled]" in refused.stderr
 
 
+@pytest.mark.deadline(190)
 async def test_rollout_changes_only_the_scaling_fields_given(tmp_path):
     with trio.fail_after(180):
         async with open_inference_controller(tmp_path) as controller:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 
+import pytest
 import trio
 
 from ..support.inference_support import llama_spec, open_inference_controller, register_smollm2
@@ -15,6 +16,7 @@ from .test_cli_inference import Cli, _service_id, write_json
 IDLE_LINE = re.compile(r"^idle:\s+.+the next request wakes it$", re.M)
 
 
+@pytest.mark.deadline(100)
 async def test_an_on_demand_service_rests_idle_and_pin_wakes_it_until_unpinned(tmp_path):
     with trio.fail_after(90):
         async with open_inference_controller(tmp_path, scale_cooldown=0) as controller:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import trio
 from click.testing import CliRunner
 
@@ -41,6 +42,7 @@ async def _rows(controller, table: str, node_id: str) -> int:
     )
 
 
+@pytest.mark.deadline(70)
 async def test_a_lost_node_is_removed_once_no_replica_names_it(tmp_path):
     timings = {"unreachable_after": "300ms", "lost_after": "600ms"}
     with trio.fail_after(60):
@@ -114,6 +116,7 @@ async def test_a_lost_node_is_removed_once_no_replica_names_it(tmp_path):
             assert node.state == NodeState.REGISTERED
 
 
+@pytest.mark.deadline(70)
 async def test_an_unreleased_attempt_on_the_node_keeps_it(tmp_path):
     timings = {"unreachable_after": "300ms", "lost_after": "600ms"}
     with trio.fail_after(60):
@@ -151,6 +154,7 @@ async def test_an_unreleased_attempt_on_the_node_keeps_it(tmp_path):
             assert (await controller.node("gpu-2"))["state"] == "lost"
 
 
+@pytest.mark.deadline(70)
 async def test_removing_a_node_needs_the_admin_scope(tmp_path):
     with trio.fail_after(60):
         async with open_inference_controller(tmp_path, embedded=False) as controller:

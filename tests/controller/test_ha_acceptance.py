@@ -107,6 +107,7 @@ async def _serve_smol(api: Api, node: dict, lifetime: int) -> _Served:
 
 
 @pytest.mark.slow
+@pytest.mark.deadline(610)
 async def test_the_standby_serves_through_the_leaders_loss_and_takes_over(
     tmp_path,
     pg_url,
@@ -189,6 +190,7 @@ def _fake_nvidia_smi(folder) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.deadline(310)
 async def test_two_submits_for_the_last_gpu_slice_on_two_controllers_exactly_one_wins(
     tmp_path,
     pg_url,
@@ -247,6 +249,7 @@ OUTAGE = 30.0
 
 
 @pytest.mark.slow
+@pytest.mark.deadline(610)
 async def test_invoke_survives_a_30_s_database_outage_and_usage_is_complete_after(
     tmp_path,
     pg_own_server,

@@ -89,6 +89,7 @@ async def _writes_through(api: Api, stop: trio.Event) -> None:
 
 
 @pytest.mark.parametrize("loss", ["sigstop", "blackhole"])
+@pytest.mark.deadline(600)
 async def test_a_leader_lost_holding_the_write_lock_holds_nobody(
     tmp_path,
     pg_url,

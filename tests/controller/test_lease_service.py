@@ -31,6 +31,7 @@ class FailingStore:
         raise StoreUnavailable("the database is down")
 
 
+@pytest.mark.deadline(70)
 async def test_two_controllers_on_one_store_have_exactly_one_leader(tmp_path: Path) -> None:
     with trio.fail_after(60):
         async with trio.open_nursery() as nursery:
@@ -57,6 +58,7 @@ async def test_two_controllers_on_one_store_have_exactly_one_leader(tmp_path: Pa
             nursery.cancel_scope.cancel()
 
 
+@pytest.mark.deadline(70)
 async def test_the_standby_takes_over_when_the_leader_ends_and_the_old_one_returns_as_standby(
     tmp_path: Path,
 ) -> None:
@@ -87,6 +89,7 @@ async def test_the_standby_takes_over_when_the_leader_ends_and_the_old_one_retur
             nursery.cancel_scope.cancel()
 
 
+@pytest.mark.deadline(100)
 async def test_the_standby_refuses_a_move_naming_the_leader_and_serves_invoke(
     tmp_path: Path,
 ) -> None:
@@ -156,6 +159,7 @@ async def test_the_standby_refuses_a_move_naming_the_leader_and_serves_invoke(
             assert len(attempts) == 1 and not attempts[0].released
 
 
+@pytest.mark.deadline(100)
 async def test_a_request_through_the_standby_wakes_an_idle_on_demand_service(
     tmp_path: Path,
 ) -> None:
@@ -198,6 +202,7 @@ def _config(folder: Path, name: str) -> Path:
 
 
 @pytest.mark.slow
+@pytest.mark.deadline(40)
 async def test_a_killed_leader_process_is_replaced_within_lease_and_renewal(
     tmp_path: Path,
 ) -> None:

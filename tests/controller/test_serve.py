@@ -22,6 +22,7 @@ from ..support.serve_support import FICC, ServeProcess, first_run_secrets, make_
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.deadline(40)
 async def test_serve_starts_with_defaults_bootstraps_once_and_stops_on_signal(tmp_path, signum):
     server = ServeProcess(tmp_path / "data")
     try:
@@ -62,6 +63,7 @@ async def test_serve_starts_with_defaults_bootstraps_once_and_stops_on_signal(tm
         again.kill()
 
 
+@pytest.mark.deadline(60)
 async def test_first_run_secrets_stdout_prints_them_in_the_banner_instead(tmp_path):
     server = ServeProcess(tmp_path / "data", "--first-run-secrets", "stdout")
     try:
@@ -77,6 +79,7 @@ async def test_first_run_secrets_stdout_prints_them_in_the_banner_instead(tmp_pa
         server.kill()
 
 
+@pytest.mark.deadline(70)
 async def test_graceful_shutdown_lets_an_in_flight_request_finish(tmp_path):
     server = ServeProcess(tmp_path / "data", "--shutdown-grace", "10")
     try:
@@ -116,6 +119,7 @@ async def test_graceful_shutdown_lets_an_in_flight_request_finish(tmp_path):
 
 
 @pytest.mark.parametrize("path", ["/api/v1/health", "/v1/models"])
+@pytest.mark.deadline(30)
 async def test_sigterm_closes_an_idle_keep_alive_connection_at_once(tmp_path, path):
     """A client's kept-alive connection, idle after its request, does not hold the exit
     for the grace: a Quart route's, and the invoke routes' (plain ASGI, /v1/models).
@@ -140,6 +144,7 @@ async def test_sigterm_closes_an_idle_keep_alive_connection_at_once(tmp_path, pa
         server.kill()
 
 
+@pytest.mark.deadline(60)
 async def test_serve_refuses_a_bad_configuration_clearly(tmp_path):
     config = tmp_path / "ficc.toml"
     config.write_text("colour = 'blue'\n")
@@ -207,6 +212,7 @@ async def test_a_runtime_directory_too_long_for_engine_sockets_refuses_to_start(
     assert "107-byte limit" in line and "set runtime_dir (--runtime-dir, FICC_RUNTIME_DIR)" in line
 
 
+@pytest.mark.deadline(70)
 async def test_a_remote_executor_refuses_such_a_runtime_directory_before_it_connects():
     too_long = "/tmp/" + "r" * 70
     with trio.fail_after(60):
@@ -240,6 +246,7 @@ def _modes(data_dir) -> dict[str, int]:
     }
 
 
+@pytest.mark.deadline(60)
 async def test_the_database_and_its_wal_files_are_private_to_this_user(tmp_path):
     server = ServeProcess(tmp_path / "data")
     try:
@@ -253,6 +260,7 @@ async def test_the_database_and_its_wal_files_are_private_to_this_user(tmp_path)
 
 
 @pytest.mark.slow
+@pytest.mark.deadline(610)
 async def test_a_long_home_serves_a_real_llama_cpp_chat(tmp_path, monkeypatch):
     """HOME of 110 characters (LDAP homes, nested CI workspaces), the default data
     directory under it: the engine's socket still fits, so the service starts and chats."""

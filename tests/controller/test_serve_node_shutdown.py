@@ -92,6 +92,7 @@ async def _stop(server: ServeProcess) -> float:
     return trio.current_time() - began
 
 
+@pytest.mark.deadline(70)
 async def test_sigterm_ends_a_remote_agents_connection_at_once_and_records_no_trouble(
     tmp_path, caplog
 ):
@@ -166,6 +167,7 @@ async def test_sigterm_ends_a_remote_agents_connection_at_once_and_records_no_tr
 
 
 @pytest.mark.slow
+@pytest.mark.deadline(130)
 async def test_a_node_silent_only_while_the_controller_was_stopped_is_not_unreachable_or_lost(
     tmp_path,
 ):

@@ -139,6 +139,7 @@ def _openai_stream(base_url: str, token: str, first: threading.Event) -> dict:
     return {"error": None, "n": chunks}
 
 
+@pytest.mark.deadline(130)
 async def test_sigterm_ends_open_streams_with_a_last_server_shutting_down_event(tmp_path):
     pytest.importorskip("openai")
     agent_dir = Path(tempfile.mkdtemp(prefix="fs-", dir="/tmp"))

@@ -41,6 +41,7 @@ def _drain(pipe, lines: list[str]) -> threading.Thread:
     return thread
 
 
+@pytest.mark.deadline(610)
 async def test_a_killed_engine_is_an_event_with_its_reason_a_restart_and_an_info_line(tmp_path):
     # Short: the engine's socket path lives under it (at most 107 bytes).
     data = Path(tempfile.mkdtemp(prefix="fe-", dir="/tmp"))
@@ -141,6 +142,7 @@ async def test_a_killed_engine_is_an_event_with_its_reason_a_restart_and_an_info
         shutil.rmtree(data, ignore_errors=True)
 
 
+@pytest.mark.deadline(190)
 async def test_a_lost_remote_node_and_its_unknown_attempt_are_in_the_service_s_events(
     tmp_path,
     agent_dir,  # noqa: F811

@@ -63,6 +63,7 @@ async def failing(tmp_path):
             yield controller, spec
 
 
+@pytest.mark.deadline(70)
 async def test_each_change_of_a_failing_service_is_an_event_and_a_log_line(failing, caplog):
     caplog.set_level(logging.INFO, logger="ficc.events")
     controller, spec = failing
@@ -128,6 +129,7 @@ async def test_each_change_of_a_failing_service_is_an_event_and_a_log_line(faili
     assert all(r.levelno == logging.INFO for r in caplog.records if r.name == "ficc.events")
 
 
+@pytest.mark.deadline(70)
 async def test_the_events_route_pages_with_a_cursor_and_bounds_its_limit(failing):
     controller, spec = failing
     with trio.fail_after(60):
@@ -216,6 +218,7 @@ async def test_the_events_route_pages_with_a_cursor_and_bounds_its_limit(failing
         assert response.status_code == 403
 
 
+@pytest.mark.deadline(70)
 async def test_the_cli_lists_follows_and_shows_the_recent_events(failing, monkeypatch):
     from types import SimpleNamespace
 

@@ -13,6 +13,7 @@ from functools import partial
 from pathlib import Path
 
 import h11
+import pytest
 import trio
 import trio.testing
 
@@ -130,6 +131,7 @@ class _Spawns(trio.abc.Instrument):
         self.names.append(task.name)
 
 
+@pytest.mark.deadline(30)
 async def test_a_request_on_an_idle_connection_is_read_by_its_reader_with_no_task() -> None:
     engine = _DigestEngine()
     with trio.fail_after(20):
@@ -150,6 +152,7 @@ async def test_a_request_on_an_idle_connection_is_read_by_its_reader_with_no_tas
     assert spawns.names == []
 
 
+@pytest.mark.deadline(40)
 async def test_a_request_larger_than_the_socket_buffer_on_a_reused_connection_arrives_whole():
     # The kernel takes part of it at once; a task sends the rest on the same connection.
     engine = _DigestEngine()
@@ -162,6 +165,7 @@ async def test_a_request_larger_than_the_socket_buffer_on_a_reused_connection_ar
     assert engine.connections == 1
 
 
+@pytest.mark.deadline(30)
 async def test_a_reader_cancelled_while_the_engine_thinks_leaves_the_answer_for_the_next_read():
     engine = _DigestEngine()
     with trio.fail_after(20):
@@ -184,6 +188,7 @@ async def test_a_reader_cancelled_while_the_engine_thinks_leaves_the_answer_for_
     assert engine.connections == 1
 
 
+@pytest.mark.deadline(30)
 async def test_cancelling_a_stream_wakes_its_waiting_reader_and_drops_the_connection():
     engine = _DigestEngine()
     with trio.fail_after(20):
@@ -209,6 +214,7 @@ async def test_cancelling_a_stream_wakes_its_waiting_reader_and_drops_the_connec
             assert await _answer(streams, fence, "next", b"z") == f"2 {_digest(b'z')}"
 
 
+@pytest.mark.deadline(30)
 async def test_a_reused_connection_closed_as_the_request_arrived_is_replaced_and_it_sent_again():
     engine = _DigestEngine()
     with trio.fail_after(20):

@@ -78,6 +78,7 @@ async def _one_big_response(stream: trio.SocketStream) -> None:
     await stream.aclose()
 
 
+@pytest.mark.deadline(40)
 async def test_a_large_body_comes_back_in_chunks_of_at_most_64_kib():
     directory = Path(tempfile.mkdtemp(prefix="fe-", dir="/tmp"))
     path = str(directory / "engine.sock")
@@ -296,6 +297,7 @@ async def _answer_of(streams: EndpointStreams, fence: Fence, body: bytes) -> byt
     return answer
 
 
+@pytest.mark.deadline(40)
 async def test_a_body_larger_than_the_socket_buffer_reaches_a_slow_engine_whole():
     # 8 MiB cannot go into a Unix socket's buffer at once: the pump waits for the
     # engine to read, many times, and every byte arrives in order.
@@ -325,6 +327,7 @@ async def test_a_body_larger_than_the_socket_buffer_reaches_a_slow_engine_whole(
     assert answer.decode() == hashlib.sha256(body).hexdigest()
 
 
+@pytest.mark.deadline(40)
 async def test_a_connector_that_gives_no_socket_is_served_through_its_own_stream_methods():
     # A provider may connect through any trio stream (TLS, a relay); the endpoint action
     # then uses the stream's send_all and receive_some.

@@ -40,6 +40,7 @@ def job(interval: float):
 
 
 @pytest.mark.parametrize("ready_at", [0.3, 1.2, 2.3, 4.0])
+@pytest.mark.deadline(70)
 async def test_an_engine_is_seen_ready_about_a_tenth_of_its_load_late(autojump_clock, ready_at):
     engine = Engine(ready_at)
     with trio.fail_after(60):
@@ -53,6 +54,7 @@ async def test_an_engine_is_seen_ready_about_a_tenth_of_its_load_late(autojump_c
     assert all(later >= earlier for earlier, later in pairwise(gaps))
 
 
+@pytest.mark.deadline(310)
 async def test_a_long_load_is_asked_no_more_often_than_the_interval(autojump_clock):
     engine = Engine(120.0)
     with trio.fail_after(300):

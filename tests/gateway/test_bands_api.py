@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import httpx
+import pytest
 import trio
 
 from ..support.gateway_support import chat, gateway_env
@@ -20,6 +21,7 @@ def _refusal(response: httpx.Response, status: int, code: str) -> dict:
     return error
 
 
+@pytest.mark.deadline(130)
 async def test_bands_of_credentials_and_projects_are_stored_shown_and_never_escalated(tmp_path):
     data_dir = tmp_path / "data"
     server = ServeProcess(data_dir)
@@ -129,6 +131,7 @@ async def test_bands_of_credentials_and_projects_are_stored_shown_and_never_esca
         server.kill()
 
 
+@pytest.mark.deadline(70)
 async def test_a_requests_band_is_its_credentials_and_the_header_only_lowers_it(tmp_path):
     with trio.fail_after(60):
         async with gateway_env(tmp_path) as env:

@@ -34,6 +34,7 @@ async def _in_thread(function, *args, **kwargs):
     return await trio.to_thread.run_sync(lambda: function(*args, **kwargs))
 
 
+@pytest.mark.deadline(70)
 async def test_openai_client_lists_models_and_chats_json_and_streamed(tmp_path):
     with trio.fail_after(60):
         async with gateway_env(tmp_path) as env:
@@ -123,6 +124,7 @@ async def test_openai_client_lists_models_and_chats_json_and_streamed(tmp_path):
             assert "ficc_gateway_time_to_first_byte_seconds_bucket" in metrics
 
 
+@pytest.mark.deadline(70)
 async def test_embeddings_are_refused_without_the_capability_and_served_with_it(tmp_path):
     with trio.fail_after(60):
         async with gateway_env(tmp_path) as env:
@@ -146,6 +148,7 @@ async def test_embeddings_are_refused_without_the_capability_and_served_with_it(
             assert answer.usage.prompt_tokens == 6
 
 
+@pytest.mark.deadline(70)
 async def test_refusals_use_the_error_envelope(tmp_path, caplog):
     with trio.fail_after(60):
         async with gateway_env(tmp_path, max_attempts=2) as env:
@@ -221,6 +224,7 @@ async def test_refusals_use_the_error_envelope(tmp_path, caplog):
             )
 
 
+@pytest.mark.deadline(70)
 async def test_a_request_whose_replica_fails_before_answering_moves_to_another(tmp_path):
     with trio.fail_after(60):
         async with gateway_env(tmp_path) as env:
@@ -266,6 +270,7 @@ async def test_a_request_whose_replica_fails_before_answering_moves_to_another(t
             assert response.headers["Retry-After"] == "1"
 
 
+@pytest.mark.deadline(70)
 async def test_requests_spread_over_replicas_and_avoid_one_at_its_cap(tmp_path):
     with trio.fail_after(60):
         async with gateway_env(tmp_path) as env:
@@ -317,6 +322,7 @@ async def test_requests_spread_over_replicas_and_avoid_one_at_its_cap(tmp_path):
             )
 
 
+@pytest.mark.deadline(70)
 async def test_saturation_answers_429_or_503_with_retry_after(tmp_path):
     with trio.fail_after(60):
         async with gateway_env(tmp_path, queue_factor=1, max_queue_wait=0.5) as env:
@@ -359,6 +365,7 @@ async def test_saturation_answers_429_or_503_with_retry_after(tmp_path):
             await eventually(lambda: env.gateway.load(fence.attempt_id) == 0)
 
 
+@pytest.mark.deadline(70)
 async def test_a_queued_request_waits_for_a_slot_then_is_served(tmp_path):
     with trio.fail_after(60):
         async with gateway_env(tmp_path) as env:
@@ -382,6 +389,7 @@ async def test_a_queued_request_waits_for_a_slot_then_is_served(tmp_path):
             assert env.gateway.queued("svc") == 0 and env.gateway.load(fence.attempt_id) == 0
 
 
+@pytest.mark.deadline(70)
 async def test_the_internal_seam_relays_and_cancels_without_http(tmp_path):
     with trio.fail_after(60):
         async with gateway_env(tmp_path) as env:
@@ -428,6 +436,7 @@ async def test_the_internal_seam_relays_and_cancels_without_http(tmp_path):
             assert caught.value.code == "invalid_request"
 
 
+@pytest.mark.deadline(70)
 async def test_leaving_an_open_response_frees_its_slot_and_cancels_the_engine(tmp_path):
     with trio.fail_after(60):
         async with gateway_env(tmp_path) as env:
@@ -507,6 +516,7 @@ async def test_the_injected_random_source_breaks_ties_between_equally_loaded_rep
     assert picks == {0.0: second.attempt_id, 0.99: first.attempt_id}
 
 
+@pytest.mark.deadline(70)
 async def test_a_browser_session_invokes_like_a_bearer_does(tmp_path):
     # Bearer requests and cookie sessions take the one invoke handler: both answer
     # the same way.

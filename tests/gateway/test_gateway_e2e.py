@@ -81,6 +81,7 @@ async def _stream_until_cut(client: OpenAI, started: trio.Event, cut: trio.Event
 
 
 @pytest.mark.slow
+@pytest.mark.deadline(250)
 async def test_openai_client_streams_spreads_and_is_cut_by_revocation_and_stop(tmp_path):
     with trio.fail_after(240):
         async with open_inference_controller(tmp_path) as controller:
@@ -157,6 +158,7 @@ async def test_openai_client_streams_spreads_and_is_cut_by_revocation_and_stop(t
 
 
 @pytest.mark.slow
+@pytest.mark.deadline(250)
 async def test_a_killed_engine_ends_its_stream_with_an_error_and_the_replica_comes_back(tmp_path):
     with trio.fail_after(240):
         async with open_inference_controller(tmp_path) as controller:
@@ -191,6 +193,7 @@ async def test_a_killed_engine_ends_its_stream_with_an_error_and_the_replica_com
 
 
 @pytest.mark.slow
+@pytest.mark.deadline(250)
 async def test_embeddings_are_served_by_a_service_of_an_embedding_model(tmp_path):
     folder = Path(tempfile.mkdtemp(prefix="fe-embed-"))
     path = folder / "SmolLM2-135M-Instruct.mean-pooling.gguf"
@@ -224,6 +227,7 @@ async def test_embeddings_are_served_by_a_service_of_an_embedding_model(tmp_path
 
 
 @pytest.mark.slow
+@pytest.mark.deadline(410)
 async def test_a_chat_sent_once_drain_or_stop_answered_is_refused_never_served(tmp_path):
     """The gateway acts on a control action's answer, not on the reconciler's next step."""
     with trio.fail_after(400):

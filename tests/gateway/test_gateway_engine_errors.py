@@ -93,6 +93,7 @@ def test_a_body_that_is_not_an_error_object_never_crashes_and_keeps_a_bounded_me
     json.dumps(envelope)
 
 
+@pytest.mark.deadline(70)
 async def test_an_engine_error_reaches_the_openai_client_with_a_string_code(tmp_path):
     with trio.fail_after(60):
         async with gateway_env(tmp_path) as env:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import httpx
+import pytest
 import trio
 
 from ..support.gateway_support import chat, gateway_env, sse_events
@@ -10,6 +11,7 @@ from ..support.gateway_support import chat, gateway_env, sse_events
 STREAMS = 200
 
 
+@pytest.mark.deadline(130)
 async def test_200_concurrent_streams_all_complete(tmp_path):
     with trio.fail_after(120):
         async with gateway_env(tmp_path) as env:

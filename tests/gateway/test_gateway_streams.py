@@ -47,6 +47,7 @@ def _last_error(events) -> dict:
     return events[-1]["error"]
 
 
+@pytest.mark.deadline(70)
 async def test_revoking_the_token_ends_the_stream_within_a_second(tmp_path):
     with trio.fail_after(60):
         async with gateway_env(tmp_path) as env:
@@ -68,6 +69,7 @@ async def test_revoking_the_token_ends_the_stream_within_a_second(tmp_path):
             await eventually(lambda: env.gateway.load(fence.attempt_id) == 0)
 
 
+@pytest.mark.deadline(70)
 async def test_a_stalled_stream_still_ends_within_a_second_of_revocation(tmp_path):
     # The engine sends nothing for 30 s between deltas: the read waiting for it re-checks.
     with trio.fail_after(60):
@@ -86,6 +88,7 @@ async def test_a_stalled_stream_still_ends_within_a_second_of_revocation(tmp_pat
             assert _last_error(events)["code"] == "credential_revoked"
 
 
+@pytest.mark.deadline(70)
 async def test_stopping_the_service_or_a_new_generation_ends_the_stream(tmp_path):
     with trio.fail_after(60):
         async with gateway_env(tmp_path) as env:
@@ -127,6 +130,7 @@ async def test_stopping_the_service_or_a_new_generation_ends_the_stream(tmp_path
             assert env.service.live.inflight("svc") == 0
 
 
+@pytest.mark.deadline(70)
 async def test_an_engine_killed_mid_stream_ends_it_with_an_error_event(tmp_path):
     with trio.fail_after(60):
         async with gateway_env(tmp_path) as env:
@@ -162,6 +166,7 @@ async def test_an_engine_killed_mid_stream_ends_it_with_an_error_event(tmp_path)
             assert "stream failed" in caught.value.message
 
 
+@pytest.mark.deadline(70)
 async def test_a_streamed_request_past_its_deadline_ends_with_an_error_event(tmp_path):
     with trio.fail_after(60):
         async with gateway_env(tmp_path) as env:
@@ -179,6 +184,7 @@ async def test_a_streamed_request_past_its_deadline_ends_with_an_error_event(tmp
             assert _last_error(events)["code"] == "deadline_exceeded"
 
 
+@pytest.mark.deadline(70)
 async def test_a_client_that_goes_away_cancels_the_engine_request(tmp_path):
     with trio.fail_after(60):
         async with gateway_env(tmp_path) as env:
@@ -211,6 +217,7 @@ async def test_a_client_that_goes_away_cancels_the_engine_request(tmp_path):
             assert [u.outcome for u in env.gateway.usage] == ["cancelled"]
 
 
+@pytest.mark.deadline(70)
 async def test_a_client_that_leaves_a_request_not_yet_answered_cancels_it(tmp_path):
     # Not streamed, the whole answer is generated before anything is sent: a client that
     # gives up meanwhile (a timeout) used to leave the request holding its slot, the
@@ -235,6 +242,7 @@ async def test_a_client_that_leaves_a_request_not_yet_answered_cancels_it(tmp_pa
             assert answered.status_code == 200, answered.text
 
 
+@pytest.mark.deadline(70)
 async def test_a_new_generation_serves_the_queue_and_ends_the_old_answer(tmp_path):
     with trio.fail_after(60):
         async with gateway_env(tmp_path) as env:
@@ -279,6 +287,7 @@ async def _login(env, password="a long enough password") -> tuple[str, str]:
 
 
 @pytest.mark.parametrize("credential", ["bearer", "cookie"])
+@pytest.mark.deadline(70)
 async def test_a_client_that_stops_reading_frees_its_slot_at_the_send_deadline(
     tmp_path, credential
 ):

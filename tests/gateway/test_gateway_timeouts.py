@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 
 import attrs
+import pytest
 import trio
 
 from ficc_core.gateway.relay import Timeouts
@@ -34,6 +35,7 @@ def _timeouts(env, bound: str) -> float:
     )
 
 
+@pytest.mark.deadline(130)
 async def test_a_stream_whose_head_stalls_is_tried_elsewhere_then_504s_naming_the_bound(
     tmp_path, idle_clock
 ):
@@ -68,6 +70,7 @@ async def test_a_stream_whose_head_stalls_is_tried_elsewhere_then_504s_naming_th
                     assert sse_events(response.content)[-1] == "[DONE]"
 
 
+@pytest.mark.deadline(130)
 async def test_a_non_streaming_answer_is_bounded_by_generation_not_by_the_head_bound(
     tmp_path, idle_clock
 ):
@@ -99,6 +102,7 @@ async def test_a_non_streaming_answer_is_bounded_by_generation_not_by_the_head_b
             assert error["details"]["seconds"] == 30.0
 
 
+@pytest.mark.deadline(130)
 async def test_a_stream_stalled_before_its_first_chunk_is_retried_and_one_stalled_after_ends(
     tmp_path, idle_clock
 ):
@@ -155,6 +159,7 @@ class _StalledOpens:
         return Stalled()
 
 
+@pytest.mark.deadline(130)
 async def test_an_open_that_never_completes_is_bounded_by_dial(tmp_path, idle_clock):
     with trio.fail_after(120):
         async with gateway_env(tmp_path, clock=idle_clock, max_attempts=1) as env:
@@ -171,6 +176,7 @@ async def test_an_open_that_never_completes_is_bounded_by_dial(tmp_path, idle_cl
             assert await env.chats_seen(fence) == 0
 
 
+@pytest.mark.deadline(130)
 async def test_timeout_total_bounds_a_request_below_the_service_deadline(tmp_path, idle_clock):
     with trio.fail_after(120):
         async with gateway_env(tmp_path, clock=idle_clock, max_attempts=1) as env:

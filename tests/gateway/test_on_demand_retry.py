@@ -26,6 +26,7 @@ def _activations(controller, service_id: str, outcome: str) -> float:
 
 
 @pytest.mark.slow
+@pytest.mark.deadline(100)
 async def test_a_request_that_timed_out_is_served_when_it_retries_after_retry_after(tmp_path):
     with trio.fail_after(90):
         # A 1 s idle timeout (the setting: the spec names none) and no cooldown: without

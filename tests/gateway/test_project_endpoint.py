@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 
 import openai
+import pytest
 import trio
 
 from ficc_core.routing.live import LiveReplica
@@ -43,6 +44,7 @@ def _publish_two(env, fence, **alpha):
     env.publish("svc-b", [fence], alias="beta", context_length=256)
 
 
+@pytest.mark.deadline(70)
 async def test_one_base_url_lists_and_reaches_each_service_by_its_model_names(tmp_path):
     with trio.fail_after(60):
         async with gateway_env(tmp_path) as env:
@@ -114,6 +116,7 @@ async def test_one_base_url_lists_and_reaches_each_service_by_its_model_names(tm
                 assert "x-ficc-service" not in response.headers
 
 
+@pytest.mark.deadline(70)
 async def test_the_openai_client_retrieves_each_listed_model_on_both_base_urls(tmp_path):
     with trio.fail_after(60):
         async with gateway_env(tmp_path) as env:
@@ -170,6 +173,7 @@ async def test_the_openai_client_retrieves_each_listed_model_on_both_base_urls(t
                 assert response.json()["error"]["code"] == "missing_scope"
 
 
+@pytest.mark.deadline(70)
 async def test_unknown_or_missing_model_and_other_projects_are_refused_in_the_envelope(
     tmp_path,
 ):
@@ -231,6 +235,7 @@ async def test_unknown_or_missing_model_and_other_projects_are_refused_in_the_en
                 assert response.json()["error"]["code"] == "missing_scope"
 
 
+@pytest.mark.deadline(70)
 async def test_no_messages_or_an_unknown_role_is_refused_before_the_engine_on_both_endpoints(
     tmp_path,
 ):
@@ -283,6 +288,7 @@ async def test_no_messages_or_an_unknown_role_is_refused_before_the_engine_on_bo
             assert served.choices[0].message.content == "w0 w1"
 
 
+@pytest.mark.deadline(70)
 async def test_a_model_that_is_not_a_string_is_the_same_400_on_both_endpoints(tmp_path):
     with trio.fail_after(60):
         async with gateway_env(tmp_path) as env:
@@ -315,6 +321,7 @@ async def test_a_model_that_is_not_a_string_is_the_same_400_on_both_endpoints(tm
                 assert response.json()["error"]["details"]["errors"][0]["path"] == "$.model"
 
 
+@pytest.mark.deadline(70)
 async def test_a_service_bound_credential_reaches_its_service_alone_and_no_fallback(tmp_path):
     with trio.fail_after(60):
         async with gateway_env(tmp_path) as env:
@@ -344,6 +351,7 @@ async def test_a_service_bound_credential_reaches_its_service_alone_and_no_fallb
                 assert "attempts" not in error["details"]
 
 
+@pytest.mark.deadline(70)
 async def test_names_shared_by_services_prefer_a_ready_one_then_alias_order(tmp_path):
     with trio.fail_after(60):
         async with gateway_env(tmp_path) as env:
@@ -363,6 +371,7 @@ async def test_names_shared_by_services_prefer_a_ready_one_then_alias_order(tmp_
                 assert response.headers["x-ficc-service"] == "alpha"
 
 
+@pytest.mark.deadline(70)
 async def test_fallbacks_serve_a_stopped_draining_or_replica_less_service_in_order(tmp_path):
     with trio.fail_after(60):
         async with gateway_env(tmp_path) as env:
@@ -434,6 +443,7 @@ async def test_fallbacks_serve_a_stopped_draining_or_replica_less_service_in_ord
                 assert len(response.json()["error"]["details"]["attempts"]) == 2
 
 
+@pytest.mark.deadline(70)
 async def test_fallbacks_serve_when_saturated_or_the_engine_fails_before_its_head(tmp_path):
     with trio.fail_after(60):
         async with gateway_env(tmp_path, queue_factor=0) as env:
@@ -465,6 +475,7 @@ async def test_fallbacks_serve_when_saturated_or_the_engine_fails_before_its_hea
                     nursery.cancel_scope.cancel()
 
 
+@pytest.mark.deadline(70)
 async def test_completions_need_the_capability_and_a_prompt_on_both_endpoints(tmp_path):
     with trio.fail_after(60):
         async with gateway_env(tmp_path) as env:

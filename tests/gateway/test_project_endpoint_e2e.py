@@ -30,6 +30,7 @@ pytestmark = pytest.mark.slow
 HI = [{"role": "user", "content": "Say hello."}]
 
 
+@pytest.mark.deadline(610)
 async def test_one_base_url_reaches_two_services_by_name_and_a_fallback_serves_a_stopped_one(
     tmp_path,
 ):

@@ -23,6 +23,7 @@ LONG = {"role": "user", "content": "Write a very long story about a lighthouse k
 
 
 @pytest.mark.slow
+@pytest.mark.deadline(250)
 async def test_the_scraper_reads_a_real_llama_cpp_engines_load_through_the_endpoint(tmp_path):
     with trio.fail_after(240):
         async with open_inference_controller(tmp_path) as controller:
@@ -61,6 +62,7 @@ async def test_the_scraper_reads_a_real_llama_cpp_engines_load_through_the_endpo
             await eventually(lambda: known.load.running == 0, 20)
 
 
+@pytest.mark.deadline(70)
 async def test_an_engine_that_admits_no_metrics_is_routed_by_in_flight_alone(tmp_path):
     with trio.fail_after(60):
         async with gateway_env(tmp_path) as env:

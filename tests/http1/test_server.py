@@ -200,6 +200,7 @@ def request(path: str = "/", method: str = "POST", body: bytes = b"", extra: str
     return head.encode() + body
 
 
+@pytest.mark.deadline(30)
 async def test_keep_alive_serves_requests_one_after_another_on_one_connection():
     app = App()
     with trio.fail_after(20):
@@ -219,6 +220,7 @@ async def test_keep_alive_serves_requests_one_after_another_on_one_connection():
                 assert "connection" not in headers
 
 
+@pytest.mark.deadline(30)
 async def test_an_idle_kept_alive_connection_closes_after_the_keep_alive_timeout():
     app = App()
     with trio.fail_after(20):
@@ -231,6 +233,7 @@ async def test_an_idle_kept_alive_connection_closes_after_the_keep_alive_timeout
             assert trio.current_time() - idle_from >= 0.5
 
 
+@pytest.mark.deadline(30)
 async def test_shutdown_closes_an_idle_connection_at_once_and_a_busy_one_after_its_answer():
     app = App()
     stop = trio.Event()
@@ -248,6 +251,7 @@ async def test_shutdown_closes_an_idle_connection_at_once_and_a_busy_one_after_i
                 assert await busy.closed()
 
 
+@pytest.mark.deadline(30)
 async def test_pipelined_requests_are_answered_in_order_and_the_next_starts_after_the_last_ended():
     app = App()
     with trio.fail_after(20):
@@ -261,6 +265,7 @@ async def test_pipelined_requests_are_answered_in_order_and_the_next_starts_afte
     assert app.log == [f"{step} {path}" for path in paths for step in ("start", "end")]
 
 
+@pytest.mark.deadline(30)
 async def test_a_chunked_request_body_arrives_whole_and_an_unframed_answer_is_chunked():
     app = App()
     with trio.fail_after(20):
@@ -276,6 +281,7 @@ async def test_a_chunked_request_body_arrives_whole_and_an_unframed_answer_is_ch
             assert headers["transfer-encoding"] == "chunked" and body == b"one,two"
 
 
+@pytest.mark.deadline(30)
 async def test_a_streamed_answer_s_head_is_sent_before_its_first_chunk():
     app = App()
     with trio.fail_after(20):
@@ -287,6 +293,7 @@ async def test_a_streamed_answer_s_head_is_sent_before_its_first_chunk():
             assert await conn._until(b"0\r\n\r\n") == b"4\r\nlate\r\n"
 
 
+@pytest.mark.deadline(30)
 async def test_http_1_0_carries_one_request_and_an_unframed_answer_ends_with_the_connection():
     app = App()
     with trio.fail_after(20):
@@ -302,6 +309,7 @@ async def test_http_1_0_carries_one_request_and_an_unframed_answer_ends_with_the
             assert await conn.closed()
 
 
+@pytest.mark.deadline(30)
 async def test_connection_close_from_the_client_closes_after_the_answer():
     app = App()
     with trio.fail_after(20):
@@ -313,6 +321,7 @@ async def test_connection_close_from_the_client_closes_after_the_answer():
     assert "start /never" not in app.log
 
 
+@pytest.mark.deadline(30)
 async def test_expect_100_continue_is_answered_before_the_body_is_sent():
     app = App()
     with trio.fail_after(20):
@@ -327,6 +336,7 @@ async def test_expect_100_continue_is_answered_before_the_body_is_sent():
             assert status == 200 and json.loads(body)["body"] == "body"
 
 
+@pytest.mark.deadline(30)
 async def test_head_answers_the_headers_without_the_body():
     app = App()
     with trio.fail_after(20):
@@ -338,6 +348,7 @@ async def test_head_answers_the_headers_without_the_body():
             assert status == 200 and json.loads(body)["path"] == "/next"
 
 
+@pytest.mark.deadline(30)
 async def test_a_response_header_that_would_split_the_response_is_refused():
     app = App()
     with trio.fail_after(20):
@@ -347,6 +358,7 @@ async def test_a_response_header_that_would_split_the_response_is_refused():
             assert status == 500 and "set-cookie" not in headers
 
 
+@pytest.mark.deadline(30)
 async def test_an_answer_longer_than_its_content_length_is_not_sent_and_the_connection_closed():
     app = App()
     with trio.fail_after(20):
@@ -357,6 +369,7 @@ async def test_an_answer_longer_than_its_content_length_is_not_sent_and_the_conn
             assert await conn.closed()
 
 
+@pytest.mark.deadline(30)
 async def test_a_malformed_request_on_a_kept_alive_connection_is_answered_400_and_closed():
     app = App()
     with trio.fail_after(20):
@@ -368,6 +381,7 @@ async def test_a_malformed_request_on_a_kept_alive_connection_is_answered_400_an
             assert await conn.closed()
 
 
+@pytest.mark.deadline(30)
 async def test_a_request_head_over_the_limit_is_answered_431_even_if_it_never_ends():
     app = App()
     with trio.fail_after(20):
@@ -382,6 +396,7 @@ async def test_a_request_head_over_the_limit_is_answered_431_even_if_it_never_en
             assert status == 431
 
 
+@pytest.mark.deadline(30)
 async def test_a_websocket_upgrade_is_served_first_on_a_connection_and_after_a_plain_request():
     app = App()
     with trio.fail_after(20):
@@ -402,6 +417,7 @@ async def test_a_websocket_upgrade_is_served_first_on_a_connection_and_after_a_p
                 assert status == 101 and headers["upgrade"].lower() == "websocket"
 
 
+@pytest.mark.deadline(30)
 async def test_http2_with_prior_knowledge_is_still_served():
     app = App()
     with trio.fail_after(20):
@@ -431,6 +447,7 @@ FIRST_REQUESTS = [
 
 
 @pytest.mark.parametrize("data", FIRST_REQUESTS, ids=range(len(FIRST_REQUESTS)))
+@pytest.mark.deadline(42)
 async def test_a_connection_s_first_request_that_is_not_plain_gets_the_answer_h11_gave(data):
     async def answer(ours: bool) -> tuple[bytes, list[str]]:
         app = App()

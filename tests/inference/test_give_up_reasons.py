@@ -4,6 +4,7 @@ hint for a failure that has nothing to do with memory."""
 
 from __future__ import annotations
 
+import pytest
 import trio
 
 from ficc_core.inference.reconciliation.attempts import log_gist
@@ -95,6 +96,7 @@ async def _started_until_it_gives_up(controller, executable: str) -> tuple[str, 
     return service_id, view["reason"]
 
 
+@pytest.mark.deadline(70)
 async def test_an_engine_that_exits_stops_retrying_with_its_status_log_and_logs_command(
     tmp_path,
 ):
@@ -113,6 +115,7 @@ async def test_an_engine_that_exits_stops_retrying_with_its_status_log_and_logs_
             assert "its log ends: cannot load the model" in str(status)
 
 
+@pytest.mark.deadline(70)
 async def test_a_launch_the_executor_refuses_stops_retrying_with_its_reason_and_no_memory_hint(
     tmp_path,
 ):

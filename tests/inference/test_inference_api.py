@@ -251,6 +251,7 @@ async def test_a_model_must_be_a_verified_model_of_this_project(controller):
         assert words in error["message"]
 
 
+@pytest.mark.deadline(40)
 async def test_concurrent_submits_never_over_commit_the_last_gpu_slice(controller):
     await _gpu_node(controller, "gpu-1", gpus=(80 * GIB,))
     model_id = await _tiny_model(controller)
@@ -283,6 +284,7 @@ async def test_concurrent_submits_never_over_commit_the_last_gpu_slice(controlle
     ] * 3 + [50 * GIB]
 
 
+@pytest.mark.deadline(40)
 async def test_concurrent_submits_never_over_commit_node_memory(controller):
     await _gpu_node(controller, "cpu-1", gpus=(), cpus=8, memory_bytes=10 * GIB)
     model_id = await _tiny_model(controller)

@@ -130,6 +130,7 @@ async def chat(controller: Controller, service_id: str) -> httpx.Response:
 
 
 @pytest.mark.slow
+@pytest.mark.deadline(130)
 async def test_a_directory_model_is_assembled_in_place_for_the_embedded_node(tmp_path):
     engine, settings, files = write_fake_vllm(tmp_path)
     expected = {path: hashlib.sha256(data).hexdigest() for path, data in files.items()}

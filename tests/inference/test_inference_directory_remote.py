@@ -53,6 +53,7 @@ async def _serves_from_its_own_tree(
 
 
 @pytest.mark.slow
+@pytest.mark.deadline(130)
 async def test_a_directory_model_only_on_an_in_process_remote_node_is_staged_there(tmp_path):
     with trio.fail_after(120):
         async with open_two_nodes(tmp_path) as ops:
@@ -66,6 +67,7 @@ async def test_a_directory_model_only_on_an_in_process_remote_node_is_staged_the
 
 
 @pytest.mark.slow
+@pytest.mark.deadline(130)
 async def test_a_directory_model_only_on_an_executor_process_is_staged_there(tmp_path):
     engine, settings, files = write_fake_vllm(tmp_path)
     expected = {path: hashlib.sha256(data).hexdigest() for path, data in files.items()}

@@ -17,6 +17,7 @@ from .test_inference_directory_models import chat, register_tiny_hf, vllm_spec, 
 
 
 @pytest.mark.slow
+@pytest.mark.deadline(130)
 async def test_one_services_unexpected_exception_is_shown_retried_and_leaves_the_rest_serving(
     tmp_path, monkeypatch, caplog
 ):

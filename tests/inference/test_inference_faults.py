@@ -90,6 +90,7 @@ async def _lose_and_stop(controller, folder, settings_file) -> dict:
 
 
 @pytest.mark.slow
+@pytest.mark.deadline(190)
 async def test_a_killed_executor_leaves_an_unknown_replica_that_start_refuses_until_acknowledged(
     tmp_path,
     agent_dir,  # noqa: F811
@@ -158,6 +159,7 @@ async def test_a_killed_executor_leaves_an_unknown_replica_that_start_refuses_un
 
 
 @pytest.mark.slow
+@pytest.mark.deadline(190)
 async def test_a_resolved_unknown_outcome_leaves_no_reason_behind_and_a_plain_start_works(
     tmp_path,
     agent_dir,  # noqa: F811
@@ -236,6 +238,7 @@ def _remote_agent_factory(folder, settings_file):
 
 
 @pytest.mark.slow
+@pytest.mark.deadline(190)
 async def test_a_restarted_controller_adopts_the_running_replica_instead_of_launching_another(
     tmp_path,
     agent_dir,  # noqa: F811
@@ -298,6 +301,7 @@ async def test_a_restarted_controller_adopts_the_running_replica_instead_of_laun
             nursery.cancel_scope.cancel()
 
 
+@pytest.mark.deadline(190)
 async def test_restarting_ficc_serve_stops_the_embedded_replica_and_starts_it_again(tmp_path):
     # Every `ficc serve` starts a fresh embedded agent, which runs nothing the last one
     # ran: the node stopped those engines, none failed. They used to end `failed`

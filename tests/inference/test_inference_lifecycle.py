@@ -58,6 +58,7 @@ async def _chat(controller, view: dict) -> dict:
 
 
 @pytest.mark.slow
+@pytest.mark.deadline(250)
 async def test_a_service_lives_from_preview_to_removal(tmp_path):
     with trio.fail_after(240):
         async with open_inference_controller(tmp_path) as controller:
@@ -160,6 +161,7 @@ async def test_a_service_lives_from_preview_to_removal(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.deadline(130)
 async def test_drain_waits_for_in_flight_requests_and_stops_at_its_bound(tmp_path):
     with trio.fail_after(120):
         async with open_inference_controller(tmp_path, drain_timeout="2s") as controller:
@@ -199,6 +201,7 @@ async def test_drain_waits_for_in_flight_requests_and_stops_at_its_bound(tmp_pat
 
 
 @pytest.mark.slow
+@pytest.mark.deadline(130)
 async def test_a_failing_engine_is_retried_with_new_attempts_and_a_growing_backoff(tmp_path):
     engine, settings = broken_engine(tmp_path)
     with trio.fail_after(120):
@@ -248,6 +251,7 @@ async def _attempt_rows(controller, service_id: str) -> list[dict]:
 
 
 @pytest.mark.slow
+@pytest.mark.deadline(130)
 async def test_a_replica_is_a_workload_with_its_model_revision_and_endpoint_fenced_by_its_digest(
     tmp_path,
 ):
@@ -282,6 +286,7 @@ async def test_a_replica_is_a_workload_with_its_model_revision_and_endpoint_fenc
             await controller.wait_service(service_id, _stopped)
 
 
+@pytest.mark.deadline(130)
 async def test_a_host_prompt_cache_is_passed_to_the_real_engine_which_serves_with_it(tmp_path):
     import json
 

@@ -77,6 +77,7 @@ async def _traffic(http, service_id: str, token: str, results: list, stop: trio.
 
 
 @pytest.mark.slow
+@pytest.mark.deadline(310)
 async def test_a_sigstopped_engine_leaves_routing_its_stream_ends_and_it_is_restarted(tmp_path):
     with trio.fail_after(300):
         async with open_inference_controller(tmp_path, **FAST) as controller:
@@ -189,6 +190,7 @@ def test_every_engine_wait_has_a_finite_default_bound():
 
 
 @pytest.mark.slow
+@pytest.mark.deadline(250)
 async def test_a_non_streamed_request_to_a_hung_engine_ends_under_the_default_settings(tmp_path):
     """No shortened setting: the default liveness probes end the request (brought forward
     by the gateway's failed scrapes), well before the default generation bound."""
@@ -224,6 +226,7 @@ async def test_a_non_streamed_request_to_a_hung_engine_ends_under_the_default_se
 
 
 @pytest.mark.slow
+@pytest.mark.deadline(250)
 async def test_a_hung_engine_that_answers_again_before_its_restart_is_put_back(tmp_path):
     # A 3 s probe timeout: the restart waits at least one more probe, time to resume it.
     settings = {**FAST, "liveness_timeout": "3s"}

@@ -12,6 +12,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
 import trio
 
 from ficc_core.contributors.assignments import Reconciliation
@@ -91,6 +92,7 @@ async def test_an_attempt_a_reconciled_connection_does_not_list_failed(autojump_
     assert fields["state"] == AttemptState.FAILED and fields["reason"] == "not_reported"
 
 
+@pytest.mark.deadline(70)
 async def test_no_reconciliation_within_the_bound_is_a_failure(autojump_clock):
     judge, ended = attempts(Nodes())
     with trio.fail_after(60):
@@ -220,6 +222,7 @@ async def test_a_new_leader_keeps_counting_what_the_connection_reported_running(
 # -- after a controller restart, end to end -------------------------------------------------
 
 
+@pytest.mark.deadline(130)
 async def test_a_restarted_controller_never_claims_ready_for_an_attempt_its_node_dropped(tmp_path):
     """A fresh embedded agent runs nothing the last one ran: until the old attempt is
     ended, the service's state (stored, so each change is an event) is never ``ready``

@@ -47,6 +47,7 @@ def _partial(model: str, **changes) -> dict:
     }
 
 
+@pytest.mark.deadline(70)
 async def test_a_partial_specification_previews_as_the_complete_one_submit_accepts(tmp_path):
     with trio.fail_after(60):
         async with open_inference_controller(tmp_path) as controller:
@@ -115,6 +116,7 @@ async def test_a_partial_specification_previews_as_the_complete_one_submit_accep
             assert "suggested" not in again and "warnings" not in again
 
 
+@pytest.mark.deadline(70)
 async def test_what_cannot_be_suggested_is_refused_at_the_path_to_give(tmp_path):
     with trio.fail_after(60):
         async with open_inference_controller(tmp_path, embedded=False) as controller:
@@ -139,6 +141,7 @@ async def test_what_cannot_be_suggested_is_refused_at_the_path_to_give(tmp_path)
             assert "$.runtime" in paths
 
 
+@pytest.mark.deadline(70)
 async def test_a_bad_context_or_concurrency_is_refused_at_its_own_path(tmp_path):
     # The limits are suggested from both: a bad one used to be reported as the limits it
     # left missing ($.placements[0].limits), at the wrong field of a form.
@@ -164,6 +167,7 @@ async def test_a_bad_context_or_concurrency_is_refused_at_its_own_path(tmp_path)
             assert good.status_code == 200, good.text
 
 
+@pytest.mark.deadline(70)
 async def test_a_memory_limit_below_the_estimate_is_a_preview_warning_with_it(tmp_path):
     with trio.fail_after(60):
         async with open_inference_controller(tmp_path) as controller:
@@ -194,6 +198,7 @@ async def test_a_memory_limit_below_the_estimate_is_a_preview_warning_with_it(tm
             assert "warnings" not in suggested
 
 
+@pytest.mark.deadline(70)
 async def test_a_verified_model_whose_gguf_header_cannot_be_read_is_said_so(tmp_path):
     # Its bytes are the ones its manifest names (verified), but they are no GGUF any
     # engine reads: the model's view and a service's preview say why.
@@ -218,6 +223,7 @@ async def test_a_verified_model_whose_gguf_header_cannot_be_read_is_said_so(tmp_
             assert good["metadata"] is not None and good["metadata_error"] is None
 
 
+@pytest.mark.deadline(70)
 async def test_a_model_name_in_model_id_resolves_and_the_id_is_stored(tmp_path):
     with trio.fail_after(60):
         async with open_inference_controller(tmp_path) as controller:
@@ -236,6 +242,7 @@ async def test_a_model_name_in_model_id_resolves_and_the_id_is_stored(tmp_path):
             assert json.loads(stored["spec"])["model_id"] == model_id
 
 
+@pytest.mark.deadline(70)
 async def test_an_ambiguous_model_name_is_refused_listing_the_candidates(tmp_path):
     with trio.fail_after(60):
         async with open_inference_controller(tmp_path) as controller:
@@ -275,6 +282,7 @@ def _cli(url: str, token: str, *args: str):
     return CliRunner().invoke(cli, argv, env={"FICC_URL": None, "FICC_TOKEN": None})
 
 
+@pytest.mark.deadline(100)
 async def test_inference_create_shows_the_suggestion_and_submits_it(tmp_path):
     with trio.fail_after(90):
         async with open_inference_controller(tmp_path) as controller:
@@ -338,6 +346,7 @@ async def test_inference_create_shows_the_suggestion_and_submits_it(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.deadline(130)
 async def test_inference_create_start_wait_json_prints_the_ready_service_once(tmp_path):
     """``create --yes --wait --json`` waits for the start and prints one document."""
     with trio.fail_after(120):
@@ -370,6 +379,7 @@ async def test_inference_create_start_wait_json_prints_the_ready_service_once(tm
 
 
 @pytest.mark.slow
+@pytest.mark.deadline(130)
 async def test_a_replica_failing_the_same_way_stops_retrying_and_start_wait_ends_with_why(tmp_path):
     engine, settings = broken_engine(tmp_path)
     with trio.fail_after(120):
@@ -405,6 +415,7 @@ async def test_a_replica_failing_the_same_way_stops_retrying_and_start_wait_ends
 
 
 @pytest.mark.slow
+@pytest.mark.deadline(160)
 async def test_a_too_small_memory_limit_warns_then_the_real_engine_stops_retrying(tmp_path):
     with trio.fail_after(150):
         async with open_inference_controller(

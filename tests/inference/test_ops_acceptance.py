@@ -43,6 +43,7 @@ async def _under_traffic(controller, service_id: str, token: str, action, settle
 
 
 @pytest.mark.slow
+@pytest.mark.deadline(610)
 async def test_a_move_and_a_rollout_under_continuous_traffic_fail_no_request(
     tmp_path,
     agent_dir,  # noqa: F811

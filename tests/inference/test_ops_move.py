@@ -25,6 +25,7 @@ async def _move(controller, service_id: str, replica: int = 0, **body):
     )
 
 
+@pytest.mark.deadline(130)
 async def test_a_serving_replica_moves_to_another_node_with_no_failed_request(tmp_path):
     with trio.fail_after(120):
         async with open_two_nodes(tmp_path) as ops:
@@ -91,6 +92,7 @@ FAULTS = [
 ]
 
 
+@pytest.mark.deadline(250)
 async def test_a_fault_at_each_step_ends_in_its_documented_state_with_consistent_reservations(
     tmp_path,
 ):
@@ -146,6 +148,7 @@ async def test_a_fault_at_each_step_ends_in_its_documented_state_with_consistent
             ]
 
 
+@pytest.mark.deadline(130)
 async def test_a_target_whose_node_is_lost_ends_the_move_instead_of_waiting(tmp_path):
     # A lost node's attempt is unknown, never ready and never released by itself: the
     # move waited out its whole ready_timeout (10 minutes) for it.
@@ -177,6 +180,7 @@ async def test_a_target_whose_node_is_lost_ends_the_move_instead_of_waiting(tmp_
             assert [p["node_id"] for p in view["spec"]["placements"]] == ["local", "local"]
 
 
+@pytest.mark.deadline(130)
 async def test_moves_that_cannot_run_are_refused_in_the_one_envelope_with_details(tmp_path):
     with trio.fail_after(120):
         async with open_two_nodes(tmp_path) as ops:
@@ -245,6 +249,7 @@ async def test_moves_that_cannot_run_are_refused_in_the_one_envelope_with_detail
             assert all(node == "local" for _, _, node in await ops.reservations(service_id))
 
 
+@pytest.mark.deadline(130)
 async def test_without_start_after_move_the_source_stops_before_the_target_is_ready(tmp_path):
     with trio.fail_after(120):
         async with open_two_nodes(tmp_path) as ops:
@@ -267,6 +272,7 @@ async def test_without_start_after_move_the_source_stops_before_the_target_is_re
             assert await ops.reservations(service_id) == [(generation, 0, "node-2")]
 
 
+@pytest.mark.deadline(130)
 async def test_a_target_no_move_holds_any_more_goes_and_the_source_keeps_serving(tmp_path):
     """As after a controller restart in the middle of a move: the target runs on a node
     its placement does not name and nothing holds it, so it drains and stops."""
@@ -305,6 +311,7 @@ async def test_a_target_no_move_holds_any_more_goes_and_the_source_keeps_serving
             assert await ops.reservations(service_id) == [(generation, 0, "local")]
 
 
+@pytest.mark.deadline(130)
 async def test_a_move_of_a_gpu_runtime_to_a_node_without_gpus_is_a_tier_mismatch(tmp_path):
     with trio.fail_after(120):
         async with open_two_nodes(tmp_path, requires_gpu_on_node_2=True) as ops:
@@ -353,6 +360,7 @@ async def _moved_off_node_2(ops, service_id: str, *, removable: bool = True) -> 
     return next(s for s in moved["steps"] if s["name"] == "stop_source")
 
 
+@pytest.mark.deadline(130)
 async def test_a_replica_on_a_lost_node_moves_off_it_and_its_unknown_attempt_is_given_up(
     tmp_path,
 ):
@@ -386,6 +394,7 @@ async def test_a_replica_on_a_lost_node_moves_off_it_and_its_unknown_attempt_is_
             assert "gave this attempt up" in ended["message"]
 
 
+@pytest.mark.deadline(130)
 async def test_a_replica_on_a_revoked_node_moves_off_it(tmp_path):
     with trio.fail_after(120):
         async with open_two_nodes(tmp_path) as ops:
@@ -418,6 +427,7 @@ async def test_a_replica_on_a_revoked_node_moves_off_it(tmp_path):
             assert not any(a.node_id == "node-2" and not a.released for a in detail.attempts)
 
 
+@pytest.mark.deadline(130)
 async def test_a_move_onto_a_node_holding_the_model_for_another_replica_needs_no_more_disk(
     tmp_path, monkeypatch
 ):
@@ -461,6 +471,7 @@ async def test_a_move_onto_a_node_holding_the_model_for_another_replica_needs_no
             ]
 
 
+@pytest.mark.deadline(130)
 async def test_moving_the_replica_that_carried_a_nodes_staged_copy_leaves_its_disk_counted(
     tmp_path,
 ):
@@ -487,6 +498,7 @@ async def test_moving_the_replica_that_carried_a_nodes_staged_copy_leaves_its_di
             assert [r["disk_bytes"] for r in node["reservations"]] == [size]
 
 
+@pytest.mark.deadline(130)
 async def test_after_a_rolled_back_move_a_stopped_service_shows_the_replica_where_it_ran(
     tmp_path,
 ):
@@ -532,6 +544,7 @@ async def test_after_a_rolled_back_move_a_stopped_service_shows_the_replica_wher
             assert replica["attempt_id"] == source["attempt_id"]
 
 
+@pytest.mark.deadline(130)
 async def test_a_replica_on_an_unreachable_node_moves_off_it_without_waiting_for_the_node(
     tmp_path,
 ):
@@ -563,6 +576,7 @@ async def test_a_replica_on_an_unreachable_node_moves_off_it_without_waiting_for
             assert not assignment.wanted
 
 
+@pytest.mark.deadline(130)
 async def test_after_an_interrupted_move_a_stopped_service_shows_the_replica_where_it_ran(
     tmp_path,
 ):
@@ -612,6 +626,7 @@ async def test_after_an_interrupted_move_a_stopped_service_shows_the_replica_whe
             assert replica["node"]["id"] == "local", replica["node"]
 
 
+@pytest.mark.deadline(130)
 async def test_a_replica_whose_node_just_dropped_its_connection_moves_off_it(tmp_path):
     # Before its node was unreachable the move asked it to stop the source over the
     # connection that was gone, and ended failed_rolled_back.

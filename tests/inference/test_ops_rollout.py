@@ -7,6 +7,7 @@ a rolling restart of every replica.
 
 from __future__ import annotations
 
+import pytest
 import trio
 
 from ..support.ops_support import Traffic, open_two_nodes
@@ -20,6 +21,7 @@ async def _rollout(controller, service_id: str, spec: dict, revision: int | None
     )
 
 
+@pytest.mark.deadline(130)
 async def test_a_rollout_to_three_replicas_and_another_concurrency_fails_no_request(tmp_path):
     with trio.fail_after(120):
         async with open_two_nodes(tmp_path) as ops:
@@ -81,6 +83,7 @@ async def test_a_rollout_to_three_replicas_and_another_concurrency_fails_no_requ
             assert said == ["started", "cut_over"]
 
 
+@pytest.mark.deadline(130)
 async def test_a_failed_rollout_leaves_the_serving_generation_serving_and_says_why(tmp_path):
     with trio.fail_after(120):
         async with open_two_nodes(tmp_path, replica_give_up_after=2) as ops:
@@ -122,6 +125,7 @@ async def test_a_failed_rollout_leaves_the_serving_generation_serving_and_says_w
                 await trio.sleep(0.05)
 
 
+@pytest.mark.deadline(130)
 async def test_rollouts_that_cannot_run_are_refused_and_preview_models_one(tmp_path):
     with trio.fail_after(120):
         async with open_two_nodes(tmp_path) as ops:
@@ -178,6 +182,7 @@ async def _restart(controller, service_id: str, replica: int | None = None):
     return await controller.call("POST", path, json={"revision": revision})
 
 
+@pytest.mark.deadline(130)
 async def test_a_rolling_restart_replaces_every_replica_with_no_failed_request(tmp_path):
     with trio.fail_after(120):
         async with open_two_nodes(tmp_path) as ops:
@@ -220,6 +225,7 @@ async def test_a_rolling_restart_replaces_every_replica_with_no_failed_request(t
             assert stopped.json()["error"]["message"] == "tiny is not running; start it first"
 
 
+@pytest.mark.deadline(130)
 async def test_a_restart_of_a_replica_whose_agent_is_away_is_refused_at_once(tmp_path):
     # It waited for a replacement up to replica_ready_timeout (10 minutes), and marked the
     # attempt stopping on a node nobody could reach.

@@ -38,6 +38,7 @@ async def _full_node(ops, replicas: int = 2) -> tuple[str, dict]:
     return service_id, spec
 
 
+@pytest.mark.deadline(130)
 async def test_a_rolling_rollout_on_a_full_node_serves_throughout_and_a_scale_down_needs_no_room(
     tmp_path,
 ):
@@ -157,6 +158,7 @@ async def test_a_rolling_rollout_on_a_full_node_serves_throughout_and_a_scale_do
             assert "from 10 to" in error["message"], error["message"]
 
 
+@pytest.mark.deadline(130)
 async def test_a_failed_in_place_rollout_starts_the_serving_generation_again(tmp_path):
     with trio.fail_after(120):
         async with open_two_nodes(tmp_path, replica_give_up_after=2) as ops:
@@ -207,6 +209,7 @@ async def test_a_failed_in_place_rollout_starts_the_serving_generation_again(tmp
 
 
 @pytest.mark.slow
+@pytest.mark.deadline(310)
 async def test_a_context_change_on_a_full_node_recreates_with_recomputed_memory(tmp_path):
     with trio.fail_after(300):
         async with open_inference_controller(tmp_path) as controller:
@@ -296,6 +299,7 @@ async def test_a_context_change_on_a_full_node_recreates_with_recomputed_memory(
             assert answered.json()["choices"][0]["message"]["content"] is not None
 
 
+@pytest.mark.deadline(70)
 async def test_a_suggestion_leaves_room_for_the_next_generation_or_says_it_does_not(tmp_path):
     with trio.fail_after(60):
         async with open_inference_controller(tmp_path) as controller:

@@ -54,6 +54,7 @@ def attempts_of(view: dict[str, Any]) -> list[int]:
     return [r["attempt"] for r in view["replicas"] if r["attempt"] is not None]
 
 
+@pytest.mark.deadline(160)
 async def test_a_request_wakes_an_idle_service_which_goes_idle_again(tmp_path: Path) -> None:
     with trio.fail_after(150):
         # The idle_timeout setting, not the specification's (at least 10 s there).
@@ -93,6 +94,7 @@ async def test_a_request_wakes_an_idle_service_which_goes_idle_again(tmp_path: P
             assert reasons == ["activation", "idle", "activation"]
 
 
+@pytest.mark.deadline(190)
 async def test_fifty_concurrent_requests_to_an_idle_service_launch_it_once(
     tmp_path: Path,
 ) -> None:
@@ -115,6 +117,7 @@ async def test_fifty_concurrent_requests_to_an_idle_service_launch_it_once(
             assert [e["reason"] for e in await events(controller, service_id)] == ["activation"]
 
 
+@pytest.mark.deadline(130)
 async def test_a_failed_activation_answers_every_waiter_at_once(tmp_path: Path) -> None:
     engine, settings = broken_engine(tmp_path)
     with trio.fail_after(120):
@@ -146,6 +149,7 @@ async def test_a_failed_activation_answers_every_waiter_at_once(tmp_path: Path) 
             assert attempts_of(view) == [1]  # one launch for the five
 
 
+@pytest.mark.deadline(100)
 async def test_the_activation_wait_is_bounded(tmp_path: Path) -> None:
     slow = tmp_path / "slow-llama-server"
     slow.write_text("#!/bin/sh\nexec sleep 60\n")  # never becomes ready
@@ -167,6 +171,7 @@ async def test_the_activation_wait_is_bounded(tmp_path: Path) -> None:
             assert 1.4 <= took < 10
 
 
+@pytest.mark.deadline(130)
 async def test_a_streaming_request_gets_keepalives_and_a_leaving_client_cancels_nothing(
     tmp_path: Path,
 ) -> None:
@@ -208,6 +213,7 @@ async def test_a_streaming_request_gets_keepalives_and_a_leaving_client_cancels_
             assert chunks[0]["object"] == "chat.completion.chunk"
 
 
+@pytest.mark.deadline(160)
 async def test_an_idle_service_wakes_on_a_request_after_a_controller_restart(
     tmp_path: Path,
 ) -> None:

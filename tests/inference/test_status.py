@@ -13,6 +13,7 @@ import re
 import signal
 
 import attrs
+import pytest
 import trio
 
 from ficc_core.auth import ALL_SCOPES
@@ -321,6 +322,7 @@ def _replica(status: dict) -> dict:
     return replica
 
 
+@pytest.mark.deadline(130)
 async def test_a_killed_engine_shows_its_exit_and_restart_and_show_says_why(tmp_path):
     engine, settings = standin_engine(tmp_path)
     with trio.fail_after(120):
@@ -437,6 +439,7 @@ async def test_a_killed_engine_shows_its_exit_and_restart_and_show_says_why(tmp_
             assert document["status"]["replicas"][0]["last_exit"]["signal"] == 9
 
 
+@pytest.mark.deadline(130)
 async def test_a_stopped_replica_shows_no_pid_or_health_as_if_its_engine_still_ran(tmp_path):
     engine, settings = standin_engine(tmp_path)
     with trio.fail_after(120):

@@ -40,6 +40,7 @@ def _rows(shown: str) -> dict[str, list[str]]:
     return rows
 
 
+@pytest.mark.deadline(610)
 async def test_start_list_restart_stop_and_metrics_say_what_an_operator_needs(tmp_path):
     env = {key: value for key, value in os.environ.items() if not key.startswith("FICC_")}
     env["XDG_CONFIG_HOME"] = str(tmp_path / "config")

@@ -24,6 +24,7 @@ from ..support.serve_support import ServeProcess, ficc_command
 pytestmark = pytest.mark.slow
 
 
+@pytest.mark.deadline(610)
 async def test_a_killed_engine_shows_its_exit_restart_new_pid_and_health(tmp_path):
     env = {key: value for key, value in os.environ.items() if not key.startswith("FICC_")}
     env["XDG_CONFIG_HOME"] = str(tmp_path / "config")

@@ -12,6 +12,7 @@ import re
 import signal
 from contextlib import asynccontextmanager
 
+import pytest
 import trio
 
 from ..agent.test_agent_processes import ExecutorProcess, agent_dir  # noqa: F401
@@ -134,6 +135,7 @@ async def test_a_silent_then_killed_remote_node_shows_on_its_replica_within_a_he
         assert node["state"] == "connected"  # the sweep has not acted yet
 
 
+@pytest.mark.deadline(60)
 async def test_list_counts_a_ready_replica_on_a_silent_node_as_not_serving(
     tmp_path,
     agent_dir,  # noqa: F811

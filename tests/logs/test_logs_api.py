@@ -6,6 +6,7 @@ import json
 import time
 from contextlib import aclosing
 
+import pytest
 import trio
 
 from ..cli.test_cli_inference import Cli
@@ -39,6 +40,7 @@ async def _ticket(controller, service_id: str, replica: int = 0) -> str:
     return minted["ticket"]
 
 
+@pytest.mark.deadline(100)
 async def test_the_snapshot_names_the_attempt_and_refuses_what_it_cannot_read(tmp_path):
     engine, settings = logging_engine(tmp_path)
     with trio.fail_after(90):
@@ -84,6 +86,7 @@ async def test_the_snapshot_names_the_attempt_and_refuses_what_it_cannot_read(tm
             assert response.json()["error"]["code"] == "service_not_found"
 
 
+@pytest.mark.deadline(130)
 async def test_a_ticket_opens_the_live_stream_once_and_it_ends_with_the_attempt(tmp_path):
     engine, settings = logging_engine(tmp_path)
     with trio.fail_after(120):
@@ -137,6 +140,7 @@ async def test_a_ticket_opens_the_live_stream_once_and_it_ends_with_the_attempt(
                     await trio.sleep(0.02)
 
 
+@pytest.mark.deadline(130)
 async def test_an_expired_ticket_is_refused_and_a_closed_client_ends_the_node_s_follow(tmp_path):
     engine, settings = logging_engine(tmp_path)
     with trio.fail_after(120):
@@ -170,6 +174,7 @@ async def test_an_expired_ticket_is_refused_and_a_closed_client_ends_the_node_s_
                     await trio.sleep(0.02)
 
 
+@pytest.mark.deadline(130)
 async def test_ficc_inference_logs_prints_the_last_lines_and_follows_to_the_end(tmp_path):
     engine, settings = logging_engine(tmp_path)
     with trio.fail_after(120):
@@ -202,6 +207,7 @@ async def test_ficc_inference_logs_prints_the_last_lines_and_follows_to_the_end(
             assert f"the attempt ended ({attempt_id})" in followed.stderr
 
 
+@pytest.mark.deadline(130)
 async def test_a_revoked_caller_s_stream_ends_with_an_error_event(tmp_path):
     engine, settings = logging_engine(tmp_path)
     with trio.fail_after(120):

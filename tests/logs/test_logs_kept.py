@@ -51,6 +51,7 @@ async def _ended_attempt_log(state_dir: Path) -> tuple[object, list[str]]:
     return fence, lines
 
 
+@pytest.mark.deadline(70)
 async def test_an_ended_attempts_log_is_served_by_the_next_run_fenced_as_before(state_dir):
     with trio.fail_after(60):
         fence, lines = await _ended_attempt_log(state_dir)
@@ -70,6 +71,7 @@ async def test_an_ended_attempts_log_is_served_by_the_next_run_fenced_as_before(
             nursery.cancel_scope.cancel()
 
 
+@pytest.mark.deadline(70)
 async def test_a_killed_runs_leftover_attempt_keeps_its_log_when_the_next_run_clears_it(
     state_dir,
 ):

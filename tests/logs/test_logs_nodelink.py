@@ -81,6 +81,7 @@ def test_a_logs_reply_keeps_the_newest_lines_that_fit_each_cut():
     assert 0 < len(kept) < 201
 
 
+@pytest.mark.deadline(70)
 async def test_a_remote_attempt_s_log_is_read_and_followed_until_it_ends(tmp_path, agent_dir):
     with trio.fail_after(60):
         async with open_controller(tmp_path) as (service, url):
@@ -122,6 +123,7 @@ async def test_a_remote_attempt_s_log_is_read_and_followed_until_it_ends(tmp_pat
                 nursery.cancel_scope.cancel()
 
 
+@pytest.mark.deadline(100)
 async def test_a_stalled_log_reader_holds_the_node_back_within_the_window(tmp_path, agent_dir):
     with trio.fail_after(90):
         async with open_controller(tmp_path) as (service, url):
@@ -177,6 +179,7 @@ def agent_follows(service) -> int:
     return service.contributors.live.link("local").agent.open_follows
 
 
+@pytest.mark.deadline(70)
 async def test_the_embedded_agent_s_logs_come_through_the_same_link(tmp_path, agent_dir):
     with trio.fail_after(60):
         settings = {"node_name": "local", "agent_dir": str(agent_dir)}

@@ -89,6 +89,7 @@ def _digest(engine: Path) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.deadline(130)
 async def test_a_remote_replica_s_log_is_followed_with_a_ticket_and_ends_on_the_node(
     tmp_path,
     agent_dir,  # noqa: F811
@@ -184,6 +185,7 @@ async def test_a_remote_replica_s_log_is_followed_with_a_ticket_and_ends_on_the_
 
 
 @pytest.mark.slow
+@pytest.mark.deadline(100)
 async def test_the_log_of_an_attempt_that_ended_before_the_agent_restarted_is_served_after(
     tmp_path,
     agent_dir,  # noqa: F811

@@ -6,6 +6,7 @@ from __future__ import annotations
 import signal
 
 import httpx
+import pytest
 import trio
 
 from ..support.serve_support import ServeProcess
@@ -19,6 +20,7 @@ async def _stop(server: ServeProcess) -> None:
         assert await trio.to_thread.run_sync(server.proc.wait) == 0
 
 
+@pytest.mark.deadline(60)
 async def test_by_default_the_api_listener_serves_metrics_without_a_credential(tmp_path):
     server = ServeProcess(tmp_path / "data", "--no-embedded-agent")
     try:
@@ -35,6 +37,7 @@ async def test_by_default_the_api_listener_serves_metrics_without_a_credential(t
         server.kill()
 
 
+@pytest.mark.deadline(60)
 async def test_metrics_listen_moves_metrics_off_the_api_to_a_listener_of_their_own(tmp_path):
     server = ServeProcess(
         tmp_path / "data", "--no-embedded-agent", "--metrics-listen", "127.0.0.1:0"

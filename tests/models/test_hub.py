@@ -83,6 +83,7 @@ async def preview(server, policy, **kwargs) -> list[HubPreview]:
         return await hub_preview(client, policy, server.url("/"), REPO, "main", **kwargs)
 
 
+@pytest.mark.deadline(40)
 async def test_preview_matches_gguf_and_reads_only_the_header(ca, policy):
     gguf = pytest.importorskip("gguf")
     path, size, sha256 = smollm2()
@@ -125,6 +126,7 @@ async def test_preview_matches_gguf_and_reads_only_the_header(ca, policy):
     print(f"hub preview read {served:,} of {size:,} bytes ({served / size:.2%})")
 
 
+@pytest.mark.deadline(40)
 async def test_every_gguf_is_listed_and_unpreviewable_ones_say_why(ca, policy):
     path, size, sha256 = smollm2()
     routes = {
@@ -162,6 +164,7 @@ async def test_every_gguf_is_listed_and_unpreviewable_ones_say_why(ca, policy):
     assert document["metadata"]["context_length"] == 8192
 
 
+@pytest.mark.deadline(40)
 async def test_filename_selects_one_file(ca, policy):
     path, size, sha256 = smollm2()
     routes = {
@@ -185,6 +188,7 @@ def _split_parts(folder: str) -> list[tuple[Path, int, str]]:
     return [(p, p.stat().st_size, hashlib.sha256(p.read_bytes()).hexdigest()) for p in parts]
 
 
+@pytest.mark.deadline(40)
 async def test_a_split_gguf_missing_a_part_is_refused_naming_it(ca, policy, tmp_path):
     parts = _split_parts(str(tmp_path / "split"))
     present = [parts[0], parts[2]]
@@ -202,6 +206,7 @@ async def test_a_split_gguf_missing_a_part_is_refused_naming_it(ca, policy, tmp_
     assert sum(server.bytes_served.values()) < 1 << 20  # no header was read
 
 
+@pytest.mark.deadline(40)
 async def test_a_split_whose_headers_disagree_with_its_names_is_refused(ca, policy, tmp_path):
     parts = _split_parts(str(tmp_path / "split"))
     # The same three files under the names of a two-part split plus a lone file:
@@ -222,6 +227,7 @@ async def test_a_split_whose_headers_disagree_with_its_names_is_refused(ca, poli
     assert "split.count = 3" in listed.refusal.message
 
 
+@pytest.mark.deadline(40)
 async def test_a_filename_not_in_the_repository_is_not_found(ca, policy):
     _, size, sha256 = smollm2()
     routes = {LISTING: listing(sibling(FILE, size, sha256))}
@@ -236,6 +242,7 @@ async def test_a_filename_not_in_the_repository_is_not_found(ca, policy):
 # Hanging up mid-body leaves httpcore's inner body generators to the garbage
 # collector, which trio reports as a ResourceWarning (shown only with -W error).
 @pytest.mark.filterwarnings("ignore::ResourceWarning")
+@pytest.mark.deadline(40)
 async def test_a_server_ignoring_range_is_read_only_to_a_bounded_prefix(ca, policy):
     path, size, sha256 = smollm2()
     routes = {
@@ -253,6 +260,7 @@ async def test_a_server_ignoring_range_is_read_only_to_a_bounded_prefix(ca, poli
     print(f"ignoring Range: {served:,} of {size:,} bytes served ({served / size:.2%})")
 
 
+@pytest.mark.deadline(40)
 async def test_a_hostile_header_is_refused(ca, policy):
     hostile = b"GGUF" + struct.pack("<IQQ", 3, 0, 1 << 62) + bytes(1 << 20)
     routes = {
@@ -270,6 +278,7 @@ async def test_a_hostile_header_is_refused(ca, policy):
     assert server.bytes_served[resolve("evil.gguf")] == 2 * 256 * 1024
 
 
+@pytest.mark.deadline(40)
 async def test_a_named_file_without_lfs_sha256_is_refused_unread(ca, policy):
     path, size, _ = smollm2()
     routes = {LISTING: listing(sibling(FILE, size, None)), resolve(): ServedFile(path)}
@@ -282,6 +291,7 @@ async def test_a_named_file_without_lfs_sha256_is_refused_unread(ca, policy):
     assert server.requests_for(resolve()) == []
 
 
+@pytest.mark.deadline(40)
 async def test_a_redirect_to_another_https_path_is_followed(ca, policy):
     path, size, sha256 = smollm2()
     routes = {
@@ -297,6 +307,7 @@ async def test_a_redirect_to_another_https_path_is_followed(ca, policy):
     assert server.bytes_served["/cdn/blobs/" + sha256] < size // 40
 
 
+@pytest.mark.deadline(40)
 async def test_a_redirect_to_plain_http_is_refused(ca, policy):
     path, size, sha256 = smollm2()
     routes = {LISTING: listing(sibling(FILE, size, sha256)), "/blob": ServedFile(path)}
@@ -310,6 +321,7 @@ async def test_a_redirect_to_plain_http_is_refused(ca, policy):
     assert server.requests_for("/blob") == []
 
 
+@pytest.mark.deadline(40)
 async def test_an_unknown_repository_is_not_found(ca, policy):
     with trio.fail_after(30):
         async with open_https_server(ca) as server:
@@ -318,6 +330,7 @@ async def test_an_unknown_repository_is_not_found(ca, policy):
     assert (caught.value.code, caught.value.status) == ("hub_repository_not_found", 404)
 
 
+@pytest.mark.deadline(40)
 async def test_a_hub_error_is_reported(ca, policy):
     routes = {LISTING: ServedJSON({"error": "down"}, status=503)}
     with trio.fail_after(30):
@@ -328,6 +341,7 @@ async def test_a_hub_error_is_reported(ca, policy):
     assert "503" in caught.value.message
 
 
+@pytest.mark.deadline(40)
 async def test_a_repository_without_gguf_files_is_not_found(ca, policy):
     routes = {LISTING: listing(sibling("model.safetensors", 10))}
     with trio.fail_after(30):
@@ -353,6 +367,7 @@ async def test_a_repository_without_gguf_files_is_not_found(ca, policy):
         ("owner/name", "main", "weights.bin", "filename"),
     ],
 )
+@pytest.mark.deadline(40)
 async def test_malformed_names_are_refused_before_any_request(
     ca, policy, repository, revision, filename, field
 ):
@@ -366,6 +381,7 @@ async def test_malformed_names_are_refused_before_any_request(
     assert server.requests == []
 
 
+@pytest.mark.deadline(40)
 async def test_loopback_is_refused_unless_the_operator_allows_it(ca, tmp_path):
     strict = FetchPolicy(ca_bundle=write_ca_bundle(tmp_path, ca))
     with trio.fail_after(30):
@@ -385,6 +401,7 @@ def standing_in_for_public(tmp_path: Path, ca: trustme.CA, address: str) -> Fetc
     )
 
 
+@pytest.mark.deadline(40)
 async def test_a_hub_name_that_rebinds_to_loopback_after_the_check_never_reaches_it(ca, tmp_path):
     # 127.0.0.2 stands in for a public address (nothing listens there); the name then
     # answers 127.0.0.1, where the hub stand-in listens and which the check refuses.
@@ -403,6 +420,7 @@ async def test_a_hub_name_that_rebinds_to_loopback_after_the_check_never_reaches
     assert resolver.lookups == [("localhost", "127.0.0.2")]
 
 
+@pytest.mark.deadline(40)
 async def test_every_hub_request_is_resolved_and_checked_again(ca, tmp_path):
     path, size, sha256 = smollm2()
     policy = standing_in_for_public(tmp_path, ca, "127.0.0.1")
@@ -418,6 +436,7 @@ async def test_every_hub_request_is_resolved_and_checked_again(ca, tmp_path):
     assert [request.path.split("?")[0] for request in server.requests] == [LISTING]
 
 
+@pytest.mark.deadline(40)
 async def test_a_file_served_at_another_size_than_listed_is_refused(ca, policy):
     path, size, sha256 = smollm2()
     routes = {

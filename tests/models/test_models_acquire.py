@@ -93,6 +93,7 @@ async def _api(service) -> Api:
     return Api(service, created["token"])
 
 
+@pytest.mark.deadline(60)
 async def test_acquires_the_real_smollm2_gguf_and_publishes_it_once(controller, https_server):
     path = smollm2_path()
     https_server.add("/smollm2.gguf", ServedFile(path))
@@ -126,6 +127,7 @@ async def test_acquires_the_real_smollm2_gguf_and_publishes_it_once(controller, 
     assert https_server.requests[0].headers["user-agent"].startswith("ficc/")
 
 
+@pytest.mark.deadline(60)
 async def test_a_dropped_connection_resumes_with_range_without_refetching(controller, https_server):
     content = random_bytes(10 * MiB + 12345, seed=1)
     https_server.add("/m.gguf", ServedFile(content, drop_after=6 * MiB + 7))
@@ -243,6 +245,7 @@ async def test_redirects_are_rechecked(controller, https_server, routes, reason)
     assert reason in done["files"][0]["reason"]
 
 
+@pytest.mark.deadline(40)
 async def test_a_refused_redirect_to_http_names_the_registered_url_and_the_target(
     serve_process, https_server
 ):
@@ -264,6 +267,7 @@ async def test_a_refused_redirect_to_http_names_the_registered_url_and_the_targe
     assert "only https:// URLs are fetched" in reason
 
 
+@pytest.mark.deadline(40)
 async def test_a_refused_redirect_after_several_hops_names_the_registered_url_and_the_last_hop(
     https_server, ca_bundle
 ):
@@ -315,6 +319,7 @@ async def test_a_name_that_rebinds_to_loopback_after_the_check_never_reaches_it(
     assert "non-public address (127.0.0.1)" in done["files"][0]["reason"]
 
 
+@pytest.mark.deadline(60)
 async def test_the_connection_goes_to_the_address_that_was_checked(controller, https_server):
     content = random_bytes(2 * MiB, seed=7)
     https_server.add("/m.gguf", ServedFile(content))
@@ -404,6 +409,7 @@ async def test_an_untrusted_certificate_fails_at_once_and_says_so(
     assert https_server.requests == []  # the handshake failed: nothing was asked, once
 
 
+@pytest.mark.deadline(60)
 async def test_pause_keeps_the_offset_and_acquire_resumes_from_it(controller, https_server):
     content = random_bytes(12 * MiB, seed=5)
     https_server.add("/m.gguf", ServedFile(content, chunk_delay=0.002))
@@ -433,6 +439,7 @@ async def _never_answers(request):
 
 
 @pytest.mark.parametrize("waiting_for", ["head", "body"])
+@pytest.mark.deadline(50)
 async def test_pause_interrupts_a_read_that_is_waiting_for_bytes(
     controller, https_server, waiting_for
 ):
@@ -456,6 +463,7 @@ async def test_pause_interrupts_a_read_that_is_waiting_for_bytes(
     assert body["files"][0]["state"] == "absent" and body["files"][0]["reason"] is None, body
 
 
+@pytest.mark.deadline(40)
 async def test_receiving_goes_on_during_an_fsync_but_only_so_far(
     controller, https_server, monkeypatch
 ):
@@ -501,6 +509,7 @@ async def test_receiving_goes_on_during_an_fsync_but_only_so_far(
     assert began[1] >= bound  # the next fsync covered everything written meanwhile
 
 
+@pytest.mark.deadline(60)
 async def test_acquisitions_are_bounded_in_concurrency(controller, https_server):
     contents = [random_bytes(4 * MiB, seed=10 + i) for i in range(2)]
     for i, content in enumerate(contents):

@@ -37,6 +37,7 @@ def small_disk(tmp_path):
         yield mount
 
 
+@pytest.mark.deadline(600)
 async def test_an_upload_that_fills_the_disk_is_refused_with_its_offset_and_frees_the_disk(
     tmp_path, ca_bundle, small_disk, monkeypatch
 ):
@@ -114,6 +115,7 @@ async def test_an_upload_that_fills_the_disk_is_refused_with_its_offset_and_free
         server.kill()
 
 
+@pytest.mark.deadline(600)
 async def test_an_acquisition_that_fills_the_disk_fails_with_its_offset(
     tmp_path, ca_bundle, small_disk, https_server, monkeypatch
 ):

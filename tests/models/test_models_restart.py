@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 
 import httpx
+import pytest
 import trio
 
 from ..conftest import bearer
@@ -21,6 +22,7 @@ from ..support.models_support import (
 MiB = 1 << 20
 
 
+@pytest.mark.deadline(60)
 async def test_sigkill_mid_acquisition_then_restart_resumes_from_the_durable_offset(
     tmp_path, ca_bundle, https_server
 ):

@@ -11,6 +11,8 @@ import hashlib
 import os
 from pathlib import Path
 
+import pytest
+
 from ficc_core import Placement, ResourceLimits, Runtime, Specification
 from ficc_core.inference.specification.model_context import ModelContexts
 from ficc_core.models.gguf import read_gguf_file
@@ -22,6 +24,7 @@ from ..support.models_support import smollm2_path
 DIGEST = "sha256:" + "0" * 64
 
 
+@pytest.mark.deadline(180)
 async def test_the_llama_cpp_job_of_a_split_model_has_every_part_beside_the_first(
     service, bootstrap, client, tmp_path
 ):

@@ -10,6 +10,7 @@ from contextlib import asynccontextmanager
 from urllib.parse import urlsplit
 
 import httpx
+import pytest
 import trio
 
 from ..conftest import bearer
@@ -114,6 +115,7 @@ async def _response_head(stream: trio.SocketStream) -> bytes:
     return received
 
 
+@pytest.mark.deadline(30)
 async def test_stalled_byte_uploads_free_their_slots_and_never_block_another_project(
     tmp_path, ca_bundle
 ):
@@ -165,6 +167,7 @@ async def test_stalled_byte_uploads_free_their_slots_and_never_block_another_pro
         assert again.status_code == 200 and again.json()["state"] == "verified"
 
 
+@pytest.mark.deadline(30)
 async def test_an_upload_is_refused_at_once_while_its_content_is_acquired(
     tmp_path, ca_bundle, https_server
 ):
@@ -204,6 +207,7 @@ async def test_an_upload_is_refused_at_once_while_its_content_is_acquired(
         await http.post(f"/api/v1/models/{acquiring['id']}/pause")
 
 
+@pytest.mark.deadline(60)
 async def test_two_projects_acquiring_the_same_content_both_end_verified(
     tmp_path, ca_bundle, https_server
 ):
@@ -234,6 +238,7 @@ async def test_two_projects_acquiring_the_same_content_both_end_verified(
     )
 
 
+@pytest.mark.deadline(60)
 async def test_every_failure_state_carries_the_envelopes_code_and_details(
     tmp_path, ca_bundle, https_server
 ):

@@ -32,6 +32,7 @@ TEMPO = {
 pytestmark = pytest.mark.slow
 
 
+@pytest.mark.deadline(130)
 async def test_a_new_leader_leaves_a_live_upload_through_another_controller_alone(
     tmp_path, database_url
 ):

@@ -39,6 +39,7 @@ def agent_dir():
     shutil.rmtree(path, ignore_errors=True)
 
 
+@pytest.mark.deadline(40)
 async def test_a_remote_nodes_fence_refusals_arrive_as_their_own_classes(tmp_path, agent_dir):
     with trio.fail_after(30):
         async with open_controller(tmp_path) as (service, url):
@@ -70,6 +71,7 @@ async def test_a_remote_nodes_fence_refusals_arrive_as_their_own_classes(tmp_pat
                 nursery.cancel_scope.cancel()
 
 
+@pytest.mark.deadline(30)
 async def test_the_embedded_agents_refusals_arrive_as_the_same_classes(agent_dir):
     agent = process_agent_maker(agent_dir)("local")
     link = LocalNodeLink(agent)

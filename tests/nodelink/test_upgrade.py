@@ -86,6 +86,7 @@ async def _last_word(ws) -> dict:
                 return message
 
 
+@pytest.mark.deadline(40)
 async def test_agent_and_controller_negotiate_and_the_snapshot_says_its_version(
     tmp_path, agent_dir, monkeypatch
 ):
@@ -115,6 +116,7 @@ async def test_agent_and_controller_negotiate_and_the_snapshot_says_its_version(
                 nursery.cancel_scope.cancel()
 
 
+@pytest.mark.deadline(40)
 async def test_an_agent_before_versions_is_taken_as_1_0_and_served(tmp_path, agent_dir):
     with trio.fail_after(30):
         async with open_controller(tmp_path) as (service, url):
@@ -132,6 +134,7 @@ async def test_an_agent_before_versions_is_taken_as_1_0_and_served(tmp_path, age
                 assert node.snapshot["node_id"] == "gpu-1"
 
 
+@pytest.mark.deadline(40)
 async def test_a_newer_agents_unknown_snapshot_fields_are_ignored_known_ones_kept(
     tmp_path, agent_dir, caplog
 ):
@@ -164,6 +167,7 @@ async def test_a_newer_agents_unknown_snapshot_fields_are_ignored_known_ones_kep
                 assert "$.endpoint_version" in ended["message"]
 
 
+@pytest.mark.deadline(40)
 async def test_the_same_unknown_field_from_an_agent_of_this_version_is_refused(tmp_path, agent_dir):
     with trio.fail_after(30):
         async with open_controller(tmp_path) as (service, url):
@@ -184,6 +188,7 @@ async def test_the_same_unknown_field_from_an_agent_of_this_version_is_refused(t
 @pytest.mark.parametrize(
     ("version", "upgrade"), [("1.3", "controller"), ("2.1", "controller"), ("0.9", "agent")]
 )
+@pytest.mark.deadline(40)
 async def test_an_agent_outside_the_window_is_refused_naming_what_to_upgrade(
     tmp_path, version, upgrade
 ):
@@ -209,6 +214,7 @@ async def test_an_agent_outside_the_window_is_refused_naming_what_to_upgrade(
             assert (await service.contributors.get("gpu-1")).state != "connected"
 
 
+@pytest.mark.deadline(40)
 async def test_a_refused_agent_says_what_to_upgrade_and_keeps_dialling(
     tmp_path, agent_dir, monkeypatch, caplog
 ):
@@ -258,6 +264,7 @@ def _schema(url: str) -> dict:
         return conn.execute("SELECT version, compatible_from FROM ficc_schema").fetchone()
 
 
+@pytest.mark.deadline(70)
 async def test_a_database_an_expand_migrated_keeps_the_release_before_working(
     tmp_path, pg_url, monkeypatch
 ):
@@ -279,6 +286,7 @@ async def test_a_database_an_expand_migrated_keeps_the_release_before_working(
         assert _schema(pg_url) == recorded  # never migrated back, nor marked again
 
 
+@pytest.mark.deadline(70)
 async def test_a_database_a_contract_migrated_refuses_the_release_before(pg_url, monkeypatch):
     from ficc_core.base.errors import StoreError
     from ficc_core.store.postgres import open_postgres_store
@@ -472,6 +480,7 @@ class _Traffic:
 
 
 @pytest.mark.slow
+@pytest.mark.deadline(420)
 async def test_a_fleet_upgrades_one_process_at_a_time_with_no_failed_request(
     tmp_path, pg_url, agent_dir
 ):

@@ -249,6 +249,7 @@ async def _serve_snapshot(tmp_path: Path, *extra: str) -> dict:
         server.kill()
 
 
+@pytest.mark.deadline(60)
 async def test_plain_serve_advertises_the_installed_llama_server_runtime(tmp_path, agent_dir):
     snapshot = await _serve_snapshot(tmp_path, "--agent-dir", agent_dir)
     [process] = snapshot["providers"]
@@ -267,6 +268,7 @@ async def test_plain_serve_advertises_the_installed_llama_server_runtime(tmp_pat
     assert not any(name.startswith("runtime/") for name in snapshot["labels"])
 
 
+@pytest.mark.deadline(60)
 async def test_an_agent_toml_runtime_of_the_same_name_overrides_the_plugins(tmp_path, agent_dir):
     engine = tmp_path / "my-llama-server"
     engine.write_bytes(b"#!/bin/sh\nexec true\n")

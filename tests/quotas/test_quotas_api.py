@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import httpx
+import pytest
 import trio
 
 from ..support.serve_support import FICC, ServeProcess
@@ -19,6 +20,7 @@ def _errors(response: httpx.Response) -> list[dict]:
     return error["details"]["errors"]
 
 
+@pytest.mark.deadline(130)
 async def test_limits_routes_and_cli_set_show_and_reach_the_server_from_another_process(
     tmp_path,
 ):

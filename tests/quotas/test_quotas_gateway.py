@@ -7,6 +7,7 @@ back counted once (the gateway's own refusals and the limit's not at all)."""
 from __future__ import annotations
 
 import httpx
+import pytest
 import trio
 
 from ficc_core.prices import Price
@@ -34,6 +35,7 @@ async def _burst(http: httpx.AsyncClient, count: int, body: dict, workers: int =
     return responses
 
 
+@pytest.mark.deadline(130)
 async def test_sixty_rpm_a_hundred_requests_in_a_second_sixty_served_forty_refused(tmp_path):
     with trio.fail_after(120):
         async with gateway_env(tmp_path) as env:
@@ -71,6 +73,7 @@ async def test_sixty_rpm_a_hundred_requests_in_a_second_sixty_served_forty_refus
             assert view["use"]["requests"] == 60
 
 
+@pytest.mark.deadline(70)
 async def test_tpm_refuses_an_estimate_that_does_not_fit_and_reconciles_to_usage(tmp_path):
     with trio.fail_after(60):
         async with gateway_env(tmp_path) as env:
@@ -103,6 +106,7 @@ async def test_tpm_refuses_an_estimate_that_does_not_fit_and_reconciles_to_usage
             assert await env.chats_seen(fence) == 2
 
 
+@pytest.mark.deadline(70)
 async def test_a_budget_of_one_unit_serves_nine_and_refuses_the_tenth_spend_exact(tmp_path):
     with trio.fail_after(60):
         async with gateway_env(tmp_path) as env:
@@ -142,6 +146,7 @@ async def test_a_budget_of_one_unit_serves_nine_and_refuses_the_tenth_spend_exac
             assert await env.chats_seen(fence) == 9
 
 
+@pytest.mark.deadline(70)
 async def test_a_failing_store_under_a_running_gateway_holds_no_request(tmp_path):
     with trio.fail_after(60):
         async with gateway_env(tmp_path) as env:
@@ -173,6 +178,7 @@ async def test_a_failing_store_under_a_running_gateway_holds_no_request(tmp_path
             assert row == {"requests": 5}
 
 
+@pytest.mark.deadline(70)
 async def test_a_request_that_falls_back_counts_once_and_the_gateways_refusals_not_at_all(
     tmp_path,
 ):
@@ -213,6 +219,7 @@ async def test_a_request_that_falls_back_counts_once_and_the_gateways_refusals_n
             assert await env.chats_seen(fence) == 2
 
 
+@pytest.mark.deadline(70)
 async def test_a_budget_set_or_moved_to_another_period_counts_what_was_spent_in_it(tmp_path):
     """Spend is counted per day and per month at once: a project's day budget moved to a
     month, and a key with no budget given a day's, both count today's spend."""
@@ -263,6 +270,7 @@ async def test_a_budget_set_or_moved_to_another_period_counts_what_was_spent_in_
             assert await env.chats_seen(fence) == 7
 
 
+@pytest.mark.deadline(70)
 async def test_a_quota_refusal_is_recorded_with_the_services_current_generation(tmp_path):
     with trio.fail_after(60):
         async with gateway_env(tmp_path) as env:

@@ -84,6 +84,7 @@ async def test_store_calls_run_in_worker_threads_not_on_the_event_loop(store_bac
     assert loop_thread not in (read_thread, write_thread)
 
 
+@pytest.mark.deadline(70)
 async def test_concurrent_read_modify_write_transactions_do_not_lose_updates(store_backend):
     await store_backend.write(_insert_project("c", "counter", 0))
 
@@ -99,6 +100,7 @@ async def test_concurrent_read_modify_write_transactions_do_not_lose_updates(sto
     assert row["created_at"] == 50
 
 
+@pytest.mark.deadline(40)
 async def test_a_read_sees_one_snapshot_while_a_write_commits_beside_it(store_backend):
     await store_backend.write(_insert_project("a", "a"))
     first_read, written = threading.Event(), threading.Event()

@@ -53,6 +53,7 @@ def _event(tx, subject_id: str) -> None:
     )
 
 
+@pytest.mark.deadline(40)
 async def test_a_controller_frozen_inside_a_write_holds_nobody(pg_url):
     frozen = await open_postgres_store(pg_url, pool_size=2, lock_timeout=3)
     other = await open_postgres_store(pg_url, pool_size=3, pool_timeout=2, lock_timeout=1)
@@ -118,6 +119,7 @@ async def test_a_controller_frozen_inside_a_write_holds_nobody(pg_url):
         await other.aclose()
 
 
+@pytest.mark.deadline(70)
 async def test_a_hung_database_is_refused_within_the_deadline_and_recovers(pg_url):
     info = psycopg.conninfo.conninfo_to_dict(pg_url)
     async with tcp_proxy("127.0.0.1", int(info["port"])) as proxy:
@@ -178,6 +180,7 @@ async def test_a_hung_database_is_refused_within_the_deadline_and_recovers(pg_ur
 
 
 @pytest.mark.slow
+@pytest.mark.deadline(130)
 async def test_ficc_serve_on_a_hung_database_answers_503_and_recovers(tmp_path, pg_url):
     """A real controller whose database hangs (the proxy stops forwarding): a write and
     a read route are refused 503 ``store_unavailable`` with ``Retry-After`` within their

@@ -9,6 +9,7 @@ import os
 import sqlite3
 
 import psycopg
+import pytest
 import trio
 
 from ficc_core.api.app import create_app
@@ -102,6 +103,7 @@ async def _migrate(source, url) -> trio.CompletedProcess:
     )
 
 
+@pytest.mark.deadline(130)
 async def test_migrate_store_copies_every_row_and_the_copy_serves(tmp_path, pg_url):
     data = tmp_path / "data"
     token, highest = await _fill(data)
@@ -149,6 +151,7 @@ async def test_migrate_store_copies_every_row_and_the_copy_serves(tmp_path, pg_u
         assert detail.service.alias == "a" and len(detail.reservations) == 1
 
 
+@pytest.mark.deadline(130)
 async def test_a_destination_holding_data_is_refused_and_nothing_is_written(tmp_path, pg_url):
     data = tmp_path / "data"
     await _fill(data)
@@ -168,6 +171,7 @@ async def test_a_destination_holding_data_is_refused_and_nothing_is_written(tmp_
         assert conn.execute("SELECT count(*) FROM projects").fetchone() == (1,)
 
 
+@pytest.mark.deadline(130)
 async def test_a_second_copy_onto_a_migrated_destination_is_refused(tmp_path, pg_url):
     data = tmp_path / "data"
     await _fill(data)
@@ -179,6 +183,7 @@ async def test_a_second_copy_onto_a_migrated_destination_is_refused(tmp_path, pg
         assert conn.execute("SELECT count(*) FROM users").fetchone() == (1,)
 
 
+@pytest.mark.deadline(60)
 async def test_wrong_arguments_are_refused_before_anything_is_touched(tmp_path):
     done = await trio.run_process(
         [*FICC, "admin", "migrate-store", "--from", str(tmp_path), "--to", "mysql://x"],

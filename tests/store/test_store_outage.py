@@ -12,6 +12,7 @@ or lost, the replica was never failed, and a service created then is placed.
 
 from __future__ import annotations
 
+import pytest
 import trio
 
 from ..agent.test_agent_processes import ExecutorProcess, agent_dir  # noqa: F401
@@ -59,6 +60,7 @@ async def _events(service, reasons: tuple[str, ...]) -> list[dict]:
     )
 
 
+@pytest.mark.deadline(130)
 async def test_an_outage_is_served_from_memory_and_nothing_is_lost_when_it_ends(tmp_path):
     engine, settings = standin_engine(tmp_path)
     with trio.fail_after(120):
@@ -147,6 +149,7 @@ async def test_an_outage_is_served_from_memory_and_nothing_is_lost_when_it_ends(
             assert response.status_code == 200, response.text
 
 
+@pytest.mark.deadline(130)
 async def test_a_remote_nodes_relayed_requests_flow_while_the_store_does_not_answer(
     tmp_path,
     agent_dir,  # noqa: F811

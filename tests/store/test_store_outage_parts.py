@@ -23,6 +23,7 @@ from ..support.models_support import gguf_manifest, random_bytes
 from ..support.store_faults import store_outage
 
 
+@pytest.mark.deadline(41)
 async def test_a_credential_verified_before_is_served_at_once_while_the_store_fails(
     service, bootstrap
 ):
@@ -63,6 +64,7 @@ async def test_a_credential_never_seen_is_503_store_unavailable_not_401(service,
     assert refused.value.status == 503 and refused.value.headers["Retry-After"] == "1"
 
 
+@pytest.mark.deadline(40)
 async def test_a_browser_session_verified_before_is_served_while_the_store_fails(
     service, bootstrap
 ):
@@ -99,6 +101,7 @@ async def test_a_management_route_is_a_503_envelope_with_retry_after(
     assert int(response.headers["Retry-After"]) >= 1
 
 
+@pytest.mark.deadline(40)
 async def test_node_silence_counts_from_the_stores_return_not_through_the_outage(service):
     clock = FakeClock()
     nodes = NodeRegistry(service.store, unreachable_after=2, lost_after=4, clock=clock)
@@ -128,6 +131,7 @@ async def test_node_silence_counts_from_the_stores_return_not_through_the_outage
             nursery.cancel_scope.cancel()
 
 
+@pytest.mark.deadline(30)
 async def test_no_route_answers_a_500_while_the_store_is_down(service, app, client, bootstrap):
     """Every route of the table, with placeholders in its path and an empty JSON body:
     what needs the store is 503 store_unavailable with Retry-After; nothing is a 500."""
@@ -155,6 +159,7 @@ def _placeholder(name: str) -> str:
     return {"index": "0", "replica": "0", "file_index": "0"}.get(name, f"x-{name}")
 
 
+@pytest.mark.deadline(30)
 async def test_an_acquisition_waits_out_an_outage_and_resumes(
     controller,  # noqa: F811
     https_server,

@@ -30,6 +30,7 @@ SETTINGS = {
 
 
 @pytest.mark.slow
+@pytest.mark.deadline(160)
 async def test_postgresql_stopped_for_30_s_under_load_loses_nothing(tmp_path, pg_own_server):
     server = pg_own_server
     url = server.url(server.create_database())

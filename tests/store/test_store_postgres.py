@@ -31,6 +31,7 @@ def _waiting_for_the_write_lock(url: str) -> int:
         ).fetchone()[0]
 
 
+@pytest.mark.deadline(40)
 async def test_two_controllers_racing_for_the_last_slice_exactly_one_wins(pg_url):
     """Two stores (two pools: two controllers) run the same read-check-insert: the
     second's check waits for the first's commit, sees its row, and refuses."""
@@ -74,6 +75,7 @@ async def test_two_controllers_racing_for_the_last_slice_exactly_one_wins(pg_url
         await second.aclose()
 
 
+@pytest.mark.deadline(40)
 async def test_reads_do_not_wait_for_a_write_in_progress(pg_url):
     store = await open_postgres_store(pg_url)
     writing, done = threading.Event(), threading.Event()
@@ -97,6 +99,7 @@ async def test_reads_do_not_wait_for_a_write_in_progress(pg_url):
         await store.aclose()
 
 
+@pytest.mark.deadline(40)
 async def test_every_connection_busy_past_the_pool_timeout_is_a_503_with_retry_after(pg_url):
     store = await open_postgres_store(pg_url, pool_size=2, pool_timeout=0.5)
     started, release = threading.Semaphore(0), threading.Event()
@@ -127,6 +130,7 @@ async def test_every_connection_busy_past_the_pool_timeout_is_a_503_with_retry_a
         await store.aclose()
 
 
+@pytest.mark.deadline(70)
 async def test_a_stopped_server_is_a_503_not_a_hang_and_the_store_recovers(pg_own_server):
     server = pg_own_server
     name = server.create_database()
@@ -160,6 +164,7 @@ async def test_a_stopped_server_is_a_503_not_a_hang_and_the_store_recovers(pg_ow
         await store.aclose()
 
 
+@pytest.mark.deadline(30)
 async def test_opening_an_unreachable_server_fails_within_the_pool_timeout(pg_own_server):
     url = pg_own_server.url()
     await trio.to_thread.run_sync(pg_own_server.stop)
@@ -167,6 +172,7 @@ async def test_opening_an_unreachable_server_fails_within_the_pool_timeout(pg_ow
         await open_postgres_store(url, pool_timeout=1)
 
 
+@pytest.mark.deadline(30)
 async def test_a_refused_connection_at_start_says_why(pg_server):
     missing = pg_server.url("no_such_database")
     with trio.fail_after(20), pytest.raises(StoreError, match='"no_such_database" does not exist'):
@@ -175,6 +181,7 @@ async def test_a_refused_connection_at_start_says_why(pg_server):
         await open_postgres_store("postgresql://u@h/db?nonsense=1")
 
 
+@pytest.mark.deadline(40)
 async def test_two_controllers_starting_together_migrate_once(pg_url):
     stores = []
 
@@ -194,6 +201,7 @@ async def test_two_controllers_starting_together_migrate_once(pg_url):
             await store.aclose()
 
 
+@pytest.mark.deadline(60)
 async def test_a_postgresql_database_from_a_newer_ficc_is_refused_untouched(pg_url):
     with psycopg.connect(pg_url, autocommit=True) as conn:
         conn.execute("CREATE TABLE ficc_schema (version BIGINT NOT NULL)")
@@ -219,6 +227,7 @@ async def test_open_store_picks_the_backend_from_database_url(backend_config):
         await store.aclose()
 
 
+@pytest.mark.deadline(70)
 async def test_a_busy_pool_answers_an_unknown_token_503_never_401(tmp_path, pg_url):
     """Through the real app: with every connection held, a token the controller has not
     verified cannot be judged, so it is a 503 with Retry-After, not a 401."""

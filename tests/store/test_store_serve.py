@@ -8,11 +8,13 @@ import signal
 
 import httpx
 import psycopg
+import pytest
 import trio
 
 from ..support.serve_support import ServeProcess
 
 
+@pytest.mark.deadline(40)
 async def test_serve_with_database_url_runs_on_postgresql_and_bootstraps_once(tmp_path, pg_url):
     settings = tmp_path / "ficc.toml"
     settings.write_text(f'database_url = "{pg_url}"\nfirst_run_secrets = "stdout"\n')

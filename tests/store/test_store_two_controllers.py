@@ -4,12 +4,14 @@ the node is never over-committed, whichever controller each submit reaches."""
 
 from __future__ import annotations
 
+import pytest
 import trio
 
 from ..inference.test_inference_api import GIB, _gpu_node, _placement, _spec, _tiny_model
 from ..support.inference_support import open_inference_controller
 
 
+@pytest.mark.deadline(100)
 async def test_submits_on_two_controllers_never_over_commit_the_last_gpu_memory(tmp_path, pg_url):
     with trio.fail_after(90):
         async with (

@@ -25,6 +25,7 @@ from ..support.serve_support import ServeProcess, ficc_command
 pytestmark = pytest.mark.slow
 
 
+@pytest.mark.deadline(610)
 async def test_plain_serve_login_add_create_and_chat_get_an_answer(tmp_path):
     env = {key: value for key, value in os.environ.items() if not key.startswith("FICC_")}
     env["XDG_CONFIG_HOME"] = str(tmp_path / "config")

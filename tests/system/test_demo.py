@@ -64,6 +64,7 @@ async def _snippets(proc, seconds: float = 120) -> tuple[str, str, str]:
 
 
 @pytest.mark.slow
+@pytest.mark.deadline(600)
 async def test_serve_demo_gives_a_working_chat_service_and_reuses_it_on_the_next_run(tmp_path):
     agent_dir = tempfile.mkdtemp(prefix="fd-", dir="/tmp")
     log_path = tmp_path / "serve.log"
@@ -211,6 +212,7 @@ def _wait_for(path: Path, text: str, proc, seconds: float) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.deadline(600)
 async def test_a_failing_demo_ends_at_once_with_why_the_controller_serves_on_and_a_rerun_restarts(
     tmp_path,
 ):

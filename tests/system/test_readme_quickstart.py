@@ -177,6 +177,7 @@ def test_models_add_finds_the_packaged_smollm2_by_its_bare_name(tmp_path, monkey
 
 
 @pytest.mark.slow
+@pytest.mark.deadline(310)
 async def test_make_serve_demo_answers_a_chat_with_a_110_character_home(tmp_path, fresh_machine):
     env, work, port = fresh_machine
     log_path = tmp_path / "serve.log"
@@ -203,6 +204,7 @@ async def test_make_serve_demo_answers_a_chat_with_a_110_character_home(tmp_path
 
 
 @pytest.mark.slow
+@pytest.mark.deadline(130)
 async def test_the_plain_quick_start_answers_a_chat_with_a_110_character_home(
     tmp_path, fresh_machine
 ):

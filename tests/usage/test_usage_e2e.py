@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 
+import pytest
 import trio
 
 from ficc_core.base.errors import FiccError
@@ -49,6 +50,7 @@ def _sample(text: str, name: str) -> float:
     return 0.0
 
 
+@pytest.mark.deadline(100)
 async def test_requests_flow_while_usage_writes_fail_and_the_records_come_back(tmp_path):
     with trio.fail_after(90):
         async with gateway_env(tmp_path) as env:
@@ -86,6 +88,7 @@ async def test_requests_flow_while_usage_writes_fail_and_the_records_come_back(t
             assert group["latency"]["duration"]["p50"] is not None
 
 
+@pytest.mark.deadline(100)
 async def test_refusals_after_the_key_was_known_are_usage_by_code(tmp_path):
     with trio.fail_after(90):
         async with gateway_env(tmp_path) as env:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 
+import pytest
 import trio
 
 from ficc_core.usage import UsageLedger, UsageSpool
@@ -37,6 +38,7 @@ def _killed(ledger: UsageLedger) -> None:
     ledger.spool.close(remove=False)
 
 
+@pytest.mark.deadline(40)
 async def test_records_a_killed_controller_held_are_replayed_once_at_the_next_start(
     store_backend, tmp_path
 ):
@@ -74,6 +76,7 @@ async def test_records_a_killed_controller_held_are_replayed_once_at_the_next_st
         assert len(await _rows(store_backend)) == 8
 
 
+@pytest.mark.deadline(40)
 async def test_a_running_controller_s_spool_is_not_replayed_and_a_cut_line_is_skipped(
     store_backend, tmp_path
 ):
@@ -98,6 +101,7 @@ async def test_a_running_controller_s_spool_is_not_replayed_and_a_cut_line_is_sk
         assert [row["completion_tokens"] for row in await _rows(store_backend)] == [1, 2, 3]
 
 
+@pytest.mark.deadline(40)
 async def test_a_clean_stop_leaves_no_spool_and_the_spool_moves_on_at_each_write(
     store_backend, tmp_path
 ):

@@ -16,6 +16,7 @@ import tempfile
 from pathlib import Path
 
 import httpx
+import pytest
 import trio
 
 from ..agent.test_agent_processes import _engine_pids
@@ -38,6 +39,7 @@ def _serve(tmp_path: Path, agent_dir: Path) -> ServeProcess:
     )
 
 
+@pytest.mark.deadline(130)
 async def test_the_usage_of_requests_a_sigkilled_controller_answered_is_there_after_restart(
     tmp_path,
 ):

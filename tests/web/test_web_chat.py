@@ -251,6 +251,7 @@ def _chat(controller, service_id: str) -> None:
         watch.check()
 
 
+@pytest.mark.deadline(410)
 async def test_the_playground_streams_stops_shows_refusals_and_the_dashboard_counts(tmp_path):
     chromium_or_skip()
     async with open_inference_controller(

@@ -218,6 +218,7 @@ def _login_dashboard_and_logout(console: Console) -> None:
         watch.check()
 
 
+@pytest.mark.deadline(600)
 async def test_log_in_watch_the_dashboard_change_live_and_log_out(tmp_path):
     chromium_or_skip()
     async with open_console(tmp_path) as console:
@@ -285,6 +286,7 @@ def _csrf_and_projects(console: Console) -> None:
         watch.check()
 
 
+@pytest.mark.deadline(600)
 async def test_csrf_is_required_from_the_page_and_a_project_sees_only_its_own(tmp_path):
     chromium_or_skip()
     async with open_console(tmp_path) as console:
@@ -327,6 +329,7 @@ def _few_scopes_then_ended(console: Console, carol_id: str) -> None:
         watch.check()
 
 
+@pytest.mark.deadline(600)
 async def test_a_session_sees_what_its_scopes_allow_and_leaves_when_ended_elsewhere(tmp_path):
     chromium_or_skip()
     async with open_console(tmp_path) as console:

@@ -240,6 +240,7 @@ def _without_inference_read(url: str) -> None:
         watch.check()
 
 
+@pytest.mark.deadline(310)
 async def test_a_session_that_cannot_list_services_is_told_so_and_shown_no_form(tmp_path):
     chromium_or_skip()
     async with open_inference_controller(
@@ -252,6 +253,7 @@ async def test_a_session_that_cannot_list_services_is_told_so_and_shown_no_form(
             )
 
 
+@pytest.mark.deadline(610)
 async def test_a_service_is_previewed_created_and_started_from_the_services_page(tmp_path):
     chromium_or_skip()
     with trio.fail_after(600):

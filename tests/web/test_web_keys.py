@@ -193,6 +193,7 @@ def _keys_and_usage(url: str, service_id: str) -> None:
         watch.check()
 
 
+@pytest.mark.deadline(130)
 async def test_a_service_key_is_shown_once_works_until_revoked_and_its_use_is_on_the_usage_page(
     tmp_path,
 ):
@@ -351,6 +352,7 @@ def _approve_a_signup(url: str) -> None:
         watch.check()
 
 
+@pytest.mark.deadline(600)
 async def test_an_administrator_approves_a_signup_and_a_member_sees_no_administration(tmp_path):
     chromium_or_skip()
     async with open_inference_controller(
@@ -447,6 +449,7 @@ def _application_keys(url: str) -> str:
     return token
 
 
+@pytest.mark.deadline(600)
 async def test_an_application_key_made_in_the_console_outlives_the_logout(tmp_path):
     chromium_or_skip()
     async with open_inference_controller(

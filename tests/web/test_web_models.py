@@ -222,6 +222,7 @@ def _upload_resume_and_delete(url: str, token: str, data_dir) -> None:
     api.close()
 
 
+@pytest.mark.deadline(600)
 async def test_upload_from_the_page_resumes_after_a_reload_and_deletes_with_evict(tmp_path):
     chromium_or_skip()
     async with open_inference_controller(
@@ -326,6 +327,7 @@ def _hub_preview_register_and_acquire(controller) -> None:
         watch.check()
 
 
+@pytest.mark.deadline(600)
 async def test_register_from_the_hub_after_its_preview_and_follow_the_acquisition(
     tmp_path, ca_bundle, https_server
 ):
@@ -476,6 +478,7 @@ def _stop_and_continue(url: str, token: str, folder) -> None:
         watch.check()
 
 
+@pytest.mark.deadline(600)
 async def test_an_upload_stopped_from_the_page_continues_where_it_stopped(tmp_path):
     chromium_or_skip()
     async with open_inference_controller(

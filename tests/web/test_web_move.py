@@ -53,6 +53,7 @@ def _move_from_the_page(url: str, service_id: str) -> None:
         watch.check()
 
 
+@pytest.mark.deadline(310)
 async def test_a_replica_moves_to_another_node_from_its_page(tmp_path) -> None:
     chromium_or_skip()
     with trio.fail_after(300):

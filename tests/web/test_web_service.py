@@ -366,6 +366,7 @@ def _stale_start(page, watch, url: str, service_id: str, token: str) -> None:
     expect(page.locator("#state .badge")).to_have_text("stopped", timeout=60_000)
 
 
+@pytest.mark.deadline(610)
 async def test_a_service_page_starts_follows_logs_stops_and_previews_a_rollout(tmp_path):
     chromium_or_skip()
     with trio.fail_after(600):
@@ -495,6 +496,7 @@ def _move_to_a_node_that_fits(page) -> None:
     page.unroute_all()
 
 
+@pytest.mark.deadline(610)
 async def test_a_scaled_service_is_pinned_unpinned_and_drained_from_its_page(tmp_path):
     chromium_or_skip()
     with trio.fail_after(600):
@@ -577,6 +579,7 @@ def _quick_stop_and_removal(url: str, token: str, service_id: str) -> None:
         watch.check()
 
 
+@pytest.mark.deadline(610)
 async def test_stop_right_after_start_stops_and_a_removed_service_is_said_gone(tmp_path):
     chromium_or_skip()
     with trio.fail_after(600):

@@ -265,6 +265,7 @@ def _panes(url: str, service_id: str, events: list[dict], generation: int) -> No
         watch.check()
 
 
+@pytest.mark.deadline(310)
 async def test_a_service_page_bounds_its_events_reads_its_log_and_rolls_out_from_a_form(
     tmp_path,
 ):
@@ -310,6 +311,7 @@ def _no_lines(url: str, service_id: str) -> None:
         watch.check()
 
 
+@pytest.mark.deadline(130)
 async def test_a_log_that_has_no_line_says_so_and_only_then(tmp_path):
     """An engine that writes nothing (it never gets ready): the page reads its log at once
     and says "No lines yet." because there is none."""
