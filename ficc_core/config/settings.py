@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
+import attr
 import attrs
 
 from .auth import AuthSettings
@@ -23,35 +25,63 @@ from .server import ServerSettings
 from .store import StoreSettings
 from .usage import UsageSettings
 
-
-def _own(_cls: type, fields: list[attrs.Attribute]) -> list[attrs.Attribute]:
-    """Make every section's setting Config's own, as when one class declared them all:
-    attrs names a setting's Attribute (``inherited`` included) in its validators' errors,
-    which stay word for word."""
-    return [field.evolve(inherited=False) for field in fields]
-
-
-# attrs collects the sections' fields from the last base to the first, so the bases are
-# listed in reverse: the settings' order (the reference, --help, ``ficc config``) is
-# server, auth, logs, store, models, nodes, inference, controllers, gateway, priority,
-# routing, limits, scaling, usage, console.
-@attrs.frozen(field_transformer=_own)
-class Config(
-    ConsoleSettings,
-    UsageSettings,
-    ScalingSettings,
-    LimitSettings,
-    RoutingSettings,
-    PrioritySettings,
-    GatewaySettings,
-    ControllerSettings,
-    InferenceSettings,
-    NodeSettings,
-    ModelSettings,
-    StoreSettings,
-    LogSettings,
-    AuthSettings,
+# The sections in the settings' order (the reference, --help, ``ficc config``).
+_SECTIONS = (
     ServerSettings,
+    AuthSettings,
+    LogSettings,
+    StoreSettings,
+    ModelSettings,
+    NodeSettings,
+    InferenceSettings,
+    ControllerSettings,
+    GatewaySettings,
+    PrioritySettings,
+    RoutingSettings,
+    LimitSettings,
+    ScalingSettings,
+    UsageSettings,
+    ConsoleSettings,
+)
+
+
+def _declared(sections: tuple[type, ...]) -> dict[str, Any]:
+    """Every section's settings, in order, declared again as :class:`Config`'s own.
+
+    So Config keeps them in slots, as when one class declared them all, and an attrs
+    validator's error, which shows the setting's Attribute, reads word for word as then.
+    """
+    return {
+        field.name: attr.ib(
+            default=field.default,
+            validator=field.validator,
+            converter=field.converter,
+            metadata=field.metadata,
+            type=field.type,
+        )
+        for section in sections
+        for field in attrs.fields(section)
+    }
+
+
+# The bases are the same sections (they type Config's attributes; attrs reads `these`).
+@attrs.frozen(these=_declared(_SECTIONS))
+class Config(
+    ServerSettings,
+    AuthSettings,
+    LogSettings,
+    StoreSettings,
+    ModelSettings,
+    NodeSettings,
+    InferenceSettings,
+    ControllerSettings,
+    GatewaySettings,
+    PrioritySettings,
+    RoutingSettings,
+    LimitSettings,
+    ScalingSettings,
+    UsageSettings,
+    ConsoleSettings,
 ):
     """Every setting of a FICC controller, with its embedded default."""
 
@@ -79,3 +109,7 @@ class Config(
     def tls(self) -> bool:
         """Whether the service speaks HTTPS."""
         return self.tls_certfile is not None and self.tls_keyfile is not None
+
+
+if Config.__bases__ != _SECTIONS:  # a section added to one of the two lists only
+    raise TypeError("Config's bases and _SECTIONS name the same sections in the same order")
