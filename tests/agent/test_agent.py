@@ -20,6 +20,7 @@ from ficc_core.schema import GpuDevice
 from ficc_core.testing.executor_kit import new_fence, standin_job
 
 from ..support.agent_support import lease_carried
+from ..support.waiting import eventually
 
 
 @pytest.fixture
@@ -171,8 +172,7 @@ async def test_an_attempt_whose_lease_expires_is_stopped_by_the_agent(running):
     with trio.fail_after(30):
         await running.launch("process", standin_job(), fence, lease=1.0)
         provider = running.providers["process"]
-        while fence.attempt_id not in running.expired:  # noqa: ASYNC110
-            await trio.sleep(0.1)
+        await eventually(lambda: fence.attempt_id in running.expired, None, every=0.1)
         status = await provider.status(fence)
     assert status.state == "stopped"
     assert running.leases() == []

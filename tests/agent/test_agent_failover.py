@@ -26,6 +26,7 @@ from ficc_core.testing.executor_kit import new_fence, standin_job
 
 from ..support.agent_support import process_agent_maker
 from ..support.failover_support import CREDENTIAL, WirePeer
+from ..support.waiting import eventually
 from .test_agent_relay import _stats
 
 
@@ -125,8 +126,7 @@ async def test_one_controller_going_away_leaves_the_other_link_working(agent_dir
             assert remote.leader is remote.links[0]
 
             leader.go_away()
-            while remote.links[0].connected:  # noqa: ASYNC110
-                await trio.sleep(0.02)
+            await eventually(lambda: not remote.links[0].connected, None, every=0.02)
             # The standby's link carries on: heartbeats, and the endpoint action relayed.
             await standby.wait_heartbeats(3)
             link = await standby.connected()
@@ -216,8 +216,7 @@ async def test_an_attempt_renewed_only_by_a_deposed_leader_expires(agent_dir):
             fence = new_fence()
             await old.launch(standin_job(), fence, term=1)
             await agent.see_term(2)  # a newer leader spoke (its own link is not needed here)
-            while fence.attempt_id not in agent.expired:  # noqa: ASYNC110
-                await trio.sleep(0.05)
+            await eventually(lambda: fence.attempt_id in agent.expired, None, every=0.05)
             assert agent.leases() == []
             nursery.cancel_scope.cancel()
 
@@ -236,8 +235,11 @@ async def test_a_controller_naming_another_node_is_refused_and_the_other_keeps_w
             # The first controller to name the node decides it; the other is refused.
             named = peers[agent.node_id]
             other = peers["gpu-2" if agent.node_id == "gpu-1" else "gpu-1"]
-            while not any("node_mismatch" in r.getMessage() for r in caplog.records):  # noqa: ASYNC110
-                await trio.sleep(0.02)
+            await eventually(
+                lambda: any("node_mismatch" in r.getMessage() for r in caplog.records),
+                None,
+                every=0.02,
+            )
             await named.wait_heartbeats(2)
             assert other.heartbeats == 0
             nursery.cancel_scope.cancel()
@@ -319,8 +321,7 @@ async def test_the_embedded_renewals_of_a_deposed_term_extend_nothing(agent_dir)
             )
             await agent.see_term(3)  # another controller took over
             nursery.start_soon(renew_leases, agent, 1.0, lambda: 2)
-            while fence.attempt_id not in agent.expired:  # noqa: ASYNC110
-                await trio.sleep(0.05)
+            await eventually(lambda: fence.attempt_id in agent.expired, None, every=0.05)
             nursery.cancel_scope.cancel()
 
 
@@ -393,11 +394,9 @@ async def test_a_launch_whose_term_was_superseded_while_staging_starts_nothing(a
             nursery.start_soon(launch)
             await stager.entered.wait()
             await peer.renew(term=2)  # a takeover while the blob downloads
-            while agent.term_seen < 2:  # noqa: ASYNC110
-                await trio.sleep(0.02)
+            await eventually(lambda: agent.term_seen >= 2, None, every=0.02)
             stager.release.set()
-            while not refusals:  # noqa: ASYNC110
-                await trio.sleep(0.02)
+            await eventually(lambda: refusals, None, every=0.02)
             assert refusals[0].details["current"] == 2
             assert agent.leases() == []
             with pytest.raises(UnknownAttempt):

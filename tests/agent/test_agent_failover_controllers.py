@@ -13,6 +13,7 @@ from ficc_core.agent.remote import RemoteAgent
 from ficc_core.testing.executor_kit import new_fence, standin_job
 
 from ..support.agent_support import heartbeats, open_controller, process_agent_maker, wait_connected
+from ..support.waiting import eventually
 from .test_agent_relay import _stats
 
 #: A short lease, so the standby takes over within the test's bounds.
@@ -51,16 +52,14 @@ async def test_one_controller_going_away_leaves_the_others_link_relaying(tmp_pat
                     assert (await agent.providers["process"].wait_ready(fence)).state == "ready"
 
                     stop_a.set()  # controller A is gone
-                    while remote.links[0].connected:  # noqa: ASYNC110
-                        await trio.sleep(0.02)
+                    await eventually(lambda: not remote.links[0].connected, None, every=0.02)
                     await wait_connected(b, "gpu-1")
                     await heartbeats(b, "gpu-1", 3)
                     assert b.contributors.connected_here("gpu-1")
                     assert isinstance(await _stats(b.contributors.endpoint("gpu-1"), fence), dict)
                     # A released its lease as it stopped: B leads at its next claim, and
                     # only then may it stop what runs.
-                    while not b.lease.leading:  # noqa: ASYNC110
-                        await trio.sleep(0.05)
+                    await eventually(lambda: b.lease.leading, None, every=0.05)
                     await b.contributors.stop("gpu-1", fence, grace=1.0)
                     agents.cancel_scope.cancel()
 

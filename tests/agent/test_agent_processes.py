@@ -16,6 +16,7 @@ import pytest
 import trio
 
 from ..support.serve_support import FICC, ServeProcess
+from ..support.waiting import eventually
 
 
 @pytest.fixture
@@ -293,8 +294,7 @@ async def test_a_frozen_controller_lets_the_leases_run_out_and_the_agent_stops_i
 
                 server.proc.send_signal(signal.SIGSTOP)
                 try:
-                    while fence.attempt_id not in agent.expired:  # noqa: ASYNC110
-                        await trio.sleep(0.05)
+                    await eventually(lambda: fence.attempt_id in agent.expired, None, every=0.05)
                     status = await agent.providers["process"].status(fence)
                     assert status.state == "stopped"
                 finally:
@@ -380,16 +380,14 @@ async def test_a_reconnecting_executor_keeps_wanted_engines_and_stops_given_up_o
                 executor.proc.send_signal(signal.SIGSTOP)
                 try:
                     registry.drop_connection("gpu-1")
-                    while registry.connected_here("gpu-1"):  # noqa: ASYNC110
-                        await trio.sleep(0.05)
+                    await eventually(lambda: not registry.connected_here("gpu-1"), None, every=0.05)
                     assert await registry.give_up("gpu-1", dropped.attempt_id)
                 finally:
                     executor.proc.send_signal(signal.SIGCONT)
                 third = await reconnected(service, second.connection_id)
                 assert third.adopted == (kept.attempt_id,)
                 assert [fence.attempt_id for fence in third.stop] == [dropped.attempt_id]
-                while _alive(dropped_engine):  # noqa: ASYNC110
-                    await trio.sleep(0.05)
+                await eventually(lambda: not _alive(dropped_engine), None, every=0.05)
                 # Only the adopted engine runs (a stopped attempt keeps its record and log).
                 running = [pid for pid in _engines_by_attempt(agent_dir).values() if _alive(pid)]
                 assert running == [engine]
@@ -439,12 +437,10 @@ async def test_an_engine_is_stopped_on_its_node_once_its_killed_agent_s_lease_pa
                 assert _alive(engine)
                 # No agent runs on the node now; the engine is stopped there anyway.
                 with trio.move_on_after(lease + 5.0):
-                    while _alive(engine):  # noqa: ASYNC110
-                        await trio.sleep(0.05)
+                    await eventually(lambda: not _alive(engine), None, every=0.05)
                 assert not _alive(engine), "the engine outlived its lease"
                 assert len(watchdogs) == 1
-                while _alive(watchdogs[0]):  # noqa: ASYNC110
-                    await trio.sleep(0.05)
+                await eventually(lambda: not _alive(watchdogs[0]), None, every=0.05)
     finally:
         if executor is not None:
             executor.kill()

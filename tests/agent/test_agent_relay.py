@@ -24,6 +24,7 @@ from ..support.agent_support import (
     process_agent_maker,
     wait_connected,
 )
+from ..support.waiting import eventually
 
 
 @pytest.fixture
@@ -166,8 +167,7 @@ async def test_a_stalled_reader_blocks_the_engine_while_leases_keep_renewing(tmp
                 assert agent.expired == []
                 assert (await agent.status(fence)).running
                 with trio.fail_after(5):
-                    while not held:  # noqa: ASYNC110
-                        await trio.sleep(0.05)
+                    await eventually(lambda: held, None, every=0.05)
                 assert isinstance(held[0], ResponseHead) and held[0].status == 200
 
                 # Bounded: four events on the controller, the agent waits for credit,
@@ -204,8 +204,7 @@ async def test_peer_loss_fails_open_streams_at_once_and_cancels_them_on_the_agen
                 before = (await _stats(local, fence))["disconnects"]
                 await endpoint.open(fence, "slow", "GET", "/slow", {}, b"")
                 assert isinstance(await endpoint.read(fence, "slow"), ResponseHead)
-                while remote.relay.open_streams != 1:  # noqa: ASYNC110
-                    await trio.sleep(0.01)
+                await eventually(lambda: remote.relay.open_streams == 1, None, every=0.01)
 
                 # The controller drops the connection (as a network failure would).
                 service.contributors.drop_connection("gpu-1")
@@ -226,8 +225,7 @@ async def test_peer_loss_fails_open_streams_at_once_and_cancels_them_on_the_agen
                 assert (await _stats(local, fence))["streams_open"] == 0
 
                 # It reconnects; the new connection's endpoint works.
-                while remote.sessions < 2:  # noqa: ASYNC110
-                    await trio.sleep(0.05)
+                await eventually(lambda: remote.sessions >= 2, None, every=0.05)
                 await wait_connected(service, "gpu-1")
                 status, _ = await _request(
                     service.contributors.endpoint("gpu-1"), fence, "GET", "/health"
@@ -268,8 +266,7 @@ async def test_a_long_stream_and_many_small_requests_pass_the_relay_whole(tmp_pa
                 relay = endpoints["relay"]
                 assert relay.open_streams == 0
                 with trio.fail_after(5):
-                    while remote.relay.open_streams:  # noqa: ASYNC110
-                        await trio.sleep(0.05)
+                    await eventually(lambda: not remote.relay.open_streams, None, every=0.05)
                 nursery.cancel_scope.cancel()
 
 
@@ -344,8 +341,9 @@ async def test_a_reconnecting_agent_is_reconciled_adopting_wanted_and_stopping_t
                     unknown.attempt_id,
                 }
                 assert result.missing == (vanished.attempt_id,)
-                while [lease.fence for lease in agent.leases()] != [wanted]:  # noqa: ASYNC110
-                    await trio.sleep(0.05)
+                await eventually(
+                    lambda: [lease.fence for lease in agent.leases()] == [wanted], None, every=0.05
+                )
                 assert (await agent.status(wanted)).state == "ready"
                 rows = {row.attempt_id: row for row in await registry.assignments("gpu-1")}
                 assert rows[wanted.attempt_id].wanted
@@ -370,8 +368,11 @@ async def test_an_abandoned_relayed_stream_expires_on_both_sides(tmp_path, agent
                 endpoint.idle_timeout = 0.5
                 await endpoint.open(fence, "bulk", "GET", "/stream", {}, b"")
                 with trio.fail_after(5):
-                    while endpoint.open_streams or remote.relay.open_streams:  # noqa: ASYNC110
-                        await trio.sleep(0.05)
+                    await eventually(
+                        lambda: not endpoint.open_streams and (not remote.relay.open_streams),
+                        None,
+                        every=0.05,
+                    )
                 with pytest.raises(FiccError) as gone:
                     await endpoint.read(fence, "bulk")
                 assert gone.value.code == "unknown_stream"

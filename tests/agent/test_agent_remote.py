@@ -21,6 +21,7 @@ from ..support.agent_support import (
     wait_connected,
 )
 from ..support.agent_support import open_controller as _controller
+from ..support.waiting import eventually
 
 
 @pytest.fixture
@@ -115,8 +116,7 @@ async def test_a_newer_connection_of_the_node_fences_out_the_older(tmp_path, age
 
                 await nursery.start(run_older)
                 await nursery.start(newer.run)
-                while not fenced:  # noqa: ASYNC110
-                    await trio.sleep(0.05)
+                await eventually(lambda: fenced, None, every=0.05)
                 assert fenced == ["connection_fenced"]
                 # The older one's end does not disconnect the node: the newer one's next
                 # heartbeats keep it connected.
@@ -167,8 +167,7 @@ async def test_an_agent_reconnects_after_the_controller_restarts(tmp_path, agent
             assert remote.sessions == 1
             # ... then finds it back, as the same agent and node.
             async with _controller(tmp_path, port=port) as (service, _):
-                while remote.sessions < 2:  # noqa: ASYNC110
-                    await trio.sleep(0.05)
+                await eventually(lambda: remote.sessions >= 2, None, every=0.05)
                 await wait_connected(service, "gpu-1")
                 assert remote.agent is agent and agent.node_id == "gpu-1"
                 node = await heartbeats(service, "gpu-1", 1)
@@ -259,13 +258,11 @@ async def test_an_agent_that_dials_a_stopping_controller_is_told_goodbye_and_dia
             [link] = remote.links
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(remote.run)
-                while link.goodbyes < 2:  # noqa: ASYNC110 (it keeps dialling)
-                    await trio.sleep(0.02)
+                await eventually(lambda: link.goodbyes >= 2, None, every=0.02)
                 assert link.sessions == 0 and link.away
                 live.closing = False  # back: it connects
                 await wait_connected(service, "gpu-1")
-                while not link.connected:  # noqa: ASYNC110
-                    await trio.sleep(0.02)
+                await eventually(lambda: link.connected, None, every=0.02)
                 assert not link.away
                 nursery.cancel_scope.cancel()
     said = [r for r in caplog.records if r.name == "ficc.agent"]

@@ -21,6 +21,7 @@ from ficc_core.schema import unstructure
 from ficc_core.testing.executor_kit import new_fence
 
 from ..support.agent_support import open_controller, process_agent_maker, wait_connected
+from ..support.waiting import eventually
 
 
 @pytest.fixture
@@ -55,8 +56,7 @@ async def test_a_node_whose_agent_went_away_is_a_502_naming_it(tmp_path, agent_d
                 link = registry.live.link("gpu-1")
                 endpoint = registry.endpoint("gpu-1")
                 nursery.cancel_scope.cancel()  # the agent goes away
-            while registry.connected_here("gpu-1"):  # noqa: ASYNC110
-                await trio.sleep(0.02)
+            await eventually(lambda: not registry.connected_here("gpu-1"), None, every=0.02)
 
             # Not connected here: every command says its agent is unreachable.
             with pytest.raises(NodeGone) as refused:

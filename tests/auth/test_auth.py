@@ -18,6 +18,7 @@ from ficc_core.base.errors import Unauthenticated
 
 from ..conftest import bearer, issue_token
 from ..support.clock import FakeClock
+from ..support.waiting import eventually
 
 
 async def test_whoami_reports_principal_project_and_scopes(client, service, bootstrap):
@@ -328,8 +329,7 @@ async def test_a_revocation_written_by_another_process_reaches_streaming_checks(
                     (clock.now + 1, principal.id),
                 )
             )
-            while auth.still_valid(principal):  # noqa: ASYNC110
-                await trio.sleep(0.01)
+            await eventually(lambda: not auth.still_valid(principal), None, every=0.01)
             nursery.cancel_scope.cancel()
     with pytest.raises(Unauthenticated) as refused:
         auth.check_valid(principal)

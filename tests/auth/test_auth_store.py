@@ -17,6 +17,7 @@ from ficc_core.base.errors import StoreUnavailable, Unauthenticated
 
 from ..conftest import bearer, issue_token
 from ..support.clock import FakeClock
+from ..support.waiting import eventually
 
 
 @pytest.fixture
@@ -164,8 +165,7 @@ async def test_revocations_are_still_watched_after_the_store_failed(service, boo
     with trio.fail_after(5):
         async with trio.open_nursery() as nursery:
             await nursery.start(auth.watch_revocations, 0.01)
-            while flaky.reads < 4:  # noqa: ASYNC110
-                await trio.sleep(0.01)
+            await eventually(lambda: flaky.reads >= 4, None, every=0.01)
             flaky.fail = False
             await service.store.write(
                 lambda tx: tx.execute(
@@ -173,8 +173,7 @@ async def test_revocations_are_still_watched_after_the_store_failed(service, boo
                     (clock.now + 1, principal.id),
                 )
             )
-            while auth.still_valid(principal):  # noqa: ASYNC110
-                await trio.sleep(0.01)
+            await eventually(lambda: not auth.still_valid(principal), None, every=0.01)
             nursery.cancel_scope.cancel()
 
 

@@ -20,6 +20,7 @@ from ficc_core.controller.lease_repository import read_controllers, read_leader
 from ficc_core.store import SQLiteStore, open_sqlite_store
 
 from ..support.clock import FakeClock
+from ..support.waiting import eventually
 
 
 @pytest.fixture
@@ -298,14 +299,12 @@ async def test_role_work_switches_with_the_role(store: SQLiteStore) -> None:
     with trio.fail_after(10):
         async with trio.open_nursery() as nursery:
             await nursery.start(a.run)
-            while log != ["lead"]:  # noqa: ASYNC110
-                await trio.sleep(0.01)
+            await eventually(lambda: log == ["lead"], None, every=0.01)
             # Another controller took the row meanwhile (our lease was judged expired).
             clock.now += 100
             now = clock()
             await store.write(lambda tx: claim(tx, "b", "http://b", None, now, 60.0, 0.0))
-            while log != ["lead", "follow"]:  # noqa: ASYNC110
-                await trio.sleep(0.01)
+            await eventually(lambda: log == ["lead", "follow"], None, every=0.01)
             assert not a.leading and a.leader.holder == "b"
             nursery.cancel_scope.cancel()
 
@@ -377,8 +376,7 @@ async def test_a_leader_the_store_stopped_answering_keeps_renewing_its_nodes_unt
             assert a.leading and a.renewing
             held = a.term
             stalling.stalled = trio.Event()
-            while a.leading:  # noqa: ASYNC110
-                await trio.sleep(0.05)
+            await eventually(lambda: not a.leading, None, every=0.05)
             assert a.renewing and a.term == held  # nobody can have taken it meanwhile
             with pytest.raises(NotLeader):
                 a.require_leader("move")

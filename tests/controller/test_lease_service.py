@@ -20,6 +20,7 @@ from ficc_core.inference import repository
 from ..conftest import bearer
 from ..support.lease_support import open_pair, serve
 from ..support.serve_support import ServeProcess
+from ..support.waiting import eventually
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}]}
 
@@ -70,12 +71,10 @@ async def test_the_standby_takes_over_when_the_leader_ends_and_the_old_one_retur
             b_lease = b.controller.service.lease
             ended = trio.current_time()
             await a.end()
-            while not b_lease.leading:  # noqa: ASYNC110
-                await trio.sleep(0.02)
+            await eventually(lambda: b_lease.leading, None, every=0.02)
             assert trio.current_time() - ended <= lease + renew
             assert b_lease.term == 2
-            while not b.controller.service.reconciler.running:  # noqa: ASYNC110
-                await trio.sleep(0.02)
+            await eventually(lambda: b.controller.service.reconciler.running, None, every=0.02)
             again = await serve(nursery, tmp_path, "ctl-a")
             assert not again.controller.service.lease.leading
             assert again.controller.service.lease.term == 2
@@ -83,8 +82,7 @@ async def test_the_standby_takes_over_when_the_leader_ends_and_the_old_one_retur
             view = await again.controller.ok("GET", "/api/v1/system/controllers")
             assert view["leader"]["id"] == "ctl-b" and view["this"]["role"] == "standby"
             await b.end()
-            while not again.controller.service.lease.leading:  # noqa: ASYNC110
-                await trio.sleep(0.02)
+            await eventually(lambda: again.controller.service.lease.leading, None, every=0.02)
             assert again.controller.service.lease.term == 3
             nursery.cancel_scope.cancel()
 
@@ -103,8 +101,9 @@ async def test_the_standby_refuses_a_move_naming_the_leader_and_serves_invoke(
             await a.wait_service(service_id, lambda v: v["state"] == "ready")
             # The standby's routing table follows the store.
             live = b.service.live
-            while not (live.get(service_id) and live.get(service_id).replicas):  # noqa: ASYNC110
-                await trio.sleep(0.05)
+            await eventually(
+                lambda: live.get(service_id) and live.get(service_id).replicas, None, every=0.05
+            )
             issued = await b.ok(
                 "POST", f"/api/v1/inference/{service_id}/tokens", status=201, json={"lifetime": 60}
             )
@@ -150,8 +149,7 @@ async def test_the_standby_refuses_a_move_naming_the_leader_and_serves_invoke(
             await pair.a.end()
             response = await b.http.post(path, headers=bearer(token), json=CHAT)
             assert response.status_code == 200, response.text
-            while not b.service.lease.leading:  # noqa: ASYNC110
-                await trio.sleep(0.02)
+            await eventually(lambda: b.service.lease.leading, None, every=0.02)
             response = await b.http.post(path, headers=bearer(token), json=CHAT)
             assert response.status_code == 200, response.text
             await b.wait_service(service_id, lambda v: v["state"] == "ready")
@@ -173,8 +171,11 @@ async def test_a_request_through_the_standby_wakes_an_idle_on_demand_service(
             assert (await a.control(service_id, "start")).status_code == 200
             await b.wait_service(service_id, lambda v: v["state"] == "idle")
             live = b.service.live
-            while not (live.get(service_id) and live.get(service_id).activation == "idle"):  # noqa: ASYNC110
-                await trio.sleep(0.05)
+            await eventually(
+                lambda: live.get(service_id) and live.get(service_id).activation == "idle",
+                None,
+                every=0.05,
+            )
             issued = await b.ok(
                 "POST", f"/api/v1/inference/{service_id}/tokens", status=201, json={"lifetime": 60}
             )

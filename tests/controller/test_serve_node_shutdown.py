@@ -33,6 +33,7 @@ from ..inference.test_inference_directory_models import register_tiny_hf, vllm_s
 from ..support.inference_support import Controller
 from ..support.ops_support import _node_factory
 from ..support.serve_support import ServeProcess
+from ..support.waiting import eventually
 
 #: Far longer than the shutdown takes, so waiting it out cannot pass for a prompt exit.
 GRACE = 120
@@ -141,8 +142,7 @@ async def test_sigterm_ends_a_remote_agents_connection_at_once_and_records_no_tr
                 assert trio.current_time() - began < PROMPT
                 # The agent was told the controller is going away: no lost connection.
                 [link] = remote.links
-                while link.connected:  # noqa: ASYNC110
-                    await trio.sleep(0.02)
+                await eventually(lambda: not link.connected, None, every=0.02)
                 assert link.goodbyes == 1
                 nursery.cancel_scope.cancel()
             assert code == 0, server.read_rest()

@@ -25,6 +25,7 @@ import trio
 from ..agent.test_agent_processes import _engine_pids, agent_dir  # noqa: F401
 from ..support.models_support import smollm2_path
 from ..support.serve_support import FICC, ServeProcess
+from ..support.waiting import eventually
 
 pytestmark = pytest.mark.slow
 
@@ -123,8 +124,9 @@ async def test_a_killed_engine_is_an_event_with_its_reason_a_restart_and_an_info
             def logged() -> list[str]:
                 return [line for line in list(log) if " INFO ficc.events: " in line]
 
-            while not any("replica.restarted" in line for line in logged()):  # noqa: ASYNC110
-                await trio.sleep(0.05)
+            await eventually(
+                lambda: any("replica.restarted" in line for line in logged()), None, every=0.05
+            )
             ended = f"attempt.state attempt {failed['attempt_id']} ({failed['reason']}): "
             [line] = [x for x in logged() if ended in x and "→ failed" in x]
             assert failed["message"] in line

@@ -14,6 +14,8 @@ import trio
 from ficc_core.executor import process_start_time
 from ficc_core.executor.watchdog import HELPER
 
+from ..support.waiting import eventually
+
 
 def _engine(script: str = "exec sleep 60") -> subprocess.Popen:
     """A stand-in for an engine: a shell leading a session of its own."""
@@ -38,8 +40,7 @@ def _watchdog(engine: subprocess.Popen, **spec) -> tuple[subprocess.Popen, int]:
 
 async def _exited(process: subprocess.Popen, seconds: float) -> int | None:
     with trio.move_on_after(seconds):
-        while process.poll() is None:  # noqa: ASYNC110
-            await trio.sleep(0.02)
+        await eventually(lambda: process.poll() is not None, None, every=0.02)
     return process.poll()
 
 

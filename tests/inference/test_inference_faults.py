@@ -24,6 +24,7 @@ from ..support.inference_support import (
     register_smollm2,
     write_agent_settings,
 )
+from ..support.waiting import eventually
 
 FAST_NODES = {"unreachable_after": "1s", "lost_after": "3s", "heartbeat_interval": "200ms"}
 
@@ -269,8 +270,11 @@ async def test_a_restarted_controller_adopts_the_running_replica_instead_of_laun
             await controller_missed(caplog, dials=2)
             assert _alive(engine_pid)
             async with open_inference_controller(tmp_path, embedded=False, port=port) as controller:
-                while not controller.service.contributors.connected_here("gpu-1"):  # noqa: ASYNC110
-                    await trio.sleep(0.05)
+                await eventually(
+                    lambda: controller.service.contributors.connected_here("gpu-1"),
+                    None,
+                    every=0.05,
+                )
                 view = await controller.wait_service(
                     service_id,
                     lambda v: (

@@ -28,6 +28,7 @@ from ..support.inference_support import (
     ready_service,
     register_smollm2,
 )
+from ..support.waiting import eventually
 
 FAST = {"liveness_interval": "1s", "liveness_timeout": "1s", "liveness_misses": 3}
 #: Probes are brought forward by failed scrapes: three misses of one second each, a
@@ -99,10 +100,13 @@ async def test_a_sigstopped_engine_leaves_routing_its_stream_ends_and_it_is_rest
                         nursery.start_soon(_stream, http, service_id, token, box)
                     # A stream is under way on the replica about to hang.
                     with trio.fail_after(30):
-                        while not gateway.load(hung.key) or not any(  # noqa: ASYNC110
-                            b.get("chunks") for b in streams
-                        ):
-                            await trio.sleep(0.05)
+                        await eventually(
+                            lambda: (
+                                gateway.load(hung.key) and any(b.get("chunks") for b in streams)
+                            ),
+                            None,
+                            every=0.05,
+                        )
                     for _ in range(2):
                         nursery.start_soon(_traffic, http, service_id, token, results, stop)
                     await trio.sleep(0.5)
@@ -111,8 +115,13 @@ async def test_a_sigstopped_engine_leaves_routing_its_stream_ends_and_it_is_rest
 
                     # Detected within the configured bound: out of routing.
                     with trio.fail_after(DETECTED_WITHIN + 5):
-                        while any(r.key == hung.key for r in live.get(service_id).replicas):  # noqa: ASYNC110
-                            await trio.sleep(0.05)
+                        await eventually(
+                            lambda: (
+                                not any(r.key == hung.key for r in live.get(service_id).replicas)
+                            ),
+                            None,
+                            every=0.05,
+                        )
                     detected_at = trio.current_time()
                     assert detected_at - stopped_at < DETECTED_WITHIN
                     assert live.suspended(hung.key) == "unresponsive"
@@ -121,10 +130,11 @@ async def test_a_sigstopped_engine_leaves_routing_its_stream_ends_and_it_is_rest
                     # Traffic goes on on the other replica: wait (bounded) until two
                     # requests sent after the detection have had their answers.
                     with trio.fail_after(90):
-                        while (  # noqa: ASYNC110
-                            sum(1 for r in results if r[0] >= detected_at) < 2
-                        ):
-                            await trio.sleep(0.05)
+                        await eventually(
+                            lambda: sum(1 for r in results if r[0] >= detected_at) >= 2,
+                            None,
+                            every=0.05,
+                        )
                     stop.set()
             finally:
                 await trio.to_thread.run_sync(_resume, pid)
@@ -241,8 +251,7 @@ async def test_a_hung_engine_that_answers_again_before_its_restart_is_put_back(t
             os.kill(pid, signal.SIGSTOP)
             try:
                 with trio.fail_after(20):
-                    while live.get(service_id).replicas:  # noqa: ASYNC110
-                        await trio.sleep(0.05)
+                    await eventually(lambda: not live.get(service_id).replicas, None, every=0.05)
                 view = await controller.ok("GET", f"/api/v1/inference/{service_id}")
             finally:
                 await trio.to_thread.run_sync(_resume, pid)
@@ -251,8 +260,11 @@ async def test_a_hung_engine_that_answers_again_before_its_restart_is_put_back(t
             assert shown["reason"] == "unresponsive", shown
             # Answering again, it is put back: the same attempt, no restart.
             with trio.fail_after(20):
-                while [r.key for r in live.get(service_id).replicas] != [replica.key]:  # noqa: ASYNC110
-                    await trio.sleep(0.05)
+                await eventually(
+                    lambda: [r.key for r in live.get(service_id).replicas] == [replica.key],
+                    None,
+                    every=0.05,
+                )
             view = await controller.wait_service(
                 service_id, lambda v: v["replicas"][0]["reason"] is None and v["state"] == "ready"
             )
@@ -469,11 +481,9 @@ async def test_one_that_answers_before_its_restart_is_put_back(autojump_clock):
     endpoint.hung = True
     async with trio.open_nursery() as nursery:
         nursery.start_soon(prober.follow, _ready_attempt(), lambda: 30.0)
-        while table.suspended("a-1") is None:  # noqa: ASYNC110
-            await trio.sleep(0.5)
+        await eventually(lambda: table.suspended("a-1") is not None, None, every=0.5)
         endpoint.hung = False
-        while table.suspended("a-1") is not None:  # noqa: ASYNC110
-            await trio.sleep(0.5)
+        await eventually(lambda: table.suspended("a-1") is None, None, every=0.5)
         nursery.cancel_scope.cancel()
     out, back = records.writes
     assert out["reason"] == "unresponsive"
@@ -498,8 +508,7 @@ async def test_one_recorded_unresponsive_before_a_controller_restart_stays_out_u
         await trio.sleep(1)
         assert [r.key for r in table.get("svc").replicas] == ["a-2"]
         endpoint.hung = False
-        while table.suspended("a-1") is not None:  # noqa: ASYNC110
-            await trio.sleep(0.5)
+        await eventually(lambda: table.suspended("a-1") is None, None, every=0.5)
         nursery.cancel_scope.cancel()
     [back] = records.writes
     assert back["reason"] is None

@@ -23,6 +23,7 @@ from ..support.inference_support import (
 )
 from ..support.logs_support import sse_items
 from ..support.ops_support import Traffic
+from ..support.waiting import eventually
 
 
 async def _under_traffic(controller, service_id: str, token: str, action, settled):
@@ -31,13 +32,11 @@ async def _under_traffic(controller, service_id: str, token: str, action, settle
     traffic = Traffic(body={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4})
     async with trio.open_nursery() as nursery:
         nursery.start_soon(traffic.run, controller.http, service_id, token)
-        while traffic.sent < 3:  # noqa: ASYNC110
-            await trio.sleep(0.05)
+        await eventually(lambda: traffic.sent >= 3, None, every=0.05)
         answer = await action()
         await controller.wait_service(service_id, settled, period=0.2)
         sent = traffic.sent
-        while traffic.sent < sent + 5:  # noqa: ASYNC110
-            await trio.sleep(0.05)
+        await eventually(lambda: traffic.sent >= sent + 5, None, every=0.05)
         traffic.stop.set()
     return answer, traffic
 

@@ -15,6 +15,7 @@ from ficc_core.inference import repository
 from ficc_core.inference.records import AttemptState
 
 from ..support.ops_support import Traffic, open_two_nodes
+from ..support.waiting import eventually
 
 STEPS = ["deploy_target", "wait_target_health", "stop_source", "undeploy_source", "update_binding"]
 
@@ -38,12 +39,10 @@ async def test_a_serving_replica_moves_to_another_node_with_no_failed_request(tm
             token = await ops.token(service_id)
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(traffic.run, controller.http, service_id, token)
-                while traffic.sent < 5:  # noqa: ASYNC110
-                    await trio.sleep(0.01)
+                await eventually(lambda: traffic.sent >= 5, None, every=0.01)
                 response = await _move(controller, service_id, target_node_id="node-2")
                 sent = traffic.sent
-                while traffic.sent < sent + 5:  # noqa: ASYNC110
-                    await trio.sleep(0.01)
+                await eventually(lambda: traffic.sent >= sent + 5, None, every=0.01)
                 traffic.stop.set()
             assert response.status_code == 200, response.text
             moved = response.json()
@@ -65,8 +64,9 @@ async def test_a_serving_replica_moves_to_another_node_with_no_failed_request(tm
             assert moved_event["details"]["from_node"] == "local"
             assert moved_event["details"]["to_node"] == "node-2"
             # The stopped source leaves the view at the driver's next step.
-            while controller.service.live.get(service_id).retiring:  # noqa: ASYNC110
-                await trio.sleep(0.02)
+            await eventually(
+                lambda: not controller.service.live.get(service_id).retiring, None, every=0.02
+            )
 
 
 class _Fault(RuntimeError):
@@ -401,8 +401,11 @@ async def test_a_replica_on_a_revoked_node_moves_off_it(tmp_path):
             controller = ops.controller
             service_id = await ops.running("local", "node-2")
             ops.node_2.cancel()  # a revoked agent is refused: stop it first
-            while controller.service.contributors.connected_here("node-2"):  # noqa: ASYNC110
-                await trio.sleep(0.02)
+            await eventually(
+                lambda: not controller.service.contributors.connected_here("node-2"),
+                None,
+                every=0.02,
+            )
             source = (await controller.ok("GET", f"/api/v1/inference/{service_id}"))["replicas"][1]
             await controller.service.contributors.revoke_node("node-2")
             # Its attempt ends stopped (node_revoked, docs/agents.md); the replica keeps
@@ -636,8 +639,11 @@ async def test_a_replica_whose_node_just_dropped_its_connection_moves_off_it(tmp
             service_id = await ops.running("local", "node-2")
             source = (await controller.ok("GET", f"/api/v1/inference/{service_id}"))["replicas"][1]
             ops.node_2.cancel()
-            while controller.service.contributors.connected_here("node-2"):  # noqa: ASYNC110
-                await trio.sleep(0.02)
+            await eventually(
+                lambda: not controller.service.contributors.connected_here("node-2"),
+                None,
+                every=0.02,
+            )
             assert (await controller.node("node-2"))["state"] == "connected"  # as recorded
             stop_source = await _moved_off_node_2(ops, service_id, removable=False)
             assert stop_source["ok"] and stop_source["details"]["given_up"] is True

@@ -11,6 +11,7 @@ import pytest
 import trio
 
 from ..support.ops_support import Traffic, open_two_nodes
+from ..support.waiting import eventually
 
 
 async def _rollout(controller, service_id: str, spec: dict, revision: int | None = None):
@@ -36,8 +37,7 @@ async def test_a_rollout_to_three_replicas_and_another_concurrency_fails_no_requ
             token = await ops.token(service_id)
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(traffic.run, controller.http, service_id, token)
-                while traffic.sent < 5:  # noqa: ASYNC110
-                    await trio.sleep(0.01)
+                await eventually(lambda: traffic.sent >= 5, None, every=0.01)
                 response = await _rollout(controller, service_id, spec)
                 assert response.status_code == 202, response.text
                 started = response.json()
@@ -54,8 +54,7 @@ async def test_a_rollout_to_three_replicas_and_another_concurrency_fails_no_requ
                     lambda v: v["generation"] == new_generation and v["state"] == "ready",
                 )
                 sent = traffic.sent
-                while traffic.sent < sent + 10:  # noqa: ASYNC110
-                    await trio.sleep(0.01)
+                await eventually(lambda: traffic.sent >= sent + 10, None, every=0.01)
                 traffic.stop.set()
             assert traffic.failures == [], traffic.failures
             assert [p["node_id"] for p in after["spec"]["placements"]] == [
@@ -234,8 +233,11 @@ async def test_a_restart_of_a_replica_whose_agent_is_away_is_refused_at_once(tmp
             controller = ops.controller
             service_id = await ops.running("local", "node-2")
             ops.node_2.cancel()  # node-2's agent stops dialling in
-            while controller.service.contributors.connected_here("node-2"):  # noqa: ASYNC110
-                await trio.sleep(0.02)
+            await eventually(
+                lambda: not controller.service.contributors.connected_here("node-2"),
+                None,
+                every=0.02,
+            )
             before = await controller.ok("GET", f"/api/v1/inference/{service_id}")
             for replica in (1, None):
                 response = await _restart(controller, service_id, replica)

@@ -14,6 +14,7 @@ import trio
 from ..cli.test_cli_inference import Cli, write_json
 from ..support.inference_support import llama_spec, open_inference_controller, register_smollm2
 from ..support.ops_support import Traffic, open_two_nodes
+from ..support.waiting import eventually
 from .test_inference_suggest import _estimate, _partial
 
 
@@ -109,8 +110,7 @@ async def test_a_rolling_rollout_on_a_full_node_serves_throughout_and_a_scale_do
             token = await ops.token(service_id)
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(traffic.run, controller.http, service_id, token, 1)
-                while traffic.sent < 3:  # noqa: ASYNC110
-                    await trio.sleep(0.01)
+                await eventually(lambda: traffic.sent >= 3, None, every=0.01)
                 response = await _rollout(controller, service_id, spec, strategy="rolling")
                 assert response.status_code == 202, response.text
                 started = response.json()
@@ -121,8 +121,7 @@ async def test_a_rolling_rollout_on_a_full_node_serves_throughout_and_a_scale_do
                     service_id, lambda v: v["generation"] == new and v["state"] == "ready"
                 )
                 sent = traffic.sent
-                while traffic.sent < sent + 5:  # noqa: ASYNC110
-                    await trio.sleep(0.01)
+                await eventually(lambda: traffic.sent >= sent + 5, None, every=0.01)
                 traffic.stop.set()
             # One replica served while the other was replaced: no request failed.
             assert traffic.failures == [], traffic.failures

@@ -12,6 +12,7 @@ import trio
 from ..cli.test_cli_inference import Cli
 from ..support.inference_support import llama_spec, open_inference_controller
 from ..support.logs_support import STARTUP_LINES, logging_engine, settled_log, sse_items, tiny_model
+from ..support.waiting import eventually
 
 
 def _agent(controller):
@@ -136,8 +137,7 @@ async def test_a_ticket_opens_the_live_stream_once_and_it_ends_with_the_attempt(
             assert seen[-1][0] == "end"
             assert json.loads(seen[-1][1]) == {"attempt_id": attempt_id, "reason": "attempt_ended"}
             with trio.fail_after(10):
-                while _agent(controller).open_follows:  # noqa: ASYNC110
-                    await trio.sleep(0.02)
+                await eventually(lambda: not _agent(controller).open_follows, None, every=0.02)
 
 
 @pytest.mark.deadline(130)
@@ -170,8 +170,7 @@ async def test_an_expired_ticket_is_refused_and_a_closed_client_ends_the_node_s_
                 assert agent.open_follows == 1
             # The client went away: the follow ends on the node.
             with trio.fail_after(10):
-                while agent.open_follows:  # noqa: ASYNC110
-                    await trio.sleep(0.02)
+                await eventually(lambda: not agent.open_follows, None, every=0.02)
 
 
 @pytest.mark.deadline(130)
@@ -195,8 +194,7 @@ async def test_ficc_inference_logs_prints_the_last_lines_and_follows_to_the_end(
             assert refused.exit_code == 2
 
             async def stop_once_followed() -> None:
-                while not _agent(controller).open_follows:  # noqa: ASYNC110
-                    await trio.sleep(0.02)
+                await eventually(lambda: _agent(controller).open_follows, None, every=0.02)
                 assert (await controller.control(service_id, "stop")).status_code == 200
 
             async with trio.open_nursery() as nursery:
@@ -231,5 +229,4 @@ async def test_a_revoked_caller_s_stream_ends_with_an_error_event(tmp_path):
             assert [kind for kind, _ in ended] == ["error"]
             assert json.loads(ended[0][1])["error"]["code"] == "credential_revoked"
             with trio.fail_after(10):
-                while _agent(controller).open_follows:  # noqa: ASYNC110
-                    await trio.sleep(0.02)
+                await eventually(lambda: not _agent(controller).open_follows, None, every=0.02)

@@ -22,6 +22,7 @@ from ficc_core.schema import Fence
 from ficc_core.testing.executor_kit import new_fence, standin_job
 
 from ..support.agent_support import heartbeats, open_controller, process_agent_maker, wait_connected
+from ..support.waiting import eventually
 
 
 @pytest.fixture
@@ -157,8 +158,9 @@ async def test_a_stalled_log_reader_holds_the_node_back_within_the_window(tmp_pa
                         await anext(follow)
                     # The reader stalls: the node sends its window and stops reading.
                     with trio.fail_after(10):
-                        while endpoint.held(fence, "stalled") < WINDOW:  # noqa: ASYNC110
-                            await trio.sleep(0.01)
+                        await eventually(
+                            lambda: endpoint.held(fence, "stalled") >= WINDOW, None, every=0.01
+                        )
                     await heartbeats(service, "gpu-1", 3)
                     assert endpoint.held(fence, "stalled") == WINDOW
                     assert len(pulled) <= 10 + WINDOW + 1
@@ -168,8 +170,11 @@ async def test_a_stalled_log_reader_holds_the_node_back_within_the_window(tmp_pa
                     assert await anext(follow) == pulled[10]
                 # Closing the follow ends it on the node.
                 with trio.fail_after(10):
-                    while agent.open_follows or remote.relay.open_streams:  # noqa: ASYNC110
-                        await trio.sleep(0.01)
+                    await eventually(
+                        lambda: not agent.open_follows and (not remote.relay.open_streams),
+                        None,
+                        every=0.01,
+                    )
                 assert len(pulled) < 100
                 nursery.cancel_scope.cancel()
 

@@ -451,8 +451,7 @@ async def test_pause_interrupts_a_read_that_is_waiting_for_bytes(
         model = await api.register(gguf_manifest("m", content, url=https_server.url("/m.gguf")))
         assert (await api.post(f"/api/v1/models/{model['id']}/acquire")).status_code == 202
         with trio.fail_after(30):
-            while not https_server.requests:  # noqa: ASYNC110
-                await trio.sleep(0.01)
+            await eventually(lambda: https_server.requests, None, every=0.01)
         # The worker thread is blocked reading; the pause aborts the connection, and
         # that is a pause, not a failure.
         with trio.fail_after(10):
@@ -493,8 +492,9 @@ async def test_receiving_goes_on_during_an_fsync_but_only_so_far(
         assert (await api.post(f"/api/v1/models/{model['id']}/acquire")).status_code == 202
         try:
             with trio.fail_after(30):
-                while not partial.exists() or partial.stat().st_size < bound:  # noqa: ASYNC110
-                    await trio.sleep(0.005)
+                await eventually(
+                    lambda: partial.exists() and partial.stat().st_size >= bound, None, every=0.005
+                )
             # Written on during the fsync, never past the bound, and nothing recorded
             # as durable before the fsync ends.
             assert partial.stat().st_size == bound

@@ -23,6 +23,7 @@ from ..support.models_support import (
     random_bytes,
     start_serve,
 )
+from ..support.waiting import eventually
 
 MiB = 1 << 20
 OCTET = {"Content-Type": "application/octet-stream"}
@@ -178,8 +179,7 @@ async def test_an_upload_is_refused_at_once_while_its_content_is_acquired(
         acquiring = (await http.post("/api/v1/models", json=source)).json()
         assert (await http.post(f"/api/v1/models/{acquiring['id']}/acquire")).status_code == 202
         with trio.fail_after(10):
-            while not https_server.requests_for("/m.gguf"):  # noqa: ASYNC110
-                await trio.sleep(0.05)
+            await eventually(lambda: https_server.requests_for("/m.gguf"), None, every=0.05)
         same = (await http.post("/api/v1/models", json=gguf_manifest("b", content))).json()
         route = f"/api/v1/models/{same['id']}/files/0"
         with trio.fail_after(5):

@@ -19,6 +19,7 @@ import trio
 from ..support.ha_support import Api, ControllerProcess, controller_env
 from ..support.models_support import gguf_manifest, partial_file
 from ..support.serve_support import first_run_secrets
+from ..support.waiting import eventually
 
 MiB = 1 << 20
 OCTET = {"Content-Type": "application/octet-stream"}
@@ -102,8 +103,7 @@ async def test_a_new_leader_leaves_a_live_upload_through_another_controller_alon
                 # The other file's first write never finished (B's process lost it):
                 # once idle past partial_tidy_after, the leader's next rounds tidy it.
                 with trio.fail_after(40):
-                    while first.exists():  # noqa: ASYNC110
-                        await trio.sleep(0.2)
+                    await eventually(lambda: not first.exists(), None, every=0.2)
     finally:
         if stopped:
             os.kill(b.proc.pid, signal.SIGCONT)
@@ -114,5 +114,6 @@ async def test_a_new_leader_leaves_a_live_upload_through_another_controller_alon
 async def _tidied(controller: ControllerProcess, rounds: int) -> None:
     """Wait until ``controller``'s log says it tidied partials ``rounds`` times."""
     with trio.fail_after(30):
-        while controller.output().count("tidied the partials") < rounds:  # noqa: ASYNC110
-            await trio.sleep(0.1)
+        await eventually(
+            lambda: controller.output().count("tidied the partials") >= rounds, None, every=0.1
+        )

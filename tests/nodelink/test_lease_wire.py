@@ -19,6 +19,8 @@ from ficc_core.contributors.connection import serve_node_connection
 from ficc_core.nodelink.links import LocalNodeLink
 from ficc_core.schema import ExecutorSnapshot, Fence, NodeResources, ProviderInfo, unstructure
 
+from ..support.waiting import eventually
+
 DIGEST = "sha256:" + "ab" * 32
 FENCE = Fence(attempt_id="svc_x.r0.g1.a1.abcdef", generation=1, plan_digest=DIGEST)
 
@@ -160,8 +162,7 @@ async def test_commands_carry_the_term_and_a_standby_never_launches_or_stops(ser
 
             seen: list[dict[str, Any]] = []
             nursery.start_soon(node)
-            while not nodes.connected_here("gpu-1"):  # noqa: ASYNC110
-                await trio.sleep(0.02)
+            await eventually(lambda: nodes.connected_here("gpu-1"), None, every=0.02)
             await nodes.status("gpu-1", FENCE)
             await nodes.stop("gpu-1", FENCE, grace=1)
             assert [(m["op"], m["term"]) for m in seen] == [("status", 3), ("stop", 3)]

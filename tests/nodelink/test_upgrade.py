@@ -38,6 +38,7 @@ from ..support.ha_support import (
 )
 from ..support.inference_support import write_agent_settings
 from ..support.serve_support import first_run_secrets
+from ..support.waiting import eventually
 
 #: Leases of a two-controller installation, short enough for a test (the leader's
 #: replacement takes over within leader_lease + leader_renew_interval).
@@ -229,8 +230,9 @@ async def test_a_refused_agent_says_what_to_upgrade_and_keeps_dialling(
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(remote.run)
                 [link] = remote.links
-                while caplog.text.count("protocol_version_unsupported") < 2:  # noqa: ASYNC110
-                    await trio.sleep(0.05)
+                await eventually(
+                    lambda: caplog.text.count("protocol_version_unsupported") >= 2, None, every=0.05
+                )
                 assert "upgrade the controller" in caplog.text
                 assert not link.connected and link.sessions == 0
                 # The operator upgrades the controller (here: the agent comes back to a
@@ -470,13 +472,15 @@ class _Traffic:
     async def switch(self, url: str) -> None:
         """Point the balancer at ``url``, then wait until nothing is in flight elsewhere."""
         self.url = url
-        while any(count for other, count in self.in_flight.items() if other != url):  # noqa: ASYNC110
-            await trio.sleep(0.05)
+        await eventually(
+            lambda: not any(count for other, count in self.in_flight.items() if other != url),
+            None,
+            every=0.05,
+        )
 
     async def more(self, count: int) -> None:
         target = self.completed + count
-        while self.completed < target:  # noqa: ASYNC110
-            await trio.sleep(0.05)
+        await eventually(lambda: self.completed >= target, None, every=0.05)
 
 
 @pytest.mark.slow

@@ -28,6 +28,7 @@ from ficc_core.store.postgres import WRITE_LOCK, open_postgres_store
 from ..support.ha_support import Api, ControllerProcess, controller_env
 from ..support.serve_support import first_run_secrets
 from ..support.tcp_proxy import tcp_proxy
+from ..support.waiting import eventually
 
 #: A controller's store bounds in the process test (pool wait, statement bounds, lock).
 BOUNDS = {
@@ -159,8 +160,9 @@ async def test_a_hung_database_is_refused_within_the_deadline_and_recovers(pg_ur
 
                 # No worker thread stays stuck on the hung connections: each was shut
                 # down under its thread, which ended and gave its slot back.
-                while store._limiter._limiter.borrowed_tokens:  # noqa: ASYNC110
-                    await trio.sleep(0.05)
+                await eventually(
+                    lambda: not store._limiter._limiter.borrowed_tokens, None, every=0.05
+                )
 
                 # It works again by itself once the database answers.
                 proxy.resume()

@@ -24,6 +24,7 @@ from ..support.inference_support import (
 )
 from ..support.models_support import tiny_gguf
 from ..support.store_faults import store_outage
+from ..support.waiting import eventually
 
 #: Short node timeouts, so that an outage of a few seconds outlasts them.
 NODE_TIMEOUTS = {"unreachable_after": "1s", "lost_after": "2s", "usage_flush_interval": "100ms"}
@@ -118,8 +119,7 @@ async def test_an_outage_is_served_from_memory_and_nothing_is_lost_when_it_ends(
             # The store answers: every request's usage is written, and the credential
             # never seen is known now.
             with trio.fail_after(30):
-                while service.usage.buffered:  # noqa: ASYNC110
-                    await trio.sleep(0.05)
+                await eventually(lambda: not service.usage.buffered, None, every=0.05)
             report = await controller.ok(
                 "GET", "/api/v1/usage", params={"service": service_id, "group_by": "key"}
             )
@@ -209,8 +209,7 @@ async def test_a_remote_nodes_relayed_requests_flow_while_the_store_does_not_ans
                     assert slow <= 1, slow
 
                 with trio.fail_after(30):
-                    while service.usage.buffered:  # noqa: ASYNC110
-                        await trio.sleep(0.05)
+                    await eventually(lambda: not service.usage.buffered, None, every=0.05)
                 report = await controller.ok(
                     "GET", "/api/v1/usage", params={"service": service_id, "group_by": "key"}
                 )

@@ -21,6 +21,7 @@ from ..support.clock import FakeClock
 from ..support.httpsd import ServedFile
 from ..support.models_support import gguf_manifest, random_bytes
 from ..support.store_faults import store_outage
+from ..support.waiting import eventually
 
 
 @pytest.mark.deadline(41)
@@ -49,8 +50,7 @@ async def test_a_credential_verified_before_is_served_at_once_while_the_store_fa
     clock.now += 60
     with trio.fail_after(10):
         assert (await authority.authenticate_bearer(token)).id == known.id
-        while authority.store_failing:  # noqa: ASYNC110
-            await trio.sleep(0.01)
+        await eventually(lambda: not authority.store_failing, None, every=0.01)
 
 
 async def test_a_credential_never_seen_is_503_store_unavailable_not_401(service, bootstrap):
@@ -119,11 +119,9 @@ async def test_node_silence_counts_from_the_stores_return_not_through_the_outage
                 # Heard, not recorded: the connection goes on (no error is raised).
                 assert (await nodes.heartbeat("gpu-1", connection, _snapshot("gpu-1"))) is None
                 clock.now += 100  # far past lost_after while the store is down
-                while nodes.states.outage.failures < 3:  # noqa: ASYNC110 (the sweep fails, goes on)
-                    await trio.sleep(0.01)
+                await eventually(lambda: nodes.states.outage.failures >= 3, None, every=0.01)
                 outage.end()
-                while nodes.states.resumed_at == started:  # noqa: ASYNC110
-                    await trio.sleep(0.01)
+                await eventually(lambda: nodes.states.resumed_at != started, None, every=0.01)
             assert await nodes.sweep() == []  # the outage was not the node's silence
             assert (await nodes.get("gpu-1")).state == "connected"
             clock.now += 2.5  # silent since the store's return, past unreachable_after
@@ -175,8 +173,11 @@ async def test_an_acquisition_waits_out_an_outage_and_resumes(
             assert response.status_code == 202
             outage.down = True  # while the file downloads (a piece every 10 ms)
             with trio.fail_after(20):
-                while not any("model acquisitions" in r.message for r in caplog.records):  # noqa: ASYNC110
-                    await trio.sleep(0.01)
+                await eventually(
+                    lambda: any("model acquisitions" in r.message for r in caplog.records),
+                    None,
+                    every=0.01,
+                )
         # The store is back: the acquisition (still running on record) resumes and ends.
         done = await api.wait_until(
             model["id"],

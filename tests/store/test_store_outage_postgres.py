@@ -17,6 +17,7 @@ pytest.importorskip("ficc_core.store.postgres", reason="the PostgreSQL backend i
 
 from ..support.inference_support import open_inference_controller, register_gguf, standin_engine
 from ..support.models_support import tiny_gguf
+from ..support.waiting import eventually
 from .test_store_outage import _chat, _events, _standin_service
 
 #: As the issue's acceptance says: PostgreSQL stopped for 30 s under load.
@@ -86,8 +87,7 @@ async def test_postgresql_stopped_for_30_s_under_load_loses_nothing(tmp_path, pg
 
             # Back: every request's usage is written, nothing was lost or judged by it.
             with trio.fail_after(60):
-                while service.usage.buffered:  # noqa: ASYNC110
-                    await trio.sleep(0.1)
+                await eventually(lambda: not service.usage.buffered, None, every=0.1)
                 # The pool replaces its broken connections: poll until it has.
                 while True:
                     if (await controller.call("GET", "/api/v1/inference")).status_code == 200:

@@ -16,6 +16,8 @@ from ficc_core.controller.server import serve_http
 from ficc_core.controller.service import Service, open_service
 from ficc_core.schema import Fence, GpuDevice
 
+from .waiting import eventually
+
 
 @asynccontextmanager
 async def open_controller(tmp_path: Path, **settings) -> AsyncIterator[tuple[Service, str]]:
@@ -102,5 +104,4 @@ async def controller_missed(caplog: pytest.LogCaptureFixture, dials: int = 2) ->
 
     seen = failed()
     with trio.fail_after(30):
-        while failed() < seen + dials:  # noqa: ASYNC110
-            await trio.sleep(0.05)
+        await eventually(lambda: failed() >= seen + dials, None, every=0.05)

@@ -301,5 +301,4 @@ class Streams:
     async def wait_completed(self, more: int) -> None:
         """Wait until ``more`` further requests completed."""
         target = self.completed + more
-        while self.completed < target:  # noqa: ASYNC110
-            await trio.sleep(0.05)
+        await eventually(lambda: self.completed >= target, None, every=0.05)

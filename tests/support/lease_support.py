@@ -24,6 +24,7 @@ from ficc_core.inference import ModelContexts
 from ..inference.test_inference_directory_models import register_tiny_hf, write_fake_vllm
 from .inference_support import GIB, Controller, open_inference_controller
 from .ops_support import _node_factory
+from .waiting import eventually
 
 #: Short leases, so a takeover takes a second or two.
 FAST = {"leader_lease": "1.5s", "leader_renew_interval": "300ms", "follow_interval": "200ms"}
@@ -116,8 +117,13 @@ async def open_pair(tmp_path: Path) -> AsyncIterator[Pair]:
             nursery.start_soon(remote.run)
             with trio.fail_after(30):
                 for served in (a, b):
-                    while not served.controller.service.contributors.connected_here("node-2"):  # noqa: ASYNC110
-                        await trio.sleep(0.05)
+                    await eventually(
+                        lambda served=served: served.controller.service.contributors.connected_here(
+                            "node-2"
+                        ),
+                        None,
+                        every=0.05,
+                    )
                 node = await a.controller.wait_node("node-2")
                 while not node["snapshot"] or not node["snapshot"]["runtimes"]:
                     await trio.sleep(0.05)

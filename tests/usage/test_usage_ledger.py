@@ -14,6 +14,8 @@ import trio
 from ficc_core.controller.metrics import Metrics
 from ficc_core.usage import UsageLedger, UsageRecord
 
+from ..support.waiting import eventually
+
 
 class WriteGate:
     """The real store; ``fail`` makes writes raise (a read-only or full disk), counted;
@@ -111,8 +113,7 @@ async def test_a_full_batch_wakes_the_writer_before_its_interval(service):
             await trio.sleep(0.2)
             assert gate.writes == 0, "less than a batch waits for the interval"
             ledger.record(usage(3))
-            while gate.writes == 0:  # noqa: ASYNC110
-                await trio.sleep(0.01)
+            await eventually(lambda: gate.writes != 0, None, every=0.01)
             nursery.cancel_scope.cancel()
     assert len(await rows(service.store)) == 4
 
@@ -127,13 +128,11 @@ async def test_a_failed_write_keeps_its_records_and_the_writer_runs_on(service, 
             await nursery.start(ledger.run)
             for n in range(5):
                 ledger.record(usage(n))
-            while gate.failed < 3:  # noqa: ASYNC110
-                await trio.sleep(0.01)
+            await eventually(lambda: gate.failed >= 3, None, every=0.01)
             assert ledger.buffered == 5
             assert metric(metrics, "ficc_usage_write_failures_total") >= 3
             gate.fail = False
-            while ledger.buffered:  # noqa: ASYNC110
-                await trio.sleep(0.01)
+            await eventually(lambda: not ledger.buffered, None, every=0.01)
             nursery.cancel_scope.cancel()
     assert [r["completion_tokens"] for r in await rows(service.store)] == list(range(5))
     assert ledger.failures == 0

@@ -15,6 +15,7 @@ import trio
 
 from ficc_core.usage import UsageLedger, UsageSpool
 
+from ..support.waiting import eventually
 from .test_usage_ledger import WriteGate, usage
 
 
@@ -113,8 +114,11 @@ async def test_a_clean_stop_leaves_no_spool_and_the_spool_moves_on_at_each_write
             await nursery.start(ledger.run)
             for n in range(4):
                 ledger.record(usage(n))
-            while ledger.buffered or len(list(folder.glob("*.spool"))) > 1:  # noqa: ASYNC110
-                await trio.sleep(0.01)
+            await eventually(
+                lambda: not ledger.buffered and len(list(folder.glob("*.spool"))) <= 1,
+                None,
+                every=0.01,
+            )
             # Written: only the segment the next records go to is left, empty.
             [segment] = folder.glob("*.spool")
             assert segment.stat().st_size == 0
