@@ -18,7 +18,7 @@ from quart import Response, g, jsonify, request
 
 from ..auth import scopes as s
 from ..base.errors import Forbidden
-from ..prices import MILLI
+from ..config.prices import MILLI
 from ..usage.report import GROUPS, UsageGroup, UsageQuery, UsageReport, period_start
 from .access import route
 from .bodies import bad_query, query_number
@@ -63,6 +63,8 @@ def parse_query(now: float, person: str | None = None) -> UsageQuery:
         if unknown:
             raise bad_query("group_by", f"expected some of {', '.join(GROUPS)}, got {unknown[0]!r}")
     admin = s.ADMIN in principal.scopes and person is None
+    scope_project: str | None
+    scope_person: str | None
     if person is not None:
         scope_project, scope_person = None, person
     else:

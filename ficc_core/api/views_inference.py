@@ -7,11 +7,11 @@ from typing import Any
 
 import attrs
 
+from ..config.prices import MILLI
 from ..inference import Preview, ServiceDetail
 from ..inference.reconciliation.publication import give_up_reason, given_up
 from ..inference.reconciliation.status import ServiceStatus, current_attempts, serves
 from ..inference.records import AttemptState, Desired, ServiceRecord, ServiceState
-from ..prices import MILLI
 from ..schema import unstructure
 from ..usage.records import CredentialUsage, UsageRecord, UsageSummary, UsageTotals, stored
 

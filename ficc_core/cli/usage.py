@@ -18,7 +18,7 @@ from typing import Any
 import click
 
 from ..config import parse_duration
-from ..prices import units_text
+from ..config.prices import units_text
 from .client import client_from
 from .output import echo_table, emit, json_option, when
 from .resolve import resolve_credential

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import attrs
 
-from ..prices import FREE, Price, parse_price, parse_pricing
 from .fields import setting
+from .prices import FREE, Price, parse_price, parse_pricing
 
 
 @attrs.frozen(slots=False)

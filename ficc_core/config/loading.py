@@ -16,9 +16,9 @@ from typing import Any
 import attrs
 
 from ..base.errors import ConfigError
-from ..prices import parse_price, parse_pricing
 from ..routing.bands import parse_bands
 from .fields import parse_duration
+from .prices import parse_price, parse_pricing
 from .settings import Config
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import attrs
 
-from ..prices import render_pricing
 from ..routing.bands import render_bands
 from .loading import env_name
+from .prices import render_pricing
 from .settings import Config
 
 

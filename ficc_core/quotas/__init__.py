@@ -5,7 +5,7 @@ once the request is checked and before a replica is taken (it raises the refusal
 a 429 in the envelope, or reserves what the request is expected to use), and
 :meth:`QuotaGate.settle` once it ended, however it ended (it reconciles the
 reservation with what the engine reported and returns the request's cost in
-milli-units, see :mod:`ficc_core.prices`). Neither may block or touch the store.
+milli-units, see :mod:`ficc_core.config.prices`). Neither may block or touch the store.
 
 :class:`Unlimited` is the gate that admits everything and charges nothing;
 :class:`Quotas` is the real one (:mod:`.gate`: limits per credential, person and

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from ..prices import MILLI, Price
+from ..config.prices import MILLI, Price
 from . import repository
 from .errors import BudgetExceeded, RateLimited
 from .meters import MINUTE, Meter, Pending, Periods, retry_after, seconds

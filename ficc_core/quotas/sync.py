@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from ..prices import MILLI
+from ..config.prices import MILLI
 from . import repository
 from .meters import MINUTE, Pending, add
 

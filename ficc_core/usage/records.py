@@ -29,7 +29,7 @@ class UsageRecord:
         service's project is the service's).
     :ivar user_id: the person the key belongs to, if any.
     :ivar model: the registry model the service serves.
-    :ivar cost: what it cost, in milli-units (:mod:`ficc_core.prices`).
+    :ivar cost: what it cost, in milli-units (:mod:`ficc_core.config.prices`).
     :ivar requests: how many requests the row sums (1 but for a summary row).
     """
 

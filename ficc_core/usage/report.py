@@ -103,7 +103,7 @@ class UsageGroup:
     errors: dict[str, int]
     prompt_tokens: int
     completion_tokens: int
-    #: Spend in milli-units (:mod:`ficc_core.prices`).
+    #: Spend in milli-units (:mod:`ficc_core.config.prices`).
     cost: int
     #: ``{"duration": {"p50", "p90", "p99"}, "ttfb": {...}}`` in seconds (None: no sample).
     latency: dict[str, dict[str, float | None]]
@@ -119,7 +119,8 @@ class UsageReport:
 
 
 def _where(query: UsageQuery) -> tuple[str, list[Any]]:
-    clauses, params = ["1 = 1"], []
+    clauses: list[str] = ["1 = 1"]
+    params: list[Any] = []
 
     def add(clause: str, *values: Any) -> None:
         clauses.append(clause)
@@ -295,6 +296,11 @@ _KNOWN: dict[str, _Filter] = {
 }  # fmt: skip
 
 
+def _filter(name: str, value: str) -> dict[str, Any]:
+    """A :class:`UsageQuery`'s filter given by name (Any: which field is the caller's)."""
+    return {name: value}
+
+
 def _known(tx: Transaction, query: UsageQuery, name: str, value: str) -> bool:
     """Whether filter ``name``'s ``value`` names something the query's reader can see:
     one that usage in the reader's scope names, as the filter matches it (a removed
@@ -303,8 +309,12 @@ def _known(tx: Transaction, query: UsageQuery, name: str, value: str) -> bool:
     project (any for an administrator; for a personal reader, one of theirs or shared
     with them)."""
     found = _KNOWN[name]
-    scope = {"scope_project": query.scope_project, "scope_person": query.scope_person}
-    where, params = _where(UsageQuery(**scope, **{name: value}))
+    scoped = UsageQuery(
+        scope_project=query.scope_project,
+        scope_person=query.scope_person,
+        **_filter(name, value),
+    )
+    where, params = _where(scoped)
     if tx.fetch_one(f"SELECT 1 AS found FROM inference_usage WHERE {where} LIMIT 1", params):
         return True
     sql = f"SELECT 1 AS found FROM {found.table} WHERE (id = ?"

@@ -10,7 +10,7 @@ import httpx
 import pytest
 import trio
 
-from ficc_core.prices import Price
+from ficc_core.config.prices import Price
 
 from ..support.clock import FakeClock
 from ..support.gateway_support import chat, gateway_env

@@ -24,7 +24,7 @@ from typing import Any
 
 import attrs
 
-from .base.errors import ConfigError
+from ..base.errors import ConfigError
 
 __all__ = [
     "FREE",
