@@ -92,6 +92,7 @@ async def test_a_runtime_with_a_wrong_digest_is_a_fail_with_its_fix(tmp_path, fo
     assert "-> " in fix and 'image_digest = "sha256:' in fix and wrong not in fix
 
 
+@pytest.mark.deadline(60)
 async def test_an_unreachable_controller_is_a_fail(folder):
     code, out = await _doctor(
         "--agent-dir", str(folder / "agent"), "--controller", "http://127.0.0.1:9"
@@ -157,6 +158,7 @@ async def test_the_controller_asks_a_connected_node_for_its_doctor_findings(tmp_
     assert forbidden.status_code == 403
 
 
+@pytest.mark.deadline(60)
 async def test_a_runtime_directory_too_long_for_an_engine_socket_fails_in_one_line(folder):
     """Every launch would fail there: doctor says so, naming the setting, and exits 1."""
     too_long = "/tmp/" + "r" * 70
@@ -169,6 +171,7 @@ async def test_a_runtime_directory_too_long_for_an_engine_socket_fails_in_one_li
     assert not await trio.to_thread.run_sync(os.path.lexists, too_long)
 
 
+@pytest.mark.deadline(60)
 async def test_doctor_checks_the_real_agent_directory_and_keeps_what_an_agent_holds(folder):
     # An attempt record as a running agent keeps it: the doctor's probes must not adopt it.
     record = folder / "agent" / "process" / "attempts" / "a0123" / "attempt.json"

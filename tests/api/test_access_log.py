@@ -86,6 +86,7 @@ def test_json_lines_carry_the_fields_beside_time_level_and_message():
     assert line["time"].endswith("Z")
 
 
+@pytest.mark.deadline(60)
 async def test_ficc_serve_with_log_format_json_writes_json_lines(tmp_path):
     import httpx
 

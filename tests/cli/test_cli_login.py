@@ -67,6 +67,7 @@ def whoami_status(url: str, token: str) -> tuple[int, str]:
     return response.status_code, response.json().get("error", {}).get("code", "")
 
 
+@pytest.mark.deadline(60)
 async def test_serve_takes_data_dir_after_the_subcommand_and_its_hints_name_it(server, tmp_path):
     text = "".join(server["serve"].lines)
     assert f"data directory: {server['data']}" in text
@@ -80,6 +81,7 @@ async def test_serve_takes_data_dir_after_the_subcommand_and_its_hints_name_it(s
     assert "token (shown once): ficc_" in created.stdout
 
 
+@pytest.mark.deadline(60)
 async def test_login_with_a_password_stores_a_private_credential_and_logout_revokes_it(server):
     url = server["url"]
     logged_in = await ok(
@@ -126,6 +128,7 @@ def _now() -> float:
     return time.time()
 
 
+@pytest.mark.deadline(60)
 async def test_login_with_a_token_mints_its_own_and_logout_leaves_the_given_one(server):
     url, admin = server["url"], server["token"]
     document = await as_json("login", url, "--token", admin)
@@ -158,6 +161,7 @@ async def test_login_with_a_token_mints_its_own_and_logout_leaves_the_given_one(
     assert not credentials.path().exists()
 
 
+@pytest.mark.deadline(60)
 async def test_global_options_before_or_after_the_subcommand(server):
     url, token = server["url"], server["token"]
     for argv in (
@@ -245,6 +249,7 @@ def test_json_everywhere_without_a_server(tmp_path):
     assert re.match(r"^ID\s+NAME\s+BAND\s+CREATED$", table.stdout.splitlines()[0])
 
 
+@pytest.mark.deadline(60)
 async def test_login_stores_the_lifetime_asked_for_capped_to_the_policy_and_says_so(server):
     url, password = server["url"], server["password"] + "\n"
     asked = await ok(
@@ -316,6 +321,7 @@ async def test_login_reads_a_piped_password_quietly_without_password_stdin(serve
     assert "--password-stdin" in empty.stderr.decode()
 
 
+@pytest.mark.deadline(60)
 async def test_every_credential_option_takes_a_name(server):
     url, admin, data = server["url"], server["token"], str(server["data"])
     made = await as_json(
@@ -356,6 +362,7 @@ async def test_every_credential_option_takes_a_name(server):
     )  # fmt: skip
 
 
+@pytest.mark.deadline(60)
 async def test_a_key_made_with_ficc_keys_outlives_ficc_logout_and_is_revoked_by_name(server):
     url = server["url"]
     await ok(

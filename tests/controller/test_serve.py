@@ -174,6 +174,7 @@ def _leader_rows(database) -> list[tuple]:
         return db.execute("SELECT holder, term FROM controller_leader").fetchall()
 
 
+@pytest.mark.deadline(60)
 async def test_a_port_in_use_is_one_line_naming_the_flag_and_the_lease_is_never_taken(tmp_path):
     data = tmp_path / "data"
     await trio.to_thread.run_sync(make_data_dir, data)
@@ -194,6 +195,7 @@ async def test_a_port_in_use_is_one_line_naming_the_flag_and_the_lease_is_never_
         assert code == 1 and "Traceback" in err and "StartupRefused" in err
 
 
+@pytest.mark.deadline(60)
 async def test_a_data_directory_that_cannot_be_written_is_one_line_naming_the_setting(tmp_path):
     (tmp_path / "file").write_text("not a directory")
     code, err = await _refused_serve(tmp_path / "file" / "data", "--port", "0")
@@ -204,6 +206,7 @@ async def test_a_data_directory_that_cannot_be_written_is_one_line_naming_the_se
     assert "--data-dir (FICC_DATA_DIR, setting data_dir)" in line
 
 
+@pytest.mark.deadline(60)
 async def test_a_runtime_directory_too_long_for_engine_sockets_refuses_to_start(tmp_path):
     too_long = "/tmp/" + "r" * 70
     code, err = await _refused_serve(tmp_path / "data", "--port", "0", FICC_RUNTIME_DIR=too_long)
@@ -228,6 +231,7 @@ async def test_a_remote_executor_refuses_such_a_runtime_directory_before_it_conn
     assert "107-byte limit" in line and "(--runtime-dir, FICC_RUNTIME_DIR)" in line
 
 
+@pytest.mark.deadline(60)
 async def test_a_store_that_cannot_be_reached_is_one_line_naming_the_database_url(tmp_path):
     url = "postgresql://ficc@127.0.0.1:9/ficc"  # nothing listens on the discard port
     code, err = await _refused_serve(tmp_path / "data", "--port", "0", "--database-url", url)

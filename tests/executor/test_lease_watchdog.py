@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 import trio
 
 from ficc_core.executor import process_start_time
@@ -44,6 +45,7 @@ async def _exited(process: subprocess.Popen, seconds: float) -> int | None:
     return process.poll()
 
 
+@pytest.mark.deadline(60)
 async def test_end_dismisses_the_watchdog_and_leaves_the_engine_running():
     engine = _engine()
     try:
@@ -57,6 +59,7 @@ async def test_end_dismisses_the_watchdog_and_leaves_the_engine_running():
         engine.wait()
 
 
+@pytest.mark.deadline(60)
 async def test_a_closed_pipe_stops_the_engine_once_the_last_deadline_passes():
     engine = _engine()
     try:
@@ -74,6 +77,7 @@ async def test_a_closed_pipe_stops_the_engine_once_the_last_deadline_passes():
         engine.wait()
 
 
+@pytest.mark.deadline(60)
 async def test_an_engine_never_told_a_lease_is_stopped_at_once_and_sigkill_follows_the_grace():
     engine = _engine("trap '' TERM; while :; do sleep 0.1; done")
     try:

@@ -75,6 +75,7 @@ async def _remote_service(tmp_path, folder):
             executor.kill()
 
 
+@pytest.mark.deadline(60)
 async def test_a_silent_then_killed_remote_node_shows_on_its_replica_within_a_heartbeat(
     tmp_path,
     agent_dir,  # noqa: F811

@@ -71,6 +71,7 @@ async def test_sigkill_mid_acquisition_then_restart_resumes_from_the_durable_off
     assert hashlib.sha256(published.read_bytes()).hexdigest() == sha
 
 
+@pytest.mark.deadline(60)
 async def test_sigkill_mid_upload_then_restart_resumes_from_the_servers_offset(tmp_path, ca_bundle):
     content = random_bytes(5 * MiB + 17, seed=22)
     sha = hashlib.sha256(content).hexdigest()

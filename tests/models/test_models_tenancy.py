@@ -49,6 +49,7 @@ def _chunk(offset: int, data: bytes) -> dict:
     return {"offset": offset, "data": base64.b64encode(data).decode()}
 
 
+@pytest.mark.deadline(60)
 async def test_another_projects_writes_never_touch_an_upload_in_progress(tmp_path, ca_bundle):
     content = random_bytes(3 * MiB, seed=31)
     sha = hashlib.sha256(content).hexdigest()
@@ -306,6 +307,7 @@ async def test_every_failure_state_carries_the_envelopes_code_and_details(
         server.kill()
 
 
+@pytest.mark.deadline(60)
 async def test_a_verification_cut_by_a_crash_finishes_on_start(tmp_path, ca_bundle):
     content = random_bytes(2 * MiB + 5, seed=38)
     sha = hashlib.sha256(content).hexdigest()

@@ -202,6 +202,7 @@ async def test_sqlite_opens_the_database_in_wal_mode(tmp_path):
         await store.aclose()
 
 
+@pytest.mark.deadline(60)
 async def test_a_sqlite_database_from_a_newer_ficc_is_refused_untouched(tmp_path):
     path = tmp_path / "ficc.sqlite3"
     conn = sqlite3.connect(path)
