@@ -228,7 +228,7 @@ class Prepared(NamedTuple):
 
     :ivar payload: the bytes sent to the engine.
     :ivar streaming: the answer is a server-sent-event stream.
-    :ivar count: the prompt count the engine's tokenizer must settle, if any.
+    :ivar prompt_count: the prompt count the engine's tokenizer must settle, if any.
     :ivar prompt_estimate: the prompt's tokens as estimated (bytes / 4), for the quota gate.
     :ivar completion_estimate: the completion's (:func:`.limits.estimate`).
     :ivar hide_usage: the stream's usage event is the gateway's ask: accounted, not relayed.
@@ -236,7 +236,8 @@ class Prepared(NamedTuple):
 
     payload: bytes
     streaming: bool
-    count: PromptCount | None
+    # Not ``count``: a named tuple's field of that name would hide tuple.count.
+    prompt_count: PromptCount | None
     prompt_estimate: int
     completion_estimate: int
     hide_usage: bool
@@ -397,7 +398,7 @@ class RequestChecks:
             if view.admission == "stopped":
                 return ServiceStopped(f"service {_named(view)} stopped while the response streamed")
             why = None if replica is None else self.live.suspended(replica.key)
-            if why is not None and not view.serves(replica.key):
+            if replica is not None and why is not None and not view.serves(replica.key):
                 return ReplicaUnresponsive(
                     f"replica {replica.index} of service {_named(view)} stopped answering "
                     f"({why}) while it served this request and left routing; send the "
@@ -467,15 +468,24 @@ class RequestChecks:
         needed = NEEDS.get(path)
         if needed is not None and needed not in view.capabilities:
             raise not_capable(view, needed)
-        parsed = self.parse(body)
-        document, model = parsed.document, parsed.model
+        # Parsed here unless parsed already (a project endpoint's :class:`Body`); a body
+        # of bytes needs no Body made for it (this runs for every request).
+        if isinstance(body, Body):
+            document, model, raw = body.document, body.model, body.raw
+        elif isinstance(body, Mapping):
+            document, raw = dict(body), None
+            model = document.get("model")
+        else:
+            raw = bytes(body)
+            document = self.document(raw)
+            model = document.get("model")
         if model is not None and model != view.alias:
             if not isinstance(model, str):
                 raise model_not_a_string(model)
             raise not_served_here(model, view.alias)
         # What the engine is sent beyond the client's document (in the order it is set).
         changes: dict[str, Any] = {"model": view.alias}
-        changed = model is None or parsed.raw is None
+        changed = model is None or raw is None
         hidden = False
         stream = document.get("stream")
         if stream is None:
@@ -532,8 +542,8 @@ class RequestChecks:
                     "string or array",
                 )
         if not changed:
-            payload = parsed.raw
-            assert payload is not None
+            assert raw is not None
+            payload = raw
         else:
             try:
                 payload = dumps({**document, **changes})
@@ -546,7 +556,7 @@ class RequestChecks:
         limits, size = self.limits, len(payload)
         # The checks judge what the client asked (the document as sent: a cap it did not
         # ask for is no ask).
-        count = limits and limits.admit(view, path, document, size)
+        count = None if limits is None else limits.admit(view, path, document, size)
         return Prepared(
             payload, stream, count, size // 4, estimate(view, path, document, size), hidden
         )

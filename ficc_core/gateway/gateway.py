@@ -338,8 +338,8 @@ class Gateway:
             self.checks.admit(view)
             prepared = self.checks.prepare(view, path, body)
             payload, prompt = prepared.payload, prepared.prompt_estimate
-            if prepared.count is not None:
-                prompt = await self.limits.settle(prepared.count) or prompt
+            if prepared.prompt_count is not None:
+                prompt = await self.limits.settle(prepared.prompt_count) or prompt
         except FiccError as exc:
             self.accounting.refused(
                 service_id, exc.code, actor, path, exc.status, view.model_id, view.generation
