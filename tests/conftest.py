@@ -53,16 +53,6 @@ def _engine_sockets_of_this_session() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
-@pytest.fixture
-def idle_clock() -> trio.testing.MockClock:
-    """A trio clock that follows real time until ``gateway_env(..., clock=idle_clock)`` is
-    up; from then on it jumps to the next deadline whenever the process has been idle
-    for a tenth of a real second: a stalled engine's timeout passes at once, a healthy
-    engine answers long before any bound. (Jumping while the controller opens would
-    skip a guard's deadline during its thread work.)"""
-    return trio.testing.MockClock(rate=1.0)
-
-
 @pytest.fixture(autouse=True)
 def _own_user_config(tmp_path_factory, monkeypatch) -> Path:
     """A user configuration directory of the test's own: no stored `ficc login` leaks in."""
