@@ -1,4 +1,4 @@
-"""Configuration: embedded defaults, a TOML file, ``FICC_*`` variables, then flags.
+"""Configuration: every setting, read from defaults, a TOML file, ``FICC_*`` variables, flags.
 
 Each later source overrides the earlier ones. Every setting is a field of
 :class:`Config` whose ``help`` metadata is the one description of it: the CLI's

@@ -1,4 +1,4 @@
-"""The one storage interface.
+"""The one storage interface: transactions run off the event loop, on SQLite or PostgreSQL.
 
 Everything durable goes through a :class:`Store`. Callers hand it a plain
 function that receives a :class:`Transaction`; the store runs that function in a
