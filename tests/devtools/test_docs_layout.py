@@ -1,4 +1,4 @@
-"""docs/architecture.md's folder table (ficc_core/devtools/docs_layout.py) is current and derived."""
+"""docs/architecture.md's folder table (devtools/docs_layout.py) is current and derived."""
 
 from __future__ import annotations
 
