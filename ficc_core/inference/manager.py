@@ -20,7 +20,7 @@ import attrs
 
 from ..auth import secrets as sec
 from ..base.errors import Conflict, FiccError, InvalidRequest, NotFound
-from ..contributors import repository as contributors_repository
+from ..contributors import list_nodes
 from ..events import Event, EventKind
 from ..routing.live import LiveTable
 from ..schema import Specification, canonical_json
@@ -176,7 +176,7 @@ class InferenceManager:
             model = await self.contexts.get(principal.project_id, document["model_id"])
 
             def suggest(tx: Transaction) -> Suggestion:
-                nodes = [PlacementNode.of(n) for n in contributors_repository.list_nodes(tx)]
+                nodes = [PlacementNode.of(n) for n in list_nodes(tx)]
                 return complete(document, model, nodes, repository.reservations_but(tx, ""))
 
             suggestion = await self.store.read(suggest)

@@ -9,8 +9,8 @@ this module sees a row. The SQL is what SQLite and PostgreSQL both run.
 Tables: ``inference_services``, ``inference_attempts``, ``inference_reservations``,
 ``inference_rollouts`` (``inference_usage`` is :mod:`ficc_core.usage.repository`'s).
 The contributors' tables (``nodes``, ``node_assignments``) are theirs: what placement
-reads of a node, and telling nodes to drop given-up attempts, go through
-:mod:`ficc_core.contributors.repository` in the same transaction.
+reads of a node, and telling nodes to drop given-up attempts, go through the statements
+:mod:`ficc_core.contributors` offers other packages, in the same transaction.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from ..contributors import repository as contributors
+from .. import contributors
 from ..contributors.records import AssignmentReason
 from ..store import Transaction
 from .records import (

@@ -14,7 +14,7 @@ import attrs
 import trio
 
 from ...base.errors import FiccError
-from ...contributors import repository as contributors_repository
+from ...contributors import set_unwanted
 from ...contributors.records import AssignmentReason, NodeState
 from ...events import EventKind, Subject
 from ...events import record as record_event
@@ -278,7 +278,7 @@ class MoveRun:
                 before = repository.attempt(tx, source_id)
                 if before is None or before.released:
                     return
-                contributors_repository.set_unwanted(tx, before.node_id, source_id, why, now)
+                set_unwanted(tx, before.node_id, source_id, why, now)
                 state = before.state if before.state in ENDED else AttemptState.UNKNOWN
                 after = attrs.evolve(
                     before, state=state, released=True, reason="moved", message=message

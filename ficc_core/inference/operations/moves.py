@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from ...base.errors import FiccError, InvalidRequest
-from ...contributors import repository as contributors_repository
+from ...contributors import fetch_node
 from ...contributors.records import NodeState
 from ...store import Transaction
 from .. import repository
@@ -103,7 +103,7 @@ def check_target(
     placement = moved.placements[index]
     node_id = placement.node_id
     one = attrs.evolve(moved, placements=(placement,))
-    node = contributors_repository.fetch_node(tx, node_id)
+    node = fetch_node(tx, node_id)
     nodes = {} if node is None else {node_id: PlacementNode.of(node)}
     existing = repository.reservations_but(tx, "")
     result = plan(
@@ -138,7 +138,7 @@ def source_gone(tx: Transaction, node_id: str) -> NodeState | None:
     """``unreachable``, ``lost`` or ``revoked`` when the replica's node will not answer
     (or is no longer registered: revoked, as far as the move goes); None while it may
     still serve."""
-    node = contributors_repository.fetch_node(tx, node_id)
+    node = fetch_node(tx, node_id)
     if node is None:
         return NodeState.REVOKED
     if node.state in (NodeState.UNREACHABLE, NodeState.LOST, NodeState.REVOKED):
@@ -235,7 +235,7 @@ class Mover:
                     code="move_target_is_source",
                     details={**details, "reason": "target_is_source"},
                 )
-            target_node = contributors_repository.fetch_node(tx, node_id)
+            target_node = fetch_node(tx, node_id)
             if target_node is None:
                 raise InvalidRequest(
                     f"no node {node_id!r} is registered; list them with 'ficc admin list-nodes'",

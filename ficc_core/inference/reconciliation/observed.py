@@ -13,7 +13,7 @@ from typing import Any
 
 import attrs
 
-from ...contributors import repository as contributors
+from ... import contributors
 from ...contributors.records import Node
 from ...events import EventKind
 from ...store import Store, Transaction

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 import attrs
 
-from ...contributors import repository as nodes_repository
+from ...contributors import fetch_node
 from ...contributors.records import NodeState
 from ..records import (
     ENDED,
@@ -394,7 +394,7 @@ async def read_status(
     wanted = {a.node_id for a in detail.attempts}
     wanted |= {str(p["node_id"]) for p in detail.service.document()["placements"]}
     recorded = await contributors.store.read(
-        lambda tx: {node_id: nodes_repository.fetch_node(tx, node_id) for node_id in wanted}
+        lambda tx: {node_id: fetch_node(tx, node_id) for node_id in wanted}
     )
     now = contributors.clock()
     nodes = {

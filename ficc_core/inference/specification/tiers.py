@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ... import contributors
 from ...base.errors import InvalidRequest
-from ...contributors import repository as contributors
 from ...schema import InstalledRuntime, SchemaError
 
 if TYPE_CHECKING:
