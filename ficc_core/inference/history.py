@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .. import events
 from ..events import Event, EventKind, Subject, record
-from ..events import repository as events
 from ..store import Transaction
 from .records import AttemptRecord, ServiceRecord
 
