@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from ...models import repository as models_repository
+from ...models import list_partials
 from .. import repository
 from .status import current_attempts
 
@@ -54,7 +54,7 @@ class _Series:
 
 def _read(tx: Transaction) -> tuple[list[Any], list[Any]]:
     details = [repository.detail(tx, sid) for sid in repository.service_ids(tx)]
-    return [d for d in details if d is not None], models_repository.list_partials(tx)
+    return [d for d in details if d is not None], list_partials(tx)
 
 
 class StateMetrics:
