@@ -530,3 +530,32 @@ def test_a_streamed_completion_asks_the_engine_for_usage_as_a_streamed_chat_does
     }
     plain = b'{"model": "beta", "prompt": "a"}'
     assert checks.prepare(view, "/v1/completions", plain)[:2] == (plain, False)
+
+
+def test_a_body_is_parsed_once_and_each_fallback_prepares_it_for_its_own_alias():
+    from ficc_core.gateway.checks import RequestChecks
+    from ficc_core.routing.live import LiveService
+
+    def view(alias: str) -> LiveService:
+        return LiveService(
+            id=f"svc-{alias}",
+            project_id="p",
+            alias=alias,
+            generation=1,
+            admission="serving",
+            concurrency=1,
+        )
+
+    checks = RequestChecks(None, None, max_body_bytes=1 << 20)  # type: ignore[arg-type]
+    raw = b'{"model": "alpha", "messages": [{"role": "user", "content": "hi"}]}'
+    parsed = checks.parse(raw)
+    decoded = []
+    checks.document = decoded.append  # type: ignore[method-assign]  # a second parse fails
+    # The service the name reaches gets the client's bytes as they are.
+    first = checks.prepare(view("alpha"), "/v1/chat/completions", parsed.for_model("alpha"))
+    assert first.payload is raw
+    # A fallback gets the same document under its own alias, nothing parsed again, and
+    # the document the candidates share is left as the client sent it.
+    fallback = checks.prepare(view("beta"), "/v1/chat/completions", parsed.for_model("beta"))
+    assert json.loads(fallback.payload) == {**json.loads(raw), "model": "beta"}
+    assert parsed.document["model"] == "alpha" and not decoded
