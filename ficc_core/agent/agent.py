@@ -157,7 +157,7 @@ class Agent:
                     f"no executor provider {name!r} is installed; see 'ficc plugins'",
                     details={"provider": name},
                 ) from None
-            extra = {}
+            extra: dict[str, Any] = {}
             if runtime_dir is not None and issubclass(provider_class, SupervisingProvider):
                 extra["runtime_dir"] = runtime_dir
             providers[name] = provider_class(
@@ -406,6 +406,7 @@ class Agent:
         now = trio.current_time()
         found = []
         for lease in self.leases():
+            state: str  # an attempt state, or "unknown" when its provider cannot say
             try:
                 state = (await self.providers[lease.provider].status(lease.fence)).state
             except ExecutorError:

@@ -24,6 +24,7 @@ import re
 import shutil
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterable
+from functools import partial
 from typing import Any
 
 import attrs
@@ -169,9 +170,10 @@ def read_nvml(nvml: Any = None) -> GpuInventory | None:
     is not installed. ``nvml`` is the ``pynvml`` module (tests pass their own)."""
     if nvml is None:
         try:
-            import pynvml as nvml
+            import pynvml
         except ImportError:
             return None
+        nvml = pynvml
     try:
         nvml.nvmlInit()
     except nvml.NVMLError as exc:
@@ -203,7 +205,7 @@ def _read_devices(nvml: Any) -> GpuInventory:
     devices = []
     for index, handle in enumerate(handles):
         memory = nvml.nvmlDeviceGetMemoryInfo(handle)
-        rates = _optional(nvml, lambda h=handle: nvml.nvmlDeviceGetUtilizationRates(h))
+        rates = _optional(nvml, partial(nvml.nvmlDeviceGetUtilizationRates, handle))
         devices.append(
             GpuDevice(
                 index=index,
@@ -226,9 +228,7 @@ def _mig_devices(nvml: Any, handle: Any) -> tuple[MigDevice, ...] | None:
         return None
     found = []
     for position in range(nvml.nvmlDeviceGetMaxMigDeviceCount(handle)):
-        mig = _optional(
-            nvml, lambda p=position: nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, p)
-        )
+        mig = _optional(nvml, partial(nvml.nvmlDeviceGetMigDeviceHandleByIndex, handle, position))
         if mig is None:
             continue
         found.append(
@@ -245,12 +245,12 @@ def _mig_devices(nvml: Any, handle: Any) -> tuple[MigDevice, ...] | None:
 def _nvlink_peers(nvml: Any, handle: Any, bus: dict[str, int]) -> tuple[int, ...] | None:
     peers: list[int] = []
     for link in range(nvml.NVML_NVLINK_MAX_LINKS):
-        state = _optional(nvml, lambda n=link: nvml.nvmlDeviceGetNvLinkState(handle, n))
+        state = _optional(nvml, partial(nvml.nvmlDeviceGetNvLinkState, handle, link))
         if state is None:
             break  # links are numbered from 0; the first unsupported one ends them
         if state != nvml.NVML_FEATURE_ENABLED:
             continue
-        remote = _optional(nvml, lambda n=link: nvml.nvmlDeviceGetNvLinkRemotePciInfo(handle, n))
+        remote = _optional(nvml, partial(nvml.nvmlDeviceGetNvLinkRemotePciInfo, handle, link))
         peer = None if remote is None else bus.get(_text(remote.busId).lower())
         if peer is not None and peer not in peers:
             peers.append(peer)
@@ -327,7 +327,7 @@ def visible_devices(limits: ResourceLimits | None, devices: Iterable[GpuDevice])
     if not known:
         return {}
     reserved = [gpu.index for gpu in (limits.gpus if limits is not None else ())]
-    names = [known[i].uuid if i in known and known[i].uuid else str(i) for i in reserved]
+    names = [(known[i].uuid if i in known else None) or str(i) for i in reserved]
     return {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": ",".join(names)}
 
 

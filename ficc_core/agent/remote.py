@@ -290,6 +290,7 @@ class ControllerLink:
                 refused, rest = group.split(AgentRefused)
                 if refused is not None:
                     return _first(refused)
+                assert rest is not None  # nothing was refused: the rest is the group
                 _, unexpected = rest.split(_TRANSIENT)
                 if unexpected is not None:
                     raise

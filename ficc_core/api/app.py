@@ -218,7 +218,9 @@ def create_app(service: Service) -> QuartTrio:
 
     # Outermost, in front of the invoke routes too: without it a kept-alive connection
     # was never marked idle again, and held the shutdown for the whole grace.
-    app.asgi_app = ResponseEnd(app.asgi_app)  # type: ignore[method-assign]
+    # Quart types ASGI's scope and messages as TypedDicts, ResponseEnd as plain mappings:
+    # the same dicts at run time.
+    app.asgi_app = ResponseEnd(app.asgi_app)  # type: ignore[method-assign, assignment, arg-type]
     return app
 
 

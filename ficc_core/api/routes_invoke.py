@@ -131,8 +131,10 @@ def register(app: QuartTrio, service: Service) -> None:
 
     for *_, endpoint in (*ROUTES.values(), *PROJECT_ROUTES.values(), *MODEL_ROUTES):
         add_route(app, endpoint, served_in_front)
-    invoke = InvokeRoutes(app.asgi_app, service)
-    app.asgi_app = invoke  # type: ignore[method-assign]
+    # Quart and hypercorn type ASGI's scope and messages as TypedDicts, our middleware as
+    # plain mappings (what it indexes): the same dicts at run time.
+    invoke = InvokeRoutes(app.asgi_app, service)  # type: ignore[arg-type]
+    app.asgi_app = invoke  # type: ignore[method-assign, assignment]
 
     @app.before_serving
     async def watch_clients() -> None:
@@ -238,6 +240,7 @@ class InvokeRoutes:
             if answered:
                 raise  # the head may be out: nothing else can be sent
             outage = is_store_failure(exc)
+            error: FiccError
             if outage:
                 # Only a credential never verified here (or an activation) needs the store.
                 error = as_store_unavailable(exc)
@@ -257,18 +260,18 @@ class InvokeRoutes:
                 )
             series[0].inc()
             series[1].observe(duration)
-            served = None if response is None else response.request
-            if served is not None and served.replica is not None:
-                prompt, completion = served.tokens
+            finished = None if response is None else response.request
+            if finished is not None and finished.replica is not None:
+                prompt, completion = finished.tokens
                 log_request(
                     scope["method"],
                     scope["path"],
                     status,
                     duration,
                     principal,
-                    service=served.view.alias,
-                    replica=served.replica.index,
-                    node=served.replica.node_id,
+                    service=finished.view.alias,
+                    replica=finished.replica.index,
+                    node=finished.replica.node_id,
                     prompt_tokens=prompt,
                     completion_tokens=completion,
                 )

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from typing import TYPE_CHECKING, Any
 
@@ -78,7 +78,7 @@ def sse_error(error: FiccError) -> bytes:
 
 
 async def _follow_into(
-    lines: AsyncIterator[str], send: trio.MemorySendChannel[Any], scope: trio.CancelScope
+    lines: AsyncGenerator[str, None], send: trio.MemorySendChannel[Any], scope: trio.CancelScope
 ) -> None:
     """Hand each line to the response (waiting for it to take one), then the end or the
     failure; cancelling ``scope`` closes the follow, which ends it on the node."""

@@ -26,7 +26,9 @@ if TYPE_CHECKING:
 _JSON_CHUNK_BODY = (MAX_JSON_CHUNK + 2) // 3 * 4 + 1024
 
 
-@attrs.frozen
+# Keyword-only: ``integer`` declares a field without a default, which type checkers
+# cannot see (they would take ``offset`` for a field with one before ``data``).
+@attrs.frozen(kw_only=True)
 class ChunkBody:
     """``POST /models/{id}/files/{index}``: ``data`` is canonical base64 of at most 1 MiB."""
 

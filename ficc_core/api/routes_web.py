@@ -10,7 +10,7 @@ the session cookie and the CSRF token.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from quart import Response, redirect, request
 
@@ -37,7 +37,8 @@ def _page(html: str) -> Response:
 
 
 def _redirect(location: str) -> Response:
-    response = redirect(location, code=303)
+    # Quart builds it with the app's response class; its annotation names werkzeug's base.
+    response = cast(Response, redirect(location, code=303))
     response.headers["Cache-Control"] = "no-store"
     return response
 

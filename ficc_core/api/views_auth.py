@@ -57,7 +57,7 @@ def _cap_view(cap: LifetimeCap) -> dict[str, Any]:
 
 def credential_view(credential: Credential) -> dict[str, Any]:
     """A credential (never its secret); one just minted with a shortened life says ``capped``."""
-    view = {
+    view: dict[str, Any] = {
         "id": credential.id,
         "name": credential.name,
         "project_id": credential.project_id,

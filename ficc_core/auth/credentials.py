@@ -7,6 +7,7 @@ issuer, so revoking an issuer revokes what it minted.
 
 from __future__ import annotations
 
+import builtins
 import math
 from collections.abc import Callable
 
@@ -298,7 +299,7 @@ class Credentials:
             raise _not_found(credential_id)
         return credential
 
-    async def list_personal(self, user_id: str) -> list[Credential]:
+    async def list_personal(self, user_id: str) -> builtins.list[Credential]:
         """The person's personal keys."""
         return await self.store.read(lambda tx: repository.list_personal_credentials(tx, user_id))
 

@@ -20,7 +20,7 @@ import secrets
 import shutil
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Protocol, TypeVar
 
 from .errors import FiccError
 
@@ -63,9 +63,18 @@ def hex_digest(sha256: str) -> str:
     return value
 
 
+class _Hasher(Protocol):
+    """A hashlib object, as :func:`hash_file` feeds it."""
+
+    def update(self, data: memoryview, /) -> None: ...
+
+
+_H = TypeVar("_H", bound=_Hasher)
+
+
 def hash_file(
-    digest: Any, path: Path, length: int, progress: Callable[[int], None] | None = None
-) -> Any:
+    digest: _H, path: Path, length: int, progress: Callable[[int], None] | None = None
+) -> _H:
     """Feed the first ``length`` bytes of ``path`` to the hashlib object ``digest``; return it."""
     remaining = length
     with open(path, "rb", buffering=0) as handle:

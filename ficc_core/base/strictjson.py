@@ -97,8 +97,11 @@ def loads(raw: bytes | bytearray | memoryview | str, *, what: str = "the request
     """Decode ``raw`` as strict JSON or raise :class:`InvalidRequest` (``invalid_json``)."""
     try:
         # JSON between systems is UTF-8 (RFC 8259); json.loads would also guess UTF-16/32.
-        data = None if isinstance(raw, str) else bytes(raw)
-        text = raw if data is None else data.decode("utf-8")
+        if isinstance(raw, str):
+            data, text = None, raw
+        else:
+            data = bytes(raw)
+            text = data.decode("utf-8")
         document = json.loads(
             text.removeprefix("\ufeff"), parse_constant=_constant, parse_float=_finite
         )

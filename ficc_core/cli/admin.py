@@ -58,7 +58,9 @@ def _admin(ctx: click.Context, fn: Callable[[Service], Awaitable[Any]]) -> Any:
     try:
         return run_trio(run)
     except click.ClickException as exc:
-        exc.message = f"{exc.message} (data directory {config.data_dir})"
+        # click's stubs mark message Final; rewording it keeps the exception's class and
+        # exit code, which a new exception would not.
+        exc.message = f"{exc.message} (data directory {config.data_dir})"  # type: ignore[misc]
         raise
 
 

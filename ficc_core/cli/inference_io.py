@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import sys
 import tomllib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -98,7 +98,7 @@ def _short(digest: str | None, keep: int = 19) -> str:
     return digest if len(digest) <= keep else digest[:keep] + "..."
 
 
-def _reasons_table(reasons: list[Mapping[str, Any]]) -> list[tuple[Any, ...]]:
+def _reasons_table(reasons: Sequence[Mapping[str, Any]]) -> list[tuple[Any, ...]]:
     rows: list[tuple[Any, ...]] = [("REPLICA", "NODE", "CODE", "REASON")]
     rows += [(r["index"], r["node_id"], r["code"], r["message"]) for r in reasons]
     return rows

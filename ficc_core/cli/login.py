@@ -111,7 +111,7 @@ def _password_login(
 
 def _token_login(
     url: str, token: str, lifetime: float, name: str | None
-) -> tuple[dict[str, Any] | None, Any]:
+) -> tuple[dict[str, Any] | None, credentials.Login]:
     client = ApiClient(url, token)
     principal = client.json("GET", "/api/v1/whoami")
     user = principal.get("user") or {}
@@ -244,6 +244,7 @@ def login(
         raise click.BadParameter(exc.message, param_hint="--lifetime") from None
     if token is not None and (username or password_stdin):
         raise click.UsageError("give --token, or --username with a password, not both")
+    issued: dict[str, Any] | None  # None: the token given is stored itself
     if token is None:
         username = username or click.prompt("Username", default="admin", err=True)
         password = _password(password_stdin)

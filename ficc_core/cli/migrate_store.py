@@ -18,7 +18,8 @@ EXIT_NOT_EMPTY = 3
 class _Refused(click.ClickException):
     def __init__(self, message: str, exit_code: int = 1) -> None:
         super().__init__(message)
-        self.exit_code = exit_code
+        # click's stubs make exit_code a ClassVar; click reads it from the instance.
+        self.exit_code = exit_code  # type: ignore[misc]
 
 
 @click.command("migrate-store")

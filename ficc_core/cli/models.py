@@ -66,6 +66,7 @@ def register(
     if manifest is not None:
         document = json.loads(manifest.read_text(encoding="utf-8"))
     else:
+        assert gguf is not None  # one of the two, checked above
         parts = gguf_parts(gguf)
         document = gguf_document(parts, name, licence, read_local_gguf(parts))
     model = _client(ctx).json("POST", "/api/v1/models", json=document)

@@ -11,8 +11,9 @@ All SQL is in :mod:`.repository`.
 
 from __future__ import annotations
 
+import builtins
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
@@ -385,8 +386,9 @@ class NodeRegistry:
         (:class:`~.states.NodeStates`), so an outage is never taken for the node's.
         """
         stale = self.trouble(node_id) is not None
+        node: Node | None
         try:
-            node = await self.states.heartbeat(node_id, connection_id, snapshot, attempts)
+            heard = await self.states.heartbeat(node_id, connection_id, snapshot, attempts)
         except Exception as exc:
             if not is_store_failure(exc):
                 raise
@@ -394,8 +396,9 @@ class NodeRegistry:
             node = None
             self._heard[node_id] = self.clock()
         else:
-            if node.last_heartbeat is not None:
-                self._heard[node_id] = node.last_heartbeat
+            node = heard
+            if heard.last_heartbeat is not None:
+                self._heard[node_id] = heard.last_heartbeat
         self._reports[node_id] = (
             connection_id,
             frozenset(str(a["attempt_id"]) for a in attempts if a.get("state") in _RUNNING_STATES),
@@ -404,7 +407,7 @@ class NodeRegistry:
             self.notify(node_id)
         return node
 
-    async def sweep(self) -> list[tuple[str, NodeState]]:
+    async def sweep(self) -> builtins.list[tuple[str, NodeState]]:
         """Move silent nodes to unreachable or lost; return the ``(node, state)`` changes."""
         return await self.states.sweep()
 
@@ -512,7 +515,7 @@ class NodeRegistry:
         )
         return status_from_wire(reply["status"])
 
-    async def doctor(self, node_id: str) -> tuple[list[dict[str, Any]], float]:
+    async def doctor(self, node_id: str) -> tuple[builtins.list[dict[str, Any]], float]:
         """The node's own ``ficc doctor`` findings and its clock (epoch seconds).
 
         Raises ``node_unavailable`` when the node is not connected to this controller.
@@ -520,7 +523,7 @@ class NodeRegistry:
         reply = await self.live.require_link(node_id).call({"op": "doctor"})
         return list(reply.get("findings") or ()), float(reply.get("time") or 0.0)
 
-    async def logs(self, node_id: str, fence: Fence, tail: int = 100) -> list[str]:
+    async def logs(self, node_id: str, fence: Fence, tail: int = 100) -> builtins.list[str]:
         """The last ``tail`` lines of an attempt's log on a connected node (also once ended).
 
         Raises ``node_unavailable`` when the node is not connected to this controller.
@@ -533,7 +536,7 @@ class NodeRegistry:
 
     def follow_logs(
         self, node_id: str, fence: Fence, tail: int | None = None
-    ) -> AsyncIterator[str]:
+    ) -> AsyncGenerator[str, None]:
         """Follow an attempt's log on a connected node: the last ``tail`` lines, then new ones.
 
         Bounded and backpressured like the endpoint action (a remote node's follow is
@@ -559,11 +562,11 @@ class NodeRegistry:
         """Whether ``node_id`` may download blob ``sha256`` (hex) now (see :mod:`.assignments`)."""
         return await self.wants.may_download(node_id, sha256)
 
-    async def assignments(self, node_id: str) -> list[Assignment]:
+    async def assignments(self, node_id: str) -> builtins.list[Assignment]:
         """The attempts the controller asked ``node_id`` to run, each with ``wanted`` and why."""
         return await self.wants.of_node(node_id)
 
-    async def wanted_attempt_ids(self, node_id: str) -> list[str]:
+    async def wanted_attempt_ids(self, node_id: str) -> builtins.list[str]:
         """The attempts the controller still wants ``node_id`` to run (before it reconnects)."""
         return await self.wants.wanted_attempt_ids(node_id)
 

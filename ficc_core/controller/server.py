@@ -82,7 +82,9 @@ async def serve_metrics(
     """Serve ``GET /metrics`` alone on ``metrics_listen`` (with the same TLS as the API),
     or on ``bind``, a socket bound already (``fd://N``)."""
     await hypercorn_serve(
-        MetricsApp(service.metrics),
+        # hypercorn types ASGI's scope and messages as TypedDicts, MetricsApp as plain
+        # mappings: the same dicts at run time.
+        MetricsApp(service.metrics),  # type: ignore[arg-type]
         _hypercorn_config(service, bind or service.config.metrics_listen),
         shutdown_trigger=shutdown_trigger,
         task_status=task_status,

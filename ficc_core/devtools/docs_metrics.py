@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from prometheus_client.metrics import MetricWrapperBase
+
 from ..controller.metrics import Metrics
 
 START, END = "<!-- metrics:start -->", "<!-- metrics:end -->"
@@ -23,7 +25,10 @@ def render_reference() -> str:
         "| Metric | Type | Labels | What it counts |",
         "|---|---|---|---|",
     ]
-    for collector in sorted(registry._collector_to_names, key=lambda c: c._name):
+    # Every collector the controller registers is a metric (the wrapper classes of
+    # Counter, Gauge, Histogram), whose name, type, labels and help this reads.
+    metrics = [c for c in registry._collector_to_names if isinstance(c, MetricWrapperBase)]
+    for collector in sorted(metrics, key=lambda c: c._name):
         kind = collector._type
         name = collector._name + ("_total" if kind == "counter" else "")
         labels = ", ".join(f"`{label}`" for label in collector._labelnames)

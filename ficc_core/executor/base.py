@@ -17,7 +17,7 @@ import os
 import shutil
 import signal
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -269,7 +269,7 @@ class SupervisingProvider:
         """Return the last ``tail`` lines of the attempt's log (kept after a restart)."""
         return await self._log(fence).tail(tail)
 
-    async def follow_logs(self, fence: Fence, tail: int | None = None) -> AsyncIterator[str]:
+    async def follow_logs(self, fence: Fence, tail: int | None = None) -> AsyncGenerator[str, None]:
         """Yield every log line from the start (or the last ``tail``), then new ones, until
         the attempt ends (a kept log's lines, then the end)."""
         async for line in self._log(fence).follow(tail):

@@ -199,7 +199,7 @@ async def _send_all(sock: trio.abc.Stream, data: bytes) -> None:
             await trio.lowlevel.wait_writable(sock.socket)
 
 
-async def _receive_some(sock: trio.abc.Stream, size: int) -> bytes:
+async def _receive_some(sock: trio.abc.Stream, size: int) -> bytes | bytearray:
     if type(sock) is not trio.SocketStream:
         return await sock.receive_some(size)
     while True:

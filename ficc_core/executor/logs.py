@@ -20,7 +20,7 @@ import shutil
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -55,13 +55,13 @@ class BoundedLog:
         self._closed = False
         self._lock = trio.Lock()
 
-    async def write(self, data: bytes) -> None:
+    async def write(self, data: bytes | bytearray) -> None:
         """Append ``data``, rotating when the current file reaches half the bound."""
         async with self._lock:
             await trio.to_thread.run_sync(self._write, data)
         self._changed.unpark_all()
 
-    def _write(self, data: bytes) -> None:
+    def _write(self, data: bytes | bytearray) -> None:
         half = max(self.max_bytes // 2, 1)
         data = data[-half:]
         try:
@@ -114,16 +114,16 @@ class BoundedLog:
         position, generation_size, pending = 0, 0, b""
         if tail is not None:
             lines, position, generation_size = await trio.to_thread.run_sync(self._last_lines, tail)
-            for line in lines:
-                yield line
+            for text in lines:
+                yield text
         while True:
             closed = self._closed
             data, position, generation_size = await trio.to_thread.run_sync(
                 self._read_from, position, generation_size
             )
             pending += data
-            *lines, pending = pending.split(b"\n")
-            for line in lines:
+            *complete, pending = pending.split(b"\n")
+            for line in complete:
                 yield line.decode("utf-8", "replace")
             if closed and not data:
                 if pending:
@@ -272,7 +272,7 @@ class KeptLogs:
         kept.close()
         return kept
 
-    def _entries(self) -> list[tuple[Path, dict[str, object]]]:
+    def _entries(self) -> list[tuple[Path, dict[str, Any]]]:  # each record's JSON
         if not self.directory.is_dir():
             return []
         found = []

@@ -18,8 +18,9 @@ written before it still pass.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping, Sequence
-from typing import TYPE_CHECKING, ClassVar, Protocol, runtime_checkable
+import os
+from collections.abc import AsyncGenerator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 import trio
 
@@ -85,6 +86,11 @@ class ExecutorProvider(EndpointAction, Protocol):
     #: The executor name runtimes bind (``process``, ``container``, ...).
     name: ClassVar[str]
 
+    def __init__(self, *, state_dir: str | os.PathLike[str], node_id: str, **options: Any) -> None:
+        """The node agent builds each provider with its node's configuration: a state
+        directory of its own, the node's ID, and options its kind takes."""
+        ...
+
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Clean up what an earlier run left, report started, then serve until cancelled.
 
@@ -127,7 +133,7 @@ class ExecutorProvider(EndpointAction, Protocol):
         """Return the last ``tail`` lines of the attempt's bounded log."""
         ...
 
-    def follow_logs(self, fence: Fence, tail: int | None = None) -> AsyncIterator[str]:
+    def follow_logs(self, fence: Fence, tail: int | None = None) -> AsyncGenerator[str, None]:
         """Yield the attempt's log lines as they are written, until it ends.
 
         Every line from the start, or with ``tail`` only the last ``tail`` lines there

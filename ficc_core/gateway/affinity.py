@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import re
 from collections import OrderedDict
-from collections.abc import Callable, Collection, Container
+from collections.abc import Callable, Collection, Container, Sequence
 from typing import TYPE_CHECKING
 
 import attrs
@@ -243,7 +243,7 @@ class Affinity:
         """The eligible replicas holding the most pieces of ``prompt`` after its first
         ``number`` blocks (the deepest full block the index knows), or none."""
         if number == len(prompt.blocks):
-            pieces = prompt.pieces  # its own last block's
+            pieces: Sequence[int] = prompt.pieces  # its own last block's
         elif request.payload:
             at = prompt.start + number * BLOCK
             # The 7 pieces a partial block can have: a whole block would have matched above.

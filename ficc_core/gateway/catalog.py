@@ -30,7 +30,7 @@ the name still reaches the service (or its fallbacks).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import attrs
 
@@ -241,7 +241,7 @@ class Catalog:
         return [by_alias[alias] for alias in view.fallbacks if alias in by_alias]
 
     @staticmethod
-    def _unknown(model: str, views: Iterable[LiveService]) -> Any:
+    def _unknown(model: str, views: Iterable[LiveService]) -> NoReturn:
         names = list(dict.fromkeys(name for view in views for name in (view.alias, *view.names)))
         shown = shown_model(model)
         raise ModelNotFound(

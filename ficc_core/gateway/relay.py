@@ -42,8 +42,8 @@ if TYPE_CHECKING:
     from ..config import Config
     from ..contributors import NodeRegistry
     from ..executor.protocol import EndpointAction
-    from ..executor.types import Fence
     from ..routing.live import LiveReplica
+    from ..schema import Fence
     from .checks import RequestChecks
     from .request import Request
 
@@ -96,11 +96,12 @@ def _sse_error(error: FiccError) -> bytes:
 
 
 def _failed(event: ReadEvent, what: str) -> EngineFailed:
-    failed = isinstance(event, StreamFailed)
-    return EngineFailed(
-        f"the engine's stream failed{what}: {event.message if failed else event}",
-        details={"engine_code": event.code if failed else None},
-    )
+    if isinstance(event, StreamFailed):
+        return EngineFailed(
+            f"the engine's stream failed{what}: {event.message}",
+            details={"engine_code": event.code},
+        )
+    return EngineFailed(f"the engine's stream failed{what}: {event}", details={"engine_code": None})
 
 
 @runtime_checkable
@@ -415,8 +416,8 @@ class Relay:
         ended = False
         try:
             head = await endpoint.read(fence, stream_id)
-            ended = not isinstance(head, ResponseHead)
-            if ended:
+            if not isinstance(head, ResponseHead):
+                ended = True
                 raise _failed(head, " before answering")
             chunks, size = [], 0
             while True:

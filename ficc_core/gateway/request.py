@@ -18,6 +18,7 @@ import attrs
 
 if TYPE_CHECKING:
     from ..auth import Principal
+    from ..quotas.gate import Reservation
     from ..routing.bands import Band
     from ..routing.live import LiveReplica, LiveService
     from .affinity import Prompt
@@ -74,7 +75,7 @@ class Request:
     prefix: Prompt | None = None
     # -- quotas (ficc_core/quotas, docs/limits.md) ------------------------------------------
     #: What the quota gate reserved at admission (its own type), settled at the end.
-    reservation: object | None = None
+    reservation: Reservation | None = None
     #: The prompt's tokens as estimated at admission (the tokenizer's count, else bytes/4)
     #: and the completion's (``max_tokens``, else ``max_output``, else what the context
     #: leaves): what the gate reserves until the engine reports its usage.

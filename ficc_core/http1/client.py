@@ -142,7 +142,12 @@ class Http1Connection:
         request = h11.Request(
             method="GET",
             target=target,
-            headers=[("Host", netloc), *headers, ("Connection", "close")],
+            # In bytes, as h11 would encode them (ASCII): its types want one or the other.
+            headers=[
+                (b"Host", netloc),
+                *((name.encode("ascii"), value.encode("ascii")) for name, value in headers),
+                (b"Connection", b"close"),
+            ],
         )
         self._sendall(self._h11.send(request) + self._h11.send(h11.EndOfMessage()))
         while True:

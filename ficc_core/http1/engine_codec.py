@@ -111,7 +111,7 @@ class ResponseParser:
         #: Bytes of a response arrived (a reused connection's silent close is not one).
         self.started = False
 
-    def feed(self, data: bytes) -> list[ReadEvent]:
+    def feed(self, data: bytes | bytearray) -> list[ReadEvent]:
         """The events ``data`` completes (``b""``: the engine closed the connection)."""
         self._events = []
         if not data:

@@ -119,6 +119,10 @@ class _ServerHeaders:
 class Http1Protocol:
     """One HTTP/1.x connection; hypercorn's ``H11Protocol`` interface (see the module docs)."""
 
+    # Set by _new_cycle, for each request and its answer.
+    our_done: bool
+    held: bytes
+
     def __init__(
         self,
         app: Any,

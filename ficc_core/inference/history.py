@@ -9,6 +9,7 @@ includes the state changes of the nodes its attempts ran on.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from .. import events
@@ -28,7 +29,7 @@ def service_event(
     *,
     reason: str | None,
     message: str,
-    details: dict[str, Any],
+    details: Mapping[str, Any],
 ) -> Event:
     """An event about the service itself."""
     return record(

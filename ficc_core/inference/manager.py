@@ -12,6 +12,7 @@ request naming another revision is refused with 409 and the current one. The
 
 from __future__ import annotations
 
+import builtins
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -22,7 +23,7 @@ from ..auth import secrets as sec
 from ..base.errors import Conflict, FiccError, InvalidRequest, NotFound
 from ..contributors import list_nodes
 from ..events import Event, EventKind
-from ..routing.live import LiveTable
+from ..routing.live import Admission, LiveTable
 from ..schema import Specification, canonical_json
 from ..store import Store, Transaction
 from ..usage import UsageLedger, UsageSummary
@@ -57,13 +58,17 @@ if TYPE_CHECKING:
     from ..auth.records import Credential, Revocation
     from ..plugins import AdapterRegistry
     from .operations.moves import Mover
-    from .operations.rollout import Restarter
+    from .operations.rollout import Choice, Restarter
     from .scaling.autoscaler import Autoscaler
     from .specification.model_context import ModelContext, ModelContexts
 
 CONTROL_ACTIONS = ("start", "drain", "stop", "remove")
 #: What each control action that closes admission leaves the gateway admitting.
-CLOSES_ADMISSION = {"drain": "draining", "stop": "stopped", "remove": "stopped"}
+CLOSES_ADMISSION: dict[str, Admission] = {
+    "drain": "draining",
+    "stop": "stopped",
+    "remove": "stopped",
+}
 
 
 @attrs.frozen(kw_only=True)
@@ -94,7 +99,7 @@ class RolloutStart:
 
     detail: ServiceDetail
     rollout: RolloutRecord | None
-    choice: rollout.Choice
+    choice: Choice
     adjusted: tuple[dict[str, Any], ...] = ()
 
 
@@ -495,7 +500,7 @@ class InferenceManager:
         document: Any,
         strategy: str = "auto",
         keep_limits: bool = False,
-    ) -> tuple[Preview, rollout.Choice, list[dict[str, Any]]]:
+    ) -> tuple[Preview, Choice, builtins.list[dict[str, Any]]]:
         """A rollout's preview: the plan once it serves alone (the service's own
         reservations not counted against it), the strategy it takes (with the plan beside
         the serving generation) and the memory limits it recomputes."""
@@ -530,7 +535,7 @@ class InferenceManager:
         after: int | None,
         limit: int,
         before: int | None = None,
-    ) -> list[Event]:
+    ) -> builtins.list[Event]:
         """The service's events (with its nodes' state changes), oldest first: the first
         ``limit`` after ``after``, or the newest ``limit`` (before ``before``)."""
 
@@ -574,7 +579,7 @@ class InferenceManager:
             band=band,
         )
 
-    async def list_tokens(self, principal: Principal, service_id: str) -> list[Credential]:
+    async def list_tokens(self, principal: Principal, service_id: str) -> builtins.list[Credential]:
         """The invoke credentials bound to this service."""
         await self.get(principal.project_id, service_id)
         return [

@@ -84,7 +84,7 @@ class BlobStore:
         self._partial.mkdir(parents=True, exist_ok=True)
         self._hash_limiter = trio.CapacityLimiter(hash_threads)
         self._io_limiter = trio.CapacityLimiter(4)
-        self._locks: dict[str, trio.Lock] = {}
+        self._locks: dict[tuple[str, int], trio.Lock] = {}
         #: Room held on the blobs' disk for the store and deletions (:mod:`.space`),
         #: taken by the first blob write (a controller that writes none holds none).
         self.reserve = Reserve(self.root, reserve)
@@ -397,7 +397,8 @@ class BlobStore:
             the file is not read again.
         """
         with trio.CancelScope(shield=True):
-            return await self._verify_and_publish(ref, digest)
+            status = await self._verify_and_publish(ref, digest)
+        return status
 
     async def _verify_and_publish(self, ref: FileRef, digest: str | None) -> BlobStatus:
         current = await self.status(ref)

@@ -145,11 +145,11 @@ def _receive(
             # Each piece ends on an aligned offset, so that after an unaligned start
             # (a resumed partial) every later piece can be written directly.
             want = min(READ_BYTES - received % DIRECT_ALIGN, writer.size - received)
-            buffer = pipeline.take()
-            if buffer is None:
+            piece_buffer = pipeline.take()
+            if piece_buffer is None:
                 break  # writing failed: leaving the pipeline raises its failure
-            filled, error = body.fill(memoryview(buffer)[:want])
-            pipeline.put(buffer, filled)
+            filled, error = body.fill(memoryview(piece_buffer)[:want])
+            pipeline.put(piece_buffer, filled)
             received += filled
             if error is not None:
                 pipeline.close()

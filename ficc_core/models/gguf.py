@@ -267,7 +267,7 @@ def _parse(data: bytes, limit: int, size: int | None, complete: bool) -> _Header
             f"GGUF general.alignment must be a power of two, got {alignment!r}",
             details={"alignment": repr(alignment)},
         )
-    tensors: list[tuple[int, int]] = []
+    tensors: list[tuple[int, int, int]] = []  # (ggml type, elements, end)
     names: set[bytes] = set()
     for index in range(tensor_count):
         name = cursor.string(f"the name of tensor {index}", maximum=_MAX_TENSOR_NAME)

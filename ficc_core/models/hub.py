@@ -115,8 +115,8 @@ def _validate(repository: str, revision: str, filename: str | None) -> None:
         or revision.endswith("/")
     ):
         problems.append(("revision", 'must be a branch, tag or commit (no "..", "//")'))
-    if filename is not None and _filename_problem(filename):
-        problems.append(("filename", _filename_problem(filename)))
+    if filename is not None and (problem := _filename_problem(filename)):
+        problems.append(("filename", problem))
     if problems:
         raise InvalidRequest(
             "; ".join(f"{field} {reason}" for field, reason in problems),
@@ -149,7 +149,8 @@ async def _read_body(response: Response, skip: int, length: int) -> bytes:
     # has given more than enough, and closed with the response. Read failures are
     # FetchErrors (fetch_timeout, connection_dropped, body_truncated) from the fetch
     # layer.
-    async with aclosing(response.aiter_raw()) as pieces:
+    # aiter_raw is an async generator, which httpx annotates as only an AsyncIterator.
+    async with aclosing(response.aiter_raw()) as pieces:  # type: ignore[type-var]
         async for piece in pieces:
             if skip >= len(piece):
                 skip -= len(piece)
@@ -296,12 +297,19 @@ def _models(siblings: list[Mapping[str, Any]]) -> list[list[Mapping[str, Any]]]:
             groups.append(splits[prefix, count])
         splits[prefix, count].append(sibling)
     for parts in splits.values():
-        parts.sort(key=lambda sibling: gguf_split_part(sibling["rfilename"]))
+        parts.sort(key=_split_part)
     return groups
 
 
+def _split_part(sibling: Mapping[str, Any]) -> tuple[str, int, int]:
+    """The split GGUF part a sibling grouped with its parts is."""
+    part = gguf_split_part(sibling["rfilename"])
+    assert part is not None
+    return part
+
+
 def _split_refusal(parts: list[Mapping[str, Any]]) -> HubRefusal | None:
-    found = [gguf_split_part(part["rfilename"]) for part in parts]
+    found = [_split_part(part) for part in parts]
     prefix, _number, count = found[0]
     missing = sorted(set(range(1, count + 1)) - {part[1] for part in found})
     if not missing:
@@ -327,6 +335,7 @@ async def _preview_model(
     files, headers = [], []
     for part in parts:
         name, size = part["rfilename"], _size(part)
+        assert size is not None  # _sibling_refusal refused a part without one
         path = "/".join(quote(segment, safe="") for segment in name.split("/"))
         url = f"{base}/{repository}/resolve/{quote(pinned, safe='')}/{path}"
         reader = _RangeReader(client, policy, url, size, name)
@@ -395,7 +404,12 @@ async def hub_preview(
         for s in info["siblings"]
         if isinstance(s, Mapping) and isinstance(s.get("rfilename"), str)
     ]
-    arguments = {"base": base, "repository": repository, "pinned": pinned, "licence": licence}
+    arguments: dict[str, Any] = {
+        "base": base,
+        "repository": repository,
+        "pinned": pinned,
+        "licence": licence,
+    }
     arguments["cap"] = cap
 
     ggufs = [s for s in siblings if s["rfilename"].lower().endswith(".gguf")]
@@ -455,11 +469,11 @@ def _names(parts: list[Mapping[str, Any]]) -> list[str]:
 
 def _listed(parts: list[Mapping[str, Any]], refusal: HubRefusal | None) -> HubPreview:
     """A model as the listing shows it (name, summed size, parts), with its refusal."""
-    sizes = [_size(part) for part in parts]
+    sizes = [size for part in parts if (size := _size(part)) is not None]
     split = gguf_split_part(parts[0]["rfilename"]) is not None
     return HubPreview(
         filename=parts[0]["rfilename"],
-        size=None if None in sizes else sum(sizes),
+        size=sum(sizes) if len(sizes) == len(parts) else None,
         parts=tuple(_names(parts)) if split else None,
         refusal=refusal,
     )

@@ -77,24 +77,26 @@ class PartialWriter:
         if self.written + len(view) > self.size:
             raise OSError(f"a write ending at {self.written + len(view)} is past {self.size}")
         if self._direct is not None and not self.written % DIRECT_ALIGN:
-            view = view[self._write_direct(view[: len(view) - len(view) % DIRECT_ALIGN]) :]
+            aligned = view[: len(view) - len(view) % DIRECT_ALIGN]
+            view = view[self._write_direct(self._direct, aligned) :]
         while view:
             count = os.pwrite(self._fd, view[:_WRITE_PIECE], self.written)
             view = view[count:]
             self.written += count
 
-    def _write_direct(self, view: memoryview) -> int:
-        """Write ``view`` (aligned) past the page cache; return how much of it was written."""
+    def _write_direct(self, direct: int, view: memoryview) -> int:
+        """Write ``view`` (aligned) past the page cache through the descriptor ``direct``;
+        return how much of it was written."""
         done = 0
         while done < len(view):
             try:
-                count = os.pwrite(self._direct, view[done:], self.written)
+                count = os.pwrite(direct, view[done:], self.written)
             except OSError as exc:
                 if exc.errno != errno.EINVAL:
                     raise
                 # Opened but refused (an alignment this file system wants larger, or
                 # memory that does not start on a page): buffered from here on.
-                os.close(self._direct)
+                os.close(direct)
                 self._direct = None
                 return done
             done += count

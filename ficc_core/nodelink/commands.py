@@ -35,8 +35,11 @@ class CommandTarget(Protocol):
 
     #: Seconds between SIGTERM and SIGKILL when a stop names none.
     stop_grace: float
-    #: The highest leader term a command or renewal has carried here.
-    term_seen: int
+
+    @property
+    def term_seen(self) -> int:
+        """The highest leader term a command or renewal has carried here."""
+        ...
 
     async def doctor(self) -> list[dict[str, Any]]:
         """``ficc doctor``'s findings about this node, as JSON objects."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any, Protocol
 
 import trio
@@ -37,13 +37,15 @@ class MessageChannel(Protocol):
 class NodeLink(Protocol):
     """Carries one command to a node and returns its reply (raising the node's refusal)."""
 
-    #: The node's endpoint action.
-    endpoint: EndpointAction
+    @property
+    def endpoint(self) -> EndpointAction:
+        """The node's endpoint action."""
+        ...
 
     async def call(self, message: dict[str, Any]) -> dict[str, Any]:
         """Run ``message`` on the node; return the reply of a successful command."""
 
-    def follow_logs(self, fence: Fence, tail: int | None = None) -> AsyncIterator[str]:
+    def follow_logs(self, fence: Fence, tail: int | None = None) -> AsyncGenerator[str, None]:
         """The attempt's log lines on the node (the last ``tail``, then new ones) until
         it ends; closing the iterator ends the follow on the node."""
 
@@ -70,7 +72,7 @@ class LocalNodeLink:
         """Run ``message`` on the local agent."""
         return raise_for_reply(await run_command(self.agent, message))
 
-    def follow_logs(self, fence: Fence, tail: int | None = None) -> AsyncIterator[str]:
+    def follow_logs(self, fence: Fence, tail: int | None = None) -> AsyncGenerator[str, None]:
         """Follow the attempt's log on the local agent."""
         return self.agent.follow_logs(fence, tail)
 
@@ -111,7 +113,7 @@ class ConnectionLink:
             raise NodeGone("its connection closed", node=self.node)
         return raise_for_reply(slot[1])
 
-    def follow_logs(self, fence: Fence, tail: int | None = None) -> AsyncIterator[str]:
+    def follow_logs(self, fence: Fence, tail: int | None = None) -> AsyncGenerator[str, None]:
         """Follow the attempt's log on the node, relayed within the stream window."""
         return self.endpoint.follow_logs(fence, tail)
 

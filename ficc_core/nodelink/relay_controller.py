@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import math
 import secrets
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -244,7 +244,7 @@ class RelayEndpoint:
 
     async def follow_logs(
         self, fence: Fence, tail: int | None = None, *, stream_id: str | None = None
-    ) -> AsyncIterator[str]:
+    ) -> AsyncGenerator[str, None]:
         """Follow the attempt's log on the node: the last ``tail`` lines, then new ones.
 
         A relayed stream like an endpoint one (``source: "logs"``, named ``stream_id``

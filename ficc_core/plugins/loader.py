@@ -180,7 +180,9 @@ class _Loader:
             )
             return False
         if self.manager.is_registered(plugin):
-            other = self._origins[self.manager.get_name(plugin)]
+            name = self.manager.get_name(plugin)
+            assert name is not None  # it is registered, under a name
+            other = self._origins[name]
             self._refuse(origin, f"{who} is the same object as {other.describe()}")
             return False
         try:

@@ -199,8 +199,11 @@ class LiveTable:
         view = self._services.get(service_id)
         if view is None or _NARROWNESS[view.admission] >= _NARROWNESS[admission]:
             return
-        dropped = {"replicas": (), "retiring": ()} if admission == "stopped" else {}
-        self._services[service_id] = attrs.evolve(view, admission=admission, **dropped)
+        if admission == "stopped":
+            view = attrs.evolve(view, admission=admission, replicas=(), retiring=())
+        else:
+            view = attrs.evolve(view, admission=admission)
+        self._services[service_id] = view
         self._wake(service_id)
 
     def remove(self, service_id: str) -> None:

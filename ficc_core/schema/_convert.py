@@ -22,6 +22,7 @@ import hashlib
 import json
 import math
 import re
+from collections.abc import Callable
 from typing import Any, Literal, TypeVar, get_args, get_origin
 
 import attrs
@@ -160,7 +161,8 @@ def _is_attrs(cls: Any) -> bool:
 
 
 def _unstructure_factory(cls: type) -> Any:
-    omit = {
+    # Any: cattrs takes the per-field overrides as **kwargs beside its own options.
+    omit: dict[str, Any] = {
         field.name: override(omit_if_default=True)
         for field in attrs.fields(cls)
         if field.default is None
@@ -173,12 +175,14 @@ def _longer_str(max_length: int) -> Any:
 
 
 def _structure_factory(cls: type) -> Any:
-    longer = {
+    longer: dict[str, Any] = {  # Any: as in _unstructure_factory
         field.name: override(struct_hook=_longer_str(field.metadata[MAX_LENGTH]))
         for field in attrs.fields(cls)
         if MAX_LENGTH in field.metadata
     }
-    inner = make_dict_structure_fn(cls, _converter, _cattrs_forbid_extra_keys=True, **longer)
+    inner: Callable[[Any, Any], Any] = make_dict_structure_fn(
+        cls, _converter, _cattrs_forbid_extra_keys=True, **longer
+    )
 
     def structure_object(value: Any, type_: Any) -> Any:
         if not isinstance(value, dict):
@@ -261,7 +265,7 @@ class _Range:
     minimum: float
     maximum: float
     above: bool  # the minimum itself is excluded
-    kind: type
+    kind: type[int] | type[float]
 
     def __call__(self, _instance: Any, attribute: attrs.Attribute, value: Any) -> None:
         if value is None and attribute.default is None:

@@ -92,14 +92,12 @@ class GpuDevice:
     mig: tuple[MigDevice, ...] | None = attrs.field(
         default=None,
         converter=attrs.converters.optional(_as_tuple),
-        validator=attrs.validators.optional(_items(MigDevice)),
+        validator=_optional(_items(MigDevice)),
     )
     nvlink_peers: tuple[int, ...] | None = attrs.field(
         default=None,
         converter=attrs.converters.optional(_as_tuple),
-        validator=attrs.validators.optional(
-            attrs.validators.deep_iterable(attrs.validators.instance_of(int))
-        ),
+        validator=_optional(attrs.validators.deep_iterable(attrs.validators.instance_of(int))),
     )
 
 
@@ -167,7 +165,7 @@ class InstalledRuntime:
     engines: tuple[str, ...] | None = attrs.field(
         default=None,
         converter=attrs.converters.optional(_as_tuple),
-        validator=attrs.validators.optional(attrs.validators.deep_iterable(_identifier)),
+        validator=_optional(attrs.validators.deep_iterable(_identifier)),
     )
     executable: str | None = attrs.field(default=None, validator=_optional(_text(4096)))
     isolation: str | None = attrs.field(default=None, validator=_optional(_identifier))

@@ -263,6 +263,7 @@ def migrate(conn: psycopg.Connection[Any]) -> int:
         row = conn.execute("SELECT version, compatible_from FROM ficc_schema").fetchone()
         current = 0 if row is None else int(row["version"])
         if current > newest:
+            assert row is not None  # a version above 0 was read from it
             compatible = row["compatible_from"]
             check_newer(
                 current, newest, None if compatible is None else int(compatible), "database"
@@ -277,7 +278,7 @@ def migrate(conn: psycopg.Connection[Any]) -> int:
             return newest
         for version in range(current + 1, newest + 1):
             for statement in statements(version, "postgresql"):
-                conn.execute(dialect.translate_ddl(statement))  # type: ignore[arg-type]
+                conn.execute(dialect.translate_ddl(statement))
         compatible = compatible_from(newest)
         if row is None:
             conn.execute(
@@ -461,7 +462,14 @@ class PostgresStore:
         deadline = self.pool_timeout + bound + DEADLINE_SLACK
         with trio.move_on_after(deadline):
             return await trio.to_thread.run_sync(
-                self._call, call, begin, fn, limiter=self._limiter, abandon_on_cancel=True
+                self._call,
+                call,
+                begin,
+                fn,
+                # trio documents the limiter as any object with its two methods (what
+                # _BoundedLimiter has); its annotation names only CapacityLimiter.
+                limiter=self._limiter,  # type: ignore[arg-type]
+                abandon_on_cancel=True,
             )
         call.abandon()
         raise StoreUnavailable(

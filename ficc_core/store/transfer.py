@@ -61,6 +61,13 @@ def _dst_columns(dst: psycopg.Connection[Any], table: str) -> list[str]:
     return [row["column_name"] for row in rows]
 
 
+def _one(cursor: psycopg.Cursor[Any]) -> Any:
+    """The row of an aggregate query (no GROUP BY), which always returns one."""
+    row = cursor.fetchone()
+    assert row is not None
+    return row
+
+
 def _highest_ids(src: sqlite3.Connection) -> dict[str, int]:
     """AUTOINCREMENT's record of the highest ID each table ever handed out (a pruned
     event's ID is never reused)."""
@@ -155,7 +162,7 @@ def _copy(
             if progress is not None:
                 progress(table, count)
         for table, count in copied.items():
-            held = dst.execute(f'SELECT count(*) AS n FROM "{table}"').fetchone()["n"]
+            held = _one(dst.execute(f'SELECT count(*) AS n FROM "{table}"'))["n"]
             if held != count:
                 raise StoreError(f"table {table}: {count} rows copied, {held} in the destination")
         highest = _highest_ids(src)
@@ -166,7 +173,7 @@ def _copy(
         for row in identities:
             table, column = row["table_name"], row["column_name"]
             top = dst.execute(f'SELECT COALESCE(MAX("{column}"), 0) AS top FROM "{table}"')
-            after = max(int(top.fetchone()["top"]), highest.get(table, 0))
+            after = max(int(_one(top)["top"]), highest.get(table, 0))
             dst.execute(
                 "SELECT setval(pg_get_serial_sequence(%s, %s), %s, false)",
                 (f'"{table}"', column, after + 1),

@@ -6,7 +6,7 @@ keywords. ``ficc_core.testing.adapter_kit`` exports every name here.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import attrs
@@ -29,6 +29,10 @@ class AdapterConformanceError(AssertionError):
     """An adapter broke the adapter contract; the message says which rule, for which case."""
 
 
+def _inputs(inputs: Iterable[JobInput]) -> tuple[JobInput, ...]:
+    return tuple(inputs)
+
+
 @attrs.frozen(kw_only=True)
 class AdapterCase:
     """One call of ``adapter.job(...)``: its four arguments and a name for messages."""
@@ -36,7 +40,7 @@ class AdapterCase:
     specification: Specification
     model_record: ModelRecord
     placement: Placement
-    inputs: tuple[JobInput, ...] = attrs.field(converter=tuple)
+    inputs: tuple[JobInput, ...] = attrs.field(converter=_inputs)
     name: str = "case"
 
     def call(self, adapter: Any) -> Any:

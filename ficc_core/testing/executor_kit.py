@@ -186,8 +186,8 @@ async def check_limits(
     limits = ResourceLimits(cpus=0.25, memory_bytes=256 * 1024 * 1024, pids=64)
     if cpu_quota:
         async with launched(provider, job_from(job_factory), limits=limits) as fence:
-            status, answer = await request_json(provider, fence, "POST", "/burn", {"seconds": 1.0})
-            assert status == 200
+            code, answer = await request_json(provider, fence, "POST", "/burn", {"seconds": 1.0})
+            assert code == 200
             # A quarter of one CPU for one second, with slack for the scheduler's period.
             assert answer["cpu_seconds"] < 0.5, answer
     async with launched(provider, job_from(job_factory), limits=limits) as fence:

@@ -9,6 +9,14 @@ from pathlib import Path
 from typing import Any
 
 
+def _architecture(gguf: Any, reader: Any) -> Any:
+    """The architecture a GGUF names (every model GGUF does)."""
+    field = reader.get_field(gguf.Keys.General.ARCHITECTURE)
+    if field is None:
+        raise ValueError("the GGUF names no general.architecture")
+    return field.contents()
+
+
 def _copy_metadata(gguf: Any, reader: Any, writer: Any) -> None:
     for field in reader.fields.values():
         if field.name == gguf.Keys.General.ARCHITECTURE or field.name.startswith("GGUF."):
@@ -27,7 +35,7 @@ def with_mean_pooling(source: Path, target: Path) -> None:
     import gguf
 
     reader = gguf.GGUFReader(source)
-    architecture = reader.get_field(gguf.Keys.General.ARCHITECTURE).contents()
+    architecture = _architecture(gguf, reader)
     writer = gguf.GGUFWriter(target, arch=architecture, endianess=reader.endianess)
     _copy_metadata(gguf, reader, writer)
     writer.add_pooling_type(gguf.PoolingType.MEAN)
@@ -58,7 +66,7 @@ def split_gguf(source: Path, folder: Path, *, parts: int, stem: str = "model") -
     import gguf
 
     reader = gguf.GGUFReader(source)
-    architecture = reader.get_field(gguf.Keys.General.ARCHITECTURE).contents()
+    architecture = _architecture(gguf, reader)
     per_part = -(-len(reader.tensors) // parts)
     folder.mkdir(parents=True, exist_ok=True)
     writer = gguf.GGUFWriter(folder / f"{stem}.gguf", architecture, split_max_tensors=per_part)

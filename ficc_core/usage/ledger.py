@@ -255,7 +255,7 @@ class UsageLedger:
             for start in range(0, len(keys), self.batch_size):
                 chunk = keys[start : start + self.batch_size]
                 entries = [summaries[key].entry() for key in chunk]
-                await self.store.write(lambda tx, e=entries: repository.insert_usage(tx, e))
+                await self.store.write(partial(repository.insert_usage, entries=entries))
                 for key in chunk:
                     written += summaries.pop(key).requests
         finally:

@@ -95,7 +95,7 @@ class SGLangAdapter:
         if embedding:
             argv.append("--is-embedding")
             paths = (*_COMMON_PATHS, "/v1/embeddings")
-            capabilities = ("embeddings",)
+            capabilities: tuple[str, ...] = ("embeddings",)
         else:
             paths = (*_COMMON_PATHS, "/v1/chat/completions")
             capabilities = ("chat", "streaming")

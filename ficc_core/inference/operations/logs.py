@@ -10,7 +10,7 @@ while the node keeps it.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING
 
 import attrs
@@ -113,7 +113,7 @@ class ReplicaLogs:
             lines=tuple(lines),
         )
 
-    def follow(self, attempt: AttemptRecord, tail: int) -> AsyncIterator[str]:
+    def follow(self, attempt: AttemptRecord, tail: int) -> AsyncGenerator[str, None]:
         """The attempt's last ``tail`` log lines, then new ones, until it ends on its node.
 
         Closing the iterator ends the follow on the node.

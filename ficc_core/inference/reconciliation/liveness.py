@@ -37,7 +37,7 @@ import json
 import logging
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import trio
 
@@ -70,6 +70,14 @@ def probe_path(attempt: AttemptRecord) -> str | None:
     except (ValueError, AttributeError, TypeError):
         return None
     return next((path for path in PROBE_PATHS if path in paths), None)
+
+
+class LivenessSettings(TypedDict, total=False):
+    """:class:`Liveness`'s settings by name, as the controller's configuration gives them."""
+
+    interval: float
+    timeout: float
+    misses: int
 
 
 class Liveness:

@@ -239,8 +239,8 @@ def rolled_up(
     indices = list(_indices(replicas))
     states = [current[i].state if i in current else AttemptState.PENDING for i in indices]
     troubles = {}
-    for position, (index, state) in enumerate(zip(indices, states, strict=True)):
-        if state != AttemptState.READY:
+    for position, (index, replica_state) in enumerate(zip(indices, states, strict=True)):
+        if replica_state != AttemptState.READY:
             continue
         why = trouble(current[index].node_id, current[index].attempt_id)
         if why is not None:

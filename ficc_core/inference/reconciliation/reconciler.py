@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import attrs
@@ -58,7 +58,7 @@ from ..records import (
 from ..scaling.activations import ActivationNotes
 from .attempts import Attempts
 from .generations import IN_PLACE, Running, abandon_rollout, predecessor_stopping, read_running
-from .liveness import UNRESPONSIVE, Liveness
+from .liveness import UNRESPONSIVE, Liveness, LivenessSettings
 from .observed import Observations
 from .on_demand import OnDemand
 from .publication import given_up, publish, retiring, rolled_up
@@ -175,7 +175,7 @@ class Reconciler:
         drain_timeout: float = 30.0,
         activation_retry: float = 10.0,
         follow_interval: float | None = None,
-        liveness: Mapping[str, float] | None = None,
+        liveness: LivenessSettings | None = None,
         metrics: ReconciliationMetrics | None = None,
         scaling_metrics: ScalingMetrics | None = None,
         idle_signal: IdleSignal | None = None,

@@ -345,7 +345,7 @@ def service_status(
         # What the engine was (its process, its probe's answer) is no longer current once
         # the attempt ended; an unknown one's probe is not heard either.
         ended = attempt is None or attempt.state in ENDED
-        unheard = ended or attempt.state == AttemptState.UNKNOWN
+        unheard = attempt is None or ended or attempt.state == AttemptState.UNKNOWN
         replicas.append(
             ReplicaStatus(
                 index=index,
@@ -357,15 +357,15 @@ def service_status(
                 generation=None if attempt is None else attempt.generation,
                 reason=None if attempt is None else attempt.reason,
                 message=None if attempt is None else attempt.message,
-                pid=None if ended else attempt.pid,
+                pid=None if attempt is None or ended else attempt.pid,
                 started_at=None if attempt is None else attempt.started_at,
                 ready_at=None if attempt is None else attempt.ready_at,
                 restarts=0 if attempt is None else restarts(attempts, index, attempt.generation),
                 last_exit=None
                 if attempt is None
                 else last_exit(attempts, index, attempt.generation),
-                health=None if unheard else attempt.health,
-                health_at=None if unheard else attempt.health_at,
+                health=None if attempt is None or unheard else attempt.health,
+                health_at=None if attempt is None or unheard else attempt.health_at,
                 in_flight=0 if attempt is None else in_flight(attempt.attempt_id),
                 successor=_successor(coming.get(index)),
             )

@@ -261,7 +261,8 @@ def complete(
         estimate = memory_estimate(model, engine, context, concurrency, prompt_cache)
     by_id = {node.node_id: node for node in nodes}
     ordered = sorted(nodes, key=lambda n: (not n.embedded, n.node_id))
-    free = {node.node_id: _free(node) for node in ordered}
+    # Memory may turn float: a placement's limits are the document's, not yet validated.
+    free: dict[str, tuple[float, float]] = {node.node_id: _free(node) for node in ordered}
     free_gpus = {node.node_id: _free_gpus(node) for node in ordered}
     for reservation in existing:
         if reservation.node_id in free:
@@ -325,7 +326,8 @@ def complete(
             placement["limits"]["gpus"] = gpus
         suggested.append(f"$.placements[{index}].limits")
     first = placements[0] if placements and isinstance(placements[0], dict) else {}
-    node = by_id.get(first.get("node_id")) if isinstance(first.get("node_id"), str) else None
+    first_id = first.get("node_id")
+    node = by_id.get(first_id) if isinstance(first_id, str) else None
     found = None if node is None else _runtime_for(node, engine, runtime)
     if "runtime" not in filled:
         if found is None:
@@ -361,7 +363,7 @@ def _no_room(
     index: int,
     limits: dict[str, Any],
     replicas: int,
-    free: Mapping[str, tuple[float, int]],
+    free: Mapping[str, tuple[float, float]],
 ) -> dict[str, Any] | None:
     """A ``no_room_for_next_generation`` warning when the node cannot hold a second copy
     of the suggested replicas beside them (a rollout's surge), else None."""
