@@ -31,10 +31,11 @@ test: install  ## the whole test suite, slow tests included (what CI runs)
 test-fast: install  ## everyday loop: skip tests marked slow
 	$(BIN)/python -m pytest -q -m "not slow"
 
-lint: install  ## ruff, and the layering contracts in pyproject.toml ([tool.importlinter])
+lint: install  ## ruff, the layering contracts ([tool.importlinter]) and types ([tool.mypy])
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
+	$(BIN)/mypy
 
 format: install
 	$(BIN)/ruff check --fix .
