@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 from quart import Response, g, jsonify, request
 
-from ..inference import repository as inference_repository
+from .. import inference
 from ..inference.errors import service_not_found
 from ..inference.specification.transitions import writable
 from ..schema import FieldError
@@ -75,7 +75,7 @@ def _in_project(project_id: str, service_id: str) -> Callable[[Transaction], Non
     """The check that ``service_id`` is a service of the project (else 404)."""
 
     def check(tx: Transaction) -> None:
-        record = inference_repository.service(tx, service_id)
+        record = inference.service(tx, service_id)
         if record is None or record.project_id != project_id:
             raise service_not_found(service_id)
 

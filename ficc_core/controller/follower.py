@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from .. import inference
 from ..base.errors import FiccError
-from ..inference import repository
 from ..inference.reconciliation.generations import Running, read_running
 from ..inference.reconciliation.publication import publish
 from ..inference.records import Desired
@@ -41,10 +41,10 @@ Snapshot = list[tuple[Running, list["AttemptRecord"]]]
 def read_services(tx: Transaction) -> Snapshot:
     """Every service with its pending rollout, reservations and attempts."""
     found = []
-    for service_id in repository.service_ids(tx):
+    for service_id in inference.service_ids(tx):
         running = read_running(tx, service_id)
         if running is not None:
-            found.append((running, repository.attempts(tx, service_id)))
+            found.append((running, inference.attempts(tx, service_id)))
     return found
 
 
