@@ -70,21 +70,32 @@ class Verdict:
         return [f"[{mark}] {self.name}: {self.summary}", *(f"         {d}" for d in self.details)]
 
 
+#: Codes that are a defect, not a designed refusal: they fail the requests' invariant.
+DEFECTS = frozenset({"internal_error"})
+
+
 def check_requests(outcomes: list[Outcome]) -> Verdict:
+    """Every request answered or refused by design; a hang, a break or a 500 is a defect."""
     counts = Counter(o.result for o in outcomes)
-    bad = [o for o in outcomes if o.result in (HUNG, BROKEN)]
+    bad = [
+        o
+        for o in outcomes
+        if o.result in (HUNG, BROKEN) or (o.result == REFUSED and o.code in DEFECTS)
+    ]
     by_kind = Counter((o.kind, o.result) for o in outcomes)
     summary = (
         f"{len(outcomes)} requests: {counts[ANSWERED]} answered, {counts[REFUSED]} refused "
         f"in the envelope, {counts[LOST]} lost with the controller they went to, "
-        f"{counts[HUNG]} hung past the deadline, {counts[BROKEN]} broken"
+        f"{counts[HUNG]} hung past the deadline, {counts[BROKEN]} broken, "
+        f"{sum(o.code in DEFECTS for o in outcomes if o.result == REFUSED)} internal errors"
     )
     details = [", ".join(f"{k}/{r} {n}" for (k, r), n in sorted(by_kind.items()))]
     codes = Counter(o.code for o in outcomes if o.result == REFUSED)
     if codes:
         details.append("refusals by code: " + ", ".join(f"{c} {n}" for c, n in codes.most_common()))
     details += [
-        f"{o.kind} via {o.controller} at +{o.began:.1f}s: {o.result} {o.detail}" for o in bad[:8]
+        f"{o.kind} via {o.controller} at +{o.began:.1f}s: {o.result} {o.code} {o.detail}"
+        for o in bad[:8]
     ]
     return Verdict("every request answered or refused in the envelope", not bad, summary, details)
 
