@@ -136,7 +136,10 @@ class Succession:
                 lambda tx: repository.attempt(tx, attempt_id)
             )
             if current is not None and not current.released:
-                await self.reconciler.attempts.stop(current, reason=why)
+                if not await self.reconciler.attempts.stop(current, reason=why):
+                    # The node could not be asked: the next try comes after a pause, not at
+                    # once (a node that is down was asked, and logged, several times a second).
+                    await trio.sleep(self.reconciler.attempts.ready_period)
         finally:
             driver.retiring.discard(attempt_id)
             driver.wake.set()
