@@ -47,6 +47,7 @@ docs: install  ## regenerate the generated sections of docs/
 	$(BIN)/python -m ficc_core.devtools.docs_ranges
 	$(BIN)/python -m ficc_core.devtools.docs_routes
 	$(BIN)/python -m ficc_core.devtools.docs_metrics
+	$(BIN)/python -m ficc_core.devtools.docs_layout
 
 screenshots: install  ## regenerate docs/ui/*.png: the web console's browser tests, saving each page
 	FICC_SCREENSHOTS=docs/ui $(BIN)/python -m pytest -q tests/web/
