@@ -31,11 +31,12 @@ test: install  ## the whole test suite, slow tests included (what CI runs)
 test-fast: install  ## everyday loop: skip tests marked slow
 	$(BIN)/python -m pytest -q -m "not slow"
 
-lint: install  ## ruff, the layering contracts ([tool.importlinter]) and types ([tool.mypy])
+lint: install  ## ruff, the layering contracts ([tool.importlinter]), layout rules ([tool.ficc.layout]) and types ([tool.mypy])
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
 	$(BIN)/mypy
+	$(BIN)/python -m ficc_core.devtools.layout
 
 format: install
 	$(BIN)/ruff check --fix .
