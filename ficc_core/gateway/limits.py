@@ -135,9 +135,7 @@ class ContextLimits:
     :param tokenize_timeout: the longest wait for a tokenizer, in seconds.
     """
 
-    def __init__(
-        self, relay: Relay, metrics: GatewayMetrics, *, tokenize_timeout: float
-    ) -> None:
+    def __init__(self, relay: Relay, metrics: GatewayMetrics, *, tokenize_timeout: float) -> None:
         self.relay = relay
         self.metrics = metrics
         self.tokenize_timeout = tokenize_timeout
