@@ -3,9 +3,10 @@
 A gateway never connects to an engine itself. It calls ``open`` with a fence, a
 stream ID and one request, then ``read`` until the end. :class:`EndpointStreams`
 implements that for every provider: it checks the fence and the job's endpoint
-contract, passes only allow-listed headers, speaks HTTP/1.1 (h11) to the engine's
-socket and hands the response back as a :class:`ResponseHead`, body chunks of at
-most 64 KiB, then :class:`EndOfStream` or :class:`StreamFailed`.
+contract, passes only allow-listed headers, speaks HTTP/1.1 to the engine's socket
+(:mod:`~ficc_core.http1.engine_codec`) and hands the response back as a
+:class:`ResponseHead`, body chunks of at most 64 KiB, then :class:`EndOfStream` or
+:class:`StreamFailed`.
 
 Each stream holds at most four events. While they are unread, the task that
 reads from the engine does not read, so the engine's writes block in the kernel:
