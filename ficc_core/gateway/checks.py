@@ -258,8 +258,6 @@ class RequestChecks:
         #: The shutdown grace, once it ended (:meth:`shut_down`); None while serving.
         self.shut_down_after: float | None = None
         self._shut_down_idle = False
-        #: The context and output limits :meth:`prepare` applies (set by the gateway).
-        self.limits: ContextLimits | None = None
 
     def shut_down(self, grace: float, *, idle: bool = False) -> None:
         """The server's shutdown grace ended: every request being served ends at its next
@@ -447,14 +445,20 @@ class RequestChecks:
         return Body(document, document.get("model"), raw)
 
     def prepare(
-        self, view: LiveService, path: str, body: bytes | Mapping[str, Any] | Body
+        self,
+        view: LiveService,
+        path: str,
+        body: bytes | Mapping[str, Any] | Body,
+        *,
+        limits: ContextLimits | None = None,
     ) -> Prepared:
         """What the checks make of ``body`` for ``view`` (:class:`Prepared`): the bytes to
         send the engine, whether the answer streams, the prompt count the engine's
         tokenizer must settle (:mod:`.limits`), if any, the estimated prompt and completion
         tokens the quota gate reserves (bytes / 4, and :func:`.limits.estimate`), and
         whether the stream's usage event is the gateway's ask, not the client's (then it is
-        accounted, not relayed).
+        accounted, not relayed). ``limits``: the context and output limits to apply (the
+        gateway's; None: none).
 
         The client's bytes go unchanged unless something must be set: the alias as
         ``model``, usage reporting for a streamed chat or completion, ``max_tokens`` as
@@ -553,7 +557,7 @@ class RequestChecks:
                     f"the request body cannot be sent as strict JSON: {type(exc).__name__}",
                     code="invalid_json",
                 ) from None
-        limits, size = self.limits, len(payload)
+        size = len(payload)
         # The checks judge what the client asked (the document as sent: a cap it did not
         # ask for is no ask).
         count = None if limits is None else limits.admit(view, path, document, size)

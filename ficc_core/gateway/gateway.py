@@ -252,7 +252,8 @@ class Gateway:
             timeouts=Timeouts.from_config(config),
             timed_out=self._timed_out,
         )
-        self.limits = self.checks.limits = ContextLimits(
+        #: The context and output limits every request's checks apply (None: none).
+        self.limits: ContextLimits | None = ContextLimits(
             self.relay, metrics, tokenize_timeout=config.tokenize_timeout
         )
         #: ``timeout_total``: the longest any request may take (``math.inf``: none).
@@ -336,10 +337,11 @@ class Gateway:
                 raise
         try:
             self.checks.admit(view)
-            prepared = self.checks.prepare(view, path, body)
+            limits = self.limits
+            prepared = self.checks.prepare(view, path, body, limits=limits)
             payload, prompt = prepared.payload, prepared.prompt_estimate
-            if prepared.prompt_count is not None:
-                prompt = await self.limits.settle(prepared.prompt_count) or prompt
+            if prepared.prompt_count is not None and limits is not None:
+                prompt = await limits.settle(prepared.prompt_count) or prompt
         except FiccError as exc:
             self.accounting.refused(
                 service_id, exc.code, actor, path, exc.status, view.model_id, view.generation

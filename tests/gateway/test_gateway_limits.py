@@ -97,8 +97,8 @@ def test_asking_more_than_max_output_is_refused_naming_the_parameter():
 
 def _prepare(view: LiveService, document: dict, path: str = CHAT):
     checks = RequestChecks(None, None, max_body_bytes=1 << 20)  # type: ignore[arg-type]
-    checks.limits = ContextLimits(None, Metrics(), tokenize_timeout=1.0)  # type: ignore[arg-type]
-    return checks.prepare(view, path, dumps(document))
+    limits = ContextLimits(None, Metrics(), tokenize_timeout=1.0)  # type: ignore[arg-type]
+    return checks.prepare(view, path, dumps(document), limits=limits)
 
 
 def test_max_output_bounds_a_completion_whose_client_named_no_bound():
@@ -273,7 +273,7 @@ async def test_llama_cpp_an_over_long_prompt_is_refused_before_a_slot_and_a_fitt
             )
             # With the refusal off, llama.cpp's own error reaches the client in the same
             # OpenAI shape, with a string code and the engine's facts.
-            gateway.checks.limits = None
+            gateway.limits = None
             response = await post("word " * 700, max_tokens=4)
             assert response.status_code == 400, response.text
             error = response.json()["error"]
