@@ -18,6 +18,9 @@ from ficc_core.usage import UsageQuery, UsageRecord, usage_report
 
 from ..conftest import bearer
 
+#: When the usage was recorded: set by ``used`` as each test starts, so that ``period=day``
+#: means the day the test runs in (an import-time value went stale when a run crossed
+#: midnight, and the day's groups came back empty).
 NOW = time.time()
 
 
@@ -57,6 +60,8 @@ def refusal(credential, code: str, status: int = 429, **fields) -> UsageRecord:
 @pytest.fixture
 async def used(service, bootstrap):
     """Two projects' keys, two people, two services and models, and their usage."""
+    global NOW
+    NOW = time.time()
     auth = service.auth
     team = await auth.create_project("team")
     default = await auth.get_project("default")
@@ -154,11 +159,12 @@ async def test_groups_carry_names_beside_ids(client, bootstrap, used):
         ({"model": "mdl-1"}, 7),
         ({"service": "chat"}, 7),
         ({"service": "svc-2", "period": "day"}, 1),
-        ({"since": str(NOW + 1)}, 0),
-        ({"until": str(NOW - 86400)}, 1),
+        ({"since": 1}, 0),  # seconds from NOW
+        ({"until": -86400}, 1),
     ],
 )
 async def test_filters(client, bootstrap, used, params, requests):
+    params = {k: str(NOW + v) if k in ("since", "until") else v for k, v in params.items()}
     assert (await get(client, bootstrap["token"], **params))["totals"]["requests"] == requests
 
 
